@@ -1,0 +1,121 @@
+// CPU kernels behind the layers. Every function takes already-allocated outputs of
+// the right shape (so the caller controls memory reuse) and checks shapes, throwing
+// InternalError naming the op and the shapes on a mismatch.
+//
+// Layout: activations are NCHW float32, contiguous; conv weights are OIHW; linear
+// weights are [out, in] (PyTorch's layouts, so weights load into torch unchanged).
+//
+// Note [Gradient accumulation]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Kernels that produce *parameter* gradients take `accumulate`: when true they add
+// into the existing gradient (PyTorch semantics: gradients accumulate until
+// zero_grad), when false they overwrite. Input gradients (dx) are always overwritten.
+//
+// Note [Separable batch norm]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Batch norm is split into statistics and application so SyncBatchNorm can replace
+// the local statistics with global ones (all-gathered mean/invstd/count forward,
+// all-reduced sum_dy/sum_dy_xmu backward) and reuse the same kernels:
+//   forward:  batchnorm_stats -> [merge across ranks] -> batchnorm_apply
+//   backward: batchnorm_backward_reduce -> [all-reduce] -> batchnorm_backward_apply
+// Eval mode uses running statistics with batchnorm_apply, and its backward is
+// batchnorm_backward_apply with sum_dy = sum_dy_xmu = 0.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace mtrain::ops {
+
+// ---- threads -------------------------------------------------------------------
+// Intra-op threads for every kernel (OpenMP and oneDNN). n >= 1.
+void set_num_threads(int n);
+int num_threads();
+
+// ---- elementwise ---------------------------------------------------------------
+void add(const Tensor& a, const Tensor& b, Tensor& out);       // out = a + b (out may alias a or b)
+void add_(Tensor& out, const Tensor& a, float alpha = 1.0f);   // out += alpha * a
+void scale_(Tensor& x, float alpha);                           // x *= alpha
+void relu_forward(const Tensor& x, Tensor& y);
+void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);      // uses the output y
+void sigmoid_forward(const Tensor& x, Tensor& y);
+void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx);   // dx = dy * y * (1 - y)
+
+// ---- matrix multiply -------------------------------------------------------------
+// c = alpha * op(a) @ op(b) + beta * c, 2-D float32; op(t) = t or t^T.
+void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
+            float alpha = 1.0f, float beta = 0.0f);
+// Linear layer: y[N,O] = x[N,I] @ w[O,I]^T + b[O] (b may be undefined).
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y);
+// dx = dy @ w (if dx defined); dw (+)= dy^T @ x; db (+)= sum_n dy (if db defined).
+void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
+                     Tensor& db, bool accumulate);
+
+// ---- convolution (oneDNN, primitives cached per shape) ---------------------------
+struct Conv2dParams {
+  int stride_h = 1, stride_w = 1;
+  int pad_h = 0, pad_w = 0;
+};
+// Output spatial size for input size `in`, kernel `k`, stride `s`, padding `p`.
+int64_t conv_out_size(int64_t in, int64_t k, int64_t s, int64_t p);
+// y[N,O,OH,OW] = conv(x[N,C,H,W], w[O,C,KH,KW]) + b[O] (b may be undefined).
+void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
+                    const Conv2dParams& p);
+void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p);
+// dw (+)= ..., db (+)= sum over N,OH,OW of dy (if db defined).
+void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db,
+                             const Conv2dParams& p, bool accumulate);
+
+// ---- pooling -------------------------------------------------------------------
+struct Pool2dParams {
+  int kernel_h = 2, kernel_w = 2;
+  int stride_h = 2, stride_w = 2;
+  int pad_h = 0, pad_w = 0;
+};
+// Max pooling; `indices` (Int32, same shape as y) records the argmax within each
+// input plane for the backward pass. Padding counts as -inf.
+void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Pool2dParams& p);
+void maxpool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx);
+// Average pooling with PyTorch's default count_include_pad=true.
+void avgpool2d_forward(const Tensor& x, Tensor& y, const Pool2dParams& p);
+void avgpool2d_backward(const Tensor& dy, Tensor& dx, const Pool2dParams& p);
+// Adaptive average pooling to 1x1: y[N,C,1,1] = mean over H,W.
+void global_avgpool_forward(const Tensor& x, Tensor& y);
+void global_avgpool_backward(const Tensor& dy, Tensor& dx);
+
+// ---- batch norm (see Note [Separable batch norm]) ----------------------------------
+// Per-channel mean and biased variance over N,H,W of x[N,C,H,W] (count = N*H*W).
+// With N == 0 both are 0.
+void batchnorm_stats(const Tensor& x, Tensor& mean, Tensor& var);
+// y = (x - mean) * invstd * gamma + beta, per channel.
+void batchnorm_apply(const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                     const Tensor& gamma, const Tensor& beta, Tensor& y);
+// Per channel: sum_dy = sum dy, sum_dy_xmu = sum dy * (x - mean).
+void batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                               Tensor& sum_dy, Tensor& sum_dy_xmu);
+// dx = gamma * invstd * (dy - sum_dy/count - (x - mean) * invstd^2 * sum_dy_xmu/count),
+// where count is the (possibly global) number of elements per channel.
+void batchnorm_backward_apply(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                              const Tensor& invstd, const Tensor& gamma, const Tensor& sum_dy,
+                              const Tensor& sum_dy_xmu, double count, Tensor& dx);
+
+// ---- loss ----------------------------------------------------------------------
+// Softmax cross-entropy over logits[N,K] with Int64 labels[N] in [0, K).
+// Returns the *sum* of per-sample losses; writes dlogits = (softmax - onehot) * grad_scale
+// when dlogits is defined (grad_scale = 1/N gives the gradient of the mean loss).
+// Throws InvalidArgument for a label outside [0, K).
+double cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& dlogits, float grad_scale);
+// Number of rows whose argmax equals the label.
+int64_t count_correct(const Tensor& logits, const Tensor& labels);
+
+// ---- optimizer -----------------------------------------------------------------
+// One SGD step on one parameter with PyTorch's semantics (torch.optim.SGD):
+//   g = grad + weight_decay * param
+//   if momentum != 0: buf = first_step ? g : momentum * buf + (1 - dampening) * g
+//                     g = nesterov ? g + momentum * buf : buf
+//   param -= lr * g
+void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
+              float dampening, float weight_decay, bool nesterov, bool first_step);
+
+}  // namespace mtrain::ops
