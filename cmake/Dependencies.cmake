@@ -32,7 +32,7 @@ if(MTRAIN_CUDA)
         set(CMAKE_CUDA_ARCHITECTURES 80 90)   # A100, H100/H200
       endif()
       enable_language(CUDA)
-      set(CMAKE_CUDA_STANDARD 20)
+      set(CMAKE_CUDA_STANDARD 17)   # CMake 3.25 has no CUDA20 flags for nvcc
       set(CMAKE_CUDA_STANDARD_REQUIRED ON)
       add_library(mtrain::cudnn UNKNOWN IMPORTED)
       set_target_properties(mtrain::cudnn PROPERTIES

@@ -1,0 +1,46 @@
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <nccl.h>
+
+#include "tensor/cuda_runtime.h"
+#include "core/error.h"
+
+namespace mtrain {
+namespace {
+
+CudaInfo query() {
+  CudaInfo info;
+  info.compiled = true;
+  cudaRuntimeGetVersion(&info.runtime_version);
+  cudaDriverGetVersion(&info.driver_version);
+  info.cudnn_version = static_cast<int>(cudnnGetVersion());
+  ncclGetVersion(&info.nccl_version);
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky error so later calls start clean
+    info.device_count = 0;
+    info.reason = fmt::format("{} ({})", cudaGetErrorString(err), cudaGetErrorName(err));
+    return info;
+  }
+  info.device_count = n;
+  if (n == 0) info.reason = "the CUDA runtime reports no devices";
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) == cudaSuccess) {
+      info.device_names.emplace_back(prop.name);
+    } else {
+      info.device_names.emplace_back("unknown");
+    }
+  }
+  return info;
+}
+
+}  // namespace
+
+const CudaInfo& cuda_info() {
+  static const CudaInfo info = query();
+  return info;
+}
+
+}  // namespace mtrain

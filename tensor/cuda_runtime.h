@@ -1,0 +1,32 @@
+// What the CUDA runtime can see, asked without ever linking the driver library.
+//
+// On a machine without a driver, cudaGetDeviceCount fails with
+// cudaErrorInsufficientDriver (not cudaErrorNoDevice) and leaves the count untouched;
+// any error therefore means "no usable GPU" and `reason` says why. In a build
+// without CUDA (-DMTRAIN_CUDA=OFF) the answer is always zero devices.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace mtrain {
+
+struct CudaInfo {
+  bool compiled = false;        // built with the CUDA path
+  int device_count = 0;         // usable devices (0 on any runtime error)
+  std::string reason;           // why device_count is 0, when it is
+  int runtime_version = 0;      // e.g. 13000
+  int driver_version = 0;       // 0 without a driver
+  int cudnn_version = 0;        // e.g. 91900
+  int nccl_version = 0;         // e.g. 22809
+  std::vector<std::string> device_names;
+};
+
+// Queried once per process and cached.
+const CudaInfo& cuda_info();
+
+// One line for logs: "CUDA 13.0 compiled, no usable GPU (CUDA driver version is
+// insufficient ...)" or "2 GPUs: NVIDIA H200 (cuda:0), ...".
+std::string cuda_summary();
+
+}  // namespace mtrain
