@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs mtrain's Debian dependencies (only those missing), then configures and builds
+# into build/. Idempotent: a second run installs nothing and rebuilds only what changed.
+#
+#   bash scripts/setup.sh            # Release build in build/
+#   BUILD_DIR=out CMAKE_ARGS="-DMTRAIN_CUDA=OFF" bash scripts/setup.sh
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_dir=${BUILD_DIR:-$root/build}
+jobs=${JOBS:-$(nproc)}
+
+# Verified package names: docs/building.md. ocl-icd-opencl-dev is only a Recommends of
+# libdnnl-dev, but oneDNN's CMake config needs it.
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libdnnl-dev ocl-icd-opencl-dev
+  libgloo-dev libopenmpi-dev openmpi-bin
+  libcxxopts-dev libspdlog-dev nlohmann-json3-dev catch2 zlib1g-dev
+  python3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${#missing[@]} Debian package(s): ${missing[*]}"
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || { echo "setup: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    sudo_cmd=(sudo)
+  fi
+  "${sudo_cmd[@]}" apt-get update
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all Debian packages present"
+fi
+
+# shellcheck disable=SC2086  # CMAKE_ARGS is a list of flags on purpose
+cmake -S "$root" -B "$build_dir" -G Ninja ${CMAKE_ARGS:-}
+cmake --build "$build_dir" -j "$jobs"
+echo "setup: built into $build_dir/bin"

@@ -1,0 +1,22 @@
+# Fails if any executable in BIN_DIR has libcuda.so.* among its NEEDED entries, or if
+# there is no executable to check (a guard that checks nothing must not pass).
+file(GLOB bins "${BIN_DIR}/*")
+set(checked 0)
+foreach(bin IN LISTS bins)
+  if(IS_DIRECTORY "${bin}")
+    continue()
+  endif()
+  execute_process(COMMAND readelf -d "${bin}" OUTPUT_VARIABLE dyn RESULT_VARIABLE rc ERROR_QUIET)
+  if(NOT rc EQUAL 0)
+    continue()   # not an ELF file (e.g. a script)
+  endif()
+  math(EXPR checked "${checked} + 1")
+  if(dyn MATCHES "NEEDED[^\n]*\\[libcuda\\.so")
+    message(FATAL_ERROR "${bin} depends on the CUDA driver library (libcuda.so); "
+                        "link only CUDA::cudart so it starts on machines without a driver")
+  endif()
+endforeach()
+if(checked EQUAL 0)
+  message(FATAL_ERROR "no executables found in ${BIN_DIR} to check")
+endif()
+message(STATUS "checked ${checked} executables: none links libcuda")
