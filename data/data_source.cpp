@@ -1,0 +1,132 @@
+#include "data/data_source.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "data/idx_reader.h"
+
+namespace mtrain::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kMiniDir = "fashion-mnist-mini";
+
+std::string display(const fs::path& p) { return p.lexically_normal().string(); }
+
+std::string roots_str(const std::vector<fs::path>& roots) {
+  std::vector<std::string> shown;
+  for (const fs::path& r : roots) shown.push_back(display(r));
+  return fmt::format("{}", fmt::join(shown, " and "));
+}
+
+}  // namespace
+
+const std::vector<std::string>& known_datasets() {
+  static const std::vector<std::string> names = {"fashion-mnist", "mnist", "synthetic"};
+  return names;
+}
+
+std::vector<std::string> missing_idx_files(const fs::path& dir) {
+  std::vector<std::string> missing;
+  for (const std::string& stem : idx_file_stems()) {
+    if (!find_idx_file(dir, stem)) missing.push_back(stem + "[.gz]");
+  }
+  return missing;
+}
+
+std::vector<fs::path> default_data_roots() {
+  std::vector<fs::path> roots = {fs::current_path() / "data"};
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path beside_build = (exe.parent_path() / ".." / ".." / "data").lexically_normal();
+    if (beside_build != roots.front().lexically_normal()) roots.push_back(beside_build);
+  }
+  return roots;
+}
+
+DataSource resolve_data_dir(const std::string& dataset, const std::string& data_dir_flag) {
+  return resolve_data_dir(dataset, data_dir_flag, default_data_roots());
+}
+
+DataSource resolve_data_dir(const std::string& dataset, const std::string& data_dir_flag,
+                            const std::vector<fs::path>& data_roots) {
+  const auto& known = known_datasets();
+  if (std::find(known.begin(), known.end(), dataset) == known.end()) {
+    throw InvalidArgument(fmt::format("--dataset: expected one of {}, found '{}'",
+                                      fmt::join(known, ", "), dataset));
+  }
+  if (dataset == "synthetic") {
+    if (!data_dir_flag.empty()) {
+      throw InvalidArgument(fmt::format(
+          "--data-dir {}: the synthetic dataset is generated from the seed and reads no "
+          "files; drop --data-dir or pick --dataset fashion-mnist|mnist",
+          data_dir_flag));
+    }
+    return {dataset, {}, "synthetic data generated from the seed (no files)"};
+  }
+
+  std::error_code ec;
+  if (!data_dir_flag.empty()) {
+    const fs::path dir(data_dir_flag);
+    if (!fs::is_directory(dir, ec)) {
+      throw IoError(fmt::format("--data-dir {}: expected a directory with the {} IDX files, "
+                                "found no such directory",
+                                data_dir_flag, dataset));
+    }
+    const std::vector<std::string> missing = missing_idx_files(dir);
+    if (!missing.empty()) {
+      throw IoError(fmt::format("--data-dir {}: expected the four {} IDX files, missing {}",
+                                data_dir_flag, dataset, fmt::join(missing, ", ")));
+    }
+    return {dataset, dir, fmt::format("{} from {} (--data-dir)", dataset, display(dir))};
+  }
+
+  // Incomplete full-set directories are remembered so the log can say why they were
+  // passed over (an interrupted manual copy is a common surprise).
+  std::vector<std::string> incomplete;
+  for (const fs::path& root : data_roots) {
+    const fs::path dir = root / dataset;
+    if (!fs::is_directory(dir, ec)) continue;
+    const std::vector<std::string> missing = missing_idx_files(dir);
+    if (missing.empty()) {
+      return {dataset, dir, fmt::format("{} from {} (full set)", dataset, display(dir))};
+    }
+    incomplete.push_back(
+        fmt::format("{} lacks {}", display(dir), fmt::join(missing, ", ")));
+  }
+  const std::string incomplete_note =
+      incomplete.empty() ? "" : fmt::format("; {}", fmt::join(incomplete, "; "));
+
+  if (dataset == "fashion-mnist") {
+    for (const fs::path& root : data_roots) {
+      const fs::path dir = root / kMiniDir;
+      if (fs::is_directory(dir, ec) && missing_idx_files(dir).empty()) {
+        return {dataset, dir,
+                fmt::format("fashion-mnist-mini from {} (the shipped slice: first 6,000 train "
+                            "and 1,000 test images; run scripts/get-data.sh fashion-mnist for "
+                            "the full set){}",
+                            display(dir), incomplete_note)};
+      }
+    }
+    throw IoError(fmt::format(
+        "fashion-mnist: expected data/fashion-mnist or the shipped data/{} under {}, found "
+        "neither{}; run scripts/get-data.sh fashion-mnist or pass --data-dir",
+        kMiniDir, roots_str(data_roots), incomplete_note));
+  }
+  throw IoError(fmt::format(
+      "{}: expected data/{} with the four IDX files under {}, found none{}; run "
+      "scripts/get-data.sh {} or pass --data-dir",
+      dataset, dataset, roots_str(data_roots), incomplete_note, dataset));
+}
+
+DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic) {
+  if (source.dataset == "synthetic") return make_synthetic_splits(synthetic);
+  return load_idx_splits(source.dir, source.dataset);
+}
+
+}  // namespace mtrain::data

@@ -1,0 +1,227 @@
+#include "data/dataloader.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace mtrain::data {
+namespace {
+
+void check_options(const DataLoaderOptions& o, const Dataset& dataset) {
+  if (o.batch_size < 1) {
+    throw InvalidArgument(fmt::format("DataLoader: expected batch_size >= 1, found {}",
+                                      o.batch_size));
+  }
+  if (o.num_workers < 1) {
+    throw InvalidArgument(fmt::format("DataLoader: expected num_workers >= 1, found {}",
+                                      o.num_workers));
+  }
+  if (o.prefetch_depth < 1) {
+    throw InvalidArgument(fmt::format("DataLoader: expected prefetch_depth >= 1, found {}",
+                                      o.prefetch_depth));
+  }
+  if (o.mean.size() != o.std.size()) {
+    throw InvalidArgument(fmt::format(
+        "DataLoader: expected as many mean values as std values, found {} and {}",
+        o.mean.size(), o.std.size()));
+  }
+  const size_t channels = static_cast<size_t>(dataset.channels());
+  if (!o.mean.empty() && o.mean.size() != 1 && o.mean.size() != channels) {
+    throw InvalidArgument(fmt::format(
+        "DataLoader: expected 1 or {} normalisation values (one per channel of {}), found {}",
+        channels, dataset.name(), o.mean.size()));
+  }
+  for (float s : o.std) {
+    if (!(s > 0.0f)) {
+      throw InvalidArgument(fmt::format("DataLoader: expected std values > 0, found {}", s));
+    }
+  }
+}
+
+// Per channel, the float value of each possible pixel byte; see Note [DataLoader
+// prefetch and order] for why the arithmetic mirrors ToTensor + Normalize.
+std::vector<std::vector<float>> make_pixel_tables(const DataLoaderOptions& o, int64_t channels) {
+  std::vector<std::vector<float>> tables(static_cast<size_t>(channels), std::vector<float>(256));
+  for (size_t c = 0; c < tables.size(); ++c) {
+    for (int p = 0; p < 256; ++p) {
+      float x = static_cast<float>(p) / 255.0f;
+      if (!o.mean.empty()) {
+        const size_t k = o.mean.size() == 1 ? 0 : c;
+        x = (x - o.mean[k]) / o.std[k];
+      }
+      tables[c][static_cast<size_t>(p)] = x;
+    }
+  }
+  return tables;
+}
+
+}  // namespace
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<Sampler> sampler,
+                       DataLoaderOptions options)
+    : dataset_(std::move(dataset)), sampler_(std::move(sampler)), options_(std::move(options)) {
+  if (!dataset_ || !sampler_) {
+    throw InvalidArgument("DataLoader: expected a dataset and a sampler, found a null pointer");
+  }
+  check_options(options_, *dataset_);
+  pixel_tables_ = make_pixel_tables(options_, dataset_->channels());
+  workers_.reserve(static_cast<size_t>(options_.num_workers));
+  for (int i = 0; i < options_.num_workers; ++i) {
+    workers_.emplace_back([this] { worker_loop(); });
+  }
+}
+
+DataLoader::~DataLoader() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+int64_t DataLoader::batches_for(int64_t items) const {
+  const int64_t b = options_.batch_size;
+  return options_.drop_last ? items / b : (items + b - 1) / b;
+}
+
+int64_t DataLoader::num_batches() const { return batches_for(sampler_->size()); }
+
+void DataLoader::start_epoch(int64_t epoch) {
+  sampler_->set_epoch(epoch);
+  auto order = std::make_shared<const std::vector<int64_t>>(sampler_->indices());
+  if (static_cast<int64_t>(order->size()) != sampler_->size()) {
+    throw InternalError(fmt::format("sampler '{}' returned {} indices but says its size is {}",
+                                    sampler_->describe(), order->size(), sampler_->size()));
+  }
+  const int64_t batches = batches_for(static_cast<int64_t>(order->size()));
+  std::string description = sampler_->describe();
+  std::map<int64_t, Slot> abandoned;
+  {
+    std::lock_guard lock(mutex_);
+    ++generation_;
+    epoch_started_ = true;
+    epoch_ = epoch;
+    order_ = std::move(order);
+    sampler_description_ = std::move(description);
+    epoch_batches_ = batches;
+    next_to_claim_ = 0;
+    next_to_hand_out_ = 0;
+    abandoned.swap(ready_);  // freed outside the lock
+    epoch_error_ = nullptr;
+  }
+  work_cv_.notify_all();
+}
+
+std::optional<Batch> DataLoader::next() {
+  Slot slot;
+  {
+    std::unique_lock lock(mutex_);
+    MTRAIN_CHECK(epoch_started_, "DataLoader::next() called before start_epoch()");
+    if (epoch_error_) std::rethrow_exception(epoch_error_);
+    if (next_to_hand_out_ >= epoch_batches_) return std::nullopt;
+    const int64_t wanted = next_to_hand_out_;
+    ready_cv_.wait(lock, [&] { return ready_.count(wanted) != 0; });
+    auto node = ready_.extract(wanted);
+    slot = std::move(node.mapped());
+    ++next_to_hand_out_;
+    if (slot.error) {
+      // The epoch stops here: later batches would be handed out of a broken epoch.
+      epoch_error_ = slot.error;
+      epoch_batches_ = next_to_hand_out_;
+      ready_.clear();
+    }
+  }
+  work_cv_.notify_all();  // one more batch may now be claimed
+  if (slot.error) std::rethrow_exception(slot.error);
+  return std::move(slot.batch);
+}
+
+bool DataLoader::can_claim() const {
+  return epoch_started_ && next_to_claim_ < epoch_batches_ &&
+         next_to_claim_ < next_to_hand_out_ + options_.prefetch_depth;
+}
+
+void DataLoader::worker_loop() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    work_cv_.wait(lock, [&] { return stop_ || can_claim(); });
+    if (stop_) return;
+    const int64_t batch_index = next_to_claim_++;
+    const uint64_t generation = generation_;
+    const int64_t epoch = epoch_;
+    const std::shared_ptr<const std::vector<int64_t>> order = order_;
+    const std::string sampler_description = sampler_description_;
+    lock.unlock();
+
+    Slot slot;
+    try {
+      slot.batch = assemble(epoch, batch_index, *order, sampler_description);
+    } catch (...) {
+      slot.error = std::current_exception();
+    }
+
+    lock.lock();
+    if (generation == generation_ && !epoch_error_) {
+      ready_.emplace(batch_index, std::move(slot));
+      produced_.fetch_add(1);
+      ready_cv_.notify_all();
+    } else {
+      // An abandoned epoch's batch: free it without holding up the others.
+      lock.unlock();
+      slot = Slot{};
+      lock.lock();
+    }
+  }
+}
+
+Batch DataLoader::assemble(int64_t epoch, int64_t batch_index, const std::vector<int64_t>& order,
+                           const std::string& sampler_description) const {
+  const int64_t begin = batch_index * options_.batch_size;
+  const int64_t end = std::min<int64_t>(begin + options_.batch_size,
+                                        static_cast<int64_t>(order.size()));
+  const Dataset& ds = *dataset_;
+  const int64_t rows = end - begin;
+  const int64_t plane = ds.height() * ds.width();
+
+  Batch batch;
+  batch.epoch = epoch;
+  batch.batch_index = batch_index;
+  batch.indices.assign(order.begin() + begin, order.begin() + end);
+  batch.images = Tensor::empty({rows, ds.channels(), ds.height(), ds.width()}, DType::Float32);
+  batch.labels = Tensor::empty({rows}, DType::Int64);
+  float* images = batch.images.data<float>();
+  int64_t* labels = batch.labels.data<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t index = batch.indices[static_cast<size_t>(r)];
+    if (index < 0 || index >= ds.size()) {
+      throw InternalError(fmt::format(
+          "sampler '{}' produced index {} (epoch {}, batch {}) for dataset {} of {} items",
+          sampler_description, index, epoch, batch_index, ds.name(), ds.size()));
+    }
+    const uint8_t* pixels = ds.image(index);
+    float* out = images + r * ds.channels() * plane;
+    for (int64_t c = 0; c < ds.channels(); ++c) {
+      const float* table = pixel_tables_[static_cast<size_t>(c)].data();
+      for (int64_t p = 0; p < plane; ++p) out[c * plane + p] = table[pixels[c * plane + p]];
+    }
+    labels[r] = ds.label(index);
+  }
+  return batch;
+}
+
+std::string DataLoader::describe() const {
+  std::string normalisation =
+      options_.mean.empty()
+          ? std::string("pixels/255")
+          : fmt::format("(pixels/255 - {}) / {}", fmt::join(options_.mean, ","),
+                        fmt::join(options_.std, ","));
+  return fmt::format("batch {}{}, {} worker(s), prefetch {}, {}, {}", options_.batch_size,
+                     options_.drop_last ? " (drop last)" : "", options_.num_workers,
+                     options_.prefetch_depth, normalisation, sampler_->describe());
+}
+
+}  // namespace mtrain::data

@@ -1,0 +1,132 @@
+// DataLoader: cuts a sampler's epoch order into batches and assembles them as Tensors
+// on background threads, ahead of the training loop.
+//
+//   DataLoader loader(dataset, sampler, {.batch_size = 64, .num_workers = 2});
+//   for (int64_t e = 0; e < epochs; ++e) {
+//     loader.start_epoch(e);                      // sampler.set_epoch(e), prefetch starts
+//     while (auto batch = loader.next()) { ... }  // batch->images, batch->labels
+//   }
+//
+// Note [DataLoader prefetch and order]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Batch k of an epoch is a pure function of (epoch order, k): workers claim batch
+// numbers in increasing order, assemble them without holding the lock, and park the
+// result under its number; next() hands out number 0, 1, 2, ... and waits for the one it
+// needs. So the batches are identical and in the same order for any number of workers.
+// Workers may claim batch k only while k < (next batch to hand out) + prefetch_depth,
+// which bounds memory to prefetch_depth batches and means the consumer never waits when
+// assembly keeps up. start_epoch bumps a generation counter: batches of an abandoned
+// epoch that are still being assembled are dropped when they arrive, so an epoch can be
+// restarted (or the loader destroyed) at any point. An exception inside a worker is
+// stored in place of its batch and rethrown by next() when that batch is due; the epoch
+// then stops and next() keeps rethrowing it until the next start_epoch. The destructor
+// stops and joins the workers; they check for it between batches, so it never waits
+// for more than the batch each is assembling. next() and start_epoch are meant to be
+// called from one consumer thread.
+//
+// Pixels become float32 exactly like torchvision's ToTensor() then Normalize(mean, std):
+// x = (p / 255 - mean[c]) / std[c], computed in float32 through a 256-entry table per
+// channel. With no mean/std the values are p / 255 in [0, 1] (d2l's default).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "tensor/tensor.h"
+
+namespace mtrain::data {
+
+struct DataLoaderOptions {
+  int64_t batch_size = 64;
+  bool drop_last = false;   // drop the last partial batch of an epoch
+  int num_workers = 2;      // threads assembling batches (>= 1)
+  int prefetch_depth = 2;   // batches assembled ahead of the consumer (>= 1)
+  // Per-channel normalisation: empty (none), one value for every channel, or one per
+  // channel. mean and std must have the same length; std values must be > 0.
+  std::vector<float> mean{};
+  std::vector<float> std{};
+};
+
+struct Batch {
+  Tensor images;                 // float32 [B, C, H, W]
+  Tensor labels;                 // int64 [B]
+  std::vector<int64_t> indices;  // dataset index of each row
+  int64_t epoch = 0;
+  int64_t batch_index = 0;       // position within the epoch
+
+  int64_t size() const { return static_cast<int64_t>(indices.size()); }
+};
+
+class DataLoader {
+ public:
+  // Throws InvalidArgument for bad options. The sampler must index `dataset`.
+  DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<Sampler> sampler,
+             DataLoaderOptions options);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  // Sets the sampler's epoch, abandons any unfinished epoch and starts prefetching.
+  void start_epoch(int64_t epoch);
+  // The next batch of the epoch, nullopt after the last one. Rethrows a worker's error.
+  std::optional<Batch> next();
+
+  // Batches per epoch for the sampler's current size.
+  int64_t num_batches() const;
+  const Dataset& dataset() const { return *dataset_; }
+  Sampler& sampler() const { return *sampler_; }
+  const DataLoaderOptions& options() const { return options_; }
+  // Batches finished by workers since construction (those of abandoned epochs excluded).
+  uint64_t batches_produced() const { return produced_.load(); }
+  // One line for logs: batch size, workers, prefetch, normalisation, sampler.
+  std::string describe() const;
+
+ private:
+  struct Slot {
+    std::optional<Batch> batch;
+    std::exception_ptr error;
+  };
+
+  int64_t batches_for(int64_t items) const;  // honours drop_last
+  void worker_loop();
+  bool can_claim() const;  // requires mutex_
+  // Runs on a worker thread: reads only the dataset, the tables and its arguments.
+  Batch assemble(int64_t epoch, int64_t batch_index, const std::vector<int64_t>& order,
+                 const std::string& sampler_description) const;
+
+  std::shared_ptr<const Dataset> dataset_;
+  std::shared_ptr<Sampler> sampler_;
+  DataLoaderOptions options_;
+  std::vector<std::vector<float>> pixel_tables_;  // [channel][0..255] -> float value
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_;   // workers: a batch can be claimed, or stop
+  std::condition_variable ready_cv_;  // consumer: a batch arrived
+  bool stop_ = false;
+  bool epoch_started_ = false;
+  uint64_t generation_ = 0;
+  int64_t epoch_ = 0;
+  std::shared_ptr<const std::vector<int64_t>> order_;
+  std::string sampler_description_;  // for workers' messages (the sampler is not theirs)
+  int64_t epoch_batches_ = 0;
+  int64_t next_to_claim_ = 0;
+  int64_t next_to_hand_out_ = 0;
+  std::map<int64_t, Slot> ready_;
+  std::exception_ptr epoch_error_;
+  std::atomic<uint64_t> produced_{0};
+
+  std::vector<std::thread> workers_;  // last: started after everything they read
+};
+
+}  // namespace mtrain::data
