@@ -1,0 +1,37 @@
+#include "tensor/cpu/dnnl_support.h"
+
+namespace mtrain::ops::cpu {
+
+const dnnl::engine& dnnl_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+dnnl::stream& dnnl_stream() {
+  thread_local dnnl::stream stream(dnnl_engine());
+  return stream;
+}
+
+BoundArg::BoundArg(const dnnl::memory::desc& user_md, const dnnl::memory::desc& primitive_md,
+                   Role role) {
+  const dnnl::engine& engine = dnnl_engine();
+  user_ = dnnl::memory(user_md, engine, DNNL_MEMORY_NONE);
+  if (primitive_md == user_md && role != Role::AccumulatedOutput) {
+    internal_ = user_;
+    return;
+  }
+  internal_ = dnnl::memory(primitive_md, engine);
+  if (role == Role::Input) {
+    to_internal_ = dnnl::reorder(user_, internal_);
+    return;
+  }
+  dnnl::primitive_attr attr;
+  if (role == Role::AccumulatedOutput) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  from_internal_ = dnnl::reorder(dnnl::reorder::primitive_desc(internal_, user_, attr));
+}
+
+}  // namespace mtrain::ops::cpu

@@ -1,0 +1,223 @@
+// Max, average and global-average pooling. Each (n, c) plane is independent, so the
+// loops parallelise over planes and no two threads ever write the same element.
+#include <cmath>
+#include <limits>
+
+#include "tensor/cpu/checks.h"
+#include "tensor/cpu/threading.h"
+#include "tensor/ops.h"
+
+namespace mtrain::ops {
+namespace {
+
+struct PoolGeometry {
+  int64_t planes, h, w, oh, ow;
+};
+
+// Checks x[N,C,H,W] / y[N,C,OH,OW] against the pooling parameters.
+PoolGeometry pool_geometry(const char* op, const Tensor& x, const char* y_name, const Tensor& y,
+                           const Pool2dParams& p) {
+  cpu::check_float(op, "x", x);
+  cpu::check_ndim(op, "x", x, 4);
+  MTRAIN_CHECK(p.kernel_h >= 1 && p.kernel_w >= 1 && p.stride_h >= 1 && p.stride_w >= 1 &&
+                   p.pad_h >= 0 && p.pad_w >= 0,
+               "{}: invalid parameters kernel {}x{}, stride {}x{}, padding {}x{}", op, p.kernel_h,
+               p.kernel_w, p.stride_h, p.stride_w, p.pad_h, p.pad_w);
+  // PyTorch's rule: padding at most half the kernel, so every window sees at least
+  // one real element (otherwise a max window would be all -inf).
+  MTRAIN_CHECK(2 * p.pad_h <= p.kernel_h && 2 * p.pad_w <= p.kernel_w,
+               "{}: padding {}x{} must be at most half of kernel {}x{}", op, p.pad_h, p.pad_w,
+               p.kernel_h, p.kernel_w);
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+  const int64_t oh = conv_out_size(h, p.kernel_h, p.stride_h, p.pad_h);
+  const int64_t ow = conv_out_size(w, p.kernel_w, p.stride_w, p.pad_w);
+  MTRAIN_CHECK(oh >= 1 && ow >= 1, "{}: kernel {}x{} with padding {}x{} does not fit input {}", op,
+               p.kernel_h, p.kernel_w, p.pad_h, p.pad_w, shape_str(x.shape()));
+  cpu::check_shape(op, y_name, y, {n, c, oh, ow});
+  return {n * c, h, w, oh, ow};
+}
+
+}  // namespace
+
+void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Pool2dParams& p) {
+  const PoolGeometry g = pool_geometry("maxpool2d_forward", x, "y", y, p);
+  cpu::check_float("maxpool2d_forward", "y", y);
+  cpu::check_dtype("maxpool2d_forward", "indices", indices, DType::Int32);
+  cpu::check_shape("maxpool2d_forward", "indices", indices, y.shape());
+  MTRAIN_CHECK(g.h * g.w <= std::numeric_limits<int32_t>::max(),
+               "maxpool2d_forward: plane {}x{} too large for int32 indices", g.h, g.w);
+  cpu::use_configured_threads();
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  int32_t* pi = indices.data<int32_t>();
+#pragma omp parallel for if (g.planes * g.oh * g.ow >= cpu::kParallelGrain / 8)
+  for (int64_t plane = 0; plane < g.planes; ++plane) {
+    const float* xp = px + plane * g.h * g.w;
+    float* yp = py + plane * g.oh * g.ow;
+    int32_t* ip = pi + plane * g.oh * g.ow;
+    for (int64_t oy = 0; oy < g.oh; ++oy) {
+      const int64_t y0 = oy * p.stride_h - p.pad_h;
+      const int64_t ys = y0 < 0 ? 0 : y0;
+      const int64_t ye = y0 + p.kernel_h > g.h ? g.h : y0 + p.kernel_h;
+      for (int64_t ox = 0; ox < g.ow; ++ox) {
+        const int64_t x0 = ox * p.stride_w - p.pad_w;
+        const int64_t xs = x0 < 0 ? 0 : x0;
+        const int64_t xe = x0 + p.kernel_w > g.w ? g.w : x0 + p.kernel_w;
+        float best = -std::numeric_limits<float>::infinity();
+        int64_t best_at = ys * g.w + xs;
+        for (int64_t iy = ys; iy < ye; ++iy) {
+          for (int64_t ix = xs; ix < xe; ++ix) {
+            const float v = xp[iy * g.w + ix];
+            // Strictly greater keeps the first maximum; a NaN wins (and a later NaN
+            // replaces it), exactly as PyTorch's CPU max pooling records indices.
+            if (v > best || std::isnan(v)) {
+              best = v;
+              best_at = iy * g.w + ix;
+            }
+          }
+        }
+        yp[oy * g.ow + ox] = best;
+        ip[oy * g.ow + ox] = static_cast<int32_t>(best_at);
+      }
+    }
+  }
+}
+
+void maxpool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx) {
+  cpu::check_float("maxpool2d_backward", "dy", dy);
+  cpu::check_float("maxpool2d_backward", "dx", dx);
+  cpu::check_ndim("maxpool2d_backward", "dy", dy, 4);
+  cpu::check_ndim("maxpool2d_backward", "dx", dx, 4);
+  cpu::check_dtype("maxpool2d_backward", "indices", indices, DType::Int32);
+  cpu::check_shape("maxpool2d_backward", "indices", indices, dy.shape());
+  MTRAIN_CHECK(dx.size(0) == dy.size(0) && dx.size(1) == dy.size(1),
+               "maxpool2d_backward: dx {} and dy {} differ in N or C", shape_str(dx.shape()),
+               shape_str(dy.shape()));
+  cpu::use_configured_threads();
+  const int64_t planes = dy.size(0) * dy.size(1);
+  const int64_t in_plane = dx.size(2) * dx.size(3);
+  const int64_t out_plane = dy.size(2) * dy.size(3);
+  const float* pdy = dy.data<float>();
+  const int32_t* pi = indices.data<int32_t>();
+  float* pdx = dx.data<float>();
+  bool bad_index = false;
+#pragma omp parallel for if (planes * in_plane >= cpu::kParallelGrain / 4) reduction(|| : bad_index)
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    float* dxp = pdx + plane * in_plane;
+    const float* dyp = pdy + plane * out_plane;
+    const int32_t* ip = pi + plane * out_plane;
+    for (int64_t i = 0; i < in_plane; ++i) dxp[i] = 0.0f;
+    for (int64_t o = 0; o < out_plane; ++o) {
+      const int64_t at = ip[o];
+      if (at < 0 || at >= in_plane) {
+        bad_index = true;
+        continue;
+      }
+      dxp[at] += dyp[o];
+    }
+  }
+  MTRAIN_CHECK(!bad_index, "maxpool2d_backward: an index lies outside the {}x{} input plane of dx {}",
+               dx.size(2), dx.size(3), shape_str(dx.shape()));
+}
+
+void avgpool2d_forward(const Tensor& x, Tensor& y, const Pool2dParams& p) {
+  const PoolGeometry g = pool_geometry("avgpool2d_forward", x, "y", y, p);
+  cpu::check_float("avgpool2d_forward", "y", y);
+  cpu::use_configured_threads();
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  // count_include_pad=true and no ceil mode: every window lies inside the padded
+  // input, so the divisor is always the full kernel area.
+  const float inv_area = 1.0f / static_cast<float>(p.kernel_h * p.kernel_w);
+#pragma omp parallel for if (g.planes * g.oh * g.ow >= cpu::kParallelGrain / 8)
+  for (int64_t plane = 0; plane < g.planes; ++plane) {
+    const float* xp = px + plane * g.h * g.w;
+    float* yp = py + plane * g.oh * g.ow;
+    for (int64_t oy = 0; oy < g.oh; ++oy) {
+      const int64_t y0 = oy * p.stride_h - p.pad_h;
+      const int64_t ys = y0 < 0 ? 0 : y0;
+      const int64_t ye = y0 + p.kernel_h > g.h ? g.h : y0 + p.kernel_h;
+      for (int64_t ox = 0; ox < g.ow; ++ox) {
+        const int64_t x0 = ox * p.stride_w - p.pad_w;
+        const int64_t xs = x0 < 0 ? 0 : x0;
+        const int64_t xe = x0 + p.kernel_w > g.w ? g.w : x0 + p.kernel_w;
+        float sum = 0.0f;
+        for (int64_t iy = ys; iy < ye; ++iy) {
+          for (int64_t ix = xs; ix < xe; ++ix) sum += xp[iy * g.w + ix];
+        }
+        yp[oy * g.ow + ox] = sum * inv_area;
+      }
+    }
+  }
+}
+
+void avgpool2d_backward(const Tensor& dy, Tensor& dx, const Pool2dParams& p) {
+  const PoolGeometry g = pool_geometry("avgpool2d_backward", dx, "dy", dy, p);
+  cpu::check_float("avgpool2d_backward", "dy", dy);
+  cpu::use_configured_threads();
+  const float* pdy = dy.data<float>();
+  float* pdx = dx.data<float>();
+  const float inv_area = 1.0f / static_cast<float>(p.kernel_h * p.kernel_w);
+#pragma omp parallel for if (g.planes * g.h * g.w >= cpu::kParallelGrain / 4)
+  for (int64_t plane = 0; plane < g.planes; ++plane) {
+    float* dxp = pdx + plane * g.h * g.w;
+    const float* dyp = pdy + plane * g.oh * g.ow;
+    for (int64_t i = 0; i < g.h * g.w; ++i) dxp[i] = 0.0f;
+    for (int64_t oy = 0; oy < g.oh; ++oy) {
+      const int64_t y0 = oy * p.stride_h - p.pad_h;
+      const int64_t ys = y0 < 0 ? 0 : y0;
+      const int64_t ye = y0 + p.kernel_h > g.h ? g.h : y0 + p.kernel_h;
+      for (int64_t ox = 0; ox < g.ow; ++ox) {
+        const int64_t x0 = ox * p.stride_w - p.pad_w;
+        const int64_t xs = x0 < 0 ? 0 : x0;
+        const int64_t xe = x0 + p.kernel_w > g.w ? g.w : x0 + p.kernel_w;
+        const float share = dyp[oy * g.ow + ox] * inv_area;
+        for (int64_t iy = ys; iy < ye; ++iy) {
+          for (int64_t ix = xs; ix < xe; ++ix) dxp[iy * g.w + ix] += share;
+        }
+      }
+    }
+  }
+}
+
+void global_avgpool_forward(const Tensor& x, Tensor& y) {
+  cpu::check_float("global_avgpool_forward", "x", x);
+  cpu::check_ndim("global_avgpool_forward", "x", x, 4);
+  cpu::check_float_shape("global_avgpool_forward", "y", y, {x.size(0), x.size(1), 1, 1});
+  cpu::use_configured_threads();
+  const int64_t planes = x.size(0) * x.size(1);
+  const int64_t area = x.size(2) * x.size(3);
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  // An empty plane averages to 0 (not 0/0).
+  const float inv_area = area > 0 ? 1.0f / static_cast<float>(area) : 0.0f;
+#pragma omp parallel for if (planes * area >= cpu::kParallelGrain)
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    const float* xp = px + plane * area;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < area; ++i) sum += xp[i];
+    py[plane] = sum * inv_area;
+  }
+}
+
+void global_avgpool_backward(const Tensor& dy, Tensor& dx) {
+  cpu::check_float("global_avgpool_backward", "dx", dx);
+  cpu::check_ndim("global_avgpool_backward", "dx", dx, 4);
+  cpu::check_float_shape("global_avgpool_backward", "dy", dy, {dx.size(0), dx.size(1), 1, 1});
+  cpu::use_configured_threads();
+  const int64_t planes = dx.size(0) * dx.size(1);
+  const int64_t area = dx.size(2) * dx.size(3);
+  const float* pdy = dy.data<float>();
+  float* pdx = dx.data<float>();
+  const float inv_area = area > 0 ? 1.0f / static_cast<float>(area) : 0.0f;
+#pragma omp parallel for if (planes * area >= cpu::kParallelGrain)
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    const float v = pdy[plane] * inv_area;
+    float* dxp = pdx + plane * area;
+#pragma omp simd
+    for (int64_t i = 0; i < area; ++i) dxp[i] = v;
+  }
+}
+
+}  // namespace mtrain::ops

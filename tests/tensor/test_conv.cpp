@@ -1,0 +1,213 @@
+// Convolution: hand-computed cases, a naive reference across the shapes training uses
+// (in both oneDNN layouts), finite differences for the backward ops, and the
+// primitive cache's steady state.
+#include <catch2/catch.hpp>
+
+#include "core/error.h"
+#include "tensor/cpu/conv_layout.h"
+#include "tensor/ops.h"
+#include "tests/tensor/reference.h"
+
+using namespace mtrain;
+using mtrain::ops::Conv2dParams;
+using mtrain::testing::random_tensor;
+using mtrain::testing::require_close;
+
+namespace {
+
+Tensor iota(const Shape& shape, float start = 1.0f) {
+  Tensor t = Tensor::empty(shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = start + static_cast<float>(i);
+  return t;
+}
+
+Tensor conv(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p) {
+  const int64_t oh = ops::conv_out_size(x.size(2), w.size(2), p.stride_h, p.pad_h);
+  const int64_t ow = ops::conv_out_size(x.size(3), w.size(3), p.stride_w, p.pad_w);
+  Tensor y = Tensor::empty({x.size(0), w.size(0), oh, ow});
+  ops::conv2d_forward(x, w, b, y, p);
+  return y;
+}
+
+// Restores the default layout policy when a section that changed it ends.
+struct LayoutScope {
+  explicit LayoutScope(ops::cpu::ConvLayout l) { ops::cpu::set_conv_layout(l); }
+  ~LayoutScope() { ops::cpu::set_conv_layout(ops::cpu::ConvLayout::Auto); }
+};
+
+}  // namespace
+
+TEST_CASE("conv_out_size follows floor((in + 2p - k) / s) + 1", "[conv]") {
+  CHECK(ops::conv_out_size(28, 5, 1, 2) == 28);
+  CHECK(ops::conv_out_size(28, 3, 2, 1) == 14);
+  CHECK(ops::conv_out_size(7, 3, 2, 1) == 4);
+  CHECK(ops::conv_out_size(7, 1, 2, 0) == 4);
+  CHECK(ops::conv_out_size(4, 5, 1, 0) == 0);   // kernel larger than the input
+  CHECK(ops::conv_out_size(3, 5, 2, 0) == 0);   // not 1: -2/2 truncates to 0
+  CHECK_THROWS_AS(ops::conv_out_size(4, 3, 0, 0), InternalError);
+}
+
+TEST_CASE("conv2d_forward matches hand-computed results", "[conv]") {
+  const Tensor none;
+  SECTION("2x2 kernel, stride 1, no padding, bias off and on") {
+    // x = [[1,2,3],[4,5,6],[7,8,9]], w = [[1,2],[3,4]]:
+    // y00 = 1+4+12+20, y01 = 2+6+15+24, y10 = 4+10+21+32, y11 = 5+12+24+36.
+    const Tensor x = iota({1, 1, 3, 3});
+    const Tensor w = iota({1, 1, 2, 2});
+    require_close(conv(x, w, none, {}), {37, 47, 67, 77});
+    require_close(conv(x, w, Tensor::full({1}, 0.5f), {}), {37.5, 47.5, 67.5, 77.5});
+  }
+  SECTION("3x3 ones kernel, padding 1, stride 1 and 2") {
+    // Each output is the sum of the (zero-padded) 3x3 neighbourhood of x = 1..9.
+    const Tensor x = iota({1, 1, 3, 3});
+    const Tensor w = Tensor::full({1, 1, 3, 3}, 1.0f);
+    require_close(conv(x, w, none, {1, 1, 1, 1}), {12, 21, 16, 27, 45, 33, 24, 39, 28});
+    require_close(conv(x, w, none, {2, 2, 1, 1}), {12, 16, 24, 28});
+    // Padding only along H: windows span all three columns.
+    require_close(conv(x, w, none, {1, 1, 1, 0}), {21, 45, 39});
+  }
+  SECTION("1x1 kernel mixes channels; stride 2 picks every other pixel") {
+    // Two input channels [1,2,3,4] and [5,6,7,8]; with biases 0, 1, 10:
+    // out0 = c0 + c1, out1 = 2*c0 - c1 + 1, out2 = -c1 + 10.
+    const Tensor x = iota({1, 2, 2, 2});
+    const Tensor w = Tensor::from_vector<float>({1, 1, 2, -1, 0, -1}, {3, 2, 1, 1});
+    require_close(conv(x, w, Tensor::from_vector<float>({0, 1, 10}, {3}), {}),
+                  {6, 8, 10, 12, -2, -1, 0, 1, 5, 4, 3, 2});
+    const Tensor x3 = iota({1, 1, 3, 3});
+    require_close(conv(x3, Tensor::full({1, 1, 1, 1}, 2.0f), none, {2, 2, 0, 0}), {2, 6, 14, 18});
+  }
+  SECTION("5x5 ones kernel on a non-square 5x6 input") {
+    // x = 1..30 in 5 rows of 6; the two windows sum columns 0-4 and 1-5.
+    const Tensor x = iota({1, 1, 5, 6});
+    require_close(conv(x, Tensor::full({1, 1, 5, 5}, 1.0f), none, {}), {375, 400});
+    // Padding 2 (LeNet's first layer) keeps the size: the centre output sees all
+    // of rows 0-4 and columns 0-4 again.
+    const Tensor y = conv(x, Tensor::full({1, 1, 5, 5}, 1.0f), none, {1, 1, 2, 2});
+    REQUIRE(y.shape() == Shape{1, 1, 5, 6});
+    CHECK(y.data<float>()[2 * 6 + 2] == 375.0f);
+    // Corner (0,0) sees rows 0-2, columns 0-2: 1+2+3+7+8+9+13+14+15.
+    CHECK(y.data<float>()[0] == 72.0f);
+  }
+}
+
+TEST_CASE("conv2d kernels match the naive reference in both oneDNN layouts", "[conv]") {
+  struct Case {
+    Shape x, w;
+    Conv2dParams p;
+    bool bias;
+  };
+  const std::vector<Case> cases = {
+      {{3, 1, 12, 12}, {6, 1, 5, 5}, {1, 1, 2, 2}, true},     // LeNet conv1
+      {{2, 6, 10, 10}, {16, 6, 5, 5}, {1, 1, 0, 0}, true},    // LeNet conv2
+      {{2, 16, 7, 7}, {16, 16, 3, 3}, {1, 1, 1, 1}, false},   // ResNet 3x3
+      {{2, 16, 7, 7}, {32, 16, 3, 3}, {2, 2, 1, 1}, true},    // ResNet downsampling 3x3
+      {{2, 16, 7, 7}, {32, 16, 1, 1}, {2, 2, 0, 0}, false},   // ResNet 1x1 shortcut
+      {{1, 3, 6, 9}, {4, 3, 3, 2}, {2, 1, 1, 0}, true},       // non-square everything
+  };
+  const auto layout = GENERATE(ops::cpu::ConvLayout::Plain, ops::cpu::ConvLayout::Blocked,
+                               ops::cpu::ConvLayout::Auto);
+  LayoutScope scope(layout);
+  uint32_t seed = 1;
+  for (const Case& c : cases) {
+    INFO("x " << shape_str(c.x) << " w " << shape_str(c.w) << " stride " << c.p.stride_h << "x"
+              << c.p.stride_w << " pad " << c.p.pad_h << "x" << c.p.pad_w << " layout "
+              << static_cast<int>(layout));
+    const Tensor x = random_tensor(c.x, seed++);
+    const Tensor w = random_tensor(c.w, seed++);
+    const Tensor b = c.bias ? random_tensor({c.w[0]}, seed++) : Tensor();
+    const Tensor y = conv(x, w, b, c.p);
+    require_close(y, testing::conv2d_ref(x, w, b, c.p), 1e-4, 1e-4);
+
+    const Tensor dy = random_tensor(y.shape(), seed++);
+    const auto ref = testing::conv2d_backward_ref(x, w, dy, c.p);
+    Tensor dx = Tensor::full(x.shape(), 7.0f);  // overwritten, whatever it held
+    ops::conv2d_backward_data(dy, w, dx, c.p);
+    require_close(dx, ref.dx, 1e-4, 1e-4);
+
+    Tensor dw = Tensor::full(w.shape(), 7.0f);
+    Tensor db = c.bias ? Tensor::full({c.w[0]}, 7.0f) : Tensor();
+    ops::conv2d_backward_weights(x, dy, dw, db, c.p, /*accumulate=*/false);
+    require_close(dw, ref.dw, 1e-4, 1e-4);
+    if (c.bias) require_close(db, ref.db, 1e-4, 1e-4);
+
+    // Accumulating adds the same gradient onto what is there (here: itself).
+    ops::conv2d_backward_weights(x, dy, dw, db, c.p, /*accumulate=*/true);
+    std::vector<double> twice = ref.dw;
+    for (double& v : twice) v *= 2;
+    require_close(dw, twice, 2e-4, 1e-4);
+    if (c.bias) {
+      std::vector<double> twice_b = ref.db;
+      for (double& v : twice_b) v *= 2;
+      require_close(db, twice_b, 2e-4, 1e-4);
+    }
+  }
+}
+
+TEST_CASE("conv2d backward ops are the gradients of the forward op", "[conv]") {
+  // L = sum(conv(x, w) + b) * r) is linear in x, w and b, so central differences are
+  // exact up to rounding even with a large step.
+  const Conv2dParams p = GENERATE(Conv2dParams{1, 1, 0, 0}, Conv2dParams{2, 2, 1, 1},
+                                  Conv2dParams{2, 1, 0, 1});
+  const int k = GENERATE(1, 3);
+  Tensor x = random_tensor({2, 3, 5, 6}, 11);
+  Tensor w = random_tensor({4, 3, k, k}, 12);
+  Tensor b = random_tensor({4}, 13);
+  const Tensor r = random_tensor(conv(x, w, b, p).shape(), 14);
+  auto loss = [&] { return testing::dot(conv(x, w, b, p), r); };
+
+  Tensor dx = Tensor::empty(x.shape());
+  ops::conv2d_backward_data(r, w, dx, p);
+  require_close(dx, testing::finite_difference(x, loss, 0.5f), 1e-3, 1e-3);
+
+  Tensor dw = Tensor::empty(w.shape());
+  Tensor db = Tensor::empty(b.shape());
+  ops::conv2d_backward_weights(x, r, dw, db, p, false);
+  require_close(dw, testing::finite_difference(w, loss, 0.5f), 1e-3, 1e-3);
+  require_close(db, testing::finite_difference(b, loss, 0.5f), 1e-3, 1e-3);
+}
+
+TEST_CASE("conv2d steady state creates no primitives and handles empty batches", "[conv]") {
+  const Conv2dParams p{1, 1, 1, 1};
+  const Tensor x = random_tensor({4, 8, 9, 9}, 21);
+  const Tensor w = random_tensor({8, 8, 3, 3}, 22);
+  const Tensor b = random_tensor({8}, 23);
+  Tensor y = Tensor::empty({4, 8, 9, 9});
+  Tensor dx = Tensor::empty(x.shape()), dw = Tensor::empty(w.shape()), db = Tensor::empty({8});
+  auto step = [&] {
+    ops::conv2d_forward(x, w, b, y, p);
+    ops::conv2d_backward_data(y, w, dx, p);
+    ops::conv2d_backward_weights(x, y, dw, db, p, true);
+  };
+  step();
+  const long created = ops::cpu::conv_primitives_created();
+  const uint64_t allocs = host_allocator_stats().system_allocs;
+  for (int i = 0; i < 3; ++i) step();
+  CHECK(ops::cpu::conv_primitives_created() == created);
+  CHECK(host_allocator_stats().system_allocs == allocs);
+
+  // N == 0: nothing to compute; an overwritten gradient becomes zero.
+  const Tensor x0 = Tensor::empty({0, 8, 9, 9});
+  Tensor y0 = Tensor::empty({0, 8, 9, 9});
+  ops::conv2d_forward(x0, w, b, y0, p);
+  ops::conv2d_backward_weights(x0, y0, dw, db, p, false);
+  for (float v : dw.to_vector<float>()) REQUIRE(v == 0.0f);
+  for (float v : db.to_vector<float>()) REQUIRE(v == 0.0f);
+}
+
+TEST_CASE("conv2d rejects mismatched shapes naming the op", "[conv]") {
+  const Tensor x = random_tensor({2, 3, 8, 8}, 31);
+  const Tensor w = random_tensor({4, 3, 3, 3}, 32);
+  Tensor y = Tensor::empty({2, 4, 6, 6});
+  Tensor bad_y = Tensor::empty({2, 4, 8, 8});
+  CHECK_THROWS_WITH(ops::conv2d_forward(x, w, Tensor(), bad_y, {}),
+                    Catch::Contains("conv2d_forward") && Catch::Contains("[2, 4, 6, 6]") &&
+                        Catch::Contains("[2, 4, 8, 8]"));
+  const Tensor w_bad_c = random_tensor({4, 2, 3, 3}, 33);
+  CHECK_THROWS_AS(ops::conv2d_forward(x, w_bad_c, Tensor(), y, {}), InternalError);
+  CHECK_THROWS_AS(ops::conv2d_forward(x, w, Tensor::empty({3}), y, {}), InternalError);
+  Tensor dx_bad = Tensor::empty({2, 3, 9, 9});
+  CHECK_THROWS_AS(ops::conv2d_backward_data(y, w, dx_bad, {}), InternalError);
+  Tensor dw_bad = Tensor::empty({4, 3, 2, 2});
+  Tensor db;
+  CHECK_THROWS_AS(ops::conv2d_backward_weights(x, y, dw_bad, db, {}, false), InternalError);
+}

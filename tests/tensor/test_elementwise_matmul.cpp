@@ -1,0 +1,162 @@
+// Elementwise ops, matmul and the linear layer against references and finite
+// differences; thread-count control.
+#include <catch2/catch.hpp>
+
+#include <omp.h>
+
+#include <cmath>
+#include <thread>
+
+#include "core/error.h"
+#include "tensor/ops.h"
+#include "tests/tensor/reference.h"
+
+using namespace mtrain;
+using mtrain::testing::random_tensor;
+using mtrain::testing::require_close;
+
+TEST_CASE("add, add_ and scale_ compute elementwise, with aliasing", "[elementwise]") {
+  // Large enough to take the parallel path as well.
+  const int64_t n = GENERATE(5, 100003);
+  const Tensor a = random_tensor({n}, 1), b = random_tensor({n}, 2);
+  std::vector<double> sum(static_cast<size_t>(n)), axpy(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    sum[i] = static_cast<double>(a.data<float>()[i]) + b.data<float>()[i];
+    axpy[i] = a.data<float>()[i] + 0.5 * b.data<float>()[i];
+  }
+  Tensor out = Tensor::empty({n});
+  ops::add(a, b, out);
+  require_close(out, sum);
+  Tensor alias = a.clone();
+  ops::add(alias, b, alias);  // out aliases a
+  require_close(alias, sum);
+  alias = b.clone();
+  ops::add(a, alias, alias);  // out aliases b
+  require_close(alias, sum);
+
+  Tensor acc = a.clone();
+  ops::add_(acc, b, 0.5f);
+  require_close(acc, axpy);
+  ops::scale_(acc, -2.0f);
+  for (double& v : axpy) v *= -2.0;
+  require_close(acc, axpy);
+
+  Tensor wrong = Tensor::empty({n + 1});
+  CHECK_THROWS_WITH(ops::add(a, b, wrong), Catch::Contains("add") && Catch::Contains("out"));
+}
+
+TEST_CASE("relu and sigmoid forward match their formulas; backward matches finite differences",
+          "[elementwise]") {
+  Tensor x = random_tensor({4, 37}, 3, -4.0f, 4.0f);
+  Tensor y = Tensor::empty(x.shape());
+  const Tensor r = random_tensor(x.shape(), 4);
+  Tensor dx = Tensor::empty(x.shape());
+
+  ops::relu_forward(x, y);
+  std::vector<double> expected;
+  for (float v : x.to_vector<float>()) expected.push_back(v > 0 ? v : 0.0);
+  require_close(y, expected, 0, 0);
+  ops::relu_backward(y, r, dx);
+  auto relu_loss = [&] {
+    ops::relu_forward(x, y);
+    return testing::dot(y, r);
+  };
+  require_close(dx, testing::finite_difference(x, relu_loss, 1e-3f), 1e-3, 1e-3);
+
+  ops::sigmoid_forward(x, y);
+  expected.clear();
+  for (float v : x.to_vector<float>()) expected.push_back(1.0 / (1.0 + std::exp(-double(v))));
+  require_close(y, expected, 1e-6, 1e-6);
+  ops::sigmoid_backward(y, r, dx);
+  auto sigmoid_loss = [&] {
+    ops::sigmoid_forward(x, y);
+    return testing::dot(y, r);
+  };
+  require_close(dx, testing::finite_difference(x, sigmoid_loss, 1e-2f), 1e-3, 1e-3);
+
+  // Saturation gives exact 0 and 1, never NaN.
+  const Tensor extreme = Tensor::from_vector<float>({-1000.0f, 1000.0f}, {2});
+  Tensor s = Tensor::empty({2});
+  ops::sigmoid_forward(extreme, s);
+  CHECK(s.to_vector<float>() == std::vector<float>{0.0f, 1.0f});
+}
+
+TEST_CASE("matmul handles every transpose combination with alpha and beta", "[matmul]") {
+  const bool ta = GENERATE(false, true);
+  const bool tb = GENERATE(false, true);
+  const int64_t m = 7, k = 5, n = 3;
+  const Tensor a = ta ? random_tensor({k, m}, 5) : random_tensor({m, k}, 5);
+  const Tensor b = tb ? random_tensor({n, k}, 6) : random_tensor({k, n}, 6);
+  const Tensor c0 = random_tensor({m, n}, 7);
+  Tensor c = c0.clone();
+  ops::matmul(a, ta, b, tb, c, 1.5f, 0.5f);
+  require_close(c, testing::matmul_ref(a, ta, b, tb, c0, 1.5f, 0.5f), 1e-5, 1e-5);
+  // beta = 0 ignores whatever c held (even NaN).
+  c.fill_(NAN);
+  ops::matmul(a, ta, b, tb, c);
+  require_close(c, testing::matmul_ref(a, ta, b, tb, c0, 1.0f, 0.0f), 1e-5, 1e-5);
+
+  Tensor wrong = Tensor::empty({m, n + 1});
+  CHECK_THROWS_WITH(ops::matmul(a, ta, b, tb, wrong), Catch::Contains("matmul"));
+  const Tensor bad_b = random_tensor({k + 1, k + 1}, 8);
+  CHECK_THROWS_AS(ops::matmul(a, ta, bad_b, tb, c), InternalError);
+}
+
+TEST_CASE("linear forward and backward", "[matmul]") {
+  Tensor x = random_tensor({6, 5}, 9);
+  Tensor w = random_tensor({4, 5}, 10);
+  Tensor b = random_tensor({4}, 11);
+  Tensor y = Tensor::empty({6, 4});
+  ops::linear_forward(x, w, b, y);
+  std::vector<double> expected = testing::matmul_ref(x, false, w, true, y, 1.0f, 0.0f);
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] += b.data<float>()[i % 4];
+  require_close(y, expected, 1e-5, 1e-5);
+
+  const Tensor r = random_tensor(y.shape(), 12);
+  auto loss = [&] {
+    ops::linear_forward(x, w, b, y);
+    return testing::dot(y, r);
+  };
+  Tensor dx = Tensor::empty(x.shape()), dw = Tensor::full(w.shape(), 9.0f),
+         db = Tensor::full({4}, 9.0f);
+  ops::linear_backward(x, w, r, dx, dw, db, /*accumulate=*/false);
+  const auto fd_x = testing::finite_difference(x, loss, 0.5f);
+  const auto fd_w = testing::finite_difference(w, loss, 0.5f);
+  const auto fd_b = testing::finite_difference(b, loss, 0.5f);
+  require_close(dx, fd_x, 1e-4, 1e-4);
+  require_close(dw, fd_w, 1e-4, 1e-4);
+  require_close(db, fd_b, 1e-4, 1e-4);
+
+  // Accumulation adds onto the existing gradients; dx may be skipped.
+  Tensor no_dx;
+  ops::linear_backward(x, w, r, no_dx, dw, db, /*accumulate=*/true);
+  std::vector<double> twice_w = fd_w, twice_b = fd_b;
+  for (double& v : twice_w) v *= 2;
+  for (double& v : twice_b) v *= 2;
+  require_close(dw, twice_w, 2e-4, 1e-4);
+  require_close(db, twice_b, 2e-4, 1e-4);
+
+  Tensor bad_w = random_tensor({4, 6}, 13);
+  CHECK_THROWS_WITH(ops::linear_forward(x, bad_w, b, y), Catch::Contains("linear_forward"));
+}
+
+TEST_CASE("set_num_threads reaches OpenMP in every thread that runs a kernel", "[threads]") {
+  const int before = ops::num_threads();
+  CHECK_THROWS_AS(ops::set_num_threads(0), InvalidArgument);
+  // A count that differs from the default, so a thread that never saw the setting
+  // would report something else.
+  const int wanted = before == 3 ? 2 : 3;
+  ops::set_num_threads(wanted);
+  CHECK(ops::num_threads() == wanted);
+  CHECK(omp_get_max_threads() == wanted);
+  int seen_in_worker = 0;
+  std::thread worker([&] {
+    Tensor t = Tensor::full({8}, 1.0f);
+    ops::scale_(t, 2.0f);  // any kernel applies the setting to its thread
+    seen_in_worker = omp_get_max_threads();
+  });
+  worker.join();
+  CHECK(seen_in_worker == wanted);
+  ops::set_num_threads(before);
+  CHECK(omp_get_max_threads() == before);
+}

@@ -1,0 +1,133 @@
+// Cross-entropy, accuracy counting and the SGD step.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "tensor/ops.h"
+#include "tests/tensor/reference.h"
+
+using namespace mtrain;
+using mtrain::testing::random_tensor;
+using mtrain::testing::require_close;
+
+TEST_CASE("cross_entropy matches a hand-computed case", "[loss]") {
+  // Row 0: logits 1,2,3, label 2: loss = log(e + e^2 + e^3) - 3 = log(1 + e^-1 + e^-2);
+  //        softmax = (0.0900306, 0.2447285, 0.6652410).
+  // Row 1: equal logits, label 0: loss = log 3, softmax = 1/3 each.
+  const Tensor logits = Tensor::from_vector<float>({1, 2, 3, 1, 1, 1}, {2, 3});
+  const Tensor labels = Tensor::from_vector<int64_t>({2, 0}, {2});
+  Tensor d = Tensor::empty({2, 3});
+  const double loss = ops::cross_entropy(logits, labels, d, 0.5f);
+  CHECK(loss == Approx(0.4076059644 + 1.0986122887).epsilon(1e-6));
+  require_close(d, {0.0450153, 0.1223643, -0.1673795, -0.3333333, 0.1666667, 0.1666667}, 1e-6, 1e-5);
+  // Without dlogits only the loss is computed.
+  Tensor none;
+  CHECK(ops::cross_entropy(logits, labels, none, 1.0f) == Approx(loss));
+}
+
+TEST_CASE("cross_entropy is stable for huge logits and its gradient is right", "[loss]") {
+  const Tensor logits = Tensor::from_vector<float>({1000, 0, -1000, 0}, {2, 2});
+  const Tensor labels = Tensor::from_vector<int64_t>({1, 0}, {2});
+  Tensor d = Tensor::empty({2, 2});
+  const double loss = ops::cross_entropy(logits, labels, d, 1.0f);
+  CHECK(loss == Approx(2000.0));
+  require_close(d, {1, -1, -1, 1}, 1e-6, 0);
+
+  Tensor z = random_tensor({5, 7}, 61, -3.0f, 3.0f);
+  const Tensor y = Tensor::from_vector<int64_t>({0, 6, 3, 3, 1}, {5});
+  Tensor none;
+  Tensor grad = Tensor::empty(z.shape());
+  ops::cross_entropy(z, y, grad, 0.2f);
+  auto mean_loss = [&] { return ops::cross_entropy(z, y, none, 1.0f) / 5.0; };
+  require_close(grad, testing::finite_difference(z, mean_loss, 1e-2f), 1e-4, 1e-3);
+}
+
+TEST_CASE("cross_entropy and count_correct reject labels outside [0, K)", "[loss]") {
+  const Tensor logits = random_tensor({2, 10}, 62);
+  Tensor d = Tensor::empty({2, 10});
+  const Tensor high = Tensor::from_vector<int64_t>({3, 10}, {2});
+  const Tensor negative = Tensor::from_vector<int64_t>({-1, 0}, {2});
+  CHECK_THROWS_WITH(ops::cross_entropy(logits, high, d, 1.0f),
+                    Catch::Contains("label 10") && Catch::Contains("[0, 10)"));
+  CHECK_THROWS_AS(ops::cross_entropy(logits, negative, d, 1.0f), InvalidArgument);
+  CHECK_THROWS_AS(ops::count_correct(logits, high), InvalidArgument);
+  const Tensor int32_labels = Tensor::from_vector<int32_t>({1, 2}, {2});
+  CHECK_THROWS_AS(ops::cross_entropy(logits, int32_labels, d, 1.0f), InternalError);
+}
+
+TEST_CASE("count_correct counts rows whose first maximum is the label", "[loss]") {
+  const Tensor logits = Tensor::from_vector<float>({0, 5, 1, 2, 2, 0, 9, 1, 9, -1, -2, -3}, {4, 3});
+  // argmax per row: 1, 0 (tie: first), 0 (tie: first), 0.
+  CHECK(ops::count_correct(logits, Tensor::from_vector<int64_t>({1, 0, 2, 0}, {4})) == 3);
+  CHECK(ops::count_correct(logits, Tensor::from_vector<int64_t>({0, 1, 0, 2}, {4})) == 1);
+}
+
+namespace {
+
+// torch.optim.SGD's single-tensor update, transcribed in double.
+struct TorchSgd {
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov;
+  std::vector<double> buf;
+  bool has_buf = false;
+
+  void step(std::vector<double>& param, const std::vector<double>& grad) {
+    std::vector<double> d_p = grad;
+    for (size_t i = 0; i < d_p.size(); ++i) {
+      if (weight_decay != 0) d_p[i] += weight_decay * param[i];
+    }
+    if (momentum != 0) {
+      if (!has_buf) {
+        buf = d_p;  // torch.clone(d_p)
+        has_buf = true;
+      } else {
+        for (size_t i = 0; i < d_p.size(); ++i) buf[i] = buf[i] * momentum + (1 - dampening) * d_p[i];
+      }
+      for (size_t i = 0; i < d_p.size(); ++i) d_p[i] = nesterov ? d_p[i] + momentum * buf[i] : buf[i];
+    }
+    for (size_t i = 0; i < d_p.size(); ++i) param[i] -= lr * d_p[i];
+  }
+};
+
+}  // namespace
+
+TEST_CASE("sgd_step follows a hand-computed momentum case", "[sgd]") {
+  // p = 1, g = 0.5, lr 0.1, momentum 0.9, dampening 0.1, weight decay 0.01:
+  // step 1: d = 0.51, buf = 0.51 (no dampening on the first step), p = 0.949;
+  // step 2: d = 0.5 + 0.00949, buf = 0.9 * 0.51 + 0.9 * 0.50949 = 0.917541, p = 0.8572459.
+  Tensor p = Tensor::full({1}, 1.0f), g = Tensor::full({1}, 0.5f);
+  Tensor buf = Tensor::full({1}, NAN);  // garbage must not leak into the first step
+  ops::sgd_step(p, g, buf, 0.1f, 0.9f, 0.1f, 0.01f, false, true);
+  CHECK(p.data<float>()[0] == Approx(0.949));
+  CHECK(buf.data<float>()[0] == Approx(0.51));
+  ops::sgd_step(p, g, buf, 0.1f, 0.9f, 0.1f, 0.01f, false, false);
+  CHECK(buf.data<float>()[0] == Approx(0.917541));
+  CHECK(p.data<float>()[0] == Approx(0.8572459));
+}
+
+TEST_CASE("sgd_step matches torch.optim.SGD over several steps", "[sgd]") {
+  struct Config {
+    float lr, momentum, dampening, weight_decay;
+    bool nesterov;
+  };
+  const Config c = GENERATE(Config{0.1f, 0.0f, 0.0f, 0.0f, false},   // plain SGD
+                            Config{0.05f, 0.0f, 0.0f, 5e-4f, false},  // weight decay only
+                            Config{0.1f, 0.9f, 0.0f, 5e-4f, false},   // momentum
+                            Config{0.1f, 0.9f, 0.3f, 0.0f, false},    // dampening
+                            Config{0.1f, 0.9f, 0.0f, 1e-3f, true});   // nesterov
+  const int64_t n = GENERATE(3, 70001);  // serial and parallel paths
+  Tensor param = random_tensor({n}, 71);
+  Tensor buf = Tensor::empty({n});
+  TorchSgd ref{c.lr, c.momentum, c.dampening, c.weight_decay, c.nesterov, {}};
+  std::vector<double> ref_param = testing::to_double(param);
+  for (int step = 0; step < 4; ++step) {
+    const Tensor grad = random_tensor({n}, 80 + step);
+    Tensor no_buf;
+    ops::sgd_step(param, grad, c.momentum != 0 ? buf : no_buf, c.lr, c.momentum, c.dampening,
+                  c.weight_decay, c.nesterov, step == 0);
+    ref.step(ref_param, testing::to_double(grad));
+  }
+  require_close(param, ref_param, 1e-6, 1e-5);
+  if (c.momentum != 0) require_close(buf, ref.buf, 1e-6, 1e-5);
+}
