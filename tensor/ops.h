@@ -77,6 +77,7 @@ struct Pool2dParams {
 // input plane for the backward pass. Padding counts as -inf.
 void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Pool2dParams& p);
 void maxpool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx);
+// Padding may be at most half the kernel (PyTorch's rule); more is an InternalError.
 // Average pooling with PyTorch's default count_include_pad=true.
 void avgpool2d_forward(const Tensor& x, Tensor& y, const Pool2dParams& p);
 void avgpool2d_backward(const Tensor& dy, Tensor& dx, const Pool2dParams& p);
@@ -85,6 +86,7 @@ void global_avgpool_forward(const Tensor& x, Tensor& y);
 void global_avgpool_backward(const Tensor& dy, Tensor& dx);
 
 // ---- batch norm (see Note [Separable batch norm]) ----------------------------------
+// x may be [N,C,H,W] or [N,C] (BatchNorm1d); an undefined gamma/beta means 1/0.
 // Per-channel mean and biased variance over N,H,W of x[N,C,H,W] (count = N*H*W).
 // With N == 0 both are 0.
 void batchnorm_stats(const Tensor& x, Tensor& mean, Tensor& var);
@@ -110,7 +112,10 @@ double cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& dlogits
 int64_t count_correct(const Tensor& logits, const Tensor& labels);
 
 // ---- optimizer -----------------------------------------------------------------
-// One SGD step on one parameter with PyTorch's semantics (torch.optim.SGD):
+// One SGD step on one parameter with PyTorch's semantics (torch.optim.SGD).
+// momentum_buf may be undefined when momentum == 0. Nesterov needs momentum > 0 and
+// dampening == 0 (as torch.optim.SGD); optimizers must reject that with InvalidArgument
+// before calling this, which treats it as an InternalError.
 //   g = grad + weight_decay * param
 //   if momentum != 0: buf = first_step ? g : momentum * buf + (1 - dampening) * g
 //                     g = nesterov ? g + momentum * buf : buf
