@@ -1,0 +1,198 @@
+// Where the store listens and who gets in: binding, ports, address families, the job
+// token, and connect timeouts.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <future>
+#include <optional>
+#include <string>
+
+#include "collectives/store.h"
+#include "core/error.h"
+#include "tests/collectives/store_test_util.h"
+
+using namespace mtrain;
+using namespace mtrain::testing;
+using Catch::Contains;
+
+namespace {
+
+// An IPv4 address of an interface that is up and not loopback, if the machine has one.
+std::optional<std::string> non_loopback_ipv4() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return std::nullopt;
+  std::optional<std::string> found;
+  for (ifaddrs* i = list; i != nullptr && !found; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
+    char text[INET_ADDRSTRLEN];
+    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text)) found = text;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+bool ipv6_loopback_available() {
+  const int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+TEST_CASE("port 0 picks a free port, a different one per server", "[store]") {
+  const std::string token = generate_store_token();
+  TcpStoreServer a("127.0.0.1", 0, token);
+  TcpStoreServer b("127.0.0.1", 0, token);
+  CHECK(a.port() != 0);
+  CHECK(b.port() != 0);
+  CHECK(a.port() != b.port());
+  CHECK(a.host() == "127.0.0.1");
+  TcpStore client("127.0.0.1", b.port(), token, kTestTimeout, kTestConnectTimeout);
+  CHECK(client.port() == b.port());
+  client.set("k", std::string("v"));
+  CHECK(client.get_string("k") == "v");
+}
+
+TEST_CASE("binding a busy port is a CommError naming host:port and the way out", "[store]") {
+  const std::string token = generate_store_token();
+  TcpStoreServer first("127.0.0.1", 0, token);
+  const std::string port = std::to_string(first.port());
+  CHECK_THROWS_MATCHES(TcpStoreServer("127.0.0.1", first.port(), token), CommError,
+                       Catch::Matchers::Predicate<CommError>([&](const CommError& e) {
+                         const std::string m = e.what();
+                         return m.find("127.0.0.1:" + port) != std::string::npos &&
+                                m.find("already in use") != std::string::npos &&
+                                m.find("--master_port 0") != std::string::npos;
+                       }));
+}
+
+TEST_CASE("bad bind addresses and tokens are clear errors", "[store]") {
+  const std::string token = generate_store_token();
+  // TEST-NET-3 (RFC 5737): never an address of this machine.
+  CHECK_THROWS_WITH(TcpStoreServer("203.0.113.7", 0, token),
+                    Contains("203.0.113.7:0") && Contains("address of this machine"));
+  CHECK_THROWS_WITH(TcpStoreServer("no-such-host.invalid", 0, token),
+                    Contains("cannot resolve") && Contains("no-such-host.invalid"));
+  CHECK_THROWS_AS(TcpStoreServer("", 0, token), InvalidArgument);
+  CHECK_THROWS_WITH(TcpStoreServer("127.0.0.1", 0, ""), Contains("MTRAIN_STORE_TOKEN"));
+  CHECK_THROWS_AS(TcpStoreServer("127.0.0.1", 0, std::string(kMaxTokenBytes + 1, 't')),
+                  InvalidArgument);
+}
+
+TEST_CASE("a server bound to 127.0.0.1 is not reachable through another local address",
+          "[store]") {
+  const auto other = non_loopback_ipv4();
+  if (!other) {
+    WARN("SKIPPED: this machine has no non-loopback IPv4 address to test against");
+    return;
+  }
+  INFO("other local address: " << *other);
+  const std::string token = generate_store_token();
+  TcpStoreServer loopback_only("127.0.0.1", 0, token);
+  RawConnection through_other(loopback_only.port(), other->c_str());
+  CHECK(through_other.connect_errno() == ECONNREFUSED);
+  CHECK_THROWS_WITH(
+      TcpStore(*other, loopback_only.port(), token, kTestTimeout, Millis{200}),
+      Contains("could not reach the store at " + *other));
+  // Control: the same check passes when the server does listen on that address.
+  TcpStoreServer on_other(*other, 0, token);
+  RawConnection direct(on_other.port(), other->c_str());
+  CHECK(direct.connect_errno() == 0);
+  TcpStore client(*other, on_other.port(), token, kTestTimeout, kTestConnectTimeout);
+  client.set("k", std::string("v"));
+  RawConnection via_loopback(on_other.port());
+  CHECK(via_loopback.connect_errno() == ECONNREFUSED);
+}
+
+TEST_CASE("IPv6 literals and names resolve", "[store]") {
+  const std::string token = generate_store_token();
+  SECTION("localhost") {
+    TcpStoreServer server("localhost", 0, token);
+    TcpStore by_name("localhost", server.port(), token, kTestTimeout, kTestConnectTimeout);
+    TcpStore by_v4("127.0.0.1", server.port(), token, kTestTimeout, kTestConnectTimeout);
+    by_name.set("k", std::string("v"));
+    CHECK(by_v4.get_string("k") == "v");
+  }
+  SECTION("::1") {
+    if (!ipv6_loopback_available()) {
+      WARN("SKIPPED: IPv6 loopback is not available here");
+      return;
+    }
+    TcpStoreServer server("::1", 0, token);
+    TcpStore client("::1", server.port(), token, kTestTimeout, kTestConnectTimeout);
+    client.add("n", 3);
+    CHECK(client.get_string("n") == "3");
+    // Bound to ::1 only: the IPv4 loopback does not reach it.
+    RawConnection v4(server.port());
+    CHECK(v4.connect_errno() == ECONNREFUSED);
+    CHECK_THROWS_WITH(TcpStoreServer("::1", server.port(), token),
+                      Contains("[::1]:" + std::to_string(server.port())));
+  }
+}
+
+TEST_CASE("connecting where no server listens fails after connect_timeout naming the address",
+          "[store]") {
+  const uint16_t port = unused_loopback_port();
+  const auto start = Clock::now();
+  CHECK_THROWS_MATCHES(TcpStore("127.0.0.1", port, "token", kTestTimeout, Millis{300}), CommError,
+                       Catch::Matchers::Predicate<CommError>([&](const CommError& e) {
+                         const std::string m = e.what();
+                         return m.find("could not reach the store at 127.0.0.1:" +
+                                       std::to_string(port) + " after 0.3 s") !=
+                                    std::string::npos &&
+                                m.find("refused") != std::string::npos;
+                       }));
+  const double elapsed = seconds_since(start);
+  CHECK(elapsed >= 0.3);
+  CHECK(elapsed < 5.0);
+}
+
+TEST_CASE("a client started before its server connects once the server is up", "[store]") {
+  const std::string token = generate_store_token();
+  const uint16_t port = unused_loopback_port();
+  auto client = std::async(std::launch::async, [&] {
+    return std::make_unique<TcpStore>("127.0.0.1", port, token, kTestTimeout, Millis{10'000});
+  });
+  CHECK(client.wait_for(200ms) == std::future_status::timeout);
+  TcpStoreServer server("127.0.0.1", port, token);
+  auto store = client.get();
+  store->set("k", std::string("v"));
+  CHECK(store->get_string("k") == "v");
+}
+
+TEST_CASE("a wrong or missing token is rejected with a clear message", "[store]") {
+  ServerFixture f;
+  const std::string where = "127.0.0.1:" + std::to_string(f.server.port());
+  const uint64_t before = f.server.rejected_connections();
+  // Catch2 v2 combined matchers keep pointers to their parts, so the parts are named.
+  const auto names_store = Contains("store at " + where + " rejected the job token");
+  const auto names_variable = Contains("check MTRAIN_STORE_TOKEN");
+  CHECK_THROWS_WITH(TcpStore("127.0.0.1", f.server.port(), "wrong" + f.token, kTestTimeout,
+                             kTestConnectTimeout),
+                    names_store && names_variable);
+  // Same length, one character off: the comparison is not a prefix check.
+  std::string near_miss = f.token;
+  near_miss.back() = near_miss.back() == '0' ? '1' : '0';
+  CHECK_THROWS_WITH(
+      TcpStore("127.0.0.1", f.server.port(), near_miss, kTestTimeout, kTestConnectTimeout),
+      names_store && names_variable);
+  CHECK_THROWS_WITH(TcpStore("127.0.0.1", f.server.port(), "", kTestTimeout, kTestConnectTimeout),
+                    names_store && names_variable);
+  CHECK(eventually([&] { return f.server.rejected_connections() == before + 3; }));
+  // The wrong tokens learned nothing and stored nothing.
+  auto good = f.client();
+  CHECK(good->num_keys() == 0);
+}
