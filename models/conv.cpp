@@ -1,0 +1,65 @@
+#include "models/conv.h"
+
+#include "core/error.h"
+#include "models/init.h"
+#include "models/input_checks.h"
+
+namespace mtrain::models {
+
+namespace {
+std::string describe(const Conv2dOptions& o) {
+  return fmt::format("Conv2d({}, {}, kernel_size={}, stride={}, padding={}, bias={})",
+                     o.in_channels, o.out_channels, o.kernel_size, o.stride, o.padding, o.bias);
+}
+}  // namespace
+
+Conv2d::Conv2d(const Conv2dOptions& options)
+    : options_(options), description_(describe(options)) {
+  if (options.in_channels < 1 || options.out_channels < 1 || options.kernel_size < 1 ||
+      options.stride < 1 || options.padding < 0) {
+    throw InvalidArgument(fmt::format(
+        "{}: expected in_channels, out_channels, kernel_size, stride >= 1 and padding >= 0",
+        description_));
+  }
+  geometry_.stride_h = geometry_.stride_w = options.stride;
+  geometry_.pad_h = geometry_.pad_w = options.padding;
+  const int64_t k = options.kernel_size;
+  register_parameter("weight", weight_, {options.out_channels, options.in_channels, k, k});
+  if (options.bias) register_parameter("bias", bias_, {options.out_channels});
+}
+
+void Conv2d::reset_parameters(ParameterInitializer& init) {
+  const int64_t fan_in = options_.in_channels * options_.kernel_size * options_.kernel_size;
+  init.init_weight(weight_.value, fan_in);
+  if (options_.bias) init.init_bias(bias_.value, fan_in);
+}
+
+Tensor Conv2d::forward(const Tensor& x) {
+  detail::check_image_batch(description_, x, options_.in_channels);
+  const int64_t k = options_.kernel_size;
+  const int64_t oh = ops::conv_out_size(x.size(2), k, options_.stride, options_.padding);
+  const int64_t ow = ops::conv_out_size(x.size(3), k, options_.stride, options_.padding);
+  if (oh < 1 || ow < 1) {
+    throw InvalidArgument(fmt::format("{}: input {} is smaller than the kernel", description_,
+                                      shape_str(x.shape())));
+  }
+  Tensor y = Tensor::empty({x.size(0), options_.out_channels, oh, ow});
+  ops::conv2d_forward(x, weight_.value, bias_.value, y, geometry_);
+  input_ = x;
+  output_shape_ = y.shape();
+  return y;
+}
+
+Tensor Conv2d::backward(const Tensor& dy) {
+  detail::check_output_grad(description_, dy, output_shape_);
+  // Parameter gradients first, so the reducer can start on them while dx is computed.
+  ops::conv2d_backward_weights(input_, dy, weight_.grad, bias_.grad, geometry_,
+                               /*accumulate=*/true);
+  if (options_.bias) notify_grad_ready(bias_);
+  notify_grad_ready(weight_);
+  Tensor dx = Tensor::empty(input_.shape());
+  ops::conv2d_backward_data(dy, weight_.value, dx, geometry_);
+  return dx;
+}
+
+}  // namespace mtrain::models

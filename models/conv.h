@@ -1,0 +1,44 @@
+// Conv2d: 2-D convolution over NCHW input with an OIHW weight (torch.nn.Conv2d with
+// square kernel, stride and padding, dilation 1, groups 1).
+#pragma once
+
+#include <cstdint>
+
+#include "models/module.h"
+#include "tensor/ops.h"
+
+namespace mtrain::models {
+
+struct Conv2dOptions {
+  int64_t in_channels = 0;
+  int64_t out_channels = 0;
+  int kernel_size = 3;
+  int stride = 1;
+  int padding = 0;
+  bool bias = true;
+};
+
+class Conv2d : public Module {
+ public:
+  explicit Conv2d(const Conv2dOptions& options);
+
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  std::string type_name() const override { return "Conv2d"; }
+  void reset_parameters(ParameterInitializer& init) override;
+
+  const Conv2dOptions& options() const { return options_; }
+  Parameter& weight() { return weight_; }
+  Parameter& bias() { return bias_; }  // value undefined when options().bias is false
+
+ private:
+  Conv2dOptions options_;
+  std::string description_;  // "Conv2d(1, 64, kernel_size=3, ...)" for error messages
+  ops::Conv2dParams geometry_;
+  Parameter weight_;
+  Parameter bias_;
+  Tensor input_;       // cached for backward
+  Shape output_shape_;
+};
+
+}  // namespace mtrain::models

@@ -1,0 +1,20 @@
+// Flatten: [N, d1, d2, ...] -> [N, d1*d2*...] (torch.nn.Flatten with its defaults,
+// start_dim=1). Forward and backward are views: no data moves.
+#pragma once
+
+#include "models/module.h"
+
+namespace mtrain::models {
+
+class Flatten : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  std::string type_name() const override { return "Flatten"; }
+
+ private:
+  Shape input_shape_;
+  Shape output_shape_;
+};
+
+}  // namespace mtrain::models

@@ -1,0 +1,69 @@
+#include "models/init.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "core/error.h"
+
+namespace mtrain::models {
+
+InitScheme parse_init_scheme(const std::string& name) {
+  if (name == "default") return InitScheme::kPyTorchDefault;
+  if (name == "normal") return InitScheme::kNormal;
+  throw InvalidArgument(
+      fmt::format("unknown init scheme '{}': expected 'default' (PyTorch's) or 'normal' "
+                  "(N(0, 0.01) weights, zero biases)",
+                  name));
+}
+
+ParameterInitializer::ParameterInitializer(const InitOptions& options)
+    : scheme_(options.scheme), rng_(options.seed) {}
+
+void ParameterInitializer::init_weight(Tensor& weight, int64_t fan_in) {
+  MTRAIN_CHECK(fan_in > 0, "fan_in {} for {}", fan_in, weight.str());
+  if (scheme_ == InitScheme::kNormal) {
+    fill_normal(weight, 0.0f, 0.01f);
+  } else {
+    const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
+    fill_uniform(weight, -bound, bound);
+  }
+}
+
+void ParameterInitializer::init_bias(Tensor& bias, int64_t fan_in) {
+  MTRAIN_CHECK(fan_in > 0, "fan_in {} for {}", fan_in, bias.str());
+  if (scheme_ == InitScheme::kNormal) {
+    bias.zero_();
+  } else {
+    const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
+    fill_uniform(bias, -bound, bound);
+  }
+}
+
+float ParameterInitializer::next_unit_float() {
+  return static_cast<float>(rng_() >> 40) * 0x1.0p-24f;
+}
+
+void ParameterInitializer::fill_uniform(Tensor& t, float low, float high) {
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = low + (high - low) * next_unit_float();
+}
+
+void ParameterInitializer::fill_normal(Tensor& t, float mean, float stddev) {
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); i += 2) {
+    // Box-Muller: 1 - u is in (0, 1], so the log is finite.
+    const double u1 = 1.0 - next_unit_float();
+    const double u2 = next_unit_float();
+    const double radius = std::sqrt(-2.0 * std::log(u1));
+    const double angle = 2.0 * std::numbers::pi * u2;
+    p[i] = static_cast<float>(mean + stddev * radius * std::cos(angle));
+    if (i + 1 < t.numel()) p[i + 1] = static_cast<float>(mean + stddev * radius * std::sin(angle));
+  }
+}
+
+void init_parameters(Module& root, const InitOptions& options) {
+  ParameterInitializer init(options);
+  for (auto& [name, module] : root.named_modules()) module->reset_parameters(init);
+}
+
+}  // namespace mtrain::models

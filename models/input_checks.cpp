@@ -1,0 +1,44 @@
+#include "models/input_checks.h"
+
+#include "core/error.h"
+
+namespace mtrain::models::detail {
+
+namespace {
+void check_float(const std::string& layer, const Tensor& x) {
+  if (!x.defined()) throw InvalidArgument(fmt::format("{}: input is an undefined tensor", layer));
+  if (x.dtype() != DType::Float32) {
+    throw InvalidArgument(fmt::format("{}: expected a float32 input, found {}", layer, x.str()));
+  }
+}
+}  // namespace
+
+void check_image_batch(const std::string& layer, const Tensor& x, int64_t channels) {
+  check_float(layer, x);
+  if (x.ndim() != 4 || (channels >= 0 && x.size(1) != channels)) {
+    const std::string c = channels >= 0 ? std::to_string(channels) : "C";
+    throw InvalidArgument(fmt::format("{}: expected input [N, {}, H, W], found {}", layer, c,
+                                      shape_str(x.shape())));
+  }
+}
+
+void check_matrix_batch(const std::string& layer, const Tensor& x, int64_t features) {
+  check_float(layer, x);
+  if (x.ndim() != 2 || x.size(1) != features) {
+    throw InvalidArgument(fmt::format("{}: expected input [N, {}], found {}", layer, features,
+                                      shape_str(x.shape())));
+  }
+}
+
+void check_output_grad(const std::string& layer, const Tensor& dy, const Shape& output_shape) {
+  if (output_shape.empty()) {
+    throw InvalidArgument(fmt::format("{}: backward called before forward", layer));
+  }
+  if (!dy.defined() || dy.dtype() != DType::Float32 || dy.shape() != output_shape) {
+    throw InvalidArgument(fmt::format("{}: expected an output gradient float32 {}, found {}",
+                                      layer, shape_str(output_shape),
+                                      dy.defined() ? dy.str() : "an undefined tensor"));
+  }
+}
+
+}  // namespace mtrain::models::detail

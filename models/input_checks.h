@@ -1,0 +1,20 @@
+// Input validation shared by the layers: a wrong input shape is a user error (a model
+// fed the wrong data), so it is an InvalidArgument naming the layer, what it expected
+// and what it got.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "tensor/tensor.h"
+
+namespace mtrain::models::detail {
+
+// x must be float32 [N, channels, H, W] (channels < 0: any).
+void check_image_batch(const std::string& layer, const Tensor& x, int64_t channels);
+// x must be float32 [N, features].
+void check_matrix_batch(const std::string& layer, const Tensor& x, int64_t features);
+// dy must have the shape of the output of the last forward (and that forward happened).
+void check_output_grad(const std::string& layer, const Tensor& dy, const Shape& output_shape);
+
+}  // namespace mtrain::models::detail

@@ -1,0 +1,49 @@
+#include "models/linear.h"
+
+#include "core/error.h"
+#include "models/init.h"
+#include "models/input_checks.h"
+#include "tensor/ops.h"
+
+namespace mtrain::models {
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
+    : in_features_(in_features),
+      out_features_(out_features),
+      has_bias_(bias),
+      description_(fmt::format("Linear(in_features={}, out_features={}, bias={})", in_features,
+                               out_features, bias)) {
+  if (in_features < 1 || out_features < 1) {
+    throw InvalidArgument(fmt::format("{}: expected in_features and out_features >= 1",
+                                      description_));
+  }
+  register_parameter("weight", weight_, {out_features, in_features});
+  if (bias) register_parameter("bias", bias_, {out_features});
+}
+
+void Linear::reset_parameters(ParameterInitializer& init) {
+  init.init_weight(weight_.value, in_features_);
+  if (has_bias_) init.init_bias(bias_.value, in_features_);
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  detail::check_matrix_batch(description_, x, in_features_);
+  Tensor y = Tensor::empty({x.size(0), out_features_});
+  ops::linear_forward(x, weight_.value, bias_.value, y);
+  input_ = x;
+  output_shape_ = y.shape();
+  return y;
+}
+
+Tensor Linear::backward(const Tensor& dy) {
+  detail::check_output_grad(description_, dy, output_shape_);
+  // One kernel call produces dx, dw and db together; the hook fires right after it.
+  Tensor dx = Tensor::empty(input_.shape());
+  ops::linear_backward(input_, weight_.value, dy, dx, weight_.grad, bias_.grad,
+                       /*accumulate=*/true);
+  if (has_bias_) notify_grad_ready(bias_);
+  notify_grad_ready(weight_);
+  return dx;
+}
+
+}  // namespace mtrain::models

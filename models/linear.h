@@ -1,0 +1,35 @@
+// Linear: y[N, out] = x[N, in] @ weight[out, in]^T + bias[out] (torch.nn.Linear).
+#pragma once
+
+#include <cstdint>
+
+#include "models/module.h"
+
+namespace mtrain::models {
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  std::string type_name() const override { return "Linear"; }
+  void reset_parameters(ParameterInitializer& init) override;
+
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+  Parameter& weight() { return weight_; }
+  Parameter& bias() { return bias_; }  // value undefined without bias
+
+ private:
+  int64_t in_features_;
+  int64_t out_features_;
+  bool has_bias_;
+  std::string description_;
+  Parameter weight_;
+  Parameter bias_;
+  Tensor input_;
+  Shape output_shape_;
+};
+
+}  // namespace mtrain::models

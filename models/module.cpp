@@ -1,0 +1,131 @@
+#include "models/module.h"
+
+#include "core/error.h"
+
+namespace mtrain::models {
+
+namespace {
+std::string join_name(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+}  // namespace
+
+void Module::train(bool on) {
+  training_ = on;
+  for (Child& c : children_) c.module->train(on);
+}
+
+std::vector<NamedParameter> Module::parameters() {
+  std::vector<NamedParameter> out;
+  collect_parameters("", out);
+  return out;
+}
+
+std::vector<NamedBuffer> Module::buffers() {
+  std::vector<NamedBuffer> out;
+  collect_buffers("", out);
+  return out;
+}
+
+int64_t Module::num_parameter_elements() {
+  int64_t n = 0;
+  for (const NamedParameter& p : parameters()) n += p.param->value.numel();
+  return n;
+}
+
+void Module::zero_grad() {
+  for (auto& [name, p] : params_) p->grad.zero_();
+  for (Child& c : children_) c.module->zero_grad();
+}
+
+void Module::set_grad_ready_hook(GradReadyHook hook) {
+  int index = 0;
+  for (NamedParameter& p : parameters()) p.param->index = index++;
+  install_hook(hook ? std::make_shared<GradReadyHook>(std::move(hook)) : nullptr);
+}
+
+const std::string& Module::child_name(size_t i) const {
+  MTRAIN_CHECK(i < children_.size(), "{} has {} children, asked for child {}", type_name(),
+               children_.size(), i);
+  return children_[i].name;
+}
+
+Module& Module::child(size_t i) const {
+  MTRAIN_CHECK(i < children_.size(), "{} has {} children, asked for child {}", type_name(),
+               children_.size(), i);
+  return *children_[i].module;
+}
+
+std::unique_ptr<Module> Module::replace_child(size_t i, std::unique_ptr<Module> replacement) {
+  MTRAIN_CHECK(i < children_.size(), "{} has {} children, asked to replace child {}",
+               type_name(), children_.size(), i);
+  MTRAIN_CHECK(replacement != nullptr, "replacing child '{}' of {} with nothing",
+               children_[i].name, type_name());
+  replacement->train(training_);
+  std::swap(children_[i].module, replacement);
+  return replacement;
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules() {
+  std::vector<std::pair<std::string, Module*>> out;
+  collect_modules("", out);
+  return out;
+}
+
+void Module::register_parameter(std::string name, Parameter& param, const Shape& shape) {
+  param.value = Tensor::zeros(shape);
+  param.grad = Tensor::zeros(shape);
+  params_.emplace_back(std::move(name), &param);
+}
+
+void Module::register_buffer(std::string name, Tensor& buffer) {
+  buffers_.emplace_back(std::move(name), &buffer);
+}
+
+size_t Module::register_module(std::string name, std::unique_ptr<Module> child) {
+  MTRAIN_CHECK(child != nullptr, "{}: registering an empty child '{}'", type_name(), name);
+  child->train(training_);
+  children_.push_back({std::move(name), std::move(child)});
+  return children_.size() - 1;
+}
+
+void Module::notify_grad_ready(Parameter& param) {
+  if (grad_ready_hook_ && *grad_ready_hook_) (*grad_ready_hook_)(param);
+}
+
+void Module::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) {
+  for (auto& [name, p] : params_) out.push_back({join_name(prefix, name), p});
+  for (Child& c : children_) c.module->collect_parameters(join_name(prefix, c.name), out);
+}
+
+void Module::collect_buffers(const std::string& prefix, std::vector<NamedBuffer>& out) {
+  for (auto& [name, b] : buffers_) out.push_back({join_name(prefix, name), b});
+  for (Child& c : children_) c.module->collect_buffers(join_name(prefix, c.name), out);
+}
+
+void Module::collect_modules(const std::string& prefix,
+                             std::vector<std::pair<std::string, Module*>>& out) {
+  out.emplace_back(prefix, this);
+  for (Child& c : children_) c.module->collect_modules(join_name(prefix, c.name), out);
+}
+
+void Module::install_hook(const std::shared_ptr<GradReadyHook>& hook) {
+  grad_ready_hook_ = hook;
+  for (Child& c : children_) c.module->install_hook(hook);
+}
+
+int replace_modules(Module& root, const ModuleReplacer& replacer) {
+  int replaced = 0;
+  for (size_t i = 0; i < root.num_children(); ++i) {
+    std::unique_ptr<Module> replacement = replacer(root.child(i));
+    if (replacement) {
+      root.replace_child(i, std::move(replacement));
+      ++replaced;
+    } else {
+      replaced += replace_modules(root.child(i), replacer);
+    }
+  }
+  return replaced;
+}
+
+}  // namespace mtrain::models

@@ -1,0 +1,109 @@
+#include "models/pooling.h"
+
+#include "core/error.h"
+#include "models/input_checks.h"
+
+namespace mtrain::models {
+
+namespace {
+ops::Pool2dParams make_window(const std::string& description, const Pool2dOptions& o) {
+  const int stride = o.stride == 0 ? o.kernel_size : o.stride;
+  // torch rejects padding above half the window: such a window could be all padding.
+  if (o.kernel_size < 1 || stride < 1 || o.padding < 0 || o.padding > o.kernel_size / 2) {
+    throw InvalidArgument(fmt::format(
+        "{}: expected kernel_size >= 1, stride >= 1 (or 0 for kernel_size) and "
+        "0 <= padding <= kernel_size / 2",
+        description));
+  }
+  ops::Pool2dParams p;
+  p.kernel_h = p.kernel_w = o.kernel_size;
+  p.stride_h = p.stride_w = stride;
+  p.pad_h = p.pad_w = o.padding;
+  return p;
+}
+
+std::string describe(const char* type, const Pool2dOptions& o) {
+  return fmt::format("{}(kernel_size={}, stride={}, padding={})", type, o.kernel_size,
+                     o.stride == 0 ? o.kernel_size : o.stride, o.padding);
+}
+
+Shape pooled_shape(const std::string& description, const Tensor& x,
+                   const ops::Pool2dParams& p) {
+  detail::check_image_batch(description, x, -1);
+  const int64_t oh = ops::conv_out_size(x.size(2), p.kernel_h, p.stride_h, p.pad_h);
+  const int64_t ow = ops::conv_out_size(x.size(3), p.kernel_w, p.stride_w, p.pad_w);
+  if (oh < 1 || ow < 1) {
+    throw InvalidArgument(fmt::format("{}: input {} is smaller than the window", description,
+                                      shape_str(x.shape())));
+  }
+  return {x.size(0), x.size(1), oh, ow};
+}
+}  // namespace
+
+MaxPool2d::MaxPool2d(const Pool2dOptions& options)
+    : description_(describe("MaxPool2d", options)), window_(make_window(description_, options)) {}
+
+Tensor MaxPool2d::forward(const Tensor& x) {
+  const Shape out_shape = pooled_shape(description_, x, window_);
+  Tensor y = Tensor::empty(out_shape);
+  argmax_ = Tensor::empty(out_shape, DType::Int32);
+  ops::maxpool2d_forward(x, y, argmax_, window_);
+  input_shape_ = x.shape();
+  return y;
+}
+
+Tensor MaxPool2d::backward(const Tensor& dy) {
+  detail::check_output_grad(description_, dy, argmax_.defined() ? argmax_.shape() : Shape{});
+  Tensor dx = Tensor::empty(input_shape_);
+  ops::maxpool2d_backward(dy, argmax_, dx);
+  return dx;
+}
+
+AvgPool2d::AvgPool2d(const Pool2dOptions& options)
+    : description_(describe("AvgPool2d", options)), window_(make_window(description_, options)) {}
+
+Tensor AvgPool2d::forward(const Tensor& x) {
+  Tensor y = Tensor::empty(pooled_shape(description_, x, window_));
+  ops::avgpool2d_forward(x, y, window_);
+  input_shape_ = x.shape();
+  output_shape_ = y.shape();
+  return y;
+}
+
+Tensor AvgPool2d::backward(const Tensor& dy) {
+  detail::check_output_grad(description_, dy, output_shape_);
+  Tensor dx = Tensor::empty(input_shape_);
+  ops::avgpool2d_backward(dy, dx, window_);
+  return dx;
+}
+
+AdaptiveAvgPool2d::AdaptiveAvgPool2d(int output_size) {
+  if (output_size != 1) {
+    throw InvalidArgument(fmt::format(
+        "AdaptiveAvgPool2d: only output_size 1 (global average pooling) is implemented, "
+        "found {}",
+        output_size));
+  }
+}
+
+Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
+  detail::check_image_batch("AdaptiveAvgPool2d(1)", x, -1);
+  if (x.size(2) < 1 || x.size(3) < 1) {
+    throw InvalidArgument(fmt::format("AdaptiveAvgPool2d(1): input {} has an empty plane",
+                                      shape_str(x.shape())));
+  }
+  Tensor y = Tensor::empty({x.size(0), x.size(1), 1, 1});
+  ops::global_avgpool_forward(x, y);
+  input_shape_ = x.shape();
+  output_shape_ = y.shape();
+  return y;
+}
+
+Tensor AdaptiveAvgPool2d::backward(const Tensor& dy) {
+  detail::check_output_grad("AdaptiveAvgPool2d(1)", dy, output_shape_);
+  Tensor dx = Tensor::empty(input_shape_);
+  ops::global_avgpool_backward(dy, dx);
+  return dx;
+}
+
+}  // namespace mtrain::models

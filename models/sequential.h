@@ -1,0 +1,32 @@
+// Sequential: children named "0", "1", ... run in order; backward runs them in
+// reverse (torch.nn.Sequential).
+#pragma once
+
+#include <memory>
+#include <utility>
+
+#include "models/module.h"
+
+namespace mtrain::models {
+
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+
+  // Appends `layer` under the next index name and returns *this for chaining.
+  Sequential& append(std::unique_ptr<Module> layer);
+
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  std::string type_name() const override { return "Sequential"; }
+};
+
+// make_sequential(std::make_unique<Conv2d>(...), std::make_unique<ReLU>(), ...)
+template <class... Layers>
+std::unique_ptr<Sequential> make_sequential(std::unique_ptr<Layers>... layers) {
+  auto seq = std::make_unique<Sequential>();
+  (seq->append(std::move(layers)), ...);
+  return seq;
+}
+
+}  // namespace mtrain::models

@@ -1,0 +1,116 @@
+#include "models/zoo.h"
+
+#include <functional>
+#include <utility>
+
+#include "core/error.h"
+#include "models/activation.h"
+#include "models/batchnorm.h"
+#include "models/conv.h"
+#include "models/flatten.h"
+#include "models/linear.h"
+#include "models/pooling.h"
+#include "models/residual.h"
+#include "models/sequential.h"
+
+namespace mtrain::models {
+
+namespace {
+
+// The zoo's inputs are 28x28 (Fashion-MNIST, MNIST); models with a flatten straight
+// after fixed-size convolutions depend on it.
+constexpr int64_t kImageSize = 28;
+
+std::unique_ptr<Conv2d> conv(int64_t in, int64_t out, int kernel, int stride, int padding) {
+  return std::make_unique<Conv2d>(Conv2dOptions{.in_channels = in,
+                                                .out_channels = out,
+                                                .kernel_size = kernel,
+                                                .stride = stride,
+                                                .padding = padding});
+}
+
+// d2l's resnet_block: `num_residuals` blocks; all but the first stage start by halving
+// the resolution with a projected shortcut.
+std::unique_ptr<Sequential> resnet_stage(int64_t in, int64_t out, int num_residuals,
+                                         bool first_stage) {
+  auto stage = std::make_unique<Sequential>();
+  for (int i = 0; i < num_residuals; ++i) {
+    if (i == 0 && !first_stage) {
+      stage->append(std::make_unique<Residual>(in, out, /*use_1x1conv=*/true, /*stride=*/2));
+    } else {
+      stage->append(std::make_unique<Residual>(out, out));
+    }
+  }
+  return stage;
+}
+
+std::unique_ptr<Module> resnet18(int64_t in_channels, int64_t num_classes) {
+  auto stem = make_sequential(conv(in_channels, 64, 3, 1, 1), std::make_unique<BatchNorm2d>(64),
+                              std::make_unique<ReLU>());
+  return make_sequential(std::move(stem), resnet_stage(64, 64, 2, /*first_stage=*/true),
+                         resnet_stage(64, 128, 2, false), resnet_stage(128, 256, 2, false),
+                         resnet_stage(256, 512, 2, false), std::make_unique<AdaptiveAvgPool2d>(1),
+                         std::make_unique<Flatten>(), std::make_unique<Linear>(512, num_classes));
+}
+
+std::unique_ptr<Module> lenet(int64_t in_channels, int64_t num_classes) {
+  const Pool2dOptions pool{.kernel_size = 2, .stride = 2};
+  // 28 -> conv5 pad 2 -> 28 -> pool -> 14 -> conv5 -> 10 -> pool -> 5.
+  return make_sequential(
+      conv(in_channels, 6, 5, 1, 2), std::make_unique<Sigmoid>(), std::make_unique<AvgPool2d>(pool),
+      conv(6, 16, 5, 1, 0), std::make_unique<Sigmoid>(), std::make_unique<AvgPool2d>(pool),
+      std::make_unique<Flatten>(), std::make_unique<Linear>(16 * 5 * 5, 120),
+      std::make_unique<Sigmoid>(), std::make_unique<Linear>(120, 84), std::make_unique<Sigmoid>(),
+      std::make_unique<Linear>(84, num_classes));
+}
+
+std::unique_ptr<Module> mlp(int64_t in_channels, int64_t num_classes) {
+  return make_sequential(std::make_unique<Flatten>(),
+                         std::make_unique<Linear>(in_channels * kImageSize * kImageSize, 256),
+                         std::make_unique<ReLU>(), std::make_unique<Linear>(256, num_classes));
+}
+
+std::unique_ptr<Module> simplecnn(int64_t in_channels, int64_t num_classes) {
+  return make_sequential(conv(in_channels, 64, 3, 1, 1), std::make_unique<ReLU>(),
+                         conv(64, 128, 3, 1, 1), std::make_unique<ReLU>(),
+                         std::make_unique<AdaptiveAvgPool2d>(1), std::make_unique<Flatten>(),
+                         std::make_unique<Linear>(128, num_classes));
+}
+
+using ModelFactory = std::function<std::unique_ptr<Module>(int64_t, int64_t)>;
+
+const std::vector<std::pair<std::string, ModelFactory>>& registry() {
+  static const std::vector<std::pair<std::string, ModelFactory>> models = {
+      {"resnet18", resnet18}, {"lenet", lenet}, {"mlp", mlp}, {"simplecnn", simplecnn}};
+  return models;
+}
+
+}  // namespace
+
+const std::vector<std::string>& model_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const auto& [name, factory] : registry()) out.push_back(name);
+    return out;
+  }();
+  return names;
+}
+
+std::unique_ptr<Module> build_model(const std::string& name, int in_channels, int num_classes,
+                                    const InitOptions& init) {
+  if (in_channels < 1 || num_classes < 1) {
+    throw InvalidArgument(fmt::format(
+        "model '{}': expected in_channels >= 1 and num_classes >= 1, found {} and {}", name,
+        in_channels, num_classes));
+  }
+  for (const auto& [known, factory] : registry()) {
+    if (known != name) continue;
+    std::unique_ptr<Module> model = factory(in_channels, num_classes);
+    init_parameters(*model, init);
+    return model;
+  }
+  throw InvalidArgument(fmt::format("unknown model '{}': expected one of {}", name,
+                                    fmt::join(model_names(), ", ")));
+}
+
+}  // namespace mtrain::models

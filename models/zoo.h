@@ -1,0 +1,31 @@
+// The model zoo: every model mtrain-train can build by name. Structures are d2l's
+// nn.Sequential models, so parameter names match torch (Note [Parameter names]).
+//   resnet18   d2l's ResNet-18 for 28x28 inputs: 3x3 stem conv (stride 1, padding 1),
+//              BN, ReLU, no max-pool; 4 stages of 2 Residual blocks (64, 128, 256, 512
+//              channels; stages 2-4 open with a stride-2 block with a 1x1 conv
+//              shortcut); global average pool, flatten, linear.
+//              Sequential(b1, b2, b3, b4, b5, AdaptiveAvgPool2d, Flatten, Linear).
+//   lenet      d2l LeNet-5 with sigmoids and average pooling; needs 28x28 input.
+//   mlp        flatten, 784*in_channels -> 256 -> num_classes with ReLU; needs 28x28.
+//   simplecnn  two 3x3 convs (in -> 64 -> 128, padding 1, ReLU), global average pool,
+//              flatten, linear 128 -> num_classes; any input size.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/init.h"
+#include "models/module.h"
+
+namespace mtrain::models {
+
+// The names build_model accepts, in a fixed order.
+const std::vector<std::string>& model_names();
+
+// Builds and initialises `name`; an unknown name, in_channels < 1 or num_classes < 1
+// is InvalidArgument (the message lists the known names). The model starts in train mode.
+std::unique_ptr<Module> build_model(const std::string& name, int in_channels, int num_classes,
+                                    const InitOptions& init = {});
+
+}  // namespace mtrain::models

@@ -1,0 +1,292 @@
+// Every layer's backward against central finite differences (input and parameters).
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <random>
+
+#include "core/error.h"
+#include "models/activation.h"
+#include "models/batchnorm.h"
+#include "models/conv.h"
+#include "models/flatten.h"
+#include "models/init.h"
+#include "models/linear.h"
+#include "models/loss.h"
+#include "models/pooling.h"
+#include "models/residual.h"
+#include "models/sequential.h"
+#include "tensor/ops.h"
+#include "tests/models/grad_check.h"
+
+using namespace mtrain;
+using namespace mtrain::models;
+using namespace mtrain::models::testing;
+
+namespace {
+
+void require_gradients_match(Module& m, const Tensor& x, std::mt19937_64& rng,
+                             const GradCheckOptions& opt = {}) {
+  const std::vector<std::string> failures = check_module_gradients(m, x, rng, opt);
+  for (const std::string& f : failures) UNSCOPED_INFO(f);
+  CHECK(failures.empty());
+}
+
+// Non-trivial affine parameters and running statistics, so every term of the batch
+// norm formulas shows up in the gradients.
+void randomize_batchnorm(BatchNorm2d& bn, std::mt19937_64& rng) {
+  bn.weight().value.copy_(uniform_tensor({bn.num_features()}, rng, 0.5f, 1.5f));
+  bn.bias().value.copy_(uniform_tensor({bn.num_features()}, rng, -0.5f, 0.5f));
+  for (auto& [name, buffer] : bn.buffers()) {
+    if (name == "running_mean") buffer->copy_(uniform_tensor({bn.num_features()}, rng, -0.5f, 0.5f));
+    if (name == "running_var") buffer->copy_(uniform_tensor({bn.num_features()}, rng, 0.5f, 2.0f));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the gradient check rejects wrong gradients", "[grad_check]") {
+  std::mt19937_64 rng(1);
+  Linear layer(3, 2);
+  init_parameters(layer, {.seed = 1});
+  const Tensor x = uniform_tensor({4, 3}, rng);
+  const AnalyticGradients g = analytic_gradients(layer, x, rng);
+  Tensor input = x.clone();
+  const std::vector<double> numeric = numeric_gradient(layer, input, g.projection, input, 1e-2f);
+  const GradCheckOptions opt;
+  CHECK(compare_gradients("input", g.input, numeric, opt).empty());
+
+  std::vector<float> negated = g.input, scaled = g.input, one_off = g.input;
+  for (float& v : negated) v = -v;
+  for (float& v : scaled) v *= 1.05f;  // a 5 % error, e.g. a wrong normaliser
+  one_off[1] += 0.01f;
+  CHECK_FALSE(compare_gradients("input", negated, numeric, opt).empty());
+  CHECK_FALSE(compare_gradients("input", scaled, numeric, opt).empty());
+  CHECK_FALSE(compare_gradients("input", one_off, numeric, opt).empty());
+}
+
+TEST_CASE("Conv2d backward matches finite differences", "[layers][conv]") {
+  std::mt19937_64 rng(2);
+  struct Case { int stride, padding; bool bias; int64_t h, w; };
+  for (const Case c : {Case{1, 0, true, 5, 5}, Case{1, 1, false, 4, 5}, Case{2, 1, true, 5, 6},
+                       Case{2, 0, false, 6, 5}}) {
+    INFO("stride " << c.stride << " padding " << c.padding << " bias " << c.bias);
+    Conv2d conv({.in_channels = 2, .out_channels = 3, .kernel_size = 3, .stride = c.stride,
+                 .padding = c.padding, .bias = c.bias});
+    init_parameters(conv, {.seed = 2});
+    CHECK(conv.parameters().size() == (c.bias ? 2u : 1u));
+    require_gradients_match(conv, uniform_tensor({2, 2, c.h, c.w}, rng), rng);
+  }
+}
+
+TEST_CASE("Conv2d 1x1 with stride (the shortcut) matches finite differences", "[layers][conv]") {
+  std::mt19937_64 rng(3);
+  Conv2d conv({.in_channels = 3, .out_channels = 2, .kernel_size = 1, .stride = 2});
+  init_parameters(conv, {.seed = 3});
+  require_gradients_match(conv, uniform_tensor({2, 3, 5, 5}, rng), rng);
+}
+
+TEST_CASE("Linear backward matches finite differences", "[layers][linear]") {
+  std::mt19937_64 rng(4);
+  for (const bool bias : {true, false}) {
+    INFO("bias " << bias);
+    Linear layer(5, 3, bias);
+    init_parameters(layer, {.seed = 4});
+    require_gradients_match(layer, uniform_tensor({4, 5}, rng), rng);
+  }
+}
+
+TEST_CASE("BatchNorm2d backward matches finite differences in train and eval mode",
+          "[layers][batchnorm]") {
+  std::mt19937_64 rng(5);
+  BatchNorm2d bn(3);
+  randomize_batchnorm(bn, rng);
+  const Tensor x = uniform_tensor({3, 3, 2, 3}, rng, -2.0f, 2.0f);
+  // The normalisation is curved in x (through mean and variance): a smaller step keeps
+  // the truncation error of the central difference well under the tolerance.
+  const GradCheckOptions opt{.eps = 5e-3f};
+  SECTION("train") {
+    bn.train();
+    require_gradients_match(bn, x, rng, opt);
+  }
+  SECTION("eval") {
+    bn.eval();
+    require_gradients_match(bn, x, rng, opt);
+  }
+}
+
+TEST_CASE("ReLU and Sigmoid backward match finite differences", "[layers][activation]") {
+  std::mt19937_64 rng(6);
+  ReLU relu;
+  require_gradients_match(relu, away_from_zero_tensor({2, 3, 2, 2}, rng), rng);
+  Sigmoid sigmoid;
+  require_gradients_match(sigmoid, uniform_tensor({2, 3, 2, 2}, rng, -3.0f, 3.0f), rng);
+}
+
+TEST_CASE("pooling backward matches finite differences", "[layers][pooling]") {
+  std::mt19937_64 rng(7);
+  SECTION("MaxPool2d 2/2") {
+    MaxPool2d pool({.kernel_size = 2});
+    require_gradients_match(pool, distinct_values_tensor({2, 2, 4, 6}, rng), rng);
+  }
+  SECTION("MaxPool2d 3/2 padding 1 (overlapping windows)") {
+    MaxPool2d pool({.kernel_size = 3, .stride = 2, .padding = 1});
+    require_gradients_match(pool, distinct_values_tensor({2, 2, 5, 5}, rng), rng);
+  }
+  SECTION("AvgPool2d 2/2") {
+    AvgPool2d pool({.kernel_size = 2, .stride = 2});
+    require_gradients_match(pool, uniform_tensor({2, 3, 4, 4}, rng), rng);
+  }
+  SECTION("AvgPool2d 3/2 padding 1 (padding counted)") {
+    AvgPool2d pool({.kernel_size = 3, .stride = 2, .padding = 1});
+    require_gradients_match(pool, uniform_tensor({1, 2, 5, 5}, rng), rng);
+  }
+  SECTION("AdaptiveAvgPool2d(1)") {
+    AdaptiveAvgPool2d pool(1);
+    require_gradients_match(pool, uniform_tensor({2, 3, 3, 4}, rng), rng);
+  }
+}
+
+TEST_CASE("Flatten is a reshape both ways", "[layers][flatten]") {
+  std::mt19937_64 rng(8);
+  Flatten flatten;
+  const Tensor x = uniform_tensor({2, 3, 2, 2}, rng);
+  const Tensor y = flatten.forward(x);
+  CHECK(y.shape() == Shape{2, 12});
+  CHECK(y.to_vector<float>() == x.to_vector<float>());
+  require_gradients_match(flatten, x, rng);
+}
+
+namespace {
+// Smallest |input| of either ReLU in the block, recomputed from its children
+// (slots: conv1, conv2, [conv3], bn1, bn2).
+float relu_input_margin(Residual& block, const Tensor& x) {
+  const size_t bn1 = block.has_shortcut_conv() ? 3 : 2;
+  const Tensor inner = block.child(bn1).forward(block.child(0).forward(x));
+  Tensor activated = Tensor::empty(inner.shape());
+  mtrain::ops::relu_forward(inner, activated);
+  const Tensor main = block.child(bn1 + 1).forward(block.child(1).forward(activated));
+  const Tensor shortcut = block.has_shortcut_conv() ? block.child(2).forward(x) : x;
+  float margin = INFINITY;
+  for (const float v : inner.to_vector<float>()) margin = std::min(margin, std::abs(v));
+  const float* m = main.data<float>();
+  const float* s = shortcut.data<float>();
+  for (int64_t i = 0; i < main.numel(); ++i) margin = std::min(margin, std::abs(m[i] + s[i]));
+  return margin;
+}
+
+// A central difference that straddles a ReLU kink measures the average of two slopes,
+// not the gradient. Draw inputs until every ReLU input is at least 20 steps away from
+// zero (a step moves a pre-activation by about eps), so the check compares like with like.
+void check_residual(Residual& block, const Shape& input_shape, uint64_t seed) {
+  const GradCheckOptions opt{.eps = 1e-3f};
+  std::mt19937_64 rng(seed);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const Tensor x = uniform_tensor(input_shape, rng);
+    if (relu_input_margin(block, x) < 20 * opt.eps) continue;
+    require_gradients_match(block, x, rng, opt);
+    return;
+  }
+  FAIL("no input kept the ReLU inputs away from zero");
+}
+}  // namespace
+
+TEST_CASE("Residual backward matches finite differences end to end", "[layers][residual]") {
+  SECTION("identity shortcut") {
+    Residual block(2, 2);
+    init_parameters(block, {.seed = 9});
+    CHECK(block.parameters().size() == 8u);
+    check_residual(block, {2, 2, 3, 3}, 9);
+  }
+  SECTION("1x1 conv shortcut with stride 2") {
+    Residual block(2, 3, /*use_1x1conv=*/true, /*stride=*/2);
+    init_parameters(block, {.seed = 10});
+    CHECK(block.parameters().size() == 10u);
+    check_residual(block, {2, 2, 5, 5}, 10);
+  }
+  SECTION("eval mode") {
+    Residual block(2, 3, true, 1);
+    init_parameters(block, {.seed = 11});
+    block.eval();
+    check_residual(block, {2, 2, 3, 3}, 11);
+  }
+}
+
+TEST_CASE("Sequential backward matches finite differences end to end", "[layers][sequential]") {
+  std::mt19937_64 rng(12);
+  auto net = make_sequential(
+      std::make_unique<Conv2d>(Conv2dOptions{.in_channels = 1, .out_channels = 2,
+                                             .kernel_size = 3, .padding = 1}),
+      std::make_unique<BatchNorm2d>(2), std::make_unique<Sigmoid>(),
+      std::make_unique<AvgPool2d>(Pool2dOptions{.kernel_size = 2}), std::make_unique<Flatten>(),
+      std::make_unique<Linear>(8, 3));
+  init_parameters(*net, {.seed = 12});
+  require_gradients_match(*net, uniform_tensor({3, 1, 4, 4}, rng), rng, {.eps = 5e-3f});
+}
+
+TEST_CASE("layers reject inputs of the wrong shape with InvalidArgument", "[layers][errors]") {
+  Conv2d conv({.in_channels = 3, .out_channels = 4, .kernel_size = 3});
+  CHECK_THROWS_AS(conv.forward(Tensor::zeros({2, 1, 8, 8})), InvalidArgument);
+  CHECK_THROWS_AS(conv.forward(Tensor::zeros({2, 3, 2, 2})), InvalidArgument);  // below kernel
+  CHECK_THROWS_AS(conv.forward(Tensor::zeros({3, 8, 8})), InvalidArgument);
+  CHECK_THROWS_WITH(conv.forward(Tensor::zeros({2, 1, 8, 8})),
+                    Catch::Contains("expected input [N, 3, H, W], found [2, 1, 8, 8]"));
+  Linear linear(4, 2);
+  CHECK_THROWS_AS(linear.forward(Tensor::zeros({2, 5})), InvalidArgument);
+  CHECK_THROWS_AS(linear.backward(Tensor::zeros({2, 2})), InvalidArgument);  // no forward yet
+  linear.forward(Tensor::zeros({2, 4}));
+  CHECK_THROWS_AS(linear.backward(Tensor::zeros({3, 2})), InvalidArgument);
+  CHECK_THROWS_AS(linear.forward(Tensor::zeros({2, 4}, DType::Int64)), InvalidArgument);
+  CHECK_THROWS_AS(BatchNorm2d(3).forward(Tensor::zeros({2, 4, 2, 2})), InvalidArgument);
+  CHECK_THROWS_AS(AdaptiveAvgPool2d(2), InvalidArgument);
+  CHECK_THROWS_AS(MaxPool2d({.kernel_size = 2, .padding = 2}), InvalidArgument);
+  CHECK_THROWS_AS(Residual(2, 3), InvalidArgument);  // identity shortcut cannot change width
+}
+
+TEST_CASE("CrossEntropyLoss is the batch mean, counts hits and has the right gradient",
+          "[layers][loss]") {
+  std::mt19937_64 rng(13);
+  Tensor logits = uniform_tensor({4, 3}, rng, -2.0f, 2.0f);
+  const Tensor labels = Tensor::from_vector<int64_t>({0, 2, 1, 2}, {4});
+  CrossEntropyLoss criterion;
+  auto mean_loss = [&](const Tensor& z) {
+    const float* p = z.data<float>();
+    double total = 0.0;
+    for (int i = 0; i < 4; ++i) {
+      double norm = 0.0;
+      for (int k = 0; k < 3; ++k) norm += std::exp(static_cast<double>(p[i * 3 + k]));
+      total += std::log(norm) - p[i * 3 + labels.data<int64_t>()[i]];
+    }
+    return total / 4.0;
+  };
+  int64_t hits = 0;
+  for (int i = 0; i < 4; ++i) {
+    const float* row = logits.data<float>() + i * 3;
+    const int argmax = static_cast<int>(std::max_element(row, row + 3) - row);
+    hits += argmax == labels.data<int64_t>()[i];
+  }
+  const LossResult r = criterion.forward(logits, labels);
+  CHECK(r.loss == Approx(mean_loss(logits)).epsilon(1e-5));
+  CHECK(r.correct == hits);
+  CHECK(r.count == 4);
+
+  const std::vector<float> analytic = criterion.backward().to_vector<float>();
+  std::vector<double> numeric;
+  for (int64_t i = 0; i < logits.numel(); ++i) {
+    float* p = logits.data<float>() + i;
+    const float saved = *p;
+    const float up = saved + 1e-2f, down = saved - 1e-2f;
+    *p = up;
+    const double plus = mean_loss(logits);
+    *p = down;
+    const double minus = mean_loss(logits);
+    *p = saved;
+    numeric.push_back((plus - minus) / (static_cast<double>(up) - down));
+  }
+  CHECK(compare_gradients("logits", analytic, numeric, {}) == "");
+
+  CHECK_THROWS_AS(criterion.forward(logits, Tensor::from_vector<int64_t>({0, 3, 1, 2}, {4})),
+                  InvalidArgument);
+  CHECK_THROWS_AS(criterion.forward(logits, Tensor::zeros({3}, DType::Int64)), InvalidArgument);
+  CHECK_THROWS_AS(criterion.forward(logits, Tensor::zeros({4})), InvalidArgument);  // float labels
+  CHECK_THROWS_AS(CrossEntropyLoss().backward(), InvalidArgument);
+}
