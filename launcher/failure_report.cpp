@@ -1,0 +1,266 @@
+#include "launcher/failure_report.h"
+
+#include <signal.h>
+
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace mtrain::launch {
+namespace {
+
+constexpr int kReportWidth = 64;
+
+std::optional<double> as_seconds(const nlohmann::json& j) {
+  if (j.is_number()) return j.get<double>();
+  if (j.is_string()) {
+    try {
+      size_t used = 0;
+      const std::string s = j.get<std::string>();
+      const double v = std::stod(s, &used);
+      if (used == s.size()) return v;
+    } catch (const std::exception&) {
+    }
+  }
+  return std::nullopt;
+}
+
+std::string indent_continuation(const std::string& text, const std::string& pad) {
+  std::string out;
+  for (char c : text) {
+    out += c;
+    if (c == '\n') out += pad;
+  }
+  while (!out.empty() && (out.back() == ' ' || out.back() == '\n')) out.pop_back();
+  return out;
+}
+
+std::string who(const Failure& f) {
+  if (f.global_rank < 0) return fmt::format("the launcher on node {} ({})", f.node_rank, f.host);
+  return fmt::format("rank {} (local_rank {}, node {})", f.global_rank, f.local_rank, f.node_rank);
+}
+
+}  // namespace
+
+nlohmann::json failure_to_json(const Failure& f) {
+  return nlohmann::json{
+      {"rank", f.global_rank},        {"local_rank", f.local_rank},
+      {"node_rank", f.node_rank},     {"host", f.host},
+      {"pid", f.pid},                 {"signaled", f.status.signaled},
+      {"exit_code", f.status.code},   {"signal", f.status.signal},
+      {"timestamp", f.timestamp},     {"timestamp_from_error_file", f.timestamp_from_error_file},
+      {"sigkilled_by_launcher", f.sigkilled_by_launcher},
+      {"error_file", f.error_file},   {"message", f.message},
+      {"traceback", f.traceback},
+  };
+}
+
+Failure failure_from_json(const nlohmann::json& j) {
+  try {
+    Failure f;
+    f.global_rank = j.at("rank").get<int>();
+    f.local_rank = j.at("local_rank").get<int>();
+    f.node_rank = j.at("node_rank").get<int>();
+    f.host = j.at("host").get<std::string>();
+    f.pid = j.at("pid").get<long>();
+    f.status.signaled = j.at("signaled").get<bool>();
+    f.status.code = j.at("exit_code").get<int>();
+    f.status.signal = j.at("signal").get<int>();
+    f.timestamp = j.at("timestamp").get<double>();
+    f.timestamp_from_error_file = j.at("timestamp_from_error_file").get<bool>();
+    f.sigkilled_by_launcher = j.at("sigkilled_by_launcher").get<bool>();
+    f.error_file = j.at("error_file").get<std::string>();
+    f.message = j.at("message").get<std::string>();
+    f.traceback = j.at("traceback").get<std::string>();
+    return f;
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(fmt::format("failure record from another node: expected the "
+                                      "launcher's JSON fields, found {} ({})",
+                                      j.dump(), e.what()));
+  }
+}
+
+std::optional<ErrorRecord> read_error_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  ErrorRecord rec;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    rec.message = fmt::format("(error file is not valid JSON: {}; it starts with '{}')",
+                              e.what(), text.str().substr(0, 200));
+    return rec;
+  }
+  if (!j.is_object()) {
+    rec.message = fmt::format("(error file holds {}, expected a JSON object)", j.type_name());
+    return rec;
+  }
+  const auto field = [&](const nlohmann::json& obj, const char* key) -> const nlohmann::json* {
+    const auto it = obj.find(key);
+    return it == obj.end() ? nullptr : &*it;
+  };
+  if (const auto* m = field(j, "message")) {
+    if (m->is_string()) {
+      rec.message = m->get<std::string>();
+    } else if (m->is_object()) {  // torchrun's @record layout
+      if (const auto* inner = field(*m, "message"); inner && inner->is_string()) {
+        rec.message = inner->get<std::string>();
+      }
+      if (const auto* extra = field(*m, "extraInfo"); extra && extra->is_object()) {
+        if (const auto* ts = field(*extra, "timestamp")) rec.timestamp = as_seconds(*ts);
+        if (const auto* cs = field(*extra, "py_callstack"); cs && cs->is_string()) {
+          rec.traceback = cs->get<std::string>();
+        }
+      }
+    }
+  }
+  if (const auto* ts = field(j, "timestamp")) rec.timestamp = as_seconds(*ts);
+  for (const char* key : {"traceback", "stack"}) {
+    if (const auto* t = field(j, key); t && t->is_string()) rec.traceback = t->get<std::string>();
+  }
+  if (rec.message.empty()) rec.message = "(error file has no \"message\")";
+  return rec;
+}
+
+std::string signal_hint(int sig, bool sent_by_launcher) {
+  switch (sig) {
+    case SIGKILL:
+      if (sent_by_launcher) {
+        return "killed by the launcher: it ignored SIGTERM for --term_timeout";
+      }
+      return "SIGKILL came from outside the launcher: often the kernel's OOM killer "
+             "(check `dmesg` or `journalctl -k` for \"Out of memory\"), or a scheduler "
+             "enforcing a memory or time limit";
+    case SIGSEGV:
+      return "a crash in native code (invalid memory access); get a core dump "
+             "(ulimit -c unlimited) or run the worker under gdb";
+    case SIGABRT:
+      return "the worker aborted: a failed assertion, an uncaught C++ exception "
+             "(std::terminate) or detected heap corruption; its stderr says which";
+    case SIGBUS:
+      return "bad access to mapped memory: often /dev/shm is full (check `df -h /dev/shm`) "
+             "or a memory-mapped file was truncated";
+    case SIGFPE:
+      return "an arithmetic fault in native code (e.g. integer division by zero)";
+    case SIGILL:
+      return "an illegal instruction: usually a binary built for a newer CPU "
+             "(-march=native on another machine)";
+    case SIGTERM:
+      return sent_by_launcher ? "stopped by the launcher"
+                              : "SIGTERM came from outside the launcher: a scheduler (time "
+                                "limit, preemption), `kill`, or a shutdown";
+    case SIGINT:
+      return "interrupted (Ctrl-C, or SIGINT sent to the worker directly)";
+    case SIGHUP:
+      return "hang-up: the terminal or ssh session closed; run under a scheduler, tmux "
+             "or nohup";
+    case SIGPIPE:
+      return "wrote to a closed pipe or socket (the reader or a peer went away)";
+    case SIGXCPU:
+      return "CPU time limit exceeded (ulimit -t)";
+    case SIGXFSZ:
+      return "file size limit exceeded (ulimit -f)";
+    default:
+      return {};
+  }
+}
+
+std::string failure_hint(const Failure& f) {
+  if (f.status.signaled) return signal_hint(f.status.signal, f.sigkilled_by_launcher);
+  // A shell (or anything that runs the real worker as a child) reports a child's death
+  // by signal N as exit code 128 + N.
+  if (f.status.code > 128 && f.status.code <= 128 + 64) {
+    const int sig = f.status.code - 128;
+    const std::string inner = signal_hint(sig, false);
+    return fmt::format("exit code {} usually means a child process died of {}{}{}",
+                       f.status.code, signal_name(sig), inner.empty() ? "" : ": ", inner);
+  }
+  return {};
+}
+
+size_t pick_root_cause(const std::vector<Failure>& failures) {
+  MTRAIN_CHECK(!failures.empty(), "no failures to choose a root cause from");
+  size_t best = 0;
+  for (size_t i = 1; i < failures.size(); ++i) {
+    if (failures[i].timestamp < failures[best].timestamp) best = i;
+  }
+  return best;
+}
+
+std::string format_utc(double epoch_seconds) {
+  const auto whole = static_cast<time_t>(std::floor(epoch_seconds));
+  const int millis = static_cast<int>((epoch_seconds - static_cast<double>(whole)) * 1000.0);
+  std::tm tm{};
+  gmtime_r(&whole, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+  return fmt::format("{}.{:03d}Z", buf, millis);
+}
+
+std::string format_failure_report(const FailureReport& r) {
+  const std::string heavy(kReportWidth, '=');
+  const std::string light(kReportWidth, '-');
+  const Failure& rc = r.root_cause;
+  std::string out;
+  out += heavy + "\n";
+  out += fmt::format("mtrain-launch: {} FAILED (attempt {}, {})\n", r.program, r.attempt,
+                     r.attempt >= r.max_restarts
+                         ? (r.max_restarts == 0 ? "no restarts configured"
+                                                : "no restarts left")
+                         : fmt::format("{} restart(s) left", r.max_restarts - r.attempt));
+  out += light + "\n";
+  out += fmt::format("Root cause (earliest failure{}):\n",
+                     r.root_cause_remote ? ", reported by another node" : "");
+  const std::string pad = "               ";
+  if (rc.global_rank >= 0) {
+    out += fmt::format("  rank       : {} (local_rank {}, node {})\n", rc.global_rank,
+                       rc.local_rank, rc.node_rank);
+    out += fmt::format("  host       : {}\n", rc.host);
+    out += fmt::format("  time       : {}{}\n", format_utc(rc.timestamp),
+                       rc.timestamp_from_error_file ? " (from its error file)" : " (exit seen)");
+    out += fmt::format("  pid        : {}\n", rc.pid);
+    out += fmt::format("  exit       : {}\n", rc.status.describe());
+    if (const std::string hint = failure_hint(rc); !hint.empty()) {
+      out += fmt::format("  hint       : {}\n", hint);
+    }
+    out += fmt::format("  error_file : {}\n",
+                       rc.error_file.empty() ? "<none: the worker wrote no error file>"
+                                             : rc.error_file);
+    if (!rc.message.empty()) {
+      out += fmt::format("  message    : {}\n", indent_continuation(rc.message, pad));
+    }
+    if (!rc.traceback.empty()) {
+      out += fmt::format("  traceback  : {}\n", indent_continuation(rc.traceback, pad));
+    }
+  } else {
+    out += fmt::format("  {}: {}\n", who(rc), rc.message);
+    out += fmt::format("  time       : {}\n", format_utc(rc.timestamp));
+  }
+  out += light + "\n";
+  out += "Other failures:\n";
+  if (r.other_failures.empty()) out += "  (none)\n";
+  for (const Failure& f : r.other_failures) {
+    out += fmt::format("  {}: {} at {}{}{}\n", who(f), f.status.describe(),
+                       format_utc(f.timestamp), f.message.empty() ? "" : ": ",
+                       indent_continuation(f.message, "    "));
+  }
+  if (!r.stopped_ranks.empty()) {
+    out += fmt::format("Stopped by the launcher after the root cause: rank{} {}\n",
+                       r.stopped_ranks.size() == 1 ? "" : "s",
+                       fmt::join(r.stopped_ranks, ", "));
+  }
+  if (!r.sigkilled_ranks.empty()) {
+    out += fmt::format("  of which ignored SIGTERM for --term_timeout {} s and got SIGKILL: {}\n",
+                       r.term_timeout_s, fmt::join(r.sigkilled_ranks, ", "));
+  }
+  out += heavy + "\n";
+  return out;
+}
+
+}  // namespace mtrain::launch

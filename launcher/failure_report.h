@@ -1,0 +1,87 @@
+// Worker failures, their error files, the choice of root cause, and the report printed
+// on stderr when a gang fails.
+//
+// Note [Root cause]
+// ~~~~~~~~~~~~~~~~~
+// When one rank dies, the others usually fail soon after (a broken collective, our own
+// SIGTERM), and only the first failure explains anything. Each failure gets a time:
+// the timestamp from the worker's error file when it wrote one (the moment it hit the
+// error, which may be well before it exited), else the moment the launcher saw it exit.
+// The earliest is the root cause; the launcher exits with its status. Workers that
+// ended only because the launcher stopped them, without writing an error file, are not
+// failures: the report lists them in one summary line. Across nodes, the first agent to
+// publish its root cause in the store (compare_set on the attempt's "failed" key) wins,
+// and every node prints and exits with that one.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launcher/worker_process.h"
+
+namespace mtrain::launch {
+
+struct Failure {
+  // The failed worker; global_rank < 0 means the agent itself (a signal it received, a
+  // lost store), described by `message`.
+  int global_rank = -1;
+  int local_rank = -1;
+  int node_rank = 0;
+  std::string host;
+  long pid = 0;
+  ExitStatus status;
+  double timestamp = 0;  // seconds since the epoch
+  bool timestamp_from_error_file = false;
+  bool sigkilled_by_launcher = false;  // ignored SIGTERM for --term_timeout
+  std::string error_file;  // path when the worker wrote one, else empty
+  std::string message;     // from the error file (or the agent's own description)
+  std::string traceback;   // optional extra detail from the error file
+};
+
+nlohmann::json failure_to_json(const Failure& f);
+// Throws InvalidArgument when `j` is not a Failure written by failure_to_json.
+Failure failure_from_json(const nlohmann::json& j);
+
+// What a worker wrote to MTRAIN_ERROR_FILE. Accepts mtrain's flat record
+// {"message": "...", "timestamp": 1.7e9, ...} and torchrun's nested
+// {"message": {"message": "...", "extraInfo": {"timestamp": "...", "py_callstack": ...}}}.
+struct ErrorRecord {
+  std::string message;
+  std::optional<double> timestamp;
+  std::string traceback;
+};
+// nullopt when the file does not exist; a file that cannot be parsed yields a record
+// whose message says so (the worker may have died mid-write).
+std::optional<ErrorRecord> read_error_file(const std::filesystem::path& path);
+
+// One line of advice for a worker that died of `sig`; empty when there is none.
+std::string signal_hint(int sig, bool sent_by_launcher);
+// Advice for the failure as a whole (signals, and shell-style exit codes 129..192).
+std::string failure_hint(const Failure& f);
+
+// Index of the earliest failure (Note [Root cause]); `failures` must not be empty.
+size_t pick_root_cause(const std::vector<Failure>& failures);
+
+struct FailureReport {
+  std::string program;
+  int attempt = 0;
+  int max_restarts = 0;
+  Failure root_cause;
+  bool root_cause_remote = false;    // reported by another node's agent
+  std::vector<Failure> other_failures;
+  std::vector<int> stopped_ranks;    // ended by the launcher's teardown
+  std::vector<int> sigkilled_ranks;  // of those, the ones that ignored SIGTERM
+  double term_timeout_s = 0;
+};
+
+// The multi-line report (ends with a newline).
+std::string format_failure_report(const FailureReport& report);
+
+// "2025-11-21T12:34:56.789Z"
+std::string format_utc(double epoch_seconds);
+
+}  // namespace mtrain::launch

@@ -1,0 +1,79 @@
+// Where each worker's stdout and stderr go: the console, a log file, both (tee), or
+// nowhere (--local_ranks_filter).
+//
+// Note [Worker output routing]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// For each worker stream, from --redirects, --tee and --local_ranks_filter:
+//   console  - the worker inherits the launcher's stream (no copying at all);
+//   file     - the worker writes straight into <attempt dir>/<rank>/<stream>.log;
+//   tee      - the worker writes into a pipe; one pump thread copies every chunk to the
+//              file and every complete line to the console prefixed "[rank<N>]:";
+//   discard  - /dev/null (a filtered-out rank that is not redirected).
+// A rank outside --local_ranks_filter keeps its files but never reaches the console,
+// so `tee` degrades to `file` for it. The pump copies bytes, so a worker that floods its
+// output is slowed by the console, as it would be without the launcher; it never makes
+// the launcher miss a worker's exit, which the main thread watches.
+#pragma once
+
+#include <atomic>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launcher/options.h"
+
+namespace mtrain::launch {
+
+// File descriptors the child should dup2 onto 1 and 2 (-1 = inherit the launcher's).
+struct ChildStreams {
+  int stdout_fd = -1;
+  int stderr_fd = -1;
+};
+
+class LogStreams {
+ public:
+  explicit LogStreams(const LaunchOptions& options);
+  ~LogStreams();
+  LogStreams(const LogStreams&) = delete;
+  LogStreams& operator=(const LogStreams&) = delete;
+
+  // True when the run needs a log directory (something goes to a file).
+  static bool needs_files(const LaunchOptions& options);
+
+  // Opens the files and pipes of one worker. `rank_dir` exists already.
+  ChildStreams open_for_worker(int local_rank, int global_rank,
+                               const std::filesystem::path& rank_dir);
+  // Closes the launcher's copies of the child's ends; call after spawning that worker.
+  void close_child_ends(const ChildStreams& streams);
+  // Starts the pump thread if anything is tee'd. Call after every worker was spawned.
+  void start();
+  // Waits until every tee'd pipe reached end-of-file (all writers gone), at most
+  // `timeout`, flushes partial lines and stops the pump.
+  void finish(std::chrono::milliseconds timeout);
+
+ private:
+  struct TeeStream {
+    int read_fd = -1;
+    int file_fd = -1;
+    int console_fd = -1;  // 1 or 2
+    std::string prefix;   // "[rank3]:"
+    std::string partial;  // bytes after the last newline
+  };
+
+  enum class Route { kConsole, kFile, kTee, kDiscard };
+  Route route_for(int local_rank, int bit) const;
+  int open_stream(Route route, int global_rank, int console_fd,
+                  const std::filesystem::path& file);
+  void pump();
+  void pump_loop();
+  void drain(TeeStream& s, bool at_eof);
+
+  const LaunchOptions& options_;
+  std::vector<TeeStream> tees_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> pump_done_{false};
+};
+
+}  // namespace mtrain::launch

@@ -1,0 +1,254 @@
+#include "launcher/rendezvous.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <thread>
+
+#include "core/env.h"
+#include "core/error.h"
+
+namespace mtrain::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often waits on other agents look at the store. Each look is one round trip, and
+// rendezvous is once per attempt, so a short period costs nothing and keeps start-up fast.
+constexpr Millis kPollPeriod{5};
+
+Millis to_millis(Seconds s) {
+  return std::max(Millis{1}, std::chrono::duration_cast<Millis>(s));
+}
+
+std::string attempt_prefix(const std::string& run_id, int attempt) {
+  return fmt::format("launch/{}/attempt_{}", run_id, attempt);
+}
+
+std::unique_ptr<TcpStore> connect_client(const std::string& host, uint16_t port,
+                                         const std::string& token, Millis connect_timeout,
+                                         const LaunchOptions& options) {
+  try {
+    return std::make_unique<TcpStore>(host, port, token, kDefaultStoreTimeout, connect_timeout);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    // A refused token is an answer, not a reachability problem: say only that.
+    if (what.find("token") != std::string::npos) {
+      throw CommError(fmt::format("could not join the rendezvous store at {}:{}: {}; every "
+                                  "node must export the same value",
+                                  host, port, what));
+    }
+    const std::string advice =
+        options.mode == RendezvousMode::kStatic
+            ? "is node 0's mtrain-launch running with the same --master_addr and "
+              "--master_port, and can this host reach it?"
+            : "is an mtrain-launch with the same --rdzv_endpoint running on that host, and "
+              "can this host reach it?";
+    throw CommError(fmt::format("could not join the rendezvous store at {}:{} within "
+                                "--rdzv_timeout {} s: {} ({})",
+                                host, port, options.rdzv_timeout.count(), what, advice));
+  }
+}
+
+}  // namespace
+
+AgentStore open_agent_store(const LaunchOptions& options, const std::string& token) {
+  AgentStore s;
+  s.host = options.store_host;
+  const Millis connect_timeout = to_millis(options.rdzv_timeout);
+  bool try_hosting = options.mode == RendezvousMode::kDynamic || options.node_rank == 0;
+  if (try_hosting) {
+    try {
+      s.server = std::make_unique<TcpStoreServer>(options.store_host, options.store_port, token);
+    } catch (const CommError& e) {
+      // Static node 0 must host: its bind error (naming the port) is the answer. In the
+      // dynamic rendezvous a failed bind means another agent hosts it, or the endpoint
+      // is not this host; either way this agent joins as a client.
+      if (options.mode == RendezvousMode::kStatic) throw;
+      spdlog::debug("not hosting the rendezvous store at {}:{} ({}); joining it",
+                    options.store_host, options.store_port, e.what());
+    }
+  }
+  s.port = s.server ? s.server->port() : options.store_port;
+  s.client = connect_client(s.host, s.port, token, connect_timeout, options);
+  return s;
+}
+
+World rendezvous(Store& store, const LaunchOptions& options, const std::string& run_id,
+                 int attempt, int previous_nodes, const std::string& store_address,
+                 const InterruptCheck& check) {
+  const std::string prefix = attempt_prefix(run_id, attempt);
+  const auto deadline = Clock::now() + options.rdzv_timeout;
+  World w;
+
+  if (options.mode == RendezvousMode::kStatic) {
+    w.node_rank = options.node_rank;
+    w.num_nodes = options.max_nodes;
+    if (store.add(fmt::format("{}/claim/{}", prefix, w.node_rank), 1) > 1) {
+      throw InvalidArgument(fmt::format(
+          "two launchers claim --node_rank {} of job '{}' at {}; give each node its own rank "
+          "in [0, {})",
+          w.node_rank, run_id, store_address, w.num_nodes));
+    }
+  } else {
+    const int64_t order = store.add(prefix + "/joined", 1);
+    w.node_rank = static_cast<int>(order - 1);
+    if (options.node_rank != 0 && attempt == 0) {
+      spdlog::warn("--node_rank is ignored with --rdzv_endpoint: node ranks follow join order "
+                   "(this node joined as {})", w.node_rank);
+    }
+  }
+  store.set(fmt::format("{}/nproc/{}", prefix, w.node_rank), std::to_string(options.nproc_per_node));
+
+  if (options.mode == RendezvousMode::kDynamic) {
+    // Close the round once MAX nodes joined, or MIN joined and the last-call window has
+    // passed; compare_set makes the first closer's count the answer for everyone.
+    const std::string closed_key = prefix + "/closed";
+    const auto last_call = attempt > 0 ? options.rdzv_last_call + options.term_timeout
+                                       : options.rdzv_last_call;
+    const int64_t enough = previous_nodes > 0 ? std::min(previous_nodes, options.max_nodes)
+                                              : options.max_nodes;
+    std::optional<Clock::time_point> min_reached_at;
+    while (true) {
+      check();
+      if (store.check({closed_key})) break;
+      const int64_t joined = store.add(prefix + "/joined", 0);
+      std::optional<int64_t> close_with;
+      if (joined >= enough) {
+        close_with = std::min<int64_t>(joined, options.max_nodes);
+      } else if (joined >= options.min_nodes) {
+        if (!min_reached_at) min_reached_at = Clock::now();
+        if (Clock::now() - *min_reached_at >= last_call) close_with = joined;
+      }
+      if (close_with) {
+        store.compare_set(closed_key, Bytes{}, to_bytes(std::to_string(*close_with)));
+        break;
+      }
+      if (Clock::now() >= deadline) {
+        throw TimeoutError(fmt::format(
+            "rendezvous of job '{}' (attempt {}) at {} timed out after --rdzv_timeout {} s: "
+            "expected at least {} node(s) to join, found {}",
+            run_id, attempt, store_address, options.rdzv_timeout.count(), options.min_nodes,
+            joined));
+      }
+      std::this_thread::sleep_for(kPollPeriod);
+    }
+    w.num_nodes = static_cast<int>(
+        env::parse_int(store.get_string(closed_key), "rendezvous node count", 1));
+    if (w.node_rank >= w.num_nodes) {
+      throw CommError(fmt::format(
+          "rendezvous of job '{}' (attempt {}) at {} closed with {} node(s) before this node "
+          "joined as number {}; --nnodes allows at most {}",
+          run_id, attempt, store_address, w.num_nodes, w.node_rank + 1, options.max_nodes));
+    }
+  }
+
+  std::vector<std::string> keys;
+  for (int n = 0; n < w.num_nodes; ++n) keys.push_back(fmt::format("{}/nproc/{}", prefix, n));
+  while (!store.check(keys)) {
+    check();
+    if (Clock::now() >= deadline) {
+      std::vector<int> missing;
+      for (int n = 0; n < w.num_nodes; ++n) {
+        if (!store.check({keys[static_cast<size_t>(n)]})) missing.push_back(n);
+      }
+      throw TimeoutError(fmt::format(
+          "rendezvous of job '{}' (attempt {}) at {} timed out after --rdzv_timeout {} s: "
+          "node rank(s) {} of {} never joined",
+          run_id, attempt, store_address, options.rdzv_timeout.count(), fmt::join(missing, ", "),
+          w.num_nodes));
+    }
+    std::this_thread::sleep_for(kPollPeriod);
+  }
+  for (const auto& key : keys) {
+    w.nproc_per_node.push_back(
+        static_cast<int>(env::parse_int(store.get_string(key), "nproc of " + key, 1)));
+  }
+  w.rank_offset = std::accumulate(w.nproc_per_node.begin(),
+                                  w.nproc_per_node.begin() + w.node_rank, 0);
+  w.world_size = std::accumulate(w.nproc_per_node.begin(), w.nproc_per_node.end(), 0);
+  return w;
+}
+
+AttemptChannel::AttemptChannel(Store& store, const std::string& run_id, int attempt)
+    : store_(store), prefix_(attempt_prefix(run_id, attempt)) {}
+
+std::string AttemptChannel::key(const std::string& name) const { return prefix_ + "/" + name; }
+
+namespace {
+
+nlohmann::json notice_to_json(const FailureNotice& n) {
+  return {{"node_rank", n.node_rank}, {"what", n.what}, {"restartable", n.restartable}};
+}
+
+FailureNotice notice_from_bytes(const Bytes& b) {
+  try {
+    const auto j = nlohmann::json::parse(to_string(b));
+    return FailureNotice{j.at("node_rank").get<int>(), j.at("what").get<std::string>(),
+                         j.at("restartable").get<bool>()};
+  } catch (const nlohmann::json::exception& e) {
+    throw CommError(fmt::format("failure notice in the store is not the launcher's JSON: '{}' ({})",
+                                to_string(b), e.what()));
+  }
+}
+
+}  // namespace
+
+FailureNotice AttemptChannel::announce_failure(const FailureNotice& notice) {
+  const Bytes mine = to_bytes(notice_to_json(notice).dump());
+  const Bytes winner = store_.compare_set(key("failed"), Bytes{}, mine);
+  return notice_from_bytes(winner);
+}
+
+std::optional<FailureNotice> AttemptChannel::failure_notice() {
+  if (!store_.check({key("failed")})) return std::nullopt;
+  return notice_from_bytes(store_.get(key("failed")));
+}
+
+void AttemptChannel::publish_root_cause(const Failure& root_cause) {
+  store_.compare_set(key("root_cause"), Bytes{}, to_bytes(failure_to_json(root_cause).dump()));
+}
+
+std::optional<Failure> AttemptChannel::wait_root_cause(Millis timeout, const InterruptCheck& check) {
+  const auto deadline = Clock::now() + timeout;
+  while (!store_.check({key("root_cause")})) {
+    check();
+    if (Clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(kPollPeriod);
+  }
+  try {
+    return failure_from_json(nlohmann::json::parse(store_.get_string(key("root_cause"))));
+  } catch (const nlohmann::json::exception& e) {
+    throw CommError(fmt::format("root cause in the store is not valid JSON: {}", e.what()));
+  }
+}
+
+void AttemptChannel::mark_succeeded() { store_.add(key("succeeded"), 1); }
+
+bool AttemptChannel::all_succeeded(int num_nodes) {
+  return store_.add(key("succeeded"), 0) >= num_nodes;
+}
+
+void announce_leaving(Store& store, const std::string& run_id) {
+  store.add(fmt::format("launch/{}/left", run_id), 1);
+}
+
+void wait_for_others_to_leave(Store& store, const std::string& run_id, int others,
+                              Millis timeout, const InterruptCheck& check) {
+  const auto deadline = Clock::now() + timeout;
+  const std::string key = fmt::format("launch/{}/left", run_id);
+  while (store.add(key, 0) < others) {
+    check();
+    if (Clock::now() >= deadline) {
+      spdlog::warn("closing the rendezvous store although only {} of {} other node(s) said "
+                   "they are done with it",
+                   store.add(key, 0), others);
+      return;
+    }
+    std::this_thread::sleep_for(kPollPeriod);
+  }
+}
+
+}  // namespace mtrain::launch

@@ -1,0 +1,108 @@
+// The agents' side of the rendezvous store: who hosts it, how nodes agree on the world
+// of each attempt, and the per-attempt channel through which a failure on one node
+// tears down every node.
+//
+// Note [Launcher store keys]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Agents and workers share one store (the workers find it through MASTER_ADDR,
+// MASTER_PORT and MTRAIN_STORE_TOKEN). Agents use only keys under
+// "launch/<run id>/..."; each attempt's workers get MTRAIN_STORE_PREFIX =
+// "job/<run id>/attempt_<k>" and are expected to wrap the store in a PrefixStore with
+// it, so a restarted gang never sees its predecessor's keys. Per attempt k the agents
+// use, under "launch/<run id>/attempt_<k>/":
+//   claim/<node>   static: counts agents claiming a node rank (a duplicate is an error)
+//   joined         dynamic: join counter; the value returned by add() is the join order
+//   closed         dynamic: the final node count, set once with compare_set
+//   nproc/<node>   workers on that node; offsets are prefix sums in node order
+//   failed         the first failure notice (compare_set: the first node wins)
+//   root_cause     the winning node's full root cause, published after its teardown
+//   succeeded      counter of nodes whose workers all exited 0
+// and "launch/<run id>/left" counts agents that are done with the store, so that the
+// hosting agent keeps it alive until every other agent has read its last key.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "collectives/store.h"
+#include "launcher/failure_report.h"
+#include "launcher/options.h"
+
+namespace mtrain::launch {
+
+// The store as this agent sees it. `host`/`port` are what workers dial.
+struct AgentStore {
+  std::unique_ptr<TcpStoreServer> server;  // set when this agent hosts the store
+  std::unique_ptr<TcpStore> client;
+  std::string host;
+  uint16_t port = 0;
+  bool is_host() const { return server != nullptr; }
+};
+
+// Static: node 0 hosts at --master_addr:--master_port, the others connect. Dynamic: the
+// agent that can bind --rdzv_endpoint hosts it (like c10d's is_host), the others
+// connect. Connecting gives up after --rdzv_timeout with an error naming the address.
+AgentStore open_agent_store(const LaunchOptions& options, const std::string& token);
+
+// The job's world for one attempt.
+struct World {
+  int node_rank = 0;
+  int num_nodes = 1;
+  int rank_offset = 0;  // global rank of this node's local rank 0
+  int world_size = 1;
+  std::vector<int> nproc_per_node;
+};
+
+// Called while waiting; throws to abort the wait (the agent uses it for signals).
+using InterruptCheck = std::function<void()>;
+
+// Agrees on the world of `attempt` with the other agents (Note [Launcher store keys]).
+// Throws TimeoutError naming the store address and who is missing after --rdzv_timeout.
+// `previous_nodes` (dynamic only) is the node count of the attempt before a restart:
+// the round closes as soon as that many rejoined, and peers still stopping their
+// workers get --term_timeout on top of the last-call window.
+World rendezvous(Store& store, const LaunchOptions& options, const std::string& run_id,
+                 int attempt, int previous_nodes, const std::string& store_address,
+                 const InterruptCheck& check);
+
+// The short notice that makes every node stop its workers.
+struct FailureNotice {
+  int node_rank = 0;
+  std::string what;          // "rank 3 (node 1): signal 9 (SIGKILL)"
+  bool restartable = true;   // false when an agent itself stopped (signal, lost store)
+};
+
+class AttemptChannel {
+ public:
+  AttemptChannel(Store& store, const std::string& run_id, int attempt);
+
+  // Announces a failure unless another node was first; returns the winning notice
+  // (== `notice` when this node won).
+  FailureNotice announce_failure(const FailureNotice& notice);
+  // Non-blocking: the notice, if any node announced a failure.
+  std::optional<FailureNotice> failure_notice();
+
+  void publish_root_cause(const Failure& root_cause);
+  // Waits up to `timeout` for the winning node's root cause.
+  std::optional<Failure> wait_root_cause(Millis timeout, const InterruptCheck& check);
+
+  // This node's workers all exited 0; true once every node's did.
+  void mark_succeeded();
+  bool all_succeeded(int num_nodes);
+
+ private:
+  std::string key(const std::string& name) const;
+  Store& store_;
+  std::string prefix_;
+};
+
+// Run-level bookkeeping for leaving the store (see "left" above).
+void announce_leaving(Store& store, const std::string& run_id);
+// Host only: waits (bounded) until `others` agents announced leaving.
+void wait_for_others_to_leave(Store& store, const std::string& run_id, int others,
+                              Millis timeout, const InterruptCheck& check);
+
+}  // namespace mtrain::launch

@@ -1,0 +1,71 @@
+#include "launcher/signal_pipe.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace mtrain::launch {
+namespace {
+
+int g_write_fd = -1;
+
+void on_signal(int sig) {
+  const int saved = errno;
+  const auto byte = static_cast<unsigned char>(sig);
+  // A full pipe drops the byte; the loop also polls on a timeout, and SIGCHLD is only
+  // a wake-up (reaping uses waitpid), so nothing is lost that matters.
+  ssize_t ignored = ::write(g_write_fd, &byte, 1);
+  (void)ignored;
+  errno = saved;
+}
+
+constexpr int kHandled[] = {SIGCHLD, SIGUSR1, SIGUSR2, SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+}  // namespace
+
+SignalPipe::SignalPipe() {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+    throw IoError(fmt::format("pipe2 for signal handling: {}", std::strerror(errno)));
+  }
+  read_fd_ = fds[0];
+  g_write_fd = fds[1];
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  for (int sig : kHandled) sigaction(sig, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+SignalPipe& SignalPipe::install() {
+  static SignalPipe pipe;
+  return pipe;
+}
+
+std::vector<int> SignalPipe::drain() {
+  std::vector<int> out;
+  unsigned char buf[64];
+  while (true) {
+    const ssize_t n = ::read(read_fd_, buf, sizeof(buf));
+    if (n > 0) {
+      out.insert(out.end(), buf, buf + n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return out;
+  }
+}
+
+bool SignalPipe::is_terminating(int sig) {
+  return sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT;
+}
+
+bool SignalPipe::is_forwarded_only(int sig) { return sig == SIGUSR1 || sig == SIGUSR2; }
+
+}  // namespace mtrain::launch

@@ -1,0 +1,37 @@
+// The environment each worker starts with: the launcher's own, plus torchrun's names
+// and mtrain's (docs/launcher.md, "Environment").
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace mtrain::launch {
+
+struct WorkerEnvInputs {
+  int local_rank = 0;
+  int global_rank = 0;
+  int local_world_size = 1;
+  int world_size = 1;
+  int group_rank = 0;        // node rank
+  int group_world_size = 1;  // number of nodes
+  std::string role = "default";
+  std::string master_addr;
+  int master_port = 0;
+  int restart_count = 0;
+  int max_restarts = 0;
+  std::string run_id;
+  std::string error_file;
+  std::string store_token;
+  std::string store_prefix;
+  bool set_omp_num_threads = false;  // OMP_NUM_THREADS=1 (unset and several workers)
+};
+
+// `base` is "KEY=VALUE" entries (the launcher's environ); variables the launcher sets
+// replace any inherited value, everything else passes through.
+std::vector<std::string> build_worker_environment(const std::vector<std::string>& base,
+                                                  const WorkerEnvInputs& in);
+
+// The launcher's environment as "KEY=VALUE" entries.
+std::vector<std::string> current_environment();
+
+}  // namespace mtrain::launch

@@ -1,0 +1,209 @@
+#include "launcher/worker_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "core/env.h"
+#include "core/error.h"
+
+namespace mtrain::launch {
+namespace {
+
+// Exit code of a child whose exec failed (what shells use for "cannot execute").
+constexpr int kExecFailedCode = 127;
+
+std::vector<char*> as_c_strings(const std::vector<std::string>& v) {
+  std::vector<char*> out;
+  out.reserve(v.size() + 1);
+  for (const auto& s : v) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+// Runs in the forked child: async-signal-safe calls only (the launcher has threads).
+[[noreturn]] void exec_child(const char* path, char* const* argv, char* const* envp,
+                             int stdout_fd, int stderr_fd, pid_t launcher_pid, int report_fd) {
+  setpgid(0, 0);
+  // Default dispositions before unblocking (Note [Worker process hygiene]); exec keeps
+  // SIG_IGN, so the launcher's ignored SIGPIPE must not leak into the worker either.
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig != SIGKILL && sig != SIGSTOP) signal(sig, SIG_DFL);
+  }
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != launcher_pid) _exit(kExecFailedCode);  // the launcher is already gone
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (stdout_fd >= 0) dup2(stdout_fd, STDOUT_FILENO);
+  if (stderr_fd >= 0) dup2(stderr_fd, STDERR_FILENO);
+  execve(path, argv, envp);
+  const int err = errno;
+  ssize_t ignored = write(report_fd, &err, sizeof(err));
+  (void)ignored;
+  _exit(kExecFailedCode);
+}
+
+bool is_executable_file(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+         ::access(path.c_str(), X_OK) == 0;
+}
+
+}  // namespace
+
+ExitStatus ExitStatus::from_wait_status(int status) {
+  ExitStatus s;
+  if (WIFSIGNALED(status)) {
+    s.signaled = true;
+    s.signal = WTERMSIG(status);
+  } else {
+    s.code = WEXITSTATUS(status);
+  }
+  return s;
+}
+
+std::string ExitStatus::describe() const {
+  if (signaled) return fmt::format("signal {} ({})", signal, signal_name(signal));
+  return fmt::format("exit code {}", code);
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  if (abbrev == nullptr) return fmt::format("signal {}", sig);
+  return fmt::format("SIG{}", abbrev);
+}
+
+WorkerProcess WorkerProcess::spawn(const WorkerSpec& spec) {
+  // Everything the child needs is built before fork: it may not allocate.
+  std::vector<char*> argv = as_c_strings(spec.argv);
+  std::vector<char*> envp = as_c_strings(spec.environment);
+
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) {
+    throw IoError(fmt::format("pipe2 for spawning {}: {}", spec.executable, std::strerror(errno)));
+  }
+  sigset_t all;
+  sigset_t previous;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &previous);
+  const pid_t launcher_pid = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(report[0]);
+    exec_child(spec.executable.c_str(), argv.data(), envp.data(), spec.stdout_fd,
+               spec.stderr_fd, launcher_pid, report[1]);
+  }
+  const int fork_errno = errno;
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  close(report[1]);
+  if (pid < 0) {
+    close(report[0]);
+    throw IoError(fmt::format("fork for {}: {}", spec.executable, std::strerror(fork_errno)));
+  }
+  setpgid(pid, pid);  // also here: the group must exist before we signal it
+
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = read(report[0], &child_errno, sizeof(child_errno));
+  } while (n < 0 && errno == EINTR);
+  close(report[0]);
+  if (n == static_cast<ssize_t>(sizeof(child_errno))) {
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    throw IoError(fmt::format("cannot execute '{}': {}", spec.executable,
+                              std::strerror(child_errno)));
+  }
+  return WorkerProcess(pid);
+}
+
+void WorkerProcess::signal_group(int sig) const {
+  // ESRCH (the whole group is gone) is the normal end state, not an error. The group
+  // id stays reserved while any member lives, so this cannot hit a stranger.
+  ::killpg(pid_, sig);
+}
+
+bool WorkerProcess::try_reap() {
+  if (status_) return false;
+  int status = 0;
+  pid_t r;
+  do {
+    r = waitpid(pid_, &status, WNOHANG);
+  } while (r < 0 && errno == EINTR);
+  if (r != pid_) return false;
+  status_ = ExitStatus::from_wait_status(status);
+  exit_time_ = WallClock::now();
+  return true;
+}
+
+void WorkerProcess::kill_and_reap_group(std::chrono::milliseconds budget) const {
+  ::killpg(pid_, SIGKILL);
+  const auto deadline = std::chrono::steady_clock::now() + budget;
+  while (true) {
+    int status = 0;
+    const pid_t r = waitpid(-pid_, &status, WNOHANG);
+    if (r > 0) continue;                      // reaped one; look for more
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return;                        // ECHILD: none of the group is our child
+    if (std::chrono::steady_clock::now() >= deadline) return;
+    usleep(1000);                             // members still dying
+  }
+}
+
+std::string resolve_program(const std::string& program) {
+  namespace fs = std::filesystem;
+  std::string path;
+  if (program == "train" || program == "bench") {
+    std::error_code ec;
+    const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+    if (ec) {
+      throw IoError(fmt::format("cannot locate mtrain-launch itself (/proc/self/exe): {}",
+                                ec.message()));
+    }
+    path = (self.parent_path() / ("mtrain-" + program)).string();
+    if (!is_executable_file(path)) {
+      throw InvalidArgument(fmt::format(
+          "program '{}' means {}, which does not exist or is not executable (build the "
+          "mtrain-{} target)",
+          program, path, program));
+    }
+    return path;
+  }
+  if (program.find('/') != std::string::npos) {
+    if (!fs::exists(program)) {
+      throw InvalidArgument(fmt::format("program '{}' does not exist", program));
+    }
+    if (!is_executable_file(program)) {
+      throw InvalidArgument(
+          fmt::format("program '{}' is not an executable file (check its permissions)", program));
+    }
+    return program;
+  }
+  const std::string search = env::get("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
+  bool found_not_executable = false;
+  size_t start = 0;
+  while (start <= search.size()) {
+    const size_t end = std::min(search.find(':', start), search.size());
+    const std::string dir = end == start ? "." : search.substr(start, end - start);
+    const std::string candidate = dir + "/" + program;
+    if (is_executable_file(candidate)) return candidate;
+    if (fs::exists(candidate)) found_not_executable = true;
+    start = end + 1;
+  }
+  throw InvalidArgument(fmt::format(
+      "program '{}' {} on PATH; expected `train`, `bench`, an executable path, or a "
+      "command on PATH",
+      program, found_not_executable ? "is not executable" : "was not found"));
+}
+
+}  // namespace mtrain::launch

@@ -1,0 +1,370 @@
+// mtrain-launch end to end on one host: environment, multi-node on loopback (static and
+// dynamic), failure teardown, restarts, signals, logs. Each test starts real launchers
+// running tests/launcher/launch_test_worker.
+#include <catch2/catch.hpp>
+
+#include <set>
+
+#include "tests/launcher/launch_harness.h"
+
+using namespace mtrain::testing;
+
+namespace {
+
+std::string W() { return worker_path(); }
+
+// After a launcher exited normally: every recorded process is gone and reaped (the
+// launcher reaps its workers, and their children through PR_SET_CHILD_SUBREAPER).
+void require_all_reaped(const std::vector<pid_t>& pids) {
+  REQUIRE_FALSE(pids.empty());
+  for (pid_t p : pids) {
+    INFO("pid " << p << (process_alive(p) ? " survived" : " is an unreaped zombie"));
+    CHECK_FALSE(process_exists(p));
+  }
+}
+
+// After the launcher was SIGKILLed nobody reaps for it, so dead (or a zombie waiting for
+// init) is all that can be asked; allow the sentinel a moment to act.
+void require_all_dead(const std::vector<pid_t>& pids) {
+  REQUIRE_FALSE(pids.empty());
+  wait_until(
+      [&] {
+        for (pid_t p : pids) {
+          if (process_alive(p)) return false;
+        }
+        return true;
+      },
+      3.0);
+  for (pid_t p : pids) {
+    INFO("pid " << p << " survived");
+    CHECK_FALSE(process_alive(p));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("four workers get ranks 0..3 once each and torchrun's environment") {
+  TempDir dir;
+  const std::string logs = (dir.path() / "logs").string();
+  const auto r = run_launcher({"--nproc_per_node=4", "--rdzv-id", "envjob", "--role", "trainer",
+                               "--log_dir", logs, W(), "record=" + dir.str(), "barrier"},
+                              dir.path());
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.err, Catch::Contains("OMP_NUM_THREADS is not set; setting it to 1"));
+
+  const auto records = read_records(dir.path());
+  REQUIRE(records.size() == 4);
+  std::set<std::string> ports, tokens;
+  for (int rank = 0; rank < 4; ++rank) {
+    REQUIRE(records.count(rank) == 1);
+    const Record& e = records.at(rank);
+    CHECK(e.at("RANK") == std::to_string(rank));
+    CHECK(e.at("LOCAL_RANK") == std::to_string(rank));
+    CHECK(e.at("WORLD_SIZE") == "4");
+    CHECK(e.at("LOCAL_WORLD_SIZE") == "4");
+    CHECK(e.at("GROUP_RANK") == "0");
+    CHECK(e.at("GROUP_WORLD_SIZE") == "1");
+    CHECK(e.at("ROLE_NAME") == "trainer");
+    CHECK(e.at("ROLE_RANK") == std::to_string(rank));
+    CHECK(e.at("ROLE_WORLD_SIZE") == "4");
+    CHECK(e.at("MASTER_ADDR") == "127.0.0.1");
+    CHECK(std::stoi(e.at("MASTER_PORT")) > 0);
+    CHECK(e.at("MTRAIN_RESTART_COUNT") == "0");
+    CHECK(e.at("MTRAIN_MAX_RESTARTS") == "0");
+    CHECK(e.at("MTRAIN_RUN_ID") == "envjob");
+    CHECK(e.at("MTRAIN_ERROR_FILE") ==
+          (fs::path(logs) / "attempt_0" / std::to_string(rank) / "error.json").string());
+    CHECK(e.at("MTRAIN_STORE_TOKEN").size() >= 32);
+    CHECK(e.at("MTRAIN_STORE_PREFIX") == "job/envjob/attempt_0");
+    CHECK(e.at("TORCHELASTIC_RESTART_COUNT") == "0");
+    CHECK(e.at("TORCHELASTIC_MAX_RESTARTS") == "0");
+    CHECK(e.at("TORCHELASTIC_RUN_ID") == "envjob");
+    CHECK(e.at("TORCHELASTIC_ERROR_FILE") == e.at("MTRAIN_ERROR_FILE"));
+    CHECK(e.at("OMP_NUM_THREADS") == "1");
+    ports.insert(e.at("MASTER_PORT"));
+    tokens.insert(e.at("MTRAIN_STORE_TOKEN"));
+  }
+  CHECK(ports.size() == 1);
+  CHECK(tokens.size() == 1);
+}
+
+TEST_CASE("a user's OMP_NUM_THREADS and MTRAIN_STORE_TOKEN are passed through") {
+  TempDir dir;
+  const auto r = run_launcher({"--nproc_per_node", "2", W(), "record=" + dir.str(), "barrier"},
+                              dir.path(), 30, {"OMP_NUM_THREADS=3", "MTRAIN_STORE_TOKEN=sekrit"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.err, !Catch::Contains("OMP_NUM_THREADS"));
+  const auto records = read_records(dir.path());
+  REQUIRE(records.size() == 2);
+  for (const auto& [rank, e] : records) {
+    CHECK(e.at("OMP_NUM_THREADS") == "3");
+    CHECK(e.at("MTRAIN_STORE_TOKEN") == "sekrit");
+  }
+}
+
+TEST_CASE("two static nodes on loopback with different nproc form one world") {
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  const std::vector<std::string> env{"MTRAIN_STORE_TOKEN=twonodes"};
+  const std::vector<std::string> common{"--nnodes=2", "--master_addr=127.0.0.1",
+                                        "--master_port=" + port, "--rdzv_id=static2"};
+  auto args = [&](int node, int nproc) {
+    std::vector<std::string> a = common;
+    a.push_back("--node_rank=" + std::to_string(node));
+    a.push_back("--nproc_per_node=" + std::to_string(nproc));
+    a.insert(a.end(), {W(), "record=" + dir.str(), "barrier"});
+    return a;
+  };
+  // Node 1 first: it must wait for node 0's store instead of failing.
+  LauncherProcess node1(args(1, 1), dir.path(), env, "node1");
+  LauncherProcess node0(args(0, 2), dir.path(), env, "node0");
+  const auto r0 = node0.wait(30);
+  const auto r1 = node1.wait(30);
+  INFO(r0.err << r1.err);
+  REQUIRE(r0.exit_code == 0);
+  REQUIRE(r1.exit_code == 0);
+  const auto records = read_records(dir.path());
+  REQUIRE(records.size() == 3);
+  for (int rank = 0; rank < 3; ++rank) {
+    const Record& e = records.at(rank);
+    CHECK(e.at("WORLD_SIZE") == "3");
+    CHECK(e.at("GROUP_WORLD_SIZE") == "2");
+    CHECK(e.at("GROUP_RANK") == (rank < 2 ? "0" : "1"));
+    CHECK(e.at("LOCAL_RANK") == (rank < 2 ? std::to_string(rank) : "0"));
+    CHECK(e.at("LOCAL_WORLD_SIZE") == (rank < 2 ? "2" : "1"));
+    CHECK(e.at("MASTER_PORT") == port);
+    CHECK(e.at("MTRAIN_STORE_TOKEN") == "twonodes");
+  }
+}
+
+TEST_CASE("dynamic rendezvous assigns node ranks in join order") {
+  TempDir dir;
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  const std::vector<std::string> env{"MTRAIN_STORE_TOKEN=dyn"};
+  auto args = [&](int nproc) {
+    return std::vector<std::string>{"--rdzv_endpoint", endpoint, "--rdzv_id", "dynjob",
+                                    "--nnodes", "2:3", "--rdzv_last_call", "0.5",
+                                    "--nproc_per_node", std::to_string(nproc), W(),
+                                    "record=" + dir.str(), "barrier"};
+  };
+  LauncherProcess a(args(2), dir.path(), env, "a");
+  LauncherProcess b(args(1), dir.path(), env, "b");
+  const auto ra = a.wait(30);
+  const auto rb = b.wait(30);
+  INFO(ra.err << rb.err);
+  REQUIRE(ra.exit_code == 0);
+  REQUIRE(rb.exit_code == 0);
+  const auto records = read_records(dir.path());
+  REQUIRE(records.size() == 3);
+  std::multiset<std::string> group_ranks;
+  for (const auto& [rank, e] : records) {
+    CHECK(e.at("WORLD_SIZE") == "3");
+    CHECK(e.at("GROUP_WORLD_SIZE") == "2");
+    group_ranks.insert(e.at("GROUP_RANK"));
+  }
+  // One node has two workers, the other one; which joined first is up to the scheduler.
+  CHECK(group_ranks.count("0") + group_ranks.count("1") == 3);
+  CHECK(group_ranks.count("0") >= 1);
+  CHECK(group_ranks.count("1") >= 1);
+}
+
+TEST_CASE("a worker killed with SIGKILL stops the whole gang, children included") {
+  TempDir dir;
+  const auto r = run_launcher({"--nproc_per_node=3", W(), "record=" + dir.str(),
+                               "spawn-child=" + dir.str(), "rank1:sleep=0.3", "rank1:signal=9",
+                               "sleep=30"},
+                              dir.path(), 20);
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 128 + 9);
+  CHECK(r.seconds < 3.0);
+  CHECK_THAT(r.err, Catch::Contains("rank       : 1 (local_rank 1, node 0)"));
+  CHECK_THAT(r.err, Catch::Contains("signal 9 (SIGKILL)"));
+  CHECK_THAT(r.err, Catch::Contains("OOM killer"));
+  CHECK_THAT(r.err, Catch::Contains("Stopped by the launcher after the root cause: ranks 0, 2"));
+  REQUIRE(recorded_pids(dir.path()).size() == 6);
+  require_all_reaped(recorded_pids(dir.path()));
+}
+
+TEST_CASE("a worker that ignores SIGTERM is SIGKILLed after --term_timeout") {
+  TempDir dir;
+  const auto r = run_launcher({"--nproc_per_node=2", "--term_timeout=1", W(),
+                               "record=" + dir.str(), "ignore-term", "rank0:sleep=0.2",
+                               "rank0:exit=5", "sleep=30"},
+                              dir.path(), 20);
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 5);
+  CHECK(r.seconds >= 1.1);
+  CHECK(r.seconds < 4.0);
+  CHECK_THAT(r.err, Catch::Contains("exit code 5"));
+  CHECK_THAT(r.err, Catch::Contains("ignored SIGTERM for --term_timeout 1 s and got SIGKILL: 1"));
+  require_all_reaped(recorded_pids(dir.path()));
+}
+
+TEST_CASE("SIGKILL to the launcher takes its workers and their children with it") {
+  TempDir dir;
+  LauncherProcess launcher({"--nproc_per_node=2", W(), "record=" + dir.str(),
+                            "spawn-child=" + dir.str(), "sleep=30"},
+                           dir.path());
+  REQUIRE(wait_until([&] { return count_files_with_prefix(dir.path(), "child_") == 2 &&
+                                  count_files_with_prefix(dir.path(), "rank") == 2; },
+                     10));
+  const auto pids = recorded_pids(dir.path());
+  REQUIRE(pids.size() == 4);
+  for (pid_t p : pids) REQUIRE(process_alive(p));
+  ::kill(launcher.pid(), SIGKILL);
+  const auto r = launcher.wait(5);
+  CHECK(r.signaled);
+  require_all_dead(pids);
+}
+
+TEST_CASE("a failure on node 1 brings down node 0's workers within seconds") {
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  const std::vector<std::string> env{"MTRAIN_STORE_TOKEN=teardown"};
+  const std::string node0_dir = (dir.path() / "n0").string();
+  fs::create_directories(node0_dir);
+  LauncherProcess node0({"--nnodes=2", "--node_rank=0", "--master_port=" + port,
+                         "--nproc_per_node=2", W(), "record=" + node0_dir,
+                         "spawn-child=" + node0_dir, "sleep=30"},
+                        dir.path(), env, "node0");
+  LauncherProcess node1({"--nnodes=2", "--node_rank=1", "--master_port=" + port,
+                         "--nproc_per_node=1", W(), "sleep=0.5", "error=boom on node one",
+                         "exit=3"},
+                        dir.path(), env, "node1");
+  const auto r1 = node1.wait(20);
+  const auto r0 = node0.wait(20);
+  INFO("node0: " << r0.err << "\nnode1: " << r1.err);
+  REQUIRE_FALSE(r0.timed_out);
+  CHECK(r1.exit_code == 3);
+  CHECK(r0.exit_code == 3);
+  CHECK(r0.seconds < 5.0);
+  CHECK_THAT(r0.err, Catch::Contains("reported by another node"));
+  CHECK_THAT(r0.err, Catch::Contains("boom on node one"));
+  CHECK_THAT(r1.err, Catch::Contains("rank       : 2 (local_rank 0, node 1)"));
+  require_all_reaped(recorded_pids(node0_dir));
+}
+
+TEST_CASE("--max_restarts restarts the gang with an incremented restart count") {
+  TempDir dir;
+  const auto r = run_launcher({"--nproc_per_node=2", "--max_restarts=2", W(),
+                               "record=" + dir.str(), "rank1:sleep=0.3", "rank1:fail-attempts=0,1",
+                               "barrier"},
+                              dir.path(), 30);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.err, Catch::Contains("attempt 0 failed"));
+  CHECK_THAT(r.err, Catch::Contains("attempt 1 failed"));
+  CHECK_THAT(r.err, Catch::Contains("failing on purpose on attempt 1"));
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const auto records = read_records(dir.path(), attempt);
+    REQUIRE(records.size() == 2);
+    for (const auto& [rank, e] : records) {
+      CHECK(e.at("MTRAIN_RESTART_COUNT") == std::to_string(attempt));
+      CHECK(e.at("TORCHELASTIC_RESTART_COUNT") == std::to_string(attempt));
+      CHECK(e.at("MTRAIN_MAX_RESTARTS") == "2");
+      CHECK(e.at("MTRAIN_STORE_PREFIX").find("attempt_" + std::to_string(attempt)) !=
+            std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("restarts run out: the last failure is reported") {
+  TempDir dir;
+  const auto r = run_launcher({"--nproc_per_node=1", "--max_restarts=1", W(),
+                               "fail-attempts=0,1"},
+                              dir.path(), 30);
+  INFO(r.err);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("FAILED (attempt 1, no restarts left)"));
+  CHECK_THAT(r.err, Catch::Contains("failing on purpose on attempt 1"));
+}
+
+TEST_CASE("the root cause is the earliest failure by error-file time, with its message") {
+  TempDir dir;
+  // Rank 1 records its error first but exits last; rank 0 exits first without a record.
+  const auto r = run_launcher({"--nproc_per_node=2", "--term_timeout=5", W(),
+                               "rank1:error=the real problem", "rank1:ignore-term",
+                               "rank1:sleep=0.8", "rank1:exit=7", "rank0:sleep=0.3",
+                               "rank0:exit=5"},
+                              dir.path(), 20);
+  INFO(r.err);
+  CHECK(r.exit_code == 7);
+  CHECK_THAT(r.err, Catch::Contains("rank       : 1 (local_rank 1, node 0)"));
+  CHECK_THAT(r.err, Catch::Contains("message    : the real problem"));
+  CHECK_THAT(r.err, Catch::Contains("(from its error file)"));
+  CHECK_THAT(r.err, Catch::Contains("rank 0 (local_rank 0, node 0): exit code 5"));
+}
+
+TEST_CASE("--log_dir, --redirects, --tee and --local_ranks_filter route worker output") {
+  TempDir dir;
+  const fs::path logs = dir.path() / "logs";
+  const std::vector<std::string> worker{W(), "say=hello-out", "say-err=hello-err"};
+
+  SECTION("tee both streams: files plus prefixed console lines") {
+    auto args = std::vector<std::string>{"--nproc_per_node=2", "--log_dir", logs.string(),
+                                         "--tee", "3"};
+    args.insert(args.end(), worker.begin(), worker.end());
+    const auto r = run_launcher(args, dir.path());
+    REQUIRE(r.exit_code == 0);
+    for (int rank = 0; rank < 2; ++rank) {
+      const fs::path rd = logs / "attempt_0" / std::to_string(rank);
+      CHECK(read_text(rd / "stdout.log") == "hello-out\n");
+      CHECK(read_text(rd / "stderr.log") == "hello-err\n");
+      CHECK_THAT(r.out, Catch::Contains("[rank" + std::to_string(rank) + "]:hello-out\n"));
+      CHECK_THAT(r.err, Catch::Contains("[rank" + std::to_string(rank) + "]:hello-err\n"));
+    }
+  }
+  SECTION("redirect only: files, nothing on the console") {
+    auto args = std::vector<std::string>{"--nproc-per-node=2", "--log-dir", logs.string(),
+                                         "--redirects", "0:1,1:3"};
+    args.insert(args.end(), worker.begin(), worker.end());
+    const auto r = run_launcher(args, dir.path());
+    REQUIRE(r.exit_code == 0);
+    CHECK(read_text(logs / "attempt_0/0/stdout.log") == "hello-out\n");
+    CHECK(read_text(logs / "attempt_0/1/stderr.log") == "hello-err\n");
+    CHECK_FALSE(fs::exists(logs / "attempt_0/0/stderr.log"));
+    CHECK(r.out.empty());
+    CHECK_THAT(r.err, Catch::Contains("hello-err"));  // rank 0's stderr is not redirected
+  }
+  SECTION("local_ranks_filter hides other ranks from the console, not from the files") {
+    auto args = std::vector<std::string>{"--nproc_per_node=2", "--log_dir", logs.string(),
+                                         "--tee", "1", "--local_ranks_filter", "1"};
+    args.insert(args.end(), worker.begin(), worker.end());
+    const auto r = run_launcher(args, dir.path());
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Contains("[rank1]:hello-out"));
+    CHECK_THAT(r.out, !Catch::Contains("[rank0]"));
+    CHECK(read_text(logs / "attempt_0/0/stdout.log") == "hello-out\n");
+  }
+}
+
+TEST_CASE("SIGUSR1 to the launcher is forwarded and supervision goes on") {
+  TempDir dir;
+  LauncherProcess launcher({"--nproc_per_node=2", W(), "wait-usr1=" + dir.str()}, dir.path());
+  REQUIRE(wait_until([&] { return count_files_with_prefix(dir.path(), "ready_") == 2; }, 10));
+  ::kill(launcher.pid(), SIGUSR1);
+  const auto r = launcher.wait(20);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(count_files_with_prefix(dir.path(), "usr1_rank") == 2);
+}
+
+TEST_CASE("SIGTERM to the launcher stops every worker and exits 128+15") {
+  TempDir dir;
+  LauncherProcess launcher({"--nproc_per_node=2", W(), "record=" + dir.str(),
+                            "spawn-child=" + dir.str(), "sleep=30"},
+                           dir.path());
+  REQUIRE(wait_until([&] { return count_files_with_prefix(dir.path(), "child_") == 2; }, 10));
+  ::kill(launcher.pid(), SIGTERM);
+  const auto r = launcher.wait(10);
+  INFO(r.err);
+  CHECK(r.exit_code == 128 + 15);
+  CHECK(r.seconds < 10);
+  CHECK_THAT(r.err, Catch::Contains("received SIGTERM"));
+  require_all_reaped(recorded_pids(dir.path()));
+}

@@ -1,0 +1,242 @@
+// The launcher's pure parts: command line, worker environment, error files, root cause
+// and report.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <fstream>
+
+#include "core/error.h"
+#include "launcher/failure_report.h"
+#include "launcher/options.h"
+#include "launcher/worker_env.h"
+#include "tests/launcher/launch_harness.h"
+
+using namespace mtrain;
+using namespace mtrain::launch;
+
+namespace {
+
+LaunchOptions parse(std::vector<std::string> args) {
+  return parse_command_line(args).options;
+}
+
+}  // namespace
+
+TEST_CASE("the program and its arguments are passed through untouched") {
+  const auto o = parse({"--nproc-per-node=3", "--max_restarts", "2", "sh", "-c",
+                        "echo --nproc_per_node=9", "--tee", "3"});
+  CHECK(o.nproc_per_node == 3);
+  CHECK(o.max_restarts == 2);
+  CHECK(o.program == "sh");
+  CHECK(o.program_args == std::vector<std::string>{"-c", "echo --nproc_per_node=9", "--tee", "3"});
+  CHECK_FALSE(o.tee.any());
+
+  const auto dashed = parse({"--", "-weird-name", "x"});
+  CHECK(dashed.program == "-weird-name");
+  CHECK(dashed.program_args == std::vector<std::string>{"x"});
+
+  const auto shorts = parse({"-r", "1", "-t3", "prog"});
+  CHECK(shorts.redirects.all == 1);
+  CHECK(shorts.tee.all == 3);
+  CHECK(parse_command_line({"--help"}).help);
+}
+
+TEST_CASE("single-node defaults: a free port on 127.0.0.1, static rendezvous") {
+  const auto o = parse({"prog"});
+  CHECK(o.mode == RendezvousMode::kStatic);
+  CHECK(o.store_host == "127.0.0.1");
+  CHECK(o.store_port == 0);
+  CHECK(o.nproc_per_node == 1);
+  CHECK_FALSE(o.multi_node());
+  CHECK(o.term_timeout.count() == 30.0);
+
+  const auto multi = parse({"--nnodes", "2", "--node_rank", "1", "--master_addr", "10.0.0.1",
+                            "prog"});
+  CHECK(multi.store_port == kDefaultMasterPort);
+  CHECK(multi.node_rank == 1);
+  CHECK(multi.store_host == "10.0.0.1");
+
+  const auto standalone = parse({"--standalone", "--rdzv_id", "ignored", "prog"});
+  CHECK(standalone.store_port == 0);
+  CHECK(standalone.rdzv_id.empty());  // drawn at random by the agent
+}
+
+TEST_CASE("dynamic rendezvous options") {
+  const auto o = parse({"--rdzv_endpoint", "node7:1234", "--rdzv_id", "job", "--nnodes", "2:4",
+                        "prog"});
+  CHECK(o.mode == RendezvousMode::kDynamic);
+  CHECK(o.store_host == "node7");
+  CHECK(o.store_port == 1234);
+  CHECK(o.min_nodes == 2);
+  CHECK(o.max_nodes == 4);
+  CHECK(parse({"--rdzv_endpoint", "node7", "prog"}).store_port == kDefaultRdzvPort);
+  CHECK(parse_endpoint("[::1]:99", "--x", 1) == std::make_pair(std::string("::1"), uint16_t{99}));
+
+  CHECK_THROWS_WITH(parse({"--nnodes", "1:2", "prog"}), Catch::Contains("--rdzv_endpoint"));
+  CHECK_THROWS_WITH(parse({"--nnodes", "3:2", "prog"}), Catch::Contains("MIN <= MAX"));
+  CHECK_THROWS_WITH(parse({"--nnodes", "0", "prog"}), Catch::Contains("--nnodes"));
+  CHECK_THROWS_WITH(parse({"--rdzv_endpoint", "h:0", "--nnodes", "2", "prog"}),
+                    Catch::Contains("port 0"));
+  CHECK_THROWS_WITH(parse({"--rdzv_backend", "etcd", "prog"}), Catch::Contains("'etcd'"));
+  CHECK_THROWS_WITH(parse({"--rdzv_backend", "c10d", "prog"}), Catch::Contains("--rdzv_endpoint"));
+}
+
+TEST_CASE("invalid values name the flag and what was found") {
+  CHECK_THROWS_AS(parse({"--nproc_per_node", "0", "prog"}), InvalidArgument);
+  CHECK_THROWS_WITH(parse({"--nproc_per_node", "abc", "prog"}), Catch::Contains("'abc'"));
+  CHECK_THROWS_WITH(parse({"--node_rank", "3", "--nnodes", "3", "prog"}),
+                    Catch::Contains("[0, 3)"));
+  CHECK_THROWS_WITH(parse({"--term_timeout", "-1", "prog"}), Catch::Contains("--term_timeout"));
+  CHECK_THROWS_WITH(parse({"--monitor_interval", "0", "prog"}),
+                    Catch::Contains("--monitor_interval"));
+  CHECK_THROWS_WITH(parse({"--master_port", "70000", "prog"}), Catch::Contains("--master_port"));
+  CHECK_THROWS_WITH(parse({"--tee", "4", "prog"}), Catch::Contains("--tee"));
+  CHECK_THROWS_WITH(parse({"--tee", "0:1,0:2", "prog"}), Catch::Contains("listed twice"));
+  CHECK_THROWS_WITH(parse({"--nproc_per_node=2", "--tee", "5:1", "prog"}),
+                    Catch::Contains("local rank 5"));
+  CHECK_THROWS_WITH(parse({"--nproc_per_node=2", "--local_ranks_filter", "0,2", "prog"}),
+                    Catch::Contains("--local_ranks_filter"));
+  CHECK_THROWS_WITH(parse({"--standalone", "--nnodes", "2", "prog"}), Catch::Contains("single"));
+  CHECK_THROWS_WITH(parse({"--nproc_per_node"}), Catch::Contains("expected a value"));
+  CHECK_THROWS_WITH(parse({"--standalone=1", "prog"}), Catch::Contains("takes no value"));
+}
+
+TEST_CASE("stream selections follow torchrun's encoding") {
+  const auto all = parse_stream_selection("3", "--tee");
+  CHECK(all.for_local_rank(0) == 3);
+  CHECK(all.for_local_rank(7) == 3);
+  const auto per = parse_stream_selection("0:1,2:2", "--redirects");
+  CHECK(per.for_local_rank(0) == kStdoutBit);
+  CHECK(per.for_local_rank(1) == 0);
+  CHECK(per.for_local_rank(2) == kStderrBit);
+  CHECK(per.any());
+  CHECK_FALSE(parse_stream_selection("0", "--tee").any());
+}
+
+TEST_CASE("--nproc_per_node cpu counts usable CPUs; gpu counts visible GPUs") {
+  CHECK(parse_nproc_per_node("cpu") >= 1);
+  CHECK(parse_nproc_per_node("auto") >= 1);
+  CHECK(parse_nproc_per_node("7") == 7);
+  ::setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  CHECK(count_visible_gpus() == 0);
+  CHECK_THROWS_WITH(parse_nproc_per_node("gpu"), Catch::Contains("CUDA_VISIBLE_DEVICES"));
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
+}
+
+TEST_CASE("the worker environment overrides inherited launcher variables") {
+  WorkerEnvInputs in{.local_rank = 1,
+                     .global_rank = 5,
+                     .local_world_size = 2,
+                     .world_size = 6,
+                     .group_rank = 2,
+                     .group_world_size = 3,
+                     .role = "default",
+                     .master_addr = "10.1.1.1",
+                     .master_port = 4242,
+                     .restart_count = 1,
+                     .max_restarts = 3,
+                     .run_id = "r",
+                     .error_file = "/e.json",
+                     .store_token = "tok",
+                     .store_prefix = "job/r/attempt_1"};
+  const auto env = build_worker_environment({"RANK=99", "PATH=/bin", "HOME=/root"}, in);
+  const auto has = [&](const std::string& kv) {
+    return std::find(env.begin(), env.end(), kv) != env.end();
+  };
+  CHECK(has("RANK=5"));
+  CHECK_FALSE(has("RANK=99"));
+  CHECK(has("PATH=/bin"));
+  CHECK(has("LOCAL_RANK=1"));
+  CHECK(has("GROUP_RANK=2"));
+  CHECK(has("ROLE_RANK=5"));
+  CHECK(has("MASTER_ADDR=10.1.1.1"));
+  CHECK(has("MASTER_PORT=4242"));
+  CHECK(has("TORCHELASTIC_RESTART_COUNT=1"));
+  CHECK(has("MTRAIN_STORE_PREFIX=job/r/attempt_1"));
+  CHECK(std::none_of(env.begin(), env.end(),
+                     [](const std::string& e) { return e.rfind("OMP_NUM_THREADS=", 0) == 0; }));
+  in.set_omp_num_threads = true;
+  const auto with_omp = build_worker_environment({}, in);
+  CHECK(std::find(with_omp.begin(), with_omp.end(), "OMP_NUM_THREADS=1") != with_omp.end());
+}
+
+TEST_CASE("error files: mtrain's flat record, torchrun's nested one, and garbage") {
+  mtrain::testing::TempDir dir;
+  const auto path = dir.path() / "error.json";
+  CHECK_FALSE(read_error_file(path).has_value());
+
+  std::ofstream(path) << R"({"rank": 3, "host": "h", "message": "disk full", "timestamp": 1700000000.5})";
+  auto rec = read_error_file(path);
+  REQUIRE(rec);
+  CHECK(rec->message == "disk full");
+  CHECK(rec->timestamp.value() == Approx(1700000000.5));
+
+  std::ofstream(path) << R"({"message": {"message": "ValueError: x", "extraInfo": )"
+                         R"({"py_callstack": "Traceback ...", "timestamp": "1700000001"}}})";
+  rec = read_error_file(path);
+  REQUIRE(rec);
+  CHECK(rec->message == "ValueError: x");
+  CHECK(rec->traceback == "Traceback ...");
+  CHECK(rec->timestamp.value() == Approx(1700000001));
+
+  std::ofstream(path) << "{\"message\": \"trunc";
+  rec = read_error_file(path);
+  REQUIRE(rec);
+  CHECK_THAT(rec->message, Catch::Contains("not valid JSON"));
+  CHECK_FALSE(rec->timestamp.has_value());
+}
+
+TEST_CASE("the root cause is the earliest failure and the report explains it") {
+  Failure late;
+  late.global_rank = 0;
+  late.local_rank = 0;
+  late.timestamp = 200;
+  late.status.code = 1;
+  Failure early;
+  early.global_rank = 3;
+  early.local_rank = 1;
+  early.node_rank = 1;
+  early.host = "node-b";
+  early.pid = 4321;
+  early.timestamp = 100;
+  early.status.signaled = true;
+  early.status.signal = SIGKILL;
+  CHECK(pick_root_cause({late, early}) == 1);
+  CHECK(pick_root_cause({early, late}) == 0);
+
+  FailureReport report;
+  report.program = "train";
+  report.root_cause = early;
+  report.other_failures = {late};
+  report.stopped_ranks = {1, 2};
+  const std::string text = format_failure_report(report);
+  CHECK_THAT(text, Catch::Contains("train FAILED (attempt 0, no restarts configured)"));
+  CHECK_THAT(text, Catch::Contains("rank       : 3 (local_rank 1, node 1)"));
+  CHECK_THAT(text, Catch::Contains("host       : node-b"));
+  CHECK_THAT(text, Catch::Contains("pid        : 4321"));
+  CHECK_THAT(text, Catch::Contains("signal 9 (SIGKILL)"));
+  CHECK_THAT(text, Catch::Contains("OOM killer"));
+  CHECK_THAT(text, Catch::Contains("rank 0 (local_rank 0, node 0): exit code 1"));
+  CHECK_THAT(text, Catch::Contains("ranks 1, 2"));
+
+  // The JSON round trip that carries a root cause to the other nodes.
+  const Failure back = failure_from_json(failure_to_json(early));
+  CHECK(back.global_rank == 3);
+  CHECK(back.status.signal == SIGKILL);
+  CHECK(back.host == "node-b");
+  CHECK_THROWS_AS(failure_from_json(nlohmann::json{{"rank", 1}}), InvalidArgument);
+}
+
+TEST_CASE("hints for signals and shell-style exit codes") {
+  CHECK_THAT(signal_hint(SIGSEGV, false), Catch::Contains("native code"));
+  CHECK_THAT(signal_hint(SIGKILL, true), Catch::Contains("ignored SIGTERM"));
+  CHECK_THAT(signal_hint(SIGBUS, false), Catch::Contains("/dev/shm"));
+  CHECK(signal_hint(SIGWINCH, false).empty());
+  Failure via_shell;
+  via_shell.status.code = 137;
+  CHECK_THAT(failure_hint(via_shell), Catch::Contains("SIGKILL"));
+  via_shell.status.code = 1;
+  CHECK(failure_hint(via_shell).empty());
+  CHECK(format_utc(0.25) == "1970-01-01T00:00:00.250Z");
+}
