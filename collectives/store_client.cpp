@@ -101,9 +101,12 @@ struct TcpStore::Impl {
   std::mutex mutex;   // one request at a time (see store.h)
   UniqueFd fd;
 
-  void connect(Clock::time_point deadline, Millis budget, Millis handshake_budget);
+  // The handshake gets `handshake_budget` but ends by `latest` (a reconnect inside a
+  // call must not outlast that call's deadline).
+  void connect(Clock::time_point deadline, Millis budget, Millis handshake_budget,
+               Clock::time_point latest);
   bool try_address(const SocketAddress& address, Clock::time_point deadline, std::string& error);
-  void handshake(Millis budget);
+  void handshake(Millis budget, Clock::time_point latest);
   void ensure_connected(const Call& call);
   void send_all(const Bytes& frame, const Call& call);
   void receive_exact(uint8_t* data, size_t size, const Call& call);
@@ -129,7 +132,8 @@ struct TcpStore::Impl {
   }
 };
 
-void TcpStore::Impl::connect(Clock::time_point deadline, Millis budget, Millis handshake_budget) {
+void TcpStore::Impl::connect(Clock::time_point deadline, Millis budget, Millis handshake_budget,
+                             Clock::time_point latest) {
   auto backoff = kFirstBackoff;
   std::string last_error = "no attempt made";
   while (true) {
@@ -141,7 +145,7 @@ void TcpStore::Impl::connect(Clock::time_point deadline, Millis budget, Millis h
     }
     for (const auto& address : addresses) {
       if (try_address(address, deadline, last_error)) {
-        handshake(handshake_budget);
+        handshake(handshake_budget, latest);
         return;
       }
     }
@@ -190,8 +194,12 @@ bool TcpStore::Impl::try_address(const SocketAddress& address, Clock::time_point
 
 // Note [Store handshake]: the server answers a right token with OK and says nothing at
 // all to a wrong one, it just closes. So a close before the OK means "rejected".
-void TcpStore::Impl::handshake(Millis budget) {
-  const Call call = make_call("handshake", budget);
+void TcpStore::Impl::handshake(Millis budget, Clock::time_point latest) {
+  const Clock::time_point now = Clock::now();
+  const Clock::time_point deadline = std::min(now + budget, latest);
+  const Call call{"handshake",
+                  std::chrono::ceil<Millis>(std::max<Clock::duration>(deadline - now, {})),
+                  deadline};
   const Bytes hello = FrameWriter()
                           .op(Opcode::kHello)
                           .u32(kHelloMagic)
@@ -204,7 +212,7 @@ void TcpStore::Impl::handshake(Millis budget) {
   } catch (const ReplyTimeout&) {
     throw TimeoutError(fmt::format(
         "the store at {} accepted the connection but did not answer the handshake within {}", where,
-        seconds_text(budget)));
+        seconds_text(call.budget)));
   } catch (const CommError&) {
     throw CommError(fmt::format(
         "store at {} rejected the job token (check MTRAIN_STORE_TOKEN)", where));
@@ -222,7 +230,7 @@ void TcpStore::Impl::ensure_connected(const Call& call) {
   const auto deadline = std::min(now + connect_timeout, call.deadline);
   const Millis budget = std::chrono::duration_cast<Millis>(deadline - now);
   spdlog::debug("store client reconnecting to {}", where);
-  connect(deadline, budget, call.budget);
+  connect(deadline, budget, call.budget, call.deadline);
 }
 
 [[noreturn]] void TcpStore::Impl::fail_connection_lost(const Call& call, int err) {
@@ -385,7 +393,8 @@ TcpStore::TcpStore(const std::string& host, uint16_t port, const std::string& to
   impl_->connect_timeout = connect_timeout;
   impl_->where = endpoint(host, port);
   std::lock_guard lock(impl_->mutex);
-  impl_->connect(Clock::now() + connect_timeout, connect_timeout, timeout);
+  impl_->connect(Clock::now() + connect_timeout, connect_timeout, timeout,
+                 Clock::time_point::max());
 }
 
 TcpStore::~TcpStore() = default;

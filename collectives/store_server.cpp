@@ -302,7 +302,9 @@ void TcpStoreServer::Impl::serve() {
           flush(c);
           if (!c.closed && !c.has_output()) process_frames(c);
         }
-        if (revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) read_from(c);
+        // The POLLOUT branch may have closed it (peer gone, or a rejected frame): reading
+        // a closed connection would reject and count it a second time.
+        if (!c.closed && (revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL))) read_from(c);
       } catch (const std::exception& e) {
         // bad_alloc on a huge legal value, or a bug: lose this peer, not the server.
         spdlog::error("store: closing connection from {} after an internal error: {}", c.peer,

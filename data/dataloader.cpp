@@ -69,12 +69,21 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<S
   check_options(options_, *dataset_);
   pixel_tables_ = make_pixel_tables(options_, dataset_->channels());
   workers_.reserve(static_cast<size_t>(options_.num_workers));
-  for (int i = 0; i < options_.num_workers; ++i) {
-    workers_.emplace_back([this] { worker_loop(); });
+  try {
+    for (int i = 0; i < options_.num_workers; ++i) {
+      workers_.emplace_back([this] { worker_loop(); });
+    }
+  } catch (...) {
+    // The destructor does not run for a throwing constructor, and destroying a joinable
+    // std::thread calls std::terminate: stop the workers already started first.
+    stop_workers();
+    throw;
   }
 }
 
-DataLoader::~DataLoader() {
+DataLoader::~DataLoader() { stop_workers(); }
+
+void DataLoader::stop_workers() noexcept {
   {
     std::lock_guard lock(mutex_);
     stop_ = true;

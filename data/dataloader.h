@@ -99,6 +99,7 @@ class DataLoader {
   };
 
   int64_t batches_for(int64_t items) const;  // honours drop_last
+  void stop_workers() noexcept;               // tells every worker to stop and joins it
   void worker_loop();
   bool can_claim() const;  // requires mutex_
   // Runs on a worker thread: reads only the dataset, the tables and its arguments.

@@ -38,7 +38,14 @@ std::string Device::str() const {
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s) {
+    // A product past int64 is undefined behaviour and would size a tiny buffer for a
+    // huge tensor; no real shape comes near it, so it is a user error.
+    if (__builtin_mul_overflow(n, d, &n)) {
+      throw InvalidArgument(
+          fmt::format("shape {}: expected at most {} elements, found more", shape_str(s), INT64_MAX));
+    }
+  }
   return n;
 }
 
@@ -69,18 +76,28 @@ Allocator& allocator_for(Device device) {
   throw InvalidArgument(fmt::format("no allocator for device {} in this build", device.str()));
 }
 
-void check_shape(const Shape& shape) {
+// Every dimension >= 0 and the byte size representable: returns the element count.
+int64_t checked_numel(const Shape& shape, DType dtype) {
   for (int64_t d : shape) {
-    if (d < 0) throw InvalidArgument(fmt::format("negative dimension in shape {}", shape_str(shape)));
+    if (d < 0) {
+      throw InvalidArgument(fmt::format("shape {}: expected dimensions >= 0, found {}",
+                                        shape_str(shape), d));
+    }
   }
+  const int64_t numel = shape_numel(shape);
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(numel, static_cast<int64_t>(dtype_size(dtype)), &bytes)) {
+    throw InvalidArgument(fmt::format("shape {} of {}: expected at most {} bytes, found more",
+                                      shape_str(shape), dtype_name(dtype), INT64_MAX));
+  }
+  return numel;
 }
 }  // namespace
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  check_shape(shape);
   Tensor t;
+  t.numel_ = checked_numel(shape, dtype);
   t.shape_ = shape;
-  t.numel_ = shape_numel(shape);
   t.dtype_ = dtype;
   t.storage_ = std::make_shared<Storage>(t.nbytes(), device, &allocator_for(device));
   return t;
@@ -99,10 +116,9 @@ Tensor Tensor::full(const Shape& shape, float value) {
 }
 
 Tensor Tensor::borrow(void* data, const Shape& shape, DType dtype, Device device) {
-  check_shape(shape);
   Tensor t;
+  t.numel_ = checked_numel(shape, dtype);
   t.shape_ = shape;
-  t.numel_ = shape_numel(shape);
   t.dtype_ = dtype;
   t.storage_ = std::make_shared<Storage>(data, t.nbytes(), device);
   return t;
@@ -129,16 +145,19 @@ void Tensor::check_dtype(DType expected) const {
 Tensor Tensor::view(const Shape& shape) const {
   Shape s = shape;
   int infer = -1;
-  int64_t known = 1;
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == -1) {
       MTRAIN_CHECK(infer < 0, "view {}: only one dimension may be -1", shape_str(shape));
       infer = static_cast<int>(i);
+      s[i] = 1;  // counted as 1 until its size is known
     } else {
-      known *= s[i];
+      // Two negative sizes multiply to a positive count that could pass the check below.
+      MTRAIN_CHECK(s[i] >= 0, "view {}: expected dimensions >= 0 or one -1, found {}",
+                   shape_str(shape), s[i]);
     }
   }
   if (infer >= 0) {
+    const int64_t known = shape_numel(s);
     MTRAIN_CHECK(known > 0 && numel_ % known == 0, "cannot view {} as {}", str(), shape_str(shape));
     s[infer] = numel_ / known;
   }
@@ -149,7 +168,8 @@ Tensor Tensor::view(const Shape& shape) const {
 }
 
 Tensor Tensor::narrow0(int64_t start, int64_t length) const {
-  MTRAIN_CHECK(ndim() >= 1 && start >= 0 && length >= 0 && start + length <= shape_[0],
+  MTRAIN_CHECK(ndim() >= 1 && start >= 0 && length >= 0 && start <= shape_[0] &&
+                   length <= shape_[0] - start,
                "narrow0({}, {}) of {}", start, length, str());
   Tensor t = *this;
   t.shape_[0] = length;
@@ -160,8 +180,8 @@ Tensor Tensor::narrow0(int64_t start, int64_t length) const {
 }
 
 Tensor Tensor::flat_view(int64_t offset, const Shape& shape) const {
-  const int64_t n = shape_numel(shape);
-  MTRAIN_CHECK(offset >= 0 && offset + n <= numel_, "flat_view({}, {}) of {}", offset,
+  const int64_t n = checked_numel(shape, dtype_);
+  MTRAIN_CHECK(offset >= 0 && offset <= numel_ && n <= numel_ - offset, "flat_view({}, {}) of {}", offset,
                shape_str(shape), str());
   Tensor t = *this;
   t.shape_ = shape;

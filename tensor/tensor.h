@@ -38,7 +38,7 @@ struct Device {
 };
 
 using Shape = std::vector<int64_t>;
-int64_t shape_numel(const Shape& s);
+int64_t shape_numel(const Shape& s);  // throws InvalidArgument past INT64_MAX elements
 std::string shape_str(const Shape& s);  // "[2, 3, 28, 28]"
 
 // Memory source for owned storage. Implementations must be thread-safe.

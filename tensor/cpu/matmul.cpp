@@ -13,6 +13,12 @@ namespace {
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            const float* b, float beta, float* c) {
   if (m == 0 || n == 0) return;
+  if (k == 0) {
+    // An empty sum: c = beta * c. dnnl_sgemm would reject the leading dimension 0 that
+    // an [m, 0] operand has, so this case never reaches it.
+    for (int64_t i = 0; i < m * n; ++i) c[i] = beta == 0.0f ? 0.0f : beta * c[i];
+    return;
+  }
   const int64_t lda = ta ? m : k;
   const int64_t ldb = tb ? k : n;
   const dnnl_status_t status =

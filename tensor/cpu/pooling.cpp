@@ -37,6 +37,17 @@ PoolGeometry pool_geometry(const char* op, const Tensor& x, const char* y_name, 
   return {n * c, h, w, oh, ow};
 }
 
+// The input rows (or columns) [begin, end) that output position `o` covers: the
+// window starts at o * stride - pad and is clipped to the input [0, size).
+struct WindowSpan {
+  int64_t begin, end;
+};
+
+inline WindowSpan window_span(int64_t o, int stride, int pad, int kernel, int64_t size) {
+  const int64_t start = o * stride - pad;
+  return {start < 0 ? 0 : start, start + kernel > size ? size : start + kernel};
+}
+
 }  // namespace
 
 void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Pool2dParams& p) {
@@ -56,13 +67,9 @@ void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Pool2d
     float* yp = py + plane * g.oh * g.ow;
     int32_t* ip = pi + plane * g.oh * g.ow;
     for (int64_t oy = 0; oy < g.oh; ++oy) {
-      const int64_t y0 = oy * p.stride_h - p.pad_h;
-      const int64_t ys = y0 < 0 ? 0 : y0;
-      const int64_t ye = y0 + p.kernel_h > g.h ? g.h : y0 + p.kernel_h;
+      const auto [ys, ye] = window_span(oy, p.stride_h, p.pad_h, p.kernel_h, g.h);
       for (int64_t ox = 0; ox < g.ow; ++ox) {
-        const int64_t x0 = ox * p.stride_w - p.pad_w;
-        const int64_t xs = x0 < 0 ? 0 : x0;
-        const int64_t xe = x0 + p.kernel_w > g.w ? g.w : x0 + p.kernel_w;
+        const auto [xs, xe] = window_span(ox, p.stride_w, p.pad_w, p.kernel_w, g.w);
         float best = -std::numeric_limits<float>::infinity();
         int64_t best_at = ys * g.w + xs;
         for (int64_t iy = ys; iy < ye; ++iy) {
@@ -134,13 +141,9 @@ void avgpool2d_forward(const Tensor& x, Tensor& y, const Pool2dParams& p) {
     const float* xp = px + plane * g.h * g.w;
     float* yp = py + plane * g.oh * g.ow;
     for (int64_t oy = 0; oy < g.oh; ++oy) {
-      const int64_t y0 = oy * p.stride_h - p.pad_h;
-      const int64_t ys = y0 < 0 ? 0 : y0;
-      const int64_t ye = y0 + p.kernel_h > g.h ? g.h : y0 + p.kernel_h;
+      const auto [ys, ye] = window_span(oy, p.stride_h, p.pad_h, p.kernel_h, g.h);
       for (int64_t ox = 0; ox < g.ow; ++ox) {
-        const int64_t x0 = ox * p.stride_w - p.pad_w;
-        const int64_t xs = x0 < 0 ? 0 : x0;
-        const int64_t xe = x0 + p.kernel_w > g.w ? g.w : x0 + p.kernel_w;
+        const auto [xs, xe] = window_span(ox, p.stride_w, p.pad_w, p.kernel_w, g.w);
         float sum = 0.0f;
         for (int64_t iy = ys; iy < ye; ++iy) {
           for (int64_t ix = xs; ix < xe; ++ix) sum += xp[iy * g.w + ix];
@@ -164,13 +167,9 @@ void avgpool2d_backward(const Tensor& dy, Tensor& dx, const Pool2dParams& p) {
     const float* dyp = pdy + plane * g.oh * g.ow;
     for (int64_t i = 0; i < g.h * g.w; ++i) dxp[i] = 0.0f;
     for (int64_t oy = 0; oy < g.oh; ++oy) {
-      const int64_t y0 = oy * p.stride_h - p.pad_h;
-      const int64_t ys = y0 < 0 ? 0 : y0;
-      const int64_t ye = y0 + p.kernel_h > g.h ? g.h : y0 + p.kernel_h;
+      const auto [ys, ye] = window_span(oy, p.stride_h, p.pad_h, p.kernel_h, g.h);
       for (int64_t ox = 0; ox < g.ow; ++ox) {
-        const int64_t x0 = ox * p.stride_w - p.pad_w;
-        const int64_t xs = x0 < 0 ? 0 : x0;
-        const int64_t xe = x0 + p.kernel_w > g.w ? g.w : x0 + p.kernel_w;
+        const auto [xs, xe] = window_span(ox, p.stride_w, p.pad_w, p.kernel_w, g.w);
         const float share = dyp[oy * g.ow + ox] * inv_area;
         for (int64_t iy = ys; iy < ye; ++iy) {
           for (int64_t ix = xs; ix < xe; ++ix) dxp[iy * g.w + ix] += share;

@@ -12,6 +12,7 @@
 #include <future>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "collectives/store.h"
 #include "core/error.h"
@@ -195,4 +196,40 @@ TEST_CASE("a wrong or missing token is rejected with a clear message", "[store]"
   // The wrong tokens learned nothing and stored nothing.
   auto good = f.client();
   CHECK(good->num_keys() == 0);
+}
+
+TEST_CASE("a reconnect inside a call ends by that call's deadline", "[store]") {
+  const std::string token = generate_store_token();
+  auto server = std::make_unique<TcpStoreServer>("127.0.0.1", 0, token);
+  const uint16_t port = server->port();
+  TcpStore client("127.0.0.1", port, token, Millis{2000}, Millis{10'000});
+  client.set("k", std::string("v"));
+  server.reset();
+  // The server closed the connection: this call fails and drops it.
+  CHECK_THROWS_AS(client.set("k", std::string("v")), CommError);
+
+  // The next call reconnects. Nothing listens for 1 s, then a socket that completes TCP
+  // connections but never answers the handshake. The handshake must end at the call's
+  // deadline (2 s), not get a fresh 2 s of its own after the reconnect (about 3.3 s).
+  auto silent = std::async(std::launch::async, [port] {
+    std::this_thread::sleep_for(1000ms);
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool listening = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                           ::listen(fd, 16) == 0;
+    return std::make_pair(fd, listening);
+  });
+  const auto start = Clock::now();
+  CHECK_THROWS_WITH(client.set("k", std::string("v")), Contains("did not answer the handshake"));
+  const double elapsed = seconds_since(start);
+  const auto [fd, listening] = silent.get();
+  ::close(fd);
+  REQUIRE(listening);
+  CHECK(elapsed >= 1.9);
+  CHECK(elapsed < 2.8);
 }

@@ -102,6 +102,23 @@ TEST_CASE("matmul handles every transpose combination with alpha and beta", "[ma
   CHECK_THROWS_AS(ops::matmul(a, ta, bad_b, tb, c), InternalError);
 }
 
+TEST_CASE("matmul with an empty inner dimension gives beta * c", "[matmul]") {
+  // dnnl_sgemm rejects the leading dimension 0 of an [m, 0] operand and, with a legal
+  // one, leaves c untouched even for beta = 0; an empty sum must still give beta * c.
+  const Tensor a = Tensor::empty({3, 0});
+  const Tensor b = Tensor::empty({0, 2});
+  Tensor c = Tensor::full({3, 2}, 4.0f);
+  ops::matmul(a, false, b, false, c, 1.0f, 0.5f);
+  CHECK(c.to_vector<float>() == std::vector<float>(6, 2.0f));
+  c.fill_(NAN);
+  ops::matmul(a, false, b, false, c);
+  CHECK(c.to_vector<float>() == std::vector<float>(6, 0.0f));
+  const Tensor at = Tensor::empty({0, 3});
+  const Tensor bt = Tensor::empty({2, 0});
+  ops::matmul(at, true, bt, true, c, 1.0f, 0.0f);
+  CHECK(c.to_vector<float>() == std::vector<float>(6, 0.0f));
+}
+
 TEST_CASE("linear forward and backward", "[matmul]") {
   Tensor x = random_tensor({6, 5}, 9);
   Tensor w = random_tensor({4, 5}, 10);

@@ -23,6 +23,25 @@ TEST_CASE("views share storage with their base", "[tensor]") {
   CHECK(base.data<float>()[0] == 0.0f);
 }
 
+TEST_CASE("view rejects negative sizes other than a single -1", "[tensor]") {
+  const Tensor base = Tensor::from_vector<float>({0, 1, 2, 3, 4, 5}, {2, 3});
+  // (-2) * (-3) == 6 == numel: only an explicit check tells this from a real shape.
+  CHECK_THROWS_WITH(base.view({-2, -3}), Catch::Contains("expected dimensions >= 0 or one -1"));
+  CHECK_THROWS_AS(base.view({-1, -1}), InternalError);
+  CHECK(base.view({3, -1}).shape() == Shape{3, 2});
+}
+
+TEST_CASE("shapes whose size overflows are rejected, not wrapped", "[tensor]") {
+  // 2^31 * 2^31 * 4 overflows int64; wrapped, it would allocate a few bytes for it.
+  const int64_t big = int64_t{1} << 31;
+  CHECK_THROWS_WITH(Tensor::empty({big, big, 4}), Catch::Contains("expected at most"));
+  // The element count fits but the byte size does not.
+  CHECK_THROWS_WITH(Tensor::empty({int64_t{1} << 62}), Catch::Contains("bytes"));
+  CHECK_THROWS_WITH(Tensor::empty({2, -3}), Catch::Contains("expected dimensions >= 0, found -3"));
+  float one = 1.0f;
+  CHECK_THROWS_AS(Tensor::borrow(&one, {big, big, big}), InvalidArgument);
+}
+
 TEST_CASE("narrow0 and flat_view start at the right offset", "[tensor]") {
   Tensor base = Tensor::from_vector<float>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {3, 2, 2});
   Tensor rows = base.narrow0(1, 2);
@@ -45,6 +64,10 @@ TEST_CASE("narrow0 and flat_view start at the right offset", "[tensor]") {
   // A flat view of a narrowed tensor counts from the narrowed start.
   CHECK(rows.flat_view(6, {2}).to_vector<float>() == std::vector<float>{10, 11});
   CHECK_THROWS_AS(base.flat_view(10, {3}), InternalError);
+  // Negative sizes and offsets near INT64_MAX must not slip through by wrapping.
+  CHECK_THROWS_AS(base.flat_view(0, {-2, 3}), InvalidArgument);
+  CHECK_THROWS_AS(base.flat_view(INT64_MAX, {2}), InternalError);
+  CHECK_THROWS_AS(base.narrow0(1, INT64_MAX), InternalError);
 }
 
 TEST_CASE("the host allocator serves steady-state allocations from its cache", "[tensor]") {
