@@ -3,16 +3,19 @@
 // Note [Host caching allocator]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Training allocates the same sizes every step (activations, gradients, batches), so
-// freed blocks go into a size-keyed free list and the next request of a similar size
-// reuses one: after the first step no request reaches the system allocator. Sizes are
-// rounded up (to 512 B below 1 MiB, to 64 KiB above) so near-equal requests share
-// blocks; a cached block is reused only if it is at most twice the request, so a tiny
-// tensor never pins a huge block. The allocator is created once and never destroyed,
-// so tensors that die during static destruction can still return their memory.
+// freed blocks go into per-size free lists and the next request of a similar size
+// reuses one: after the first step no request reaches the system allocator, and the
+// bookkeeping itself allocates nothing either (each block carries its size in a
+// 64-byte header in front of the user pointer, and a free list keeps its capacity when
+// it empties). Sizes are rounded up (to 512 B below 1 MiB, to 64 KiB above) so
+// near-equal requests share blocks; a cached block is reused only if it is at most
+// twice the request, so a tiny tensor never pins a huge block. The allocator is created
+// once and never destroyed, so tensors that die during static destruction can still
+// return their memory.
 #include <cstdlib>
 #include <map>
 #include <mutex>
-#include <new>
+#include <vector>
 
 #include "core/error.h"
 #include "tensor/tensor.h"
@@ -21,6 +24,14 @@ namespace mtrain {
 namespace {
 
 constexpr size_t kAlignment = 64;
+constexpr size_t kHeader = kAlignment;  // keeps the user pointer 64-byte aligned
+constexpr uint64_t kMagic = 0x6d747261696e3634ULL;  // marks blocks this allocator made
+
+struct BlockHeader {
+  size_t size;     // usable bytes after the header
+  uint64_t magic;
+};
+static_assert(sizeof(BlockHeader) <= kHeader);
 
 size_t round_size(size_t bytes) {
   if (bytes == 0) bytes = 1;
@@ -28,48 +39,56 @@ size_t round_size(size_t bytes) {
   return (bytes + quantum - 1) / quantum * quantum;
 }
 
+BlockHeader* header_of(void* user) {
+  return reinterpret_cast<BlockHeader*>(static_cast<char*>(user) - kHeader);
+}
+
 class CachingHostAllocator final : public Allocator {
  public:
   void* allocate(size_t bytes) override {
+    if (bytes > SIZE_MAX / 2 - kHeader) {
+      throw InvalidArgument(fmt::format("host allocator: cannot allocate {} bytes", bytes));
+    }
     const size_t size = round_size(bytes);
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.lower_bound(size);
-    if (it != free_.end() && it->first <= 2 * size) {
-      void* p = it->second;
-      const size_t block = it->first;
-      free_.erase(it);
-      stats_.cached_bytes -= block;
-      stats_.in_use_bytes += block;
+    // The smallest cached block that fits and is at most twice the request.
+    for (auto it = free_.lower_bound(size); it != free_.end() && it->first <= 2 * size; ++it) {
+      if (it->second.empty()) continue;
+      void* p = it->second.back();
+      it->second.pop_back();
+      stats_.cached_bytes -= it->first;
+      stats_.in_use_bytes += it->first;
       stats_.cache_hits++;
-      sizes_[p] = block;
       return p;
     }
-    void* p = std::aligned_alloc(kAlignment, size);
-    if (p == nullptr) {
+    void* raw = std::aligned_alloc(kAlignment, kHeader + size);
+    if (raw == nullptr) {
       // Give the cache back to the system and try once more before failing.
       release_locked();
-      p = std::aligned_alloc(kAlignment, size);
-      if (p == nullptr) {
+      raw = std::aligned_alloc(kAlignment, kHeader + size);
+      if (raw == nullptr) {
         throw Error(fmt::format("host allocator: out of memory allocating {} bytes "
                                 "({} bytes already in use)", size, stats_.in_use_bytes));
       }
     }
+    auto* h = static_cast<BlockHeader*>(raw);
+    h->size = size;
+    h->magic = kMagic;
     stats_.system_allocs++;
     stats_.in_use_bytes += size;
-    sizes_[p] = size;
-    return p;
+    return static_cast<char*>(raw) + kHeader;
   }
 
-  void deallocate(void* ptr, size_t /*bytes*/) override {
+  void deallocate(void* ptr, size_t /*bytes*/) noexcept override {
     if (ptr == nullptr) return;
+    BlockHeader* h = header_of(ptr);
+    if (h->magic != kMagic) std::abort();  // not ours: memory corruption, stop at once
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = sizes_.find(ptr);
-    MTRAIN_CHECK(it != sizes_.end(), "deallocate of a pointer this allocator never returned");
-    const size_t block = it->second;
-    sizes_.erase(it);
-    stats_.in_use_bytes -= block;
-    stats_.cached_bytes += block;
-    free_.emplace(block, ptr);
+    stats_.in_use_bytes -= h->size;
+    stats_.cached_bytes += h->size;
+    // push_back may grow the list (a system allocation) only until the list has seen
+    // its steady-state depth; after that it reuses the capacity.
+    free_[h->size].push_back(ptr);
   }
 
   AllocatorStats stats() {
@@ -84,14 +103,15 @@ class CachingHostAllocator final : public Allocator {
 
  private:
   void release_locked() {
-    for (auto& [size, p] : free_) std::free(p);
-    free_.clear();
+    for (auto& [size, blocks] : free_) {
+      for (void* p : blocks) std::free(header_of(p));
+      blocks.clear();
+    }
     stats_.cached_bytes = 0;
   }
 
   std::mutex mu_;
-  std::multimap<size_t, void*> free_;  // block size -> block
-  std::map<void*, size_t> sizes_;      // live block -> its size
+  std::map<size_t, std::vector<void*>> free_;  // block size -> cached blocks
   AllocatorStats stats_;
 };
 
