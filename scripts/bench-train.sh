@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Single-process training throughput of mtrain-train (images per second), per model.
+#
+#   scripts/bench-train.sh [--batch-size N] [--threads N] [--runs N] [--models "lenet resnet18"]
+#                          [--steps N] [--window N] [--bin PATH] [--data-dir DIR]
+#
+# Each run trains --steps optimizer steps with --no-eval and a metrics file, logging a
+# step event every --window steps. The first window (oneDNN primitive creation, cold
+# caches) is discarded; the run's figure is images / seconds over the other windows.
+# The script prints the median over --runs runs, with the min and max. Results and the
+# command that produced them go in docs/benchmarks.md.
+set -euo pipefail
+
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin="$root/build/bin/mtrain-train"
+batch=256
+threads=$(nproc)
+runs=3
+models="lenet resnet18"
+steps=""
+window=""
+data_dir=""
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --batch-size) batch=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    --runs) runs=$2; shift 2 ;;
+    --models) models=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --window) window=$2; shift 2 ;;
+    --bin) bin=$2; shift 2 ;;
+    --data-dir) data_dir=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "bench-train.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+for v in batch threads runs; do
+  if ! [[ ${!v} =~ ^[1-9][0-9]*$ ]]; then
+    echo "bench-train.sh: --${v/batch/batch-size} expects a positive integer, got '${!v}'" >&2; exit 2
+  fi
+done
+if [[ ! -x $bin ]]; then
+  echo "bench-train.sh: $bin not found or not executable; build first (scripts/setup.sh) or pass --bin" >&2
+  exit 2
+fi
+
+# Steps and window per model when not given: enough windows after the warm-up one for
+# a stable figure, few enough that resnet18 (seconds per step on 2 cores) stays short.
+default_window() { case "$1" in resnet18) echo 1 ;; *) echo 5 ;; esac; }
+default_steps() { case "$1" in resnet18) echo 4 ;; *) echo 30 ;; esac; }
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench-train.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+# images/s of one run from its metrics file: total images / total seconds over every
+# step window but the first (each step event carries its window's "images" and "sec").
+run_rate() {
+  awk '
+    function field(name,    m) {
+      if (!match($0, "\"" name "\":[-0-9.eE+]+")) return 0
+      m = substr($0, RSTART, RLENGTH); sub(/^[^:]*:/, "", m); return m + 0
+    }
+    /"event":"step"/ {
+      if (++n == 1) next
+      images += field("images"); seconds += field("sec")
+    }
+    END { if (seconds > 0) printf "%.1f\n", images / seconds; else print "nan" }' "$1"
+}
+
+cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //' || echo unknown)
+echo "mtrain-train single-process throughput: batch $batch, $threads thread(s), median of $runs run(s)"
+echo "machine: $(nproc) cores ($cpu)"
+printf '%-10s %6s %8s %6s %6s %12s %12s %12s\n' model batch threads steps window "img/s median" min max
+
+for model in $models; do
+  w=${window:-$(default_window "$model")}
+  s=${steps:-$(default_steps "$model")}
+  if (( s < 2 * w )); then
+    echo "bench-train.sh: --steps $s must cover at least two windows of $w (the first is warm-up)" >&2; exit 2
+  fi
+  rates=()
+  for ((r = 1; r <= runs; r++)); do
+    args=(--model "$model" --batch-size "$batch" --threads "$threads" --max-steps "$s" --epochs 1000000
+          --log-every "$w" --no-eval --metrics "$tmp/$model.$r.jsonl" --log-level warn)
+    [[ -n $data_dir ]] && args+=(--data-dir "$data_dir")
+    if ! "$bin" "${args[@]}" > "$tmp/$model.$r.log" 2>&1; then
+      echo "bench-train.sh: $model run $r failed:" >&2; cat "$tmp/$model.$r.log" >&2; exit 1
+    fi
+    rates+=("$(run_rate "$tmp/$model.$r.jsonl")")
+  done
+  sorted=($(printf '%s\n' "${rates[@]}" | sort -g))
+  median=${sorted[$(( ${#sorted[@]} / 2 ))]}
+  printf '%-10s %6s %8s %6s %6s %12s %12s %12s\n' "$model" "$batch" "$threads" "$s" "$w" "$median" \
+    "${sorted[0]}" "${sorted[-1]}"
+done

@@ -1,0 +1,197 @@
+// mtrain-train's command line, thread defaults and metrics lines.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "tests/trainer/temp_dir.h"
+#include "trainer/environment.h"
+#include "trainer/metrics.h"
+#include "trainer/options.h"
+
+using Catch::Matchers::Contains;
+using mtrain::InvalidArgument;
+using mtrain::TrainChoices;
+
+namespace {
+
+const TrainChoices kChoices{{"lenet", "mlp", "resnet18", "simplecnn"}, {"fashion-mnist", "mnist", "synthetic"}};
+
+mtrain::ParsedTrainCommandLine parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "mtrain-train");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return mtrain::parse_train_command_line(static_cast<int>(argv.size()), argv.data(), kChoices);
+}
+
+// Sets (or unsets, for nullopt) an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) ::setenv(name, value->c_str(), 1); else ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1); else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+}  // namespace
+
+TEST_CASE("the defaults are valid and flags override them", "[options]") {
+  const auto defaults = parse({});
+  CHECK_FALSE(defaults.help);
+  CHECK_NOTHROW(mtrain::validate_train_options(defaults.options, kChoices));
+  CHECK_FALSE(defaults.options.max_steps.has_value());
+  CHECK_FALSE(defaults.options.threads.has_value());
+
+  const auto o = parse({"--model", "resnet18", "--dataset", "synthetic", "--data-dir", "/x", "--epochs", "3",
+                        "--max-steps", "0", "--batch-size", "8", "--lr", "0.5", "--momentum", "0",
+                        "--weight-decay", "5e-4", "--seed", "42", "--threads", "3", "--init", "normal",
+                        "--no-shuffle", "--init-from", "a.safetensors", "--save-final", "b.safetensors",
+                        "--metrics", "m.jsonl", "--no-eval", "--log-level", "debug", "--log-every", "7"})
+                     .options;
+  CHECK(o.model == "resnet18");
+  CHECK(o.dataset == "synthetic");
+  CHECK(o.data_dir == "/x");
+  CHECK(o.epochs == 3);
+  REQUIRE(o.max_steps.has_value());
+  CHECK(*o.max_steps == 0);
+  CHECK(o.batch_size == 8);
+  CHECK(o.lr == 0.5);
+  CHECK(o.momentum == 0.0);
+  CHECK(o.weight_decay == 5e-4);
+  CHECK(o.seed == 42);
+  CHECK(o.threads == std::optional<int>(3));
+  CHECK(o.init == "normal");
+  CHECK_FALSE(o.shuffle);
+  CHECK(o.init_from == "a.safetensors");
+  CHECK(o.save_final == "b.safetensors");
+  CHECK(o.metrics == "m.jsonl");
+  CHECK_FALSE(o.eval);
+  CHECK(o.log_level == "debug");
+  CHECK(o.log_every == 7);
+  CHECK(parse({"--momentum", "0.9", "--nesterov"}).options.nesterov);
+}
+
+TEST_CASE("--help returns the help text instead of options", "[options]") {
+  const auto r = parse({"--help"});
+  CHECK(r.help);
+  CHECK_THAT(r.help_text, Contains("--batch-size") && Contains("--save-final") && Contains("--no-shuffle"));
+}
+
+TEST_CASE("bad values are one clear InvalidArgument naming the flag", "[options]") {
+  using Case = std::pair<std::vector<std::string>, std::string>;
+  const std::vector<Case> cases = {
+      {{"--batch-size", "-5"}, "--batch-size: expected an integer in [1, 1000000], found -5"},
+      {{"--batch-size", "0"}, "--batch-size: expected an integer in [1, 1000000], found 0"},
+      {{"--batch-size", "12x"}, "--batch-size: expected an integer, found '12x'"},
+      {{"--epochs", "0"}, "--epochs: expected an integer in [1, 1000000], found 0"},
+      {{"--max-steps", "-1"}, "--max-steps: expected an integer >= 0, found -1"},
+      {{"--lr", "0"}, "--lr: expected a finite number > 0, found 0"},
+      {{"--lr", "-0.1"}, "--lr: expected a finite number > 0"},
+      {{"--lr", "nan"}, "--lr: expected a finite number, found 'nan'"},
+      {{"--lr", "inf"}, "--lr: expected a finite number, found 'inf'"},
+      {{"--lr", "fast"}, "--lr: expected a finite number, found 'fast'"},
+      {{"--momentum", "1"}, "--momentum: expected a number in [0, 1), found 1"},
+      {{"--momentum", "-0.5"}, "--momentum: expected a number in [0, 1)"},
+      {{"--weight-decay", "-1"}, "--weight-decay: expected a finite number >= 0"},
+      {{"--momentum", "0", "--nesterov"}, "--nesterov needs a momentum > 0"},
+      {{"--threads", "0"}, "--threads: expected an integer in [1, 4096], found 0"},
+      {{"--log-every", "0"}, "--log-every: expected an integer >= 1, found 0"},
+      {{"--seed", "-3"}, "--seed: expected an integer >= 0"},
+      {{"--model", "alexnet"}, "--model: unknown value 'alexnet' (valid: lenet, mlp, resnet18, simplecnn)"},
+      {{"--dataset", "cifar"}, "--dataset: unknown value 'cifar' (valid: fashion-mnist, mnist, synthetic)"},
+      {{"--init", "xavier"}, "--init: unknown value 'xavier' (valid: default, normal)"},
+      {{"--log-level", "loud"}, "--log-level: unknown value 'loud'"},
+      {{"--save-final", ""}, "--save-final: expected a path, found an empty string"},
+      {{"--init-from", "w.safetensors", "--save-final", "w.safetensors"}, "is the --init-from file"},
+      {{"--bogus"}, "bogus"},
+      {{"--batch-size"}, "batch-size"},
+      {{"stray"}, "unexpected argument 'stray'"},
+  };
+  for (const auto& [args, fragment] : cases) {
+    INFO(fmt::format("args: {}", fmt::join(args, " ")));
+    CHECK_THROWS_MATCHES(parse(args), InvalidArgument,
+                         Catch::Matchers::Predicate<InvalidArgument>(
+                             [&](const InvalidArgument& e) {
+                               const std::string m = e.what();
+                               return m.find(fragment) != std::string::npos && m.find('\n') == std::string::npos;
+                             },
+                             "one line containing: " + fragment));
+  }
+}
+
+TEST_CASE("thread count: flag, then OMP_NUM_THREADS, then 1 per rank, then every core", "[options]") {
+  ScopedEnv local("LOCAL_WORLD_SIZE", std::nullopt);
+  ScopedEnv ompi_local("OMPI_COMM_WORLD_LOCAL_SIZE", std::nullopt);
+  ScopedEnv omp("OMP_NUM_THREADS", std::nullopt);
+
+  const auto single = mtrain::discover_environment();
+  CHECK(single.world_size == 1);
+  CHECK(single.local_world_size == 1);
+  const auto all = mtrain::resolve_num_threads(std::nullopt, single);
+  CHECK(all.threads == mtrain::usable_cpu_count());
+  CHECK_THAT(all.reason, Contains("cores"));
+  CHECK(mtrain::resolve_num_threads(5, single).threads == 5);
+
+  {
+    ScopedEnv shared("LOCAL_WORLD_SIZE", "4");
+    const auto env = mtrain::discover_environment();
+    CHECK(env.local_world_size == 4);
+    const auto t = mtrain::resolve_num_threads(std::nullopt, env);
+    CHECK(t.threads == 1);
+    CHECK_THAT(t.reason, Contains("LOCAL_WORLD_SIZE=4"));
+    CHECK(mtrain::resolve_num_threads(3, env).threads == 3);
+    ScopedEnv omp3("OMP_NUM_THREADS", "3");
+    CHECK(mtrain::resolve_num_threads(std::nullopt, env).threads == 3);
+  }
+  {
+    ScopedEnv mpi_local("OMPI_COMM_WORLD_LOCAL_SIZE", "2");
+    CHECK(mtrain::discover_environment().local_world_size == 2);
+  }
+  {
+    ScopedEnv bad("OMP_NUM_THREADS", "lots");
+    CHECK_THROWS_WITH(mtrain::resolve_num_threads(std::nullopt, single), Contains("OMP_NUM_THREADS"));
+  }
+  {
+    ScopedEnv bad("LOCAL_WORLD_SIZE", "0");
+    CHECK_THROWS_WITH(mtrain::discover_environment(), Contains("LOCAL_WORLD_SIZE"));
+  }
+}
+
+TEST_CASE("metrics are one flushed JSON object per line, non-finite numbers as null", "[metrics]") {
+  mtrain::testing::TempDir dir;
+  const std::string path = dir.file("m.jsonl");
+  mtrain::MetricsWriter writer(path);
+  CHECK(writer.enabled());
+  writer.write({{"event", "step"}, {"step", 1}, {"loss", mtrain::json_number(2.5)}});
+  // Flushed per line: readable before the writer is closed.
+  {
+    std::ifstream in(path);
+    std::string line;
+    REQUIRE(std::getline(in, line));
+    CHECK(nlohmann::json::parse(line)["loss"] == 2.5);
+  }
+  writer.write({{"event", "epoch"}, {"loss", mtrain::json_number(std::nan(""))},
+                {"acc", mtrain::json_number(INFINITY)}});
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[1]["event"] == "epoch");
+  CHECK(lines[1]["loss"].is_null());
+  CHECK(lines[1]["acc"].is_null());
+
+  mtrain::MetricsWriter disabled;
+  CHECK_FALSE(disabled.enabled());
+  CHECK_NOTHROW(disabled.write({{"event", "x"}}));
+  CHECK_THROWS_WITH(mtrain::MetricsWriter(dir.file("no/dir/m.jsonl")), Contains("no/dir/m.jsonl"));
+}

@@ -1,0 +1,26 @@
+// Evaluation over a whole dataset in eval mode (BatchNorm uses its running statistics).
+// Returns sums and counts rather than means so a distributed run can all-reduce them
+// (sum of correct, sum of count) before dividing.
+#pragma once
+
+#include <cstdint>
+
+#include "data/dataloader.h"
+#include "models/module.h"
+
+namespace mtrain {
+
+struct EvalResult {
+  double loss_sum = 0.0;  // sum of per-image cross-entropy
+  int64_t correct = 0;
+  int64_t count = 0;
+
+  double mean_loss() const { return count > 0 ? loss_sum / static_cast<double>(count) : 0.0; }
+  double accuracy() const { return count > 0 ? static_cast<double>(correct) / static_cast<double>(count) : 0.0; }
+};
+
+// Runs `model` over every batch of one epoch of `loader` (its epoch 0: evaluation
+// samplers do not shuffle) in eval mode, then restores the model's previous mode.
+EvalResult evaluate(models::Module& model, data::DataLoader& loader);
+
+}  // namespace mtrain

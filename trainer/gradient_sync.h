@@ -1,0 +1,54 @@
+// What the training loop does with gradients between backward and the optimizer step.
+//
+// Note [Gradient synchronizer]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The loop runs, per step:
+//     zero_grad -> forward -> loss -> sync.before_backward() -> model.backward()
+//       -> sync.after_backward() -> optimizer.step()
+// and the model reports each parameter's gradient the moment it is final through the
+// grad-ready hook (models/module.h, Note [Grad-ready hook]) that attach() installs.
+// With one process there is nothing to exchange, so LocalGradients only checks the
+// hook contract (every parameter exactly once per backward), which keeps the path the
+// DDP Reducer will take exercised by every single-process run and test. The Reducer
+// implements the same interface: attach() builds buckets in reverse parameter order,
+// the hook launches a bucket's all-reduce when its last gradient arrives, and
+// after_backward() waits for all of them and leaves averaged gradients in place.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/module.h"
+
+namespace mtrain {
+
+class GradientSynchronizer {
+ public:
+  virtual ~GradientSynchronizer() = default;
+  // Installs the grad-ready hook in `model`; call once the model's structure is final.
+  virtual void attach(models::Module& model) = 0;
+  // Called right before each backward.
+  virtual void before_backward() = 0;
+  // Called right after each backward; on return every gradient is final.
+  virtual void after_backward() = 0;
+  // One line for logs.
+  virtual std::string describe() const = 0;
+};
+
+// The world-of-one synchronizer (see the Note).
+class LocalGradients final : public GradientSynchronizer {
+ public:
+  void attach(models::Module& model) override;
+  void before_backward() override;
+  void after_backward() override;
+  std::string describe() const override;
+
+ private:
+  void on_gradient_ready(const models::Parameter& param);
+
+  std::vector<std::string> names_;  // by Parameter::index
+  std::vector<int> ready_count_;    // hook calls per parameter in the current backward
+};
+
+}  // namespace mtrain

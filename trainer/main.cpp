@@ -1,0 +1,18 @@
+// mtrain-train: trains one model replica. See docs/training.md.
+#include <cstdio>
+
+#include "core/main_guard.h"
+#include "trainer/options.h"
+#include "trainer/train_command.h"
+
+int main(int argc, char** argv) {
+  return mtrain::run_main("mtrain-train", [&] {
+    const auto parsed = mtrain::parse_train_command_line(argc, argv, mtrain::train_choices());
+    if (parsed.help) {
+      std::fputs(parsed.help_text.c_str(), stdout);
+      return 0;
+    }
+    mtrain::run_train_command(parsed.options);
+    return 0;
+  });
+}

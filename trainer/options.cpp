@@ -1,0 +1,188 @@
+#include "trainer/options.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cxxopts.hpp>
+#include <limits>
+
+#include "core/env.h"
+#include "core/error.h"
+
+namespace mtrain {
+
+namespace {
+
+constexpr const char* kLogLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+constexpr const char* kInitSchemes[] = {"default", "normal"};
+
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+  for (const auto& n : names) {
+    if (n == name) return true;
+  }
+  return false;
+}
+
+void check_choice(const std::string& flag, const std::string& value,
+                  const std::vector<std::string>& valid) {
+  if (!contains(valid, value)) {
+    throw InvalidArgument(fmt::format("{}: unknown value '{}' (valid: {})", flag, value,
+                                      fmt::join(valid, ", ")));
+  }
+}
+
+double parse_double(const std::string& text, const std::string& flag) {
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end == text.c_str() || *end != '\0' || errno == ERANGE || !std::isfinite(v)) {
+    throw InvalidArgument(fmt::format("{}: expected a finite number, found '{}'", flag, text));
+  }
+  return v;
+}
+
+// Numbers are taken as strings and parsed here so every bad value gets the same
+// "flag: expected ..., found ..." message (cxxopts' own conversion errors do not
+// say which flag or what range).
+template <class T>
+void read_int(const cxxopts::ParseResult& r, const char* name, T& out, int64_t min, int64_t max) {
+  if (r.count(name) != 0) {
+    out = static_cast<T>(env::parse_int(r[name].as<std::string>(), fmt::format("--{}", name), min, max));
+  }
+}
+
+void read_double(const cxxopts::ParseResult& r, const char* name, double& out) {
+  if (r.count(name) != 0) out = parse_double(r[name].as<std::string>(), fmt::format("--{}", name));
+}
+
+void read_path(const cxxopts::ParseResult& r, const char* name, std::string& out) {
+  if (r.count(name) == 0) return;
+  out = r[name].as<std::string>();
+  if (out.empty()) throw InvalidArgument(fmt::format("--{}: expected a path, found an empty string", name));
+}
+
+}  // namespace
+
+void validate_train_options(const TrainOptions& o, const TrainChoices& choices) {
+  check_choice("--model", o.model, choices.models);
+  check_choice("--dataset", o.dataset, choices.datasets);
+  check_choice("--init", o.init, {std::begin(kInitSchemes), std::end(kInitSchemes)});
+  check_choice("--log-level", o.log_level, {std::begin(kLogLevels), std::end(kLogLevels)});
+  if (o.epochs < 1) throw InvalidArgument(fmt::format("--epochs: expected an integer >= 1, found {}", o.epochs));
+  if (o.max_steps && *o.max_steps < 0) {
+    throw InvalidArgument(fmt::format("--max-steps: expected an integer >= 0, found {}", *o.max_steps));
+  }
+  if (o.batch_size < 1) {
+    throw InvalidArgument(fmt::format("--batch-size: expected an integer >= 1, found {}", o.batch_size));
+  }
+  if (!(std::isfinite(o.lr) && o.lr > 0)) {
+    throw InvalidArgument(fmt::format("--lr: expected a finite number > 0, found {}", o.lr));
+  }
+  if (!(std::isfinite(o.momentum) && o.momentum >= 0 && o.momentum < 1)) {
+    throw InvalidArgument(fmt::format("--momentum: expected a number in [0, 1), found {}", o.momentum));
+  }
+  if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0)) {
+    throw InvalidArgument(
+        fmt::format("--weight-decay: expected a finite number >= 0, found {}", o.weight_decay));
+  }
+  if (o.nesterov && o.momentum == 0) {
+    throw InvalidArgument("--nesterov needs a momentum > 0 (as torch.optim.SGD); add --momentum 0.9");
+  }
+  if (o.threads && *o.threads < 1) {
+    throw InvalidArgument(fmt::format("--threads: expected an integer >= 1, found {}", *o.threads));
+  }
+  if (o.log_every < 1) {
+    throw InvalidArgument(fmt::format("--log-every: expected an integer >= 1, found {}", o.log_every));
+  }
+  if (!o.init_from.empty() && o.init_from == o.save_final) {
+    // Not an error for the file (the write is atomic), but almost always a typo that
+    // would overwrite the weights the run started from.
+    throw InvalidArgument(fmt::format("--save-final {} is the --init-from file; choose another path",
+                                      o.save_final));
+  }
+}
+
+ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* argv,
+                                                const TrainChoices& choices) {
+  const TrainOptions d;  // defaults, shown in --help
+  cxxopts::Options spec("mtrain-train", "Train an image classifier with data-parallel SGD (one process for now).");
+  spec.set_width(100);
+  // clang-format off
+  spec.add_options("Model and data")
+    ("model", fmt::format("model: {}", fmt::join(choices.models, "|")), cxxopts::value<std::string>()->default_value(d.model))
+    ("dataset", fmt::format("dataset: {}", fmt::join(choices.datasets, "|")), cxxopts::value<std::string>()->default_value(d.dataset))
+    ("data-dir", "directory with the IDX files (default: data/<dataset> if it holds the full set, else the shipped mini set)", cxxopts::value<std::string>())
+    ("init", "initialisation: default (PyTorch's) | normal (N(0, 0.01) conv/linear weights, as d2l)", cxxopts::value<std::string>()->default_value(d.init))
+    ("init-from", "start from the weights in this safetensors file", cxxopts::value<std::string>())
+    ("seed", "seed for initialisation, shuffling and synthetic data", cxxopts::value<std::string>()->default_value(std::to_string(d.seed)));
+  spec.add_options("Training")
+    ("epochs", "passes over the training set", cxxopts::value<std::string>()->default_value(std::to_string(d.epochs)))
+    ("max-steps", "stop after this many optimizer steps in total (default: no limit; 0 trains nothing, so --save-final writes the initial weights)", cxxopts::value<std::string>())
+    ("batch-size", "images per optimizer step", cxxopts::value<std::string>()->default_value(std::to_string(d.batch_size)))
+    ("lr", "learning rate", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.lr)))
+    ("momentum", "SGD momentum, in [0, 1)", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.momentum)))
+    ("weight-decay", "L2 penalty added to the gradient (torch.optim.SGD weight_decay)", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.weight_decay)))
+    ("nesterov", "Nesterov momentum")
+    ("no-shuffle", "read the training set in file order (to compare runs with other frameworks)")
+    ("threads", "intra-op threads (default: OMP_NUM_THREADS if set, else 1 per rank when several ranks share the node, else every core)", cxxopts::value<std::string>());
+  spec.add_options("Output")
+    ("save-final", "write every parameter and buffer to this safetensors file at the end", cxxopts::value<std::string>())
+    ("metrics", "write JSON lines (one object per logged step and per epoch) to this file", cxxopts::value<std::string>())
+    ("no-eval", "skip the test-set evaluation at the end of each epoch")
+    ("log-level", "trace|debug|info|warn|error|critical|off", cxxopts::value<std::string>()->default_value(d.log_level))
+    ("log-every", "optimizer steps between progress lines", cxxopts::value<std::string>()->default_value(std::to_string(d.log_every)))
+    ("h,help", "print this help");
+  // clang-format on
+
+  cxxopts::ParseResult r;
+  try {
+    r = spec.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw InvalidArgument(fmt::format("{} (see --help)", e.what()));
+  }
+  ParsedTrainCommandLine out;
+  if (r.count("help") != 0) {
+    out.help = true;
+    out.help_text = spec.help();
+    return out;
+  }
+  if (!r.unmatched().empty()) {
+    throw InvalidArgument(fmt::format("unexpected argument '{}' (flags start with --; see --help)",
+                                      r.unmatched().front()));
+  }
+
+  TrainOptions& o = out.options;
+  o.model = r["model"].as<std::string>();
+  o.dataset = r["dataset"].as<std::string>();
+  read_path(r, "data-dir", o.data_dir);
+  o.init = r["init"].as<std::string>();
+  read_path(r, "init-from", o.init_from);
+  o.seed = static_cast<uint64_t>(
+      env::parse_int(r["seed"].as<std::string>(), "--seed", 0, std::numeric_limits<int64_t>::max()));
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  read_int(r, "epochs", o.epochs, 1, 1'000'000);
+  if (r.count("max-steps") != 0) {
+    o.max_steps = env::parse_int(r["max-steps"].as<std::string>(), "--max-steps", 0, kMax);
+  }
+  read_int(r, "batch-size", o.batch_size, 1, 1'000'000);
+  read_double(r, "lr", o.lr);
+  read_double(r, "momentum", o.momentum);
+  read_double(r, "weight-decay", o.weight_decay);
+  o.nesterov = r.count("nesterov") != 0;
+  o.shuffle = r.count("no-shuffle") == 0;
+  if (r.count("threads") != 0) {
+    int threads = 0;
+    read_int(r, "threads", threads, 1, 4096);
+    o.threads = threads;
+  }
+  read_path(r, "save-final", o.save_final);
+  read_path(r, "metrics", o.metrics);
+  o.eval = r.count("no-eval") == 0;
+  o.log_level = r["log-level"].as<std::string>();
+  read_int(r, "log-every", o.log_every, 1, kMax);
+
+  validate_train_options(o, choices);
+  return out;
+}
+
+}  // namespace mtrain

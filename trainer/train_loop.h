@@ -1,0 +1,72 @@
+// The training loop: epochs of forward, loss, backward, gradient synchronization and
+// SGD steps, progress lines every few steps and the d2l-style line after each epoch.
+// It owns nothing: the caller builds the model, optimizer, loaders, synchronizer and
+// metrics writer, so the distributed run swaps in a DistributedSampler and a Reducer
+// without touching this file.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/dataloader.h"
+#include "models/module.h"
+#include "models/optim.h"
+#include "trainer/evaluate.h"
+#include "trainer/gradient_sync.h"
+#include "trainer/metrics.h"
+
+namespace mtrain {
+
+struct TrainLoopConfig {
+  int64_t epochs = 1;
+  std::optional<int64_t> max_steps;  // optimizer steps over the whole run; unset = no limit
+  int64_t log_every = 20;            // steps between progress lines and step events
+  std::vector<std::string> devices{"cpu"};  // for the epoch line and metrics
+};
+
+struct EpochSummary {
+  int64_t epoch = 0;           // 1-based, as printed
+  int64_t steps = 0;           // optimizer steps in this epoch
+  int64_t total_steps = 0;     // optimizer steps since the start of the run
+  int64_t images = 0;          // training images seen in this epoch
+  double train_loss = 0.0;     // mean per-image loss over the epoch
+  double train_acc = 0.0;
+  std::optional<EvalResult> test;  // absent when there is no test loader
+  double train_seconds = 0.0;  // sum of step times (batch wait, forward, backward, step)
+  double eval_seconds = 0.0;
+  double images_per_second = 0.0;  // images / train_seconds
+};
+
+// "epoch 1, loss 0.452, train acc 0.838, test acc 0.871, 13.3 sec/epoch, 4521 img/s on [cpu]"
+// (without "test acc" when there was no evaluation).
+std::string format_epoch_line(const EpochSummary& s, const std::vector<std::string>& devices);
+
+class TrainLoop {
+ public:
+  // `test_loader` may be null (no evaluation). Everything must outlive the loop.
+  TrainLoop(models::Module& model, models::Sgd& optimizer, GradientSynchronizer& sync,
+            data::DataLoader& train_loader, data::DataLoader* test_loader, MetricsWriter& metrics,
+            TrainLoopConfig config);
+
+  // Runs until config.epochs epochs or config.max_steps steps, whichever comes first
+  // (an epoch cut short by max_steps is still evaluated and summarised). Throws
+  // InvalidArgument when the loss stops being finite (diverged; the message suggests
+  // a smaller --lr).
+  std::vector<EpochSummary> run();
+
+ private:
+  bool step_limit_reached() const;
+
+  models::Module& model_;
+  models::Sgd& optimizer_;
+  GradientSynchronizer& sync_;
+  data::DataLoader& train_loader_;
+  data::DataLoader* test_loader_;
+  MetricsWriter& metrics_;
+  TrainLoopConfig config_;
+  int64_t total_steps_ = 0;
+};
+
+}  // namespace mtrain
