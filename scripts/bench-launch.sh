@@ -106,7 +106,7 @@ torch_barrier_worker='
 import os, time, torch.distributed as dist
 dist.init_process_group("gloo")
 dist.barrier()
-open(os.path.join(os.environ["STAMP_DIR"], "stamp_rank" + os.environ["RANK"]), "w").write(str(time.time_ns()))
+open(os.path.join(os.environ["STAMP_DIR"], "stamp_rank" + os.environ["RANK"]), "w").write(str(time.time_ns()) + "\n")
 dist.destroy_process_group()
 '
 

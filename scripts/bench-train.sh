@@ -2,16 +2,19 @@
 # Single-process training throughput of mtrain-train (images per second), per model.
 #
 #   scripts/bench-train.sh [--batch-size N] [--threads N] [--runs N] [--models "lenet resnet18"]
-#                          [--steps N] [--window N] [--bin PATH] [--data-dir DIR]
+#                          [--steps N] [--window N] [--bin PATH] [--data-dir DIR] [--no-torch]
 #
 # Each run trains --steps optimizer steps with --no-eval and a metrics file, logging a
 # step event every --window steps. The first window (oneDNN primitive creation, cold
 # caches) is discarded; the run's figure is images / seconds over the other windows.
 # The script prints the median over --runs runs, with the min and max. Results and the
 # command that produced them go in docs/benchmarks.md.
+# When /usr/bin/python3 can import torch, each model is also trained by PyTorch
+# (scripts/bench_torch_train.py: same model, data, batch and threads) in the same
+# invocation, and the last column is mtrain / PyTorch.
 set -euo pipefail
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin="$root/build/bin/mtrain-train"
@@ -22,6 +25,7 @@ models="lenet resnet18"
 steps=""
 window=""
 data_dir=""
+torch=1
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -33,6 +37,7 @@ while [[ $# -gt 0 ]]; do
     --window) window=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
     --data-dir) data_dir=$2; shift 2 ;;
+    --no-torch) torch=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench-train.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -71,10 +76,17 @@ run_rate() {
     END { if (seconds > 0) printf "%.1f\n", images / seconds; else print "nan" }' "$1"
 }
 
+median_of() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print v[int(NR / 2) + 1]}'; }
+
+if ((torch)) && ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  echo "(PyTorch not importable by /usr/bin/python3: no reference column; apt-get install python3-torch)"
+  torch=0
+fi
+
 cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //' || echo unknown)
 echo "mtrain-train single-process throughput: batch $batch, $threads thread(s), median of $runs run(s)"
 echo "machine: $(nproc) cores ($cpu)"
-printf '%-10s %6s %8s %6s %6s %12s %12s %12s\n' model batch threads steps window "img/s median" min max
+printf '%-10s %-8s %6s %8s %6s %12s %12s %12s %9s\n' model engine batch threads steps "img/s median" min max "vs torch"
 
 for model in $models; do
   w=${window:-$(default_window "$model")}
@@ -92,8 +104,25 @@ for model in $models; do
     fi
     rates+=("$(run_rate "$tmp/$model.$r.jsonl")")
   done
-  sorted=($(printf '%s\n' "${rates[@]}" | sort -g))
-  median=${sorted[$(( ${#sorted[@]} / 2 ))]}
-  printf '%-10s %6s %8s %6s %6s %12s %12s %12s\n' "$model" "$batch" "$threads" "$s" "$w" "$median" \
-    "${sorted[0]}" "${sorted[-1]}"
+  mapfile -t sorted < <(printf '%s\n' "${rates[@]}" | sort -g)
+  median=$(median_of "${rates[@]}")
+  ratio="-"
+  if ((torch)); then
+    trates=()
+    for ((r = 1; r <= runs; r++)); do
+      targs=(--model "$model" --batch-size "$batch" --threads "$threads" --warmup "$w" --steps $((s - w)))
+      [[ -n $data_dir ]] && targs+=(--data-dir "$data_dir")
+      line=$(/usr/bin/python3 "$root/scripts/bench_torch_train.py" "${targs[@]}")
+      trates+=("$(sed -n 's/.*"img_per_s": \([0-9.]*\).*/\1/p' <<<"$line")")
+    done
+    mapfile -t tsorted < <(printf '%s\n' "${trates[@]}" | sort -g)
+    tmedian=$(median_of "${trates[@]}")
+    ratio=$(awk -v a="$median" -v b="$tmedian" 'BEGIN { printf "%.2fx", a / b }')
+  fi
+  printf '%-10s %-8s %6s %8s %6s %12s %12s %12s %9s\n' "$model" mtrain "$batch" "$threads" "$s" \
+    "$median" "${sorted[0]}" "${sorted[-1]}" "$ratio"
+  if ((torch)); then
+    printf '%-10s %-8s %6s %8s %6s %12s %12s %12s %9s\n' "$model" pytorch "$batch" "$threads" "$s" \
+      "$tmedian" "${tsorted[0]}" "${tsorted[-1]}" "1.00x"
+  fi
 done

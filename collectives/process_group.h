@@ -1,0 +1,127 @@
+// ProcessGroup: the collectives every distributed feature stands on, over existing
+// engines (Gloo, Open MPI, NCCL), never a hand-rolled algorithm.
+//
+// Note [Asynchronous collectives]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every call returns at once with a Work; the operation runs on the group's own
+// communication thread (or CUDA stream) in the order the calls were made, which must be
+// the same order on every rank. The Work keeps the tensors it uses alive until it
+// completes. wait() rethrows the operation's error; wait(timeout) additionally throws
+// TimeoutError if the operation is not done in time. Callers may issue several
+// operations before waiting on any (the DDP reducer overlaps bucket all-reduces with
+// backward this way).
+//
+// Note [Collective timeouts]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every operation has a deadline (ProcessGroupOptions::timeout, per group). A
+// collective that a peer never joins fails on the ranks that did join, within the
+// timeout, with a TimeoutError naming the operation, the group, its sequence number
+// and, where the store can tell, the ranks that never reached it. Nothing hangs
+// silently; the worker then exits and the launcher tears the gang down.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "collectives/store.h"
+#include "tensor/tensor.h"
+
+namespace mtrain {
+
+enum class ReduceOp { Sum, Avg, Max, Min };
+const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max", "min"
+ReduceOp parse_reduce_op(const std::string& name);  // InvalidArgument listing the valid names
+
+enum class OpType { AllReduce, Broadcast, AllGather, AllGatherV, ReduceScatter, Barrier };
+const char* op_type_name(OpType op);  // "allreduce", ...
+
+// Handle to one asynchronous operation. Thread-safe.
+class Work {
+ public:
+  Work(OpType op, uint64_t seq, std::vector<Tensor> keep_alive = {});
+
+  OpType op() const { return op_; }
+  uint64_t seq() const { return seq_; }  // the group's sequence number of this operation
+
+  bool is_completed() const;
+  // Blocks until done; rethrows the operation's error if it failed.
+  void wait();
+  // As wait(), but throws TimeoutError (naming the op and seq) when not done in time.
+  void wait(Millis timeout);
+  // The error the operation failed with, or nullptr (also nullptr while running).
+  std::exception_ptr error() const;
+
+  // For backends: finish the operation (exactly once).
+  void mark_completed();
+  void mark_failed(std::exception_ptr error);
+
+ private:
+  const OpType op_;
+  const uint64_t seq_;
+  std::vector<Tensor> keep_alive_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+struct ProcessGroupOptions {
+  std::string name = "world";             // appears in errors and store keys
+  Millis timeout = Millis(30 * 60 * 1000); // per operation; 30 min like c10d's default
+};
+
+// Tensors: contiguous, on one device; float32 and int64 for every op, float16/bfloat16
+// for allreduce/broadcast/allgather buffers. Shapes are checked on every rank against
+// the documented rule and violations throw InvalidArgument at the call.
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const ProcessGroupOptions& options() const { return options_; }
+  virtual std::string backend_name() const = 0;  // "gloo", "mpi", "nccl"
+
+  // In place: every rank's `tensor` becomes the reduction over all ranks.
+  virtual WorkPtr allreduce(Tensor& tensor, ReduceOp op = ReduceOp::Sum) = 0;
+  // In place: every rank's `tensor` becomes `root`'s.
+  virtual WorkPtr broadcast(Tensor& tensor, int root) = 0;
+  // output (numel = size() * input.numel()) = concatenation of every rank's input, by rank.
+  virtual WorkPtr allgather(const Tensor& input, Tensor& output) = 0;
+  // Per-rank sizes: rank r contributes counts[r] elements (input.numel() == counts[rank()]);
+  // output (numel = sum(counts)) = concatenation by rank. counts must agree on all ranks.
+  virtual WorkPtr allgatherv(const Tensor& input, Tensor& output,
+                             const std::vector<int64_t>& counts) = 0;
+  // input.numel() == size() * output.numel(); output = this rank's chunk of the
+  // reduction of every rank's input.
+  virtual WorkPtr reduce_scatter(const Tensor& input, Tensor& output,
+                                 ReduceOp op = ReduceOp::Sum) = 0;
+  virtual WorkPtr barrier() = 0;
+
+ protected:
+  ProcessGroup(int rank, int size, ProcessGroupOptions options);
+  const int rank_;
+  const int size_;
+  const ProcessGroupOptions options_;
+};
+
+// Creates a group of `size` ranks; every rank calls this with the same backend and
+// options. `store` is the rendezvous store (may be null for "mpi", which bootstraps
+// through MPI itself). backend: "gloo", "mpi", "nccl", or "auto" = "nccl" when
+// `device` is a GPU, else "mpi" when the process was started by mpirun, else "gloo".
+// Unknown or unavailable backends throw InvalidArgument saying which are built in.
+std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
+                                                   std::shared_ptr<Store> store, int rank,
+                                                   int size, Device device,
+                                                   ProcessGroupOptions options = {});
+
+// Backends compiled into this build, e.g. {"gloo", "mpi"} or {"gloo", "mpi", "nccl"}.
+std::vector<std::string> available_backends();
+
+}  // namespace mtrain

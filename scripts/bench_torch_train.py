@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""PyTorch reference for scripts/bench-train.sh: single-process CPU training speed of
+the same models (d2l LeNet, d2l ResNet-18 with a 3x3 stem) on the same data (the
+shipped Fashion-MNIST subset, file order), batch size and thread count.
+
+Prints one line: {"framework": "pytorch", "model": ..., "img_per_s": <median>, ...}.
+The median is over timed steps after warm-up; a step is forward, loss, zero_grad,
+backward and an SGD update, as in mtrain-train.
+"""
+import argparse
+import gzip
+import json
+import pathlib
+import statistics
+import struct
+import time
+
+import torch
+from torch import nn
+
+
+def read_idx(path: pathlib.Path) -> torch.Tensor:
+    data = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
+    magic, = struct.unpack(">I", data[:4])
+    ndim = magic & 0xFF
+    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    body = data[4 + 4 * ndim:]
+    return torch.frombuffer(bytearray(body), dtype=torch.uint8).reshape(dims)
+
+
+class Residual(nn.Module):  # d2l's residual block, same attribute names as mtrain
+    def __init__(self, cin, cout, use_1x1conv=False, stride=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, padding=1, stride=stride)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
+        self.conv3 = nn.Conv2d(cin, cout, 1, stride=stride) if use_1x1conv else None
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.bn2 = nn.BatchNorm2d(cout)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        if self.conv3 is not None:
+            x = self.conv3(x)
+        return torch.relu(y + x)
+
+
+def resnet_stage(cin, cout, first):
+    blocks = []
+    for i in range(2):
+        if i == 0 and not first:
+            blocks.append(Residual(cin, cout, use_1x1conv=True, stride=2))
+        else:
+            blocks.append(Residual(cout, cout))
+    return nn.Sequential(*blocks)
+
+
+def build(name: str) -> nn.Module:
+    if name == "lenet":
+        return nn.Sequential(
+            nn.Conv2d(1, 6, 5, padding=2), nn.Sigmoid(), nn.AvgPool2d(2, 2),
+            nn.Conv2d(6, 16, 5), nn.Sigmoid(), nn.AvgPool2d(2, 2), nn.Flatten(),
+            nn.Linear(400, 120), nn.Sigmoid(), nn.Linear(120, 84), nn.Sigmoid(),
+            nn.Linear(84, 10))
+    if name == "resnet18":
+        b1 = nn.Sequential(nn.Conv2d(1, 64, 3, stride=1, padding=1), nn.BatchNorm2d(64), nn.ReLU())
+        return nn.Sequential(b1, resnet_stage(64, 64, True), resnet_stage(64, 128, False),
+                             resnet_stage(128, 256, False), resnet_stage(256, 512, False),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 10))
+    raise SystemExit(f"unknown model {name!r}: expected lenet or resnet18")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=20, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--data-dir", default=str(pathlib.Path(__file__).resolve().parent.parent
+                                              / "data" / "fashion-mnist-mini"))
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    d = pathlib.Path(args.data_dir)
+    images = read_idx(d / "train-images-idx3-ubyte.gz").float().div_(255).unsqueeze(1)
+    labels = read_idx(d / "train-labels-idx1-ubyte.gz").long()
+    model = build(args.model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_fn = nn.CrossEntropyLoss()
+    n, b = images.shape[0], args.batch_size
+    times = []
+    for step in range(args.warmup + args.steps):
+        start = (step * b) % (n - b + 1)
+        x, y = images[start:start + b], labels[start:start + b]
+        t0 = time.perf_counter()
+        loss = loss_fn(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    print(json.dumps({"framework": "pytorch", "version": torch.__version__, "model": args.model,
+                      "batch_size": b, "threads": args.threads, "steps": args.steps,
+                      "median_step_s": round(med, 5), "img_per_s": round(b / med, 1)}))
+
+
+if __name__ == "__main__":
+    main()
