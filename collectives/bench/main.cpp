@@ -1,0 +1,225 @@
+// mtrain-bench: a collective benchmark in the spirit of nccl-tests. Every rank runs the
+// same sizes; rank 0 prints one row per size. Each iteration rewrites the inputs, times
+// only the collective (issue to completion), then checks the result (Note [Bench
+// pattern]); the row's check column sums the mismatches of every rank and iteration.
+#include <cxxopts.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "collectives/bench/bench_pattern.h"
+#include "collectives/process_group.h"
+#include "collectives/store.h"
+#include "core/env.h"
+#include "core/error.h"
+#include "core/main_guard.h"
+#ifdef MTRAIN_HAVE_MPI
+#include "collectives/mpi/mpi_process_group.h"
+#endif
+
+namespace mtrain::bench {
+namespace {
+
+struct BenchOptions {
+  BenchOp op = BenchOp::AllReduce;
+  std::string backend = "auto";
+  int64_t min_bytes = 8;
+  int64_t max_bytes = 64 << 20;
+  int64_t step_factor = 2;
+  int64_t warmup = 5;
+  int64_t iters = 20;
+  int64_t timeout_s = 300;
+};
+
+std::optional<BenchOptions> parse_options(int argc, char** argv) {
+  cxxopts::Options cli("mtrain-bench",
+                       "Collective benchmark: rank 0 prints bytes, count, time, algbw, busbw and a "
+                       "correctness check per size.\nRanks come from mtrain-launch (RANK, WORLD_SIZE, "
+                       "MASTER_ADDR, MASTER_PORT) or from mpirun.");
+  cli.add_options()
+      ("op", "allreduce | allgather | broadcast | reduce_scatter", cxxopts::value<std::string>()->default_value("allreduce"))
+      ("backend", "gloo | mpi | auto (mpi under mpirun, else gloo)", cxxopts::value<std::string>()->default_value("auto"))
+      ("b,min-bytes", "smallest size (K/M/G suffixes)", cxxopts::value<std::string>()->default_value("8"))
+      ("e,max-bytes", "largest size (K/M/G suffixes)", cxxopts::value<std::string>()->default_value("64M"))
+      ("f,step-factor", "size multiplier between rows", cxxopts::value<std::string>()->default_value("2"))
+      ("w,warmup", "untimed iterations per size", cxxopts::value<std::string>()->default_value("5"))
+      ("n,iters", "timed iterations per size", cxxopts::value<std::string>()->default_value("20"))
+      ("timeout", "seconds one collective may take", cxxopts::value<std::string>()->default_value("300"))
+      ("h,help", "print this help");
+  cxxopts::ParseResult parsed;
+  try {
+    parsed = cli.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw InvalidArgument(fmt::format("{} (see mtrain-bench --help)", e.what()));
+  }
+  if (parsed.count("help")) {
+    std::printf("%s\n", cli.help().c_str());
+    return std::nullopt;
+  }
+  if (!parsed.unmatched().empty()) {
+    throw InvalidArgument(fmt::format("unexpected argument '{}' (see mtrain-bench --help)",
+                                      parsed.unmatched().front()));
+  }
+  BenchOptions o;
+  o.op = parse_bench_op(parsed["op"].as<std::string>());
+  o.backend = parsed["backend"].as<std::string>();
+  if (o.backend != "gloo" && o.backend != "mpi" && o.backend != "auto") {
+    throw InvalidArgument(fmt::format("--backend: expected gloo, mpi or auto, found '{}'", o.backend));
+  }
+  o.min_bytes = parse_byte_size(parsed["min-bytes"].as<std::string>(), "--min-bytes");
+  o.max_bytes = parse_byte_size(parsed["max-bytes"].as<std::string>(), "--max-bytes");
+  if (o.min_bytes < 1) {
+    throw InvalidArgument("--min-bytes: expected at least 1 byte (sizes grow by multiplying), found 0");
+  }
+  if (o.min_bytes > o.max_bytes) {
+    throw InvalidArgument(fmt::format("--min-bytes ({}) must not exceed --max-bytes ({})",
+                                      o.min_bytes, o.max_bytes));
+  }
+  o.step_factor = env::parse_int(parsed["step-factor"].as<std::string>(), "--step-factor", 2, 1024);
+  o.warmup = env::parse_int(parsed["warmup"].as<std::string>(), "--warmup", 0, 1'000'000);
+  o.iters = env::parse_int(parsed["iters"].as<std::string>(), "--iters", 1, 1'000'000);
+  o.timeout_s = env::parse_int(parsed["timeout"].as<std::string>(), "--timeout", 1, 86'400);
+  return o;
+}
+
+std::string resolve_backend(const std::string& requested) {
+  if (requested != "auto") return requested;
+#ifdef MTRAIN_HAVE_MPI
+  if (started_by_mpirun()) return "mpi";
+#endif
+  return "gloo";
+}
+
+std::string require_env(const char* name, const std::string& backend) {
+  auto value = env::get(name);
+  if (!value) {
+    throw InvalidArgument(fmt::format(
+        "{} is not set; --backend {} expects to be started by mtrain-launch (e.g. "
+        "mtrain-launch --nproc_per_node=2 bench --backend gloo)",
+        name, backend));
+  }
+  return *value;
+}
+
+// The launcher's store, under the attempt's prefix, as one shared_ptr that keeps the
+// underlying connection alive.
+std::shared_ptr<Store> open_launcher_store(Millis timeout) {
+  struct Stores {
+    std::unique_ptr<TcpStore> tcp;
+    std::unique_ptr<PrefixStore> prefixed;
+  };
+  const std::string host = require_env("MASTER_ADDR", "gloo");
+  const auto port = static_cast<uint16_t>(
+      env::parse_int(require_env("MASTER_PORT", "gloo"), "MASTER_PORT", 1, 65535));
+  const std::string token = env::get("MTRAIN_STORE_TOKEN").value_or("");
+  const std::string prefix = env::get("MTRAIN_STORE_PREFIX").value_or("mtrain-bench");
+  auto stores = std::make_shared<Stores>();
+  stores->tcp = std::make_unique<TcpStore>(host, port, token, timeout, timeout);
+  stores->prefixed = std::make_unique<PrefixStore>(prefix + "/bench", *stores->tcp);
+  return std::shared_ptr<Store>(stores, stores->prefixed.get());
+}
+
+std::unique_ptr<ProcessGroup> create_group(const std::string& backend, Millis timeout) {
+  ProcessGroupOptions options;
+  options.name = "bench";
+  options.timeout = timeout;
+  if (backend == "mpi") {
+    // Under mpirun the MPI world defines the ranks; without it MPI runs a 1-rank singleton.
+    const int rank = static_cast<int>(env::get_int("OMPI_COMM_WORLD_RANK", 0, INT32_MAX).value_or(0));
+    const int world = static_cast<int>(env::get_int("OMPI_COMM_WORLD_SIZE", 1, INT32_MAX).value_or(1));
+    return create_process_group("mpi", nullptr, rank, world, Device::cpu(), options);
+  }
+  const int world = static_cast<int>(
+      env::parse_int(require_env("WORLD_SIZE", backend), "WORLD_SIZE", 1, INT32_MAX));
+  const int rank = static_cast<int>(
+      env::parse_int(require_env("RANK", backend), "RANK", 0, world - 1));
+  return create_process_group(backend, open_launcher_store(timeout), rank, world, Device::cpu(),
+                              options);
+}
+
+WorkPtr issue(ProcessGroup& group, BenchOp op, Tensor& input, Tensor& output, int iteration) {
+  switch (op) {
+    case BenchOp::AllReduce: return group.allreduce(input, ReduceOp::Sum);
+    case BenchOp::Broadcast: return group.broadcast(input, broadcast_root(iteration, group.size()));
+    case BenchOp::AllGather: return group.allgather(input, output);
+    case BenchOp::ReduceScatter: return group.reduce_scatter(input, output, ReduceOp::Sum);
+  }
+  throw InternalError("unhandled BenchOp");
+}
+
+int run(int argc, char** argv) {
+  const auto parsed = parse_options(argc, argv);
+  if (!parsed) return 0;
+  const BenchOptions& o = *parsed;
+  const Millis timeout{o.timeout_s * 1000};
+  const std::string backend = resolve_backend(o.backend);
+  auto group = create_group(backend, timeout);
+  const int rank = group->rank();
+  const int world = group->size();
+  const BenchOp op = o.op;
+  const bool in_place = op == BenchOp::AllReduce || op == BenchOp::Broadcast;
+
+  if (rank == 0) {
+    std::printf("# mtrain-bench op=%s backend=%s world=%d dtype=float32 warmup=%lld iters=%lld\n",
+                bench_op_name(op), group->backend_name().c_str(), world,
+                static_cast<long long>(o.warmup), static_cast<long long>(o.iters));
+    std::printf("# %12s %12s %12s %12s %12s  %s\n", "bytes", "count", "time_us", "algbw_GB/s",
+                "busbw_GB/s", "check");
+    std::fflush(stdout);
+  }
+  int64_t failed_rows = 0;
+  for (int64_t bytes = o.min_bytes;; bytes *= o.step_factor) {
+    const BenchShape shape = bench_shape(op, bytes, world);
+    Tensor input = Tensor::empty({shape.input_count});
+    Tensor output = in_place ? input : Tensor::empty({shape.output_count});
+    double timed_seconds = 0;
+    int64_t mismatches = 0;
+    for (int64_t it = 0; it < o.warmup + o.iters; ++it) {
+      const int iteration = static_cast<int>(it);
+      fill_input(op, rank, world, iteration, input.data<float>(), shape.input_count);
+      const auto start = std::chrono::steady_clock::now();
+      issue(*group, op, input, output, iteration)->wait(timeout);
+      const auto stop = std::chrono::steady_clock::now();
+      if (it >= o.warmup) timed_seconds += std::chrono::duration<double>(stop - start).count();
+      mismatches += count_mismatches(op, rank, world, iteration, output.data<float>(),
+                                     shape.output_count);
+    }
+    // Every rank's mismatches, so rank 0's row covers the whole group.
+    Tensor total = Tensor::from_vector<int64_t>({mismatches}, {1});
+    group->allreduce(total, ReduceOp::Sum)->wait(timeout);
+    const int64_t all_mismatches = total.data<int64_t>()[0];
+    if (all_mismatches != 0) ++failed_rows;
+    if (rank == 0) {
+      const double seconds = timed_seconds / static_cast<double>(o.iters);
+      const double algbw = seconds > 0 ? static_cast<double>(shape.bytes) / seconds / 1e9 : 0;
+      const std::string check =
+          all_mismatches == 0 ? "OK" : fmt::format("FAIL({} wrong elements)", all_mismatches);
+      std::printf("  %12lld %12lld %12.1f %12.3f %12.3f  %s\n", static_cast<long long>(shape.bytes),
+                  static_cast<long long>(shape.output_count), seconds * 1e6, algbw,
+                  algbw * bus_bandwidth_factor(op, world), check.c_str());
+      std::fflush(stdout);
+    }
+    if (bytes > o.max_bytes / o.step_factor) break;
+  }
+  group->barrier()->wait(timeout);
+  if (failed_rows != 0) {
+    if (rank == 0) {
+      std::fprintf(stderr, "mtrain-bench: %lld sizes produced wrong results\n",
+                   static_cast<long long>(failed_rows));
+    }
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace mtrain::bench
+
+int main(int argc, char** argv) {
+  return mtrain::run_main("mtrain-bench", [&] { return mtrain::bench::run(argc, argv); });
+}

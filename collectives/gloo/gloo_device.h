@@ -1,0 +1,27 @@
+// The Gloo TCP device of a rank, listening on the local address that reaches the master.
+#pragma once
+
+#include <gloo/transport/device.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace mtrain {
+
+struct LocalAddress {
+  std::string ip;  // numeric, e.g. "10.0.0.5" or "::1"
+  int family = 0;  // AF_INET or AF_INET6
+};
+
+// The address this host uses to reach `master_host:master_port` (the route the kernel
+// picks: a UDP connect() sends nothing, getsockname() reports the source address).
+// Loopback masters give loopback. Throws CommError naming the master when it cannot be
+// resolved or routed.
+LocalAddress local_address_reaching(const std::string& master_host, uint16_t master_port);
+
+// A TCP device bound to `address` (peers connect to it, so it must be reachable from
+// them; the master's route is the one every rank shares).
+std::shared_ptr<gloo::transport::Device> create_tcp_device(const LocalAddress& address);
+
+}  // namespace mtrain

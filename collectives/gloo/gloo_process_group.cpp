@@ -1,0 +1,457 @@
+#include "collectives/gloo/gloo_process_group.h"
+
+#include <fmt/format.h>
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/reduce_scatter.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/types.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <thread>
+
+#include "collectives/gloo/collective_progress.h"
+#include "collectives/gloo/gloo_device.h"
+#include "collectives/gloo/gloo_store_adapter.h"
+#include "core/env.h"
+#include "core/error.h"
+
+namespace mtrain {
+namespace {
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+// bfloat16 is the top half of a float32; gloo has no bf16 type, so its reductions go
+// through float (round to nearest even on the way back).
+float bf16_to_float(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+uint16_t float_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+template <class Combine>
+void bf16_reduce(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<uint16_t*>(c);
+  const auto* x = static_cast<const uint16_t*>(a);
+  const auto* y = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = float_to_bf16(Combine{}(bf16_to_float(x[i]), bf16_to_float(y[i])));
+  }
+}
+struct FloatSum { float operator()(float a, float b) const { return a + b; } };
+struct FloatMax { float operator()(float a, float b) const { return a > b ? a : b; } };
+struct FloatMin { float operator()(float a, float b) const { return a < b ? a : b; } };
+
+template <class T>
+ReduceFn gloo_reduce_fn(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return static_cast<ReduceFn>(&gloo::sum<T>);
+    case ReduceOp::Max: return static_cast<ReduceFn>(&gloo::max<T>);
+    case ReduceOp::Min: return static_cast<ReduceFn>(&gloo::min<T>);
+  }
+  return nullptr;
+}
+
+ReduceFn reduce_fn(DType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DType::Float32: return gloo_reduce_fn<float>(op);
+    case DType::Int64: return gloo_reduce_fn<int64_t>(op);
+    case DType::Float16: return gloo_reduce_fn<gloo::float16>(op);
+    case DType::BFloat16:
+      if (op == ReduceOp::Max) return &bf16_reduce<FloatMax>;
+      if (op == ReduceOp::Min) return &bf16_reduce<FloatMin>;
+      return &bf16_reduce<FloatSum>;
+    default: return nullptr;
+  }
+}
+
+// Avg = sum, then divide by the group size in the tensor's own precision.
+void divide_in_place(const Tensor& t, int divisor) {
+  const int64_t n = t.numel();
+  switch (t.dtype()) {
+    case DType::Float32: {
+      float* p = t.data<float>();
+      for (int64_t i = 0; i < n; ++i) p[i] /= static_cast<float>(divisor);
+      return;
+    }
+    case DType::Float16: {
+      auto* p = static_cast<gloo::float16*>(t.raw_data());
+      for (int64_t i = 0; i < n; ++i) {
+        p[i] = gloo::cpu_float2half_rn(gloo::cpu_half2float(p[i]) / static_cast<float>(divisor));
+      }
+      return;
+    }
+    case DType::BFloat16: {
+      auto* p = static_cast<uint16_t*>(t.raw_data());
+      for (int64_t i = 0; i < n; ++i) {
+        p[i] = float_to_bf16(bf16_to_float(p[i]) / static_cast<float>(divisor));
+      }
+      return;
+    }
+    default:
+      throw InternalError(fmt::format("avg reached the division for {}", dtype_name(t.dtype())));
+  }
+}
+
+// Timed-out gloo waits say "Timed out waiting <n>ms for ..." (tcp/pair.cc, unbound_buffer.cc).
+bool is_gloo_timeout(const std::exception& e) {
+  return std::strstr(e.what(), "Timed out") != nullptr ||
+         dynamic_cast<const TimeoutError*>(&e) != nullptr;
+}
+
+std::string format_duration(Millis t) {
+  if (t.count() % 1000 == 0) return fmt::format("{} s", t.count() / 1000);
+  return fmt::format("{} ms", t.count());
+}
+
+std::atomic<uint64_t> g_groups_created{0};
+
+class GlooProcessGroup final : public ProcessGroup {
+ public:
+  GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options,
+                   const std::string& master_host, uint16_t master_port)
+      : ProcessGroup(rank, size, std::move(options)), store_(std::move(store)) {
+    const std::string attempt = env::get("MTRAIN_STORE_PREFIX").value_or("");
+    prefix_ = fmt::format("{}{}gloo/{}/{}", attempt, attempt.empty() ? "" : "/", options_.name,
+                          g_groups_created.fetch_add(1));
+    device_ = create_tcp_device(local_address_reaching(master_host, master_port));
+    GlooStoreAdapter rendezvous(*store_, prefix_ + "/rdzv", options_.timeout);
+    context_ = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+    context_->setTimeout(options_.timeout);
+    try {
+      context_->connectFullMesh(rendezvous, device_);
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(fmt::format("gloo group '{}': rank {} of {} could not connect to its "
+                                     "peers within {}: {}",
+                                     options_.name, rank_, size_,
+                                     format_duration(options_.timeout), e.what()));
+    } catch (const std::exception& e) {
+      throw CommError(fmt::format("gloo group '{}': rank {} of {} could not connect to its peers: {}",
+                                  options_.name, rank_, size_, e.what()));
+    }
+    progress_ = std::make_unique<CollectiveProgress>(*store_, prefix_, rank_, size_);
+    thread_ = std::thread([this] { comm_loop(); });
+  }
+
+  ~GlooProcessGroup() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();  // runs every queued operation first: the peers expect them
+  }
+
+  std::string backend_name() const override { return "gloo"; }
+
+  WorkPtr allreduce(Tensor& tensor, ReduceOp op) override {
+    check_tensor(tensor, "allreduce", "tensor", true);
+    const ReduceFn fn = reduce_fn(tensor.dtype(), op);
+    if (op == ReduceOp::Avg && tensor.dtype() == DType::Int64) {
+      throw InvalidArgument("allreduce avg of int64 would truncate; use sum and divide yourself");
+    }
+    Tensor t = tensor;
+    return enqueue(OpType::AllReduce, {t}, t.numel(), [this, t, fn, op](uint32_t tag) {
+      gloo::AllreduceOptions opts(context_);
+      switch (dtype_size(t.dtype())) {
+        case 8: set_in_place<int64_t>(opts, t); break;
+        case 4: set_in_place<float>(opts, t); break;
+        default: set_in_place<uint16_t>(opts, t); break;
+      }
+      opts.setReduceFunction(fn);
+      opts.setTag(tag);
+      opts.setTimeout(options_.timeout);
+      gloo::allreduce(opts);
+      if (op == ReduceOp::Avg) divide_in_place(t, size_);
+    });
+  }
+
+  WorkPtr broadcast(Tensor& tensor, int root) override {
+    check_tensor(tensor, "broadcast", "tensor", true);
+    check_root(root);
+    Tensor t = tensor;
+    return enqueue(OpType::Broadcast, {t}, t.numel(), [this, t, root](uint32_t tag) {
+      gloo::BroadcastOptions opts(context_);
+      opts.setOutput(static_cast<uint8_t*>(t.raw_data()), t.nbytes());
+      opts.setRoot(root);
+      opts.setTag(tag);
+      opts.setTimeout(options_.timeout);
+      gloo::broadcast(opts);
+    });
+  }
+
+  WorkPtr allgather(const Tensor& input, Tensor& output) override {
+    check_tensor(input, "allgather", "input", true);
+    check_tensor(output, "allgather", "output", true);
+    check_same_dtype("allgather", input, output);
+    if (output.numel() != input.numel() * size_) {
+      throw InvalidArgument(fmt::format(
+          "allgather in group '{}': expected an output of {} x {} = {} elements, found {}",
+          options_.name, size_, input.numel(), input.numel() * size_, output.numel()));
+    }
+    Tensor in = input, out = output;
+    return enqueue(OpType::AllGather, {in, out}, out.numel(), [this, in, out](uint32_t tag) {
+      gloo::AllgatherOptions opts(context_);
+      opts.setInput(static_cast<uint8_t*>(in.raw_data()), in.nbytes());
+      opts.setOutput(static_cast<uint8_t*>(out.raw_data()), out.nbytes());
+      opts.setTag(tag);
+      opts.setTimeout(options_.timeout);
+      gloo::allgather(opts);
+    });
+  }
+
+  WorkPtr allgatherv(const Tensor& input, Tensor& output,
+                     const std::vector<int64_t>& counts) override {
+    check_tensor(input, "allgatherv", "input", true);
+    check_tensor(output, "allgatherv", "output", true);
+    check_same_dtype("allgatherv", input, output);
+    if (counts.size() != static_cast<size_t>(size_)) {
+      throw InvalidArgument(fmt::format("allgatherv in group '{}': expected {} counts (one per rank), "
+                                        "found {}", options_.name, size_, counts.size()));
+    }
+    std::vector<size_t> byte_counts;
+    int64_t total = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (counts[r] < 0) {
+        throw InvalidArgument(fmt::format("allgatherv in group '{}': counts[{}] is negative ({})",
+                                          options_.name, r, counts[r]));
+      }
+      total += counts[r];
+      byte_counts.push_back(static_cast<size_t>(counts[r]) * dtype_size(input.dtype()));
+    }
+    if (input.numel() != counts[rank_]) {
+      throw InvalidArgument(fmt::format("allgatherv in group '{}': rank {} contributes counts[{}] = {} "
+                                        "elements but its input has {}",
+                                        options_.name, rank_, rank_, counts[rank_], input.numel()));
+    }
+    if (output.numel() != total) {
+      throw InvalidArgument(fmt::format("allgatherv in group '{}': expected an output of sum(counts) "
+                                        "= {} elements, found {}",
+                                        options_.name, total, output.numel()));
+    }
+    Tensor in = input, out = output;
+    return enqueue(OpType::AllGatherV, {in, out}, total,
+                   [this, in, out, byte_counts](uint32_t tag) {
+                     gloo::AllgathervOptions opts(context_);
+                     opts.setInput(static_cast<uint8_t*>(in.raw_data()), in.nbytes());
+                     opts.setOutput(static_cast<uint8_t*>(out.raw_data()), byte_counts);
+                     opts.setTag(tag);
+                     opts.setTimeout(options_.timeout);
+                     gloo::allgatherv(opts);
+                   });
+  }
+
+  WorkPtr reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override {
+    check_tensor(input, "reduce_scatter", "input", false);
+    check_tensor(output, "reduce_scatter", "output", false);
+    check_same_dtype("reduce_scatter", input, output);
+    if (input.numel() != output.numel() * size_) {
+      throw InvalidArgument(fmt::format(
+          "reduce_scatter in group '{}': expected an input of {} x {} = {} elements (size x "
+          "output), found {}",
+          options_.name, size_, output.numel(), output.numel() * size_, input.numel()));
+    }
+    if (input.numel() > std::numeric_limits<int>::max()) {
+      throw InvalidArgument(fmt::format("reduce_scatter in group '{}': gloo takes at most {} "
+                                        "elements, found {}",
+                                        options_.name, std::numeric_limits<int>::max(), input.numel()));
+    }
+    if (op == ReduceOp::Avg && input.dtype() == DType::Int64) {
+      throw InvalidArgument("reduce_scatter avg of int64 would truncate; use sum and divide yourself");
+    }
+    Tensor in = input, out = output;
+    return enqueue(OpType::ReduceScatter, {in, out}, in.numel(), [this, in, out, op](uint32_t) {
+      if (in.dtype() == DType::Float32) {
+        run_reduce_scatter<float>(in, out, op);
+      } else {
+        run_reduce_scatter<int64_t>(in, out, op);
+      }
+      if (op == ReduceOp::Avg) divide_in_place(out, size_);
+    });
+  }
+
+  WorkPtr barrier() override {
+    return enqueue(OpType::Barrier, {}, 1, [this](uint32_t tag) {
+      gloo::BarrierOptions opts(context_);
+      opts.setTag(tag);
+      opts.setTimeout(options_.timeout);
+      gloo::barrier(opts);
+    });
+  }
+
+ private:
+  struct Task {
+    WorkPtr work;
+    int64_t numel;
+    std::function<void(uint32_t)> run;
+  };
+
+  // Registers the tensor as the allreduce's input and output with its element size
+  // (the reduce function is called with element counts).
+  template <class T>
+  static void set_in_place(gloo::AllreduceOptions& opts, const Tensor& t) {
+    T* p = static_cast<T*>(t.raw_data());
+    opts.setInput(p, static_cast<size_t>(t.numel()));
+    opts.setOutput(p, static_cast<size_t>(t.numel()));
+  }
+
+  template <class T>
+  void run_reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) {
+    // The algorithm works in place and leaves this rank's chunk at the front.
+    Tensor scratch = in.clone();
+    std::vector<T*> ptrs{scratch.data<T>()};
+    std::vector<int> recv(size_, static_cast<int>(out.numel()));
+    const gloo::ReductionFunction<T>* fn = gloo::ReductionFunction<T>::sum;
+    if (op == ReduceOp::Max) fn = gloo::ReductionFunction<T>::max;
+    if (op == ReduceOp::Min) fn = gloo::ReductionFunction<T>::min;
+    gloo::ReduceScatterHalvingDoubling<T> algorithm(context_, ptrs, static_cast<int>(in.numel()),
+                                                    recv, fn);
+    algorithm.run();
+    std::memcpy(out.raw_data(), scratch.raw_data(), out.nbytes());
+  }
+
+  void check_tensor(const Tensor& t, const char* op, const char* what, bool half_ok) const {
+    if (!t.defined()) {
+      throw InvalidArgument(fmt::format("{} in group '{}': the {} tensor is undefined", op,
+                                        options_.name, what));
+    }
+    if (!t.device().is_cpu()) {
+      throw InvalidArgument(fmt::format("{} in group '{}': gloo needs CPU tensors, the {} is on {}",
+                                        op, options_.name, what, t.device().str()));
+    }
+    const DType d = t.dtype();
+    const bool ok = d == DType::Float32 || d == DType::Int64 ||
+                    (half_ok && (d == DType::Float16 || d == DType::BFloat16));
+    if (!ok) {
+      throw InvalidArgument(fmt::format("{} in group '{}': expected a float32 or int64{} {}, found {}",
+                                        op, options_.name, half_ok ? " (or float16/bfloat16)" : "",
+                                        what, dtype_name(d)));
+    }
+  }
+
+  void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) const {
+    if (a.dtype() != b.dtype()) {
+      throw InvalidArgument(fmt::format("{} in group '{}': input is {} but output is {}", op,
+                                        options_.name, dtype_name(a.dtype()), dtype_name(b.dtype())));
+    }
+  }
+
+  void check_root(int root) const {
+    if (root < 0 || root >= size_) {
+      throw InvalidArgument(fmt::format("broadcast in group '{}': expected a root in [0, {}), found {}",
+                                        options_.name, size_, root));
+    }
+  }
+
+  WorkPtr enqueue(OpType op, std::vector<Tensor> keep_alive, int64_t numel,
+                  std::function<void(uint32_t)> run) {
+    std::lock_guard<std::mutex> lock(mu_);
+    MTRAIN_CHECK(!stop_, "{} issued on group '{}' while it is being destroyed", op_type_name(op),
+                 options_.name);
+    auto work = std::make_shared<Work>(op, next_seq_++, std::move(keep_alive));
+    queue_.push_back(Task{work, numel, std::move(run)});
+    cv_.notify_all();
+    return work;
+  }
+
+  void comm_loop() {
+    while (true) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      run_task(task);
+    }
+  }
+
+  void run_task(Task& task) {
+    const uint64_t seq = task.work->seq();
+    const char* name = op_type_name(task.work->op());
+    progress_->started(seq);
+    if (first_error_) {
+      task.work->mark_failed(first_error_);
+      return;
+    }
+    // Empty tensors exchange nothing; the sequence number was still taken, so every
+    // rank stays in step.
+    if (task.numel == 0) {
+      task.work->mark_completed();
+      return;
+    }
+    try {
+      // Tags only need to differ between operations that could be in flight together.
+      task.run(static_cast<uint32_t>(seq & 0x7fffffffu));
+      task.work->mark_completed();
+      return;
+    } catch (const std::exception& e) {
+      std::exception_ptr error;
+      if (is_gloo_timeout(e)) {
+        error = std::make_exception_ptr(TimeoutError(fmt::format(
+            "{} #{} in group '{}' timed out after {}: {}", name, seq, options_.name,
+            format_duration(options_.timeout), progress_->describe_stragglers(seq))));
+      } else if (dynamic_cast<const Error*>(&e) != nullptr) {
+        error = std::current_exception();
+      } else {
+        error = std::make_exception_ptr(CommError(fmt::format(
+            "{} #{} in group '{}' failed on rank {}: {}", name, seq, options_.name, rank_, e.what())));
+      }
+      first_error_ = error;
+      task.work->mark_failed(error);
+    }
+  }
+
+  std::shared_ptr<Store> store_;
+  std::string prefix_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::unique_ptr<CollectiveProgress> progress_;
+  std::exception_ptr first_error_;  // comm thread only
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  uint64_t next_seq_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> create_gloo_process_group(std::shared_ptr<Store> store, int rank,
+                                                        int size, ProcessGroupOptions options) {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  if (const auto* tcp = dynamic_cast<const TcpStore*>(store.get())) {
+    host = tcp->host();
+    port = tcp->port();
+  } else if (const auto addr = env::get("MASTER_ADDR"); addr && !addr->empty()) {
+    host = *addr;
+    port = static_cast<uint16_t>(env::get_int("MASTER_PORT", 1, 65535).value_or(29500));
+  }
+  if (port == 0) port = 29500;  // only used to pick a route; nothing is sent
+  return std::make_unique<GlooProcessGroup>(std::move(store), rank, size, std::move(options), host,
+                                            port);
+}
+
+}  // namespace mtrain

@@ -1,0 +1,27 @@
+// The Gloo backend: CPU collectives over TCP, bootstrapped through the mtrain store.
+//
+// Note [Gloo backend]
+// ~~~~~~~~~~~~~~~~~~~
+// One gloo::rendezvous::Context per group, connected as a full mesh through the store
+// under a key prefix unique to the job attempt (MTRAIN_STORE_PREFIX), the group name and
+// the number of groups this process created before (every rank creates its groups in
+// the same order, so the counters agree). Operations run on the group's communication
+// thread in issue order through the library's algorithms: gloo::allreduce (ring /
+// bcube chosen by gloo), gloo::broadcast, gloo::allgather(v), gloo::barrier and
+// gloo::ReduceScatterHalvingDoubling (in place, on a scratch copy of the input). After
+// an operation fails the context is in an unknown state (a half-finished exchange), so
+// every later operation of the group fails at once with the first error.
+#pragma once
+
+#include <memory>
+
+#include "collectives/process_group.h"
+
+namespace mtrain {
+
+// The master (where the store lives) decides the local interface; it comes from the
+// store when it is a TcpStore, else MASTER_ADDR/MASTER_PORT, else loopback.
+std::unique_ptr<ProcessGroup> create_gloo_process_group(std::shared_ptr<Store> store, int rank,
+                                                        int size, ProcessGroupOptions options);
+
+}  // namespace mtrain

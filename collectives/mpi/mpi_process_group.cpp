@@ -1,0 +1,312 @@
+// MpiProcessGroup: ProcessGroup over a duplicate of MPI_COMM_WORLD, every MPI call made
+// on the runtime's communication thread (Note [MPI backend threading]).
+#include "collectives/mpi/mpi_process_group.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <future>
+
+#include "collectives/mpi/mpi_runtime.h"
+#include "core/error.h"
+
+namespace mtrain {
+namespace {
+
+using mpi::MpiRuntime;
+using mpi::MpiTask;
+
+// Reductions need an arithmetic MPI type; data movement (broadcast, allgather) also
+// takes 16-bit floats as opaque 16-bit words.
+MPI_Datatype mpi_type(DType dtype, OpType op) {
+  switch (dtype) {
+    case DType::Float32: return MPI_FLOAT;
+    case DType::Int64: return MPI_INT64_T;
+    case DType::Int32: return MPI_INT32_T;
+    case DType::Float16:
+    case DType::BFloat16:
+      if (op == OpType::Broadcast || op == OpType::AllGather || op == OpType::AllGatherV) {
+        return MPI_UINT16_T;
+      }
+      break;
+    default: break;
+  }
+  throw InvalidArgument(fmt::format(
+      "mpi {}: unsupported dtype {}; expected float32, int64 or int32{}", op_type_name(op),
+      dtype_name(dtype),
+      (op == OpType::Broadcast || op == OpType::AllGather || op == OpType::AllGatherV)
+          ? " (or float16/bfloat16)"
+          : " (float16/bfloat16 reductions are not implemented by the mpi backend)"));
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return MPI_SUM;  // avg = sum / size, divided afterwards
+    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Min: return MPI_MIN;
+  }
+  throw InternalError("unhandled ReduceOp");
+}
+
+// avg = sum / size, on float32 only (see check_avg_dtype).
+void divide_by(const Tensor& t, int size) {
+  float* p = t.data<float>();
+  const float d = static_cast<float>(size);
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] /= d;
+}
+
+// Integer averages would truncate; the gloo backend rejects them too.
+void check_avg_dtype(const Tensor& t, ReduceOp op, OpType type) {
+  if (op == ReduceOp::Avg && t.dtype() != DType::Float32) {
+    throw InvalidArgument(fmt::format("mpi {}: avg of {} would truncate; expected float32 (use sum "
+                                      "and divide yourself)",
+                                      op_type_name(type), dtype_name(t.dtype())));
+  }
+}
+
+int mpi_count(int64_t numel, OpType op, const char* what) {
+  if (numel > INT_MAX) {
+    throw InvalidArgument(fmt::format(
+        "mpi {}: {} has {} elements; MPI counts are int, so at most {} are supported",
+        op_type_name(op), what, numel, INT_MAX));
+  }
+  return static_cast<int>(numel);
+}
+
+void check_tensor(const Tensor& t, OpType op, const char* what) {
+  if (!t.defined()) {
+    throw InvalidArgument(fmt::format("mpi {}: {} is an undefined tensor", op_type_name(op), what));
+  }
+  if (!t.device().is_cpu()) {
+    throw InvalidArgument(fmt::format("mpi {}: {} must be a CPU tensor, found {} (use nccl for GPUs)",
+                                      op_type_name(op), what, t.device().str()));
+  }
+}
+
+void check_same_dtype(const Tensor& a, const Tensor& b, OpType op) {
+  if (a.dtype() != b.dtype()) {
+    throw InvalidArgument(fmt::format("mpi {}: input and output dtypes differ: {} vs {}",
+                                      op_type_name(op), dtype_name(a.dtype()),
+                                      dtype_name(b.dtype())));
+  }
+}
+
+class MpiProcessGroup final : public ProcessGroup {
+ public:
+  MpiProcessGroup(int rank, int size, ProcessGroupOptions options, MPI_Comm comm)
+      : ProcessGroup(rank, size, std::move(options)), comm_(comm) {}
+
+  // Frees the communicator after every operation already queued (FIFO); does not wait,
+  // so destroying a group whose operation timed out cannot hang.
+  ~MpiProcessGroup() override {
+    auto task = std::make_shared<MpiTask>();
+    task->description = fmt::format("MPI_Comm_free of group '{}'", options().name);
+    task->timeout = options().timeout;
+    task->deadline = mpi::Clock::now() + options().timeout;
+    MPI_Comm comm = comm_;
+    task->body = [comm]() mutable { MTRAIN_MPI_CHECK(MPI_Comm_free(&comm)); };
+    task->finish = [](std::exception_ptr) {};
+    MpiRuntime::instance().submit(std::move(task));
+  }
+
+  std::string backend_name() const override { return "mpi"; }
+
+  WorkPtr allreduce(Tensor& tensor, ReduceOp op) override {
+    constexpr OpType kOp = OpType::AllReduce;
+    check_tensor(tensor, kOp, "tensor");
+    const MPI_Datatype type = mpi_type(tensor.dtype(), kOp);
+    check_avg_dtype(tensor, op, kOp);
+    const int count = mpi_count(tensor.numel(), kOp, "tensor");
+    const int size = this->size();
+    return enqueue(kOp, {tensor}, [=, comm = comm_] {
+      MTRAIN_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, tensor.raw_data(), count, type, mpi_op(op), comm));
+      if (op == ReduceOp::Avg) divide_by(tensor, size);
+    });
+  }
+
+  WorkPtr broadcast(Tensor& tensor, int root) override {
+    constexpr OpType kOp = OpType::Broadcast;
+    check_tensor(tensor, kOp, "tensor");
+    check_root(root, kOp);
+    const MPI_Datatype type = mpi_type(tensor.dtype(), kOp);
+    const int count = mpi_count(tensor.numel(), kOp, "tensor");
+    return enqueue(kOp, {tensor}, [=, comm = comm_] {
+      MTRAIN_MPI_CHECK(MPI_Bcast(tensor.raw_data(), count, type, root, comm));
+    });
+  }
+
+  WorkPtr allgather(const Tensor& input, Tensor& output) override {
+    constexpr OpType kOp = OpType::AllGather;
+    check_tensor(input, kOp, "input");
+    check_tensor(output, kOp, "output");
+    check_same_dtype(input, output, kOp);
+    if (output.numel() != input.numel() * size()) {
+      throw InvalidArgument(fmt::format(
+          "mpi allgather: expected output.numel() == size() * input.numel() = {} * {} = {}, found {}",
+          size(), input.numel(), input.numel() * size(), output.numel()));
+    }
+    const MPI_Datatype type = mpi_type(input.dtype(), kOp);
+    const int count = mpi_count(input.numel(), kOp, "input");
+    mpi_count(output.numel(), kOp, "output");
+    return enqueue(kOp, {input, output}, [=, comm = comm_] {
+      MTRAIN_MPI_CHECK(MPI_Allgather(input.raw_data(), count, type, output.raw_data(), count, type, comm));
+    });
+  }
+
+  WorkPtr allgatherv(const Tensor& input, Tensor& output,
+                     const std::vector<int64_t>& counts) override {
+    constexpr OpType kOp = OpType::AllGatherV;
+    check_tensor(input, kOp, "input");
+    check_tensor(output, kOp, "output");
+    check_same_dtype(input, output, kOp);
+    if (static_cast<int>(counts.size()) != size()) {
+      throw InvalidArgument(fmt::format("mpi allgatherv: expected {} counts (one per rank), found {}",
+                                        size(), counts.size()));
+    }
+    std::vector<int> recv_counts(counts.size());
+    std::vector<int> displacements(counts.size());
+    int64_t total = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (counts[r] < 0) {
+        throw InvalidArgument(fmt::format("mpi allgatherv: counts[{}] is {}; expected >= 0", r, counts[r]));
+      }
+      recv_counts[r] = mpi_count(counts[r], kOp, "a rank's chunk");
+      displacements[r] = mpi_count(total, kOp, "the output offset of a rank's chunk");
+      total += counts[r];
+    }
+    if (input.numel() != counts[rank()]) {
+      throw InvalidArgument(fmt::format("mpi allgatherv: expected input.numel() == counts[{}] = {}, found {}",
+                                        rank(), counts[rank()], input.numel()));
+    }
+    if (output.numel() != total) {
+      throw InvalidArgument(fmt::format("mpi allgatherv: expected output.numel() == sum(counts) = {}, found {}",
+                                        total, output.numel()));
+    }
+    const MPI_Datatype type = mpi_type(input.dtype(), kOp);
+    const int count = recv_counts[rank()];
+    return enqueue(kOp, {input, output},
+                   [=, comm = comm_, recv_counts = std::move(recv_counts),
+                    displacements = std::move(displacements)] {
+                     MTRAIN_MPI_CHECK(MPI_Allgatherv(input.raw_data(), count, type, output.raw_data(),
+                                                     recv_counts.data(), displacements.data(), type,
+                                                     comm));
+                   });
+  }
+
+  WorkPtr reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override {
+    constexpr OpType kOp = OpType::ReduceScatter;
+    check_tensor(input, kOp, "input");
+    check_tensor(output, kOp, "output");
+    check_same_dtype(input, output, kOp);
+    if (input.numel() != output.numel() * size()) {
+      throw InvalidArgument(fmt::format(
+          "mpi reduce_scatter: expected input.numel() == size() * output.numel() = {} * {} = {}, found {}",
+          size(), output.numel(), output.numel() * size(), input.numel()));
+    }
+    const MPI_Datatype type = mpi_type(input.dtype(), kOp);
+    check_avg_dtype(input, op, kOp);
+    const int count = mpi_count(output.numel(), kOp, "output");
+    mpi_count(input.numel(), kOp, "input");
+    const int size = this->size();
+    return enqueue(kOp, {input, output}, [=, comm = comm_] {
+      MTRAIN_MPI_CHECK(MPI_Reduce_scatter_block(input.raw_data(), output.raw_data(), count, type,
+                                                mpi_op(op), comm));
+      if (op == ReduceOp::Avg) divide_by(output, size);
+    });
+  }
+
+  WorkPtr barrier() override {
+    return enqueue(OpType::Barrier, {}, [comm = comm_] { MTRAIN_MPI_CHECK(MPI_Barrier(comm)); });
+  }
+
+ private:
+  void check_root(int root, OpType op) const {
+    if (root < 0 || root >= size()) {
+      throw InvalidArgument(fmt::format("mpi {}: expected a root in [0, {}), found {}",
+                                        op_type_name(op), size(), root));
+    }
+  }
+
+  WorkPtr enqueue(OpType op, std::vector<Tensor> tensors, std::function<void()> body) {
+    const uint64_t seq = next_seq_++;
+    auto work = std::make_shared<Work>(op, seq, std::move(tensors));
+    auto task = std::make_shared<MpiTask>();
+    task->description = fmt::format("{} #{} of group '{}'", op_type_name(op), seq, options().name);
+    task->timeout = options().timeout;
+    task->deadline = mpi::Clock::now() + options().timeout;
+    task->body = std::move(body);
+    task->finish = [work](std::exception_ptr error) {
+      if (error) {
+        work->mark_failed(std::move(error));
+      } else {
+        work->mark_completed();
+      }
+    };
+    MpiRuntime::instance().submit(std::move(task));
+    return work;
+  }
+
+  const MPI_Comm comm_;
+  std::atomic<uint64_t> next_seq_{0};
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> create_mpi_process_group(int rank, int size,
+                                                       ProcessGroupOptions options) {
+  MpiRuntime& runtime = MpiRuntime::instance();
+  if (rank != runtime.world_rank() || size != runtime.world_size()) {
+    throw InvalidArgument(fmt::format(
+        "mpi process group '{}': asked for rank {} of {}, but this process is rank {} of {} in "
+        "MPI_COMM_WORLD{}; the mpi backend spans the whole MPI world (start the job with "
+        "mpirun -np {})",
+        options.name, rank, size, runtime.world_rank(), runtime.world_size(),
+        started_by_mpirun() ? "" : " (not started by mpirun, so MPI runs as a 1-rank singleton)",
+        size));
+  }
+  // MPI_Comm_dup is collective: it goes through the queue and the watchdog like any
+  // operation, so a rank that never creates the group makes the others time out.
+  auto created = std::make_shared<std::promise<MPI_Comm>>();
+  auto task = std::make_shared<MpiTask>();
+  task->description = fmt::format("MPI_Comm_dup creating group '{}'", options.name);
+  task->timeout = options.timeout;
+  task->deadline = mpi::Clock::now() + options.timeout;
+  auto comm = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+  task->body = [comm] {
+    MTRAIN_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, comm.get()));
+    // Errors on the group's communicator come back as codes for MTRAIN_MPI_CHECK
+    // instead of aborting the job (MPI_ERRORS_ARE_FATAL is the default).
+    MTRAIN_MPI_CHECK(MPI_Comm_set_errhandler(*comm, MPI_ERRORS_RETURN));
+  };
+  task->finish = [created, comm](std::exception_ptr error) {
+    if (error) {
+      created->set_exception(std::move(error));
+    } else {
+      created->set_value(*comm);
+    }
+  };
+  std::future<MPI_Comm> result = created->get_future();
+  runtime.submit(std::move(task));
+  return std::make_unique<MpiProcessGroup>(rank, size, std::move(options), result.get());
+}
+
+bool started_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+}
+
+void abort_mpi_job(int exit_code) {
+  int initialised = 0;
+  int finalised = 0;
+  MPI_Initialized(&initialised);
+  MPI_Finalized(&finalised);
+  if (initialised && !finalised) {
+    // Called from any thread on purpose: the communication thread may be stuck in MPI.
+    MPI_Abort(MPI_COMM_WORLD, exit_code);
+  }
+  std::exit(exit_code);
+}
+
+}  // namespace mtrain

@@ -1,0 +1,227 @@
+#include "collectives/mpi/mpi_runtime.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "core/error.h"
+
+namespace mtrain::mpi {
+
+void check_mpi_result(int rc, const char* call, const char* file, int line) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  if (MPI_Error_string(rc, text, &length) != MPI_SUCCESS) {
+    std::snprintf(text, sizeof text, "unknown MPI error code %d", rc);
+  }
+  throw CommError(fmt::format("{} failed at {}:{}: {}", call, file, line, text));
+}
+
+struct MpiRuntime::Entry {
+  std::shared_ptr<MpiTask> task;
+  bool settled = false;  // guarded by MpiRuntime::mu_
+};
+
+// Note [MPI runtime shutdown]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The runtime is heap-allocated and never deleted, so that a communication thread
+// stuck inside MPI after a timeout never touches a destroyed object while the process
+// exits. An atexit handler lets the communication thread run what is queued and call
+// MPI_Finalize as its last MPI call (so MPI is never finalised while that thread works),
+// then joins it. When an operation timed out, the thread is stuck for good: the
+// handler leaves it and MPI unfinalised, and mpirun tears the job down.
+MpiRuntime& MpiRuntime::instance() {
+  static MpiRuntime* runtime = [] {
+    auto* created = new MpiRuntime();
+    std::atexit([] { instance().shutdown_at_exit(); });
+    return created;
+  }();
+  return *runtime;
+}
+
+MpiRuntime::MpiRuntime() {
+  std::exception_ptr init_error;
+  std::mutex init_mu;
+  std::condition_variable init_cv;
+  bool init_done = false;
+  communication_thread_ = std::thread(&MpiRuntime::communication_loop, this, &init_error,
+                                      &init_mu, &init_cv, &init_done);
+  {
+    std::unique_lock<std::mutex> lock(init_mu);
+    init_cv.wait(lock, [&] { return init_done; });
+  }
+  if (init_error) {
+    communication_thread_.join();
+    std::rethrow_exception(init_error);
+  }
+  watchdog_thread_ = std::thread(&MpiRuntime::watchdog_loop, this);
+}
+
+void MpiRuntime::initialise_mpi() {
+  int already = 0;
+  MTRAIN_MPI_CHECK(MPI_Initialized(&already));
+  int provided = MPI_THREAD_SINGLE;
+  if (already) {
+    MTRAIN_MPI_CHECK(MPI_Query_thread(&provided));
+  } else {
+    MTRAIN_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+    initialised_mpi_here_ = true;
+  }
+  if (provided < MPI_THREAD_SERIALIZED) {
+    throw CommError(fmt::format(
+        "the mpi backend needs MPI_THREAD_SERIALIZED ({}) or more, the MPI library "
+        "provides thread level {}{}",
+        MPI_THREAD_SERIALIZED, provided,
+        already ? " (MPI was initialised by the program before the first group)" : ""));
+  }
+  MTRAIN_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
+  MTRAIN_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size_));
+}
+
+void MpiRuntime::communication_loop(std::exception_ptr* init_error, std::mutex* init_mu,
+                                    std::condition_variable* init_cv, bool* init_done) {
+  {
+    std::exception_ptr error;
+    try {
+      initialise_mpi();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(*init_mu);
+    *init_error = error;
+    *init_done = true;
+    init_cv->notify_all();
+    if (error) return;
+  }
+  for (;;) {
+    std::shared_ptr<Entry> entry;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) break;  // stopping and drained
+      entry = queue_.front();
+      queue_.pop_front();
+      running_ = entry;
+    }
+    std::exception_ptr error;
+    try {
+      entry->task->body();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_.reset();
+    }
+    settle(entry, error);
+  }
+  if (initialised_mpi_here_) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  communication_done_ = true;
+  exit_cv_.notify_all();
+}
+
+void MpiRuntime::submit(std::shared_ptr<MpiTask> task) {
+  auto entry = std::make_shared<Entry>();
+  entry->task = std::move(task);
+  std::string refused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_by_.empty() && !stopping_) {
+      queue_.push_back(entry);
+      work_cv_.notify_one();
+      watchdog_cv_.notify_one();
+      return;
+    }
+    refused = broken_by_.empty() ? std::string("the process is exiting") : broken_by_;
+  }
+  settle(entry, std::make_exception_ptr(CommError(
+                    fmt::format("mpi {} cannot run: {}", entry->task->description, refused))));
+}
+
+void MpiRuntime::settle(const std::shared_ptr<Entry>& entry, std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (entry->settled) return;
+    entry->settled = true;
+  }
+  entry->task->finish(std::move(error));
+}
+
+void MpiRuntime::watchdog_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_watchdog_) {
+    std::shared_ptr<Entry> earliest;
+    auto consider = [&](const std::shared_ptr<Entry>& e) {
+      if (e && !e->settled && (!earliest || e->task->deadline < earliest->task->deadline)) {
+        earliest = e;
+      }
+    };
+    consider(running_);
+    for (const auto& e : queue_) consider(e);
+    if (!earliest) {
+      watchdog_cv_.wait(lock);
+      continue;
+    }
+    if (Clock::now() < earliest->task->deadline) {
+      watchdog_cv_.wait_until(lock, earliest->task->deadline);
+      continue;
+    }
+    fail_everything_after_timeout(lock, earliest);
+  }
+}
+
+// Called with mu_ held; releases it while settling (finish callbacks take Work locks).
+void MpiRuntime::fail_everything_after_timeout(std::unique_lock<std::mutex>& lock,
+                                               const std::shared_ptr<Entry>& expired) {
+  const std::string& what = expired->task->description;
+  broken_by_ = fmt::format(
+      "an earlier operation ({}) timed out and is still blocked inside MPI; MPI collectives "
+      "cannot be cancelled, so this process must exit (abort_mpi_job ends the whole job)",
+      what);
+  const std::string reason = broken_by_;
+  std::vector<std::shared_ptr<Entry>> others(queue_.begin(), queue_.end());
+  if (running_ && running_ != expired) others.push_back(running_);
+  queue_.clear();
+  // The communication thread may be blocked in an operation whose peers are still
+  // coming; whether or not it ever returns, the group's collective order is broken.
+  exit_cv_.notify_all();
+  lock.unlock();
+  settle(expired, std::make_exception_ptr(TimeoutError(fmt::format(
+                      "mpi {} did not complete within {} ms (the mpi backend cannot "
+                      "tell which ranks never arrived); MPI collectives cannot be cancelled, "
+                      "so this process must exit: call mtrain::abort_mpi_job (MPI_Abort) to "
+                      "end every rank",
+                      what, expired->task->timeout.count()))));
+  for (const auto& e : others) {
+    settle(e, std::make_exception_ptr(CommError(
+                  fmt::format("mpi {} cannot complete: {}", e->task->description, reason))));
+  }
+  lock.lock();
+}
+
+void MpiRuntime::shutdown_at_exit() {
+  std::unique_lock<std::mutex> lock(mu_);
+  stopping_ = true;
+  work_cv_.notify_all();
+  exit_cv_.wait(lock, [&] { return communication_done_ || !broken_by_.empty(); });
+  const bool communication_finished = communication_done_;
+  stop_watchdog_ = true;
+  watchdog_cv_.notify_all();
+  lock.unlock();
+  watchdog_thread_.join();
+  if (communication_finished) {
+    communication_thread_.join();
+  } else {
+    communication_thread_.detach();  // stuck inside MPI; see Note [MPI runtime shutdown]
+  }
+}
+
+}  // namespace mtrain::mpi

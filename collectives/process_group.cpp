@@ -1,0 +1,177 @@
+// Work, the ProcessGroup base, and the backend factory.
+#include "collectives/process_group.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "collectives/gloo/gloo_process_group.h"
+#include "core/error.h"
+#ifdef MTRAIN_HAVE_MPI
+#include "collectives/mpi/mpi_process_group.h"
+#endif
+
+namespace mtrain {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+ReduceOp parse_reduce_op(const std::string& name) {
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+    if (name == reduce_op_name(op)) return op;
+  }
+  throw InvalidArgument(
+      fmt::format("unknown reduce op '{}': expected one of sum, avg, max, min", name));
+}
+
+const char* op_type_name(OpType op) {
+  switch (op) {
+    case OpType::AllReduce: return "allreduce";
+    case OpType::Broadcast: return "broadcast";
+    case OpType::AllGather: return "allgather";
+    case OpType::AllGatherV: return "allgatherv";
+    case OpType::ReduceScatter: return "reduce_scatter";
+    case OpType::Barrier: return "barrier";
+  }
+  return "?";
+}
+
+Work::Work(OpType op, uint64_t seq, std::vector<Tensor> keep_alive)
+    : op_(op), seq_(seq), keep_alive_(std::move(keep_alive)) {}
+
+bool Work::is_completed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void Work::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+void Work::wait(Millis timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
+    throw TimeoutError(fmt::format("{} #{} did not complete within {} ms of waiting",
+                                   op_type_name(op_), seq_, timeout.count()));
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+std::exception_ptr Work::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+void Work::mark_completed() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    MTRAIN_CHECK(!done_, "{} #{} finished twice", op_type_name(op_), seq_);
+    done_ = true;
+    // The tensors are no longer in use by the backend; the caller holds its own handles.
+    keep_alive_.clear();
+  }
+  cv_.notify_all();
+}
+
+void Work::mark_failed(std::exception_ptr error) {
+  MTRAIN_CHECK(error != nullptr, "{} #{} failed without an error", op_type_name(op_), seq_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    MTRAIN_CHECK(!done_, "{} #{} finished twice", op_type_name(op_), seq_);
+    done_ = true;
+    error_ = std::move(error);
+    keep_alive_.clear();
+  }
+  cv_.notify_all();
+}
+
+ProcessGroup::ProcessGroup(int rank, int size, ProcessGroupOptions options)
+    : rank_(rank), size_(size), options_(std::move(options)) {
+  if (size_ < 1) {
+    throw InvalidArgument(fmt::format("process group '{}': expected a size >= 1, found {}",
+                                      options_.name, size_));
+  }
+  if (rank_ < 0 || rank_ >= size_) {
+    throw InvalidArgument(fmt::format("process group '{}': expected a rank in [0, {}), found {}",
+                                      options_.name, size_, rank_));
+  }
+  if (options_.timeout.count() <= 0) {
+    throw InvalidArgument(fmt::format("process group '{}': expected a positive timeout, found {} ms",
+                                      options_.name, options_.timeout.count()));
+  }
+}
+
+std::vector<std::string> available_backends() {
+  std::vector<std::string> names{"gloo"};
+#ifdef MTRAIN_HAVE_MPI
+  names.push_back("mpi");
+#endif
+  return names;
+}
+
+namespace {
+
+bool backend_built(const std::string& name) {
+  const auto names = available_backends();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+std::string resolve_auto_backend(Device device) {
+  if (device.is_cuda()) return "nccl";
+#ifdef MTRAIN_HAVE_MPI
+  if (started_by_mpirun()) return "mpi";
+#endif
+  return "gloo";
+}
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
+                                                   std::shared_ptr<Store> store, int rank,
+                                                   int size, Device device,
+                                                   ProcessGroupOptions options) {
+  const std::string built = fmt::format("{}", fmt::join(available_backends(), ", "));
+  const std::string chosen = backend == "auto" ? resolve_auto_backend(device) : backend;
+  if (chosen == "gloo") {
+    if (!device.is_cpu()) {
+      throw InvalidArgument(fmt::format(
+          "the gloo backend works on CPU tensors; found device {} (use nccl for GPUs)",
+          device.str()));
+    }
+    if (store == nullptr) {
+      throw InvalidArgument("the gloo backend needs a rendezvous store; none was given");
+    }
+    return create_gloo_process_group(std::move(store), rank, size, std::move(options));
+  }
+  if (chosen == "mpi") {
+#ifdef MTRAIN_HAVE_MPI
+    return create_mpi_process_group(rank, size, std::move(options));
+#else
+    throw InvalidArgument(fmt::format(
+        "the mpi backend is not built in (Open MPI was not found at configure time); "
+        "available backends: {}",
+        built));
+#endif
+  }
+  if (chosen == "nccl") {
+    throw InvalidArgument(
+        fmt::format("the nccl backend is not built yet; available backends: {}", built));
+  }
+  if (backend_built(chosen)) {
+    throw InternalError(fmt::format("backend '{}' is listed as built but has no factory", chosen));
+  }
+  throw InvalidArgument(fmt::format("unknown process group backend '{}': expected auto or one of {}",
+                                    backend, built));
+}
+
+}  // namespace mtrain

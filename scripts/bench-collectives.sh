@@ -1,0 +1,95 @@
+#!/bin/bash
+# All-reduce bus bandwidth on 2 ranks (loopback, 1 thread each), 4 KiB .. 64 MiB float32:
+# mtrain-bench over Gloo (via mtrain-launch) and over Open MPI (via mpirun), next to
+# the same collective called straight through each library (raw_allreduce_bench) and
+# PyTorch's dist.all_reduce on Gloo. Every variant runs REPEATS times, interleaved so
+# that machine noise hits all of them alike; the table shows the median busbw (GB/s).
+#
+# usage: scripts/bench-collectives.sh [build dir]     (default: build)
+#   env: REPEATS (3), WARMUP (5), ITERS (20), MIN_BYTES (4096), MAX_BYTES (67108864),
+#        PYTHON (/usr/bin/python3, needs torch)
+# Needs a build with MPI and the tests (build/tests/raw_allreduce_bench).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+repeats=${REPEATS:-3}
+warmup=${WARMUP:-5}
+iters=${ITERS:-20}
+min_bytes=${MIN_BYTES:-4096}
+max_bytes=${MAX_BYTES:-67108864}
+python=${PYTHON:-/usr/bin/python3}
+bench=$build/bin/mtrain-bench
+launch=$build/bin/mtrain-launch
+raw=$build/tests/raw_allreduce_bench
+for f in "$bench" "$launch" "$raw"; do
+  [[ -x $f ]] || { echo "bench-collectives.sh: $f is missing; build the project (with tests) first" >&2; exit 2; }
+done
+
+export OMP_NUM_THREADS=1
+mpirun=(mpirun --allow-run-as-root -np 2)
+out=$(mktemp -d "${TMPDIR:-/tmp}/bench-collectives.XXXXXX")
+trap 'rm -rf "$out"' EXIT
+
+free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# Runs two ranks of a RANK/WORLD_SIZE program; rank 0's stdout goes to $1.
+two_ranks() {
+  local log=$1; shift
+  local pids=() rank
+  for rank in 0 1; do
+    if [[ $rank == 0 ]]; then
+      RANK=$rank WORLD_SIZE=2 "$@" >"$log" &
+    else
+      RANK=$rank WORLD_SIZE=2 "$@" >/dev/null &
+    fi
+    pids+=($!)
+  done
+  local rc=0
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  return $rc
+}
+
+sizes=("$min_bytes" "$max_bytes" "$warmup" "$iters")
+for ((r = 0; r < repeats; r++)); do
+  echo "repeat $((r + 1))/$repeats" >&2
+  "$launch" --nproc_per_node=2 bench --backend gloo --op allreduce \
+    -b "$min_bytes" -e "$max_bytes" -w "$warmup" -n "$iters" >"$out/mtrain_gloo.$r" 2>/dev/null
+  store=$(mktemp -d "$out/gloo-store.XXXXXX")
+  RAW_GLOO_STORE_DIR=$store two_ranks "$out/raw_gloo.$r" "$raw" gloo "${sizes[@]}"
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) \
+    two_ranks "$out/torch_gloo.$r" "$python" "$root/scripts/bench-collectives-torch.py" "${sizes[@]}"
+  "${mpirun[@]}" "$bench" --backend mpi --op allreduce \
+    -b "$min_bytes" -e "$max_bytes" -w "$warmup" -n "$iters" >"$out/mtrain_mpi.$r"
+  "${mpirun[@]}" "$raw" mpi "${sizes[@]}" >"$out/raw_mpi.$r"
+done
+
+"$python" - "$out" "$repeats" <<'PY'
+import statistics, sys
+out, repeats = sys.argv[1], int(sys.argv[2])
+variants = ["mtrain_gloo", "raw_gloo", "torch_gloo", "mtrain_mpi", "raw_mpi"]
+busbw = {}  # (variant, bytes) -> [GB/s per repeat]
+for v in variants:
+    for r in range(repeats):
+        for line in open(f"{out}/{v}.{r}"):
+            f = line.split()
+            if line.startswith("#") or len(f) < 6:
+                continue
+            if f[5] != "OK":
+                sys.exit(f"bench-collectives.sh: {v} repeat {r} failed its check at {f[0]} bytes")
+            busbw.setdefault((v, int(f[0])), []).append(float(f[4]))
+sizes = sorted({b for (_, b) in busbw})
+med = lambda v, b: statistics.median(busbw[(v, b)])
+def human(b):
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if b >= scale:
+            return f"{b // scale} {unit}iB"
+    return f"{b} B"
+print(f"all-reduce float32, 2 ranks, busbw GB/s, median of {repeats} runs")
+print("| size | mtrain gloo | raw gloo | torch gloo | mtrain/raw gloo | mtrain/torch gloo | mtrain mpi | raw mpi | mtrain/raw mpi |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for b in sizes:
+    mg, rg, tg, mm, rm = (med(v, b) for v in variants)
+    pct = lambda a, c: f"{100 * a / c:.0f} %" if c > 0 else "-"
+    print(f"| {human(b)} | {mg:.3f} | {rg:.3f} | {tg:.3f} | {pct(mg, rg)} | {pct(mg, tg)} | {mm:.3f} | {rm:.3f} | {pct(mm, rm)} |")
+PY

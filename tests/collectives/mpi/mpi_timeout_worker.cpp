@@ -1,0 +1,87 @@
+// Run under `mpirun -np 2`: rank 1 never joins an allreduce. Rank 0 must fail within
+// the group's timeout with a TimeoutError naming the operation, group and sequence
+// number, fail the operation queued behind it and any later one with a CommError, and
+// then end the job: with abort_mpi_job (Note [MPI timeouts]), or with the argument
+// `return` by returning from main, which must not hang on the communication thread
+// stuck in MPI (Note [MPI runtime shutdown]). Prints "MPI-TIMEOUT-CHECKED" only when
+// every check held.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "collectives/mpi/mpi_process_group.h"
+#include "core/error.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) {
+    std::printf("MPI-TIMEOUT-FAILED: %s\n", what.c_str());
+    std::fflush(stdout);
+    mtrain::abort_mpi_job(1);
+  }
+}
+
+template <class E, class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return fmt::format("<wrong exception type: {}>", e.what());
+  }
+  return "<no exception>";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool end_by_returning = argc > 1 && std::string(argv[1]) == "return";
+  using namespace mtrain;
+  const int rank = std::atoi(std::getenv("OMPI_COMM_WORLD_RANK") ? std::getenv("OMPI_COMM_WORLD_RANK") : "0");
+  const int size = std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE") ? std::getenv("OMPI_COMM_WORLD_SIZE") : "1");
+  if (size != 2) {
+    std::printf("MPI-TIMEOUT-FAILED: expected mpirun -np 2, found %d ranks\n", size);
+    return 1;
+  }
+  ProcessGroupOptions options;
+  options.name = "timeout";
+  options.timeout = Millis(1500);
+  auto group = create_mpi_process_group(rank, size, options);
+  group->barrier()->wait();
+  if (rank == 1) {
+    // Never joins; rank 0 ends the job. Give up on our own only if that never happens.
+    std::this_thread::sleep_for(std::chrono::seconds(30));
+    std::printf("MPI-TIMEOUT-FAILED: rank 1 was not ended by rank 0's abort\n");
+    return 1;
+  }
+  Tensor t = Tensor::full({1000}, 1.0f);
+  const auto start = Clock::now();
+  WorkPtr stuck = group->allreduce(t);
+  WorkPtr behind = group->allreduce(t);
+  // The caller's own shorter wait times out first, naming the op.
+  const std::string short_wait = error_of<TimeoutError>([&] { stuck->wait(Millis(100)); });
+  expect(short_wait.find("allreduce #1") != std::string::npos, "short wait: " + short_wait);
+  const std::string timed_out = error_of<TimeoutError>([&] { stuck->wait(); });
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  expect(timed_out.find("allreduce #1 of group 'timeout'") != std::string::npos &&
+             timed_out.find("1500 ms") != std::string::npos,
+         "timeout error: " + timed_out);
+  expect(seconds >= 1.4 && seconds < 6.0, fmt::format("timed out after {:.2f} s, expected ~1.5 s", seconds));
+  const std::string queued = error_of<CommError>([&] { behind->wait(Millis(1000)); });
+  expect(queued.find("allreduce #2") != std::string::npos && queued.find("timed out") != std::string::npos,
+         "queued op: " + queued);
+  const std::string later = error_of<CommError>([&] { group->barrier()->wait(Millis(1000)); });
+  expect(later.find("barrier #3") != std::string::npos, "later op: " + later);
+  std::printf("MPI-TIMEOUT-CHECKED after %.2f s: %s\n", seconds, timed_out.c_str());
+  std::fflush(stdout);
+  if (end_by_returning) return 3;
+  abort_mpi_job(3);
+}

@@ -1,0 +1,57 @@
+// Gloo collectives across real processes started by mtrain-launch (which hosts the
+// store), checked element by element inside collective_test_worker.
+#include <catch2/catch.hpp>
+
+#include "tests/launcher/launch_harness.h"
+
+using namespace mtrain::testing;
+
+namespace {
+
+LaunchResult launch(int nproc, const std::string& scenario, const TempDir& dir, double timeout_s) {
+  return run_launcher({"--nproc_per_node=" + std::to_string(nproc), COLLECTIVE_TEST_WORKER, "gloo",
+                       scenario},
+                      dir.path(), timeout_s);
+}
+
+}  // namespace
+
+TEST_CASE("gloo: every collective, reduce op, dtype and size on 2, 3 and 4 ranks") {
+  for (const int nproc : {2, 3, 4}) {
+    DYNAMIC_SECTION(nproc << " ranks") {
+      TempDir dir;
+      const auto r = launch(nproc, "suite", dir, 60);
+      INFO(r.out << r.err);
+      REQUIRE_FALSE(r.timed_out);
+      CHECK(r.exit_code == 0);
+      for (int rank = 0; rank < nproc; ++rank) {
+        CHECK_THAT(r.out, Catch::Contains("rank " + std::to_string(rank) + ": OK"));
+      }
+    }
+  }
+}
+
+TEST_CASE("gloo: a 64 MiB allreduce on 2 ranks") {
+  TempDir dir;
+  const auto r = launch(2, "large", dir, 60);
+  INFO(r.out << r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("allreduce 64 MiB on 2 ranks:"));
+  WARN(r.out);
+}
+
+TEST_CASE("gloo: a rank that never joins makes the others time out, naming it") {
+  TempDir dir;
+  // Rank 2 sleeps for a minute instead of calling allreduce #1; the timeout is 2 s.
+  const auto r = launch(3, "skip=2", dir, 30);
+  INFO(r.out << r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code != 0);
+  CHECK(r.seconds < 15);
+  CHECK_THAT(r.err, Catch::Contains("allreduce #1 in group 'world' timed out after 2 s"));
+  CHECK_THAT(r.err, Catch::Contains("rank 2 never reached it (its last operation: #0)"));
+  CHECK_THAT(r.err, Catch::Contains("(from its error file)"));
+  // The sleeping rank did not fail on its own: the launcher tore it down.
+  CHECK_THAT(r.err, Catch::Contains("Stopped by the launcher after the root cause: rank 2"));
+}

@@ -1,0 +1,121 @@
+// Work, reduce-op names, the backend factory, and call-time validation on a one-rank
+// gloo group (its store server runs in this process).
+#include <catch2/catch.hpp>
+
+#include <thread>
+
+#include "collectives/process_group.h"
+#include "core/error.h"
+
+using namespace mtrain;
+
+TEST_CASE("Work: wait returns once completed, from another thread") {
+  auto work = std::make_shared<Work>(OpType::AllReduce, 7);
+  CHECK_FALSE(work->is_completed());
+  std::thread finisher([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    work->mark_completed();
+  });
+  work->wait();
+  finisher.join();
+  CHECK(work->is_completed());
+  CHECK(work->error() == nullptr);
+  CHECK_NOTHROW(work->wait(Millis(1)));
+  CHECK_THROWS_AS(work->mark_completed(), InternalError);
+}
+
+TEST_CASE("Work: wait(timeout) names the operation and its sequence number") {
+  Work work(OpType::ReduceScatter, 42);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(work.wait(Millis(50)), Catch::Contains("reduce_scatter #42"));
+  CHECK(std::chrono::steady_clock::now() - start >= Millis(50));
+  CHECK_THROWS_AS(work.wait(Millis(1)), TimeoutError);
+}
+
+TEST_CASE("Work: the operation's error reaches every waiter") {
+  Work work(OpType::Broadcast, 3);
+  work.mark_failed(std::make_exception_ptr(CommError("peer 2 went away")));
+  CHECK(work.is_completed());
+  REQUIRE(work.error() != nullptr);
+  CHECK_THROWS_AS(work.wait(), CommError);
+  CHECK_THROWS_WITH(work.wait(Millis(10)), "peer 2 went away");
+  CHECK_THROWS_AS(work.mark_failed(std::make_exception_ptr(CommError("again"))), InternalError);
+}
+
+TEST_CASE("reduce op and op type names") {
+  for (const char* name : {"sum", "avg", "max", "min"}) CHECK(reduce_op_name(parse_reduce_op(name)) == std::string(name));
+  CHECK_THROWS_WITH(parse_reduce_op("prod"), Catch::Contains("sum, avg, max, min"));
+  CHECK(op_type_name(OpType::AllGatherV) == std::string("allgatherv"));
+}
+
+TEST_CASE("factory: unknown and unbuilt backends list the available ones") {
+  const auto names = available_backends();
+  REQUIRE(names.front() == "gloo");
+  CHECK_THROWS_AS(create_process_group("tcp", nullptr, 0, 1, Device::cpu()), InvalidArgument);
+  CHECK_THROWS_WITH(create_process_group("tcp", nullptr, 0, 1, Device::cpu()),
+                    Catch::Contains("unknown process group backend 'tcp'") && Catch::Contains("gloo"));
+  CHECK_THROWS_WITH(create_process_group("nccl", nullptr, 0, 1, Device::cpu()),
+                    Catch::Contains("nccl backend is not built yet") && Catch::Contains("gloo"));
+  CHECK_THROWS_WITH(create_process_group("auto", nullptr, 0, 1, Device::cuda(0)),
+                    Catch::Contains("nccl"));
+  CHECK_THROWS_WITH(create_process_group("gloo", nullptr, 0, 1, Device::cpu()),
+                    Catch::Contains("needs a rendezvous store"));
+  if (std::find(names.begin(), names.end(), "mpi") == names.end()) {
+    CHECK_THROWS_WITH(create_process_group("mpi", nullptr, 0, 1, Device::cpu()),
+                      Catch::Contains("not built in"));
+  }
+}
+
+namespace {
+
+struct OneRankGloo {
+  TcpStoreServer server{"127.0.0.1", 0, "unit-token"};
+  std::shared_ptr<Store> store =
+      std::make_shared<TcpStore>("127.0.0.1", server.port(), "unit-token", Millis(5000));
+  std::unique_ptr<ProcessGroup> pg;
+  explicit OneRankGloo(const std::string& name) {
+    ProcessGroupOptions options;
+    options.name = name;
+    options.timeout = Millis(5000);
+    pg = create_process_group("gloo", store, 0, 1, Device::cpu(), options);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("gloo: bad ranks and shapes are rejected at the call") {
+  TcpStoreServer server("127.0.0.1", 0, "unit-token");
+  auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), "unit-token", Millis(5000));
+  CHECK_THROWS_WITH(create_process_group("gloo", store, 2, 2, Device::cpu()),
+                    Catch::Contains("expected a rank in [0, 2), found 2"));
+
+  OneRankGloo g("shapes");
+  ProcessGroup& pg = *g.pg;
+  CHECK(pg.backend_name() == "gloo");
+  Tensor in = Tensor::full({4}, 1.0f);
+  Tensor wrong = Tensor::zeros({3});
+  CHECK_THROWS_WITH(pg.allgather(in, wrong), Catch::Contains("expected an output of 1 x 4 = 4 elements, found 3"));
+  Tensor odd = Tensor::zeros({3});
+  Tensor two = Tensor::zeros({2});
+  CHECK_THROWS_WITH(pg.reduce_scatter(odd, two), Catch::Contains("found 3"));
+  CHECK_THROWS_WITH(pg.allgatherv(in, in, {4, 4}), Catch::Contains("expected 1 counts"));
+  CHECK_THROWS_WITH(pg.allgatherv(in, in, {3}), Catch::Contains("input has 4"));
+  CHECK_THROWS_WITH(pg.broadcast(in, 1), Catch::Contains("root in [0, 1), found 1"));
+  Tensor bytes = Tensor::zeros({4}, DType::UInt8);
+  CHECK_THROWS_WITH(pg.allreduce(bytes), Catch::Contains("found uint8"));
+  Tensor ints = Tensor::zeros({4}, DType::Int64);
+  CHECK_THROWS_AS(pg.allreduce(ints, ReduceOp::Avg), InvalidArgument);
+  CHECK_THROWS_AS(pg.allgather(in, ints), InvalidArgument);
+
+  // Rejected calls take no sequence number: the next operation is #0.
+  Tensor t = Tensor::full({4}, 2.5f);
+  WorkPtr w = pg.allreduce(t, ReduceOp::Avg);
+  CHECK(w->seq() == 0);
+  w->wait(Millis(5000));
+  CHECK(t.to_vector<float>() == std::vector<float>(4, 2.5f));
+  Tensor empty = Tensor::zeros({0});
+  WorkPtr e = pg.allreduce(empty);
+  CHECK(e->seq() == 1);
+  e->wait(Millis(5000));
+  CHECK(pg.barrier()->seq() == 2);
+}
