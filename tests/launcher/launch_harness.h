@@ -29,7 +29,10 @@ namespace mtrain::testing {
 namespace fs = std::filesystem;
 
 inline std::string launcher_path() { return std::string(MTRAIN_BIN_DIR) + "/mtrain-launch"; }
+#ifdef LAUNCH_TEST_WORKER
+// The test worker of the including test (set per target in its CMakeLists.txt).
 inline std::string worker_path() { return LAUNCH_TEST_WORKER; }
+#endif
 
 inline std::string read_text(const fs::path& p) {
   std::ifstream in(p);
