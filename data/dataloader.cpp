@@ -39,6 +39,25 @@ void check_options(const DataLoaderOptions& o, const Dataset& dataset) {
       throw InvalidArgument(fmt::format("DataLoader: expected std values > 0, found {}", s));
     }
   }
+  if (!o.batch_sizes.empty() && o.drop_last) {
+    throw InvalidArgument(
+        "DataLoader: expected drop_last = false with per-step batch_sizes (the sampler decides "
+        "what to drop), found drop_last = true");
+  }
+  for (size_t k = 0; k < o.batch_sizes.size(); ++k) {
+    if (o.batch_sizes[k] < 0) {
+      throw InvalidArgument(fmt::format(
+          "DataLoader: expected batch_sizes >= 0, found {} at step {}", o.batch_sizes[k], k));
+    }
+  }
+}
+
+// Prefix sums of the per-step sizes: batch k covers [starts[k], starts[k + 1]).
+std::vector<int64_t> batch_starts(const std::vector<int64_t>& sizes) {
+  if (sizes.empty()) return {};
+  std::vector<int64_t> starts(sizes.size() + 1, 0);
+  for (size_t k = 0; k < sizes.size(); ++k) starts[k + 1] = starts[k] + sizes[k];
+  return starts;
 }
 
 // Per channel, the float value of each possible pixel byte; see Note [DataLoader
@@ -68,6 +87,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<S
   }
   check_options(options_, *dataset_);
   pixel_tables_ = make_pixel_tables(options_, dataset_->channels());
+  batch_starts_ = batch_starts(options_.batch_sizes);
   workers_.reserve(static_cast<size_t>(options_.num_workers));
   try {
     for (int i = 0; i < options_.num_workers; ++i) {
@@ -93,6 +113,7 @@ void DataLoader::stop_workers() noexcept {
 }
 
 int64_t DataLoader::batches_for(int64_t items) const {
+  if (!options_.batch_sizes.empty()) return static_cast<int64_t>(options_.batch_sizes.size());
   const int64_t b = options_.batch_size;
   return options_.drop_last ? items / b : (items + b - 1) / b;
 }
@@ -105,6 +126,12 @@ void DataLoader::start_epoch(int64_t epoch) {
   if (static_cast<int64_t>(order->size()) != sampler_->size()) {
     throw InternalError(fmt::format("sampler '{}' returned {} indices but says its size is {}",
                                     sampler_->describe(), order->size(), sampler_->size()));
+  }
+  if (!batch_starts_.empty() && batch_starts_.back() != static_cast<int64_t>(order->size())) {
+    throw InvalidArgument(fmt::format(
+        "DataLoader: expected the {} per-step batch sizes to sum to the {} items of sampler "
+        "'{}', found a sum of {}",
+        options_.batch_sizes.size(), order->size(), sampler_->describe(), batch_starts_.back()));
   }
   const int64_t batches = batches_for(static_cast<int64_t>(order->size()));
   std::string description = sampler_->describe();
@@ -189,9 +216,15 @@ void DataLoader::worker_loop() {
 
 Batch DataLoader::assemble(int64_t epoch, int64_t batch_index, const std::vector<int64_t>& order,
                            const std::string& sampler_description) const {
-  const int64_t begin = batch_index * options_.batch_size;
-  const int64_t end = std::min<int64_t>(begin + options_.batch_size,
-                                        static_cast<int64_t>(order.size()));
+  int64_t begin = 0;
+  int64_t end = 0;
+  if (batch_starts_.empty()) {
+    begin = batch_index * options_.batch_size;
+    end = std::min<int64_t>(begin + options_.batch_size, static_cast<int64_t>(order.size()));
+  } else {
+    begin = batch_starts_[static_cast<size_t>(batch_index)];
+    end = batch_starts_[static_cast<size_t>(batch_index) + 1];
+  }
   const Dataset& ds = *dataset_;
   const int64_t rows = end - begin;
   const int64_t plane = ds.height() * ds.width();
@@ -228,8 +261,11 @@ std::string DataLoader::describe() const {
           ? std::string("pixels/255")
           : fmt::format("(pixels/255 - {}) / {}", fmt::join(options_.mean, ","),
                         fmt::join(options_.std, ","));
-  return fmt::format("batch {}{}, {} worker(s), prefetch {}, {}, {}", options_.batch_size,
-                     options_.drop_last ? " (drop last)" : "", options_.num_workers,
+  const std::string batching =
+      options_.batch_sizes.empty()
+          ? fmt::format("batch {}{}", options_.batch_size, options_.drop_last ? " (drop last)" : "")
+          : fmt::format("{} per-step batch sizes", options_.batch_sizes.size());
+  return fmt::format("{}, {} worker(s), prefetch {}, {}, {}", batching, options_.num_workers,
                      options_.prefetch_depth, normalisation, sampler_->describe());
 }
 

@@ -56,6 +56,12 @@ struct DataLoaderOptions {
   // channel. mean and std must have the same length; std values must be > 0.
   std::vector<float> mean{};
   std::vector<float> std{};
+  // Per-step batch sizes, for samplers whose steps differ in size (GlobalBatchShardSampler):
+  // batch k has batch_sizes[k] rows, 0 allowed (a 0-row Batch is still handed out, so a
+  // rank with nothing to do at a step still takes it). Empty: every batch has batch_size
+  // rows. When set, the sizes must sum to the sampler's size and drop_last must be false
+  // (the sampler already decided what to drop); batch_size is then unused.
+  std::vector<int64_t> batch_sizes{};
 };
 
 struct Batch {
@@ -98,7 +104,7 @@ class DataLoader {
     std::exception_ptr error;
   };
 
-  int64_t batches_for(int64_t items) const;  // honours drop_last
+  int64_t batches_for(int64_t items) const;  // honours drop_last and batch_sizes
   void stop_workers() noexcept;               // tells every worker to stop and joins it
   void worker_loop();
   bool can_claim() const;  // requires mutex_
@@ -110,6 +116,7 @@ class DataLoader {
   std::shared_ptr<Sampler> sampler_;
   DataLoaderOptions options_;
   std::vector<std::vector<float>> pixel_tables_;  // [channel][0..255] -> float value
+  std::vector<int64_t> batch_starts_;  // with batch_sizes: batch k is [starts[k], starts[k+1])
 
   mutable std::mutex mutex_;
   std::condition_variable work_cv_;   // workers: a batch can be claimed, or stop

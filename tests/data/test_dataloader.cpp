@@ -257,3 +257,48 @@ TEST_CASE("DataLoader rejects bad options and misuse", "[data][loader]") {
   CHECK_THROWS_AS(loader.next(), InternalError);  // no start_epoch yet
   CHECK_THAT(loader.describe(), Contains("batch 4"));
 }
+
+TEST_CASE("DataLoader follows per-step batch sizes, handing out 0-row batches", "[data][loader]") {
+  const auto ds = traceable_dataset(10);
+  auto sampler = std::make_shared<ListSampler>(std::vector<int64_t>{5, 6, 7, 2});
+  const int workers = GENERATE(1, 3);
+  DataLoader loader(ds, sampler, {.num_workers = workers, .batch_sizes = {2, 0, 1, 0, 1}});
+  CHECK(loader.num_batches() == 5);
+  CHECK_THAT(loader.describe(), Contains("5 per-step batch sizes"));
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    loader.start_epoch(epoch);
+    const std::vector<Batch> batches = drain(loader);
+    REQUIRE(batches.size() == 5u);
+    const std::vector<std::vector<int64_t>> expected{{5, 6}, {}, {7}, {}, {2}};
+    for (size_t k = 0; k < batches.size(); ++k) {
+      const Batch& b = batches[k];
+      CHECK(b.batch_index == static_cast<int64_t>(k));
+      CHECK(b.indices == expected[k]);
+      REQUIRE(b.images.shape() == Shape{b.size(), 2, 3, 4});
+      REQUIRE(b.labels.shape() == Shape{b.size()});
+      for (int64_t r = 0; r < b.size(); ++r) {
+        CHECK(b.labels.data<int64_t>()[r] == b.indices[static_cast<size_t>(r)] % 10);
+      }
+    }
+  }
+
+  SECTION("an epoch of only empty steps still yields every step") {
+    DataLoader empty(ds, std::make_shared<ListSampler>(std::vector<int64_t>{}),
+                     {.batch_sizes = {0, 0, 0}});
+    empty.start_epoch(0);
+    const std::vector<Batch> batches = drain(empty);
+    REQUIRE(batches.size() == 3u);
+    for (const Batch& b : batches) CHECK(b.images.shape() == Shape{0, 2, 3, 4});
+  }
+}
+
+TEST_CASE("DataLoader rejects per-step batch sizes that do not fit", "[data][loader]") {
+  const auto ds = traceable_dataset(10);
+  auto sampler = std::make_shared<SequentialSampler>(4);
+  CHECK_THROWS_AS(DataLoader(ds, sampler, {.batch_sizes = {2, -1, 3}}), InvalidArgument);
+  CHECK_THROWS_AS(DataLoader(ds, sampler, {.drop_last = true, .batch_sizes = {4}}),
+                  InvalidArgument);
+  DataLoader loader(ds, sampler, {.batch_sizes = {2, 1}});
+  CHECK_THROWS_WITH(loader.start_epoch(0),
+                    Contains("sum to the 4 items") && Contains("found a sum of 3"));
+}

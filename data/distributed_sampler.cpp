@@ -1,0 +1,169 @@
+#include "data/distributed_sampler.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "data/random.h"
+
+namespace mtrain::data {
+namespace {
+
+void check_shard_arguments(const char* sampler, int64_t dataset_size, int rank, int world_size) {
+  if (dataset_size < 0) {
+    throw InvalidArgument(
+        fmt::format("{}: expected a dataset size >= 0, found {}", sampler, dataset_size));
+  }
+  if (world_size < 1) {
+    throw InvalidArgument(
+        fmt::format("{}: expected a world size >= 1, found {}", sampler, world_size));
+  }
+  if (rank < 0 || rank >= world_size) {
+    throw InvalidArgument(fmt::format("{}: expected a rank in [0, {}) for world size {}, found {}",
+                                      sampler, world_size, world_size, rank));
+  }
+}
+
+// The order every rank derives the same way for an epoch.
+std::vector<int64_t> global_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch) {
+  if (shuffle) return random_permutation(n, seed + static_cast<uint64_t>(epoch));
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  return order;
+}
+
+std::string order_description(bool shuffle, uint64_t seed) {
+  return shuffle ? fmt::format("shuffled (seed {} + epoch)", seed) : std::string("in order");
+}
+
+}  // namespace
+
+DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world_size,
+                                       bool shuffle, uint64_t seed, bool drop_last)
+    : dataset_size_(dataset_size),
+      rank_(rank),
+      world_size_(world_size),
+      shuffle_(shuffle),
+      seed_(seed),
+      drop_last_(drop_last),
+      num_samples_(0) {
+  check_shard_arguments("DistributedSampler", dataset_size, rank, world_size);
+  const int64_t w = world_size;
+  // PyTorch writes the drop_last case as ceil((N - W) / W), which equals floor(N / W)
+  // (also for N < W, where both are 0).
+  num_samples_ = drop_last && dataset_size % w != 0 ? dataset_size / w : (dataset_size + w - 1) / w;
+}
+
+std::vector<int64_t> DistributedSampler::indices() const {
+  const std::vector<int64_t> order = global_order(dataset_size_, shuffle_, seed_, epoch());
+  std::vector<int64_t> shard;
+  shard.reserve(static_cast<size_t>(num_samples_));
+  // Position p of the padded (or truncated) list holds order[p % N]: padding appends
+  // order[0], order[1], ... wrapping around as often as needed, and with drop_last every
+  // p < total <= N. num_samples_ > 0 implies N > 0.
+  for (int64_t i = 0; i < num_samples_; ++i) {
+    const int64_t p = rank_ + i * world_size_;
+    shard.push_back(order[static_cast<size_t>(p % dataset_size_)]);
+  }
+  return shard;
+}
+
+std::string DistributedSampler::describe() const {
+  const int64_t total = total_size();
+  const std::string adjustment =
+      total > dataset_size_   ? fmt::format(", {} padded by repetition", total - dataset_size_)
+      : total < dataset_size_ ? fmt::format(", last {} dropped", dataset_size_ - total)
+                              : std::string();
+  return fmt::format("distributed shard {} of {}: {} of {} items {}{}", rank_, world_size_,
+                     num_samples_, dataset_size_, order_description(shuffle_, seed_), adjustment);
+}
+
+EvalShardSampler::EvalShardSampler(int64_t dataset_size, int rank, int world_size)
+    : dataset_size_(dataset_size), rank_(rank), world_size_(world_size) {
+  check_shard_arguments("EvalShardSampler", dataset_size, rank, world_size);
+}
+
+int64_t EvalShardSampler::size() const {
+  return dataset_size_ > rank_ ? (dataset_size_ - rank_ + world_size_ - 1) / world_size_ : 0;
+}
+
+std::vector<int64_t> EvalShardSampler::indices() const {
+  std::vector<int64_t> shard;
+  shard.reserve(static_cast<size_t>(size()));
+  for (int64_t i = rank_; i < dataset_size_; i += world_size_) shard.push_back(i);
+  return shard;
+}
+
+std::string EvalShardSampler::describe() const {
+  return fmt::format("evaluation shard {} of {}: {} of {} items in order, unpadded", rank_,
+                     world_size_, size(), dataset_size_);
+}
+
+std::vector<int64_t> split_global_batch(int64_t global_batch, int world_size) {
+  if (global_batch < 1) {
+    throw InvalidArgument(
+        fmt::format("split_global_batch: expected a global batch >= 1, found {}", global_batch));
+  }
+  if (world_size < 1) {
+    throw InvalidArgument(
+        fmt::format("split_global_batch: expected a world size >= 1, found {}", world_size));
+  }
+  const int64_t chunk = (global_batch + world_size - 1) / world_size;
+  std::vector<int64_t> sizes(static_cast<size_t>(world_size));
+  int64_t left = global_batch;
+  for (int64_t& s : sizes) {
+    s = std::min(chunk, left);
+    left -= s;
+  }
+  return sizes;
+}
+
+GlobalBatchShardSampler::GlobalBatchShardSampler(int64_t dataset_size, int rank, int world_size,
+                                                 int64_t global_batch, bool shuffle,
+                                                 uint64_t seed, bool drop_last)
+    : dataset_size_(dataset_size),
+      rank_(rank),
+      world_size_(world_size),
+      global_batch_(global_batch),
+      shuffle_(shuffle),
+      seed_(seed),
+      drop_last_(drop_last) {
+  check_shard_arguments("GlobalBatchShardSampler", dataset_size, rank, world_size);
+  if (global_batch < 1) {
+    throw InvalidArgument(fmt::format(
+        "GlobalBatchShardSampler: expected a global batch size >= 1, found {}", global_batch));
+  }
+  for (int64_t start = 0; start < dataset_size; start += global_batch) {
+    const int64_t step_size = std::min(global_batch, dataset_size - start);
+    if (step_size < global_batch && drop_last) break;
+    batch_sizes_.push_back(split_global_batch(step_size, world_size)[static_cast<size_t>(rank)]);
+    size_ += batch_sizes_.back();
+  }
+}
+
+std::vector<int64_t> GlobalBatchShardSampler::indices() const {
+  const std::vector<int64_t> order = global_order(dataset_size_, shuffle_, seed_, epoch());
+  std::vector<int64_t> shard;
+  shard.reserve(static_cast<size_t>(size_));
+  for (size_t step = 0; step < batch_sizes_.size(); ++step) {
+    const int64_t start = static_cast<int64_t>(step) * global_batch_;
+    const int64_t step_size = std::min(global_batch_, dataset_size_ - start);
+    const std::vector<int64_t> chunks = split_global_batch(step_size, world_size_);
+    int64_t offset = start;
+    for (int r = 0; r < rank_; ++r) offset += chunks[static_cast<size_t>(r)];
+    const auto first = order.begin() + offset;
+    shard.insert(shard.end(), first, first + chunks[static_cast<size_t>(rank_)]);
+  }
+  return shard;
+}
+
+std::string GlobalBatchShardSampler::describe() const {
+  return fmt::format(
+      "global batch {} shard {} of {}: {} of {} items in {} steps {}{}", global_batch_, rank_,
+      world_size_, size_, dataset_size_, batch_sizes_.size(), order_description(shuffle_, seed_),
+      drop_last_ && dataset_size_ % global_batch_ != 0 ? ", last partial global batch dropped"
+                                                       : "");
+}
+
+}  // namespace mtrain::data

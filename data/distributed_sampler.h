@@ -1,0 +1,127 @@
+// Rank-aware samplers: each rank of a data-parallel job visits its own shard of the
+// dataset, and the shards are derived from one global order that every rank computes
+// alone (random_permutation(n, seed + epoch), data/random.h), so no communication is
+// needed to agree on them.
+//
+// Note [DistributedSampler semantics]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// DistributedSampler follows torch.utils.data.DistributedSampler exactly, with
+// N = dataset size, W = world size, r = rank:
+//
+//   num_samples = drop_last && N % W != 0 ? ceil((N - W) / W)   (= floor(N / W))
+//                                         : ceil(N / W)
+//   total       = num_samples * W
+//   order       = shuffle ? random_permutation(N, seed + epoch) : 0, 1, ..., N-1
+//   not drop_last: order += order[:total - N], repeating the whole list as often as needed
+//                  when total - N > N (N = 2, W = 5: order a b -> a b a b a)
+//   drop_last:     order = order[:total]             (the tail is never visited)
+//   rank r gets    order[r : total : W]               (interleaved, num_samples items)
+//
+// So every rank gets the same count, which keeps the ranks' step counts, and hence their
+// collectives, in lock step. The price without drop_last is that total - N samples are
+// visited twice per epoch. That is harmless for training but skews evaluation metrics
+// (pytorch/pytorch#25162), which is why evaluation uses EvalShardSampler instead.
+// The permutation itself is mtrain's own (Note [Portable randomness]); the shards are
+// PyTorch's function of that permutation, not bit-identical to torch.randperm's.
+//
+// Note [Global batch sharding]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With --global-batch-size G, a step processes exactly the G samples a single process
+// would, split over the ranks. All ranks walk the same global order in global batches of
+// G; batch s is order[s*G : (s+1)*G] and rank r takes chunk r of it, sized by
+// split_global_batch (torch.chunk-like: ceil(G/W) per rank until G runs out). The last
+// partial global batch is dropped with drop_last, else split the same way by its own
+// size. Chunks are contiguous, so concatenating the ranks' chunks of step s in rank order
+// gives exactly the single-process batch s. A rank's chunk may be empty (G < W, or a
+// small last batch); it still takes the step with a 0-row batch so the collectives match,
+// which is why batch_sizes() lists every step and the DataLoader is driven with it
+// (DataLoaderOptions::batch_sizes).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/sampler.h"
+
+namespace mtrain::data {
+
+// Training shards with PyTorch's DistributedSampler semantics; see Note
+// [DistributedSampler semantics].
+class DistributedSampler final : public Sampler {
+ public:
+  // Throws InvalidArgument unless dataset_size >= 0, world_size >= 1, 0 <= rank < world_size.
+  DistributedSampler(int64_t dataset_size, int rank, int world_size, bool shuffle, uint64_t seed,
+                     bool drop_last);
+
+  std::vector<int64_t> indices() const override;
+  int64_t size() const override { return num_samples_; }  // num_samples
+  std::string describe() const override;
+
+  int64_t total_size() const { return num_samples_ * world_size_; }
+
+ private:
+  int64_t dataset_size_;
+  int rank_;
+  int world_size_;
+  bool shuffle_;
+  uint64_t seed_;
+  bool drop_last_;
+  int64_t num_samples_;
+};
+
+// Evaluation shards: rank r visits r, r + W, r + 2W, ... < N in order, without padding,
+// so over all ranks every index is visited exactly once and metrics summed across ranks
+// count every sample once. Ranks may differ by one item; an evaluation loop that
+// all-reduces only after its last batch does not need equal step counts.
+class EvalShardSampler final : public Sampler {
+ public:
+  // Throws InvalidArgument unless dataset_size >= 0, world_size >= 1, 0 <= rank < world_size.
+  EvalShardSampler(int64_t dataset_size, int rank, int world_size);
+
+  std::vector<int64_t> indices() const override;
+  int64_t size() const override;
+  std::string describe() const override;
+
+ private:
+  int64_t dataset_size_;
+  int rank_;
+  int world_size_;
+};
+
+// Per-rank sizes of a global batch, torch.chunk-like: ceil(G/W) for each rank until G
+// runs out, then 0 (30 on 4 -> 8,8,8,6; 25 on 4 -> 7,7,7,4; 2 on 4 -> 1,1,0,0). Always
+// world_size entries summing to global_batch. Throws InvalidArgument unless
+// global_batch >= 1 and world_size >= 1.
+std::vector<int64_t> split_global_batch(int64_t global_batch, int world_size);
+
+// This rank's share of every global batch; see Note [Global batch sharding].
+class GlobalBatchShardSampler final : public Sampler {
+ public:
+  // Throws InvalidArgument unless dataset_size >= 0, world_size >= 1,
+  // 0 <= rank < world_size and global_batch >= 1.
+  GlobalBatchShardSampler(int64_t dataset_size, int rank, int world_size, int64_t global_batch,
+                          bool shuffle, uint64_t seed, bool drop_last);
+
+  // The concatenation of this rank's chunks, step by step.
+  std::vector<int64_t> indices() const override;
+  int64_t size() const override { return size_; }
+  std::string describe() const override;
+
+  // This rank's batch size at each step (0 where its chunk is empty); the same number of
+  // steps on every rank, summing to size(). Does not depend on the epoch.
+  std::vector<int64_t> batch_sizes() const { return batch_sizes_; }
+
+ private:
+  int64_t dataset_size_;
+  int rank_;
+  int world_size_;
+  int64_t global_batch_;
+  bool shuffle_;
+  uint64_t seed_;
+  bool drop_last_;
+  std::vector<int64_t> batch_sizes_;
+  int64_t size_ = 0;
+};
+
+}  // namespace mtrain::data
