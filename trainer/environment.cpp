@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <cctype>
 #include <thread>
 
 #include "core/env.h"
@@ -11,27 +12,184 @@ namespace mtrain {
 
 namespace {
 
-// The first of `names` that is set, parsed as an integer >= 1.
-std::optional<std::pair<int, std::string>> first_positive(std::initializer_list<const char*> names) {
-  for (const char* name : names) {
-    if (auto v = env::get_int(name, 1, 1 << 20)) return std::pair{static_cast<int>(*v), std::string(name)};
+constexpr int kMaxWorld = 1 << 20;
+
+class Reader {
+ public:
+  explicit Reader(const EnvLookup& lookup) : lookup_(lookup) {}
+
+  bool has(const char* name) const { return lookup_(name).has_value(); }
+  std::optional<std::string> str(const char* name) const { return lookup_(name); }
+  std::optional<int> integer(const char* name, int min, int max) const {
+    auto v = lookup_(name);
+    if (!v) return std::nullopt;
+    return static_cast<int>(env::parse_int(*v, fmt::format("environment variable {}", name), min, max));
   }
-  return std::nullopt;
+  int required(const char* name, const char* because, int min, int max) const {
+    auto v = integer(name, min, max);
+    if (!v) throw InvalidArgument(fmt::format("environment variable {} is not set, but {}", name, because));
+    return *v;
+  }
+
+ private:
+  const EnvLookup& lookup_;
+};
+
+void check_rank(int rank, const char* rank_name, int size, const char* size_name) {
+  if (rank >= size) {
+    throw InvalidArgument(fmt::format("environment variable {}={} must be smaller than {}={}", rank_name, rank,
+                                      size_name, size));
+  }
+}
+
+// A launcher variable beside the Open MPI one must say the same thing.
+void check_agrees(const Reader& r, const char* name, const char* ompi_name) {
+  const auto a = r.integer(name, 0, kMaxWorld);
+  const auto b = r.integer(ompi_name, 0, kMaxWorld);
+  if (a && b && *a != *b) {
+    throw InvalidArgument(fmt::format("environment variable {}={} contradicts {}={} set by mpirun", name, *a,
+                                      ompi_name, *b));
+  }
+}
+
+// Leading integer of SLURM_NTASKS_PER_NODE ("4(x2)" or "2,1" -> 4 / 2).
+std::optional<int> leading_count(const std::optional<std::string>& text) {
+  if (!text || text->empty() || !std::isdigit(static_cast<unsigned char>((*text)[0]))) return std::nullopt;
+  return std::stoi(*text);
+}
+
+void read_launcher(const Reader& r, WorkerEnvironment& w) {
+  w.source = "launcher";
+  w.world_size = r.required("WORLD_SIZE", "RANK is set (a launcher sets both)", 1, kMaxWorld);
+  w.rank = r.required("RANK", "WORLD_SIZE is set (a launcher sets both)", 0, kMaxWorld);
+  check_rank(w.rank, "RANK", w.world_size, "WORLD_SIZE");
+  check_agrees(r, "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE");
+  check_agrees(r, "RANK", "OMPI_COMM_WORLD_RANK");
+  w.local_world_size = r.integer("LOCAL_WORLD_SIZE", 1, kMaxWorld).value_or(w.world_size);
+  w.local_world_size_source = r.has("LOCAL_WORLD_SIZE") ? "LOCAL_WORLD_SIZE" : "WORLD_SIZE";
+  w.local_rank = r.integer("LOCAL_RANK", 0, kMaxWorld).value_or(w.rank);
+  check_rank(w.local_rank, "LOCAL_RANK", w.local_world_size, w.local_world_size_source.c_str());
+  w.node_rank = r.integer("GROUP_RANK", 0, kMaxWorld).value_or(0);
+}
+
+void read_open_mpi(const Reader& r, WorkerEnvironment& w) {
+  w.source = "Open MPI";
+  w.world_size = r.required("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK is set", 1, kMaxWorld);
+  w.rank = r.required("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE is set", 0, kMaxWorld);
+  check_rank(w.rank, "OMPI_COMM_WORLD_RANK", w.world_size, "OMPI_COMM_WORLD_SIZE");
+  w.local_world_size = r.integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1, kMaxWorld).value_or(1);
+  w.local_world_size_source = r.has("OMPI_COMM_WORLD_LOCAL_SIZE") ? "OMPI_COMM_WORLD_LOCAL_SIZE" : "";
+  w.local_rank = r.integer("OMPI_COMM_WORLD_LOCAL_RANK", 0, kMaxWorld).value_or(0);
+  check_rank(w.local_rank, "OMPI_COMM_WORLD_LOCAL_RANK", w.local_world_size, "OMPI_COMM_WORLD_LOCAL_SIZE");
+  w.node_rank = r.integer("OMPI_COMM_WORLD_NODE_RANK", 0, kMaxWorld).value_or(0);
+  w.under_mpirun = true;
+}
+
+void read_slurm_layout(const Reader& r, WorkerEnvironment& w) {
+  w.local_rank = r.integer("SLURM_LOCALID", 0, kMaxWorld).value_or(0);
+  if (auto n = leading_count(r.str("SLURM_NTASKS_PER_NODE"))) {
+    w.local_world_size = *n;
+    w.local_world_size_source = "SLURM_NTASKS_PER_NODE";
+    check_rank(w.local_rank, "SLURM_LOCALID", w.local_world_size, "SLURM_NTASKS_PER_NODE");
+  }
+  w.node_rank = r.integer("SLURM_NODEID", 0, kMaxWorld).value_or(0);
+}
+
+void read_pmix(const Reader& r, WorkerEnvironment& w) {
+  w.source = "PMIx";
+  w.rank = r.required("PMIX_RANK", "", 0, kMaxWorld);
+  auto size = r.integer("SLURM_NTASKS", 1, kMaxWorld);
+  if (!size) {
+    throw InvalidArgument(fmt::format(
+        "environment variable PMIX_RANK={} is set but the world size is unknown (PMIx exports none): "
+        "set SLURM_NTASKS, or RANK and WORLD_SIZE", w.rank));
+  }
+  w.world_size = *size;
+  check_rank(w.rank, "PMIX_RANK", w.world_size, "SLURM_NTASKS");
+  read_slurm_layout(r, w);
+}
+
+void read_slurm(const Reader& r, WorkerEnvironment& w) {
+  w.source = "SLURM";
+  w.world_size = r.required("SLURM_NTASKS", "SLURM_PROCID is set", 1, kMaxWorld);
+  w.rank = r.required("SLURM_PROCID", "", 0, kMaxWorld);
+  check_rank(w.rank, "SLURM_PROCID", w.world_size, "SLURM_NTASKS");
+  read_slurm_layout(r, w);
+}
+
+void read_master(const Reader& r, const std::string& backend, WorkerEnvironment& w) {
+  if (!w.distributed()) return;
+  const bool mpi_bootstrap = w.under_mpirun && (backend == "mpi" || backend == "auto");
+  auto addr = r.str("MASTER_ADDR");
+  if (!addr && w.source == "SLURM" ) {
+    if (auto nodes = r.str("SLURM_JOB_NODELIST")) addr = first_slurm_host(*nodes);
+  }
+  if (!addr || addr->empty()) {
+    if (mpi_bootstrap) return;
+    throw InvalidArgument(fmt::format(
+        "environment variable MASTER_ADDR is not set, but the world has {} ranks (from {}): set MASTER_ADDR and "
+        "MASTER_PORT to the rendezvous store, or start the workers with mtrain-launch{}",
+        w.world_size, w.source, w.under_mpirun ? " or use --backend mpi" : ""));
+  }
+  w.master_addr = *addr;
+  auto port = r.integer("MASTER_PORT", 1, 65535);
+  if (!port) {
+    if (mpi_bootstrap) return;
+    throw InvalidArgument(fmt::format(
+        "environment variable MASTER_PORT is not set, but the world has {} ranks (MASTER_ADDR={})",
+        w.world_size, w.master_addr));
+  }
+  w.master_port = *port;
 }
 
 }  // namespace
 
-WorkerEnvironment discover_environment() {
+std::string first_slurm_host(const std::string& nodelist) {
+  std::string host;
+  size_t i = 0;
+  while (i < nodelist.size() && nodelist[i] != ',') {
+    if (nodelist[i] == '[') {
+      ++i;
+      const auto in_first_item = [&] { return nodelist[i] != ',' && nodelist[i] != '-' && nodelist[i] != ']'; };
+      while (i < nodelist.size() && in_first_item()) host += nodelist[i++];
+      while (i < nodelist.size() && nodelist[i] != ']') ++i;
+      ++i;  // past ']'
+    } else {
+      host += nodelist[i++];
+    }
+  }
+  return host;
+}
+
+WorkerEnvironment discover_environment(const EnvLookup& lookup, const std::string& backend) {
+  const Reader r(lookup);
   WorkerEnvironment w;
-  if (auto local = first_positive({"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"})) {
-    w.local_world_size = local->first;
-    w.local_world_size_source = local->second;
+  if (r.has("RANK") || r.has("WORLD_SIZE")) {
+    read_launcher(r, w);
+  } else if (r.has("OMPI_COMM_WORLD_RANK") || r.has("OMPI_COMM_WORLD_SIZE")) {
+    read_open_mpi(r, w);
+  } else if (r.has("PMIX_RANK")) {
+    read_pmix(r, w);
+  } else if (r.has("SLURM_PROCID")) {
+    read_slurm(r, w);
+  } else if (auto local = r.integer("LOCAL_WORLD_SIZE", 1, kMaxWorld)) {
+    // A world of one that still shares its node (e.g. several jobs side by side).
+    w.local_world_size = *local;
+    w.local_world_size_source = "LOCAL_WORLD_SIZE";
   }
-  if (auto world = first_positive({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"})) {
-    w.requested_world_size = world->first;
-    w.requested_world_size_source = world->second;
+  w.under_mpirun = w.under_mpirun || r.has("OMPI_COMM_WORLD_SIZE");
+  if (w.local_world_size_source.empty()) {
+    if (auto local = r.integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1, kMaxWorld)) {
+      w.local_world_size = *local;
+      w.local_world_size_source = "OMPI_COMM_WORLD_LOCAL_SIZE";
+    }
   }
+  read_master(r, backend, w);
   return w;
+}
+
+WorkerEnvironment discover_environment(const std::string& backend) {
+  return discover_environment([](const char* name) { return env::get(name); }, backend);
 }
 
 int usable_cpu_count() {

@@ -1,15 +1,25 @@
 // Who this worker is and what it may use: its place in the world (rank, local rank,
-// sizes) and its intra-op thread count.
+// sizes, where the rendezvous store is) and its intra-op thread count.
 //
-// Note [World of one]
-// ~~~~~~~~~~~~~~~~~~~
-// mtrain-train has no process group yet, so every process trains a world of one. The
-// full discovery contract (launcher / torchrun variables, then Open MPI, PMIx, SLURM;
-// ARCHITECTURE.md "Environment") arrives with the process group; until then only the
-// node-local size is read, because it decides the thread default, and a launcher-set
-// WORLD_SIZE > 1 is reported so nobody mistakes N independent runs for one job.
+// Note [Environment discovery]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A worker learns its place from whoever started it (ARCHITECTURE.md "Environment").
+// Sources are tried in this order and the first one present wins:
+//   1. launcher / torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+//      MASTER_ADDR, MASTER_PORT (present when RANK or WORLD_SIZE is set);
+//   2. Open MPI: OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}. It must beat SLURM:
+//      under mpirun inside an allocation every rank sees SLURM_PROCID=0;
+//   3. PMIx: PMIX_RANK (the size comes from SLURM_NTASKS, PMIx exports none);
+//   4. SLURM: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE, and the
+//      first host of SLURM_JOB_NODELIST as the master when MASTER_ADDR is unset.
+// Nothing set = a world of one. Contradictions are InvalidArgument naming the variable:
+// a rank outside [0, size), half of a pair (RANK without WORLD_SIZE), a launcher
+// WORLD_SIZE or RANK that disagrees with the Open MPI value beside it, and a world of
+// several ranks without MASTER_ADDR / MASTER_PORT (except under mpirun with an MPI
+// backend, which bootstraps through MPI itself and needs no store).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -19,15 +29,29 @@ struct WorkerEnvironment {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
-  int local_world_size = 1;  // ranks sharing this node, from LOCAL_WORLD_SIZE / Open MPI
+  int local_world_size = 1;  // ranks sharing this node
   std::string local_world_size_source;  // the variable it came from; empty = default
-  int requested_world_size = 1;         // WORLD_SIZE / OMPI_COMM_WORLD_SIZE as set, see the Note
-  std::string requested_world_size_source;
+  int node_rank = 0;                    // GROUP_RANK or SLURM_NODEID; 0 when unknown
+  std::string source = "none";          // "launcher", "Open MPI", "PMIx", "SLURM" or "none"
+  std::string master_addr;              // empty when not needed (world of one, MPI bootstrap)
+  int master_port = 0;
+  bool under_mpirun = false;            // OMPI_COMM_WORLD_SIZE is set
+
+  bool distributed() const { return world_size > 1; }
 };
 
-// Reads the environment (see Note [World of one]). Throws InvalidArgument naming the
-// variable when a value is not a positive integer.
-WorkerEnvironment discover_environment();
+// Reads one environment variable: nullopt when unset (an empty value counts as set).
+using EnvLookup = std::function<std::optional<std::string>(const char* name)>;
+
+// Discovers the worker's environment (see Note [Environment discovery]) through
+// `lookup`. `backend` is the --backend value ("auto", "gloo", "mpi", ...): it decides
+// whether a multi-rank world under mpirun needs MASTER_ADDR. Throws InvalidArgument.
+WorkerEnvironment discover_environment(const EnvLookup& lookup, const std::string& backend = "auto");
+// The same over the process environment.
+WorkerEnvironment discover_environment(const std::string& backend = "auto");
+
+// The first host of a SLURM node list: "node[03-05,9],gpu1" -> "node03".
+std::string first_slurm_host(const std::string& nodelist);
 
 struct ThreadChoice {
   int threads = 1;

@@ -13,7 +13,9 @@ void LocalGradients::attach(models::Module& model) {
   model.set_grad_ready_hook([this](models::Parameter& p) { on_gradient_ready(p); });
 }
 
-void LocalGradients::before_backward() { std::fill(ready_count_.begin(), ready_count_.end(), 0); }
+void LocalGradients::before_backward(const MicroBatchInfo& /*micro_batch*/) {
+  std::fill(ready_count_.begin(), ready_count_.end(), 0);
+}
 
 void LocalGradients::on_gradient_ready(const models::Parameter& param) {
   MTRAIN_CHECK(param.index >= 0 && static_cast<size_t>(param.index) < ready_count_.size(),

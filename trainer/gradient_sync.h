@@ -2,17 +2,16 @@
 //
 // Note [Gradient synchronizer]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The loop runs, per step:
-//     zero_grad -> forward -> loss -> sync.before_backward() -> model.backward()
-//       -> sync.after_backward() -> optimizer.step()
+// The loop runs, per micro-batch:
+//     [zero_grad] -> forward -> loss -> sync.before_backward(step) -> model.backward()
+//       -> sync.after_backward() -> [optimizer.step()]
 // and the model reports each parameter's gradient the moment it is final through the
 // grad-ready hook (models/module.h, Note [Grad-ready hook]) that attach() installs.
+// zero_grad and the optimizer step happen once per group of --grad-accum micro-batches;
+// only the last micro-batch of a group has `step.sync` set (no_sync for the others).
 // With one process there is nothing to exchange, so LocalGradients only checks the
 // hook contract (every parameter exactly once per backward), which keeps the path the
-// DDP Reducer will take exercised by every single-process run and test. The Reducer
-// implements the same interface: attach() builds buckets in reverse parameter order,
-// the hook launches a bucket's all-reduce when its last gradient arrives, and
-// after_backward() waits for all of them and leaves averaged gradients in place.
+// DDP Reducer takes (trainer/reducer.h) exercised by every single-process run.
 #pragma once
 
 #include <cstdint>
@@ -23,13 +22,18 @@
 
 namespace mtrain {
 
+struct MicroBatchInfo {
+  int64_t samples = 0;  // rows of this rank's micro-batch
+  bool sync = true;     // false: accumulate locally, no communication (no_sync)
+};
+
 class GradientSynchronizer {
  public:
   virtual ~GradientSynchronizer() = default;
   // Installs the grad-ready hook in `model`; call once the model's structure is final.
   virtual void attach(models::Module& model) = 0;
   // Called right before each backward.
-  virtual void before_backward() = 0;
+  virtual void before_backward(const MicroBatchInfo& micro_batch) = 0;
   // Called right after each backward; on return every gradient is final.
   virtual void after_backward() = 0;
   // One line for logs.
@@ -40,7 +44,7 @@ class GradientSynchronizer {
 class LocalGradients final : public GradientSynchronizer {
  public:
   void attach(models::Module& model) override;
-  void before_backward() override;
+  void before_backward(const MicroBatchInfo& micro_batch) override;
   void after_backward() override;
   std::string describe() const override;
 

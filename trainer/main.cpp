@@ -1,18 +1,25 @@
 // mtrain-train: trains one model replica. See docs/training.md.
 #include <cstdio>
+#include <exception>
 
 #include "core/main_guard.h"
+#include "trainer/error_file.h"
 #include "trainer/options.h"
 #include "trainer/train_command.h"
 
 int main(int argc, char** argv) {
   return mtrain::run_main("mtrain-train", [&] {
-    const auto parsed = mtrain::parse_train_command_line(argc, argv, mtrain::train_choices());
-    if (parsed.help) {
-      std::fputs(parsed.help_text.c_str(), stdout);
+    try {
+      const auto parsed = mtrain::parse_train_command_line(argc, argv, mtrain::train_choices());
+      if (parsed.help) {
+        std::fputs(parsed.help_text.c_str(), stdout);
+        return 0;
+      }
+      mtrain::run_train_command(parsed.options);
       return 0;
+    } catch (const std::exception& e) {
+      mtrain::write_error_record(e.what());
+      throw;
     }
-    mtrain::run_train_command(parsed.options);
-    return 0;
   });
 }

@@ -94,6 +94,32 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
   if (o.log_every < 1) {
     throw InvalidArgument(fmt::format("--log-every: expected an integer >= 1, found {}", o.log_every));
   }
+  check_choice("--backend", o.backend, {"auto", "gloo", "mpi", "nccl"});
+  check_choice("--lr-scaling", o.lr_scaling, {"none", "linear"});
+  check_choice("--lr-schedule", o.lr_schedule, {"constant", "step", "cosine"});
+  if (!(std::isfinite(o.bucket_cap_mb) && o.bucket_cap_mb > 0)) {
+    throw InvalidArgument(fmt::format("--bucket-cap-mb: expected a number > 0, found {}", o.bucket_cap_mb));
+  }
+  if (o.grad_accum < 1) {
+    throw InvalidArgument(fmt::format("--grad-accum: expected an integer >= 1, found {}", o.grad_accum));
+  }
+  if (o.check_replicas < 0) {
+    throw InvalidArgument(fmt::format("--check-replicas: expected an integer >= 0, found {}", o.check_replicas));
+  }
+  if (o.global_batch_size && *o.global_batch_size < 1) {
+    throw InvalidArgument(fmt::format("--global-batch-size: expected an integer >= 1, found {}", *o.global_batch_size));
+  }
+  if (o.global_batch_size && o.grad_accum > 1) {
+    // The sample weighting is per micro-batch (Note [Reducer gradient weighting]);
+    // accumulated micro-batches of different sizes would need per-micro-batch weights.
+    throw InvalidArgument("--global-batch-size cannot be combined with --grad-accum > 1 (use --batch-size)");
+  }
+  if (!(std::isfinite(o.timeout_seconds) && o.timeout_seconds > 0)) {
+    throw InvalidArgument(fmt::format("--timeout: expected a number of seconds > 0, found {}", o.timeout_seconds));
+  }
+  if (!(std::isfinite(o.warmup_epochs) && o.warmup_epochs >= 0)) {
+    throw InvalidArgument(fmt::format("--warmup-epochs: expected a number >= 0, found {}", o.warmup_epochs));
+  }
   if (!o.init_from.empty() && o.init_from == o.save_final) {
     // Not an error for the file (the write is atomic), but almost always a typo that
     // would overwrite the weights the run started from.
@@ -105,7 +131,7 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
 ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* argv,
                                                 const TrainChoices& choices) {
   const TrainOptions d;  // defaults, shown in --help
-  cxxopts::Options spec("mtrain-train", "Train an image classifier with data-parallel SGD (one process for now).");
+  cxxopts::Options spec("mtrain-train", "Train an image classifier with data-parallel SGD (one replica per process; see docs/training.md).");
   spec.set_width(100);
   // clang-format off
   spec.add_options("Model and data")
@@ -125,6 +151,17 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
     ("nesterov", "Nesterov momentum")
     ("no-shuffle", "read the training set in file order (to compare runs with other frameworks)")
     ("threads", "intra-op threads (default: OMP_NUM_THREADS if set, else 1 per rank when several ranks share the node, else every core)", cxxopts::value<std::string>());
+  spec.add_options("Distributed")
+    ("backend", "collectives: auto (nccl on GPUs, mpi under mpirun, else gloo) | gloo | mpi | nccl", cxxopts::value<std::string>()->default_value(d.backend))
+    ("bucket-cap-mb", "gradient bucket size cap in MiB (the first bucket is 1 MiB)", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.bucket_cap_mb)))
+    ("grad-accum", "micro-batches per optimizer step; gradients are exchanged on the last only", cxxopts::value<std::string>()->default_value(std::to_string(d.grad_accum)))
+    ("check-replicas", "every N optimizer steps verify that every rank holds the same parameters (0 = never)", cxxopts::value<std::string>()->default_value(std::to_string(d.check_replicas)))
+    ("sync-bn", "convert every BatchNorm2d to SyncBatchNorm (statistics over the global batch)")
+    ("global-batch-size", "images per optimizer step over all ranks, split as evenly as possible (instead of --batch-size per rank)", cxxopts::value<std::string>())
+    ("timeout", "seconds any collective may take before the run fails", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.timeout_seconds)))
+    ("lr-scaling", "none | linear (lr x world size)", cxxopts::value<std::string>()->default_value(d.lr_scaling))
+    ("warmup-epochs", "linear warm-up from --lr to the scaled rate over this many epochs", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.warmup_epochs)))
+    ("lr-schedule", "constant | step (x0.1 at 50% and 75%) | cosine", cxxopts::value<std::string>()->default_value(d.lr_schedule));
   spec.add_options("Output")
     ("save-final", "write every parameter and buffer to this safetensors file at the end", cxxopts::value<std::string>())
     ("metrics", "write JSON lines (one object per logged step and per epoch) to this file", cxxopts::value<std::string>())
@@ -180,6 +217,19 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   o.eval = r.count("no-eval") == 0;
   o.log_level = r["log-level"].as<std::string>();
   read_int(r, "log-every", o.log_every, 1, kMax);
+
+  o.backend = r["backend"].as<std::string>();
+  read_double(r, "bucket-cap-mb", o.bucket_cap_mb);
+  read_int(r, "grad-accum", o.grad_accum, 1, 1'000'000);
+  read_int(r, "check-replicas", o.check_replicas, 0, kMax);
+  o.sync_bn = r.count("sync-bn") != 0;
+  if (r.count("global-batch-size") != 0) {
+    o.global_batch_size = env::parse_int(r["global-batch-size"].as<std::string>(), "--global-batch-size", 1, 1'000'000);
+  }
+  read_double(r, "timeout", o.timeout_seconds);
+  o.lr_scaling = r["lr-scaling"].as<std::string>();
+  read_double(r, "warmup-epochs", o.warmup_epochs);
+  o.lr_schedule = r["lr-schedule"].as<std::string>();
 
   validate_train_options(o, choices);
   return out;

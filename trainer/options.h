@@ -37,6 +37,18 @@ struct TrainOptions {
   bool eval = true;
   std::string log_level = "info";
   int64_t log_every = 20;               // optimizer steps between progress lines
+
+  // Distributed training (ignored in a world of one except where noted).
+  std::string backend = "auto";         // auto|gloo|mpi|nccl, see create_process_group
+  double bucket_cap_mb = 25.0;          // Reducer bucket cap (Note [Reducer buckets])
+  int64_t grad_accum = 1;               // micro-batches per optimizer step (also in a world of one)
+  int64_t check_replicas = 0;           // every N steps compare parameter hashes; 0 = never
+  bool sync_bn = false;                 // convert BatchNorm2d to SyncBatchNorm
+  std::optional<int64_t> global_batch_size;  // split across ranks instead of --batch-size per rank
+  double timeout_seconds = 1800;        // per collective
+  std::string lr_scaling = "none";      // none|linear (Note [Learning-rate scaling and warm-up])
+  double warmup_epochs = 0;
+  std::string lr_schedule = "constant"; // constant|step|cosine
 };
 
 struct ParsedTrainCommandLine {

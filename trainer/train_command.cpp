@@ -2,15 +2,20 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 
+#include "collectives/bootstrap.h"
+#include "collectives/process_group.h"
 #include "core/error.h"
 #include "data/data_source.h"
 #include "data/dataloader.h"
+#include "data/distributed_sampler.h"
 #include "data/sampler.h"
 #include "models/init.h"
 #include "models/optim.h"
+#include "models/sync_batchnorm.h"
 #include "models/zoo.h"
 #include "tensor/cuda_runtime.h"
 #include "tensor/ops.h"
@@ -18,7 +23,10 @@
 #include "trainer/environment.h"
 #include "trainer/evaluate.h"
 #include "trainer/gradient_sync.h"
+#include "trainer/lr_schedule.h"
 #include "trainer/metrics.h"
+#include "trainer/rank_consensus.h"
+#include "trainer/reducer.h"
 #include "trainer/train_loop.h"
 
 namespace mtrain {
@@ -30,9 +38,16 @@ namespace {
 constexpr int kLoaderWorkers = 1;
 constexpr int kPrefetchDepth = 2;
 
-void configure_logging(const std::string& level) {
-  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
-  spdlog::set_level(spdlog::level::from_str(level));
+// Only rank 0 speaks at info level; the others report warnings and errors, prefixed
+// with their rank so interleaved output stays attributable.
+void configure_logging(const std::string& level, const WorkerEnvironment& env) {
+  if (env.rank == 0) {
+    spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
+    spdlog::set_level(spdlog::level::from_str(level));
+  } else {
+    spdlog::set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [%l] [rank {}] %v", env.rank));
+    spdlog::set_level(std::max(spdlog::level::from_str(level), spdlog::level::warn));
+  }
 }
 
 // An output file's directory must exist before training starts, not after an hour of it.
@@ -60,17 +75,20 @@ void log_device(const ThreadChoice& threads) {
 }
 
 void log_environment(const WorkerEnvironment& env) {
-  if (env.requested_world_size > 1) {
-    spdlog::warn("{}={} but mtrain-train has no process group yet: this process trains alone, "
-                 "as a world of one", env.requested_world_size_source, env.requested_world_size);
+  if (!env.distributed()) {
+    spdlog::info("world: one process (no launcher variables found)");
+    return;
   }
+  spdlog::info("world: {} ranks from {} variables, this is rank {} (local rank {} of {}, node {})", env.world_size,
+               env.source, env.rank, env.local_rank, env.local_world_size, env.node_rank);
 }
 
 std::shared_ptr<data::DataLoader> make_loader(std::shared_ptr<const data::Dataset> dataset,
-                                              std::shared_ptr<data::Sampler> sampler,
-                                              int64_t batch_size) {
+                                              std::shared_ptr<data::Sampler> sampler, int64_t batch_size,
+                                              std::vector<int64_t> batch_sizes = {}) {
   data::DataLoaderOptions o;
   o.batch_size = batch_size;
+  o.batch_sizes = std::move(batch_sizes);
   o.drop_last = false;
   o.num_workers = kLoaderWorkers;
   o.prefetch_depth = kPrefetchDepth;
@@ -82,21 +100,94 @@ SafetensorsMetadata weights_metadata(const TrainOptions& o, int64_t steps) {
           {"mtrain.seed", std::to_string(o.seed)}, {"mtrain.init", o.init_from.empty() ? o.init : "file"}};
 }
 
+// Every flag that changes what is trained or how the ranks cooperate; paths and
+// logging flags may differ per rank. Rank 0 is the reference (Note [Consensus by
+// hashes] in rank_consensus.h).
+std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t train_size) {
+  std::vector<NamedHash> items;
+  const auto add = [&](const char* name, const std::string& value) {
+    items.push_back({name, fnv1a(value), value});
+  };
+  add("--model", o.model);
+  add("--dataset", o.dataset);
+  add("training set size", std::to_string(train_size));
+  add("--epochs", std::to_string(o.epochs));
+  add("--max-steps", o.max_steps ? std::to_string(*o.max_steps) : "unset");
+  add("--batch-size", std::to_string(o.batch_size));
+  add("--global-batch-size", o.global_batch_size ? std::to_string(*o.global_batch_size) : "unset");
+  add("--lr", fmt::format("{}", o.lr));
+  add("--momentum", fmt::format("{}", o.momentum));
+  add("--weight-decay", fmt::format("{}", o.weight_decay));
+  add("--nesterov", o.nesterov ? "on" : "off");
+  add("--seed", std::to_string(o.seed));
+  add("--init", o.init_from.empty() ? o.init : "file");
+  add("--no-shuffle", o.shuffle ? "off" : "on");
+  add("--no-eval", o.eval ? "off" : "on");
+  add("--backend", o.backend);
+  add("--bucket-cap-mb", fmt::format("{}", o.bucket_cap_mb));
+  add("--grad-accum", std::to_string(o.grad_accum));
+  add("--check-replicas", std::to_string(o.check_replicas));
+  add("--sync-bn", o.sync_bn ? "on" : "off");
+  add("--timeout", fmt::format("{}", o.timeout_seconds));
+  add("--lr-scaling", o.lr_scaling);
+  add("--warmup-epochs", fmt::format("{}", o.warmup_epochs));
+  add("--lr-schedule", o.lr_schedule);
+  return items;
+}
+
+std::vector<std::string> device_names(const WorkerEnvironment& env) {
+  // One CPU replica per rank; named by global rank so the list is the same on every
+  // rank and across nodes.
+  std::vector<std::string> names;
+  if (!env.distributed()) return {"cpu"};
+  for (int r = 0; r < env.world_size; ++r) names.push_back(fmt::format("cpu:{}", r));
+  return names;
+}
+
+// Sums this rank's (loss_sum, correct, count) with every other rank's.
+EvalResult allreduce_eval(ProcessGroup& group, const EvalResult& local) {
+  Tensor counts = Tensor::from_vector<int64_t>({local.correct, local.count}, {2});
+  Tensor loss = Tensor::from_vector<float>({static_cast<float>(local.loss_sum)}, {1});
+  group.allreduce(counts, ReduceOp::Sum)->wait();
+  group.allreduce(loss, ReduceOp::Sum)->wait();
+  return {static_cast<double>(loss.data<float>()[0]), counts.data<int64_t>()[0], counts.data<int64_t>()[1]};
+}
+
+void replica_check(ProcessGroup& group, models::Module& model, int64_t step) {
+  const uint64_t h = hash_parameters(model);
+  require_same_on_all_ranks(group, {{"the parameters", h, fmt::format("hash {:016x}", h)}},
+                            fmt::format("replica check after step {}: the model", step));
+}
+
 }  // namespace
 
 TrainChoices train_choices() { return {models::model_names(), data::known_datasets()}; }
 
 void run_train_command(const TrainOptions& o) {
-  configure_logging(o.log_level);
+  const WorkerEnvironment env = discover_environment(o.backend);
+  configure_logging(o.log_level, env);
   check_output_directory("--save-final", o.save_final);
   check_output_directory("--metrics", o.metrics);
-  MetricsWriter metrics = o.metrics.empty() ? MetricsWriter() : MetricsWriter(o.metrics);
+  const bool lead = env.rank == 0;  // logs, writes metrics and final weights
+  MetricsWriter metrics = o.metrics.empty() || !lead ? MetricsWriter() : MetricsWriter(o.metrics);
 
-  const WorkerEnvironment env = discover_environment();
   log_environment(env);
   const ThreadChoice threads = resolve_num_threads(o.threads, env);
   ops::set_num_threads(threads.threads);
   log_device(threads);
+
+  std::shared_ptr<ProcessGroup> group;
+  if (env.distributed()) {
+    ProcessGroupOptions pg_options;
+    pg_options.timeout = Millis(static_cast<int64_t>(o.timeout_seconds * 1000.0));
+    // Without MASTER_ADDR (mpirun with an MPI backend, see environment.h) the backend
+    // bootstraps itself and needs no store.
+    std::shared_ptr<Store> store = env.master_addr.empty() ? nullptr : connect_store_from_env();
+    group = create_process_group(o.backend, store, env.rank, env.world_size, Device::cpu(env.local_rank),
+                                 pg_options);
+    spdlog::info("process group: {} backend, {} ranks, collective timeout {} s", group->backend_name(),
+                 group->size(), o.timeout_seconds);
+  }
 
   const data::DataSource source = data::resolve_data_dir(o.dataset, o.data_dir);
   spdlog::info("data: {}", source.description);
@@ -107,6 +198,9 @@ void run_train_command(const TrainOptions& o) {
   auto test_set = std::make_shared<const data::Dataset>(std::move(splits.test));
   spdlog::info("train set: {}", train_set->describe());
   spdlog::info("test set: {}", test_set->describe());
+  if (group) {
+    require_same_on_all_ranks(*group, training_configuration(o, train_set->size()), "the training configuration");
+  }
 
   models::InitOptions init;
   init.scheme = models::parse_init_scheme(o.init);
@@ -120,39 +214,103 @@ void run_train_command(const TrainOptions& o) {
   } else {
     spdlog::info("model {}: {} initialisation, seed {}", o.model, o.init, o.seed);
   }
+  if (o.sync_bn) {
+    if (group) {
+      const int converted = models::convert_sync_batchnorm(*model, group);
+      spdlog::info("--sync-bn: {} BatchNorm2d layers now synchronise their statistics over {} ranks", converted,
+                   group->size());
+    } else {
+      spdlog::info("--sync-bn: a world of one, so BatchNorm2d already sees the whole batch; nothing converted");
+    }
+  }
+  if (group) {
+    // Every replica starts from rank 0's weights and buffers, whatever its seed or file.
+    broadcast_module_state(*group, *model);
+  }
   spdlog::info("model {}: {} parameters in {} tensors, {} buffers", o.model, model->num_parameter_elements(),
                model->parameters().size(), model->buffers().size());
 
+  const int world = env.world_size;
+  const double world_scale = o.lr_scaling == "linear" && !o.global_batch_size ? static_cast<double>(world) : 1.0;
   models::SgdOptions sgd;
-  sgd.lr = static_cast<float>(o.lr);
+  sgd.lr = static_cast<float>(o.lr * world_scale);
   sgd.momentum = static_cast<float>(o.momentum);
   sgd.weight_decay = static_cast<float>(o.weight_decay);
   sgd.nesterov = o.nesterov;
   models::Sgd optimizer(*model, sgd);
-  spdlog::info("optimizer: SGD lr {} momentum {} weight decay {}{}", o.lr, o.momentum, o.weight_decay,
+  spdlog::info("optimizer: SGD lr {} momentum {} weight decay {}{}", sgd.lr, o.momentum, o.weight_decay,
                o.nesterov ? " nesterov" : "");
 
-  std::shared_ptr<data::Sampler> train_sampler;
-  if (o.shuffle) {
-    train_sampler = std::make_shared<data::RandomSampler>(train_set->size(), o.seed);
-  } else {
-    train_sampler = std::make_shared<data::SequentialSampler>(train_set->size());
+  // The distributed samplers in a world of one are the plain shuffled (or sequential)
+  // order, so one rank with batch N*B reads exactly what N ranks with batch B read.
+  std::shared_ptr<data::DataLoader> train_loader;
+  if (o.global_batch_size && o.sync_bn && group) {
+    // A rank with an empty share skips forward (Note [Reducer copies, not views]), but
+    // SyncBatchNorm's forward is a collective every rank must join.
+    const int64_t g = *o.global_batch_size;
+    for (const int64_t batch : {g, train_set->size() % g}) {
+      if (batch == 0) continue;
+      const auto shares = data::split_global_batch(batch, world);
+      if (std::find(shares.begin(), shares.end(), 0) != shares.end()) {
+        throw InvalidArgument(fmt::format(
+            "--sync-bn with --global-batch-size {}: a global batch of {} images leaves some of the {} ranks with "
+            "none, and SyncBatchNorm needs every rank in every forward; choose a global batch size whose split "
+            "(and that of the epoch's last batch, {} images) gives every rank at least one image",
+            g, batch, world, train_set->size() % g));
+      }
+    }
   }
-  auto train_loader = make_loader(train_set, train_sampler, o.batch_size);
+  if (o.global_batch_size) {
+    auto sampler = std::make_shared<data::GlobalBatchShardSampler>(train_set->size(), env.rank, world,
+                                                                   *o.global_batch_size, o.shuffle, o.seed, false);
+    train_loader = make_loader(train_set, sampler, *o.global_batch_size, sampler->batch_sizes());
+  } else {
+    auto sampler = std::make_shared<data::DistributedSampler>(train_set->size(), env.rank, world, o.shuffle,
+                                                              o.seed, false);
+    train_loader = make_loader(train_set, sampler, o.batch_size);
+  }
   std::shared_ptr<data::DataLoader> test_loader;
   if (o.eval) {
-    test_loader = make_loader(test_set, std::make_shared<data::SequentialSampler>(test_set->size()), o.batch_size);
+    test_loader = make_loader(test_set, std::make_shared<data::EvalShardSampler>(test_set->size(), env.rank, world),
+                              o.global_batch_size ? *o.global_batch_size : o.batch_size);
   }
   spdlog::info("train loader: {}", train_loader->describe());
 
-  LocalGradients sync;
-  sync.attach(*model);
+  std::unique_ptr<GradientSynchronizer> sync;
+  Reducer* reducer = nullptr;
+  if (group) {
+    ReducerOptions ro;
+    ro.bucket_cap_bytes = static_cast<size_t>(o.bucket_cap_mb * 1024.0 * 1024.0);
+    ro.weight_by_sample_count = o.global_batch_size.has_value();
+    auto r = std::make_unique<Reducer>(group, ro);
+    reducer = r.get();
+    sync = std::move(r);
+  } else {
+    sync = std::make_unique<LocalGradients>();
+  }
+  sync->attach(*model);
+  spdlog::info("gradients: {}", sync->describe());
+
+  const int64_t steps_per_epoch = (train_loader->num_batches() + o.grad_accum - 1) / o.grad_accum;
+  double run_epochs = static_cast<double>(o.epochs);
+  if (o.max_steps && steps_per_epoch > 0) {
+    run_epochs = std::min(run_epochs, static_cast<double>(*o.max_steps) / static_cast<double>(steps_per_epoch));
+  }
+  LrScheduleOptions lr_options;
+  lr_options.base_lr = o.lr;
+  lr_options.world_scale = world_scale;
+  lr_options.warmup_epochs = o.warmup_epochs;
+  lr_options.total_epochs = std::max(run_epochs, 1e-9);
+  lr_options.kind = parse_lr_schedule(o.lr_schedule);
+  const LrSchedule schedule(lr_options);
+  spdlog::info("learning rate: {}", schedule.describe());
 
   int64_t steps = 0;
   if (o.max_steps && *o.max_steps == 0) {
     spdlog::info("--max-steps 0: no training step");
     if (test_loader) {
-      const EvalResult r = evaluate(*model, *test_loader);
+      EvalResult r = evaluate(*model, *test_loader);
+      if (group) r = allreduce_eval(*group, r);
       spdlog::info("initial weights: test loss {:.4f}, test acc {:.3f}", r.mean_loss(), r.accuracy());
       metrics.write({{"event", "eval"},
                      {"epoch", 0},
@@ -165,16 +323,47 @@ void run_train_command(const TrainOptions& o) {
     config.epochs = o.epochs;
     config.max_steps = o.max_steps;
     config.log_every = o.log_every;
-    config.devices = {"cpu"};
-    TrainLoop loop(*model, optimizer, sync, *train_loader, test_loader.get(), metrics, config);
+    config.devices = device_names(env);
+    config.grad_accum = o.grad_accum;
+    config.lr_schedule = &schedule;
+    if (group) {
+      ProcessGroup& g = *group;
+      models::Module& m = *model;
+      if (o.check_replicas > 0) {
+        const int64_t every = o.check_replicas;
+        config.hooks.after_step = [&g, &m, every](int64_t step) {
+          if (step % every == 0) replica_check(g, m, step);
+        };
+      }
+      config.hooks.combine_epoch = [&g](EpochSummary& s) {
+        const EvalResult sum = allreduce_eval(g, {s.loss_sum, s.correct, s.images});
+        s.loss_sum = sum.loss_sum;
+        s.correct = sum.correct;
+        s.images = sum.count;
+      };
+      config.hooks.combine_eval = [&g](const EvalResult& local) { return allreduce_eval(g, local); };
+      config.hooks.extend_metrics = [reducer](nlohmann::json& event) {
+        const ReducerStepStats& last = reducer->last_step();
+        nlohmann::json launches = nlohmann::json::array();
+        for (const auto& l : last.launches) {
+          launches.push_back({{"bucket", l.bucket}, {"params_pending", l.params_pending}});
+        }
+        event["comm_wait_sec"] = reducer->totals().wait_seconds;
+        event["comm_hidden_fraction"] = reducer->totals().hidden_fraction();
+        event["bucket_launches"] = std::move(launches);
+      };
+    }
+    TrainLoop loop(*model, optimizer, *sync, *train_loader, test_loader.get(), metrics, config);
     const auto summaries = loop.run();
     if (!summaries.empty()) steps = summaries.back().total_steps;
+    if (group && o.check_replicas > 0 && steps % o.check_replicas != 0) replica_check(*group, *model, steps);
   }
 
-  if (!o.save_final.empty()) {
+  if (!o.save_final.empty() && lead) {
     save_model_weights(o.save_final, *model, weights_metadata(o, steps));
     spdlog::info("saved final weights ({} steps) to {}", steps, o.save_final);
   }
+  if (group) group->barrier()->wait();  // nobody exits while a peer still needs it
 }
 
 }  // namespace mtrain

@@ -2,11 +2,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
 #include "core/error.h"
 #include "models/loss.h"
+#include "tensor/ops.h"
 
 namespace mtrain {
 
@@ -64,69 +66,109 @@ std::vector<EpochSummary> TrainLoop::run() {
   // excluded), so a progress window may span an epoch boundary without counting the
   // evaluation in between as training time.
   ProgressWindow window;
+  const int64_t accum = config_.grad_accum;
+  MTRAIN_CHECK(accum >= 1, "grad_accum {} < 1", accum);
+  const int64_t steps_per_epoch = (batches_per_epoch + accum - 1) / accum;
   for (int64_t epoch = 1; epoch <= config_.epochs && !step_limit_reached(); ++epoch) {
     model_.train();
     // The sampler's epoch is 0-based (seed + epoch, as PyTorch); the printed one 1-based.
     train_loader_.start_epoch(epoch - 1);
     EpochSummary s;
     s.epoch = epoch;
-    double loss_sum = 0.0;  // per-image losses, summed
-    int64_t correct = 0;
+    int64_t micro = 0;  // micro-batches taken this epoch
+    double step_seconds = 0.0;
+    double step_loss_sum = 0.0;  // per-image losses of this step's micro-batches
+    int64_t step_images = 0;
 
     while (!step_limit_reached()) {
-      const auto step_start = Clock::now();
+      const auto micro_start = Clock::now();
       auto batch = train_loader_.next();
       if (!batch) break;
-      optimizer_.zero_grad();
-      const Tensor logits = model_.forward(batch->images);
-      const models::LossResult r = loss_fn.forward(logits, batch->labels);
-      if (!std::isfinite(r.loss)) {
-        throw InvalidArgument(fmt::format(
-            "training diverged: the loss is {} at epoch {} step {} (try a smaller --lr than {})", r.loss,
-            epoch, total_steps_ + 1, optimizer_.lr()));
+      const bool first_of_step = micro % accum == 0;
+      const bool last_of_step = (micro + 1) % accum == 0 || micro + 1 == batches_per_epoch;
+      ++micro;
+      if (first_of_step) {
+        optimizer_.zero_grad();
+        if (config_.lr_schedule != nullptr) {
+          const double progress = static_cast<double>(epoch - 1) + static_cast<double>(s.steps) /
+                                  static_cast<double>(std::max<int64_t>(steps_per_epoch, 1));
+          optimizer_.set_lr(static_cast<float>(config_.lr_schedule->at(progress)));
+        }
       }
-      sync_.before_backward();
-      model_.backward(loss_fn.backward());
-      sync_.after_backward();
+      const MicroBatchInfo info{batch->size(), last_of_step};
+      if (batch->size() == 0) {
+        // An empty shard (see Note [Reducer copies, not views] in reducer.h): nothing
+        // to compute, but the synchronizer still takes part in the exchange.
+        sync_.before_backward(info);
+        sync_.after_backward();
+      } else {
+        const Tensor logits = model_.forward(batch->images);
+        const models::LossResult r = loss_fn.forward(logits, batch->labels);
+        if (!std::isfinite(r.loss)) {
+          throw InvalidArgument(fmt::format(
+              "training diverged: the loss is {} at epoch {} step {} (try a smaller --lr than {})", r.loss,
+              epoch, total_steps_ + 1, optimizer_.lr()));
+        }
+        Tensor dlogits = loss_fn.backward();
+        if (accum > 1) ops::scale_(dlogits, 1.0f / static_cast<float>(accum));
+        sync_.before_backward(info);
+        model_.backward(dlogits);
+        sync_.after_backward();
+        s.images += r.count;
+        s.loss_sum += r.loss * static_cast<double>(r.count);
+        s.correct += r.correct;
+        step_loss_sum += r.loss * static_cast<double>(r.count);
+        step_images += r.count;
+      }
+      if (!last_of_step) {
+        step_seconds += seconds_since(micro_start);
+        continue;
+      }
       optimizer_.step();
-      const double step_seconds = seconds_since(step_start);
+      step_seconds += seconds_since(micro_start);
 
       ++total_steps_;
       ++s.steps;
-      s.images += r.count;
       s.train_seconds += step_seconds;
-      loss_sum += r.loss * static_cast<double>(r.count);
-      correct += r.correct;
-      window.loss_sum += r.loss;
+      window.loss_sum += step_images > 0 ? step_loss_sum / static_cast<double>(step_images) : 0.0;
       ++window.steps;
-      window.images += r.count;
+      window.images += step_images;
       window.seconds += step_seconds;
+      step_seconds = 0.0;
+      step_loss_sum = 0.0;
+      step_images = 0;
+      if (config_.hooks.after_step) config_.hooks.after_step(total_steps_);
 
       if (total_steps_ % config_.log_every == 0) {
         const double mean_loss = window.loss_sum / static_cast<double>(window.steps);
         const double img_per_s = rate(static_cast<double>(window.images), window.seconds);
         spdlog::info("epoch {} step {}/{} (total {}): loss {:.4f}, {:.0f} img/s", epoch, s.steps,
-                     batches_per_epoch, total_steps_, mean_loss, img_per_s);
-        metrics_.write({{"event", "step"},
-                        {"epoch", epoch},
-                        {"step", total_steps_},
-                        {"loss", json_number(mean_loss)},
-                        {"lr", optimizer_.lr()},
-                        {"img_per_s", json_number(img_per_s)},
-                        {"images", window.images},
-                        {"sec", window.seconds}});
+                     steps_per_epoch, total_steps_, mean_loss, img_per_s);
+        nlohmann::json event = {{"event", "step"},
+                                {"epoch", epoch},
+                                {"step", total_steps_},
+                                {"loss", json_number(mean_loss)},
+                                {"lr", optimizer_.lr()},
+                                {"img_per_s", json_number(img_per_s)},
+                                {"images", window.images},
+                                {"sec", window.seconds}};
+        if (config_.hooks.extend_metrics) config_.hooks.extend_metrics(event);
+        metrics_.write(event);
         window.reset();
       }
     }
     s.total_steps = total_steps_;
-    if (s.images == 0) break;  // max_steps hit exactly at the previous epoch's end
-    s.train_loss = loss_sum / static_cast<double>(s.images);
-    s.train_acc = static_cast<double>(correct) / static_cast<double>(s.images);
+    if (s.steps == 0) break;  // max_steps hit exactly at the previous epoch's end
+    if (config_.hooks.combine_epoch) config_.hooks.combine_epoch(s);
+    if (s.images == 0) break;
+    s.train_loss = s.loss_sum / static_cast<double>(s.images);
+    s.train_acc = static_cast<double>(s.correct) / static_cast<double>(s.images);
     s.images_per_second = rate(static_cast<double>(s.images), s.train_seconds);
 
     if (test_loader_ != nullptr) {
       const auto eval_start = Clock::now();
       s.test = evaluate(model_, *test_loader_);
+      if (config_.hooks.combine_eval) s.test = config_.hooks.combine_eval(*s.test);
       s.eval_seconds = seconds_since(eval_start);
     }
     spdlog::info("{}", format_epoch_line(s, config_.devices));
@@ -141,6 +183,7 @@ std::vector<EpochSummary> TrainLoop::run() {
                             {"eval_sec", s.eval_seconds},
                             {"img_per_s", json_number(s.images_per_second)},
                             {"devices", config_.devices}};
+    if (config_.hooks.extend_metrics) config_.hooks.extend_metrics(event);
     metrics_.write(event);
     summaries.push_back(s);
   }

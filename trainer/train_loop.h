@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,16 +16,46 @@
 #include "models/optim.h"
 #include "trainer/evaluate.h"
 #include "trainer/gradient_sync.h"
+#include "trainer/lr_schedule.h"
 #include "trainer/metrics.h"
 
 namespace mtrain {
+
+struct EpochSummary;
+
+// Hooks through which a distributed run joins the loop without the loop knowing about
+// process groups; each is optional.
+struct TrainLoopHooks {
+  // After every optimizer step (1-based step count), e.g. the replica check.
+  std::function<void(int64_t step)> after_step;
+  // Turns this rank's epoch totals into the whole world's (an all-reduce).
+  std::function<void(EpochSummary& summary)> combine_epoch;
+  // Turns this rank's evaluation sums into the whole world's.
+  std::function<EvalResult(const EvalResult& local)> combine_eval;
+  // Adds fields to each step and epoch metrics event (e.g. communication statistics).
+  std::function<void(nlohmann::json& event)> extend_metrics;
+};
 
 struct TrainLoopConfig {
   int64_t epochs = 1;
   std::optional<int64_t> max_steps;  // optimizer steps over the whole run; unset = no limit
   int64_t log_every = 20;            // steps between progress lines and step events
   std::vector<std::string> devices{"cpu"};  // for the epoch line and metrics
+  // Micro-batches per optimizer step (--grad-accum); see Note [Gradient accumulation].
+  int64_t grad_accum = 1;
+  const LrSchedule* lr_schedule = nullptr;  // null: the optimizer's rate throughout
+  TrainLoopHooks hooks;
 };
+
+// Note [Gradient accumulation]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With --grad-accum K, one optimizer step consumes K micro-batches: gradients are
+// zeroed before the first, accumulate over all K (communication only on the K-th,
+// no_sync semantics), and the loss gradient of each is scaled by 1/K so the step
+// equals one on the K micro-batches combined (the mean of K means of equal size). An
+// epoch whose batch count is not a multiple of K ends with a shorter group, still
+// scaled by 1/K (as a plain PyTorch accumulation loop does). Progress, max_steps and
+// the lr schedule count optimizer steps; images count every micro-batch.
 
 struct EpochSummary {
   int64_t epoch = 0;           // 1-based, as printed
@@ -37,6 +68,8 @@ struct EpochSummary {
   double train_seconds = 0.0;  // sum of step times (batch wait, forward, backward, step)
   double eval_seconds = 0.0;
   double images_per_second = 0.0;  // images / train_seconds
+  double loss_sum = 0.0;           // sum of per-image losses (train_loss * images)
+  int64_t correct = 0;             // correctly classified training images
 };
 
 // "epoch 1, loss 0.452, train acc 0.838, test acc 0.871, 13.3 sec/epoch, 4521 img/s on [cpu]"

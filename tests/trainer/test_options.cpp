@@ -79,6 +79,26 @@ TEST_CASE("the defaults are valid and flags override them", "[options]") {
   CHECK(o.log_level == "debug");
   CHECK(o.log_every == 7);
   CHECK(parse({"--momentum", "0.9", "--nesterov"}).options.nesterov);
+
+  CHECK(defaults.options.backend == "auto");
+  CHECK(defaults.options.bucket_cap_mb == 25.0);
+  CHECK(defaults.options.grad_accum == 1);
+  CHECK_FALSE(defaults.options.sync_bn);
+  CHECK_FALSE(defaults.options.global_batch_size.has_value());
+  const auto d = parse({"--backend", "gloo", "--bucket-cap-mb", "0.5", "--grad-accum", "4", "--check-replicas", "10",
+                        "--sync-bn", "--timeout", "60", "--lr-scaling", "linear", "--warmup-epochs", "2.5",
+                        "--lr-schedule", "cosine"})
+                     .options;
+  CHECK(d.backend == "gloo");
+  CHECK(d.bucket_cap_mb == 0.5);
+  CHECK(d.grad_accum == 4);
+  CHECK(d.check_replicas == 10);
+  CHECK(d.sync_bn);
+  CHECK(d.timeout_seconds == 60.0);
+  CHECK(d.lr_scaling == "linear");
+  CHECK(d.warmup_epochs == 2.5);
+  CHECK(d.lr_schedule == "cosine");
+  CHECK(parse({"--global-batch-size", "30"}).options.global_batch_size == std::optional<int64_t>(30));
 }
 
 TEST_CASE("--help returns the help text instead of options", "[options]") {
@@ -116,6 +136,16 @@ TEST_CASE("bad values are one clear InvalidArgument naming the flag", "[options]
       {{"--bogus"}, "bogus"},
       {{"--batch-size"}, "batch-size"},
       {{"stray"}, "unexpected argument 'stray'"},
+      {{"--backend", "tcp"}, "--backend: unknown value 'tcp' (valid: auto, gloo, mpi, nccl)"},
+      {{"--bucket-cap-mb", "0"}, "--bucket-cap-mb: expected a number > 0, found 0"},
+      {{"--grad-accum", "0"}, "--grad-accum: expected an integer in [1, 1000000], found 0"},
+      {{"--check-replicas", "-1"}, "--check-replicas: expected an integer >= 0, found -1"},
+      {{"--global-batch-size", "0"}, "--global-batch-size: expected an integer in [1, 1000000], found 0"},
+      {{"--global-batch-size", "30", "--grad-accum", "2"}, "--global-batch-size cannot be combined with --grad-accum"},
+      {{"--timeout", "0"}, "--timeout: expected a number of seconds > 0, found 0"},
+      {{"--lr-scaling", "sqrt"}, "--lr-scaling: unknown value 'sqrt' (valid: none, linear)"},
+      {{"--warmup-epochs", "-1"}, "--warmup-epochs: expected a number >= 0, found -1"},
+      {{"--lr-schedule", "poly"}, "--lr-schedule: unknown value 'poly' (valid: constant, step, cosine)"},
   };
   for (const auto& [args, fragment] : cases) {
     INFO(fmt::format("args: {}", fmt::join(args, " ")));

@@ -1,0 +1,234 @@
+// Distributed training end to end: real worker processes started by mtrain-launch over
+// the Gloo backend, compared through the weights they save (--save-final) and the
+// metrics they write.
+//
+// Note [Equivalence tolerance]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// N ranks with batch B and 1 rank with batch N*B see the same images per step
+// (DistributedSampler interleaves one shuffled order) and compute the same mean
+// gradient, but sum it in a different order: each rank's mean over B, scaled by 1/N
+// and summed, versus one mean over N*B. Each step differs by a few float32 roundings
+// (relative ~1e-7 of a gradient entry), and SGD with momentum over a handful of steps
+// carries them forward with little amplification at these learning rates, so the
+// weights agree to ~1e-6 absolute (measured: mlp ~1e-7; resnet18 with SyncBN 3.6e-7
+// at lr 0.01, against 0.06 without SyncBN). A large rate makes small-batch BatchNorm
+// training chaotic (resnet18 at lr 0.05: 1e-7 after one step, 6e-4 after three), so
+// the resnet18 test uses lr 0.01. The tests allow kTolerance = 1e-4 (two orders of
+// headroom) and check the runs that must NOT match (a different batch, BatchNorm
+// without SyncBN) differ by more than 10x that, so the comparison can fail.
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/trainer/run_process.h"
+#include "tests/trainer/temp_dir.h"
+#include "trainer/safetensors.h"
+
+using Catch::Matchers::Contains;
+using mtrain::testing::ProcessResult;
+using mtrain::testing::TempDir;
+
+namespace {
+
+const std::string kLauncher = MTRAIN_BIN_DIR "/mtrain-launch";
+const std::string kTrainer = MTRAIN_BIN_DIR "/mtrain-train";
+const std::string kMiniSet = MTRAIN_SOURCE_DIR "/data/fashion-mnist-mini";
+constexpr double kTolerance = 1e-4;  // Note [Equivalence tolerance]
+
+std::vector<std::string> with_defaults(std::vector<std::string> args) {
+  args.insert(args.end(), {"--threads", "1"});
+  if (std::find(args.begin(), args.end(), "--log-level") == args.end()) args.insert(args.end(), {"--log-level", "warn"});
+  if (std::find(args.begin(), args.end(), "synthetic") == args.end()) args.insert(args.end(), {"--data-dir", kMiniSet});
+  return args;
+}
+
+// `nproc` workers of mtrain-train (or of the executable `entry`) through the launcher.
+ProcessResult launch(int nproc, const std::vector<std::string>& train_args, const std::string& entry = "train") {
+  std::vector<std::string> args = {fmt::format("--nproc_per_node={}", nproc), entry};
+  for (const auto& a : with_defaults(train_args)) args.push_back(a);
+  return mtrain::testing::run_process(kLauncher, args);
+}
+
+void require_success(const ProcessResult& r) {
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(r.exit_code == 0);
+}
+
+// Largest absolute difference over every tensor of two weight files (same names and shapes).
+double max_abs_difference(const std::string& a_path, const std::string& b_path) {
+  const auto a = mtrain::load_safetensors(a_path);
+  const auto b = mtrain::load_safetensors(b_path);
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  double worst = 0.0;
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    INFO(a.tensors[i].first);
+    REQUIRE(a.tensors[i].first == b.tensors[i].first);
+    const auto& x = a.tensors[i].second;
+    const auto& y = b.tensors[i].second;
+    REQUIRE(x.shape() == y.shape());
+    if (x.dtype() != mtrain::DType::Float32) continue;  // e.g. num_batches_tracked, equal by construction
+    const float* px = x.data<float>();
+    const float* py = y.data<float>();
+    for (int64_t k = 0; k < x.numel(); ++k) worst = std::max(worst, std::fabs(static_cast<double>(px[k]) - py[k]));
+  }
+  return worst;
+}
+
+std::vector<nlohmann::json> read_events(const std::string& path, const std::string& kind) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) {
+    auto e = nlohmann::json::parse(line);
+    if (e["event"] == kind) out.push_back(e);
+  }
+  return out;
+}
+
+const std::vector<std::string> kMlp = {"--model", "mlp", "--max-steps", "10", "--lr", "0.1", "--no-eval"};
+
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("mlp: 2 ranks x batch 16 train the model 1 rank x batch 32 trains", "[multiproc]") {
+  TempDir dir;
+  const auto two = dir.file("two.safetensors");
+  const auto one = dir.file("one.safetensors");
+  const auto one_small = dir.file("one_small.safetensors");
+  require_success(launch(2, concat(kMlp, {"--batch-size", "16", "--save-final", two, "--check-replicas", "5"})));
+  require_success(launch(1, concat(kMlp, {"--batch-size", "32", "--save-final", one})));
+  require_success(launch(1, concat(kMlp, {"--batch-size", "16", "--save-final", one_small})));
+  const double same = max_abs_difference(two, one);
+  const double different = max_abs_difference(two, one_small);
+  INFO("2x16 vs 1x32: " << same << ", 2x16 vs 1x16: " << different);
+  CHECK(same <= kTolerance);
+  CHECK(different > 10 * kTolerance);
+}
+
+TEST_CASE("--grad-accum 2 with batch 16 equals batch 32, in one and in two ranks", "[multiproc]") {
+  TempDir dir;
+  const auto accum = dir.file("accum.safetensors");
+  const auto accum2 = dir.file("accum2.safetensors");
+  const auto plain = dir.file("plain.safetensors");
+  require_success(launch(1, concat(kMlp, {"--batch-size", "16", "--grad-accum", "2", "--save-final", accum})));
+  require_success(launch(2, concat(kMlp, {"--batch-size", "8", "--grad-accum", "2", "--save-final", accum2})));
+  require_success(launch(1, concat(kMlp, {"--batch-size", "32", "--save-final", plain})));
+  CHECK(max_abs_difference(accum, plain) <= kTolerance);
+  CHECK(max_abs_difference(accum2, plain) <= kTolerance);
+}
+
+TEST_CASE("3 ranks with --global-batch-size 10 train the model 1 rank with batch 10 trains", "[multiproc]") {
+  TempDir dir;
+  const auto three = dir.file("three.safetensors");
+  const auto one = dir.file("one.safetensors");
+  require_success(launch(3, concat(kMlp, {"--global-batch-size", "10", "--save-final", three})));
+  require_success(launch(1, concat(kMlp, {"--global-batch-size", "10", "--save-final", one})));
+  CHECK(max_abs_difference(three, one) <= kTolerance);
+}
+
+TEST_CASE("replicas stay bitwise identical; only rank 0 logs; the epoch line names every device", "[multiproc]") {
+  // --check-replicas 1 compares the parameter hashes of all ranks after every step; a
+  // run that finishes has passed ten comparisons of bitwise equality.
+  TempDir dir;
+  const auto metrics = dir.file("m.jsonl");
+  const auto r = launch(2, concat(kMlp, {"--batch-size", "8", "--check-replicas", "1", "--metrics", metrics,
+                                         "--log-level", "info", "--log-every", "5"}));
+  require_success(r);
+  const auto epochs = read_events(metrics, "epoch");
+  REQUIRE(epochs.size() == 1);
+  CHECK(epochs[0]["devices"] == nlohmann::json({"cpu:0", "cpu:1"}));
+  CHECK_THAT(r.out + r.err, Contains("img/s on [cpu:0, cpu:1]"));
+  // Only rank 0 logs at info level.
+  CHECK_THAT(r.out + r.err, !Contains("[rank 1]"));
+}
+
+TEST_CASE("the reducer launches a bucket's all-reduce while backward is still running", "[multiproc]") {
+  // resnet18 (11M parameters) makes several buckets: the 1 MiB first bucket holds the
+  // classifier and the last block, whose gradients are ready long before the stem's.
+  TempDir dir;
+  const auto metrics = dir.file("m.jsonl");
+  require_success(launch(2, {"--model", "resnet18", "--dataset", "synthetic", "--batch-size", "2", "--max-steps",
+                             "1", "--no-eval", "--metrics", metrics, "--log-every", "1"}));
+  const auto steps = read_events(metrics, "step");
+  REQUIRE(steps.size() == 1);
+  const auto& launches = steps[0]["bucket_launches"];
+  INFO(launches.dump());
+  REQUIRE(launches.size() >= 2);
+  for (size_t k = 0; k < launches.size(); ++k) CHECK(launches[k]["bucket"] == static_cast<int>(k));
+  // Launched with gradients still outstanding = overlapped with the rest of backward.
+  CHECK(launches[0]["params_pending"].get<int>() > 0);
+  CHECK(launches.back()["params_pending"].get<int>() == 0);
+  CHECK(steps[0]["comm_hidden_fraction"].get<double>() >= 0.0);
+}
+
+TEST_CASE("resnet18: 2 ranks x batch 4 with --sync-bn equal 1 rank x batch 8; without it they do not",
+          "[multiproc]") {
+  TempDir dir;
+  const std::vector<std::string> base = {"--model", "resnet18", "--dataset", "synthetic", "--max-steps", "3",
+                                         "--lr", "0.01", "--no-eval"};
+  const auto sync = dir.file("sync.safetensors");
+  const auto plain = dir.file("plain.safetensors");
+  const auto one = dir.file("one.safetensors");
+  require_success(launch(2, concat(base, {"--batch-size", "4", "--sync-bn", "--save-final", sync})));
+  require_success(launch(2, concat(base, {"--batch-size", "4", "--save-final", plain})));
+  require_success(launch(1, concat(base, {"--batch-size", "8", "--save-final", one})));
+  const double with_sync = max_abs_difference(sync, one);
+  const double without_sync = max_abs_difference(plain, one);
+  INFO("with --sync-bn: " << with_sync << ", without: " << without_sync);
+  CHECK(with_sync <= kTolerance);
+  CHECK(without_sync > 10 * kTolerance);
+}
+
+namespace {
+
+// Runs 2 ranks through a worker wrapper that appends `rank1_extra` to rank 1's command
+// line only, as a mistyped per-rank command line would.
+ProcessResult launch_with_rank1_extra(const TempDir& dir, const std::string& rank1_extra) {
+  const auto wrapper = dir.file("worker.sh");
+  {
+    std::ofstream out(wrapper);
+    out << "#!/bin/sh\nif [ \"$RANK\" = 1 ]; then exec " << kTrainer << " \"$@\" " << rank1_extra << "; fi\nexec "
+        << kTrainer << " \"$@\"\n";
+  }
+  std::filesystem::permissions(wrapper, std::filesystem::perms::owner_all);
+  return launch(2, concat(kMlp, {"--batch-size", "8"}), wrapper);
+}
+
+}  // namespace
+
+TEST_CASE("a flag given to one rank only is named in the error, and reaches the launcher's report",
+          "[multiproc]") {
+  TempDir dir;
+  const auto r = launch_with_rank1_extra(dir, "--sync-bn");
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.exit_code == 2);
+  const std::string expected = "the training configuration differs across ranks: --sync-bn on rank 1 differs from rank 0";
+  // Every rank detects it and says what it holds; which one the launcher sees first varies.
+  CHECK_THAT(r.err, Contains(expected + " (rank 0 has off)") || Contains(expected + " (rank 1 has on)"));
+  // Written to MTRAIN_ERROR_FILE, so the launcher's root cause carries the message.
+  CHECK_THAT(r.err, Contains("(from its error file)") && Contains("message    : " + expected));
+}
+
+TEST_CASE("a rank with a different model is named in the error", "[multiproc]") {
+  TempDir dir;
+  const auto r = launch_with_rank1_extra(dir, "--model lenet");
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Contains("--model on rank 1 differs from rank 0 (rank 0 has mlp)") ||
+                        Contains("--model on rank 1 differs from rank 0 (rank 1 has lenet)"));
+}
+
+TEST_CASE("--sync-bn refuses a global batch that leaves a rank without images", "[multiproc]") {
+  const auto r = launch(3, concat(kMlp, {"--global-batch-size", "2", "--sync-bn"}));
+  INFO("stderr:\n" << r.err);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Contains("a global batch of 2 images leaves some of the 3 ranks with none"));
+}

@@ -1,0 +1,179 @@
+// Reducer (trainer/reducer.h) and learning-rate schedules in one process: bucket
+// layout, the no_sync path, the hook contract, and that a group of one leaves the
+// gradients exactly as local training does. Several ranks are covered end to end by
+// test_distributed_train.
+#include <catch2/catch.hpp>
+#include <memory>
+#include <random>
+
+#include "collectives/process_group.h"
+#include "collectives/store.h"
+#include "core/error.h"
+#include "models/linear.h"
+#include "models/sequential.h"
+#include "trainer/lr_schedule.h"
+#include "trainer/reducer.h"
+
+using Catch::Matchers::Contains;
+using namespace mtrain;
+
+namespace {
+
+struct SoloGroup {
+  TcpStoreServer server{"127.0.0.1", 0, "t"};
+  std::shared_ptr<ProcessGroup> group;
+  SoloGroup() {
+    auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), "t");
+    group = create_process_group("gloo", store, 0, 1, Device::cpu());
+  }
+};
+
+// Three Linear(100, 100): weights of 40,000 bytes, biases of 400.
+std::unique_ptr<models::Sequential> three_linears() {
+  auto m = std::make_unique<models::Sequential>();
+  for (int i = 0; i < 3; ++i) m->append(std::make_unique<models::Linear>(100, 100));
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal;
+  for (auto& p : m->parameters()) {
+    float* v = p.param->value.data<float>();
+    for (int64_t k = 0; k < p.param->value.numel(); ++k) v[k] = 0.1f * normal(gen);
+  }
+  return m;
+}
+
+Tensor random_input(int64_t rows) {
+  Tensor x = Tensor::empty({rows, 100});
+  std::mt19937 gen(11);
+  std::normal_distribution<float> normal;
+  for (int64_t k = 0; k < x.numel(); ++k) x.data<float>()[k] = normal(gen);
+  return x;
+}
+
+std::vector<std::vector<float>> gradients(models::Module& m) {
+  std::vector<std::vector<float>> out;
+  for (auto& p : m.parameters()) out.push_back(p.param->grad.to_vector<float>());
+  return out;
+}
+
+// One forward and backward of `m` with `sync` around the backward.
+void step(models::Module& m, GradientSynchronizer& sync, bool synchronize) {
+  const Tensor x = random_input(4);
+  const Tensor y = m.forward(x);
+  sync.before_backward({4, synchronize});
+  m.backward(Tensor::full(y.shape(), 0.25f));
+  sync.after_backward();
+}
+
+}  // namespace
+
+TEST_CASE("buckets: reverse parameter order, a small first bucket, then the cap", "[reducer]") {
+  SoloGroup solo;
+  auto model = three_linears();
+  ReducerOptions o;
+  o.first_bucket_bytes = 1000;
+  o.bucket_cap_bytes = 50000;
+  Reducer reducer(solo.group, o);
+  reducer.attach(*model);
+  // Parameters: 0 = 0.weight, 1 = 0.bias, ..., 5 = 2.bias. The first bucket takes only
+  // 2.bias (2.weight would overflow 1000 bytes); later ones fill up to 50,000 bytes, and
+  // 0.weight overflows the third into a fourth.
+  CHECK(reducer.bucket_parameters() == std::vector<std::vector<int>>{{5}, {4, 3}, {2, 1}, {0}});
+  CHECK_THAT(reducer.describe(), Contains("6 parameter tensors in 4 buckets"));
+}
+
+TEST_CASE("a group of one leaves the gradients exactly as local training does", "[reducer]") {
+  SoloGroup solo;
+  auto local_model = three_linears();
+  auto ddp_model = three_linears();
+  LocalGradients local;
+  local.attach(*local_model);
+  ReducerOptions o;
+  o.first_bucket_bytes = 1000;
+  o.bucket_cap_bytes = 50000;
+  Reducer reducer(solo.group, o);
+  reducer.attach(*ddp_model);
+
+  step(*local_model, local, true);
+  step(*ddp_model, reducer, true);
+  CHECK(gradients(*ddp_model) == gradients(*local_model));
+  // Every bucket launched, in index order, the first while gradients were outstanding.
+  const auto& launches = reducer.last_step().launches;
+  REQUIRE(launches.size() == 4);
+  for (int k = 0; k < 4; ++k) CHECK(launches[k].bucket == k);
+  CHECK(launches[0].params_pending > 0);
+  CHECK(launches[3].params_pending == 0);
+  CHECK(reducer.totals().synced_steps == 1);
+
+  // no_sync: gradients accumulate, nothing is launched; the next synced step reduces the sum.
+  step(*local_model, local, false);
+  step(*ddp_model, reducer, false);
+  CHECK(reducer.last_step().launches.empty());
+  CHECK(reducer.totals().synced_steps == 1);
+  step(*local_model, local, true);
+  step(*ddp_model, reducer, true);
+  CHECK(gradients(*ddp_model) == gradients(*local_model));
+  CHECK(reducer.totals().synced_steps == 2);
+  CHECK(reducer.totals().hidden_fraction() >= 0.0);
+  CHECK(reducer.totals().hidden_fraction() <= 1.0);
+}
+
+TEST_CASE("a parameter whose gradient never arrives is named", "[reducer]") {
+  SoloGroup solo;
+  auto model = three_linears();
+  Reducer reducer(solo.group, ReducerOptions{});
+  reducer.attach(*model);
+  reducer.before_backward({4, true});
+  // No backward ran: no hook fired.
+  CHECK_THROWS_WITH(reducer.after_backward(), Contains("parameter 0.weight reported its gradient ready 0 times"));
+}
+
+TEST_CASE("an empty micro-batch still takes part in the exchange", "[reducer]") {
+  SoloGroup solo;
+  auto model = three_linears();
+  Reducer reducer(solo.group, ReducerOptions{});
+  reducer.attach(*model);
+  model->zero_grad();
+  // No backward runs for an empty micro-batch; every bucket is still launched.
+  reducer.before_backward({0, true});
+  reducer.after_backward();
+  CHECK(reducer.last_step().launches.size() == reducer.bucket_parameters().size());
+  for (const auto& g : gradients(*model)) CHECK(g == std::vector<float>(g.size(), 0.0f));
+
+  // Weighted by sample counts, a world whose global micro-batch is empty is an error.
+  ReducerOptions weighted;
+  weighted.weight_by_sample_count = true;
+  Reducer by_count(solo.group, weighted);
+  by_count.attach(*model);
+  CHECK_THROWS_WITH(by_count.before_backward({0, true}), Contains("total 0 samples"));
+}
+
+TEST_CASE("learning-rate schedules: linear scaling, warm-up, step and cosine", "[lr]") {
+  LrScheduleOptions o;
+  o.base_lr = 0.1;
+  o.world_scale = 4;
+  o.total_epochs = 10;
+  o.warmup_epochs = 2;
+  const LrSchedule constant(o);
+  CHECK(constant.target_lr() == Approx(0.4));
+  CHECK(constant.at(0) == Approx(0.1));   // warm-up starts at the unscaled rate
+  CHECK(constant.at(1) == Approx(0.25));  // halfway
+  CHECK(constant.at(2) == Approx(0.4));
+  CHECK(constant.at(9.5) == Approx(0.4));
+
+  o.warmup_epochs = 0;
+  o.kind = LrScheduleKind::Step;
+  const LrSchedule step_schedule(o);
+  CHECK(step_schedule.at(4.9) == Approx(0.4));
+  CHECK(step_schedule.at(5) == Approx(0.04));
+  CHECK(step_schedule.at(7.5) == Approx(0.004));
+
+  o.kind = LrScheduleKind::Cosine;
+  const LrSchedule cosine(o);
+  CHECK(cosine.at(0) == Approx(0.4));
+  CHECK(cosine.at(5) == Approx(0.2));
+  CHECK(cosine.at(10) == Approx(0.0).margin(1e-12));
+
+  CHECK_THROWS_WITH(parse_lr_schedule("linear"), Contains("valid: constant, step, cosine"));
+  o.total_epochs = 0;
+  CHECK_THROWS_AS(LrSchedule(o), InvalidArgument);
+}

@@ -1,0 +1,16 @@
+// The worker's side of the launcher's failure report (docs/launcher.md "Error file"):
+// a worker that knows why it is dying writes {"rank", "host", "message", "timestamp"}
+// to $MTRAIN_ERROR_FILE (or torchrun's $TORCHELASTIC_ERROR_FILE) before it exits, so
+// the launcher can name the root cause rather than the ranks that died of it.
+#pragma once
+
+#include <string>
+
+namespace mtrain {
+
+// Writes the record when either variable names a file; does nothing otherwise. Never
+// throws: it runs while an error is already on its way out, and a failure to write the
+// record must not hide that error (it is reported on stderr instead).
+void write_error_record(const std::string& message) noexcept;
+
+}  // namespace mtrain

@@ -1,0 +1,46 @@
+// Checks that every rank holds the same thing (bucket layout, configuration, replica
+// weights) and makes rank 0's module state everyone's. Each function here is a
+// collective: every rank of the group must call it, in the same order.
+//
+// Note [Consensus by hashes]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Comparing whole objects across ranks would cost their size in traffic; a 64-bit
+// FNV-1a hash per named item, all-gathered, costs 8 bytes per item and rank, and names
+// which item differs on which ranks. Rank 0's value is the reference (it is the rank
+// whose weights were broadcast and that writes the results), so the error lists the
+// ranks that differ from rank 0; every rank raises the same message.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "collectives/process_group.h"
+#include "models/module.h"
+
+namespace mtrain {
+
+// 64-bit FNV-1a, chainable through `seed`.
+uint64_t fnv1a(const void* data, size_t bytes, uint64_t seed = 14695981039346656037ull);
+uint64_t fnv1a(const std::string& text, uint64_t seed = 14695981039346656037ull);
+
+struct NamedHash {
+  std::string name;  // what it stands for in messages, e.g. "--sync-bn"
+  uint64_t hash = 0;
+  std::string local_value;  // this rank's value for the message; may be empty
+};
+
+// All-gathers `items` (the same names, in the same order, on every rank) and throws
+// InvalidArgument "<what> differs across ranks: <name> on ranks 1, 3 differs from
+// rank 0 (here: <value>); ..." when any hash differs from rank 0's.
+void require_same_on_all_ranks(ProcessGroup& group, const std::vector<NamedHash>& items,
+                               const std::string& what);
+
+// Hash of every parameter value (names, shapes and bytes), in parameter order.
+uint64_t hash_parameters(models::Module& model);
+
+// Overwrites every parameter and buffer with rank 0's (one flat broadcast per dtype).
+void broadcast_module_state(ProcessGroup& group, models::Module& model);
+
+}  // namespace mtrain

@@ -1,0 +1,200 @@
+#include "trainer/reducer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "trainer/rank_consensus.h"
+
+namespace mtrain {
+
+namespace {
+
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double mib(size_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// Share of the all-reduce span that did not show up as waiting after backward.
+double hidden_fraction(double wait_seconds, double span_seconds) {
+  if (span_seconds <= 0.0) return 0.0;
+  return std::clamp(1.0 - wait_seconds / span_seconds, 0.0, 1.0);
+}
+
+}  // namespace
+
+double ReducerTotals::hidden_fraction() const { return mtrain::hidden_fraction(wait_seconds, comm_span_seconds); }
+
+Reducer::Reducer(std::shared_ptr<ProcessGroup> group, ReducerOptions options)
+    : group_(std::move(group)), options_(options) {
+  MTRAIN_CHECK(group_ != nullptr, "Reducer needs a process group");
+  if (options_.bucket_cap_bytes == 0) {
+    throw InvalidArgument("--bucket-cap-mb: expected a size > 0 bytes, found 0");
+  }
+}
+
+void Reducer::attach(models::Module& model) {
+  names_.clear();
+  params_.clear();
+  for (auto& p : model.parameters()) {
+    names_.push_back(p.name);
+    params_.push_back(p.param);
+    MTRAIN_CHECK(p.param->value.dtype() == DType::Float32, "parameter {} is {}, the reducer handles float32",
+                 p.name, p.param->value.str());
+  }
+  const int n = static_cast<int>(params_.size());
+  bucket_of_.assign(n, -1);
+  bucket_params_.clear();
+  buckets_.clear();
+
+  // Reverse registration order, first bucket small, the rest up to the cap.
+  size_t bucket_bytes = 0;
+  for (int i = n - 1; i >= 0; --i) {
+    const size_t bytes = params_[i]->value.nbytes();
+    // The bucket being filled is the first one while there is at most one.
+    const size_t limit = bucket_params_.size() <= 1 ? options_.first_bucket_bytes : options_.bucket_cap_bytes;
+    if (bucket_params_.empty() || (bucket_bytes > 0 && bucket_bytes + bytes > limit)) {
+      bucket_params_.emplace_back();
+      bucket_bytes = 0;
+    }
+    bucket_params_.back().push_back(i);
+    bucket_bytes += bytes;
+  }
+  uint64_t layout = fnv1a("buckets");
+  uint64_t shapes = fnv1a("parameters");
+  for (int i = 0; i < n; ++i) {
+    shapes = fnv1a(names_[i], shapes);
+    const auto& shape = params_[i]->value.shape();
+    shapes = fnv1a(shape.data(), shape.size() * sizeof(shape[0]), shapes);
+  }
+  for (size_t b = 0; b < bucket_params_.size(); ++b) {
+    Bucket bucket;
+    bucket.params = bucket_params_[b];
+    int64_t total = 0;
+    for (int i : bucket.params) {
+      bucket_of_[i] = static_cast<int>(b);
+      bucket.offsets.push_back(total);
+      total += params_[i]->value.numel();
+    }
+    bucket.flat = Tensor::zeros({total});
+    layout = fnv1a(bucket.params.data(), bucket.params.size() * sizeof(int), layout);
+    layout = fnv1a(&total, sizeof total, layout);
+    buckets_.push_back(std::move(bucket));
+  }
+  require_same_on_all_ranks(*group_,
+                            {{"the model's parameters (names and shapes)", shapes,
+                              fmt::format("{} parameter tensors", n)},
+                             {"the gradient bucket layout", layout,
+                              fmt::format("{} buckets", buckets_.size())}},
+                            "the DDP setup");
+  ready_count_.assign(n, 0);
+  model.set_grad_ready_hook([this](models::Parameter& p) { on_gradient_ready(p); });
+}
+
+void Reducer::before_backward(const MicroBatchInfo& micro_batch) {
+  std::fill(ready_count_.begin(), ready_count_.end(), 0);
+  for (auto& b : buckets_) {
+    b.pending = static_cast<int>(b.params.size());
+    b.work.reset();
+  }
+  params_pending_ = static_cast<int>(params_.size());
+  next_launch_ = 0;
+  sync_ = micro_batch.sync;
+  empty_micro_batch_ = micro_batch.samples == 0;
+  first_launch_seen_ = false;
+  last_step_ = ReducerStepStats{};
+  if (!sync_) return;
+  const int world = group_->size();
+  scale_ = 1.0f / static_cast<float>(world);
+  if (options_.weight_by_sample_count) {
+    Tensor count = Tensor::from_vector<int64_t>({micro_batch.samples}, {1});
+    group_->allreduce(count, ReduceOp::Sum)->wait();
+    const int64_t total = count.data<int64_t>()[0];
+    if (total <= 0) {
+      throw InvalidArgument(fmt::format("every rank's micro-batch is empty (total 0 samples) at this step"));
+    }
+    scale_ = static_cast<float>(static_cast<double>(micro_batch.samples) / static_cast<double>(total));
+  }
+}
+
+void Reducer::on_gradient_ready(models::Parameter& param) {
+  MTRAIN_CHECK(param.index >= 0 && static_cast<size_t>(param.index) < ready_count_.size(),
+               "grad-ready hook for parameter index {} of a model with {} parameters", param.index,
+               ready_count_.size());
+  if (++ready_count_[param.index] != 1) return;  // after_backward reports the duplicate
+  --params_pending_;
+  if (!sync_) return;
+  Bucket& bucket = buckets_[bucket_of_[param.index]];
+  if (--bucket.pending == 0) launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+    launch(buckets_[next_launch_]);
+    last_step_.launches.push_back({static_cast<int>(next_launch_), params_pending_});
+    ++next_launch_;
+  }
+}
+
+void Reducer::launch(Bucket& bucket) {
+  if (!first_launch_seen_) {
+    first_launch_seen_ = true;
+    first_launch_ = Clock::now();
+  }
+  float* flat = bucket.flat.data<float>();
+  for (size_t k = 0; k < bucket.params.size(); ++k) {
+    const Tensor& grad = params_[bucket.params[k]]->grad;
+    const float* g = grad.data<float>();
+    float* dst = flat + bucket.offsets[k];
+    const int64_t numel = grad.numel();
+    for (int64_t e = 0; e < numel; ++e) dst[e] = g[e] * scale_;
+  }
+  bucket.work = group_->allreduce(bucket.flat, ReduceOp::Sum);
+}
+
+void Reducer::after_backward() {
+  if (empty_micro_batch_) {
+    for (auto* p : params_) on_gradient_ready(*p);
+  }
+  for (size_t i = 0; i < ready_count_.size(); ++i) {
+    if (ready_count_[i] != 1) {
+      throw InternalError(fmt::format(
+          "parameter {} reported its gradient ready {} times in one backward (expected once): every parameter "
+          "must take part in every forward, or the ranks' all-reduces would not match",
+          names_[i], ready_count_[i]));
+    }
+  }
+  if (!sync_) return;
+  MTRAIN_CHECK(next_launch_ == buckets_.size(), "{} of {} gradient buckets were launched", next_launch_,
+               buckets_.size());
+  const auto backward_end = Clock::now();
+  for (auto& b : buckets_) b.work->wait(group_->options().timeout);
+  const auto all_done = Clock::now();
+  for (auto& b : buckets_) {
+    const float* flat = b.flat.data<float>();
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      Tensor& grad = params_[b.params[k]]->grad;
+      std::copy_n(flat + b.offsets[k], grad.numel(), grad.data<float>());
+    }
+  }
+  last_step_.wait_seconds = seconds_between(backward_end, all_done);
+  last_step_.comm_span_seconds = seconds_between(first_launch_, all_done);
+  last_step_.hidden_fraction = hidden_fraction(last_step_.wait_seconds, last_step_.comm_span_seconds);
+  ++totals_.synced_steps;
+  totals_.wait_seconds += last_step_.wait_seconds;
+  totals_.comm_span_seconds += last_step_.comm_span_seconds;
+}
+
+std::string Reducer::describe() const {
+  size_t bytes = 0;
+  for (const auto& b : buckets_) bytes += b.flat.nbytes();
+  return fmt::format("DDP reducer over {} ranks ({}): {} parameter tensors in {} buckets ({:.2f} MiB, first "
+                     "bucket {:.2f} MiB, cap {:.2f} MiB){}",
+                     group_->size(), group_->backend_name(), params_.size(), buckets_.size(),
+                     mib(bytes), mib(options_.first_bucket_bytes), mib(options_.bucket_cap_bytes),
+                     options_.weight_by_sample_count ? ", gradients weighted by per-rank sample counts" : "");
+}
+
+}  // namespace mtrain

@@ -1,0 +1,148 @@
+// Reducer: DDP's bucketed gradient all-reduce, overlapped with backward.
+//
+// Note [Reducer buckets]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Parameters are packed into buckets in reverse registration order (the order their
+// gradients roughly become ready in backward), a small first bucket (1 MiB) so the
+// first all-reduce starts early, then buckets of up to --bucket-cap-mb (25 MiB). A
+// parameter larger than the cap gets a bucket of its own. The layout depends only on
+// the parameter list and the caps, and attach() all-gathers a hash of it so a rank with
+// a different model or cap fails at once with the ranks named (Note [Consensus by
+// hashes] in rank_consensus.h), never later inside a mismatched all-reduce.
+//
+// Note [Reducer launch order]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The grad-ready hook marks a parameter ready; a bucket is ready when all of its
+// parameters are. Inside a Residual block hooks do not fire in reverse registration
+// order, so bucket k may become ready before bucket k-1. Collectives must be issued in
+// the same order on every rank, so buckets are launched strictly in index order: a
+// ready bucket whose predecessors have not launched waits, and launches (from the hook
+// that completes its last predecessor) the moment they have. Launching copies the
+// bucket's gradients into its flat buffer, scaled by the rank's weight, and starts an
+// asynchronous all-reduce (sum) that runs on the process group's thread while backward
+// goes on with earlier layers.
+//
+// Note [Reducer gradient weighting]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Each rank's gradient is the mean over its own micro-batch. Pre-scaling by 1/W and
+// summing gives the mean over all ranks' samples when every rank has the same count
+// (PyTorch's DDP divides the same way). With uneven per-rank counts (--global-batch-
+// size) the reducer first all-reduces the counts (8 bytes) and scales by
+// count_r / total, so the sum is the mean over the global batch: exactly the
+// single-process gradient. Pre-scaling (rather than dividing after the sum) keeps the
+// values in range and costs nothing extra: the copy into the bucket does it.
+//
+// Note [Reducer copies, not views]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Gradients are copied into the bucket at launch and back after the wait, rather than
+// made views into the buckets (PyTorch's gradient_as_bucket_view). The copies cost two
+// passes over the gradients per step, which is small next to backward, and keep every
+// gradient an ordinary tensor that accumulates locally under no_sync; views would save
+// the memory of one gradient copy, which matters on GPUs more than here.
+//
+// A rank whose micro-batch is empty (--global-batch-size smaller than the world at an
+// epoch's last step) runs no backward; the loop still calls before/after_backward, and
+// the reducer then launches every bucket with weight 0 so the collectives still match.
+//
+// Note [Reducer statistics]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Per synchronized step: the time after_backward spent waiting for the all-reduces
+// (communication not hidden behind backward), the span from the first launch to the
+// moment all were done, and the fraction hidden = 1 - wait / span. For each bucket the
+// launch order and how many parameters were still waiting for their gradient when it
+// launched: a positive count proves the all-reduce overlapped backward (the overlap
+// test checks it; an ordering fact, not a timing threshold).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/process_group.h"
+#include "models/module.h"
+#include "trainer/gradient_sync.h"
+
+namespace mtrain {
+
+inline constexpr size_t kFirstBucketBytes = size_t{1} << 20;
+inline constexpr double kDefaultBucketCapMb = 25.0;
+
+struct ReducerOptions {
+  size_t first_bucket_bytes = kFirstBucketBytes;
+  size_t bucket_cap_bytes = static_cast<size_t>(kDefaultBucketCapMb * 1024 * 1024);
+  // Weight each rank's gradient by its sample count (Note [Reducer gradient weighting]).
+  bool weight_by_sample_count = false;
+};
+
+struct BucketLaunch {
+  int bucket = 0;
+  int params_pending = 0;  // parameters of the model still without a final gradient at launch
+};
+
+struct ReducerStepStats {
+  std::vector<BucketLaunch> launches;  // in launch order
+  double wait_seconds = 0.0;           // after_backward waiting for the all-reduces
+  double comm_span_seconds = 0.0;      // first launch to all done
+  double hidden_fraction = 0.0;        // 1 - wait / span, in [0, 1]
+};
+
+struct ReducerTotals {
+  int64_t synced_steps = 0;
+  double wait_seconds = 0.0;
+  double comm_span_seconds = 0.0;
+  // Over the whole run: 1 - total wait / total span (0 when nothing was reduced).
+  double hidden_fraction() const;
+};
+
+class Reducer final : public GradientSynchronizer {
+ public:
+  Reducer(std::shared_ptr<ProcessGroup> group, ReducerOptions options);
+
+  // Builds the buckets and verifies the layout on every rank (a collective).
+  void attach(models::Module& model) override;
+  void before_backward(const MicroBatchInfo& micro_batch) override;
+  void after_backward() override;
+  std::string describe() const override;
+
+  // Bucket k holds these parameter indices (positions in model.parameters()).
+  const std::vector<std::vector<int>>& bucket_parameters() const { return bucket_params_; }
+  const ReducerStepStats& last_step() const { return last_step_; }
+  const ReducerTotals& totals() const { return totals_; }
+
+ private:
+  struct Bucket {
+    std::vector<int> params;
+    std::vector<int64_t> offsets;  // element offset of each parameter in `flat`
+    Tensor flat;
+    int pending = 0;  // parameters not yet ready in this backward
+    WorkPtr work;
+  };
+  using Clock = std::chrono::steady_clock;
+
+  void on_gradient_ready(models::Parameter& param);
+  void launch_ready_buckets();
+  void launch(Bucket& bucket);
+
+  std::shared_ptr<ProcessGroup> group_;
+  ReducerOptions options_;
+  std::vector<std::string> names_;              // by parameter index
+  std::vector<models::Parameter*> params_;      // by parameter index
+  std::vector<int> bucket_of_;                  // parameter index -> bucket
+  std::vector<std::vector<int>> bucket_params_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> ready_count_;                // hook calls per parameter this backward
+  int params_pending_ = 0;
+  size_t next_launch_ = 0;
+  bool sync_ = true;
+  bool empty_micro_batch_ = false;  // no backward runs: every gradient is final as is
+  float scale_ = 1.0f;
+  bool first_launch_seen_ = false;
+  Clock::time_point first_launch_;
+  ReducerStepStats last_step_;
+  ReducerTotals totals_;
+};
+
+}  // namespace mtrain
