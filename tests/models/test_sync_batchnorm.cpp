@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/solo_group.h"
 #include "collectives/process_group.h"
 #include "collectives/store.h"
 #include "core/error.h"
@@ -38,14 +39,7 @@ void require_bitwise_equal(const Tensor& a, const Tensor& b) {
   CHECK(a.to_vector<float>() == b.to_vector<float>());
 }
 
-struct SoloGroup {
-  TcpStoreServer server{"127.0.0.1", 0, "t"};
-  std::shared_ptr<ProcessGroup> group;
-  SoloGroup() {
-    auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), "t");
-    group = create_process_group("gloo", store, 0, 1, Device::cpu());
-  }
-};
+using mtrain::testing::SoloGroup;
 
 LaunchResult launch(int nproc, const std::string& sizes, const std::string& hw,
                     const TempDir& dir) {

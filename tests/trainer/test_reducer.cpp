@@ -6,6 +6,7 @@
 #include <memory>
 #include <random>
 
+#include "tests/support/solo_group.h"
 #include "collectives/process_group.h"
 #include "collectives/store.h"
 #include "core/error.h"
@@ -19,14 +20,7 @@ using namespace mtrain;
 
 namespace {
 
-struct SoloGroup {
-  TcpStoreServer server{"127.0.0.1", 0, "t"};
-  std::shared_ptr<ProcessGroup> group;
-  SoloGroup() {
-    auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), "t");
-    group = create_process_group("gloo", store, 0, 1, Device::cpu());
-  }
-};
+using mtrain::testing::SoloGroup;
 
 // Three Linear(100, 100): weights of 40,000 bytes, biases of 400.
 std::unique_ptr<models::Sequential> three_linears() {
