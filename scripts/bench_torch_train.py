@@ -77,6 +77,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--momentum", type=float, default=0.9,
+                    help="SGD momentum (0.9 = mtrain-train's default, so both do the same update)")
     ap.add_argument("--data-dir", default=str(pathlib.Path(__file__).resolve().parent.parent
                                               / "data" / "fashion-mnist-mini"))
     args = ap.parse_args()
@@ -87,7 +89,7 @@ def main():
     images = read_idx(d / "train-images-idx3-ubyte.gz").float().div_(255).unsqueeze(1)
     labels = read_idx(d / "train-labels-idx1-ubyte.gz").long()
     model = build(args.model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=args.momentum)
     loss_fn = nn.CrossEntropyLoss()
     n, b = images.shape[0], args.batch_size
     times = []
