@@ -75,17 +75,9 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
 
-    times = []
-    for step in range(args.warmup + args.steps):
-        start = ((step * world + rank) * b) % (n - b + 1)
-        x, y = images[start:start + b], labels[start:start + b]
-        t0 = time.perf_counter()
-        loss = loss_fn(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step >= args.warmup:
-            times.append(time.perf_counter() - t0)
+    # Rank r trains on the r-th of each group of `world` consecutive batches.
+    times = ref.timed_steps(model, opt, loss_fn, images, labels, b, args.warmup, args.steps,
+                            batch_start=lambda step: (step * world + rank) * b)
 
     dist.barrier()
     if rank == 0:

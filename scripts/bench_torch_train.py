@@ -70,6 +70,24 @@ def build(name: str) -> nn.Module:
     raise SystemExit(f"unknown model {name!r}: expected lenet or resnet18")
 
 
+def timed_steps(model, opt, loss_fn, images, labels, batch, warmup, steps, batch_start):
+    """Seconds of each of `steps` training steps after `warmup` untimed ones. Step k
+    trains on the `batch` images from batch_start(k) (wrapped to stay in range)."""
+    n = images.shape[0]
+    times = []
+    for step in range(warmup + steps):
+        start = batch_start(step) % (n - batch + 1)
+        x, y = images[start:start + batch], labels[start:start + batch]
+        t0 = time.perf_counter()
+        loss = loss_fn(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -91,18 +109,9 @@ def main():
     model = build(args.model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=args.momentum)
     loss_fn = nn.CrossEntropyLoss()
-    n, b = images.shape[0], args.batch_size
-    times = []
-    for step in range(args.warmup + args.steps):
-        start = (step * b) % (n - b + 1)
-        x, y = images[start:start + b], labels[start:start + b]
-        t0 = time.perf_counter()
-        loss = loss_fn(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step >= args.warmup:
-            times.append(time.perf_counter() - t0)
+    b = args.batch_size
+    times = timed_steps(model, opt, loss_fn, images, labels, b, args.warmup, args.steps,
+                        batch_start=lambda step: step * b)
     med = statistics.median(times)
     print(json.dumps({"framework": "pytorch", "version": torch.__version__, "model": args.model,
                       "batch_size": b, "threads": args.threads, "steps": args.steps,

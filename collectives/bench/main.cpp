@@ -13,6 +13,7 @@
 #include <string>
 
 #include "collectives/bench/bench_pattern.h"
+#include "collectives/bootstrap.h"
 #include "collectives/process_group.h"
 #include "collectives/store.h"
 #include "core/env.h"
@@ -106,24 +107,6 @@ std::string require_env(const char* name, const std::string& backend) {
   return *value;
 }
 
-// The launcher's store, under the attempt's prefix, as one shared_ptr that keeps the
-// underlying connection alive.
-std::shared_ptr<Store> open_launcher_store(Millis timeout) {
-  struct Stores {
-    std::unique_ptr<TcpStore> tcp;
-    std::unique_ptr<PrefixStore> prefixed;
-  };
-  const std::string host = require_env("MASTER_ADDR", "gloo");
-  const auto port = static_cast<uint16_t>(
-      env::parse_int(require_env("MASTER_PORT", "gloo"), "MASTER_PORT", 1, 65535));
-  const std::string token = env::get("MTRAIN_STORE_TOKEN").value_or("");
-  const std::string prefix = env::get("MTRAIN_STORE_PREFIX").value_or("mtrain-bench");
-  auto stores = std::make_shared<Stores>();
-  stores->tcp = std::make_unique<TcpStore>(host, port, token, timeout, timeout);
-  stores->prefixed = std::make_unique<PrefixStore>(prefix + "/bench", *stores->tcp);
-  return std::shared_ptr<Store>(stores, stores->prefixed.get());
-}
-
 std::unique_ptr<ProcessGroup> create_group(const std::string& backend, Millis timeout) {
   ProcessGroupOptions options;
   options.name = "bench";
@@ -138,7 +121,7 @@ std::unique_ptr<ProcessGroup> create_group(const std::string& backend, Millis ti
       env::parse_int(require_env("WORLD_SIZE", backend), "WORLD_SIZE", 1, INT32_MAX));
   const int rank = static_cast<int>(
       env::parse_int(require_env("RANK", backend), "RANK", 0, world - 1));
-  return create_process_group(backend, open_launcher_store(timeout), rank, world, Device::cpu(),
+  return create_process_group(backend, connect_store_from_env(timeout), rank, world, Device::cpu(),
                               options);
 }
 

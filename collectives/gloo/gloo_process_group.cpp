@@ -128,9 +128,9 @@ class GlooProcessGroup final : public ProcessGroup {
   GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options,
                    const std::string& master_host, uint16_t master_port)
       : ProcessGroup(rank, size, std::move(options)), store_(std::move(store)) {
-    const std::string attempt = env::get("MTRAIN_STORE_PREFIX").value_or("");
-    prefix_ = fmt::format("{}{}gloo/{}/{}", attempt, attempt.empty() ? "" : "/", options_.name,
-                          g_groups_created.fetch_add(1));
+    // The store is already scoped to this job attempt (connect_store_from_env), so
+    // only the group needs naming here.
+    prefix_ = fmt::format("gloo/{}/{}", options_.name, g_groups_created.fetch_add(1));
     device_ = create_tcp_device(local_address_reaching(master_host, master_port));
     GlooStoreAdapter rendezvous(*store_, prefix_ + "/rdzv", options_.timeout);
     context_ = std::make_shared<gloo::rendezvous::Context>(rank_, size_);

@@ -3,9 +3,9 @@
 // Note [Gloo backend]
 // ~~~~~~~~~~~~~~~~~~~
 // One gloo::rendezvous::Context per group, connected as a full mesh through the store
-// under a key prefix unique to the job attempt (MTRAIN_STORE_PREFIX), the group name and
-// the number of groups this process created before (every rank creates its groups in
-// the same order, so the counters agree). Operations run on the group's communication
+// it is given (already scoped to the job attempt: see connect_store_from_env) under
+// "gloo/<group name>/<n>", n = the number of groups this process created before (every
+// rank creates its groups in the same order, so the counters agree). Operations run on the group's communication
 // thread in issue order through the library's algorithms: gloo::allreduce (ring /
 // bcube chosen by gloo), gloo::broadcast, gloo::allgather(v), gloo::barrier and
 // gloo::ReduceScatterHalvingDoubling (in place, on a scratch copy of the input). After

@@ -19,6 +19,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "collectives/bootstrap.h"
 #include "collectives/process_group.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -155,9 +156,7 @@ int run(int argc, char** argv) {
   const std::string backend = argv[1], scenario = argv[2];
   const int rank = static_cast<int>(env::get_int("RANK", 0).value_or(0));
   const int size = static_cast<int>(env::get_int("WORLD_SIZE", 1).value_or(1));
-  auto store = std::make_shared<TcpStore>(env::get("MASTER_ADDR").value_or("127.0.0.1"),
-                                          static_cast<uint16_t>(*env::get_int("MASTER_PORT", 1, 65535)),
-                                          env::get("MTRAIN_STORE_TOKEN").value_or(""));
+  auto store = connect_store_from_env();
   ProcessGroupOptions options;
   options.timeout = Millis(scenario.rfind("skip=", 0) == 0 ? 2000 : 20000);
   auto pg = create_process_group(backend, store, rank, size, Device::cpu(), options);
