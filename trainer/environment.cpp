@@ -144,6 +144,16 @@ void read_master(const Reader& r, const std::string& backend, WorkerEnvironment&
 
 }  // namespace
 
+const char* store_mode_name(StoreMode mode) {
+  switch (mode) {
+    case StoreMode::kNone: return "none";
+    case StoreMode::kLauncher: return "launcher";
+    case StoreMode::kRank0: return "rank 0";
+    case StoreMode::kMpiBroadcast: return "MPI broadcast";
+  }
+  return "unknown";
+}
+
 std::string first_slurm_host(const std::string& nodelist) {
   std::string host;
   size_t i = 0;
@@ -185,6 +195,7 @@ WorkerEnvironment discover_environment(const EnvLookup& lookup, const std::strin
     }
   }
   read_master(r, backend, w);
+  w.store_mode = w.master_addr.empty() ? StoreMode::kNone : StoreMode::kLauncher;
   return w;
 }
 

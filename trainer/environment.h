@@ -25,6 +25,10 @@
 
 namespace mtrain {
 
+// Who hosts the rendezvous store: see Note [Who hosts the store] in store_bootstrap.h.
+enum class StoreMode { kNone, kLauncher, kRank0, kMpiBroadcast };
+const char* store_mode_name(StoreMode mode);  // "none", "launcher", "rank 0", "MPI broadcast"
+
 struct WorkerEnvironment {
   int rank = 0;
   int world_size = 1;
@@ -36,6 +40,11 @@ struct WorkerEnvironment {
   std::string master_addr;              // empty when not needed (world of one, MPI bootstrap)
   int master_port = 0;
   bool under_mpirun = false;            // OMPI_COMM_WORLD_SIZE is set
+  bool mpi_launched = false;            // mpirun or a PMIx starter (srun --mpi=pmix): MPI_Init works
+  StoreMode store_mode = StoreMode::kNone;
+  std::string store_token;              // kRank0: MTRAIN_STORE_TOKEN or the derived token
+  std::string store_prefix;             // MTRAIN_STORE_PREFIX (kLauncher), else empty
+  std::string job_id;                   // SLURM_JOB_ID when set, for derived ports and tokens
 
   bool distributed() const { return world_size > 1; }
 };

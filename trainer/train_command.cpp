@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <memory>
 
-#include "collectives/bootstrap.h"
+#include "trainer/store_bootstrap.h"
 #include "collectives/process_group.h"
 #include "core/error.h"
 #include "data/data_source.h"
@@ -180,9 +180,8 @@ void run_train_command(const TrainOptions& o) {
   if (env.distributed()) {
     ProcessGroupOptions pg_options;
     pg_options.timeout = Millis(static_cast<int64_t>(o.timeout_seconds * 1000.0));
-    // Without MASTER_ADDR (mpirun with an MPI backend, see environment.h) the backend
-    // bootstraps itself and needs no store.
-    std::shared_ptr<Store> store = env.master_addr.empty() ? nullptr : connect_store_from_env();
+    // Null for the MPI backend under an MPI starter, which bootstraps itself.
+    std::shared_ptr<Store> store = open_worker_store(env);
     group = create_process_group(o.backend, store, env.rank, env.world_size, Device::cpu(env.local_rank),
                                  pg_options);
     spdlog::info("process group: {} backend, {} ranks, collective timeout {} s", group->backend_name(),
