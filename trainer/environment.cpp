@@ -3,10 +3,12 @@
 #include <sched.h>
 
 #include <cctype>
+#include <cstdint>
 #include <thread>
 
 #include "core/env.h"
 #include "core/error.h"
+#include "trainer/hostlist.h"
 
 namespace mtrain {
 
@@ -117,29 +119,68 @@ void read_slurm(const Reader& r, WorkerEnvironment& w) {
   read_slurm_layout(r, w);
 }
 
-void read_master(const Reader& r, const std::string& backend, WorkerEnvironment& w) {
+// The port a SLURM job's rank 0 hosts its store on when MASTER_PORT is unset: fixed by
+// the job id, so every task of the job computes the same one and concurrent jobs on a
+// node differ (ids 20000 apart collide; MASTER_PORT overrides). Stays below the usual
+// ephemeral range (32768+), where the kernel hands out client ports.
+int port_from_job_id(const std::string& job_id) {
+  const int64_t id = env::parse_int(job_id, "environment variable SLURM_JOB_ID", 0, INT64_MAX);
+  return static_cast<int>(10000 + id % 20000);
+}
+
+// Where the store is and who hosts it: Note [Who hosts the store] (store_bootstrap.h).
+void read_store(const Reader& r, const std::string& backend, WorkerEnvironment& w) {
   if (!w.distributed()) return;
-  const bool mpi_bootstrap = w.under_mpirun && (backend == "mpi" || backend == "auto");
+  w.job_id = r.str("SLURM_JOB_ID").value_or("");
+  const bool uses_mpi = backend == "mpi" || (backend == "auto" && w.mpi_launched);
+  if (uses_mpi && w.mpi_launched) return;  // MPI bootstraps itself: no store
+  if (w.source == "launcher" && r.has("MTRAIN_RUN_ID")) {
+    w.store_mode = StoreMode::kLauncher;  // mtrain-launch hosts it and says where
+  } else {
+    w.store_mode = StoreMode::kRank0;
+  }
+
   auto addr = r.str("MASTER_ADDR");
-  if (!addr && w.source == "SLURM" ) {
-    if (auto nodes = r.str("SLURM_JOB_NODELIST")) addr = first_slurm_host(*nodes);
+  const char* addr_from = "MASTER_ADDR";
+  if ((!addr || addr->empty()) && w.store_mode == StoreMode::kRank0) {
+    if (w.under_mpirun) {
+      w.store_mode = StoreMode::kMpiBroadcast;  // rank 0 picks host and port, MPI tells the rest
+      return;
+    }
+    if (auto nodes = r.str("SLURM_JOB_NODELIST"); nodes && (w.source == "SLURM" || w.source == "PMIx")) {
+      addr = expand_hostlist(*nodes).front();
+      addr_from = "the first host of SLURM_JOB_NODELIST";
+    }
   }
   if (!addr || addr->empty()) {
-    if (mpi_bootstrap) return;
     throw InvalidArgument(fmt::format(
         "environment variable MASTER_ADDR is not set, but the world has {} ranks (from {}): set MASTER_ADDR and "
-        "MASTER_PORT to the rendezvous store, or start the workers with mtrain-launch{}",
+        "MASTER_PORT to rank 0's host and a free port, or start the workers with mtrain-launch{}",
         w.world_size, w.source, w.under_mpirun ? " or use --backend mpi" : ""));
   }
   w.master_addr = *addr;
-  auto port = r.integer("MASTER_PORT", 1, 65535);
-  if (!port) {
-    if (mpi_bootstrap) return;
+
+  if (auto port = r.integer("MASTER_PORT", 1, 65535)) {
+    w.master_port = *port;
+  } else if (w.store_mode == StoreMode::kRank0 && !w.job_id.empty()) {
+    w.master_port = port_from_job_id(w.job_id);
+  } else {
     throw InvalidArgument(fmt::format(
-        "environment variable MASTER_PORT is not set, but the world has {} ranks (MASTER_ADDR={})",
-        w.world_size, w.master_addr));
+        "environment variable MASTER_PORT is not set, but the world has {} ranks (MASTER_ADDR={} from {})",
+        w.world_size, w.master_addr, addr_from));
   }
-  w.master_port = *port;
+
+  if (w.store_mode == StoreMode::kLauncher) {
+    w.store_prefix = r.str("MTRAIN_STORE_PREFIX").value_or("");
+    return;  // the token is read when connecting (connect_store_from_env)
+  }
+  if (auto token = r.str("MTRAIN_STORE_TOKEN"); token && !token->empty()) {
+    w.store_token = *token;
+  } else {
+    // What every rank of this job sees alike; no secret (store_bootstrap.h).
+    w.store_token = fmt::format("mtrain-derived:{}:{}:{}", w.job_id, w.master_addr, w.master_port);
+    w.store_token_derived = true;
+  }
 }
 
 }  // namespace
@@ -152,23 +193,6 @@ const char* store_mode_name(StoreMode mode) {
     case StoreMode::kMpiBroadcast: return "MPI broadcast";
   }
   return "unknown";
-}
-
-std::string first_slurm_host(const std::string& nodelist) {
-  std::string host;
-  size_t i = 0;
-  while (i < nodelist.size() && nodelist[i] != ',') {
-    if (nodelist[i] == '[') {
-      ++i;
-      const auto in_first_item = [&] { return nodelist[i] != ',' && nodelist[i] != '-' && nodelist[i] != ']'; };
-      while (i < nodelist.size() && in_first_item()) host += nodelist[i++];
-      while (i < nodelist.size() && nodelist[i] != ']') ++i;
-      ++i;  // past ']'
-    } else {
-      host += nodelist[i++];
-    }
-  }
-  return host;
 }
 
 WorkerEnvironment discover_environment(const EnvLookup& lookup, const std::string& backend) {
@@ -194,8 +218,8 @@ WorkerEnvironment discover_environment(const EnvLookup& lookup, const std::strin
       w.local_world_size_source = "OMPI_COMM_WORLD_LOCAL_SIZE";
     }
   }
-  read_master(r, backend, w);
-  w.store_mode = w.master_addr.empty() ? StoreMode::kNone : StoreMode::kLauncher;
+  w.mpi_launched = w.under_mpirun || r.has("PMIX_RANK");
+  read_store(r, backend, w);
   return w;
 }
 

@@ -15,8 +15,14 @@
 // Nothing set = a world of one. Contradictions are InvalidArgument naming the variable:
 // a rank outside [0, size), half of a pair (RANK without WORLD_SIZE), a launcher
 // WORLD_SIZE or RANK that disagrees with the Open MPI value beside it, and a world of
-// several ranks without MASTER_ADDR / MASTER_PORT (except under mpirun with an MPI
-// backend, which bootstraps through MPI itself and needs no store).
+// several ranks whose store cannot be found.
+//
+// The store (Note [Who hosts the store] in store_bootstrap.h): mtrain-launch's when
+// MTRAIN_RUN_ID says it started us; none for the MPI backend under mpirun or srun
+// --mpi=pmix; else rank 0 hosts it at MASTER_ADDR:MASTER_PORT, where under SLURM the
+// address defaults to the first host of SLURM_JOB_NODELIST (hostlist.h) and the port to
+// 10000 + SLURM_JOB_ID % 20000; under mpirun without MASTER_ADDR its address travels
+// over MPI instead.
 #pragma once
 
 #include <functional>
@@ -43,6 +49,7 @@ struct WorkerEnvironment {
   bool mpi_launched = false;            // mpirun or a PMIx starter (srun --mpi=pmix): MPI_Init works
   StoreMode store_mode = StoreMode::kNone;
   std::string store_token;              // kRank0: MTRAIN_STORE_TOKEN or the derived token
+  bool store_token_derived = false;     // no MTRAIN_STORE_TOKEN: derived from job id and address
   std::string store_prefix;             // MTRAIN_STORE_PREFIX (kLauncher), else empty
   std::string job_id;                   // SLURM_JOB_ID when set, for derived ports and tokens
 
@@ -58,9 +65,6 @@ using EnvLookup = std::function<std::optional<std::string>(const char* name)>;
 WorkerEnvironment discover_environment(const EnvLookup& lookup, const std::string& backend = "auto");
 // The same over the process environment.
 WorkerEnvironment discover_environment(const std::string& backend = "auto");
-
-// The first host of a SLURM node list: "node[03-05,9],gpu1" -> "node03".
-std::string first_slurm_host(const std::string& nodelist);
 
 struct ThreadChoice {
   int threads = 1;

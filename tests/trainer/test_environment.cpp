@@ -7,9 +7,11 @@
 
 #include "core/error.h"
 #include "trainer/environment.h"
+#include "trainer/hostlist.h"
 
 using Catch::Matchers::Contains;
 using mtrain::InvalidArgument;
+using mtrain::StoreMode;
 using mtrain::WorkerEnvironment;
 
 namespace {
@@ -98,14 +100,95 @@ TEST_CASE("first source wins: launcher, then Open MPI, then PMIx, then SLURM", "
   CHECK(w.world_size == 6);
   CHECK(w.local_world_size == 3);
   CHECK(w.master_addr == "node07");  // first host of the node list
+  CHECK(w.master_port == 29500);
+  // Without MASTER_PORT the job id fixes the port; without a job id nothing does.
+  w = discover(with(slurm, {{"SLURM_JOB_ID", "123456"}}));
+  CHECK(w.master_port == 10000 + 123456 % 20000);
+  CHECK(w.job_id == "123456");
+  CHECK(discover(with(slurm, {{"SLURM_JOB_ID", "7"}})).master_port == 10007);
   CHECK_THROWS_WITH(discover(slurm), Contains("MASTER_PORT is not set"));
+  CHECK_THROWS_WITH(discover(with(slurm, {{"SLURM_JOB_ID", "x1"}})), Contains("SLURM_JOB_ID"));
+  CHECK_THROWS_WITH(discover(with(slurm, {{"SLURM_JOB_NODELIST", "node[07"}})), Contains("node[07"));
 }
 
-TEST_CASE("first host of a SLURM node list", "[environment]") {
-  CHECK(mtrain::first_slurm_host("vm") == "vm");
-  CHECK(mtrain::first_slurm_host("a1,b2") == "a1");
-  CHECK(mtrain::first_slurm_host("node[03-05,9],gpu1") == "node03");
-  CHECK(mtrain::first_slurm_host("rack[2,4]-n[1-8]") == "rack2-n1");
+TEST_CASE("who hosts the store, for every starter", "[environment]") {
+  // mtrain-launch (MTRAIN_RUN_ID) hosts it; the same variables set by hand mean rank 0 does.
+  auto w = discover(with(kLauncher, {{"MTRAIN_RUN_ID", "r1"}, {"MTRAIN_STORE_PREFIX", "attempt0/"}}));
+  CHECK(w.store_mode == StoreMode::kLauncher);
+  CHECK(w.store_prefix == "attempt0/");
+  w = discover(kLauncher);
+  CHECK(w.store_mode == StoreMode::kRank0);
+  CHECK(w.store_token_derived);
+  CHECK(w.store_token == "mtrain-derived::10.0.0.1:29500");
+  w = discover(with(kLauncher, {{"MTRAIN_STORE_TOKEN", "s3cret"}}));
+  CHECK(w.store_token == "s3cret");
+  CHECK_FALSE(w.store_token_derived);
+
+  // mpirun: the MPI backend needs no store; Gloo gets one from MASTER_ADDR or through MPI.
+  const Vars ompi = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}};
+  CHECK(discover(ompi, "mpi").store_mode == StoreMode::kNone);
+  CHECK(discover(ompi, "auto").store_mode == StoreMode::kNone);
+  CHECK(discover(ompi, "gloo").store_mode == StoreMode::kMpiBroadcast);
+  CHECK(discover(ompi, "gloo").master_addr.empty());
+  w = discover(with(ompi, {{"MASTER_ADDR", "h0"}, {"MASTER_PORT", "4000"}}), "gloo");
+  CHECK(w.store_mode == StoreMode::kRank0);
+  CHECK(w.master_addr == "h0");
+  CHECK_THROWS_WITH(discover(with(ompi, {{"MASTER_ADDR", "h0"}}), "gloo"), Contains("MASTER_PORT is not set"));
+
+  // srun --mpi=pmix: MPI works (auto = mpi, no store); Gloo's rank 0 hosts on the first node.
+  const Vars pmix = {{"PMIX_RANK", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "42"},
+                     {"SLURM_JOB_NODELIST", "gpu-a[1-2]"}};
+  CHECK(discover(pmix).store_mode == StoreMode::kNone);
+  CHECK(discover(pmix).mpi_launched);
+  w = discover(pmix, "gloo");
+  CHECK(w.store_mode == StoreMode::kRank0);
+  CHECK(w.master_addr == "gpu-a1");
+  CHECK(w.master_port == 10042);
+  CHECK(w.store_token == "mtrain-derived:42:gpu-a1:10042");
+
+  // Plain srun: rank 0 hosts; the MPI backend cannot start without an MPI starter's help.
+  const Vars slurm = {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "9"},
+                      {"SLURM_JOB_NODELIST", "vm"}, {"MTRAIN_STORE_TOKEN", "t"}};
+  w = discover(slurm);
+  CHECK(w.store_mode == StoreMode::kRank0);
+  CHECK(w.master_addr == "vm");
+  CHECK(w.store_token == "t");
+  CHECK_FALSE(w.mpi_launched);
+
+  CHECK(discover({}).store_mode == StoreMode::kNone);
+}
+
+TEST_CASE("SLURM host lists expand as scontrol show hostnames does", "[hostlist]") {
+  using mtrain::expand_hostlist;
+  using V = std::vector<std::string>;
+  CHECK(expand_hostlist("vm") == V{"vm"});
+  CHECK(expand_hostlist("a1,b2") == V{"a1", "b2"});
+  CHECK(expand_hostlist("node[03-05,9],gpu1") == V{"node03", "node04", "node05", "node9", "gpu1"});
+  CHECK(expand_hostlist("node[01-04,07],gpu-a[1-2]") ==
+        V{"node01", "node02", "node03", "node04", "node07", "gpu-a1", "gpu-a2"});
+  CHECK(expand_hostlist("n[8-11]") == V{"n8", "n9", "n10", "n11"});        // width of "8"
+  CHECK(expand_hostlist("n[08-10]") == V{"n08", "n09", "n10"});            // width of "08"
+  CHECK(expand_hostlist("n[098-100]") == V{"n098", "n099", "n100"});
+  CHECK(expand_hostlist("rack[2,4]-n[1-2]") == V{"rack2-n1", "rack2-n2", "rack4-n1", "rack4-n2"});
+  CHECK(expand_hostlist("[1-2]x") == V{"1x", "2x"});
+  CHECK(expand_hostlist("n[5]") == V{"n5"});
+  CHECK(expand_hostlist("a,a") == V{"a", "a"});
+  CHECK(expand_hostlist("n[0-99999]").size() == 100000);
+
+  CHECK_THROWS_WITH(expand_hostlist(""), Contains("host list is empty"));
+  CHECK_THROWS_WITH(expand_hostlist("a,,b"), Contains("empty host name"));
+  CHECK_THROWS_WITH(expand_hostlist("a,"), Contains("empty host name"));
+  CHECK_THROWS_WITH(expand_hostlist("n[1-3"), Contains("never closed"));
+  CHECK_THROWS_WITH(expand_hostlist("n1-3]"), Contains("closes nothing"));
+  CHECK_THROWS_WITH(expand_hostlist("n[1[2]]"), Contains("nested"));
+  CHECK_THROWS_WITH(expand_hostlist("n[]"), Contains("found nothing"));
+  CHECK_THROWS_WITH(expand_hostlist("n[1,]"), Contains("found nothing"));
+  CHECK_THROWS_WITH(expand_hostlist("n[5-3]"), Contains("upper bound is below"));
+  CHECK_THROWS_WITH(expand_hostlist("n[a-c]"), Contains("expected digits"));
+  CHECK_THROWS_WITH(expand_hostlist("n[1-2-3]"), Contains("expected digits"));
+  CHECK_THROWS_WITH(expand_hostlist("n[-3]"), Contains("expected digits"));
+  CHECK_THROWS_WITH(expand_hostlist("n[1234567890]"), Contains("at most 9 digits"));
+  CHECK_THROWS_WITH(expand_hostlist("a[0-1023]b[0-1023]c[0-1]"), Contains("more than"));
 }
 
 TEST_CASE("contradictions are errors naming the variable", "[environment]") {
@@ -135,5 +218,4 @@ TEST_CASE("mpirun with an MPI backend needs no MASTER_ADDR", "[environment]") {
   const Vars ompi = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}};
   CHECK(discover(ompi, "mpi").world_size == 2);
   CHECK(discover(ompi, "auto").world_size == 2);
-  CHECK_THROWS_WITH(discover(ompi, "gloo"), Contains("MASTER_ADDR is not set"));
 }
