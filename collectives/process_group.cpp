@@ -11,6 +11,9 @@
 #ifdef MTRAIN_HAVE_MPI
 #include "collectives/mpi/mpi_process_group.h"
 #endif
+#ifdef MTRAIN_HAVE_CUDA
+#include "collectives/nccl/nccl_process_group.h"
+#endif
 
 namespace mtrain {
 
@@ -67,6 +70,8 @@ void Work::wait(Millis timeout) {
   if (error_) std::rethrow_exception(error_);
 }
 
+void Work::wait_on_current_stream() { wait(); }
+
 std::exception_ptr Work::error() const {
   std::lock_guard<std::mutex> lock(mu_);
   return error_;
@@ -116,6 +121,9 @@ std::vector<std::string> available_backends() {
 #ifdef MTRAIN_HAVE_MPI
   names.push_back("mpi");
 #endif
+#ifdef MTRAIN_HAVE_CUDA
+  names.push_back("nccl");
+#endif
   return names;
 }
 
@@ -164,8 +172,22 @@ std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
 #endif
   }
   if (chosen == "nccl") {
-    throw InvalidArgument(
-        fmt::format("the nccl backend is not built yet; available backends: {}", built));
+#ifdef MTRAIN_HAVE_CUDA
+    if (!device.is_cuda()) {
+      throw InvalidArgument(fmt::format(
+          "the nccl backend works on GPU tensors; found device {} (use gloo or mpi on CPUs)",
+          device.str()));
+    }
+    if (store == nullptr) {
+      throw InvalidArgument("the nccl backend needs a rendezvous store; none was given");
+    }
+    return create_nccl_process_group(std::move(store), rank, size, device, std::move(options));
+#else
+    throw InvalidArgument(fmt::format(
+        "the nccl backend is not built in (configured with -DMTRAIN_CUDA=OFF, or the CUDA "
+        "toolkit or NCCL was not found); available backends: {}",
+        built));
+#endif
   }
   if (backend_built(chosen)) {
     throw InternalError(fmt::format("backend '{}' is listed as built but has no factory", chosen));

@@ -11,6 +11,20 @@
 // operations before waiting on any (the DDP reducer overlaps bucket all-reduces with
 // backward this way).
 //
+// On GPUs (the nccl backend) an operation runs on the group's own CUDA stream, after the
+// work already queued on the caller's current stream (Note [Current stream] in
+// tensor/cuda/stream.h), so the caller needs no synchronisation before issuing it. Two
+// ways to consume the result:
+//   * wait(): blocks the host until the operation is done (e.g. before reading a loss
+//     value on the host, or before an optimizer step done on the host);
+//   * wait_on_current_stream(): returns at once; kernels the caller queues afterwards on
+//     its current stream run after the operation. The DDP reducer uses this to overlap
+//     bucket all-reduces with backward without stalling the host. Errors still surface:
+//     through a later wait(), is_completed() or the next operation of the group, and
+//     the group's watchdog fails every pending operation at its deadline.
+// The tensors stay alive until the operation completes even if the caller drops its
+// handles. On CPU backends wait_on_current_stream() is wait().
+//
 // Note [Collective timeouts]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Every operation has a deadline (ProcessGroupOptions::timeout, per group). A
@@ -40,19 +54,24 @@ ReduceOp parse_reduce_op(const std::string& name);  // InvalidArgument listing t
 enum class OpType { AllReduce, Broadcast, AllGather, AllGatherV, ReduceScatter, Barrier };
 const char* op_type_name(OpType op);  // "allreduce", ...
 
-// Handle to one asynchronous operation. Thread-safe.
+// Handle to one asynchronous operation. Thread-safe. Backends whose completion is
+// observed by polling (nccl) override the waiting functions.
 class Work {
  public:
   Work(OpType op, uint64_t seq, std::vector<Tensor> keep_alive = {});
+  virtual ~Work() = default;
 
   OpType op() const { return op_; }
   uint64_t seq() const { return seq_; }  // the group's sequence number of this operation
 
-  bool is_completed() const;
+  virtual bool is_completed() const;
   // Blocks until done; rethrows the operation's error if it failed.
-  void wait();
+  virtual void wait();
   // As wait(), but throws TimeoutError (naming the op and seq) when not done in time.
-  void wait(Millis timeout);
+  virtual void wait(Millis timeout);
+  // Device-side wait: see Note [Asynchronous collectives]. Rethrows an error already
+  // known; CPU backends: wait().
+  virtual void wait_on_current_stream();
   // The error the operation failed with, or nullptr (also nullptr while running).
   std::exception_ptr error() const;
 
@@ -113,7 +132,7 @@ class ProcessGroup {
 
 // Creates a group of `size` ranks; every rank calls this with the same backend and
 // options. `store` is the rendezvous store (may be null for "mpi", which bootstraps
-// through MPI itself). backend: "gloo", "mpi", "nccl", or "auto" = "nccl" when
+// through MPI itself). For "nccl", `device` is this rank's GPU (one GPU per rank). backend: "gloo", "mpi", "nccl", or "auto" = "nccl" when
 // `device` is a GPU, else "mpi" when the process was started by mpirun, else "gloo".
 // Unknown or unavailable backends throw InvalidArgument saying which are built in.
 std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,

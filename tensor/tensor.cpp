@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "tensor/device_dispatch.h"
 
 namespace mtrain {
 
@@ -73,7 +74,7 @@ Storage::~Storage() {
 namespace {
 Allocator& allocator_for(Device device) {
   if (device.is_cpu()) return host_allocator();
-  throw InvalidArgument(fmt::format("no allocator for device {} in this build", device.str()));
+  return detail::cuda_allocator(device.index);
 }
 
 // Every dimension >= 0 and the byte size representable: returns the element count.
@@ -112,6 +113,15 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
 Tensor Tensor::full(const Shape& shape, float value) {
   Tensor t = empty(shape);
   t.fill_(value);
+  return t;
+}
+
+Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
+  Tensor t;
+  t.numel_ = checked_numel(shape, dtype);
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(t.nbytes(), Device::cpu(), &detail::pinned_allocator());
   return t;
 }
 
@@ -196,19 +206,36 @@ Tensor Tensor::clone() const {
   return t;
 }
 
-void Tensor::copy_(const Tensor& src) {
+Tensor Tensor::to(Device device) const {
+  if (device == this->device()) return *this;
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_(*this);
+  return t;
+}
+
+void Tensor::copy_(const Tensor& src, bool non_blocking) {
   MTRAIN_CHECK(dtype_ == src.dtype_ && numel_ == src.numel_, "copy_ from {} into {}", src.str(), str());
-  MTRAIN_CHECK(device().is_cpu() && src.device().is_cpu(), "copy_ between {} and {} needs the CUDA path",
-               src.device().str(), device().str());
+  if (!device().is_cpu() || !src.device().is_cpu()) {
+    detail::cuda_copy(*this, src, non_blocking);
+    return;
+  }
   if (nbytes() > 0 && raw_data() != src.raw_data()) std::memmove(raw_data(), src.raw_data(), nbytes());
 }
 
 void Tensor::zero_() {
-  MTRAIN_CHECK(device().is_cpu(), "zero_ on {} needs the CUDA path", device().str());
+  if (!device().is_cpu()) {
+    detail::cuda_zero(*this);
+    return;
+  }
   if (nbytes() > 0) std::memset(raw_data(), 0, nbytes());
 }
 
 void Tensor::fill_(float value) {
+  if (!device().is_cpu()) {
+    check_dtype(DType::Float32);
+    detail::cuda_fill(*this, value);
+    return;
+  }
   float* p = data<float>();
   for (int64_t i = 0; i < numel_; ++i) p[i] = value;
 }

@@ -1,7 +1,8 @@
 // Tensor: a contiguous, row-major (NCHW for images) n-d array with a dtype and a
 // device, viewing a shared Storage at an offset. Owned storage comes from an
-// Allocator (the host one caches blocks so the steady state of training does no
-// malloc); borrowed storage wraps memory someone else owns (e.g. an mmapped file).
+// Allocator (the host one and the per-GPU ones cache blocks so the steady state of
+// training does no malloc or cudaMalloc: tensor/cuda_memory.h); borrowed storage wraps
+// memory someone else owns (e.g. an mmapped file).
 //
 // Note [Tensor semantics]
 // ~~~~~~~~~~~~~~~~~~~~~~~
@@ -47,6 +48,8 @@ class Allocator {
   virtual ~Allocator() = default;
   virtual void* allocate(size_t bytes) = 0;
   virtual void deallocate(void* ptr, size_t bytes) = 0;
+  // Page-locked host memory (cudaHostAlloc): copies from and to it can be asynchronous.
+  virtual bool pinned_host() const { return false; }
 };
 
 struct AllocatorStats {
@@ -73,6 +76,7 @@ class Storage {
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
   bool owned() const { return allocator_ != nullptr; }
+  bool pinned() const { return allocator_ != nullptr && allocator_->pinned_host(); }
 
  private:
   void* data_;
@@ -101,6 +105,8 @@ class Tensor {
   static Tensor zeros(const Shape& shape, DType dtype = DType::Float32,
                       Device device = Device::cpu());
   static Tensor full(const Shape& shape, float value);  // float32, CPU
+  // Host tensor in pinned memory (tensor/cuda_memory.h), for asynchronous copies.
+  static Tensor empty_pinned(const Shape& shape, DType dtype = DType::Float32);
   // Wraps memory owned elsewhere; it must outlive every view of the result.
   static Tensor borrow(void* data, const Shape& shape, DType dtype = DType::Float32,
                        Device device = Device::cpu());
@@ -115,6 +121,9 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
   DType dtype() const { return dtype_; }
   Device device() const;
+  bool is_pinned() const { return storage_ != nullptr && storage_->pinned(); }
+  // The storage this tensor views (for the allocator's record_stream).
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
 
   void* raw_data() const;
   template <class T> T* data() const {
@@ -131,14 +140,21 @@ class Tensor {
   Tensor flat_view(int64_t offset, const Shape& shape) const;
 
   Tensor clone() const;
-  void copy_(const Tensor& src);  // same dtype and numel (shapes may differ)
-  void zero_();
-  void fill_(float value);        // float32 only
+  // A copy on `device` (same shape and dtype); this tensor itself when already there.
+  Tensor to(Device device) const;
+  // Same dtype and numel (shapes may differ), between any devices. GPU copies are queued
+  // on the current stream (Note [Current stream] in tensor/cuda/stream.h) and return with
+  // host memory safe to use, except that `non_blocking` with a pinned host tensor returns
+  // at once: synchronise the stream before touching the host side.
+  void copy_(const Tensor& src, bool non_blocking = false);
+  void zero_();                   // on GPUs: queued on the current stream
+  void fill_(float value);        // float32 only; on GPUs: queued on the current stream
   bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
   std::string str() const;        // "Tensor[float32, [2, 3], cpu]"
 
   // A deep copy of the values into a std::vector (for tests and small tensors).
   template <class T> std::vector<T> to_vector() const {
+    if (!device().is_cpu()) return to(Device::cpu()).to_vector<T>();
     const T* p = data<T>();
     return std::vector<T>(p, p + numel_);
   }

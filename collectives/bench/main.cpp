@@ -2,6 +2,9 @@
 // same sizes; rank 0 prints one row per size. Each iteration rewrites the inputs, times
 // only the collective (issue to completion), then checks the result (Note [Bench
 // pattern]); the row's check column sums the mismatches of every rank and iteration.
+// With --backend nccl the buffers live on the rank's GPU (cuda:LOCAL_RANK): the pattern
+// is written on the host and copied in before the timed collective, and the result is
+// copied out after it, so the time column covers the collective alone, as on CPUs.
 #include <cxxopts.hpp>
 #include <fmt/format.h>
 
@@ -44,7 +47,7 @@ std::optional<BenchOptions> parse_options(int argc, char** argv) {
                        "MASTER_ADDR, MASTER_PORT) or from mpirun.");
   cli.add_options()
       ("op", "allreduce | allgather | broadcast | reduce_scatter", cxxopts::value<std::string>()->default_value("allreduce"))
-      ("backend", "gloo | mpi | auto (mpi under mpirun, else gloo)", cxxopts::value<std::string>()->default_value("auto"))
+      ("backend", "gloo | mpi | nccl | auto (mpi under mpirun, else gloo)", cxxopts::value<std::string>()->default_value("auto"))
       ("b,min-bytes", "smallest size (K/M/G suffixes)", cxxopts::value<std::string>()->default_value("8"))
       ("e,max-bytes", "largest size (K/M/G suffixes)", cxxopts::value<std::string>()->default_value("64M"))
       ("f,step-factor", "size multiplier between rows", cxxopts::value<std::string>()->default_value("2"))
@@ -69,8 +72,9 @@ std::optional<BenchOptions> parse_options(int argc, char** argv) {
   BenchOptions o;
   o.op = parse_bench_op(parsed["op"].as<std::string>());
   o.backend = parsed["backend"].as<std::string>();
-  if (o.backend != "gloo" && o.backend != "mpi" && o.backend != "auto") {
-    throw InvalidArgument(fmt::format("--backend: expected gloo, mpi or auto, found '{}'", o.backend));
+  if (o.backend != "gloo" && o.backend != "mpi" && o.backend != "nccl" && o.backend != "auto") {
+    throw InvalidArgument(
+        fmt::format("--backend: expected gloo, mpi, nccl or auto, found '{}'", o.backend));
   }
   o.min_bytes = parse_byte_size(parsed["min-bytes"].as<std::string>(), "--min-bytes");
   o.max_bytes = parse_byte_size(parsed["max-bytes"].as<std::string>(), "--max-bytes");
@@ -107,7 +111,14 @@ std::string require_env(const char* name, const std::string& backend) {
   return *value;
 }
 
-std::unique_ptr<ProcessGroup> create_group(const std::string& backend, Millis timeout) {
+// nccl: the GPU of this local rank, as the trainer binds it; CPU otherwise.
+Device bench_device(const std::string& backend) {
+  if (backend != "nccl") return Device::cpu();
+  return Device::cuda(static_cast<int>(env::get_int("LOCAL_RANK", 0, INT32_MAX).value_or(0)));
+}
+
+std::unique_ptr<ProcessGroup> create_group(const std::string& backend, Device device,
+                                           Millis timeout) {
   ProcessGroupOptions options;
   options.name = "bench";
   options.timeout = timeout;
@@ -121,7 +132,7 @@ std::unique_ptr<ProcessGroup> create_group(const std::string& backend, Millis ti
       env::parse_int(require_env("WORLD_SIZE", backend), "WORLD_SIZE", 1, INT32_MAX));
   const int rank = static_cast<int>(
       env::parse_int(require_env("RANK", backend), "RANK", 0, world - 1));
-  return create_process_group(backend, connect_store_from_env(timeout), rank, world, Device::cpu(),
+  return create_process_group(backend, connect_store_from_env(timeout), rank, world, device,
                               options);
 }
 
@@ -141,15 +152,17 @@ int run(int argc, char** argv) {
   const BenchOptions& o = *parsed;
   const Millis timeout{o.timeout_s * 1000};
   const std::string backend = resolve_backend(o.backend);
-  auto group = create_group(backend, timeout);
+  const Device device = bench_device(backend);
+  auto group = create_group(backend, device, timeout);
   const int rank = group->rank();
   const int world = group->size();
   const BenchOp op = o.op;
   const bool in_place = op == BenchOp::AllReduce || op == BenchOp::Broadcast;
 
   if (rank == 0) {
-    std::printf("# mtrain-bench op=%s backend=%s world=%d dtype=float32 warmup=%lld iters=%lld\n",
-                bench_op_name(op), group->backend_name().c_str(), world,
+    std::printf("# mtrain-bench op=%s backend=%s world=%d device=%s dtype=float32 warmup=%lld "
+                "iters=%lld\n",
+                bench_op_name(op), group->backend_name().c_str(), world, device.str().c_str(),
                 static_cast<long long>(o.warmup), static_cast<long long>(o.iters));
     std::printf("# %12s %12s %12s %12s %12s  %s\n", "bytes", "count", "time_us", "algbw_GB/s",
                 "busbw_GB/s", "check");
@@ -158,24 +171,30 @@ int run(int argc, char** argv) {
   int64_t failed_rows = 0;
   for (int64_t bytes = o.min_bytes;; bytes *= o.step_factor) {
     const BenchShape shape = bench_shape(op, bytes, world);
-    Tensor input = Tensor::empty({shape.input_count});
-    Tensor output = in_place ? input : Tensor::empty({shape.output_count});
+    // Host buffers hold the pattern and the result; on CPU they are the collective's own.
+    Tensor host_input = Tensor::empty({shape.input_count});
+    Tensor host_output = in_place ? host_input : Tensor::empty({shape.output_count});
+    Tensor input = host_input.to(device);
+    Tensor output = in_place ? input : host_output.to(device);
     double timed_seconds = 0;
     int64_t mismatches = 0;
     for (int64_t it = 0; it < o.warmup + o.iters; ++it) {
       const int iteration = static_cast<int>(it);
-      fill_input(op, rank, world, iteration, input.data<float>(), shape.input_count);
+      fill_input(op, rank, world, iteration, host_input.data<float>(), shape.input_count);
+      // The collective waits for this copy (it is queued on the current stream first).
+      if (!device.is_cpu()) input.copy_(host_input);
       const auto start = std::chrono::steady_clock::now();
       issue(*group, op, input, output, iteration)->wait(timeout);
       const auto stop = std::chrono::steady_clock::now();
       if (it >= o.warmup) timed_seconds += std::chrono::duration<double>(stop - start).count();
-      mismatches += count_mismatches(op, rank, world, iteration, output.data<float>(),
+      if (!device.is_cpu()) host_output.copy_(output);
+      mismatches += count_mismatches(op, rank, world, iteration, host_output.data<float>(),
                                      shape.output_count);
     }
     // Every rank's mismatches, so rank 0's row covers the whole group.
-    Tensor total = Tensor::from_vector<int64_t>({mismatches}, {1});
+    Tensor total = Tensor::from_vector<int64_t>({mismatches}, {1}).to(device);
     group->allreduce(total, ReduceOp::Sum)->wait(timeout);
-    const int64_t all_mismatches = total.data<int64_t>()[0];
+    const int64_t all_mismatches = total.to_vector<int64_t>()[0];
     if (all_mismatches != 0) ++failed_rows;
     if (rank == 0) {
       const double seconds = timed_seconds / static_cast<double>(o.iters);

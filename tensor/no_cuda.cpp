@@ -1,0 +1,32 @@
+// The CUDA entry points of a build without CUDA: every one explains why it cannot run.
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "tensor/cuda_memory.h"
+#include "tensor/device_dispatch.h"
+
+namespace mtrain {
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  throw InvalidArgument(fmt::format(
+      "{} needs a build with CUDA; this one has none (configured with -DMTRAIN_CUDA=OFF, or "
+      "the CUDA toolkit, cuDNN or NCCL was not found: see docs/building.md)",
+      what));
+}
+}  // namespace
+
+namespace detail {
+Allocator& cuda_allocator(int device) { no_cuda(fmt::format("device cuda:{}", device).c_str()); }
+Allocator& pinned_allocator() { no_cuda("pinned host memory"); }
+void cuda_copy(const Tensor&, const Tensor&, bool) { no_cuda("a copy to or from a GPU"); }
+void cuda_zero(const Tensor&) { no_cuda("zero_ on a GPU tensor"); }
+void cuda_fill(const Tensor&, float) { no_cuda("fill_ on a GPU tensor"); }
+}  // namespace detail
+
+BlockAllocatorStats cuda_memory_stats(int) { no_cuda("cuda_memory_stats"); }
+void cuda_release_cached_memory(int) { no_cuda("cuda_release_cached_memory"); }
+BlockAllocatorStats pinned_memory_stats() { no_cuda("pinned_memory_stats"); }
+void pinned_release_cached_memory() { no_cuda("pinned_release_cached_memory"); }
+void record_stream(const Tensor&, int, void*) { no_cuda("record_stream"); }
+
+}  // namespace mtrain

@@ -1,0 +1,293 @@
+// The caching allocators' bookkeeping against a fake backend: memory from malloc with a
+// budget, events whose completion the test decides.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+#include "core/error.h"
+#include "tensor/caching_block_allocator.h"
+
+using namespace mtrain;
+
+namespace {
+
+class FakeBackend final : public BlockBackend {
+ public:
+  size_t budget = SIZE_MAX;  // bytes the "device" has
+  size_t used = 0;
+  int mallocs = 0;
+  int frees = 0;
+  std::map<void*, size_t> live;
+  // Events: id -> (stream, completed). A recorded event completes when the test says so.
+  struct FakeEvent {
+    StreamKey stream;
+    bool completed = false;
+    bool released = false;
+  };
+  std::vector<FakeEvent> events;  // index + 1 = handle
+  bool fail_record = false;
+
+  void* allocate(size_t bytes) override {
+    if (used + bytes > budget) return nullptr;
+    void* p = std::malloc(bytes);
+    used += bytes;
+    live[p] = bytes;
+    mallocs++;
+    return p;
+  }
+  void free(void* ptr) override {
+    REQUIRE(live.count(ptr) == 1);
+    used -= live[ptr];
+    live.erase(ptr);
+    std::free(ptr);
+    frees++;
+  }
+  EventRef record_event(StreamKey stream) override {
+    if (fail_record) throw std::runtime_error("device lost");
+    events.push_back(FakeEvent{stream});
+    return EventRef{reinterpret_cast<void*>(events.size()), stream.device};
+  }
+  FakeEvent& event(EventRef e) { return events.at(reinterpret_cast<size_t>(e.handle) - 1); }
+  bool event_completed(EventRef e) override {
+    REQUIRE_FALSE(event(e).released);
+    return event(e).completed;
+  }
+  void synchronize_event(EventRef e) override { event(e).completed = true; }
+  void release_event(EventRef e) override {
+    REQUIRE_FALSE(event(e).released);
+    event(e).released = true;
+  }
+  std::string memory_summary() override { return "fake device has 0 B free"; }
+
+  // Completes every event recorded on `stream` so far.
+  void complete(StreamKey stream) {
+    for (auto& e : events) {
+      if (e.stream == stream) e.completed = true;
+    }
+  }
+  ~FakeBackend() override {
+    for (auto& [p, n] : live) std::free(p);
+  }
+};
+
+constexpr StreamKey kStreamA{0, 1};
+constexpr StreamKey kStreamB{0, 2};
+constexpr StreamKey kSideStream{0, 3};
+
+}  // namespace
+
+TEST_CASE("sizes round to 512 B below 1 MiB and 256 KiB above") {
+  CHECK(CachingBlockAllocator::round_size(0) == 512);
+  CHECK(CachingBlockAllocator::round_size(1) == 512);
+  CHECK(CachingBlockAllocator::round_size(512) == 512);
+  CHECK(CachingBlockAllocator::round_size(513) == 1024);
+  CHECK(CachingBlockAllocator::round_size((1 << 20) - 1) == (1 << 20));
+  CHECK(CachingBlockAllocator::round_size((1 << 20) + 1) == (1 << 20) + (256 << 10));
+  CHECK(CachingBlockAllocator::max_reuse_size(1024) == 2048);
+  CHECK(CachingBlockAllocator::max_reuse_size(4 << 20) == (5 << 20));
+}
+
+TEST_CASE("the steady state reuses blocks on the same stream without a backend call") {
+  FakeBackend backend;
+  CachingBlockAllocator alloc(backend, "fake:0");
+  for (int step = 0; step < 5; ++step) {
+    void* a = alloc.allocate(1000, kStreamA);
+    void* b = alloc.allocate(3 << 20, kStreamA);
+    void* c = alloc.allocate(1000, kStreamA);  // same size as a while a is live
+    CHECK(a != c);
+    alloc.deallocate(a);
+    alloc.deallocate(b);
+    alloc.deallocate(c);
+  }
+  // No event ever completed: same-stream reuse needs none.
+  CHECK(backend.mallocs == 3);
+  const auto s = alloc.stats();
+  CHECK(s.backend_allocs == 3);
+  CHECK(s.cache_hits == 12);
+  CHECK(s.in_use_bytes == 0);
+  CHECK(s.reserved_bytes == 1024 + (3 << 20) + 1024);
+  CHECK(s.cached_bytes == s.reserved_bytes);
+}
+
+TEST_CASE("a cached block serves only requests it exceeds by the bounded factor") {
+  FakeBackend backend;
+  CachingBlockAllocator alloc(backend, "fake:0");
+  void* big = alloc.allocate(8 << 20, kStreamA);
+  alloc.deallocate(big);
+  void* small = alloc.allocate(1 << 20, kStreamA);  // 8x smaller: must not take the 8 MiB block
+  CHECK(small != big);
+  CHECK(backend.mallocs == 2);
+  void* near = alloc.allocate(7 << 20, kStreamA);  // within 25%: reuses it
+  CHECK(near == big);
+  CHECK(alloc.stats().in_use_bytes == (8 << 20) + (1 << 20));
+  alloc.deallocate(small);
+  alloc.deallocate(near);
+}
+
+TEST_CASE("best fit: the smallest cached block that is large enough") {
+  FakeBackend backend;
+  CachingBlockAllocator alloc(backend, "fake:0");
+  void* b4 = alloc.allocate(4096, kStreamA);
+  void* b2 = alloc.allocate(2048, kStreamA);
+  void* b3 = alloc.allocate(3072, kStreamA);
+  alloc.deallocate(b4);
+  alloc.deallocate(b2);
+  alloc.deallocate(b3);
+  CHECK(alloc.allocate(2500, kStreamA) == b3);
+  CHECK(alloc.allocate(1500, kStreamA) == b2);
+  CHECK(alloc.allocate(4000, kStreamA) == b4);
+}
+
+TEST_CASE("another stream gets a freed block only after the free-time event completes") {
+  FakeBackend backend;
+  CachingBlockAllocator alloc(backend, "fake:0");
+  void* a = alloc.allocate(1 << 20, kStreamA);
+  alloc.deallocate(a);  // kernels on stream A may still use it
+  void* b = alloc.allocate(1 << 20, kStreamB);
+  CHECK(b != a);
+  CHECK(backend.mallocs == 2);
+  alloc.deallocate(b);
+  backend.complete(kStreamA);
+  // Stream B's own block comes first (no event needed); take it, then A's moves over.
+  void* b_again = alloc.allocate(1 << 20, kStreamB);
+  CHECK(b_again == b);
+  void* moved = alloc.allocate(1 << 20, kStreamB);
+  CHECK(moved == a);
+  CHECK(backend.mallocs == 2);
+  // The moved block now belongs to stream B: freed there, it is B's at once...
+  alloc.deallocate(moved);
+  CHECK(alloc.allocate(1 << 20, kStreamB) == a);
+  alloc.deallocate(a);
+  // ...and A has to wait for B's free-time event.
+  void* for_a = alloc.allocate(1 << 20, kStreamA);
+  CHECK(for_a != a);
+  CHECK(backend.mallocs == 3);
+  for (auto& e : backend.events) {
+    if (e.completed) CHECK(e.released);  // completed events go back to the backend
+  }
+}
+
+TEST_CASE("record_stream keeps a block from every stream until the side stream is done") {
+  FakeBackend backend;
+  CachingBlockAllocator alloc(backend, "fake:0");
+  void* a = alloc.allocate(4096, kStreamA);
+  alloc.record_stream(a, kSideStream);
+  alloc.record_stream(a, kSideStream);  // recorded once
+  alloc.record_stream(a, kStreamA);     // the owner itself: nothing to record
+  alloc.deallocate(a);
+  CHECK(backend.events.size() == 2);    // owner + one side stream
+  void* next = alloc.allocate(4096, kStreamA);
+  CHECK(next != a);  // even the owning stream must wait for the side stream
+  backend.complete(kSideStream);
+  void* reused = alloc.allocate(4096, kStreamA);
+  CHECK(reused == a);
+  // The extra use ended with the free: the next free records no side-stream event.
+  alloc.deallocate(reused);
+  CHECK(backend.events.size() == 3);
+  alloc.deallocate(next);
+}
+
+TEST_CASE("record_stream on something that is not a live block is an internal error") {
+  FakeBackend backend;
+  CachingBlockAllocator alloc(backend, "fake:0");
+  int not_ours = 0;
+  CHECK_THROWS_AS(alloc.record_stream(&not_ours, kStreamA), InternalError);
+  void* a = alloc.allocate(64, kStreamA);
+  alloc.deallocate(a);
+  CHECK_THROWS_AS(alloc.record_stream(a, kStreamA), InternalError);
+}
+
+TEST_CASE("without cross-stream events (pinned memory) only declared uses hold a block") {
+  FakeBackend backend;
+  CachingBlockAllocator alloc(backend, "pinned", /*cross_stream_events=*/false);
+  const StreamKey host{-1, 0};
+  void* a = alloc.allocate(4096, host);
+  alloc.deallocate(a);
+  CHECK(backend.events.empty());
+  void* b = alloc.allocate(4096, host);
+  CHECK(b == a);
+  alloc.record_stream(b, kStreamA);  // an asynchronous copy reads it
+  alloc.deallocate(b);
+  CHECK(alloc.allocate(4096, host) != a);
+  backend.complete(kStreamA);
+  CHECK(alloc.allocate(4096, host) == a);
+}
+
+TEST_CASE("out of memory: cached blocks are returned and the request retried") {
+  FakeBackend backend;
+  backend.budget = 8 << 20;
+  CachingBlockAllocator alloc(backend, "fake:0");
+  void* a = alloc.allocate(3 << 20, kStreamA);
+  void* b = alloc.allocate(3 << 20, kStreamB);
+  alloc.deallocate(a);
+  alloc.deallocate(b);  // 6 MiB cached, events pending on both streams
+  void* big = alloc.allocate(6 << 20, kStreamA);  // only fits once the cache is gone
+  REQUIRE(big != nullptr);
+  const auto s = alloc.stats();
+  CHECK(s.backend_frees == 2);
+  CHECK(s.reserved_bytes == (6 << 20));
+  CHECK(s.cached_bytes == 0);
+  CHECK(backend.used == (6 << 20));
+  for (auto& e : backend.events) CHECK(e.released);  // synchronised, then released
+  alloc.deallocate(big);
+}
+
+TEST_CASE("out of memory after the retry is a clear error with the numbers") {
+  FakeBackend backend;
+  backend.budget = 4 << 20;
+  CachingBlockAllocator alloc(backend, "fake:0");
+  void* a = alloc.allocate(3 << 20, kStreamA);
+  try {
+    alloc.allocate(2 << 20, kStreamA);
+    FAIL("expected out of memory");
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    CHECK_THAT(msg, Catch::Contains("fake:0: out of memory allocating 2.00 MiB (2097152 bytes"));
+    CHECK_THAT(msg, Catch::Contains("3.00 MiB in use by live tensors"));
+    CHECK_THAT(msg, Catch::Contains("3.00 MiB reserved after returning every cached block"));
+    CHECK_THAT(msg, Catch::Contains("fake device has 0 B free"));
+  }
+  // The failed request changed nothing.
+  CHECK(alloc.stats().in_use_bytes == (3 << 20));
+  alloc.deallocate(a);
+  CHECK(alloc.stats().in_use_bytes == 0);
+}
+
+TEST_CASE("a block whose free-time event cannot be recorded is never reused") {
+  FakeBackend backend;
+  CachingBlockAllocator alloc(backend, "fake:0");
+  void* a = alloc.allocate(4096, kStreamA);
+  backend.fail_record = true;
+  alloc.deallocate(a);  // must not throw
+  backend.fail_record = false;
+  CHECK(alloc.stats().reserved_bytes == 0);
+  CHECK(alloc.allocate(4096, kStreamB) != a);
+}
+
+TEST_CASE("release_cached returns every free block and keeps live ones") {
+  FakeBackend backend;
+  CachingBlockAllocator alloc(backend, "fake:0");
+  void* live = alloc.allocate(1 << 20, kStreamA);
+  void* a = alloc.allocate(2048, kStreamA);
+  void* b = alloc.allocate(2048, kStreamB);
+  alloc.deallocate(a);
+  alloc.deallocate(b);
+  alloc.release_cached();
+  CHECK(backend.live.size() == 1);
+  CHECK(backend.live.count(live) == 1);
+  const auto s = alloc.stats();
+  CHECK(s.reserved_bytes == (1 << 20));
+  CHECK(s.in_use_bytes == (1 << 20));
+  CHECK(s.cached_bytes == 0);
+  alloc.deallocate(live);
+}
+
+TEST_CASE("format_bytes") {
+  CHECK(format_bytes(512) == "512 B");
+  CHECK(format_bytes(1536) == "1.50 KiB");
+  CHECK(format_bytes(size_t(3) << 30) == "3.00 GiB");
+}
