@@ -10,11 +10,9 @@
 #include <gloo/math.h>
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/types.h>
 
 #include <atomic>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <limits>
 #include <thread>
@@ -22,6 +20,8 @@
 #include "collectives/gloo/collective_progress.h"
 #include "collectives/gloo/gloo_device.h"
 #include "collectives/gloo/gloo_store_adapter.h"
+#include "collectives/gloo/operation_queue.h"
+#include "collectives/half_math.h"
 #include "core/env.h"
 #include "core/error.h"
 
@@ -29,34 +29,6 @@ namespace mtrain {
 namespace {
 
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
-
-// bfloat16 is the top half of a float32; gloo has no bf16 type, so its reductions go
-// through float (round to nearest even on the way back).
-float bf16_to_float(uint16_t v) {
-  const uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-uint16_t float_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-template <class Combine>
-void bf16_reduce(void* c, const void* a, const void* b, size_t n) {
-  auto* out = static_cast<uint16_t*>(c);
-  const auto* x = static_cast<const uint16_t*>(a);
-  const auto* y = static_cast<const uint16_t*>(b);
-  for (size_t i = 0; i < n; ++i) {
-    out[i] = float_to_bf16(Combine{}(bf16_to_float(x[i]), bf16_to_float(y[i])));
-  }
-}
-struct FloatSum { float operator()(float a, float b) const { return a + b; } };
-struct FloatMax { float operator()(float a, float b) const { return a > b ? a : b; } };
-struct FloatMin { float operator()(float a, float b) const { return a < b ? a : b; } };
 
 template <class T>
 ReduceFn gloo_reduce_fn(ReduceOp op) {
@@ -69,45 +41,62 @@ ReduceFn gloo_reduce_fn(ReduceOp op) {
   return nullptr;
 }
 
+// 16-bit floats reduce through collectives/half_math (Note [Half-precision
+// reductions]), shared with the MPI backend so both round alike.
 ReduceFn reduce_fn(DType dtype, ReduceOp op) {
   switch (dtype) {
     case DType::Float32: return gloo_reduce_fn<float>(op);
     case DType::Int64: return gloo_reduce_fn<int64_t>(op);
-    case DType::Float16: return gloo_reduce_fn<gloo::float16>(op);
-    case DType::BFloat16:
-      if (op == ReduceOp::Max) return &bf16_reduce<FloatMax>;
-      if (op == ReduceOp::Min) return &bf16_reduce<FloatMin>;
-      return &bf16_reduce<FloatSum>;
+    case DType::Float16:
+    case DType::BFloat16: return half::reduce_fn(dtype, op);
     default: return nullptr;
   }
 }
 
 // Avg = sum, then divide by the group size in the tensor's own precision.
 void divide_in_place(const Tensor& t, int divisor) {
-  const int64_t n = t.numel();
-  switch (t.dtype()) {
-    case DType::Float32: {
-      float* p = t.data<float>();
-      for (int64_t i = 0; i < n; ++i) p[i] /= static_cast<float>(divisor);
-      return;
-    }
-    case DType::Float16: {
-      auto* p = static_cast<gloo::float16*>(t.raw_data());
-      for (int64_t i = 0; i < n; ++i) {
-        p[i] = gloo::cpu_float2half_rn(gloo::cpu_half2float(p[i]) / static_cast<float>(divisor));
-      }
-      return;
-    }
-    case DType::BFloat16: {
-      auto* p = static_cast<uint16_t*>(t.raw_data());
-      for (int64_t i = 0; i < n; ++i) {
-        p[i] = float_to_bf16(bf16_to_float(p[i]) / static_cast<float>(divisor));
-      }
-      return;
-    }
-    default:
-      throw InternalError(fmt::format("avg reached the division for {}", dtype_name(t.dtype())));
+  if (half::is_half_dtype(t.dtype())) {
+    half::divide_in_place(t, divisor);
+    return;
   }
+  if (t.dtype() != DType::Float32) {
+    throw InternalError(fmt::format("avg reached the division for {}", dtype_name(t.dtype())));
+  }
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] /= static_cast<float>(divisor);
+}
+
+template <class T>
+const gloo::ReductionFunction<T>* gloo_reduction(ReduceOp op) {
+  if (op == ReduceOp::Max) return gloo::ReductionFunction<T>::max;
+  if (op == ReduceOp::Min) return gloo::ReductionFunction<T>::min;
+  return gloo::ReductionFunction<T>::sum;
+}
+
+// gloo's reduce-scatter takes an in-place reduction (x = x op y) as a plain function
+// pointer, so each half_math combine gets its own instantiation.
+template <DType D, ReduceOp Op>
+void half_in_place(uint16_t* x, const uint16_t* y, size_t n) {
+  static const ReduceFn combine = half::reduce_fn(D, Op);
+  combine(x, x, y, n);
+}
+
+template <DType D>
+const gloo::ReductionFunction<uint16_t>* half_reduction_for(ReduceOp op) {
+  using Reduction = gloo::ReductionFunction<uint16_t>;
+  static const Reduction sum(gloo::SUM, &half_in_place<D, ReduceOp::Sum>);
+  static const Reduction max(gloo::MAX, &half_in_place<D, ReduceOp::Max>);
+  static const Reduction min(gloo::MIN, &half_in_place<D, ReduceOp::Min>);
+  if (op == ReduceOp::Max) return &max;
+  if (op == ReduceOp::Min) return &min;
+  return &sum;
+}
+
+const gloo::ReductionFunction<uint16_t>* half_reduction(DType dtype, ReduceOp op) {
+  if (dtype == DType::Float16) return half_reduction_for<DType::Float16>(op);
+  if (dtype == DType::BFloat16) return half_reduction_for<DType::BFloat16>(op);
+  throw InternalError(fmt::format("gloo reduce_scatter reached the 16-bit path with {}",
+                                  dtype_name(dtype)));
 }
 
 // Timed-out gloo waits say "Timed out waiting <n>ms for ..." (tcp/pair.cc, unbound_buffer.cc).
@@ -122,6 +111,31 @@ std::string format_duration(Millis t) {
 }
 
 std::atomic<uint64_t> g_groups_created{0};
+
+// A Work whose waiter runs the operation itself when it is next in line and nothing is
+// running (Note [Running an operation on the waiting thread]).
+class GlooWork final : public Work {
+ public:
+  GlooWork(OpType op, uint64_t seq, std::vector<Tensor> keep_alive,
+           std::shared_ptr<OperationQueue> queue, Millis group_timeout)
+      : Work(op, seq, std::move(keep_alive)), queue_(std::move(queue)), group_timeout_(group_timeout) {}
+
+  void wait() override {
+    queue_->run_if_next(this);
+    Work::wait();
+  }
+
+  void wait(Millis timeout) override {
+    // Once started, the operation returns only when done or at the group's timeout;
+    // a caller willing to wait less leaves it to the communication thread.
+    if (timeout >= group_timeout_) queue_->run_if_next(this);
+    Work::wait(timeout);
+  }
+
+ private:
+  const std::shared_ptr<OperationQueue> queue_;
+  const Millis group_timeout_;
+};
 
 class GlooProcessGroup final : public ProcessGroup {
  public:
@@ -147,22 +161,18 @@ class GlooProcessGroup final : public ProcessGroup {
                                   options_.name, rank_, size_, e.what()));
     }
     progress_ = std::make_unique<CollectiveProgress>(*store_, prefix_, rank_, size_);
-    thread_ = std::thread([this] { comm_loop(); });
+    thread_ = std::thread([queue = queue_] { queue->run_until_closed(); });
   }
 
   ~GlooProcessGroup() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
+    queue_->close();
     thread_.join();  // runs every queued operation first: the peers expect them
   }
 
   std::string backend_name() const override { return "gloo"; }
 
   WorkPtr allreduce(Tensor& tensor, ReduceOp op) override {
-    check_tensor(tensor, "allreduce", "tensor", true);
+    check_tensor(tensor, "allreduce", "tensor");
     const ReduceFn fn = reduce_fn(tensor.dtype(), op);
     if (op == ReduceOp::Avg && tensor.dtype() == DType::Int64) {
       throw InvalidArgument("allreduce avg of int64 would truncate; use sum and divide yourself");
@@ -184,7 +194,7 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr broadcast(Tensor& tensor, int root) override {
-    check_tensor(tensor, "broadcast", "tensor", true);
+    check_tensor(tensor, "broadcast", "tensor");
     check_root(root);
     Tensor t = tensor;
     return enqueue(OpType::Broadcast, {t}, t.numel(), [this, t, root](uint32_t tag) {
@@ -198,8 +208,8 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr allgather(const Tensor& input, Tensor& output) override {
-    check_tensor(input, "allgather", "input", true);
-    check_tensor(output, "allgather", "output", true);
+    check_tensor(input, "allgather", "input");
+    check_tensor(output, "allgather", "output");
     check_same_dtype("allgather", input, output);
     if (output.numel() != input.numel() * size_) {
       throw InvalidArgument(fmt::format(
@@ -219,8 +229,8 @@ class GlooProcessGroup final : public ProcessGroup {
 
   WorkPtr allgatherv(const Tensor& input, Tensor& output,
                      const std::vector<int64_t>& counts) override {
-    check_tensor(input, "allgatherv", "input", true);
-    check_tensor(output, "allgatherv", "output", true);
+    check_tensor(input, "allgatherv", "input");
+    check_tensor(output, "allgatherv", "output");
     check_same_dtype("allgatherv", input, output);
     if (counts.size() != static_cast<size_t>(size_)) {
       throw InvalidArgument(fmt::format("allgatherv in group '{}': expected {} counts (one per rank), "
@@ -259,8 +269,8 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override {
-    check_tensor(input, "reduce_scatter", "input", false);
-    check_tensor(output, "reduce_scatter", "output", false);
+    check_tensor(input, "reduce_scatter", "input");
+    check_tensor(output, "reduce_scatter", "output");
     check_same_dtype("reduce_scatter", input, output);
     if (input.numel() != output.numel() * size_) {
       throw InvalidArgument(fmt::format(
@@ -278,10 +288,10 @@ class GlooProcessGroup final : public ProcessGroup {
     }
     Tensor in = input, out = output;
     return enqueue(OpType::ReduceScatter, {in, out}, in.numel(), [this, in, out, op](uint32_t) {
-      if (in.dtype() == DType::Float32) {
-        run_reduce_scatter<float>(in, out, op);
-      } else {
-        run_reduce_scatter<int64_t>(in, out, op);
+      switch (in.dtype()) {
+        case DType::Float32: run_reduce_scatter<float>(in, out, gloo_reduction<float>(op)); break;
+        case DType::Int64: run_reduce_scatter<int64_t>(in, out, gloo_reduction<int64_t>(op)); break;
+        default: run_reduce_scatter<uint16_t>(in, out, half_reduction(in.dtype(), op)); break;
       }
       if (op == ReduceOp::Avg) divide_in_place(out, size_);
     });
@@ -297,12 +307,6 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
  private:
-  struct Task {
-    WorkPtr work;
-    int64_t numel;
-    std::function<void(uint32_t)> run;
-  };
-
   // Registers the tensor as the allreduce's input and output with its element size
   // (the reduce function is called with element counts).
   template <class T>
@@ -313,21 +317,18 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   template <class T>
-  void run_reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) {
+  void run_reduce_scatter(const Tensor& in, const Tensor& out, const gloo::ReductionFunction<T>* fn) {
     // The algorithm works in place and leaves this rank's chunk at the front.
     Tensor scratch = in.clone();
-    std::vector<T*> ptrs{scratch.data<T>()};
+    std::vector<T*> ptrs{static_cast<T*>(scratch.raw_data())};
     std::vector<int> recv(size_, static_cast<int>(out.numel()));
-    const gloo::ReductionFunction<T>* fn = gloo::ReductionFunction<T>::sum;
-    if (op == ReduceOp::Max) fn = gloo::ReductionFunction<T>::max;
-    if (op == ReduceOp::Min) fn = gloo::ReductionFunction<T>::min;
     gloo::ReduceScatterHalvingDoubling<T> algorithm(context_, ptrs, static_cast<int>(in.numel()),
                                                     recv, fn);
     algorithm.run();
     std::memcpy(out.raw_data(), scratch.raw_data(), out.nbytes());
   }
 
-  void check_tensor(const Tensor& t, const char* op, const char* what, bool half_ok) const {
+  void check_tensor(const Tensor& t, const char* op, const char* what) const {
     if (!t.defined()) {
       throw InvalidArgument(fmt::format("{} in group '{}': the {} tensor is undefined", op,
                                         options_.name, what));
@@ -337,12 +338,10 @@ class GlooProcessGroup final : public ProcessGroup {
                                         op, options_.name, what, t.device().str()));
     }
     const DType d = t.dtype();
-    const bool ok = d == DType::Float32 || d == DType::Int64 ||
-                    (half_ok && (d == DType::Float16 || d == DType::BFloat16));
-    if (!ok) {
-      throw InvalidArgument(fmt::format("{} in group '{}': expected a float32 or int64{} {}, found {}",
-                                        op, options_.name, half_ok ? " (or float16/bfloat16)" : "",
-                                        what, dtype_name(d)));
+    if (d != DType::Float32 && d != DType::Int64 && !half::is_half_dtype(d)) {
+      throw InvalidArgument(fmt::format("{} in group '{}': expected a float32, int64, float16 or "
+                                        "bfloat16 {}, found {}",
+                                        op, options_.name, what, dtype_name(d)));
     }
   }
 
@@ -362,47 +361,39 @@ class GlooProcessGroup final : public ProcessGroup {
 
   WorkPtr enqueue(OpType op, std::vector<Tensor> keep_alive, int64_t numel,
                   std::function<void(uint32_t)> run) {
-    std::lock_guard<std::mutex> lock(mu_);
-    MTRAIN_CHECK(!stop_, "{} issued on group '{}' while it is being destroyed", op_type_name(op),
+    // One lock over numbering and queueing, so that issue order is sequence order even
+    // when several threads issue.
+    std::lock_guard<std::mutex> lock(issue_mu_);
+    auto work = std::make_shared<GlooWork>(op, next_seq_, std::move(keep_alive), queue_,
+                                           options_.timeout);
+    const bool queued = queue_->push(
+        {work.get(), [this, work, numel, run = std::move(run)] { run_task(*work, numel, run); }});
+    MTRAIN_CHECK(queued, "{} issued on group '{}' while it is being destroyed", op_type_name(op),
                  options_.name);
-    auto work = std::make_shared<Work>(op, next_seq_++, std::move(keep_alive));
-    queue_.push_back(Task{work, numel, std::move(run)});
-    cv_.notify_all();
+    ++next_seq_;
     return work;
   }
 
-  void comm_loop() {
-    while (true) {
-      Task task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      run_task(task);
-    }
-  }
-
-  void run_task(Task& task) {
-    const uint64_t seq = task.work->seq();
-    const char* name = op_type_name(task.work->op());
+  // Runs on the communication thread or on a waiting caller, one operation at a time
+  // (Note [Running an operation on the waiting thread]).
+  void run_task(Work& work, int64_t numel, const std::function<void(uint32_t)>& run) {
+    const uint64_t seq = work.seq();
+    const char* name = op_type_name(work.op());
     progress_->started(seq);
     if (first_error_) {
-      task.work->mark_failed(first_error_);
+      work.mark_failed(first_error_);
       return;
     }
     // Empty tensors exchange nothing; the sequence number was still taken, so every
     // rank stays in step.
-    if (task.numel == 0) {
-      task.work->mark_completed();
+    if (numel == 0) {
+      work.mark_completed();
       return;
     }
     try {
       // Tags only need to differ between operations that could be in flight together.
-      task.run(static_cast<uint32_t>(seq & 0x7fffffffu));
-      task.work->mark_completed();
+      run(static_cast<uint32_t>(seq & 0x7fffffffu));
+      work.mark_completed();
       return;
     } catch (const std::exception& e) {
       std::exception_ptr error;
@@ -417,7 +408,7 @@ class GlooProcessGroup final : public ProcessGroup {
             "{} #{} in group '{}' failed on rank {}: {}", name, seq, options_.name, rank_, e.what())));
       }
       first_error_ = error;
-      task.work->mark_failed(error);
+      work.mark_failed(error);
     }
   }
 
@@ -426,13 +417,11 @@ class GlooProcessGroup final : public ProcessGroup {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::unique_ptr<CollectiveProgress> progress_;
-  std::exception_ptr first_error_;  // comm thread only
+  std::exception_ptr first_error_;  // only touched by the thread running an operation
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;
-  uint64_t next_seq_ = 0;
-  bool stop_ = false;
+  std::mutex issue_mu_;
+  uint64_t next_seq_ = 0;  // guarded by issue_mu_
+  std::shared_ptr<OperationQueue> queue_ = std::make_shared<OperationQueue>();
   std::thread thread_;
 };
 

@@ -5,9 +5,11 @@
 // One gloo::rendezvous::Context per group, connected as a full mesh through the store
 // it is given (already scoped to the job attempt: see connect_store_from_env) under
 // "gloo/<group name>/<n>", n = the number of groups this process created before (every
-// rank creates its groups in the same order, so the counters agree). Operations run on the group's communication
-// thread in issue order through the library's algorithms: gloo::allreduce (ring /
-// bcube chosen by gloo), gloo::broadcast, gloo::allgather(v), gloo::barrier and
+// rank creates its groups in the same order, so the counters agree). Operations run one
+// at a time in issue order, on the group's communication thread or on the thread
+// waiting for them (Note [Running an operation on the waiting thread] in
+// operation_queue.h), through the library's algorithms: gloo::allreduce (ring / bcube
+// chosen by gloo), gloo::broadcast, gloo::allgather(v), gloo::barrier and
 // gloo::ReduceScatterHalvingDoubling (in place, on a scratch copy of the input). After
 // an operation fails the context is in an unknown state (a half-finished exchange), so
 // every later operation of the group fails at once with the first error.

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <future>
 
+#include "collectives/half_math.h"
+#include "collectives/mpi/mpi_half_ops.h"
 #include "collectives/mpi/mpi_runtime.h"
 #include "core/error.h"
 
@@ -18,30 +20,26 @@ namespace {
 using mpi::MpiRuntime;
 using mpi::MpiTask;
 
-// Reductions need an arithmetic MPI type; data movement (broadcast, allgather) also
-// takes 16-bit floats as opaque 16-bit words.
+// Reductions of float32/int64/int32 use MPI's arithmetic types and operators; 16-bit
+// floats travel as 16-bit words, reduced by mpi_half_ops' user operators (data movement
+// needs no arithmetic at all).
 MPI_Datatype mpi_type(DType dtype, OpType op) {
   switch (dtype) {
     case DType::Float32: return MPI_FLOAT;
     case DType::Int64: return MPI_INT64_T;
     case DType::Int32: return MPI_INT32_T;
     case DType::Float16:
-    case DType::BFloat16:
-      if (op == OpType::Broadcast || op == OpType::AllGather || op == OpType::AllGatherV) {
-        return MPI_UINT16_T;
-      }
-      break;
+    case DType::BFloat16: return mpi::half_carrier_type();
     default: break;
   }
   throw InvalidArgument(fmt::format(
-      "mpi {}: unsupported dtype {}; expected float32, int64 or int32{}", op_type_name(op),
-      dtype_name(dtype),
-      (op == OpType::Broadcast || op == OpType::AllGather || op == OpType::AllGatherV)
-          ? " (or float16/bfloat16)"
-          : " (float16/bfloat16 reductions are not implemented by the mpi backend)"));
+      "mpi {}: unsupported dtype {}; expected float32, int64, int32, float16 or bfloat16",
+      op_type_name(op), dtype_name(dtype)));
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+// Runs on the communication thread: the 16-bit operators are created there at first use.
+MPI_Op mpi_op(DType dtype, ReduceOp op) {
+  if (half::is_half_dtype(dtype)) return mpi::half_reduce_op(dtype, op);
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Avg: return MPI_SUM;  // avg = sum / size, divided afterwards
@@ -51,8 +49,12 @@ MPI_Op mpi_op(ReduceOp op) {
   throw InternalError("unhandled ReduceOp");
 }
 
-// avg = sum / size, on float32 only (see check_avg_dtype).
+// avg = sum / size, in the tensor's own precision (see check_avg_dtype).
 void divide_by(const Tensor& t, int size) {
+  if (half::is_half_dtype(t.dtype())) {
+    half::divide_in_place(t, size);
+    return;
+  }
   float* p = t.data<float>();
   const float d = static_cast<float>(size);
   for (int64_t i = 0; i < t.numel(); ++i) p[i] /= d;
@@ -60,9 +62,9 @@ void divide_by(const Tensor& t, int size) {
 
 // Integer averages would truncate; the gloo backend rejects them too.
 void check_avg_dtype(const Tensor& t, ReduceOp op, OpType type) {
-  if (op == ReduceOp::Avg && t.dtype() != DType::Float32) {
-    throw InvalidArgument(fmt::format("mpi {}: avg of {} would truncate; expected float32 (use sum "
-                                      "and divide yourself)",
+  if (op == ReduceOp::Avg && t.dtype() != DType::Float32 && !half::is_half_dtype(t.dtype())) {
+    throw InvalidArgument(fmt::format("mpi {}: avg of {} would truncate; expected float32, float16 "
+                                      "or bfloat16 (use sum and divide yourself)",
                                       op_type_name(type), dtype_name(t.dtype())));
   }
 }
@@ -122,7 +124,8 @@ class MpiProcessGroup final : public ProcessGroup {
     const int count = mpi_count(tensor.numel(), kOp, "tensor");
     const int size = this->size();
     return enqueue(kOp, {tensor}, [=, comm = comm_] {
-      MTRAIN_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, tensor.raw_data(), count, type, mpi_op(op), comm));
+      MTRAIN_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, tensor.raw_data(), count, type,
+                                     mpi_op(tensor.dtype(), op), comm));
       if (op == ReduceOp::Avg) divide_by(tensor, size);
     });
   }
@@ -213,7 +216,7 @@ class MpiProcessGroup final : public ProcessGroup {
     const int size = this->size();
     return enqueue(kOp, {input, output}, [=, comm = comm_] {
       MTRAIN_MPI_CHECK(MPI_Reduce_scatter_block(input.raw_data(), output.raw_data(), count, type,
-                                                mpi_op(op), comm));
+                                                mpi_op(input.dtype(), op), comm));
       if (op == ReduceOp::Avg) divide_by(output, size);
     });
   }

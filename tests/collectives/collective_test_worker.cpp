@@ -1,8 +1,9 @@
 // A worker for the collective tests, started by mtrain-launch (which hosts the store and
 // sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MTRAIN_STORE_TOKEN). Usage:
 //
-//   collective_test_worker BACKEND suite        every op, reduce op, dtype and size 0, 1, 1023,
-//                                               plus two allreduces in flight at once
+//   collective_test_worker BACKEND suite        every op, reduce op, dtype and size 0, 1, 1023
+//                                               (float16/bfloat16: the reductions), plus two
+//                                               allreduces in flight at once
 //   collective_test_worker BACKEND large        a 64 MiB float32 allreduce (rank 0 prints ms)
 //   collective_test_worker BACKEND skip=R       timeout 2 s; rank R never calls allreduce #1
 //
@@ -24,6 +25,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/main_guard.h"
+#include "tests/collectives/half_test_values.h"
 
 using namespace mtrain;
 
@@ -122,6 +124,35 @@ void run_suite_for(ProcessGroup& pg) {
   }
 }
 
+// float16/bfloat16 reductions that need rounding (half_test_values.h explains why the
+// expected values do not depend on the backend's reduction order).
+void run_half_suite(ProcessGroup& pg) {
+  const int rank = pg.rank(), size = pg.size();
+  for (DType dtype : {DType::Float16, DType::BFloat16}) {
+    const testing::HalfFormat format = testing::half_format(dtype);
+    for (const int64_t n : kSizes) {
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+        const std::string what = fmt::format("{} {} n={}", reduce_op_name(op), dtype_name(dtype), n);
+        Tensor t = testing::half_input_tensor(format, rank, size, 0, n);
+        pg.allreduce(t, op)->wait();
+        if (const int64_t i = testing::first_half_mismatch(format, t, 0, op, size); i >= 0) {
+          throw InternalError(fmt::format("allreduce {}: element {} is {}, expected {}", what, i,
+                                          testing::half_element(format, t, i),
+                                          testing::half_expected(format, op, size, i)));
+        }
+        Tensor in = testing::half_input_tensor(format, rank, size, 0, n * size);
+        Tensor out = Tensor::zeros({n}, dtype);
+        pg.reduce_scatter(in, out, op)->wait();
+        if (const int64_t i = testing::first_half_mismatch(format, out, rank * n, op, size); i >= 0) {
+          throw InternalError(fmt::format("reduce_scatter {}: element {} is {}, expected {}", what, i,
+                                          testing::half_element(format, out, i),
+                                          testing::half_expected(format, op, size, rank * n + i)));
+        }
+      }
+    }
+  }
+}
+
 // Two allreduces issued before either is waited on: both right, completed in order.
 void run_in_flight(ProcessGroup& pg) {
   Tensor a = make_input<float>(pg.rank(), 100000);
@@ -164,6 +195,7 @@ int run(int argc, char** argv) {
   if (scenario == "suite") {
     run_suite_for<float>(*pg);
     run_suite_for<int64_t>(*pg);
+    run_half_suite(*pg);
     run_in_flight(*pg);
     pg->barrier()->wait();
   } else if (scenario == "large") {
