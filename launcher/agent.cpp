@@ -52,9 +52,10 @@ struct LocalWorker {
   WorkerProcess process;
   fs::path error_file;
   bool sigkilled = false;
+  std::optional<StopInfo> stopped;  // Note [Workers stopped on a signal]
 };
 
-enum class TeardownReason { kNone, kLocalFailure, kRemoteFailure, kSignal, kStoreLost };
+enum class TeardownReason { kNone, kLocalFailure, kRemoteFailure, kSignal, kStoreLost, kStopIncomplete };
 
 struct AttemptResult {
   bool succeeded = false;
@@ -62,9 +63,13 @@ struct AttemptResult {
   bool root_cause_remote = false;
   bool restartable = false;
   std::optional<int> received_signal;  // a terminating signal sent to this launcher
+  std::optional<int> forwarded_signal;  // the last SIGUSR1/SIGUSR2 passed on to the workers
   std::vector<Failure> other_failures;
   std::vector<int> stopped_ranks;
   std::vector<int> sigkilled_ranks;
+  // Workers that stopped on a signal after a step; all_stopped when that is every one.
+  std::vector<StoppedWorker> stopped_on_signal;
+  bool all_stopped = false;
 };
 
 double epoch_seconds(WallClock::time_point t) {
@@ -197,7 +202,7 @@ std::vector<LocalWorker> Agent::Impl::spawn_workers(const World& world, int atte
     spec.stdout_fd = streams.stdout_fd;
     spec.stderr_fd = streams.stderr_fd;
     try {
-      workers.push_back(LocalWorker{local, global, WorkerProcess::spawn(spec), error_file});
+      workers.push_back(LocalWorker{local, global, WorkerProcess::spawn(spec), error_file, false, std::nullopt});
     } catch (...) {
       logs.close_child_ends(streams);
       for (auto& w : workers) {
@@ -237,8 +242,11 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
   TeardownReason reason = TeardownReason::kNone;
   WallClock::time_point teardown_wall{};
   std::optional<Clock::time_point> kill_deadline;
+  // Set when the first worker stopped on a signal: its peers must follow by then.
+  std::optional<Clock::time_point> stop_deadline;
   std::optional<FailureNotice> winner;  // the attempt's first failure notice
   std::optional<int> received_signal;
+  std::optional<int> forwarded_signal;
   std::string store_error;
   const bool watch_store = world.num_nodes > 1;
   auto next_store_check = Clock::now();
@@ -265,16 +273,19 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
     auto timeout = std::max(std::chrono::milliseconds(1),
                             std::chrono::duration_cast<std::chrono::milliseconds>(
                                 options.monitor_interval));
-    if (kill_deadline) {
+    for (const auto& deadline : {kill_deadline, stop_deadline}) {
+      if (!deadline) continue;
       timeout = std::min(timeout, std::max(std::chrono::milliseconds(0),
                                            std::chrono::duration_cast<std::chrono::milliseconds>(
-                                               *kill_deadline - Clock::now())));
+                                               *deadline - Clock::now())));
     }
     pollfd pfd{signals->read_fd(), POLLIN, 0};
     ::poll(&pfd, 1, static_cast<int>(timeout.count()));
 
     for (int sig : signals->drain()) {
       if (SignalPipe::is_forwarded_only(sig)) {
+        forwarded_signal = sig;
+        spdlog::info("received {}; forwarding it to {} worker(s)", signal_name(sig), running_count());
         for (auto& w : workers) {
           if (w.process.running()) w.process.signal_group(sig);
         }
@@ -301,6 +312,17 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
       if (!w.process.try_reap()) continue;
       const ExitStatus& st = *w.process.status();
       spdlog::debug("rank {} (pid {}) ended: {}", w.global_rank, w.process.pid(), st.describe());
+      if (!st.signaled && st.code == kWorkerStoppedExitCode) {
+        if (auto record = read_error_file(w.error_file); record && record->stopped) w.stopped = record->stopped;
+      }
+      if (w.stopped) {
+        spdlog::info("rank {} stopped on {} after step {} (epoch {})", w.global_rank, w.stopped->signal,
+                     w.stopped->step, w.stopped->epoch);
+        if (reason == TeardownReason::kNone && !stop_deadline) {
+          stop_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(options.term_timeout);
+        }
+        continue;
+      }
       if (!st.success() && reason == TeardownReason::kNone) {
         begin_teardown(TeardownReason::kLocalFailure, SIGTERM);
         announce(FailureNotice{world.node_rank,
@@ -325,6 +347,19 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
       }
     }
 
+    if (stop_deadline && reason == TeardownReason::kNone && Clock::now() >= *stop_deadline) {
+      spdlog::warn("{} worker(s) still running --term_timeout {} s after the first stopped on a signal; "
+                   "stopping them",
+                   running_count(), options.term_timeout.count());
+      begin_teardown(TeardownReason::kStopIncomplete, SIGTERM);
+      if (watch_store) {
+        announce(FailureNotice{world.node_rank,
+                               fmt::format("workers on node {} ({}) did not stop with their peers", world.node_rank,
+                                           host),
+                               false});
+      }
+    }
+
     if (kill_deadline && Clock::now() >= *kill_deadline) {
       for (auto& w : workers) {
         if (w.process.running()) {
@@ -345,6 +380,11 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
 
   AttemptResult result;
   result.received_signal = received_signal;
+  result.forwarded_signal = forwarded_signal;
+  for (const auto& w : workers) {
+    if (w.stopped) result.stopped_on_signal.push_back({w.global_rank, w.local_rank, world.node_rank, *w.stopped});
+  }
+  result.all_stopped = result.stopped_on_signal.size() == workers.size();
   if (reason == TeardownReason::kNone) {
     if (!watch_store) {
       result.succeeded = true;
@@ -392,6 +432,7 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
   // Classify every worker (Note [Root cause]).
   std::vector<Failure> failures;
   for (const auto& w : workers) {
+    if (w.stopped) continue;  // Note [Workers stopped on a signal]: not a failure
     const ExitStatus& st = *w.process.status();
     const auto record = read_error_file(w.error_file);
     const double exit_time = epoch_seconds(w.process.exit_time());
@@ -430,6 +471,15 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
     agent_failure.status.signaled = true;
     agent_failure.status.signal = *received_signal;
     agent_failure.message = fmt::format("received {}", signal_name(*received_signal));
+  } else if (reason == TeardownReason::kStopIncomplete) {
+    std::vector<int> stopped, running;
+    for (const auto& w : workers) (w.stopped ? stopped : running).push_back(w.global_rank);
+    agent_failure.status.code = 1;
+    agent_failure.message = fmt::format(
+        "rank{} {} stopped on a signal, but rank{} {} did not stop within --term_timeout {} s and had to be "
+        "stopped by the launcher (a worker without mtrain-train's stop handling, or one stuck in a collective)",
+        stopped.size() == 1 ? "" : "s", fmt::join(stopped, ", "), running.size() == 1 ? "" : "s",
+        fmt::join(running, ", "), options.term_timeout.count());
   } else if (reason == TeardownReason::kStoreLost) {
     agent_failure.status.code = 1;
     agent_failure.message =
@@ -546,6 +596,20 @@ int Agent::Impl::run() {
                   world.rank_offset + options.nproc_per_node - 1, world.world_size);
 
     const AttemptResult r = run_attempt(world, attempt);
+    // Before anything else: a gang that stopped on a signal is neither a success nor a
+    // failure to restart (Note [Workers stopped on a signal]).
+    if (r.all_stopped) {
+      StopReport report;
+      report.program = options.program;
+      report.attempt = attempt;
+      report.launcher_signal = r.received_signal ? r.received_signal : r.forwarded_signal;
+      report.stopped = r.stopped_on_signal;
+      const std::string text = format_stop_report(report);
+      std::fwrite(text.data(), 1, text.size(), stderr);
+      std::fflush(stderr);
+      leave_store(world.num_nodes, store.is_host());
+      return kWorkerStoppedExitCode;
+    }
     if (r.succeeded) {
       leave_store(world.num_nodes, store.is_host());
       return 0;

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <fstream>
@@ -121,6 +122,19 @@ std::optional<ErrorRecord> read_error_file(const std::filesystem::path& path) {
     }
   }
   if (const auto* ts = field(j, "timestamp")) rec.timestamp = as_seconds(*ts);
+  if (const auto* st = field(j, "stopped"); st && st->is_object()) {
+    // A malformed stop record is no stop record: the worker is then judged as failed.
+    try {
+      StopInfo info;
+      info.signal = st->at("signal").get<std::string>();
+      info.signal_rank = st->at("signal_rank").get<int>();
+      info.epoch = st->at("epoch").get<int64_t>();
+      info.step = st->at("step").get<int64_t>();
+      info.checkpoint = st->at("checkpoint").get<std::string>();
+      rec.stopped = info;
+    } catch (const nlohmann::json::exception&) {
+    }
+  }
   for (const char* key : {"traceback", "stack"}) {
     if (const auto* t = field(j, key); t && t->is_string()) rec.traceback = t->get<std::string>();
   }
@@ -259,6 +273,40 @@ std::string format_failure_report(const FailureReport& r) {
     out += fmt::format("  of which ignored SIGTERM for --term_timeout {} s and got SIGKILL: {}\n",
                        r.term_timeout_s, fmt::join(r.sigkilled_ranks, ", "));
   }
+  out += heavy + "\n";
+  return out;
+}
+
+std::string format_stop_report(const StopReport& r) {
+  const std::string heavy(kReportWidth, '=');
+  const std::string light(kReportWidth, '-');
+  std::string out;
+  out += heavy + "\n";
+  out += fmt::format("mtrain-launch: {} STOPPED on a signal (attempt {}); not a failure\n", r.program, r.attempt);
+  out += light + "\n";
+  if (r.launcher_signal) {
+    out += fmt::format("The launcher received {} and forwarded it to the workers.\n",
+                       signal_name(*r.launcher_signal));
+  }
+  out += "Every worker finished its current step and stopped:\n";
+  std::vector<std::string> checkpoints;
+  for (const StoppedWorker& w : r.stopped) {
+    out += fmt::format("  rank {} (local_rank {}, node {}): stopped after step {} (epoch {}) on {} (received by rank {})\n",
+                       w.global_rank, w.local_rank, w.node_rank, w.info.step, w.info.epoch, w.info.signal,
+                       w.info.signal_rank);
+    if (!w.info.checkpoint.empty() &&
+        std::find(checkpoints.begin(), checkpoints.end(), w.info.checkpoint) == checkpoints.end()) {
+      checkpoints.push_back(w.info.checkpoint);
+    }
+  }
+  if (checkpoints.empty()) {
+    out += "Checkpoint : none (the workers ran without --checkpoint-dir); this run cannot be resumed\n";
+  } else {
+    out += fmt::format("Checkpoint : {}\n", fmt::join(checkpoints, ", "));
+    out += "Resume     : run the same command again; the workers continue after that step\n";
+  }
+  out += fmt::format("Exit status: {} (stopped before the end, resumable), as the workers'\n",
+                     kWorkerStoppedExitCode);
   out += heavy + "\n";
   return out;
 }

@@ -1,5 +1,5 @@
 // Worker failures, their error files, the choice of root cause, and the report printed
-// on stderr when a gang fails.
+// on stderr when a gang fails (or stops on a signal, Note [Workers stopped on a signal]).
 //
 // Note [Root cause]
 // ~~~~~~~~~~~~~~~~~
@@ -46,6 +46,29 @@ nlohmann::json failure_to_json(const Failure& f);
 // Throws InvalidArgument when `j` is not a Failure written by failure_to_json.
 Failure failure_from_json(const nlohmann::json& j);
 
+// Note [Workers stopped on a signal]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// mtrain-train stops after the current step on SIGTERM, SIGINT or SIGUSR1, writes its
+// checkpoint, leaves a record with a "stopped" object in its error file and exits with
+// kWorkerStoppedExitCode (75, EX_TEMPFAIL: unfinished, resumable). The launcher takes
+// a worker for stopped, not failed, only when both are there (75 alone could be any
+// program's). A stopped worker starts no teardown: its peers stop after the same step
+// (the ranks agree on it), so the launcher waits for them, up to --term_timeout before
+// it SIGTERMs the stragglers. When every worker stopped, the launcher prints the stop
+// report instead of a failure report, does not restart the gang (a signal asked it to
+// stop; the scheduler wants the resources back) and exits with 75 too, whether the
+// signal reached the launcher or the workers.
+inline constexpr int kWorkerStoppedExitCode = 75;
+
+// The "stopped" object of a worker's record (trainer/stop_record.h).
+struct StopInfo {
+  std::string signal;       // "SIGTERM"
+  int signal_rank = -1;     // a rank that received it
+  int64_t epoch = 0;
+  int64_t step = 0;         // the last optimizer step done
+  std::string checkpoint;   // written at that step; empty: none
+};
+
 // What a worker wrote to MTRAIN_ERROR_FILE. Accepts mtrain's flat record
 // {"message": "...", "timestamp": 1.7e9, ...} and torchrun's nested
 // {"message": {"message": "...", "extraInfo": {"timestamp": "...", "py_callstack": ...}}}.
@@ -53,6 +76,7 @@ struct ErrorRecord {
   std::string message;
   std::optional<double> timestamp;
   std::string traceback;
+  std::optional<StopInfo> stopped;  // a stop record (Note [Workers stopped on a signal])
 };
 // nullopt when the file does not exist; a file that cannot be parsed yields a record
 // whose message says so (the worker may have died mid-write).
@@ -80,6 +104,23 @@ struct FailureReport {
 
 // The multi-line report (ends with a newline).
 std::string format_failure_report(const FailureReport& report);
+
+struct StoppedWorker {
+  int global_rank = 0;
+  int local_rank = 0;
+  int node_rank = 0;
+  StopInfo info;
+};
+
+struct StopReport {
+  std::string program;
+  int attempt = 0;
+  std::optional<int> launcher_signal;  // a signal this launcher received and forwarded
+  std::vector<StoppedWorker> stopped;  // this node's workers, by rank
+};
+
+// The report printed when every worker stopped on a signal (ends with a newline).
+std::string format_stop_report(const StopReport& report);
 
 // "2025-11-21T12:34:56.789Z"
 std::string format_utc(double epoch_seconds);

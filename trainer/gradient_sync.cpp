@@ -13,7 +13,8 @@ void LocalGradients::attach(models::Module& model) {
   model.set_grad_ready_hook([this](models::Parameter& p) { on_gradient_ready(p); });
 }
 
-void LocalGradients::before_backward(const MicroBatchInfo& /*micro_batch*/) {
+void LocalGradients::before_backward(const MicroBatchInfo& micro_batch) {
+  if (micro_batch.sync) stop_vote_ = micro_batch.stop_vote;
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
 }
 

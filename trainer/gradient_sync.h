@@ -12,6 +12,18 @@
 // With one process there is nothing to exchange, so LocalGradients only checks the
 // hook contract (every parameter exactly once per backward), which keeps the path the
 // DDP Reducer takes (trainer/reducer.h) exercised by every single-process run.
+//
+// Note [Agreeing to stop]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A stop signal (Note [Stopping on a signal] in stop_signals.h) reaches the ranks at
+// slightly different moments, or only one of them, yet every rank must stop after the
+// same optimizer step, or the ones that carry on wait forever in the next all-reduce.
+// The last micro-batch of every step carries this rank's stop vote (Note [Stop votes]);
+// the Reducer issues an 8-byte all-reduce(max) of it together with the gradient
+// buckets, asynchronously, and waits for it with them in after_backward, so the
+// agreement costs no extra round trip: after the step every rank reads the same
+// agreed_stop_vote() and either carries on or stops. A vote cast at step N is honoured
+// after step N on every rank. With one process the agreed vote is the local one.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +37,9 @@ namespace mtrain {
 struct MicroBatchInfo {
   int64_t samples = 0;  // rows of this rank's micro-batch
   bool sync = true;     // false: accumulate locally, no communication (no_sync)
+  // This rank's stop vote, exchanged with the gradients when `sync` is set (Note
+  // [Agreeing to stop]); 0 means carry on.
+  int64_t stop_vote = 0;
 };
 
 class GradientSynchronizer {
@@ -38,6 +53,9 @@ class GradientSynchronizer {
   virtual void after_backward() = 0;
   // One line for logs.
   virtual std::string describe() const = 0;
+  // After the after_backward of a synchronized micro-batch: the maximum of the stop
+  // votes all ranks passed with it (Note [Agreeing to stop]); 0 before the first.
+  virtual int64_t agreed_stop_vote() const = 0;
 };
 
 // The world-of-one synchronizer (see the Note).
@@ -47,9 +65,12 @@ class LocalGradients final : public GradientSynchronizer {
   void before_backward(const MicroBatchInfo& micro_batch) override;
   void after_backward() override;
   std::string describe() const override;
+  int64_t agreed_stop_vote() const override { return stop_vote_; }
 
  private:
   void on_gradient_ready(const models::Parameter& param);
+
+  int64_t stop_vote_ = 0;
 
   std::vector<std::string> names_;  // by Parameter::index
   std::vector<int> ready_count_;    // hook calls per parameter in the current backward

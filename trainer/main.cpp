@@ -15,8 +15,7 @@ int main(int argc, char** argv) {
         std::fputs(parsed.help_text.c_str(), stdout);
         return 0;
       }
-      mtrain::run_train_command(parsed.options);
-      return 0;
+      return mtrain::run_train_command(parsed.options);
     } catch (const std::exception& e) {
       mtrain::write_error_record(e.what());
       throw;

@@ -120,6 +120,13 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
   if (!(std::isfinite(o.warmup_epochs) && o.warmup_epochs >= 0)) {
     throw InvalidArgument(fmt::format("--warmup-epochs: expected a number >= 0, found {}", o.warmup_epochs));
   }
+  if (o.checkpoint_every < 0) {
+    throw InvalidArgument(fmt::format("--checkpoint-every: expected an integer >= 0, found {}", o.checkpoint_every));
+  }
+  if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) {
+    throw InvalidArgument(fmt::format("--checkpoint-every {} needs --checkpoint-dir DIR to write to",
+                                      o.checkpoint_every));
+  }
   if (!o.init_from.empty() && o.init_from == o.save_final) {
     // Not an error for the file (the write is atomic), but almost always a typo that
     // would overwrite the weights the run started from.
@@ -164,6 +171,8 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
     ("lr-schedule", "constant | step (x0.1 at 50% and 75%) | cosine", cxxopts::value<std::string>()->default_value(d.lr_schedule));
   spec.add_options("Output")
     ("save-final", "write every parameter and buffer to this safetensors file at the end", cxxopts::value<std::string>())
+    ("checkpoint-dir", "keep a checkpoint (model, momentum, position) in DIR/checkpoint.safetensors, and resume from it when it exists", cxxopts::value<std::string>())
+    ("checkpoint-every", "also checkpoint every N optimizer steps (checkpoints are always written at the end of each epoch and when a stop signal arrives)", cxxopts::value<std::string>()->default_value(std::to_string(d.checkpoint_every)))
     ("metrics", "write JSON lines (one object per logged step and per epoch) to this file", cxxopts::value<std::string>())
     ("no-eval", "skip the test-set evaluation at the end of each epoch")
     ("log-level", "trace|debug|info|warn|error|critical|off", cxxopts::value<std::string>()->default_value(d.log_level))
@@ -214,6 +223,8 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   }
   read_path(r, "save-final", o.save_final);
   read_path(r, "metrics", o.metrics);
+  read_path(r, "checkpoint-dir", o.checkpoint_dir);
+  read_int(r, "checkpoint-every", o.checkpoint_every, 0, kMax);
   o.eval = r.count("no-eval") == 0;
   o.log_level = r["log-level"].as<std::string>();
   read_int(r, "log-every", o.log_every, 1, kMax);

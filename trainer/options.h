@@ -38,6 +38,10 @@ struct TrainOptions {
   std::string log_level = "info";
   int64_t log_every = 20;               // optimizer steps between progress lines
 
+  // Checkpoints and preemption (docs/training.md "Checkpoints and preemption").
+  std::string checkpoint_dir;           // resume from / write DIR/checkpoint.safetensors; empty = none
+  int64_t checkpoint_every = 0;         // optimizer steps between checkpoints; 0 = epoch ends and stops only
+
   // Distributed training (ignored in a world of one except where noted).
   std::string backend = "auto";         // auto|gloo|mpi|nccl, see create_process_group
   double bucket_cap_mb = 25.0;          // Reducer bucket cap (Note [Reducer buckets])

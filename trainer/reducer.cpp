@@ -106,6 +106,9 @@ void Reducer::before_backward(const MicroBatchInfo& micro_batch) {
   first_launch_seen_ = false;
   last_step_ = ReducerStepStats{};
   if (!sync_) return;
+  // Issued first, so it travels ahead of the buckets and is done by the time they are.
+  stop_vote_ = Tensor::from_vector<int64_t>({micro_batch.stop_vote}, {1});
+  stop_vote_work_ = group_->allreduce(stop_vote_, ReduceOp::Max);
   const int world = group_->size();
   scale_ = 1.0f / static_cast<float>(world);
   if (options_.weight_by_sample_count) {
@@ -171,6 +174,9 @@ void Reducer::after_backward() {
                buckets_.size());
   const auto backward_end = Clock::now();
   for (auto& b : buckets_) b.work->wait(group_->options().timeout);
+  stop_vote_work_->wait(group_->options().timeout);
+  agreed_stop_vote_ = stop_vote_.data<int64_t>()[0];
+  stop_vote_work_.reset();
   const auto all_done = Clock::now();
   for (auto& b : buckets_) {
     const float* flat = b.flat.data<float>();

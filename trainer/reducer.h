@@ -52,6 +52,10 @@
 // launch order and how many parameters were still waiting for their gradient when it
 // launched: a positive count proves the all-reduce overlapped backward (the overlap
 // test checks it; an ordering fact, not a timing threshold).
+//
+// On every synchronized micro-batch the reducer also carries the ranks' stop votes: an
+// all-reduce(max) of one int64, issued in before_backward ahead of the buckets and
+// waited for with them (Note [Agreeing to stop] in gradient_sync.h).
 #pragma once
 
 #include <chrono>
@@ -106,6 +110,7 @@ class Reducer final : public GradientSynchronizer {
   void before_backward(const MicroBatchInfo& micro_batch) override;
   void after_backward() override;
   std::string describe() const override;
+  int64_t agreed_stop_vote() const override { return agreed_stop_vote_; }
 
   // Bucket k holds these parameter indices (positions in model.parameters()).
   const std::vector<std::vector<int>>& bucket_parameters() const { return bucket_params_; }
@@ -143,6 +148,9 @@ class Reducer final : public GradientSynchronizer {
   Clock::time_point first_launch_;
   ReducerStepStats last_step_;
   ReducerTotals totals_;
+  Tensor stop_vote_;  // int64 [1], the all-reduce(max) buffer
+  WorkPtr stop_vote_work_;
+  int64_t agreed_stop_vote_ = 0;
 };
 
 }  // namespace mtrain

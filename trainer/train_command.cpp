@@ -20,6 +20,7 @@
 #include "tensor/cuda_runtime.h"
 #include "tensor/ops.h"
 #include "trainer/checkpoint.h"
+#include "trainer/checkpointer.h"
 #include "trainer/environment.h"
 #include "trainer/evaluate.h"
 #include "trainer/gradient_sync.h"
@@ -27,6 +28,8 @@
 #include "trainer/metrics.h"
 #include "trainer/rank_consensus.h"
 #include "trainer/reducer.h"
+#include "trainer/stop_record.h"
+#include "trainer/stop_signals.h"
 #include "trainer/train_loop.h"
 
 namespace mtrain {
@@ -132,6 +135,42 @@ std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t tra
   add("--lr-scaling", o.lr_scaling);
   add("--warmup-epochs", fmt::format("{}", o.warmup_epochs));
   add("--lr-schedule", o.lr_schedule);
+  add("--checkpoint-every", std::to_string(o.checkpoint_every));
+  add("--checkpoint-dir", o.checkpoint_dir.empty() ? "unset" : "set");
+  return items;
+}
+
+// What a checkpoint must have been written under to be resumed by this run: every
+// setting that changes the sequence of updates. Unlike training_configuration, the
+// world size is in (each rank's shard depends on it) and the backend, bucket cap and
+// timeouts are not (they change how the sums travel, not what they are). The length of
+// the run (--epochs, --max-steps) only matters when the learning-rate schedule depends
+// on it: with a constant rate a finished run can be extended by resuming it with a
+// larger --epochs or --max-steps.
+RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size, int world_size) {
+  RunConfiguration items = {
+      {"--model", o.model},
+      {"--dataset", o.dataset},
+      {"training set size", std::to_string(train_size)},
+      {"world size", std::to_string(world_size)},
+      {"--batch-size", o.global_batch_size ? "unused" : std::to_string(o.batch_size)},
+      {"--global-batch-size", o.global_batch_size ? std::to_string(*o.global_batch_size) : "unset"},
+      {"--grad-accum", std::to_string(o.grad_accum)},
+      {"--lr", fmt::format("{}", o.lr)},
+      {"--momentum", fmt::format("{}", o.momentum)},
+      {"--weight-decay", fmt::format("{}", o.weight_decay)},
+      {"--nesterov", o.nesterov ? "on" : "off"},
+      {"--seed", std::to_string(o.seed)},
+      {"--no-shuffle", o.shuffle ? "off" : "on"},
+      {"--sync-bn", o.sync_bn ? "on" : "off"},
+      {"--lr-scaling", o.lr_scaling},
+      {"--warmup-epochs", fmt::format("{}", o.warmup_epochs)},
+      {"--lr-schedule", o.lr_schedule},
+  };
+  if (o.lr_schedule != "constant") {
+    items.emplace_back("--epochs", std::to_string(o.epochs));
+    items.emplace_back("--max-steps", o.max_steps ? std::to_string(*o.max_steps) : "unset");
+  }
   return items;
 }
 
@@ -159,11 +198,34 @@ void replica_check(ProcessGroup& group, models::Module& model, int64_t step) {
                             fmt::format("replica check after step {}: the model", step));
 }
 
+// The end of a run the ranks agreed to stop (Note [Stopping on a signal]): the same
+// message on every rank, the record for the launcher, the exit status that says
+// "stopped, resumable".
+int finish_stopped_run(const WorkerEnvironment& env, ProcessGroup* group, const TrainResult& result,
+                       const std::string& checkpoint) {
+  const StopVote vote = decode_stop_vote(result.stop_vote);
+  const std::string signal = stop_signal_name(vote.signal);
+  const std::string where =
+      checkpoint.empty() ? "no checkpoint written (no --checkpoint-dir), so the run cannot be resumed"
+                         : fmt::format("checkpoint written to {}", checkpoint);
+  const std::string message =
+      fmt::format("{}received {}: stopped after step {} (epoch {}), {}",
+                  group != nullptr ? fmt::format("rank {} ", vote.rank) : std::string(), signal,
+                  result.end.total_steps, result.end.epoch, where);
+  if (env.rank == 0) spdlog::warn("{}", message);
+  write_stop_record({env.rank, message, signal, vote.rank, result.end.epoch, result.end.total_steps, checkpoint});
+  if (group != nullptr) group->barrier()->wait();
+  return kStoppedExitCode;
+}
+
 }  // namespace
 
 TrainChoices train_choices() { return {models::model_names(), data::known_datasets()}; }
 
-void run_train_command(const TrainOptions& o) {
+int run_train_command(const TrainOptions& o) {
+  // First, so that a stop signal during set-up is honoured after the first step
+  // rather than killing the worker (Note [Stopping on a signal]).
+  install_stop_signal_handlers();
   const WorkerEnvironment env = discover_environment(o.backend);
   configure_logging(o.log_level, env);
   check_output_directory("--save-final", o.save_final);
@@ -240,6 +302,22 @@ void run_train_command(const TrainOptions& o) {
   spdlog::info("optimizer: SGD lr {} momentum {} weight decay {}{}", sgd.lr, o.momentum, o.weight_decay,
                o.nesterov ? " nesterov" : "");
 
+  std::unique_ptr<Checkpointer> checkpointer;
+  std::optional<TrainPosition> resumed;
+  if (!o.checkpoint_dir.empty()) {
+    checkpointer = std::make_unique<Checkpointer>(o.checkpoint_dir, group.get(), env.rank, *model, optimizer,
+                                                  resume_configuration(o, train_set->size(), env.world_size));
+    resumed = checkpointer->resume();
+    if (resumed) {
+      spdlog::info("resuming from {}: epoch {}, {} steps done in it, {} in total{}", checkpointer->path(),
+                   resumed->epoch, resumed->steps_in_epoch, resumed->total_steps,
+                   resumed->epoch_finished ? " (epoch finished)" : "");
+    } else {
+      spdlog::info("checkpoints: none in {} yet; this run starts from the beginning and writes {}",
+                   o.checkpoint_dir, checkpointer->path());
+    }
+  }
+
   // The distributed samplers in a world of one are the plain shuffled (or sequential)
   // order, so one rank with batch N*B reads exactly what N ranks with batch B read.
   std::shared_ptr<data::DataLoader> train_loader;
@@ -304,7 +382,7 @@ void run_train_command(const TrainOptions& o) {
   const LrSchedule schedule(lr_options);
   spdlog::info("learning rate: {}", schedule.describe());
 
-  int64_t steps = 0;
+  int64_t steps = resumed ? resumed->total_steps : 0;
   if (o.max_steps && *o.max_steps == 0) {
     spdlog::info("--max-steps 0: no training step");
     if (test_loader) {
@@ -325,6 +403,15 @@ void run_train_command(const TrainOptions& o) {
     config.devices = device_names(env);
     config.grad_accum = o.grad_accum;
     config.lr_schedule = &schedule;
+    if (resumed) config.start = *resumed;
+    config.checkpoint_every = o.checkpoint_every;
+    const int rank = env.rank;
+    config.hooks.stop_vote = [rank] { return encode_stop_vote(pending_stop_signal(), rank); };
+    if (checkpointer) {
+      config.hooks.checkpoint = [&checkpointer](const TrainPosition& p, CheckpointReason reason) {
+        checkpointer->save(p, reason);
+      };
+    }
     if (group) {
       ProcessGroup& g = *group;
       models::Module& m = *model;
@@ -353,9 +440,15 @@ void run_train_command(const TrainOptions& o) {
       };
     }
     TrainLoop loop(*model, optimizer, *sync, *train_loader, test_loader.get(), metrics, config);
-    const auto summaries = loop.run();
-    if (!summaries.empty()) steps = summaries.back().total_steps;
+    const TrainResult result = loop.run();
+    steps = result.end.total_steps;
+    if (result.stop_vote != 0) {
+      return finish_stopped_run(env, group.get(), result, checkpointer ? checkpointer->path() : std::string());
+    }
     if (group && o.check_replicas > 0 && steps % o.check_replicas != 0) replica_check(*group, *model, steps);
+  }
+  if (const int sig = pending_stop_signal(); sig != 0) {
+    spdlog::warn("received {} after the last step; the run finished anyway", stop_signal_name(sig));
   }
 
   if (!o.save_final.empty() && lead) {
@@ -363,6 +456,7 @@ void run_train_command(const TrainOptions& o) {
     spdlog::info("saved final weights ({} steps) to {}", steps, o.save_final);
   }
   if (group) group->barrier()->wait();  // nobody exits while a peer still needs it
+  return 0;
 }
 
 }  // namespace mtrain

@@ -57,8 +57,12 @@ bool TrainLoop::step_limit_reached() const {
   return config_.max_steps && total_steps_ >= *config_.max_steps;
 }
 
-std::vector<EpochSummary> TrainLoop::run() {
-  std::vector<EpochSummary> summaries;
+void TrainLoop::checkpoint(const TrainPosition& position, CheckpointReason reason) const {
+  if (config_.hooks.checkpoint) config_.hooks.checkpoint(position, reason);
+}
+
+TrainResult TrainLoop::run() {
+  TrainResult result;
   models::CrossEntropyLoss loss_fn;
   const int64_t batches_per_epoch = train_loader_.num_batches();
 
@@ -69,13 +73,52 @@ std::vector<EpochSummary> TrainLoop::run() {
   const int64_t accum = config_.grad_accum;
   MTRAIN_CHECK(accum >= 1, "grad_accum {} < 1", accum);
   const int64_t steps_per_epoch = (batches_per_epoch + accum - 1) / accum;
-  for (int64_t epoch = 1; epoch <= config_.epochs && !step_limit_reached(); ++epoch) {
+  const TrainPosition& start = config_.start;
+  MTRAIN_CHECK(start.epoch >= 1 && start.steps_in_epoch >= 0 && start.steps_in_epoch <= steps_per_epoch &&
+                   start.total_steps >= start.steps_in_epoch,
+               "start position epoch {} step {} of {} (total {})", start.epoch, start.steps_in_epoch,
+               steps_per_epoch, start.total_steps);
+  total_steps_ = start.total_steps;
+  result.end = start;
+  for (int64_t epoch = start.epoch; epoch <= config_.epochs; ++epoch) {
+    // Note [Resuming mid-epoch]
+    const bool resumed = epoch == start.epoch && (start.steps_in_epoch > 0 || start.epoch_finished);
+    if (resumed && start.epoch_finished && start.steps_in_epoch >= steps_per_epoch) continue;
+    if (!resumed && step_limit_reached()) break;
     model_.train();
     // The sampler's epoch is 0-based (seed + epoch, as PyTorch); the printed one 1-based.
     train_loader_.start_epoch(epoch - 1);
     EpochSummary s;
     s.epoch = epoch;
     int64_t micro = 0;  // micro-batches taken this epoch
+    if (resumed) {
+      s.steps = start.steps_in_epoch;
+      if (!start.epoch_finished) {
+        s.loss_sum = start.loss_sum;
+        s.correct = start.correct;
+        s.images = start.images;
+        s.train_seconds = start.train_seconds;
+      }
+      const int64_t done = std::min(start.steps_in_epoch * accum, batches_per_epoch);
+      for (; micro < done; ++micro) {
+        MTRAIN_CHECK(train_loader_.next().has_value(), "epoch {} ended after {} of the {} batches to skip",
+                     epoch, micro, done);
+      }
+    }
+    const auto position = [&](bool finished) {
+      TrainPosition p;
+      p.epoch = epoch;
+      p.steps_in_epoch = s.steps;
+      p.total_steps = total_steps_;
+      p.epoch_finished = finished;
+      if (!finished) {
+        p.loss_sum = s.loss_sum;
+        p.correct = s.correct;
+        p.images = s.images;
+        p.train_seconds = s.train_seconds;
+      }
+      return p;
+    };
     double step_seconds = 0.0;
     double step_loss_sum = 0.0;  // per-image losses of this step's micro-batches
     int64_t step_images = 0;
@@ -95,7 +138,8 @@ std::vector<EpochSummary> TrainLoop::run() {
           optimizer_.set_lr(static_cast<float>(config_.lr_schedule->at(progress)));
         }
       }
-      const MicroBatchInfo info{batch->size(), last_of_step};
+      MicroBatchInfo info{batch->size(), last_of_step};
+      if (last_of_step && config_.hooks.stop_vote) info.stop_vote = config_.hooks.stop_vote();
       if (batch->size() == 0) {
         // An empty shard (see Note [Reducer copies, not views] in reducer.h): nothing
         // to compute, but the synchronizer still takes part in the exchange.
@@ -156,9 +200,23 @@ std::vector<EpochSummary> TrainLoop::run() {
         metrics_.write(event);
         window.reset();
       }
+
+      // Every rank read the same agreed vote after this step (Note [Agreeing to stop]).
+      if (const int64_t vote = sync_.agreed_stop_vote(); vote != 0) {
+        result.end = position(false);
+        result.stop_vote = vote;
+        checkpoint(result.end, CheckpointReason::kStop);
+        return result;
+      }
+      // The epoch's last step is followed by its own checkpoint, after the evaluation.
+      const bool epoch_ends = micro == batches_per_epoch || step_limit_reached();
+      if (config_.checkpoint_every > 0 && total_steps_ % config_.checkpoint_every == 0 && !epoch_ends) {
+        checkpoint(position(false), CheckpointReason::kEvery);
+      }
     }
     s.total_steps = total_steps_;
     if (s.steps == 0) break;  // max_steps hit exactly at the previous epoch's end
+    result.end = position(false);
     if (config_.hooks.combine_epoch) config_.hooks.combine_epoch(s);
     if (s.images == 0) break;
     s.train_loss = s.loss_sum / static_cast<double>(s.images);
@@ -185,9 +243,11 @@ std::vector<EpochSummary> TrainLoop::run() {
                             {"devices", config_.devices}};
     if (config_.hooks.extend_metrics) config_.hooks.extend_metrics(event);
     metrics_.write(event);
-    summaries.push_back(s);
+    result.epochs.push_back(s);
+    result.end = position(true);
+    checkpoint(result.end, CheckpointReason::kEpochEnd);
   }
-  return summaries;
+  return result;
 }
 
 }  // namespace mtrain

@@ -22,6 +22,14 @@
 namespace mtrain {
 
 struct EpochSummary;
+struct TrainPosition;
+
+// Why the loop asks for a checkpoint.
+enum class CheckpointReason {
+  kEvery,     // --checkpoint-every N steps
+  kEpochEnd,  // after an epoch's summary and evaluation
+  kStop,      // the ranks agreed to stop (Note [Agreeing to stop] in gradient_sync.h)
+};
 
 // Hooks through which a distributed run joins the loop without the loop knowing about
 // process groups; each is optional.
@@ -34,6 +42,41 @@ struct TrainLoopHooks {
   std::function<EvalResult(const EvalResult& local)> combine_eval;
   // Adds fields to each step and epoch metrics event (e.g. communication statistics).
   std::function<void(nlohmann::json& event)> extend_metrics;
+  // This rank's stop vote (Note [Stop votes] in stop_signals.h), asked right before the
+  // synchronizing backward of every step. Unset: never stops early.
+  std::function<int64_t()> stop_vote;
+  // Saves the run at `position` (a collective in a distributed run: every rank calls
+  // it at the same step). Unset: no checkpoints.
+  std::function<void(const TrainPosition& position, CheckpointReason reason)> checkpoint;
+};
+
+// Note [Resuming mid-epoch]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A checkpoint records the epoch, the optimizer steps done in it and in total, and the
+// epoch's training totals so far. The samplers are deterministic given seed and epoch,
+// so a resumed run starts that epoch's loader again and discards the micro-batches of
+// the steps already done (assembling a batch costs far less than a step, and the data
+// layer needs no seek for it); the learning-rate schedule depends only on the
+// position. With the model, buffers and momentum restored, every later step computes
+// exactly what the uninterrupted run computed. The totals are the whole world's (the
+// checkpoint hook all-reduces them before saving), restored on rank 0 only, so the
+// epoch's combine_epoch sum, and its summary line, cover the whole epoch. A checkpoint
+// taken after the epoch's last step but before its summary (a stop) resumes into that
+// summary and evaluation without training. An epoch that --max-steps cut short was
+// summarised, yet has steps left: a run resumed with a larger --max-steps (or
+// --epochs) continues it, and its next summary covers the steps run since.
+
+// Where a run stands: what a checkpoint records and a resumed run starts from.
+struct TrainPosition {
+  int64_t epoch = 1;            // 1-based epoch in progress (or just finished)
+  int64_t steps_in_epoch = 0;   // optimizer steps done in that epoch
+  int64_t total_steps = 0;      // optimizer steps since the start of the run
+  bool epoch_finished = false;  // the epoch's summary and evaluation happened too
+  // The epoch's training totals so far (Note [Resuming mid-epoch]).
+  double loss_sum = 0.0;
+  int64_t correct = 0;
+  int64_t images = 0;
+  double train_seconds = 0.0;
 };
 
 struct TrainLoopConfig {
@@ -45,6 +88,8 @@ struct TrainLoopConfig {
   int64_t grad_accum = 1;
   const LrSchedule* lr_schedule = nullptr;  // null: the optimizer's rate throughout
   TrainLoopHooks hooks;
+  TrainPosition start;           // where to begin: the default is the very beginning
+  int64_t checkpoint_every = 0;  // steps between kEvery checkpoints; 0 = none
 };
 
 // Note [Gradient accumulation]
@@ -72,6 +117,12 @@ struct EpochSummary {
   int64_t correct = 0;             // correctly classified training images
 };
 
+struct TrainResult {
+  std::vector<EpochSummary> epochs;  // the epochs summarised by this run
+  TrainPosition end;                 // where it stopped
+  int64_t stop_vote = 0;             // the agreed stop vote; 0 when it ran to the end
+};
+
 // "epoch 1, loss 0.452, train acc 0.838, test acc 0.871, 13.3 sec/epoch, 4521 img/s on [cpu]"
 // (without "test acc" when there was no evaluation).
 std::string format_epoch_line(const EpochSummary& s, const std::vector<std::string>& devices);
@@ -83,14 +134,16 @@ class TrainLoop {
             data::DataLoader& train_loader, data::DataLoader* test_loader, MetricsWriter& metrics,
             TrainLoopConfig config);
 
-  // Runs until config.epochs epochs or config.max_steps steps, whichever comes first
-  // (an epoch cut short by max_steps is still evaluated and summarised). Throws
-  // InvalidArgument when the loss stops being finite (diverged; the message suggests
-  // a smaller --lr).
-  std::vector<EpochSummary> run();
+  // Runs from config.start until config.epochs epochs or config.max_steps steps,
+  // whichever comes first (an epoch cut short by max_steps is still evaluated and
+  // summarised), or until the ranks agree to stop (right after that step, without the
+  // epoch's evaluation). Throws InvalidArgument when the loss stops being finite
+  // (diverged; the message suggests a smaller --lr).
+  TrainResult run();
 
  private:
   bool step_limit_reached() const;
+  void checkpoint(const TrainPosition& position, CheckpointReason reason) const;
 
   models::Module& model_;
   models::Sgd& optimizer_;

@@ -99,6 +99,11 @@ TEST_CASE("the defaults are valid and flags override them", "[options]") {
   CHECK(d.warmup_epochs == 2.5);
   CHECK(d.lr_schedule == "cosine");
   CHECK(parse({"--global-batch-size", "30"}).options.global_batch_size == std::optional<int64_t>(30));
+  const auto c = parse({"--checkpoint-dir", "runs/c", "--checkpoint-every", "50"}).options;
+  CHECK(c.checkpoint_dir == "runs/c");
+  CHECK(c.checkpoint_every == 50);
+  CHECK(defaults.options.checkpoint_dir.empty());
+  CHECK(defaults.options.checkpoint_every == 0);
 }
 
 TEST_CASE("--help returns the help text instead of options", "[options]") {
@@ -146,6 +151,9 @@ TEST_CASE("bad values are one clear InvalidArgument naming the flag", "[options]
       {{"--lr-scaling", "sqrt"}, "--lr-scaling: unknown value 'sqrt' (valid: none, linear)"},
       {{"--warmup-epochs", "-1"}, "--warmup-epochs: expected a number >= 0, found -1"},
       {{"--lr-schedule", "poly"}, "--lr-schedule: unknown value 'poly' (valid: constant, step, cosine)"},
+      {{"--checkpoint-every", "-1", "--checkpoint-dir", "c"}, "--checkpoint-every: expected an integer >= 0, found -1"},
+      {{"--checkpoint-every", "10"}, "--checkpoint-every 10 needs --checkpoint-dir DIR"},
+      {{"--checkpoint-dir", ""}, "--checkpoint-dir: expected a path, found an empty string"},
   };
   for (const auto& [args, fragment] : cases) {
     INFO(fmt::format("args: {}", fmt::join(args, " ")));

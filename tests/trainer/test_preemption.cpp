@@ -1,0 +1,283 @@
+// Checkpoints and preemption end to end, with the real binaries: a run interrupted and
+// resumed ends with the same weights as one that was not; a stop signal to one worker,
+// or SIGUSR1 to the launcher, stops every rank after the same step with a checkpoint,
+// the message and the launcher's stop report; a restarted gang resumes; checkpoints
+// that must not be resumed are refused with the exit status of their kind.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "tests/trainer/background_process.h"
+#include "tests/trainer/run_process.h"
+#include "tests/trainer/temp_dir.h"
+#include "trainer/safetensors.h"
+
+using Catch::Matchers::Contains;
+using mtrain::testing::BackgroundProcess;
+using mtrain::testing::ProcessResult;
+using mtrain::testing::TempDir;
+
+namespace {
+
+const std::string kLauncher = MTRAIN_BIN_DIR "/mtrain-launch";
+const std::string kTrainer = MTRAIN_BIN_DIR "/mtrain-train";
+const std::string kMiniSet = MTRAIN_SOURCE_DIR "/data/fashion-mnist-mini";
+constexpr int kStopped = 75;  // kStoppedExitCode
+
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// mlp on the shipped subset without evaluation: about a millisecond per step.
+std::vector<std::string> train_args(const std::vector<std::string>& extra) {
+  return concat({"--model", "mlp", "--no-eval", "--threads", "1", "--log-level", "warn", "--data-dir", kMiniSet},
+                extra);
+}
+
+ProcessResult train(const std::vector<std::string>& extra) {
+  return mtrain::testing::run_process(kTrainer, train_args(extra));
+}
+
+std::vector<std::string> launch_args(int nproc, const std::string& entry, const std::vector<std::string>& extra) {
+  return concat({fmt::format("--nproc_per_node={}", nproc), "--term_timeout=20", entry}, train_args(extra));
+}
+
+ProcessResult launch(int nproc, const std::vector<std::string>& extra) {
+  return mtrain::testing::run_process(kLauncher, launch_args(nproc, "train", extra));
+}
+
+void require_exit(const ProcessResult& r, int code) {
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(r.exit_code == code);
+}
+
+// Every tensor of the two files has the same bytes: resuming must not change one bit.
+void require_identical_weights(const std::string& a_path, const std::string& b_path) {
+  const auto a = mtrain::load_safetensors(a_path);
+  const auto b = mtrain::load_safetensors(b_path);
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    INFO(a.tensors[i].first);
+    REQUIRE(a.tensors[i].first == b.tensors[i].first);
+    const auto& x = a.tensors[i].second;
+    const auto& y = b.tensors[i].second;
+    REQUIRE(x.shape() == y.shape());
+    CHECK(std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0);
+  }
+}
+
+int64_t checkpoint_total_steps(const std::string& path) {
+  return std::stoll(mtrain::load_safetensors(path).metadata.at("mtrain.position.total_steps"));
+}
+
+// A worker wrapper that records its pid as DIR/pid.<RANK>, so a test can signal one rank.
+std::string pid_recording_worker(const TempDir& dir) {
+  const std::string path = dir.file("worker.sh");
+  std::ofstream out(path);
+  out << "#!/bin/sh\necho $$ > " << dir.file("pid.") << "$RANK\nexec " << kTrainer << " \"$@\"\n";
+  out.close();
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  return path;
+}
+
+pid_t read_pid(const std::string& path) {
+  std::ifstream in(path);
+  long pid = 0;
+  in >> pid;
+  return static_cast<pid_t>(pid);
+}
+
+// The step each rank of the stop report says it stopped after, by rank.
+std::map<int, int64_t> reported_stop_steps(const std::string& report, const std::string& signal) {
+  std::map<int, int64_t> steps;
+  const std::regex line(R"(rank (\d+) \(local_rank \d+, node 0\): stopped after step (\d+) \(epoch \d+\) on )" +
+                        signal);
+  for (auto it = std::sregex_iterator(report.begin(), report.end(), line); it != std::sregex_iterator(); ++it) {
+    steps[std::stoi((*it)[1])] = std::stoll((*it)[2]);
+  }
+  return steps;
+}
+
+// Starts a long 2-rank run with checkpoints, waits until it has written one (so it is
+// training), lets `interrupt` signal it, and returns the launcher's result.
+ProcessResult interrupt_two_ranks(const TempDir& dir, const std::string& ckpt,
+                                  const std::function<void(BackgroundProcess&)>& interrupt) {
+  BackgroundProcess launcher(kLauncher, launch_args(2, pid_recording_worker(dir),
+                                                    {"--epochs", "30", "--batch-size", "32", "--checkpoint-dir", ckpt,
+                                                     "--checkpoint-every", "20"}));
+  const std::string first = ckpt + "/checkpoint.safetensors";
+  const bool training = mtrain::testing::wait_until(
+      [&] { return std::filesystem::exists(first) && std::filesystem::exists(dir.file("pid.1")); },
+      std::chrono::seconds(60));
+  if (!training) {
+    launcher.signal(SIGKILL);
+    const ProcessResult r = launcher.wait();
+    INFO("stderr:\n" << r.err);
+    FAIL("the run wrote no checkpoint within a minute");
+  }
+  interrupt(launcher);
+  return launcher.wait();
+}
+
+}  // namespace
+
+TEST_CASE("one process: a run resumed from its checkpoint ends with the uninterrupted run's weights",
+          "[multiproc]") {
+  TempDir dir;
+  const auto ckpt = dir.file("ckpt");
+  const std::vector<std::string> base = {"--batch-size", "256"};  // 24 steps per epoch
+  require_exit(train(concat(base, {"--max-steps", "30", "--save-final", dir.file("straight.safetensors")})), 0);
+  // Interrupted mid-epoch 1 (--max-steps is the length of the run, and a constant rate
+  // lets a resumed run extend it), then run on across the epoch boundary.
+  require_exit(train(concat(base, {"--max-steps", "10", "--checkpoint-dir", ckpt, "--checkpoint-every", "4"})), 0);
+  CHECK(checkpoint_total_steps(ckpt + "/checkpoint.safetensors") == 10);
+  const auto resumed = train(concat(base, {"--max-steps", "30", "--checkpoint-dir", ckpt, "--log-level", "info",
+                                           "--save-final", dir.file("resumed.safetensors")}));
+  require_exit(resumed, 0);
+  CHECK_THAT(resumed.err + resumed.out, Contains("resuming from " + ckpt + "/checkpoint.safetensors: epoch 1, 10 steps"));
+  CHECK(checkpoint_total_steps(ckpt + "/checkpoint.safetensors") == 30);
+  require_identical_weights(dir.file("straight.safetensors"), dir.file("resumed.safetensors"));
+}
+
+TEST_CASE("two ranks (Gloo, gradient accumulation): resumed equals uninterrupted", "[multiproc]") {
+  TempDir dir;
+  const auto ckpt = dir.file("ckpt");
+  // 3000 images per rank in micro-batches of 64, two per step: 24 steps per epoch.
+  const std::vector<std::string> base = {"--batch-size", "64", "--grad-accum", "2"};
+  require_exit(launch(2, concat(base, {"--max-steps", "30", "--save-final", dir.file("straight.safetensors")})), 0);
+  require_exit(launch(2, concat(base, {"--max-steps", "11", "--checkpoint-dir", ckpt, "--checkpoint-every", "5"})), 0);
+  require_exit(launch(2, concat(base, {"--max-steps", "30", "--checkpoint-dir", ckpt, "--save-final",
+                                       dir.file("resumed.safetensors")})),
+               0);
+  require_identical_weights(dir.file("straight.safetensors"), dir.file("resumed.safetensors"));
+}
+
+TEST_CASE("one process: SIGTERM stops it after a step with a checkpoint and exit status 75", "[multiproc]") {
+  TempDir dir;
+  const auto ckpt = dir.file("ckpt");
+  BackgroundProcess trainer(kTrainer, train_args({"--epochs", "30", "--batch-size", "32", "--checkpoint-dir", ckpt,
+                                                  "--checkpoint-every", "20"}));
+  REQUIRE(mtrain::testing::wait_until([&] { return std::filesystem::exists(ckpt + "/checkpoint.safetensors"); },
+                                      std::chrono::seconds(60)));
+  trainer.signal(SIGTERM);
+  const ProcessResult r = trainer.wait();
+  require_exit(r, kStopped);
+  const std::regex message(R"(received SIGTERM: stopped after step (\d+) \(epoch (\d+)\), checkpoint written to )" +
+                           ckpt + "/checkpoint.safetensors");
+  std::smatch m;
+  const std::string output = r.out + r.err;
+  REQUIRE(std::regex_search(output, m, message));
+  CHECK(checkpoint_total_steps(ckpt + "/checkpoint.safetensors") == std::stoll(m[1]));
+}
+
+TEST_CASE("SIGTERM to one of two workers: both stop after the same step; resuming finishes the run",
+          "[multiproc]") {
+  TempDir dir;
+  const auto ckpt = dir.file("ckpt");
+  const ProcessResult r = interrupt_two_ranks(dir, ckpt, [&](BackgroundProcess&) {
+    REQUIRE(::kill(read_pid(dir.file("pid.1")), SIGTERM) == 0);
+  });
+  require_exit(r, kStopped);
+  INFO(r.err);
+  const auto steps = reported_stop_steps(r.err, "SIGTERM \\(received by rank 1\\)");
+  REQUIRE(steps.size() == 2);
+  const int64_t step = steps.at(0);
+  CHECK(steps.at(1) == step);
+  CHECK_THAT(r.out + r.err, Contains(fmt::format("rank 1 received SIGTERM: stopped after step {} (epoch ", step)));
+  CHECK_THAT(r.err, Contains("STOPPED on a signal"));
+  CHECK_THAT(r.err, Contains("Checkpoint : " + ckpt + "/checkpoint.safetensors"));
+  CHECK_THAT(r.err, !Contains("FAILED"));
+  CHECK(checkpoint_total_steps(ckpt + "/checkpoint.safetensors") == step);
+
+  // Resumed to a few steps further, it matches a run that went there in one go.
+  const std::vector<std::string> rest = {"--epochs", "30", "--batch-size", "32",
+                                         "--max-steps", std::to_string(step + 3)};
+  require_exit(launch(2, concat(rest, {"--checkpoint-dir", ckpt, "--save-final", dir.file("resumed.safetensors")})),
+               0);
+  CHECK(checkpoint_total_steps(ckpt + "/checkpoint.safetensors") == step + 3);
+  require_exit(launch(2, concat(rest, {"--save-final", dir.file("straight.safetensors")})), 0);
+  require_identical_weights(dir.file("straight.safetensors"), dir.file("resumed.safetensors"));
+}
+
+TEST_CASE("SIGUSR1 to the launcher: forwarded, every rank stops after the same step, the report says so",
+          "[multiproc]") {
+  TempDir dir;
+  const auto ckpt = dir.file("ckpt");
+  const ProcessResult r =
+      interrupt_two_ranks(dir, ckpt, [](BackgroundProcess& launcher) { launcher.signal(SIGUSR1); });
+  require_exit(r, kStopped);
+  INFO(r.err);
+  CHECK_THAT(r.err, Contains("The launcher received SIGUSR1 and forwarded it to the workers."));
+  const auto steps = reported_stop_steps(r.err, "SIGUSR1");
+  REQUIRE(steps.size() == 2);
+  CHECK(steps.at(0) == steps.at(1));
+  CHECK_THAT(r.out + r.err, Contains(fmt::format("received SIGUSR1: stopped after step {} (epoch ", steps.at(0))));
+  CHECK(checkpoint_total_steps(ckpt + "/checkpoint.safetensors") == steps.at(0));
+  const auto resumed = launch(2, {"--epochs", "30", "--batch-size", "32", "--checkpoint-dir", ckpt, "--max-steps",
+                                  std::to_string(steps.at(0) + 2)});
+  require_exit(resumed, 0);
+}
+
+TEST_CASE("--max_restarts: a gang restarted after a crash resumes from the last checkpoint", "[multiproc]") {
+  TempDir dir;
+  const auto ckpt = dir.file("ckpt");
+  // Rank 1 of the first attempt dies (SIGKILL) once the first checkpoint exists.
+  const std::string worker = dir.file("crashing_worker.sh");
+  {
+    std::ofstream out(worker);
+    out << "#!/bin/sh\n"
+        << "if [ \"$MTRAIN_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then\n"
+        << "  " << kTrainer << " \"$@\" & child=$!\n"
+        << "  while [ ! -f " << ckpt << "/checkpoint.safetensors ]; do sleep 0.02; done\n"
+        << "  kill -9 $child; exit 1\n"
+        << "fi\n"
+        << "exec " << kTrainer << " \"$@\"\n";
+  }
+  std::filesystem::permissions(worker, std::filesystem::perms::owner_all);
+  const std::vector<std::string> run = {"--batch-size", "64", "--max-steps", "40"};
+  const auto restarted = mtrain::testing::run_process(
+      kLauncher, concat({"--nproc_per_node=2", "--max_restarts=1", "--term_timeout=5", worker},
+                        train_args(concat(run, {"--checkpoint-dir", ckpt, "--checkpoint-every", "10", "--log-level",
+                                                "info", "--save-final", dir.file("restarted.safetensors")}))));
+  require_exit(restarted, 0);
+  INFO(restarted.err);
+  CHECK_THAT(restarted.err, Contains("restarting the gang"));
+  CHECK_THAT(restarted.err + restarted.out, Contains("resuming from " + ckpt + "/checkpoint.safetensors"));
+  require_exit(launch(2, concat(run, {"--save-final", dir.file("straight.safetensors")})), 0);
+  require_identical_weights(dir.file("straight.safetensors"), dir.file("restarted.safetensors"));
+}
+
+TEST_CASE("checkpoints that must not be resumed: another configuration (exit 2), a corrupt file (exit 1)",
+          "[multiproc]") {
+  TempDir dir;
+  const auto ckpt = dir.file("ckpt");
+  const auto path = ckpt + "/checkpoint.safetensors";
+  require_exit(train({"--batch-size", "32", "--max-steps", "2", "--checkpoint-dir", ckpt}), 0);
+
+  const auto other_batch = train({"--batch-size", "64", "--max-steps", "4", "--checkpoint-dir", ckpt});
+  require_exit(other_batch, 2);
+  CHECK_THAT(other_batch.err, Contains("--batch-size is 64 here, 32 in the checkpoint"));
+
+  const auto other_world = launch(2, {"--batch-size", "32", "--max-steps", "4", "--checkpoint-dir", ckpt});
+  CHECK(other_world.exit_code == 2);
+  CHECK_THAT(other_world.err, Contains("world size is 2 here, 1 in the checkpoint"));
+  // Both ranks raise rank 0's error: the root cause names the reason whichever is first.
+  CHECK_THAT(other_world.err, Contains("Root cause") && Contains("message    : ") && !Contains("its error says"));
+
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-5, std::ios::end);
+    f.put('\x7f');
+  }
+  const auto corrupt = train({"--batch-size", "32", "--max-steps", "4", "--checkpoint-dir", ckpt});
+  require_exit(corrupt, 1);
+  CHECK_THAT(corrupt.err, Contains("cannot resume from the checkpoint") && Contains("checksum mismatch") &&
+                              Contains(path));
+}

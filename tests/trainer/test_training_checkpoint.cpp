@@ -1,0 +1,204 @@
+// Training checkpoints in-process: what is saved comes back (model, buffers, momentum,
+// position), and every file that must not be resumed from is refused with a message
+// that says why: another configuration, corruption, truncation, a weights file.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "models/loss.h"
+#include "models/optim.h"
+#include "models/zoo.h"
+#include "tests/trainer/temp_dir.h"
+#include "trainer/checkpoint.h"
+#include "trainer/training_checkpoint.h"
+
+using Catch::Matchers::Contains;
+using mtrain::IoError;
+using mtrain::RunConfiguration;
+using mtrain::Tensor;
+using mtrain::TrainPosition;
+using mtrain::testing::TempDir;
+
+namespace {
+
+std::unique_ptr<mtrain::models::Module> make_mlp(uint64_t seed) {
+  mtrain::models::InitOptions init;
+  init.seed = seed;
+  return mtrain::models::build_model("mlp", 1, 10, init);
+}
+
+mtrain::models::SgdOptions sgd_options() {
+  mtrain::models::SgdOptions o;
+  o.lr = 0.1f;
+  o.momentum = 0.9f;
+  return o;
+}
+
+// One SGD step on a fixed batch, so the momentum buffers exist and are not zero.
+void train_one_step(mtrain::models::Module& model, mtrain::models::Sgd& sgd) {
+  Tensor images = Tensor::zeros({4, 1, 28, 28});
+  float* px = images.data<float>();
+  for (int64_t i = 0; i < images.numel(); ++i) px[i] = static_cast<float>(i % 17) / 17.0f;
+  const Tensor labels = Tensor::from_vector<int64_t>({1, 3, 5, 7}, {4});
+  mtrain::models::CrossEntropyLoss loss;
+  sgd.zero_grad();
+  loss.forward(model.forward(images), labels);
+  model.backward(loss.backward());
+  sgd.step();
+}
+
+bool same_values(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  return std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+const RunConfiguration kConfig = {{"--model", "mlp"}, {"--batch-size", "32"}, {"world size", "2"}};
+
+TrainPosition mid_epoch() {
+  TrainPosition p;
+  p.epoch = 2;
+  p.steps_in_epoch = 7;
+  p.total_steps = 31;
+  p.loss_sum = 123.456789012345;
+  p.correct = 140;
+  p.images = 448;
+  p.train_seconds = 0.25;
+  return p;
+}
+
+// A checkpoint of a model after one step, in `dir`.
+std::string write_checkpoint(const TempDir& dir, const RunConfiguration& config = kConfig) {
+  auto model = make_mlp(1);
+  mtrain::models::Sgd sgd(*model, sgd_options());
+  train_one_step(*model, sgd);
+  const std::string path = mtrain::checkpoint_path(dir.path().string());
+  mtrain::save_training_checkpoint(path, *model, sgd, mid_epoch(), config);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint restores the model, the momentum buffers and the position exactly") {
+  TempDir dir;
+  auto saved = make_mlp(1);
+  mtrain::models::Sgd saved_sgd(*saved, sgd_options());
+  train_one_step(*saved, saved_sgd);
+  const std::string path = mtrain::checkpoint_path(dir.path().string());
+  mtrain::save_training_checkpoint(path, *saved, saved_sgd, mid_epoch(), kConfig);
+
+  auto restored = make_mlp(2);  // other initial weights, no momentum yet
+  mtrain::models::Sgd restored_sgd(*restored, sgd_options());
+  const TrainPosition p = mtrain::load_training_checkpoint(path, *restored, restored_sgd, kConfig);
+  CHECK(p.epoch == 2);
+  CHECK(p.steps_in_epoch == 7);
+  CHECK(p.total_steps == 31);
+  CHECK_FALSE(p.epoch_finished);
+  CHECK(p.loss_sum == 123.456789012345);  // round-trips through its text form
+  CHECK(p.correct == 140);
+  CHECK(p.images == 448);
+  CHECK(p.train_seconds == 0.25);
+
+  const auto a = mtrain::model_state(*saved);
+  const auto b = mtrain::model_state(*restored);
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO(a[i].first);
+    CHECK(same_values(a[i].second, b[i].second));
+  }
+  const auto& ma = saved_sgd.momentum_buffers();
+  const auto& mb = restored_sgd.momentum_buffers();
+  REQUIRE(ma.size() == mb.size());
+  for (size_t i = 0; i < ma.size(); ++i) {
+    REQUIRE(mb[i].defined());
+    CHECK(same_values(ma[i], mb[i]));
+  }
+
+  // The next step from the restored state is the next step of the saved one.
+  train_one_step(*saved, saved_sgd);
+  train_one_step(*restored, restored_sgd);
+  const auto a2 = mtrain::model_state(*saved);
+  const auto b2 = mtrain::model_state(*restored);
+  for (size_t i = 0; i < a2.size(); ++i) CHECK(same_values(a2[i].second, b2[i].second));
+}
+
+TEST_CASE("a checkpoint from another configuration is refused, naming every difference") {
+  TempDir dir;
+  const std::string path = write_checkpoint(dir);
+  auto model = make_mlp(2);
+  mtrain::models::Sgd sgd(*model, sgd_options());
+  const auto before = mtrain::model_state(*model);
+  std::vector<Tensor> copies;
+  for (const auto& [name, t] : before) copies.push_back(t.clone());
+  const RunConfiguration other = {{"--model", "mlp"}, {"--batch-size", "64"}, {"world size", "1"}};
+  try {
+    mtrain::load_training_checkpoint(path, *model, sgd, other);
+    FAIL("expected InvalidArgument");
+  } catch (const mtrain::InvalidArgument& e) {
+    CHECK_THAT(e.what(), Contains("different training configuration"));
+    CHECK_THAT(e.what(), Contains("--batch-size is 64 here, 32 in the checkpoint"));
+    CHECK_THAT(e.what(), Contains("world size is 1 here, 2 in the checkpoint"));
+    CHECK_THAT(e.what(), !Contains("--model"));
+  }
+  // Nothing was restored.
+  const auto after = mtrain::model_state(*model);
+  for (size_t i = 0; i < after.size(); ++i) CHECK(same_values(after[i].second, copies[i]));
+  CHECK_FALSE(sgd.momentum_buffers()[0].defined());
+
+  const RunConfiguration more = {{"--model", "mlp"}, {"--batch-size", "32"}, {"world size", "2"}, {"--epochs", "3"}};
+  CHECK_THROWS_WITH(mtrain::load_training_checkpoint(path, *model, sgd, more),
+                    Contains("--epochs is 3 here, unrecorded in the checkpoint"));
+  const RunConfiguration fewer = {{"--model", "mlp"}, {"--batch-size", "32"}};
+  CHECK_THROWS_WITH(mtrain::load_training_checkpoint(path, *model, sgd, fewer),
+                    Contains("world size is 2 in the checkpoint, not a setting that must match here"));
+}
+
+TEST_CASE("a corrupt or truncated checkpoint is refused with the file and the fault named") {
+  TempDir dir;
+  const std::string path = write_checkpoint(dir);
+  auto model = make_mlp(2);
+  mtrain::models::Sgd sgd(*model, sgd_options());
+  const auto size = std::filesystem::file_size(path);
+
+  SECTION("one flipped byte in the data") {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(size - 3));
+    const char c = static_cast<char>(f.get());
+    f.seekp(static_cast<std::streamoff>(size - 3));
+    f.put(static_cast<char>(c ^ 0x5a));
+    f.close();
+    CHECK_THROWS_MATCHES(mtrain::load_training_checkpoint(path, *model, sgd, kConfig), IoError,
+                         Catch::Matchers::Predicate<IoError>([&](const IoError& e) {
+                           const std::string m = e.what();
+                           return m.find("checksum mismatch") != std::string::npos &&
+                                  m.find(path) != std::string::npos && m.find("--checkpoint-dir") != std::string::npos;
+                         }, "names the checksum, the file and the way out"));
+  }
+  SECTION("cut short") {
+    std::filesystem::resize_file(path, size / 2);
+    CHECK_THROWS_AS(mtrain::load_training_checkpoint(path, *model, sgd, kConfig), IoError);
+    CHECK_THROWS_WITH(mtrain::load_training_checkpoint(path, *model, sgd, kConfig), Contains("truncated"));
+  }
+  SECTION("empty") {
+    std::filesystem::resize_file(path, 0);
+    CHECK_THROWS_AS(mtrain::load_training_checkpoint(path, *model, sgd, kConfig), IoError);
+  }
+}
+
+TEST_CASE("a weights file, or a checkpoint with missing momentum, is not resumed from") {
+  TempDir dir;
+  auto model = make_mlp(1);
+  mtrain::models::Sgd sgd(*model, sgd_options());
+  const std::string path = mtrain::checkpoint_path(dir.path().string());
+
+  mtrain::save_model_weights(path, *model, {{mtrain::kWeightsModelKey, "mlp"}});
+  CHECK_THROWS_WITH(mtrain::load_training_checkpoint(path, *model, sgd, kConfig),
+                    Contains("is not a training checkpoint") && Contains("--init-from"));
+
+  // Saved before any step (no momentum yet) but claiming 31 steps with momentum 0.9.
+  mtrain::save_training_checkpoint(path, *model, sgd, mid_epoch(), kConfig);
+  CHECK_THROWS_WITH(mtrain::load_training_checkpoint(path, *model, sgd, kConfig),
+                    Contains("momentum buffers for 0 of the"));
+}

@@ -1,0 +1,163 @@
+#include "trainer/checkpointer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+#include <exception>
+#include <filesystem>
+
+#include "core/error.h"
+#include "trainer/rank_consensus.h"
+
+namespace mtrain {
+
+namespace {
+
+// The resume header: whether rank 0 found a checkpoint, the position's counters and
+// whether momentum buffers follow.
+enum HeaderField { kFound, kEpoch, kStepsInEpoch, kTotalSteps, kEpochFinished, kHasMomentum, kHeaderSize };
+
+// How rank 0's operation ended, as broadcast by share_outcome.
+enum OutcomeKind : int64_t { kSucceeded = 0, kInvalidArgument = 1, kIoError = 2, kOtherError = 3 };
+
+// Makes rank 0's outcome every rank's: when `failure` (rank 0's) is set, every rank
+// throws an exception of its kind with its message, so whichever rank the launcher
+// hears from first, its root cause names the real reason (as Note [Consensus by
+// hashes] has every rank raise the same message). Rank 0 rethrows the original.
+void share_outcome(ProcessGroup* group, int rank, std::exception_ptr failure) {
+  if (group == nullptr) {
+    if (failure) std::rethrow_exception(failure);
+    return;
+  }
+  std::string message;
+  Tensor header = Tensor::zeros({2}, DType::Int64);
+  if (rank == 0 && failure) {
+    int64_t kind = kOtherError;
+    try {
+      std::rethrow_exception(failure);
+    } catch (const InvalidArgument& e) {
+      kind = kInvalidArgument;
+      message = e.what();
+    } catch (const IoError& e) {
+      kind = kIoError;
+      message = e.what();
+    } catch (const std::exception& e) {
+      message = e.what();
+    } catch (...) {
+      message = "unknown error";
+    }
+    header.data<int64_t>()[0] = kind;
+    header.data<int64_t>()[1] = static_cast<int64_t>(message.size());
+  }
+  group->broadcast(header, 0)->wait();
+  const int64_t kind = header.data<int64_t>()[0];
+  if (kind == kSucceeded) return;
+  // The text travels as int64 words, the one integer type every backend broadcasts.
+  const int64_t length = header.data<int64_t>()[1];
+  Tensor words = Tensor::zeros({(length + 7) / 8}, DType::Int64);
+  if (rank == 0) std::memcpy(words.raw_data(), message.data(), message.size());
+  group->broadcast(words, 0)->wait();
+  if (rank == 0) std::rethrow_exception(failure);
+  message.assign(static_cast<const char*>(words.raw_data()), static_cast<size_t>(length));
+  message = fmt::format("rank 0: {}", message);
+  if (kind == kInvalidArgument) throw InvalidArgument(message);
+  if (kind == kIoError) throw IoError(message);
+  throw InternalError(message);
+}
+
+const char* reason_name(CheckpointReason reason) {
+  switch (reason) {
+    case CheckpointReason::kEvery: return "--checkpoint-every";
+    case CheckpointReason::kEpochEnd: return "end of epoch";
+    case CheckpointReason::kStop: return "stop signal";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(std::string dir, ProcessGroup* group, int rank, models::Module& model,
+                           models::Sgd& optimizer, RunConfiguration configuration)
+    : dir_(std::move(dir)),
+      path_(checkpoint_path(dir_)),
+      group_(group),
+      rank_(rank),
+      model_(model),
+      optimizer_(optimizer),
+      configuration_(std::move(configuration)) {}
+
+std::optional<TrainPosition> Checkpointer::resume() {
+  Tensor header = Tensor::zeros({kHeaderSize}, DType::Int64);
+  std::optional<TrainPosition> position;
+  std::exception_ptr failure;
+  if (rank_ == 0) {
+    try {
+      std::error_code ec;
+      std::filesystem::create_directories(dir_, ec);
+      if (ec) throw IoError(fmt::format("--checkpoint-dir {}: cannot create it: {}", dir_, ec.message()));
+      if (std::filesystem::exists(path_, ec)) {
+        position = load_training_checkpoint(path_, model_, optimizer_, configuration_);
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    int64_t* h = header.data<int64_t>();
+    h[kFound] = position ? 1 : 0;
+    if (position) {
+      h[kEpoch] = position->epoch;
+      h[kStepsInEpoch] = position->steps_in_epoch;
+      h[kTotalSteps] = position->total_steps;
+      h[kEpochFinished] = position->epoch_finished ? 1 : 0;
+      h[kHasMomentum] = optimizer_.momentum_buffers().empty() || !optimizer_.momentum_buffers()[0].defined() ? 0 : 1;
+    }
+  }
+  share_outcome(group_, rank_, failure);
+  if (group_ == nullptr) return position;
+  group_->broadcast(header, 0)->wait();
+  const int64_t* h = header.data<int64_t>();
+  if (h[kFound] == 0) return std::nullopt;
+
+  // Rank 0's model and momentum become everyone's.
+  broadcast_module_state(*group_, model_);
+  if (h[kHasMomentum] != 0) {
+    auto params = model_.parameters();
+    std::vector<Tensor>& momentum = optimizer_.momentum_buffers();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (rank_ != 0) momentum[i] = Tensor::empty(params[i].param->value.shape());
+      group_->broadcast(momentum[i], 0)->wait();
+    }
+  }
+  if (rank_ == 0) return position;
+  TrainPosition p;  // the epoch's totals stay on rank 0 (Note [Resuming mid-epoch])
+  p.epoch = h[kEpoch];
+  p.steps_in_epoch = h[kStepsInEpoch];
+  p.total_steps = h[kTotalSteps];
+  p.epoch_finished = h[kEpochFinished] != 0;
+  return p;
+}
+
+void Checkpointer::save(const TrainPosition& position, CheckpointReason reason) {
+  TrainPosition p = position;
+  if (group_ != nullptr && !p.epoch_finished) {
+    Tensor counts = Tensor::from_vector<int64_t>({p.correct, p.images}, {2});
+    Tensor loss = Tensor::from_vector<float>({static_cast<float>(p.loss_sum)}, {1});
+    group_->allreduce(counts, ReduceOp::Sum)->wait();
+    group_->allreduce(loss, ReduceOp::Sum)->wait();
+    p.correct = counts.data<int64_t>()[0];
+    p.images = counts.data<int64_t>()[1];
+    p.loss_sum = loss.data<float>()[0];
+  }
+  std::exception_ptr failure;
+  if (rank_ == 0) {
+    try {
+      save_training_checkpoint(path_, model_, optimizer_, p, configuration_);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  share_outcome(group_, rank_, failure);
+  spdlog::info("checkpoint ({}): step {} (epoch {}) written to {}", reason_name(reason), p.total_steps, p.epoch,
+               path_);
+}
+
+}  // namespace mtrain

@@ -1,0 +1,105 @@
+#include "trainer/stop_signals.h"
+
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <mutex>
+
+#include <fmt/format.h>
+
+namespace mtrain {
+
+namespace {
+
+std::atomic<int> g_pending_sig{0};
+std::atomic<int64_t> g_pending_ns{0};
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<int64_t>::is_always_lock_free,
+              "the signal handler needs lock-free atomics");
+
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1};
+
+int64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// Only async-signal-safe calls below: atomics, clock_gettime, write, sigaction, raise.
+void on_stop_signal(int sig) {
+  const int saved_errno = errno;
+  const int64_t now = monotonic_ns();
+  int expected = 0;
+  if (g_pending_sig.compare_exchange_strong(expected, sig)) {
+    g_pending_ns.store(now);
+    errno = saved_errno;
+    return;
+  }
+  if (classify_stop_signal(expected, g_pending_ns.load(), sig, now) == StopSignalAction::kExitImmediately) {
+    static const char kMessage[] =
+        "mtrain-train: a second stop signal while stopping: exiting now, without finishing the step\n";
+    ssize_t ignored = ::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
+    (void)ignored;
+    struct sigaction dfl{};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, nullptr);
+    raise(sig);  // delivered, with the default action, when this handler returns
+  }
+  errno = saved_errno;
+}
+
+}  // namespace
+
+StopSignalAction classify_stop_signal(int pending_sig, int64_t pending_ns, int sig, int64_t now_ns) {
+  if (pending_sig == 0) return StopSignalAction::kRequestStop;
+  if (sig != SIGTERM && sig != SIGINT) return StopSignalAction::kIgnoreRepeat;
+  if (now_ns - pending_ns < kDuplicateSignalWindowNs) return StopSignalAction::kIgnoreRepeat;
+  return StopSignalAction::kExitImmediately;
+}
+
+void install_stop_signal_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa{};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    // Restart interrupted reads and waits: the loop polls the flag, nothing needs EINTR.
+    sa.sa_flags = SA_RESTART;
+    for (int sig : kStopSignals) sigaction(sig, &sa, nullptr);
+  });
+}
+
+int pending_stop_signal() { return g_pending_sig.load(); }
+
+void clear_pending_stop_signal() {
+  g_pending_sig.store(0);
+  g_pending_ns.store(0);
+}
+
+int64_t encode_stop_vote(int sig, int rank) {
+  if (sig <= 0) return 0;
+  constexpr int64_t kRankField = 0xFFFFFFFFLL;
+  return (static_cast<int64_t>(sig) << 32) | (kRankField - static_cast<int64_t>(static_cast<uint32_t>(rank)));
+}
+
+StopVote decode_stop_vote(int64_t vote) {
+  if (vote <= 0) return {};
+  constexpr int64_t kRankField = 0xFFFFFFFFLL;
+  return {static_cast<int>(vote >> 32), static_cast<int>(kRankField - (vote & kRankField))};
+}
+
+std::string stop_signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGHUP: return "SIGHUP";
+    default: return fmt::format("signal {}", sig);
+  }
+}
+
+}  // namespace mtrain

@@ -1,0 +1,77 @@
+// The worker's side of preemption: SIGTERM, SIGINT and SIGUSR1 ask the run to stop
+// after the current optimizer step instead of killing it mid-step.
+//
+// Note [Stopping on a signal]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// SLURM sends SIGTERM at preemption and at the time limit (then SIGKILL KillWait
+// seconds later), and SIGUSR1 ahead of time with `--signal=USR1@T`; mtrain-launch
+// forwards SIGUSR1/SIGUSR2 and answers SIGTERM/SIGINT by sending SIGTERM to the
+// workers. The handler only records the first such signal (an atomic store, which is
+// async-signal-safe); the training loop reads it at step boundaries. The ranks agree
+// on the step to stop after through the gradient synchronization (Note [Agreeing to
+// stop] in gradient_sync.h), write the checkpoint, and exit with kStoppedExitCode.
+//
+// A second SIGINT or SIGTERM while a stop is pending means "now": the handler restores
+// the default action and re-raises, so the process dies of that signal at once (no
+// checkpoint for the unfinished step; the previous one is intact, writes are atomic).
+// Except within kDuplicateSignalWindow of the first: under SLURM the same SIGTERM
+// reaches a worker twice, from slurmstepd (which signals every process of the step)
+// and from mtrain-launch forwarding its own copy, and that must not turn a clean stop
+// into a kill. SIGUSR1 never forces an exit: it is a warning, and repeats of it are
+// harmless.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace mtrain {
+
+// Exit status of a worker that stopped on a signal after finishing a step (and
+// writing its checkpoint when --checkpoint-dir is set). 75 is EX_TEMPFAIL from
+// sysexits.h, "try again later": the run is not finished, so it must not read as a
+// success (0), and it is not a crash (1, or 128 + signal). mtrain-launch recognises it
+// (with the worker's stop record) and exits with it too, so a batch script can
+// requeue on 75: `[ $? -eq 75 ] && scontrol requeue "$SLURM_JOB_ID"`.
+inline constexpr int kStoppedExitCode = 75;
+
+// A repeat of the stop signal within this many nanoseconds of the first is taken for
+// a second delivery of the same request (see the Note).
+inline constexpr int64_t kDuplicateSignalWindowNs = 1'000'000'000;
+
+enum class StopSignalAction {
+  kRequestStop,      // the first stop signal: stop after the current step
+  kIgnoreRepeat,     // already stopping; this one adds nothing
+  kExitImmediately,  // a second SIGINT/SIGTERM: die of it now
+};
+
+// The decision the handler takes for `sig` arriving at `now_ns` when `pending_sig`
+// (0: none) arrived at `pending_ns`. Pure, so it is testable and async-signal-safe.
+StopSignalAction classify_stop_signal(int pending_sig, int64_t pending_ns, int sig, int64_t now_ns);
+
+// Installs the handlers for SIGTERM, SIGINT and SIGUSR1 (idempotent). Call from the
+// main thread before starting threads that might otherwise get the default action.
+void install_stop_signal_handlers();
+
+// The first stop signal received since install_stop_signal_handlers, or 0.
+int pending_stop_signal();
+
+// Forgets a pending stop signal (for tests that raise one in-process).
+void clear_pending_stop_signal();
+
+// Note [Stop votes]
+// ~~~~~~~~~~~~~~~~~
+// What each rank contributes to the stop agreement: 0 for "carry on", else the signal
+// it received and its rank packed into one int64 so that an all-reduce(max) picks the
+// highest signal number and, among the ranks that received it, the lowest rank. Every
+// rank then names the same signal and rank in its message.
+int64_t encode_stop_vote(int sig, int rank);
+struct StopVote {
+  int signal = 0;  // 0: nobody asked to stop
+  int rank = 0;    // a rank that received `signal`
+};
+StopVote decode_stop_vote(int64_t vote);
+
+// "SIGTERM", "SIGUSR1", ...; "signal N" for others.
+std::string stop_signal_name(int sig);
+
+}  // namespace mtrain
