@@ -1,5 +1,8 @@
 #include "launcher/rendezvous.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -73,7 +76,52 @@ AgentStore open_agent_store(const LaunchOptions& options, const std::string& tok
   }
   s.port = s.server ? s.server->port() : options.store_port;
   s.client = connect_client(s.host, s.port, token, connect_timeout, options);
+  if (options.multi_node()) {
+    if (s.is_host()) {
+      spdlog::info("hosting the rendezvous store at {}:{}; the other nodes connect there",
+                   s.host, s.port);
+      if (const auto loopback = loopback_only_address(s.host)) {
+        spdlog::warn("the rendezvous store listens on {} ({}), a loopback address: only nodes "
+                     "on this machine can reach it. On several machines pass {} with an "
+                     "address of this node that the others can reach",
+                     s.host, *loopback,
+                     options.mode == RendezvousMode::kStatic ? "--master_addr"
+                                                             : "--rdzv_endpoint");
+      }
+    } else {
+      spdlog::info("joined the rendezvous store at {}:{}", s.host, s.port);
+    }
+  }
   return s;
+}
+
+std::optional<std::string> loopback_only_address(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return std::nullopt;
+  std::optional<std::string> first;
+  bool all_loopback = true;
+  for (const addrinfo* ai = found; ai != nullptr && all_loopback; ai = ai->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {};
+    bool loopback = false;
+    if (ai->ai_family == AF_INET) {
+      const auto* v4 = reinterpret_cast<const sockaddr_in*>(ai->ai_addr);
+      loopback = (ntohl(v4->sin_addr.s_addr) >> 24) == 127;
+      ::inet_ntop(AF_INET, &v4->sin_addr, text, sizeof(text));
+    } else if (ai->ai_family == AF_INET6) {
+      const auto* v6 = reinterpret_cast<const sockaddr_in6*>(ai->ai_addr);
+      loopback = IN6_IS_ADDR_LOOPBACK(&v6->sin6_addr) ||
+                 (IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr) && v6->sin6_addr.s6_addr[12] == 127);
+      ::inet_ntop(AF_INET6, &v6->sin6_addr, text, sizeof(text));
+    }
+    all_loopback = loopback;
+    if (loopback && !first) first = text;
+  }
+  ::freeaddrinfo(found);
+  if (!all_loopback) return std::nullopt;
+  return first;
 }
 
 World rendezvous(Store& store, const LaunchOptions& options, const std::string& run_id,

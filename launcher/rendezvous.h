@@ -45,7 +45,27 @@ struct AgentStore {
 // Static: node 0 hosts at --master_addr:--master_port, the others connect. Dynamic: the
 // agent that can bind --rdzv_endpoint hosts it (like c10d's is_host), the others
 // connect. Connecting gives up after --rdzv_timeout with an error naming the address.
+// With several nodes it says (at info level) which address it hosts or joined, and
+// warns when the hosted store is only reachable from this machine (Note [Store
+// address across hosts]).
 AgentStore open_agent_store(const LaunchOptions& options, const std::string& token);
+
+// Note [Store address across hosts]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The store binds exactly the address it is given, and every worker's MASTER_ADDR is
+// that same string, so the Gloo transport binds the local interface that routes to it
+// (collectives/gloo/gloo_device.h). Across machines that address must therefore be one
+// the other nodes can reach. The classic mistake is a loopback one: the default
+// 127.0.0.1, or `--master_addr=$(hostname)` on a Debian-style host whose /etc/hosts
+// maps its own name to 127.0.1.1. Node 0 then binds loopback and every other node
+// waits for --rdzv_timeout, with nothing on node 0 saying why. Several nodes on one
+// machine (tests, a laptop) legitimately use loopback, so this is a warning on the
+// hosting node, not an error.
+
+// When every address `host` resolves to is a loopback one (127.0.0.0/8, ::1, or an
+// IPv4-mapped 127.x), the first of them, numeric; otherwise (or when it does not
+// resolve) nullopt.
+std::optional<std::string> loopback_only_address(const std::string& host);
 
 // The job's world for one attempt.
 struct World {
