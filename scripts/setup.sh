@@ -18,6 +18,10 @@ packages=(
   libgloo-dev libopenmpi-dev openmpi-bin
   libcxxopts-dev libspdlog-dev nlohmann-json3-dev catch2 zlib1g-dev
   python3
+  # Only for the `slurm` tests (tests/slurm): they run their own munged, slurmctld and
+  # slurmd under a temporary directory and use neither the packaged services nor
+  # /etc/slurm. Nothing in mtrain links to them; without them those tests are skipped.
+  slurm-wlm munge
 )
 
 missing=()
