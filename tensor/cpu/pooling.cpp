@@ -48,6 +48,63 @@ inline WindowSpan window_span(int64_t o, int stride, int pad, int kernel, int64_
   return {start < 0 ? 0 : start, start + kernel > size ? size : start + kernel};
 }
 
+// Note [Tiled pooling]
+// ~~~~~~~~~~~~~~~~~~~~
+// When windows tile the input (kernel == stride, no padding), as in LeNet's 2x2 average
+// pools, the window arithmetic and clipping above are wasted work: each output row reads
+// `k` whole input rows, and in backward every input element belongs to at most one
+// window. These loops sum in the same order as the general ones (row by row, left to
+// right), so results are bit-identical; they only drop per-element bookkeeping. Input
+// rows and columns past the last whole window belong to no window.
+bool tiles(const Pool2dParams& p) {
+  return p.kernel_h == p.stride_h && p.kernel_w == p.stride_w && p.pad_h == 0 && p.pad_w == 0;
+}
+
+void avgpool_tiled_forward(const float* xp, float* yp, const PoolGeometry& g, int kh, int kw, float inv_area) {
+  for (int64_t oy = 0; oy < g.oh; ++oy) {
+    const float* row = xp + oy * kh * g.w;
+    float* out = yp + oy * g.ow;
+    if (kh == 2 && kw == 2) {
+      const float* next = row + g.w;
+      for (int64_t ox = 0; ox < g.ow; ++ox) {
+        out[ox] = (((row[2 * ox] + row[2 * ox + 1]) + next[2 * ox]) + next[2 * ox + 1]) * inv_area;
+      }
+      continue;
+    }
+    for (int64_t ox = 0; ox < g.ow; ++ox) {
+      float sum = 0.0f;
+      for (int iy = 0; iy < kh; ++iy) {
+        for (int ix = 0; ix < kw; ++ix) sum += row[iy * g.w + ox * kw + ix];
+      }
+      out[ox] = sum * inv_area;
+    }
+  }
+}
+
+void avgpool_tiled_backward(const float* dyp, float* dxp, const PoolGeometry& g, int kh, int kw, float inv_area) {
+  const int64_t covered_w = g.ow * kw;
+  for (int64_t oy = 0; oy < g.oh; ++oy) {
+    const float* grad = dyp + oy * g.ow;
+    for (int iy = 0; iy < kh; ++iy) {
+      float* row = dxp + (oy * kh + iy) * g.w;
+      if (kw == 2) {
+        for (int64_t ox = 0; ox < g.ow; ++ox) {
+          const float share = grad[ox] * inv_area;
+          row[2 * ox] = share;
+          row[2 * ox + 1] = share;
+        }
+      } else {
+        for (int64_t ox = 0; ox < g.ow; ++ox) {
+          const float share = grad[ox] * inv_area;
+          for (int ix = 0; ix < kw; ++ix) row[ox * kw + ix] = share;
+        }
+      }
+      for (int64_t x = covered_w; x < g.w; ++x) row[x] = 0.0f;
+    }
+  }
+  for (int64_t i = g.oh * kh * g.w; i < g.h * g.w; ++i) dxp[i] = 0.0f;
+}
+
 }  // namespace
 
 void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Pool2dParams& p) {
@@ -136,6 +193,13 @@ void avgpool2d_forward(const Tensor& x, Tensor& y, const Pool2dParams& p) {
   // count_include_pad=true and no ceil mode: every window lies inside the padded
   // input, so the divisor is always the full kernel area.
   const float inv_area = 1.0f / static_cast<float>(p.kernel_h * p.kernel_w);
+  if (tiles(p)) {
+#pragma omp parallel for if (g.planes * g.oh * g.ow >= cpu::kParallelGrain / 8)
+    for (int64_t plane = 0; plane < g.planes; ++plane) {
+      avgpool_tiled_forward(px + plane * g.h * g.w, py + plane * g.oh * g.ow, g, p.kernel_h, p.kernel_w, inv_area);
+    }
+    return;
+  }
 #pragma omp parallel for if (g.planes * g.oh * g.ow >= cpu::kParallelGrain / 8)
   for (int64_t plane = 0; plane < g.planes; ++plane) {
     const float* xp = px + plane * g.h * g.w;
@@ -161,6 +225,13 @@ void avgpool2d_backward(const Tensor& dy, Tensor& dx, const Pool2dParams& p) {
   const float* pdy = dy.data<float>();
   float* pdx = dx.data<float>();
   const float inv_area = 1.0f / static_cast<float>(p.kernel_h * p.kernel_w);
+  if (tiles(p)) {
+#pragma omp parallel for if (g.planes * g.h * g.w >= cpu::kParallelGrain / 4)
+    for (int64_t plane = 0; plane < g.planes; ++plane) {
+      avgpool_tiled_backward(pdy + plane * g.oh * g.ow, pdx + plane * g.h * g.w, g, p.kernel_h, p.kernel_w, inv_area);
+    }
+    return;
+  }
 #pragma omp parallel for if (g.planes * g.h * g.w >= cpu::kParallelGrain / 4)
   for (int64_t plane = 0; plane < g.planes; ++plane) {
     float* dxp = pdx + plane * g.h * g.w;

@@ -91,8 +91,11 @@ TEST_CASE("avgpool2d_forward matches hand-computed results", "[pool]") {
 }
 
 TEST_CASE("pooling matches the naive reference on random data", "[pool]") {
+  // {} and {3, 3, 3, 3, 0, 0} tile the input (Note [Tiled pooling]), leaving a row
+  // and columns that belong to no window.
   const Pool2dParams p = GENERATE(Pool2dParams{}, Pool2dParams{3, 3, 2, 2, 1, 1},
-                                  Pool2dParams{3, 2, 1, 2, 1, 0}, Pool2dParams{2, 2, 1, 1, 0, 0});
+                                  Pool2dParams{3, 2, 1, 2, 1, 0}, Pool2dParams{2, 2, 1, 1, 0, 0},
+                                  Pool2dParams{3, 3, 3, 3, 0, 0});
   const Tensor x = random_tensor({3, 4, 9, 8}, 41);
   Tensor y;
   maxpool(x, y, p);
@@ -104,7 +107,7 @@ TEST_CASE("pooling matches the naive reference on random data", "[pool]") {
 
 TEST_CASE("pooling backward ops are the gradients of the forward ops", "[pool]") {
   const Pool2dParams p = GENERATE(Pool2dParams{}, Pool2dParams{3, 3, 2, 2, 1, 1},
-                                  Pool2dParams{3, 2, 1, 2, 1, 0});
+                                  Pool2dParams{3, 2, 1, 2, 1, 0}, Pool2dParams{3, 3, 3, 3, 0, 0});
   // Distinct, well-separated values keep every max away from a tie, so a small
   // perturbation never changes which element wins.
   Tensor x = Tensor::empty({2, 3, 7, 6});
