@@ -8,8 +8,8 @@
 
 namespace mtrain {
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  file_.reset(std::fopen(path.c_str(), "w"));
+MetricsWriter::MetricsWriter(const std::string& path, Mode mode) : path_(path) {
+  file_.reset(std::fopen(path.c_str(), mode == Mode::kAppend ? "a" : "w"));
   if (file_ == nullptr) {
     throw IoError(fmt::format("cannot create metrics file {}: {}", path, std::strerror(errno)));
   }

@@ -28,8 +28,10 @@ class MetricsWriter {
  public:
   // Disabled writer: write() does nothing.
   MetricsWriter() = default;
-  // Creates (truncates) `path`; its directory must exist. Throws IoError.
-  explicit MetricsWriter(const std::string& path);
+  enum class Mode { kTruncate, kAppend };
+  // Creates `path` (kTruncate empties an existing file; kAppend, for a resumed run,
+  // keeps the events already there); its directory must exist. Throws IoError.
+  explicit MetricsWriter(const std::string& path, Mode mode = Mode::kTruncate);
 
   bool enabled() const { return file_ != nullptr; }
   const std::string& path() const { return path_; }

@@ -31,6 +31,7 @@
 #include "trainer/stop_record.h"
 #include "trainer/stop_signals.h"
 #include "trainer/train_loop.h"
+#include "trainer/training_checkpoint.h"
 
 namespace mtrain {
 
@@ -231,7 +232,13 @@ int run_train_command(const TrainOptions& o) {
   check_output_directory("--save-final", o.save_final);
   check_output_directory("--metrics", o.metrics);
   const bool lead = env.rank == 0;  // logs, writes metrics and final weights
-  MetricsWriter metrics = o.metrics.empty() || !lead ? MetricsWriter() : MetricsWriter(o.metrics);
+  // A run that will resume from a checkpoint continues the metrics of the run it
+  // resumes instead of erasing them.
+  const bool resuming = !o.checkpoint_dir.empty() && std::filesystem::exists(checkpoint_path(o.checkpoint_dir));
+  MetricsWriter metrics =
+      o.metrics.empty() || !lead
+          ? MetricsWriter()
+          : MetricsWriter(o.metrics, resuming ? MetricsWriter::Mode::kAppend : MetricsWriter::Mode::kTruncate);
 
   log_environment(env);
   const ThreadChoice threads = resolve_num_threads(o.threads, env);

@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cstring>
 #include <filesystem>
@@ -136,14 +137,27 @@ TEST_CASE("one process: a run resumed from its checkpoint ends with the uninterr
   require_exit(train(concat(base, {"--max-steps", "30", "--save-final", dir.file("straight.safetensors")})), 0);
   // Interrupted mid-epoch 1 (--max-steps is the length of the run, and a constant rate
   // lets a resumed run extend it), then run on across the epoch boundary.
-  require_exit(train(concat(base, {"--max-steps", "10", "--checkpoint-dir", ckpt, "--checkpoint-every", "4"})), 0);
+  const auto metrics = dir.file("metrics.jsonl");
+  const std::vector<std::string> logged = {"--metrics", metrics, "--log-every", "5"};
+  require_exit(train(concat(concat(base, logged),
+                            {"--max-steps", "10", "--checkpoint-dir", ckpt, "--checkpoint-every", "4"})),
+               0);
   CHECK(checkpoint_total_steps(ckpt + "/checkpoint.safetensors") == 10);
-  const auto resumed = train(concat(base, {"--max-steps", "30", "--checkpoint-dir", ckpt, "--log-level", "info",
-                                           "--save-final", dir.file("resumed.safetensors")}));
+  const auto resumed = train(concat(concat(base, logged), {"--max-steps", "30", "--checkpoint-dir", ckpt, "--log-level",
+                                                           "info", "--save-final", dir.file("resumed.safetensors")}));
   require_exit(resumed, 0);
   CHECK_THAT(resumed.err + resumed.out, Contains("resuming from " + ckpt + "/checkpoint.safetensors: epoch 1, 10 steps"));
   CHECK(checkpoint_total_steps(ckpt + "/checkpoint.safetensors") == 30);
   require_identical_weights(dir.file("straight.safetensors"), dir.file("resumed.safetensors"));
+
+  // The resumed run continues the metrics file rather than erasing the first run's events.
+  std::ifstream in(metrics);
+  std::vector<int64_t> step_events;
+  for (std::string line; std::getline(in, line);) {
+    const auto event = nlohmann::json::parse(line);
+    if (event.at("event") == "step") step_events.push_back(event.at("step").get<int64_t>());
+  }
+  CHECK(step_events == std::vector<int64_t>{5, 10, 15, 20, 25, 30});
 }
 
 TEST_CASE("two ranks (Gloo, gradient accumulation): resumed equals uninterrupted", "[multiproc]") {
