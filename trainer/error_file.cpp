@@ -29,7 +29,7 @@ int best_effort_rank() {
 
 }  // namespace
 
-void write_error_record(const std::string& message) noexcept {
+void write_error_record(const std::string& message, const nlohmann::json& extra) noexcept {
   try {
     auto path = env::get("MTRAIN_ERROR_FILE");
     if (!path || path->empty()) path = env::get("TORCHELASTIC_ERROR_FILE");
@@ -38,8 +38,9 @@ void write_error_record(const std::string& message) noexcept {
     if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
     const double now =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    const nlohmann::json record = {
+    nlohmann::json record = {
         {"rank", best_effort_rank()}, {"host", host}, {"message", message}, {"timestamp", now}};
+    for (const auto& [key, value] : extra.items()) record[key] = value;
     std::ofstream out(*path, std::ios::trunc);
     out << record.dump() << '\n';
     out.close();
