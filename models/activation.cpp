@@ -28,6 +28,7 @@ Tensor ReLU::backward(const Tensor& dy) {
   detail::check_output_grad("ReLU", dy, shape_of(output_));
   Tensor dx = Tensor::empty(dy.shape());
   ops::relu_backward(output_, dy, dx);
+  output_ = Tensor();  // Note [Saved tensors die with backward] (module.h)
   return dx;
 }
 
@@ -42,6 +43,7 @@ Tensor Sigmoid::backward(const Tensor& dy) {
   detail::check_output_grad("Sigmoid", dy, shape_of(output_));
   Tensor dx = Tensor::empty(dy.shape());
   ops::sigmoid_backward(output_, dy, dx);
+  output_ = Tensor();  // Note [Saved tensors die with backward] (module.h)
   return dx;
 }
 

@@ -137,6 +137,7 @@ Tensor BatchNorm2d::backward(const Tensor& dy) {
     ops::batchnorm_backward_apply(dy, input_, mean_, invstd_, weight_.value, sum_dy, sum_dy_xmu,
                                   /*count=*/1.0, dx);
   }
+  input_ = Tensor();  // Note [Saved tensors die with backward] (module.h)
   return dx;
 }
 

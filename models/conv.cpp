@@ -59,6 +59,8 @@ Tensor Conv2d::backward(const Tensor& dy) {
   notify_grad_ready(weight_);
   Tensor dx = Tensor::empty(input_.shape());
   ops::conv2d_backward_data(dy, weight_.value, dx, geometry_);
+  input_ = Tensor();  // Note [Saved tensors die with backward] (module.h)
+  output_shape_ = {};
   return dx;
 }
 

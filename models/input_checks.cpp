@@ -32,7 +32,10 @@ void check_matrix_batch(const std::string& layer, const Tensor& x, int64_t featu
 
 void check_output_grad(const std::string& layer, const Tensor& dy, const Shape& output_shape) {
   if (output_shape.empty()) {
-    throw InvalidArgument(fmt::format("{}: backward called before forward", layer));
+    throw InvalidArgument(fmt::format(
+        "{}: backward called before forward (or twice after one forward: the first backward releases what "
+        "forward saved)",
+        layer));
   }
   if (!dy.defined() || dy.dtype() != DType::Float32 || dy.shape() != output_shape) {
     throw InvalidArgument(fmt::format("{}: expected an output gradient float32 {}, found {}",

@@ -43,6 +43,8 @@ Tensor Linear::backward(const Tensor& dy) {
                        /*accumulate=*/true);
   if (has_bias_) notify_grad_ready(bias_);
   notify_grad_ready(weight_);
+  input_ = Tensor();  // Note [Saved tensors die with backward] (module.h)
+  output_shape_ = {};
   return dx;
 }
 

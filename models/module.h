@@ -78,6 +78,15 @@ class ParameterInitializer;  // models/init.h
 // Given a module, returns its replacement or nullptr to keep it (see replace_modules).
 using ModuleReplacer = std::function<std::unique_ptr<Module>(Module& module)>;
 
+// Note [Saved tensors die with backward]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// What a layer's forward keeps for its backward (its input, its output, argmax
+// indices) is released as soon as that backward is done, as PyTorch's autograd frees
+// saved tensors. Backward runs from the last layer to the first, so the memory of the
+// later layers' activations is back in the allocator's cache by the time the earlier
+// layers allocate their input gradients, and the step's peak is the activations plus
+// a few gradients rather than both in full. A second backward for one forward is an
+// error (like backward without retain_graph).
 class Module {
  public:
   Module() = default;
@@ -88,7 +97,8 @@ class Module {
 
   virtual Tensor forward(const Tensor& x) = 0;
   // Takes dL/d(output of the last forward), accumulates parameter gradients, fires the
-  // grad-ready hook per parameter and returns dL/d(input).
+  // grad-ready hook per parameter and returns dL/d(input). Once per forward: see
+  // Note [Saved tensors die with backward].
   virtual Tensor backward(const Tensor& dy) = 0;
   // The torch class name ("Conv2d"), used in error messages.
   virtual std::string type_name() const = 0;

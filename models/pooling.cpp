@@ -56,6 +56,7 @@ Tensor MaxPool2d::backward(const Tensor& dy) {
   detail::check_output_grad(description_, dy, argmax_.defined() ? argmax_.shape() : Shape{});
   Tensor dx = Tensor::empty(input_shape_);
   ops::maxpool2d_backward(dy, argmax_, dx);
+  argmax_ = Tensor();  // Note [Saved tensors die with backward] (module.h)
   return dx;
 }
 

@@ -12,6 +12,7 @@
 // twice the request, so a tiny tensor never pins a huge block. The allocator is created
 // once and never destroyed, so tensors that die during static destruction can still
 // return their memory.
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -59,6 +60,7 @@ class CachingHostAllocator final : public Allocator {
       stats_.cached_bytes -= it->first;
       stats_.in_use_bytes += it->first;
       stats_.cache_hits++;
+      note_peaks();
       return p;
     }
     void* raw = std::aligned_alloc(kAlignment, kHeader + size);
@@ -76,6 +78,7 @@ class CachingHostAllocator final : public Allocator {
     h->magic = kMagic;
     stats_.system_allocs++;
     stats_.in_use_bytes += size;
+    note_peaks();
     return static_cast<char*>(raw) + kHeader;
   }
 
@@ -102,6 +105,12 @@ class CachingHostAllocator final : public Allocator {
   }
 
  private:
+  void note_peaks() {
+    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+    stats_.peak_reserved_bytes =
+        std::max(stats_.peak_reserved_bytes, stats_.in_use_bytes + stats_.cached_bytes);
+  }
+
   void release_locked() {
     for (auto& [size, blocks] : free_) {
       for (void* p : blocks) std::free(header_of(p));

@@ -57,6 +57,8 @@ struct AllocatorStats {
   size_t cached_bytes = 0;    // returned and kept for reuse
   uint64_t system_allocs = 0; // times the allocator went to the system
   uint64_t cache_hits = 0;    // allocations served from the cache
+  size_t peak_in_use_bytes = 0;    // the most ever handed out at once
+  size_t peak_reserved_bytes = 0;  // the most ever held from the system (in use + cached)
 };
 
 // The process-wide caching host allocator (64-byte aligned blocks).

@@ -457,6 +457,10 @@ int run_train_command(const TrainOptions& o) {
   if (const int sig = pending_stop_signal(); sig != 0) {
     spdlog::warn("received {} after the last step; the run finished anyway", stop_signal_name(sig));
   }
+  const AllocatorStats memory = host_allocator_stats();
+  spdlog::info("tensor memory: peak {:.1f} MiB in use, {:.1f} MiB held from the system ({} system allocations)",
+               static_cast<double>(memory.peak_in_use_bytes) / (1 << 20),
+               static_cast<double>(memory.peak_reserved_bytes) / (1 << 20), memory.system_allocs);
 
   if (!o.save_final.empty() && lead) {
     save_model_weights(o.save_final, *model, weights_metadata(o, steps));

@@ -212,6 +212,19 @@ void run_entry(ConvEntry& e, std::initializer_list<const void*> inputs,
   for (const void* p : inputs) e.inputs[i++].bind(const_cast<void*>(p));
   i = 0;
   for (void* p : outputs) e.outputs[i++].bind(p);
+  size_t staging = 0;
+  for (const auto* args : {&e.inputs, &e.outputs}) {
+    for (const BoundArg& a : *args) staging += (a.internal_bytes() + 63) / 64 * 64;
+  }
+  if (staging > 0) {
+    char* at = static_cast<char*>(cpu::StagingWorkspace::acquire(staging));
+    for (auto* args : {&e.inputs, &e.outputs}) {
+      for (BoundArg& a : *args) {
+        a.bind_internal(at);
+        at += (a.internal_bytes() + 63) / 64 * 64;
+      }
+    }
+  }
   for (BoundArg& a : e.inputs) a.before(s);
   e.primitive.execute(s, e.args);
   for (BoundArg& a : e.outputs) a.after(s);
