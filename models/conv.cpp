@@ -57,8 +57,11 @@ Tensor Conv2d::backward(const Tensor& dy) {
                                /*accumulate=*/true);
   if (options_.bias) notify_grad_ready(bias_);
   notify_grad_ready(weight_);
-  Tensor dx = Tensor::empty(input_.shape());
-  ops::conv2d_backward_data(dy, weight_.value, dx, geometry_);
+  Tensor dx;
+  if (input_grad_needed()) {
+    dx = Tensor::empty(input_.shape());
+    ops::conv2d_backward_data(dy, weight_.value, dx, geometry_);
+  }
   input_ = Tensor();  // Note [Saved tensors die with backward] (module.h)
   output_shape_ = {};
   return dx;

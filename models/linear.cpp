@@ -38,7 +38,7 @@ Tensor Linear::forward(const Tensor& x) {
 Tensor Linear::backward(const Tensor& dy) {
   detail::check_output_grad(description_, dy, output_shape_);
   // One kernel call produces dx, dw and db together; the hook fires right after it.
-  Tensor dx = Tensor::empty(input_.shape());
+  Tensor dx = input_grad_needed() ? Tensor::empty(input_.shape()) : Tensor();  // undefined: not computed
   ops::linear_backward(input_, weight_.value, dy, dx, weight_.grad, bias_.grad,
                        /*accumulate=*/true);
   if (has_bias_) notify_grad_ready(bias_);

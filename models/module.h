@@ -110,6 +110,14 @@ class Module {
   void eval() { train(false); }
   bool is_training() const { return training_; }
 
+  // Whether backward must return dL/d(input) (default: yes). The trainer turns it off
+  // at the model's root because nothing uses the gradient of the images (as a torch
+  // input has requires_grad=False): containers pass the setting to the child that sees
+  // their input, and Conv2d and Linear then skip their input-gradient kernel and return
+  // an undefined tensor. For LeNet that is the costliest kernel of the step.
+  virtual void set_input_grad_needed(bool needed) { input_grad_needed_ = needed; }
+  bool input_grad_needed() const { return input_grad_needed_; }
+
   std::vector<NamedParameter> parameters();  // whole subtree, Note [Parameter names] order
   std::vector<NamedBuffer> buffers();
   int64_t num_parameter_elements();
@@ -149,6 +157,7 @@ class Module {
     std::unique_ptr<Module> module;
   };
   bool training_ = true;
+  bool input_grad_needed_ = true;
   std::vector<std::pair<std::string, Parameter*>> params_;
   std::vector<std::pair<std::string, Tensor*>> buffers_;
   std::vector<Child> children_;

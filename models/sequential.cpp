@@ -15,6 +15,11 @@ Tensor Sequential::forward(const Tensor& x) {
   return h;
 }
 
+void Sequential::set_input_grad_needed(bool needed) {
+  Module::set_input_grad_needed(needed);
+  if (num_children() > 0) child(0).set_input_grad_needed(needed);
+}
+
 Tensor Sequential::backward(const Tensor& dy) {
   Tensor d = dy;
   for (size_t i = num_children(); i-- > 0;) d = child(i).backward(d);

@@ -18,6 +18,7 @@ class Sequential : public Module {
 
   Tensor forward(const Tensor& x) override;
   Tensor backward(const Tensor& dy) override;
+  void set_input_grad_needed(bool needed) override;
   std::string type_name() const override { return "Sequential"; }
 };
 

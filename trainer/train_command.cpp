@@ -291,6 +291,8 @@ int run_train_command(const TrainOptions& o) {
       spdlog::info("--sync-bn: a world of one, so BatchNorm2d already sees the whole batch; nothing converted");
     }
   }
+  // Nothing uses the gradient of the images: the first layer skips computing it.
+  model->set_input_grad_needed(false);
   if (group) {
     // Every replica starts from rank 0's weights and buffers, whatever its seed or file.
     broadcast_module_state(*group, *model);

@@ -102,6 +102,34 @@ TEST_CASE("gradients accumulate across backward calls until zero_grad", "[module
   }
 }
 
+TEST_CASE("without an input gradient the first layer skips it and the parameter gradients stay the same",
+          "[module]") {
+  std::mt19937_64 rng(2);
+  const Tensor x = uniform_tensor({2, 1, 4, 4}, rng);
+  const Tensor dy = uniform_tensor({2, 3}, rng);
+  auto grads_of = [&](bool input_grad) {
+    auto net = small_net();
+    net->set_input_grad_needed(input_grad);
+    net->zero_grad();
+    net->forward(x);
+    const Tensor dx = net->backward(dy);
+    CHECK(dx.defined() == input_grad);
+    std::vector<std::vector<float>> grads;
+    for (const NamedParameter& p : net->parameters()) grads.push_back(p.param->grad.to_vector<float>());
+    return grads;
+  };
+  CHECK(grads_of(false) == grads_of(true));
+
+  // Only the layer that sees the input skips: a second Linear still returns its dx.
+  Linear first(3, 4), second(4, 2);
+  first.set_input_grad_needed(false);
+  const Tensor in = uniform_tensor({5, 3}, rng);
+  second.forward(first.forward(in));
+  const Tensor d_mid = second.backward(uniform_tensor({5, 2}, rng));
+  CHECK(d_mid.defined());
+  CHECK_FALSE(first.backward(d_mid).defined());
+}
+
 TEST_CASE("grad-ready hooks fire once per parameter, in reverse order, with final values",
           "[module][hooks]") {
   std::mt19937_64 rng(2);
