@@ -56,6 +56,10 @@ void on_stop_signal(int sig) {
 StopSignalAction classify_stop_signal(int pending_sig, int64_t pending_ns, int sig, int64_t now_ns) {
   if (pending_sig == 0) return StopSignalAction::kRequestStop;
   if (sig != SIGTERM && sig != SIGINT) return StopSignalAction::kIgnoreRepeat;
+  // The handler publishes the signal before its time, so a copy delivered to another
+  // thread at the same moment can see the signal with no time yet (0): it is the
+  // duplicate the window is for, not a second request 'now - 0' ns later.
+  if (pending_ns == 0) return StopSignalAction::kIgnoreRepeat;
   if (now_ns - pending_ns < kDuplicateSignalWindowNs) return StopSignalAction::kIgnoreRepeat;
   return StopSignalAction::kExitImmediately;
 }

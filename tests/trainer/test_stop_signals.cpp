@@ -35,6 +35,10 @@ TEST_CASE("the first stop signal asks for a stop; a second SIGTERM or SIGINT mea
   CHECK(classify_stop_signal(SIGTERM, kSecond, SIGTERM, kSecond + 5'000'000) == StopSignalAction::kIgnoreRepeat);
   CHECK(classify_stop_signal(SIGTERM, kSecond, SIGTERM, kSecond + mtrain::kDuplicateSignalWindowNs) ==
         StopSignalAction::kExitImmediately);
+  // The same two copies handled on two threads at once: the second handler runs between
+  // the first one's publishing the signal and its storing the time.
+  CHECK(classify_stop_signal(SIGTERM, 0, SIGTERM, 5 * kSecond) == StopSignalAction::kIgnoreRepeat);
+  CHECK(classify_stop_signal(SIGTERM, 0, SIGINT, 5 * kSecond) == StopSignalAction::kIgnoreRepeat);
 }
 
 TEST_CASE("the maximum of the ranks' votes names the highest signal and the lowest rank that got it") {
