@@ -12,6 +12,10 @@
 // twice the request, so a tiny tensor never pins a huge block. The allocator is created
 // once and never destroyed, so tensors that die during static destruction can still
 // return their memory.
+//
+// A cache hides use-after-free from AddressSanitizer (a freed block is still
+// allocated as far as malloc knows), so in ASan builds a cached block is poisoned
+// while it waits and unpoisoned when it is handed out again.
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -20,6 +24,15 @@
 
 #include "core/error.h"
 #include "tensor/tensor.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define MTRAIN_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define MTRAIN_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define MTRAIN_POISON(p, n) ((void)(p), (void)(n))
+#define MTRAIN_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
 namespace mtrain {
 namespace {
@@ -61,6 +74,7 @@ class CachingHostAllocator final : public Allocator {
       stats_.in_use_bytes += it->first;
       stats_.cache_hits++;
       note_peaks();
+      MTRAIN_UNPOISON(p, it->first);
       return p;
     }
     void* raw = std::aligned_alloc(kAlignment, kHeader + size);
@@ -89,6 +103,7 @@ class CachingHostAllocator final : public Allocator {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.in_use_bytes -= h->size;
     stats_.cached_bytes += h->size;
+    MTRAIN_POISON(ptr, h->size);
     // push_back may grow the list (a system allocation) only until the list has seen
     // its steady-state depth; after that it reuses the capacity.
     free_[h->size].push_back(ptr);
@@ -113,7 +128,10 @@ class CachingHostAllocator final : public Allocator {
 
   void release_locked() {
     for (auto& [size, blocks] : free_) {
-      for (void* p : blocks) std::free(header_of(p));
+      for (void* p : blocks) {
+        MTRAIN_UNPOISON(p, header_of(p)->size);  // hand ASan back a block it can recycle
+        std::free(header_of(p));
+      }
       blocks.clear();
     }
     stats_.cached_bytes = 0;

@@ -79,6 +79,14 @@ void Reducer::attach(models::Module& model) {
       total += params_[i]->value.numel();
     }
     bucket.flat = Tensor::zeros({total});
+    // Note [Gradients are views into the buckets]: from here on each gradient lives in
+    // its bucket, so launching a bucket needs no copy in and the wait no copy out.
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      models::Parameter& p = *params_[bucket.params[k]];
+      Tensor view = bucket.flat.flat_view(bucket.offsets[k], p.value.shape());
+      view.copy_(p.grad);
+      p.grad = view;
+    }
     layout = fnv1a(bucket.params.data(), bucket.params.size() * sizeof(int), layout);
     layout = fnv1a(&total, sizeof total, layout);
     buckets_.push_back(std::move(bucket));
@@ -146,14 +154,11 @@ void Reducer::launch(Bucket& bucket) {
     first_launch_seen_ = true;
     first_launch_ = Clock::now();
   }
+  // The gradients are the bucket (Note [Gradients are views into the buckets]): scale
+  // them in place, then reduce in place.
   float* flat = bucket.flat.data<float>();
-  for (size_t k = 0; k < bucket.params.size(); ++k) {
-    const Tensor& grad = params_[bucket.params[k]]->grad;
-    const float* g = grad.data<float>();
-    float* dst = flat + bucket.offsets[k];
-    const int64_t numel = grad.numel();
-    for (int64_t e = 0; e < numel; ++e) dst[e] = g[e] * scale_;
-  }
+  const int64_t numel = bucket.flat.numel();
+  for (int64_t e = 0; e < numel; ++e) flat[e] *= scale_;
   bucket.work = group_->allreduce(bucket.flat, ReduceOp::Sum);
 }
 
@@ -178,13 +183,6 @@ void Reducer::after_backward() {
   agreed_stop_vote_ = stop_vote_.data<int64_t>()[0];
   stop_vote_work_.reset();
   const auto all_done = Clock::now();
-  for (auto& b : buckets_) {
-    const float* flat = b.flat.data<float>();
-    for (size_t k = 0; k < b.params.size(); ++k) {
-      Tensor& grad = params_[b.params[k]]->grad;
-      std::copy_n(flat + b.offsets[k], grad.numel(), grad.data<float>());
-    }
-  }
   last_step_.wait_seconds = seconds_between(backward_end, all_done);
   last_step_.comm_span_seconds = seconds_between(first_launch_, all_done);
   last_step_.hidden_fraction = hidden_fraction(last_step_.wait_seconds, last_step_.comm_span_seconds);

@@ -331,7 +331,7 @@ int run_train_command(const TrainOptions& o) {
   // order, so one rank with batch N*B reads exactly what N ranks with batch B read.
   std::shared_ptr<data::DataLoader> train_loader;
   if (o.global_batch_size && o.sync_bn && group) {
-    // A rank with an empty share skips forward (Note [Reducer copies, not views]), but
+    // A rank with an empty share skips forward (Note [Gradients are views into the buckets]), but
     // SyncBatchNorm's forward is a collective every rank must join.
     const int64_t g = *o.global_batch_size;
     for (const int64_t batch : {g, train_set->size() % g}) {

@@ -141,7 +141,7 @@ TrainResult TrainLoop::run() {
       MicroBatchInfo info{batch->size(), last_of_step};
       if (last_of_step && config_.hooks.stop_vote) info.stop_vote = config_.hooks.stop_vote();
       if (batch->size() == 0) {
-        // An empty shard (see Note [Reducer copies, not views] in reducer.h): nothing
+        // An empty shard (see Note [Gradients are views into the buckets] in reducer.h): nothing
         // to compute, but the synchronizer still takes part in the exchange.
         sync_.before_backward(info);
         sync_.after_backward();
