@@ -116,6 +116,73 @@ ProcessGroup::ProcessGroup(int rank, int size, ProcessGroupOptions options)
   }
 }
 
+void ProcessGroup::check_root(int root) const {
+  if (root < 0 || root >= size_) {
+    throw InvalidArgument(fmt::format("broadcast in group '{}': expected a root in [0, {}), found {}",
+                                      options_.name, size_, root));
+  }
+}
+
+void ProcessGroup::check_same_dtype(OpType op, const Tensor& input, const Tensor& output) const {
+  if (input.dtype() != output.dtype()) {
+    throw InvalidArgument(fmt::format("{} in group '{}': input and output dtypes differ: {} vs {}",
+                                      op_type_name(op), options_.name, dtype_name(input.dtype()),
+                                      dtype_name(output.dtype())));
+  }
+}
+
+void ProcessGroup::check_avg_dtype(OpType op, ReduceOp reduce, DType dtype) const {
+  if (reduce == ReduceOp::Avg && dtype != DType::Float32 && dtype != DType::Float16 &&
+      dtype != DType::BFloat16) {
+    throw InvalidArgument(fmt::format("{} in group '{}': avg of {} would truncate; expected float32, "
+                                      "float16 or bfloat16 (use sum and divide yourself)",
+                                      op_type_name(op), options_.name, dtype_name(dtype)));
+  }
+}
+
+void ProcessGroup::check_allgather_sizes(const Tensor& input, const Tensor& output) const {
+  if (output.numel() != input.numel() * size_) {
+    throw InvalidArgument(fmt::format("allgather in group '{}': expected an output of {} x {} = {} elements, found {}",
+                                      options_.name, size_, input.numel(), input.numel() * size_,
+                                      output.numel()));
+  }
+}
+
+int64_t ProcessGroup::check_allgatherv_sizes(const Tensor& input, const Tensor& output,
+                                             const std::vector<int64_t>& counts) const {
+  if (counts.size() != static_cast<size_t>(size_)) {
+    throw InvalidArgument(fmt::format("allgatherv in group '{}': expected {} counts (one per rank), found {}",
+                                      options_.name, size_, counts.size()));
+  }
+  int64_t total = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r] < 0) {
+      throw InvalidArgument(fmt::format("allgatherv in group '{}': counts[{}] is negative ({})", options_.name,
+                                        r, counts[r]));
+    }
+    total += counts[r];
+  }
+  if (input.numel() != counts[rank_]) {
+    throw InvalidArgument(fmt::format(
+        "allgatherv in group '{}': rank {} contributes counts[{}] = {} elements but its input has {}",
+        options_.name, rank_, rank_, counts[rank_], input.numel()));
+  }
+  if (output.numel() != total) {
+    throw InvalidArgument(fmt::format(
+        "allgatherv in group '{}': expected an output of sum(counts) = {} elements, found {}", options_.name,
+        total, output.numel()));
+  }
+  return total;
+}
+
+void ProcessGroup::check_reduce_scatter_sizes(const Tensor& input, const Tensor& output) const {
+  if (input.numel() != output.numel() * size_) {
+    throw InvalidArgument(fmt::format(
+        "reduce_scatter in group '{}': expected an input of {} x {} = {} elements (size x output), found {}",
+        options_.name, size_, output.numel(), output.numel() * size_, input.numel()));
+  }
+}
+
 std::vector<std::string> available_backends() {
   std::vector<std::string> names{"gloo"};
 #ifdef MTRAIN_HAVE_MPI

@@ -125,6 +125,20 @@ class ProcessGroup {
 
  protected:
   ProcessGroup(int rank, int size, ProcessGroupOptions options);
+
+  // The argument rules of this interface, the same for every backend; each throws
+  // InvalidArgument naming the operation and the group. Backends add their own device
+  // and dtype checks before these.
+  void check_root(int root) const;
+  void check_same_dtype(OpType op, const Tensor& input, const Tensor& output) const;
+  // avg of an integer tensor would truncate: only float32, float16 and bfloat16.
+  void check_avg_dtype(OpType op, ReduceOp reduce, DType dtype) const;
+  void check_allgather_sizes(const Tensor& input, const Tensor& output) const;
+  // Returns sum(counts).
+  int64_t check_allgatherv_sizes(const Tensor& input, const Tensor& output,
+                                 const std::vector<int64_t>& counts) const;
+  void check_reduce_scatter_sizes(const Tensor& input, const Tensor& output) const;
+
   const int rank_;
   const int size_;
   const ProcessGroupOptions options_;

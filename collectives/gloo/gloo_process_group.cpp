@@ -174,9 +174,7 @@ class GlooProcessGroup final : public ProcessGroup {
   WorkPtr allreduce(Tensor& tensor, ReduceOp op) override {
     check_tensor(tensor, "allreduce", "tensor");
     const ReduceFn fn = reduce_fn(tensor.dtype(), op);
-    if (op == ReduceOp::Avg && tensor.dtype() == DType::Int64) {
-      throw InvalidArgument("allreduce avg of int64 would truncate; use sum and divide yourself");
-    }
+    check_avg_dtype(OpType::AllReduce, op, tensor.dtype());
     Tensor t = tensor;
     return enqueue(OpType::AllReduce, {t}, t.numel(), [this, t, fn, op](uint32_t tag) {
       gloo::AllreduceOptions opts(context_);
@@ -210,12 +208,8 @@ class GlooProcessGroup final : public ProcessGroup {
   WorkPtr allgather(const Tensor& input, Tensor& output) override {
     check_tensor(input, "allgather", "input");
     check_tensor(output, "allgather", "output");
-    check_same_dtype("allgather", input, output);
-    if (output.numel() != input.numel() * size_) {
-      throw InvalidArgument(fmt::format(
-          "allgather in group '{}': expected an output of {} x {} = {} elements, found {}",
-          options_.name, size_, input.numel(), input.numel() * size_, output.numel()));
-    }
+    check_same_dtype(OpType::AllGather, input, output);
+    check_allgather_sizes(input, output);
     Tensor in = input, out = output;
     return enqueue(OpType::AllGather, {in, out}, out.numel(), [this, in, out](uint32_t tag) {
       gloo::AllgatherOptions opts(context_);
@@ -231,31 +225,10 @@ class GlooProcessGroup final : public ProcessGroup {
                      const std::vector<int64_t>& counts) override {
     check_tensor(input, "allgatherv", "input");
     check_tensor(output, "allgatherv", "output");
-    check_same_dtype("allgatherv", input, output);
-    if (counts.size() != static_cast<size_t>(size_)) {
-      throw InvalidArgument(fmt::format("allgatherv in group '{}': expected {} counts (one per rank), "
-                                        "found {}", options_.name, size_, counts.size()));
-    }
+    check_same_dtype(OpType::AllGatherV, input, output);
+    const int64_t total = check_allgatherv_sizes(input, output, counts);
     std::vector<size_t> byte_counts;
-    int64_t total = 0;
-    for (size_t r = 0; r < counts.size(); ++r) {
-      if (counts[r] < 0) {
-        throw InvalidArgument(fmt::format("allgatherv in group '{}': counts[{}] is negative ({})",
-                                          options_.name, r, counts[r]));
-      }
-      total += counts[r];
-      byte_counts.push_back(static_cast<size_t>(counts[r]) * dtype_size(input.dtype()));
-    }
-    if (input.numel() != counts[rank_]) {
-      throw InvalidArgument(fmt::format("allgatherv in group '{}': rank {} contributes counts[{}] = {} "
-                                        "elements but its input has {}",
-                                        options_.name, rank_, rank_, counts[rank_], input.numel()));
-    }
-    if (output.numel() != total) {
-      throw InvalidArgument(fmt::format("allgatherv in group '{}': expected an output of sum(counts) "
-                                        "= {} elements, found {}",
-                                        options_.name, total, output.numel()));
-    }
+    for (const int64_t c : counts) byte_counts.push_back(static_cast<size_t>(c) * dtype_size(input.dtype()));
     Tensor in = input, out = output;
     return enqueue(OpType::AllGatherV, {in, out}, total,
                    [this, in, out, byte_counts](uint32_t tag) {
@@ -271,21 +244,14 @@ class GlooProcessGroup final : public ProcessGroup {
   WorkPtr reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override {
     check_tensor(input, "reduce_scatter", "input");
     check_tensor(output, "reduce_scatter", "output");
-    check_same_dtype("reduce_scatter", input, output);
-    if (input.numel() != output.numel() * size_) {
-      throw InvalidArgument(fmt::format(
-          "reduce_scatter in group '{}': expected an input of {} x {} = {} elements (size x "
-          "output), found {}",
-          options_.name, size_, output.numel(), output.numel() * size_, input.numel()));
-    }
+    check_same_dtype(OpType::ReduceScatter, input, output);
+    check_reduce_scatter_sizes(input, output);
     if (input.numel() > std::numeric_limits<int>::max()) {
       throw InvalidArgument(fmt::format("reduce_scatter in group '{}': gloo takes at most {} "
                                         "elements, found {}",
                                         options_.name, std::numeric_limits<int>::max(), input.numel()));
     }
-    if (op == ReduceOp::Avg && input.dtype() == DType::Int64) {
-      throw InvalidArgument("reduce_scatter avg of int64 would truncate; use sum and divide yourself");
-    }
+    check_avg_dtype(OpType::ReduceScatter, op, input.dtype());
     Tensor in = input, out = output;
     return enqueue(OpType::ReduceScatter, {in, out}, in.numel(), [this, in, out, op](uint32_t) {
       switch (in.dtype()) {
@@ -342,20 +308,6 @@ class GlooProcessGroup final : public ProcessGroup {
       throw InvalidArgument(fmt::format("{} in group '{}': expected a float32, int64, float16 or "
                                         "bfloat16 {}, found {}",
                                         op, options_.name, what, dtype_name(d)));
-    }
-  }
-
-  void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) const {
-    if (a.dtype() != b.dtype()) {
-      throw InvalidArgument(fmt::format("{} in group '{}': input is {} but output is {}", op,
-                                        options_.name, dtype_name(a.dtype()), dtype_name(b.dtype())));
-    }
-  }
-
-  void check_root(int root) const {
-    if (root < 0 || root >= size_) {
-      throw InvalidArgument(fmt::format("broadcast in group '{}': expected a root in [0, {}), found {}",
-                                        options_.name, size_, root));
     }
   }
 

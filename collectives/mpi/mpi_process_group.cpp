@@ -60,15 +60,6 @@ void divide_by(const Tensor& t, int size) {
   for (int64_t i = 0; i < t.numel(); ++i) p[i] /= d;
 }
 
-// Integer averages would truncate; the gloo backend rejects them too.
-void check_avg_dtype(const Tensor& t, ReduceOp op, OpType type) {
-  if (op == ReduceOp::Avg && t.dtype() != DType::Float32 && !half::is_half_dtype(t.dtype())) {
-    throw InvalidArgument(fmt::format("mpi {}: avg of {} would truncate; expected float32, float16 "
-                                      "or bfloat16 (use sum and divide yourself)",
-                                      op_type_name(type), dtype_name(t.dtype())));
-  }
-}
-
 int mpi_count(int64_t numel, OpType op, const char* what) {
   if (numel > INT_MAX) {
     throw InvalidArgument(fmt::format(
@@ -85,14 +76,6 @@ void check_tensor(const Tensor& t, OpType op, const char* what) {
   if (!t.device().is_cpu()) {
     throw InvalidArgument(fmt::format("mpi {}: {} must be a CPU tensor, found {} (use nccl for GPUs)",
                                       op_type_name(op), what, t.device().str()));
-  }
-}
-
-void check_same_dtype(const Tensor& a, const Tensor& b, OpType op) {
-  if (a.dtype() != b.dtype()) {
-    throw InvalidArgument(fmt::format("mpi {}: input and output dtypes differ: {} vs {}",
-                                      op_type_name(op), dtype_name(a.dtype()),
-                                      dtype_name(b.dtype())));
   }
 }
 
@@ -120,7 +103,7 @@ class MpiProcessGroup final : public ProcessGroup {
     constexpr OpType kOp = OpType::AllReduce;
     check_tensor(tensor, kOp, "tensor");
     const MPI_Datatype type = mpi_type(tensor.dtype(), kOp);
-    check_avg_dtype(tensor, op, kOp);
+    check_avg_dtype(kOp, op, tensor.dtype());
     const int count = mpi_count(tensor.numel(), kOp, "tensor");
     const int size = this->size();
     return enqueue(kOp, {tensor}, [=, comm = comm_] {
@@ -133,7 +116,7 @@ class MpiProcessGroup final : public ProcessGroup {
   WorkPtr broadcast(Tensor& tensor, int root) override {
     constexpr OpType kOp = OpType::Broadcast;
     check_tensor(tensor, kOp, "tensor");
-    check_root(root, kOp);
+    check_root(root);
     const MPI_Datatype type = mpi_type(tensor.dtype(), kOp);
     const int count = mpi_count(tensor.numel(), kOp, "tensor");
     return enqueue(kOp, {tensor}, [=, comm = comm_] {
@@ -145,12 +128,8 @@ class MpiProcessGroup final : public ProcessGroup {
     constexpr OpType kOp = OpType::AllGather;
     check_tensor(input, kOp, "input");
     check_tensor(output, kOp, "output");
-    check_same_dtype(input, output, kOp);
-    if (output.numel() != input.numel() * size()) {
-      throw InvalidArgument(fmt::format(
-          "mpi allgather: expected output.numel() == size() * input.numel() = {} * {} = {}, found {}",
-          size(), input.numel(), input.numel() * size(), output.numel()));
-    }
+    check_same_dtype(kOp, input, output);
+    check_allgather_sizes(input, output);
     const MPI_Datatype type = mpi_type(input.dtype(), kOp);
     const int count = mpi_count(input.numel(), kOp, "input");
     mpi_count(output.numel(), kOp, "output");
@@ -164,29 +143,15 @@ class MpiProcessGroup final : public ProcessGroup {
     constexpr OpType kOp = OpType::AllGatherV;
     check_tensor(input, kOp, "input");
     check_tensor(output, kOp, "output");
-    check_same_dtype(input, output, kOp);
-    if (static_cast<int>(counts.size()) != size()) {
-      throw InvalidArgument(fmt::format("mpi allgatherv: expected {} counts (one per rank), found {}",
-                                        size(), counts.size()));
-    }
+    check_same_dtype(kOp, input, output);
+    check_allgatherv_sizes(input, output, counts);
     std::vector<int> recv_counts(counts.size());
     std::vector<int> displacements(counts.size());
-    int64_t total = 0;
+    int64_t offset = 0;
     for (size_t r = 0; r < counts.size(); ++r) {
-      if (counts[r] < 0) {
-        throw InvalidArgument(fmt::format("mpi allgatherv: counts[{}] is {}; expected >= 0", r, counts[r]));
-      }
       recv_counts[r] = mpi_count(counts[r], kOp, "a rank's chunk");
-      displacements[r] = mpi_count(total, kOp, "the output offset of a rank's chunk");
-      total += counts[r];
-    }
-    if (input.numel() != counts[rank()]) {
-      throw InvalidArgument(fmt::format("mpi allgatherv: expected input.numel() == counts[{}] = {}, found {}",
-                                        rank(), counts[rank()], input.numel()));
-    }
-    if (output.numel() != total) {
-      throw InvalidArgument(fmt::format("mpi allgatherv: expected output.numel() == sum(counts) = {}, found {}",
-                                        total, output.numel()));
+      displacements[r] = mpi_count(offset, kOp, "the output offset of a rank's chunk");
+      offset += counts[r];
     }
     const MPI_Datatype type = mpi_type(input.dtype(), kOp);
     const int count = recv_counts[rank()];
@@ -203,14 +168,10 @@ class MpiProcessGroup final : public ProcessGroup {
     constexpr OpType kOp = OpType::ReduceScatter;
     check_tensor(input, kOp, "input");
     check_tensor(output, kOp, "output");
-    check_same_dtype(input, output, kOp);
-    if (input.numel() != output.numel() * size()) {
-      throw InvalidArgument(fmt::format(
-          "mpi reduce_scatter: expected input.numel() == size() * output.numel() = {} * {} = {}, found {}",
-          size(), output.numel(), output.numel() * size(), input.numel()));
-    }
+    check_same_dtype(kOp, input, output);
+    check_reduce_scatter_sizes(input, output);
     const MPI_Datatype type = mpi_type(input.dtype(), kOp);
-    check_avg_dtype(input, op, kOp);
+    check_avg_dtype(kOp, op, input.dtype());
     const int count = mpi_count(output.numel(), kOp, "output");
     mpi_count(input.numel(), kOp, "input");
     const int size = this->size();
@@ -226,13 +187,6 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
  private:
-  void check_root(int root, OpType op) const {
-    if (root < 0 || root >= size()) {
-      throw InvalidArgument(fmt::format("mpi {}: expected a root in [0, {}), found {}",
-                                        op_type_name(op), size(), root));
-    }
-  }
-
   WorkPtr enqueue(OpType op, std::vector<Tensor> tensors, std::function<void()> body) {
     const uint64_t seq = next_seq_++;
     auto work = std::make_shared<Work>(op, seq, std::move(tensors));

@@ -414,7 +414,7 @@ class NcclProcessGroup final : public ProcessGroup {
 
   WorkPtr allreduce(Tensor& tensor, ReduceOp op) override {
     check_tensor(tensor, "allreduce", "tensor");
-    check_avg(op, tensor.dtype(), "allreduce");
+    check_avg_dtype(OpType::AllReduce, op, tensor.dtype());
     Tensor t = tensor;
     return state_->issue(OpType::AllReduce, {t}, t.numel(),
                          [&](ncclComm_t comm, cudaStream_t stream) {
@@ -427,10 +427,7 @@ class NcclProcessGroup final : public ProcessGroup {
 
   WorkPtr broadcast(Tensor& tensor, int root) override {
     check_tensor(tensor, "broadcast", "tensor");
-    if (root < 0 || root >= size_) {
-      throw InvalidArgument(fmt::format("broadcast in group '{}': expected a root in [0, {}), found {}",
-                                        options_.name, size_, root));
-    }
+    check_root(root);
     Tensor t = tensor;
     return state_->issue(OpType::Broadcast, {t}, t.numel(),
                          [&](ncclComm_t comm, cudaStream_t stream) {
@@ -444,12 +441,8 @@ class NcclProcessGroup final : public ProcessGroup {
   WorkPtr allgather(const Tensor& input, Tensor& output) override {
     check_tensor(input, "allgather", "input");
     check_tensor(output, "allgather", "output");
-    check_same_dtype("allgather", input, output);
-    if (output.numel() != input.numel() * size_) {
-      throw InvalidArgument(fmt::format(
-          "allgather in group '{}': expected an output of {} x {} = {} elements, found {}",
-          options_.name, size_, input.numel(), input.numel() * size_, output.numel()));
-    }
+    check_same_dtype(OpType::AllGather, input, output);
+    check_allgather_sizes(input, output);
     Tensor in = input, out = output;
     return state_->issue(OpType::AllGather, {in, out}, in.numel(),
                          [&](ncclComm_t comm, cudaStream_t stream) {
@@ -464,29 +457,8 @@ class NcclProcessGroup final : public ProcessGroup {
                      const std::vector<int64_t>& counts) override {
     check_tensor(input, "allgatherv", "input");
     check_tensor(output, "allgatherv", "output");
-    check_same_dtype("allgatherv", input, output);
-    if (counts.size() != static_cast<size_t>(size_)) {
-      throw InvalidArgument(fmt::format("allgatherv in group '{}': expected {} counts (one per rank), "
-                                        "found {}", options_.name, size_, counts.size()));
-    }
-    int64_t total = 0;
-    for (size_t r = 0; r < counts.size(); ++r) {
-      if (counts[r] < 0) {
-        throw InvalidArgument(fmt::format("allgatherv in group '{}': counts[{}] is negative ({})",
-                                          options_.name, r, counts[r]));
-      }
-      total += counts[r];
-    }
-    if (input.numel() != counts[rank_]) {
-      throw InvalidArgument(fmt::format("allgatherv in group '{}': rank {} contributes counts[{}] = {} "
-                                        "elements but its input has {}",
-                                        options_.name, rank_, rank_, counts[rank_], input.numel()));
-    }
-    if (output.numel() != total) {
-      throw InvalidArgument(fmt::format("allgatherv in group '{}': expected an output of sum(counts) "
-                                        "= {} elements, found {}",
-                                        options_.name, total, output.numel()));
-    }
+    check_same_dtype(OpType::AllGatherV, input, output);
+    const int64_t total = check_allgatherv_sizes(input, output, counts);
     Tensor in = input, out = output;
     // One broadcast per rank into its slice of the output, fused into one NCCL group so
     // that they progress together (a rank's broadcasts in sequence would serialise).
@@ -517,14 +489,9 @@ class NcclProcessGroup final : public ProcessGroup {
   WorkPtr reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override {
     check_tensor(input, "reduce_scatter", "input");
     check_tensor(output, "reduce_scatter", "output");
-    check_same_dtype("reduce_scatter", input, output);
-    check_avg(op, input.dtype(), "reduce_scatter");
-    if (input.numel() != output.numel() * size_) {
-      throw InvalidArgument(fmt::format(
-          "reduce_scatter in group '{}': expected an input of {} x {} = {} elements (size x "
-          "output), found {}",
-          options_.name, size_, output.numel(), output.numel() * size_, input.numel()));
-    }
+    check_same_dtype(OpType::ReduceScatter, input, output);
+    check_avg_dtype(OpType::ReduceScatter, op, input.dtype());
+    check_reduce_scatter_sizes(input, output);
     Tensor in = input, out = output;
     return state_->issue(OpType::ReduceScatter, {in, out}, in.numel(),
                          [&](ncclComm_t comm, cudaStream_t stream) {
@@ -565,19 +532,6 @@ class NcclProcessGroup final : public ProcessGroup {
     }
   }
 
-  void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) const {
-    if (a.dtype() != b.dtype()) {
-      throw InvalidArgument(fmt::format("{} in group '{}': input is {} but output is {}", op,
-                                        options_.name, dtype_name(a.dtype()), dtype_name(b.dtype())));
-    }
-  }
-
-  static void check_avg(ReduceOp op, DType dtype, const char* name) {
-    if (op == ReduceOp::Avg && dtype == DType::Int64) {
-      throw InvalidArgument(fmt::format("{} avg of int64 would truncate; use sum and divide yourself",
-                                        name));
-    }
-  }
 
   const Device device_;
   std::shared_ptr<NcclState> state_;

@@ -111,8 +111,12 @@ TEST_CASE("gloo: bad ranks and shapes are rejected at the call") {
   Tensor bytes = Tensor::zeros({4}, DType::UInt8);
   CHECK_THROWS_WITH(pg.allreduce(bytes), Catch::Contains("found uint8"));
   Tensor ints = Tensor::zeros({4}, DType::Int64);
-  CHECK_THROWS_AS(pg.allreduce(ints, ReduceOp::Avg), InvalidArgument);
-  CHECK_THROWS_AS(pg.allgather(in, ints), InvalidArgument);
+  CHECK_THROWS_WITH(pg.allreduce(ints, ReduceOp::Avg),
+                    Catch::Contains("allreduce in group 'shapes': avg of int64 would truncate"));
+  CHECK_THROWS_WITH(pg.allgather(in, ints), Catch::Contains("input and output dtypes differ: float32 vs int64"));
+  CHECK_THROWS_WITH(pg.allgatherv(in, in, {-1}), Catch::Contains("counts[0] is negative (-1)"));
+  Tensor eight = Tensor::zeros({8});
+  CHECK_THROWS_WITH(pg.allgatherv(in, eight, {4}), Catch::Contains("sum(counts) = 4 elements, found 8"));
 
   // Rejected calls take no sequence number: the next operation is #0.
   Tensor t = Tensor::full({4}, 2.5f);
