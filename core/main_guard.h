@@ -9,6 +9,15 @@
 
 namespace mtrain {
 
+// Exit status of a worker that stopped on a signal after finishing a step (and
+// writing its checkpoint when --checkpoint-dir is set). 75 is EX_TEMPFAIL from
+// sysexits.h, "try again later": the run is not finished, so it must not read as a
+// success (0), and it is not a crash (1, 2, or 128 + signal). mtrain-train exits with
+// it (Note [Stopping on a signal]); mtrain-launch recognises it, with the worker's stop
+// record, and exits with it too, so a batch script can requeue on 75:
+// `[ $? -eq 75 ] && scontrol requeue "$SLURM_JOB_ID"`.
+inline constexpr int kStoppedExitCode = 75;
+
 template <class Fn>
 int run_main(const char* program, Fn&& fn) {
   try {

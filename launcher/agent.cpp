@@ -312,7 +312,7 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
       if (!w.process.try_reap()) continue;
       const ExitStatus& st = *w.process.status();
       spdlog::debug("rank {} (pid {}) ended: {}", w.global_rank, w.process.pid(), st.describe());
-      if (!st.signaled && st.code == kWorkerStoppedExitCode) {
+      if (!st.signaled && st.code == kStoppedExitCode) {
         if (auto record = read_error_file(w.error_file); record && record->stopped) w.stopped = record->stopped;
       }
       if (w.stopped) {
@@ -608,7 +608,7 @@ int Agent::Impl::run() {
       std::fwrite(text.data(), 1, text.size(), stderr);
       std::fflush(stderr);
       leave_store(world.num_nodes, store.is_host());
-      return kWorkerStoppedExitCode;
+      return kStoppedExitCode;
     }
     if (r.succeeded) {
       leave_store(world.num_nodes, store.is_host());

@@ -306,7 +306,7 @@ std::string format_stop_report(const StopReport& r) {
     out += "Resume     : run the same command again; the workers continue after that step\n";
   }
   out += fmt::format("Exit status: {} (stopped before the end, resumable), as the workers'\n",
-                     kWorkerStoppedExitCode);
+                     kStoppedExitCode);
   out += heavy + "\n";
   return out;
 }

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "core/main_guard.h"
+
 #include "launcher/worker_process.h"
 
 namespace mtrain::launch {
@@ -50,7 +52,7 @@ Failure failure_from_json(const nlohmann::json& j);
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // mtrain-train stops after the current step on SIGTERM, SIGINT or SIGUSR1, writes its
 // checkpoint, leaves a record with a "stopped" object in its error file and exits with
-// kWorkerStoppedExitCode (75, EX_TEMPFAIL: unfinished, resumable). The launcher takes
+// kStoppedExitCode (core/main_guard.h: 75, EX_TEMPFAIL, unfinished and resumable). The launcher takes
 // a worker for stopped, not failed, only when both are there (75 alone could be any
 // program's). A stopped worker starts no teardown: its peers stop after the same step
 // (the ranks agree on it), so the launcher waits for them, up to --term_timeout before
@@ -58,7 +60,6 @@ Failure failure_from_json(const nlohmann::json& j);
 // report instead of a failure report, does not restart the gang (a signal asked it to
 // stop; the scheduler wants the resources back) and exits with 75 too, whether the
 // signal reached the launcher or the workers.
-inline constexpr int kWorkerStoppedExitCode = 75;
 
 // The "stopped" object of a worker's record (trainer/stop_record.h).
 struct StopInfo {

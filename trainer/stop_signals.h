@@ -24,15 +24,11 @@
 #include <cstdint>
 #include <string>
 
+#include "core/main_guard.h"
+
 namespace mtrain {
 
-// Exit status of a worker that stopped on a signal after finishing a step (and
-// writing its checkpoint when --checkpoint-dir is set). 75 is EX_TEMPFAIL from
-// sysexits.h, "try again later": the run is not finished, so it must not read as a
-// success (0), and it is not a crash (1, or 128 + signal). mtrain-launch recognises it
-// (with the worker's stop record) and exits with it too, so a batch script can
-// requeue on 75: `[ $? -eq 75 ] && scontrol requeue "$SLURM_JOB_ID"`.
-inline constexpr int kStoppedExitCode = 75;
+// The exit status after such a stop is kStoppedExitCode (core/main_guard.h).
 
 // A repeat of the stop signal within this many nanoseconds of the first is taken for
 // a second delivery of the same request (see the Note).

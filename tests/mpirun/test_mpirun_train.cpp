@@ -25,29 +25,31 @@
 #include <fmt/ranges.h>
 #include <stdlib.h>
 
-#include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <thread>
 
+#include "tests/trainer/e2e_paths.h"
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
+#include "tests/trainer/weights_compare.h"
 #include "trainer/safetensors.h"
 
 using Catch::Matchers::Contains;
 using mtrain::testing::ProcessResult;
 using mtrain::testing::TempDir;
+using mtrain::testing::kLauncher;
+using mtrain::testing::kTrainer;
+using mtrain::testing::kMiniSet;
+using mtrain::testing::WeightDifference;
+using mtrain::testing::compare_weights;
 
 namespace {
 
 const std::string kMpirun = MTRAIN_MPIEXEC;
-const std::string kLauncher = MTRAIN_BIN_DIR "/mtrain-launch";
-const std::string kTrainer = MTRAIN_BIN_DIR "/mtrain-train";
 const std::string kTrainScript = MTRAIN_SOURCE_DIR "/scripts/mpirun/train.sh";
 const std::string kSampleHostfile = MTRAIN_SOURCE_DIR "/scripts/mpirun/hostfile.example";
-const std::string kMiniSet = MTRAIN_SOURCE_DIR "/data/fashion-mnist-mini";
 constexpr double kMpiThreeRankTolerance = 1e-6;  // Note [mpirun equivalence tolerance]
 
 // The training every run does, whoever starts it. --timeout makes a collective that
@@ -106,45 +108,6 @@ std::string launcher_weights(int nproc) {
   const std::string path = dir.file(fmt::format("launch{}.safetensors", nproc));
   require_success(launch(nproc, training_flags("gloo", path)));
   return trained[nproc] = path;
-}
-
-struct WeightDifference {
-  double max_abs = 0.0;  // largest |a - b| over the float32 elements
-  int64_t differing = 0;  // elements whose bits differ, any dtype
-  int64_t elements = 0;
-
-  std::string describe() const {
-    return fmt::format("max |a - b| = {:.3g}, {} of {} elements differ in their bits", max_abs, differing,
-                       elements);
-  }
-};
-
-// Compares two weight files tensor by tensor; names, order, shapes and dtypes must agree.
-WeightDifference compare_weights(const std::string& a_path, const std::string& b_path) {
-  const auto a = mtrain::load_safetensors(a_path);
-  const auto b = mtrain::load_safetensors(b_path);
-  REQUIRE(a.tensors.size() == b.tensors.size());
-  WeightDifference d;
-  for (size_t i = 0; i < a.tensors.size(); ++i) {
-    const auto& [name, x] = a.tensors[i];
-    const auto& y = b.tensors[i].second;
-    INFO("tensor " << name);
-    REQUIRE(name == b.tensors[i].first);
-    REQUIRE(x.shape() == y.shape());
-    REQUIRE(x.dtype() == y.dtype());
-    const size_t width = x.nbytes() / static_cast<size_t>(std::max<int64_t>(x.numel(), 1));
-    const auto* px = static_cast<const unsigned char*>(x.raw_data());
-    const auto* py = static_cast<const unsigned char*>(y.raw_data());
-    for (int64_t k = 0; k < x.numel(); ++k) {
-      if (std::memcmp(px + k * width, py + k * width, width) != 0) ++d.differing;
-      if (x.dtype() == mtrain::DType::Float32) {
-        const double gap = std::fabs(static_cast<double>(x.data<float>()[k]) - y.data<float>()[k]);
-        d.max_abs = std::max(d.max_abs, gap);
-      }
-    }
-    d.elements += x.numel();
-  }
-  return d;
 }
 
 std::string log_of(const ProcessResult& r) { return r.out + r.err; }

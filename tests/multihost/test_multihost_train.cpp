@@ -24,8 +24,6 @@
 #include <stdlib.h>
 
 #include <chrono>
-#include <cmath>
-#include <cstring>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -33,19 +31,22 @@
 
 #include "tests/multihost/netns_pair.h"
 #include "tests/support/skip.h"
+#include "tests/trainer/e2e_paths.h"
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
+#include "tests/trainer/weights_compare.h"
 #include "trainer/safetensors.h"
 
 using Catch::Matchers::Contains;
 using mtrain::testing::NetnsPair;
 using mtrain::testing::ProcessResult;
 using mtrain::testing::TempDir;
+using mtrain::testing::kLauncher;
+using mtrain::testing::kMiniSet;
+using mtrain::testing::concat;
 
 namespace {
 
-const std::string kLauncher = MTRAIN_BIN_DIR "/mtrain-launch";
-const std::string kMiniSet = MTRAIN_SOURCE_DIR "/data/fashion-mnist-mini";
 const std::string kTimeoutTool = "/usr/bin/timeout";
 constexpr int kMaxSteps = 10;
 // Every agent is wrapped in `timeout` so a hang ends the run (and the namespaces are
@@ -86,11 +87,6 @@ std::vector<std::string> training_flags(const std::string& save_final) {
           "--timeout", "60",
           "--check-replicas", "5",
           "--save-final", save_final};
-}
-
-std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
 }
 
 // One agent inside namespace `ns`.
@@ -180,30 +176,6 @@ int64_t float_bytes(const mtrain::SafetensorsFile& f) {
   return total;
 }
 
-// Tensor by tensor: same names in the same order, same dtype and shape, same bytes.
-// Returns the largest absolute difference of float entries (0 when identical) and
-// fails on any structural difference.
-double max_abs_difference(const mtrain::SafetensorsFile& a, const mtrain::SafetensorsFile& b) {
-  REQUIRE(a.tensors.size() == b.tensors.size());
-  double worst = 0.0;
-  for (size_t i = 0; i < a.tensors.size(); ++i) {
-    const auto& [name, x] = a.tensors[i];
-    const auto& y = b.tensors[i].second;
-    INFO("tensor " << name);
-    REQUIRE(name == b.tensors[i].first);
-    REQUIRE(x.dtype() == y.dtype());
-    REQUIRE(x.shape() == y.shape());
-    if (x.dtype() != mtrain::DType::Float32) {
-      CHECK(std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0);
-      continue;
-    }
-    const float* px = x.data<float>();
-    const float* py = y.data<float>();
-    for (int64_t k = 0; k < x.numel(); ++k) worst = std::max(worst, std::fabs(static_cast<double>(px[k]) - py[k]));
-  }
-  return worst;
-}
-
 // The same training on one host: two workers, and (the control) one worker alone.
 struct SingleHostRuns {
   mtrain::SafetensorsFile two_workers;
@@ -225,11 +197,12 @@ void check_two_hosts_trained_one_world(const NetnsPair& net, const TempDir& dir,
   const auto two_hosts = mtrain::load_safetensors(saved);
   const auto reference = train_on_one_host(dir);
 
-  const double vs_one_host = max_abs_difference(two_hosts, reference.two_workers);
-  const double vs_world_of_one = max_abs_difference(two_hosts, reference.one_worker);
-  INFO("two hosts vs one host with two workers: " << vs_one_host << "; vs one worker alone: " << vs_world_of_one);
-  CHECK(vs_one_host == 0.0);  // Note [Multi-host equivalence]
-  CHECK(vs_world_of_one > 1e-4);
+  const auto vs_one_host = mtrain::testing::compare_weights(two_hosts, reference.two_workers);
+  const auto vs_world_of_one = mtrain::testing::compare_weights(two_hosts, reference.one_worker);
+  INFO("two hosts vs one host with two workers: " << vs_one_host.describe()
+                                                  << "; vs one worker alone: " << vs_world_of_one.describe());
+  CHECK(vs_one_host.identical());  // Note [Multi-host equivalence]
+  CHECK(vs_world_of_one.max_abs > 1e-4);
 
   // Each rank must receive the other's whole gradient every step (its result depends on
   // every element of it): at least kMaxSteps x the fp32 weight bytes through each end.

@@ -8,6 +8,17 @@ SLURM_LAST_JOB_ID=""  # and its id
 # directory (appended to, so that a requeued job's runs all stay in it) and sets
 # SLURM_LAST_JOB_ID and SLURM_JOB_OUTPUT. The submitting environment is the job's
 # (sbatch exports it), which is how the tests configure the templates.
+# The arguments every test takes: the directory with the built binaries and the source
+# directory. Sets $bin and $src; fails unless each named tool (default mtrain-train) is built.
+slurm_test_args() {
+  bin=$(cd "$1" && pwd) src=$(cd "$2" && pwd)
+  shift 2
+  local tool
+  for tool in "${@:-mtrain-train}"; do
+    [[ -x $bin/$tool ]] || slurm_fail "no $tool in $bin: build it first"
+  done
+}
+
 slurm_submit() {
   local name=$1
   shift

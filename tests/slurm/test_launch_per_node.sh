@@ -6,10 +6,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/slurm_cluster.sh"
 source "$here/slurm_job.sh"
-bin=$(cd "$1" && pwd) src=$(cd "$2" && pwd)
-for tool in mtrain-launch mtrain-train; do
-  [[ -x $bin/$tool ]] || slurm_fail "no $tool in $bin: build it first"
-done
+slurm_test_args "$1" "$2" mtrain-launch mtrain-train
 
 slurm_cluster_start
 export MTRAIN_LAUNCH=$bin/mtrain-launch MTRAIN_NPROC_PER_NODE=2 MTRAIN_MODEL=mlp \

@@ -8,8 +8,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/slurm_cluster.sh"
 source "$here/slurm_job.sh"
-bin=$(cd "$1" && pwd) src=$(cd "$2" && pwd)
-[[ -x $bin/mtrain-train ]] || slurm_fail "no mtrain-train in $bin: build it first"
+slurm_test_args "$1" "$2"
 "$bin/mtrain-train" --help | grep -q -- --checkpoint-dir ||
   slurm_fail "$bin/mtrain-train has no --checkpoint-dir option"
 

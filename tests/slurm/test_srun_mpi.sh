@@ -7,8 +7,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/slurm_cluster.sh"
 source "$here/slurm_job.sh"
-bin=$(cd "$1" && pwd) src=$(cd "$2" && pwd)
-[[ -x $bin/mtrain-train ]] || slurm_fail "no mtrain-train in $bin: build it first"
+slurm_test_args "$1" "$2"
 
 slurm_cluster_start
 # Debian's Open MPI is built against PMIx only: --mpi=pmi2 or none fail in MPI_Init.

@@ -3,9 +3,7 @@
 // as run_process does.
 #pragma once
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,21 +26,7 @@ namespace mtrain::testing {
 class BackgroundProcess {
  public:
   BackgroundProcess(const std::string& program, const std::vector<std::string>& args)
-      : io_(std::make_unique<TempDir>()) {
-    const std::string out_path = io_->file("stdout");
-    const std::string err_path = io_->file("stderr");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(program.c_str()));
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    const int rc = ::posix_spawn(&pid_, program.c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) throw std::runtime_error("posix_spawn " + program + ": " + std::strerror(rc));
-  }
+      : io_(std::make_unique<TempDir>()), pid_(spawn_process(program, args, *io_)) {}
   // A test that failed half-way must not leave the program running.
   ~BackgroundProcess() {
     if (pid_ > 0) {
@@ -64,17 +48,15 @@ class BackgroundProcess {
     int status = 0;
     const pid_t r = ::waitpid(pid_, &status, WNOHANG);
     if (r == 0) return true;
-    finish(status);
+    result_.exit_code = exit_code_of(status);
+    pid_ = -1;
     return false;
   }
   // Waits for the exit and returns what run_process would have.
   ProcessResult wait() {
     if (pid_ > 0) {
-      int status = 0;
-      while (::waitpid(pid_, &status, 0) < 0) {
-        if (errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
-      }
-      finish(status);
+      result_.exit_code = wait_for_exit(pid_);
+      pid_ = -1;
     }
     result_.out = slurp(io_->file("stdout"));
     result_.err = slurp(io_->file("stderr"));
@@ -82,11 +64,6 @@ class BackgroundProcess {
   }
 
  private:
-  void finish(int status) {
-    result_.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    pid_ = -1;
-  }
-
   std::unique_ptr<TempDir> io_;
   pid_t pid_ = -1;
   ProcessResult result_;

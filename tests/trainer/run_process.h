@@ -45,10 +45,10 @@ inline std::string slurp(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// stdout and stderr go to files (not pipes) so a chatty child can never block on a
-// full pipe while we wait for it.
-inline ProcessResult run_process(const std::string& program, const std::vector<std::string>& args) {
-  TempDir io;
+// Starts `program` with its stdout and stderr in the files "stdout" and "stderr" of
+// `io`: files, not pipes, so a chatty child can never block on a full pipe while we
+// wait for it.
+inline pid_t spawn_process(const std::string& program, const std::vector<std::string>& args, const TempDir& io) {
   const std::string out_path = io.file("stdout");
   const std::string err_path = io.file("stderr");
   posix_spawn_file_actions_t actions;
@@ -63,14 +63,27 @@ inline ProcessResult run_process(const std::string& program, const std::vector<s
   const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) throw std::runtime_error("posix_spawn " + program + ": " + std::strerror(rc));
+  return pid;
+}
+
+// The exit code of a waitpid status; -1 when a signal ended the process.
+inline int exit_code_of(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
+
+// Waits for `pid` (retrying on EINTR) and returns exit_code_of its status.
+inline int wait_for_exit(pid_t pid) {
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
   }
+  return exit_code_of(status);
+}
+
+inline ProcessResult run_process(const std::string& program, const std::vector<std::string>& args) {
+  TempDir io;
   ProcessResult r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out_path);
-  r.err = slurp(err_path);
+  r.exit_code = wait_for_exit(spawn_process(program, args, io));
+  r.out = slurp(io.file("stdout"));
+  r.err = slurp(io.file("stderr"));
   return r;
 }
 

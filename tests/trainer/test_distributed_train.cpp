@@ -20,24 +20,26 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tests/trainer/e2e_paths.h"
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
+#include "tests/trainer/weights_compare.h"
 #include "trainer/safetensors.h"
 
 using Catch::Matchers::Contains;
 using mtrain::testing::ProcessResult;
 using mtrain::testing::TempDir;
+using mtrain::testing::kLauncher;
+using mtrain::testing::kTrainer;
+using mtrain::testing::kMiniSet;
+using mtrain::testing::concat;
 
 namespace {
 
-const std::string kLauncher = MTRAIN_BIN_DIR "/mtrain-launch";
-const std::string kTrainer = MTRAIN_BIN_DIR "/mtrain-train";
-const std::string kMiniSet = MTRAIN_SOURCE_DIR "/data/fashion-mnist-mini";
 constexpr double kTolerance = 1e-4;  // Note [Equivalence tolerance]
 
 std::vector<std::string> with_defaults(std::vector<std::string> args) {
@@ -59,24 +61,9 @@ void require_success(const ProcessResult& r) {
   REQUIRE(r.exit_code == 0);
 }
 
-// Largest absolute difference over every tensor of two weight files (same names and shapes).
-double max_abs_difference(const std::string& a_path, const std::string& b_path) {
-  const auto a = mtrain::load_safetensors(a_path);
-  const auto b = mtrain::load_safetensors(b_path);
-  REQUIRE(a.tensors.size() == b.tensors.size());
-  double worst = 0.0;
-  for (size_t i = 0; i < a.tensors.size(); ++i) {
-    INFO(a.tensors[i].first);
-    REQUIRE(a.tensors[i].first == b.tensors[i].first);
-    const auto& x = a.tensors[i].second;
-    const auto& y = b.tensors[i].second;
-    REQUIRE(x.shape() == y.shape());
-    if (x.dtype() != mtrain::DType::Float32) continue;  // e.g. num_batches_tracked, equal by construction
-    const float* px = x.data<float>();
-    const float* py = y.data<float>();
-    for (int64_t k = 0; k < x.numel(); ++k) worst = std::max(worst, std::fabs(static_cast<double>(px[k]) - py[k]));
-  }
-  return worst;
+// Largest absolute difference over every float tensor of two weight files.
+double max_abs_difference(const std::string& a, const std::string& b) {
+  return mtrain::testing::compare_weights(a, b).max_abs;
 }
 
 std::vector<nlohmann::json> read_events(const std::string& path, const std::string& kind) {
@@ -90,11 +77,6 @@ std::vector<nlohmann::json> read_events(const std::string& path, const std::stri
 }
 
 const std::vector<std::string> kMlp = {"--model", "mlp", "--max-steps", "10", "--lr", "0.1", "--no-eval"};
-
-std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
 
 }  // namespace
 

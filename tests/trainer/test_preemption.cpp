@@ -9,32 +9,29 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 
+#include "core/main_guard.h"
 #include "tests/trainer/background_process.h"
+#include "tests/trainer/e2e_paths.h"
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
+#include "tests/trainer/weights_compare.h"
 #include "trainer/safetensors.h"
 
 using Catch::Matchers::Contains;
 using mtrain::testing::BackgroundProcess;
 using mtrain::testing::ProcessResult;
 using mtrain::testing::TempDir;
+using mtrain::testing::kLauncher;
+using mtrain::testing::kTrainer;
+using mtrain::testing::kMiniSet;
+using mtrain::testing::concat;
 
 namespace {
 
-const std::string kLauncher = MTRAIN_BIN_DIR "/mtrain-launch";
-const std::string kTrainer = MTRAIN_BIN_DIR "/mtrain-train";
-const std::string kMiniSet = MTRAIN_SOURCE_DIR "/data/fashion-mnist-mini";
-constexpr int kStopped = 75;  // kStoppedExitCode
-
-std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
 
 // mlp on the shipped subset without evaluation: about a millisecond per step.
 std::vector<std::string> train_args(const std::vector<std::string>& extra) {
@@ -61,17 +58,9 @@ void require_exit(const ProcessResult& r, int code) {
 
 // Every tensor of the two files has the same bytes: resuming must not change one bit.
 void require_identical_weights(const std::string& a_path, const std::string& b_path) {
-  const auto a = mtrain::load_safetensors(a_path);
-  const auto b = mtrain::load_safetensors(b_path);
-  REQUIRE(a.tensors.size() == b.tensors.size());
-  for (size_t i = 0; i < a.tensors.size(); ++i) {
-    INFO(a.tensors[i].first);
-    REQUIRE(a.tensors[i].first == b.tensors[i].first);
-    const auto& x = a.tensors[i].second;
-    const auto& y = b.tensors[i].second;
-    REQUIRE(x.shape() == y.shape());
-    CHECK(std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0);
-  }
+  const auto d = mtrain::testing::compare_weights(a_path, b_path);
+  INFO(d.describe());
+  CHECK(d.identical());
 }
 
 int64_t checkpoint_total_steps(const std::string& path) {
@@ -182,7 +171,7 @@ TEST_CASE("one process: SIGTERM stops it after a step with a checkpoint and exit
                                       std::chrono::seconds(60)));
   trainer.signal(SIGTERM);
   const ProcessResult r = trainer.wait();
-  require_exit(r, kStopped);
+  require_exit(r, mtrain::kStoppedExitCode);
   const std::regex message(R"(received SIGTERM: stopped after step (\d+) \(epoch (\d+)\), checkpoint written to )" +
                            ckpt + "/checkpoint.safetensors");
   std::smatch m;
@@ -198,7 +187,7 @@ TEST_CASE("SIGTERM to one of two workers: both stop after the same step; resumin
   const ProcessResult r = interrupt_two_ranks(dir, ckpt, [&](BackgroundProcess&) {
     REQUIRE(::kill(read_pid(dir.file("pid.1")), SIGTERM) == 0);
   });
-  require_exit(r, kStopped);
+  require_exit(r, mtrain::kStoppedExitCode);
   INFO(r.err);
   const auto steps = reported_stop_steps(r.err, "SIGTERM \\(received by rank 1\\)");
   REQUIRE(steps.size() == 2);
@@ -226,7 +215,7 @@ TEST_CASE("SIGUSR1 to the launcher: forwarded, every rank stops after the same s
   const auto ckpt = dir.file("ckpt");
   const ProcessResult r =
       interrupt_two_ranks(dir, ckpt, [](BackgroundProcess& launcher) { launcher.signal(SIGUSR1); });
-  require_exit(r, kStopped);
+  require_exit(r, mtrain::kStoppedExitCode);
   INFO(r.err);
   CHECK_THAT(r.err, Contains("The launcher received SIGUSR1 and forwarded it to the workers."));
   const auto steps = reported_stop_steps(r.err, "SIGUSR1");

@@ -13,6 +13,7 @@
 #include "models/zoo.h"
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
+#include "tests/trainer/weights_compare.h"
 #include "trainer/checkpoint.h"
 #include "trainer/safetensors.h"
 
@@ -67,16 +68,9 @@ std::vector<json> events_of(const std::vector<json>& events, const std::string& 
 }
 
 void require_same_tensors(const mtrain::SafetensorsFile& a, const mtrain::SafetensorsFile& b) {
-  REQUIRE(a.tensors.size() == b.tensors.size());
-  for (size_t i = 0; i < a.tensors.size(); ++i) {
-    INFO(a.tensors[i].first);
-    REQUIRE(a.tensors[i].first == b.tensors[i].first);
-    const auto& x = a.tensors[i].second;
-    const auto& y = b.tensors[i].second;
-    REQUIRE(x.shape() == y.shape());
-    REQUIRE(x.dtype() == y.dtype());
-    CHECK(std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0);
-  }
+  const auto d = mtrain::testing::compare_weights(a, b);
+  INFO(d.describe());
+  CHECK(d.identical());
 }
 
 // Writes the first `count` training and test images of the mini set as raw IDX files

@@ -1,0 +1,19 @@
+// What the end-to-end tests run: the built binaries, the shipped data slice, and a
+// helper to assemble their command lines.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace mtrain::testing {
+
+inline const std::string kLauncher = MTRAIN_BIN_DIR "/mtrain-launch";
+inline const std::string kTrainer = MTRAIN_BIN_DIR "/mtrain-train";
+inline const std::string kMiniSet = MTRAIN_SOURCE_DIR "/data/fashion-mnist-mini";
+
+inline std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace mtrain::testing
