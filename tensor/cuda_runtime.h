@@ -29,4 +29,11 @@ const CudaInfo& cuda_info();
 // insufficient ...)" or "2 GPUs: NVIDIA H200 (cuda:0), ...".
 std::string cuda_summary();
 
+// Makes GPU `index` the calling thread's current device (cudaSetDevice), so work that
+// names no device (library handles, the legacy default stream, NCCL's own set-up) lands
+// on the GPU this process was bound to. Throws InvalidArgument for an index outside
+// [0, cuda_info().device_count) and in a build without CUDA, Error when the runtime
+// refuses.
+void set_current_device(int index);
+
 }  // namespace mtrain

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -102,6 +103,27 @@ void batchnorm_backward_apply(const Tensor& dy, const Tensor& x, const Tensor& m
                               const Tensor& invstd, const Tensor& gamma, const Tensor& sum_dy,
                               const Tensor& sum_dy_xmu, double count, Tensor& dx);
 
+// ---- batch norm: the per-channel arithmetic around the kernels above ---------------
+// C values each; the layers call these instead of looping on the host so that the same
+// code runs on a GPU (tensor/cpu/batchnorm_channels.cpp, tensor/cuda/batchnorm_channels.cu).
+// invstd = 1 / sqrt(var + eps), computed in double.
+void batchnorm_invstd(const Tensor& var, double eps, Tensor& invstd);
+// running_mean = (1 - momentum) * running_mean + momentum * mean;
+// running_var  = (1 - momentum) * running_var + momentum * var * count / (count - 1)
+// (the unbiased variance, count > 1); num_batches_tracked (Int64 scalar) += 1.
+void batchnorm_update_running(const Tensor& mean, const Tensor& var, int64_t count,
+                              double momentum, Tensor& running_mean, Tensor& running_var,
+                              Tensor& num_batches_tracked);
+// dgamma += sum_dy_xmu * invstd; dbeta += sum_dy (dL/dweight and dL/dbias; either may be
+// undefined).
+void batchnorm_param_grads(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tensor& invstd,
+                           Tensor& dgamma, Tensor& dbeta);
+// SyncBatchNorm's merge (Note [SyncBatchNorm merge] in models/sync_batchnorm.cpp): `rows`
+// is [world, 2C+1], each rank's (mean[C], biased var[C], count); writes the global mean and
+// biased variance, combining ranks in rank order with Chan et al.'s pairwise update in
+// double, skipping ranks whose count is 0. The caller validates the counts.
+void batchnorm_merge_stats(const Tensor& rows, Tensor& mean, Tensor& var);
+
 // ---- loss ----------------------------------------------------------------------
 // Softmax cross-entropy over logits[N,K] with Int64 labels[N] in [0, K).
 // Returns the *sum* of per-sample losses; writes dlogits = (softmax - onehot) * grad_scale
@@ -122,5 +144,18 @@ int64_t count_correct(const Tensor& logits, const Tensor& labels);
 //   param -= lr * g
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
               float dampening, float weight_decay, bool nesterov, bool first_step);
+
+// The same step on every parameter of a model at once. momentum_buf entries may be
+// undefined when momentum == 0; all tensors are on one device. On a GPU this is one
+// multi-tensor kernel launch per group of parameters instead of one launch per
+// parameter (the fused update of apex / torch.optim's foreach path); on the CPU it is
+// sgd_step in a loop.
+struct SgdParamRef {
+  Tensor* param;
+  const Tensor* grad;
+  Tensor* momentum_buf;
+};
+void sgd_step_all(const std::vector<SgdParamRef>& params, float lr, float momentum,
+                  float dampening, float weight_decay, bool nesterov, bool first_step);
 
 }  // namespace mtrain::ops

@@ -35,7 +35,10 @@ struct Device {
   bool is_cpu() const { return type == DeviceType::CPU; }
   bool is_cuda() const { return type == DeviceType::CUDA; }
   std::string str() const;  // "cpu", "cpu:1", "cuda:0"
-  bool operator==(const Device&) const = default;
+  // Written out rather than defaulted: .cu files include this header and nvcc compiles
+  // them as C++17 (Dependencies.cmake).
+  bool operator==(const Device& o) const { return type == o.type && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
 };
 
 using Shape = std::vector<int64_t>;

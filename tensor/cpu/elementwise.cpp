@@ -8,6 +8,7 @@
 #include "tensor/cpu/checks.h"
 #include "tensor/cpu/dnnl_support.h"
 #include "tensor/cpu/threading.h"
+#include "tensor/cuda_ops.h"
 #include "tensor/ops.h"
 
 namespace mtrain::ops {
@@ -54,6 +55,7 @@ SigmoidEntry& sigmoid_entry(int64_t n) {
 }  // namespace
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  if (a.device().is_cuda()) return cuda_ops::add(a, b, out);
   check_float("add", "a", a);
   check_float_shape("add", "b", b, a.shape());
   check_float_shape("add", "out", out, a.shape());
@@ -69,6 +71,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void add_(Tensor& out, const Tensor& a, float alpha) {
+  if (out.device().is_cuda()) return cuda_ops::add_(out, a, alpha);
   check_float("add_", "out", out);
   check_float_shape("add_", "a", a, out.shape());
   cpu::use_configured_threads();
@@ -80,6 +83,7 @@ void add_(Tensor& out, const Tensor& a, float alpha) {
 }
 
 void scale_(Tensor& x, float alpha) {
+  if (x.device().is_cuda()) return cuda_ops::scale_(x, alpha);
   check_float("scale_", "x", x);
   cpu::use_configured_threads();
   float* p = x.data<float>();
@@ -89,6 +93,7 @@ void scale_(Tensor& x, float alpha) {
 }
 
 void relu_forward(const Tensor& x, Tensor& y) {
+  if (x.device().is_cuda()) return cuda_ops::relu_forward(x, y);
   check_float("relu_forward", "x", x);
   check_float_shape("relu_forward", "y", y, x.shape());
   cpu::use_configured_threads();
@@ -100,6 +105,7 @@ void relu_forward(const Tensor& x, Tensor& y) {
 }
 
 void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  if (y.device().is_cuda()) return cuda_ops::relu_backward(y, dy, dx);
   check_float("relu_backward", "y", y);
   check_float_shape("relu_backward", "dy", dy, y.shape());
   check_float_shape("relu_backward", "dx", dx, y.shape());
@@ -118,6 +124,7 @@ void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
 }
 
 void sigmoid_forward(const Tensor& x, Tensor& y) {
+  if (x.device().is_cuda()) return cuda_ops::sigmoid_forward(x, y);
   check_float("sigmoid_forward", "x", x);
   check_float_shape("sigmoid_forward", "y", y, x.shape());
   cpu::use_configured_threads();
@@ -135,6 +142,7 @@ void sigmoid_forward(const Tensor& x, Tensor& y) {
 }
 
 void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  if (y.device().is_cuda()) return cuda_ops::sigmoid_backward(y, dy, dx);
   check_float("sigmoid_backward", "y", y);
   check_float_shape("sigmoid_backward", "dy", dy, y.shape());
   check_float_shape("sigmoid_backward", "dx", dx, y.shape());

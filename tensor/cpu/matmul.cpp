@@ -4,6 +4,7 @@
 
 #include "tensor/cpu/checks.h"
 #include "tensor/cpu/threading.h"
+#include "tensor/cuda_ops.h"
 #include "tensor/ops.h"
 
 namespace mtrain::ops {
@@ -31,6 +32,7 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
 
 void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
             float alpha, float beta) {
+  if (a.device().is_cuda()) return cuda_ops::matmul(a, transpose_a, b, transpose_b, c, alpha, beta);
   cpu::check_float("matmul", "a", a);
   cpu::check_float("matmul", "b", b);
   cpu::check_float("matmul", "c", c);
@@ -50,6 +52,7 @@ void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b
 }
 
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
+  if (x.device().is_cuda()) return cuda_ops::linear_forward(x, w, b, y);
   cpu::check_float("linear_forward", "x", x);
   cpu::check_float("linear_forward", "w", w);
   cpu::check_ndim("linear_forward", "x", x, 2);
@@ -76,6 +79,7 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
 
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
                      Tensor& db, bool accumulate) {
+  if (x.device().is_cuda()) return cuda_ops::linear_backward(x, w, dy, dx, dw, db, accumulate);
   cpu::check_float("linear_backward", "x", x);
   cpu::check_float("linear_backward", "w", w);
   cpu::check_ndim("linear_backward", "x", x, 2);

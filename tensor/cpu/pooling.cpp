@@ -5,6 +5,7 @@
 
 #include "tensor/cpu/checks.h"
 #include "tensor/cpu/threading.h"
+#include "tensor/cuda_ops.h"
 #include "tensor/ops.h"
 
 namespace mtrain::ops {
@@ -108,6 +109,7 @@ void avgpool_tiled_backward(const float* dyp, float* dxp, const PoolGeometry& g,
 }  // namespace
 
 void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Pool2dParams& p) {
+  if (x.device().is_cuda()) return cuda_ops::maxpool2d_forward(x, y, indices, p);
   const PoolGeometry g = pool_geometry("maxpool2d_forward", x, "y", y, p);
   cpu::check_float("maxpool2d_forward", "y", y);
   cpu::check_dtype("maxpool2d_forward", "indices", indices, DType::Int32);
@@ -148,6 +150,7 @@ void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Pool2d
 }
 
 void maxpool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx) {
+  if (dy.device().is_cuda()) return cuda_ops::maxpool2d_backward(dy, indices, dx);
   cpu::check_float("maxpool2d_backward", "dy", dy);
   cpu::check_float("maxpool2d_backward", "dx", dx);
   cpu::check_ndim("maxpool2d_backward", "dy", dy, 4);
@@ -185,6 +188,7 @@ void maxpool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx) {
 }
 
 void avgpool2d_forward(const Tensor& x, Tensor& y, const Pool2dParams& p) {
+  if (x.device().is_cuda()) return cuda_ops::avgpool2d_forward(x, y, p);
   const PoolGeometry g = pool_geometry("avgpool2d_forward", x, "y", y, p);
   cpu::check_float("avgpool2d_forward", "y", y);
   cpu::use_configured_threads();
@@ -219,6 +223,7 @@ void avgpool2d_forward(const Tensor& x, Tensor& y, const Pool2dParams& p) {
 }
 
 void avgpool2d_backward(const Tensor& dy, Tensor& dx, const Pool2dParams& p) {
+  if (dy.device().is_cuda()) return cuda_ops::avgpool2d_backward(dy, dx, p);
   const PoolGeometry g = pool_geometry("avgpool2d_backward", dx, "dy", dy, p);
   cpu::check_float("avgpool2d_backward", "dy", dy);
   cpu::use_configured_threads();
@@ -251,6 +256,7 @@ void avgpool2d_backward(const Tensor& dy, Tensor& dx, const Pool2dParams& p) {
 }
 
 void global_avgpool_forward(const Tensor& x, Tensor& y) {
+  if (x.device().is_cuda()) return cuda_ops::global_avgpool_forward(x, y);
   cpu::check_float("global_avgpool_forward", "x", x);
   cpu::check_ndim("global_avgpool_forward", "x", x, 4);
   cpu::check_float_shape("global_avgpool_forward", "y", y, {x.size(0), x.size(1), 1, 1});
@@ -272,6 +278,7 @@ void global_avgpool_forward(const Tensor& x, Tensor& y) {
 }
 
 void global_avgpool_backward(const Tensor& dy, Tensor& dx) {
+  if (dy.device().is_cuda()) return cuda_ops::global_avgpool_backward(dy, dx);
   cpu::check_float("global_avgpool_backward", "dx", dx);
   cpu::check_ndim("global_avgpool_backward", "dx", dx, 4);
   cpu::check_float_shape("global_avgpool_backward", "dy", dy, {dx.size(0), dx.size(1), 1, 1});

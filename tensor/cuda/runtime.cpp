@@ -4,6 +4,7 @@
 
 #include "tensor/cuda_runtime.h"
 #include "core/error.h"
+#include "tensor/cuda/cuda_check.h"
 
 namespace mtrain {
 namespace {
@@ -41,6 +42,17 @@ CudaInfo query() {
 const CudaInfo& cuda_info() {
   static const CudaInfo info = query();
   return info;
+}
+
+void set_current_device(int index) {
+  const CudaInfo& info = cuda_info();
+  if (index < 0 || index >= info.device_count) {
+    throw InvalidArgument(fmt::format("cannot make cuda:{} the current device: {}", index,
+                                      info.device_count == 0
+                                          ? fmt::format("no usable GPU ({})", info.reason)
+                                          : fmt::format("{} visible", info.device_count)));
+  }
+  MTRAIN_CUDA_CHECK(cudaSetDevice(index));
 }
 
 }  // namespace mtrain

@@ -23,7 +23,9 @@ class Stream {
   int device() const { return device_; }
   cudaStream_t handle() const { return handle_; }
   void synchronize() const;  // blocks the host until the stream's work is done
-  bool operator==(const Stream&) const = default;
+  // Not defaulted: .cu files compile as C++17 (see Device::operator== in tensor.h).
+  bool operator==(const Stream& o) const { return device_ == o.device_ && handle_ == o.handle_; }
+  bool operator!=(const Stream& o) const { return !(*this == o); }
 
  private:
   int device_ = 0;

@@ -2,6 +2,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "tensor/ops.h"
@@ -130,4 +133,76 @@ TEST_CASE("sgd_step matches torch.optim.SGD over several steps", "[sgd]") {
   }
   require_close(param, ref_param, 1e-6, 1e-5);
   if (c.momentum != 0) require_close(buf, ref.buf, 1e-6, 1e-5);
+}
+
+namespace {
+
+// The bytes of a float tensor, for bit-for-bit comparisons (== on floats would let
+// -0 equal 0 and fail on NaN).
+std::vector<uint32_t> bits(const Tensor& t) {
+  std::vector<uint32_t> out(static_cast<size_t>(t.numel()));
+  std::memcpy(out.data(), t.data<float>(), t.nbytes());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sgd_step_all equals sgd_step on each parameter, bit for bit", "[sgd]") {
+  struct Config {
+    float lr, momentum, dampening, weight_decay;
+    bool nesterov;
+  };
+  const Config c = GENERATE(Config{0.1f, 0.0f, 0.0f, 0.0f, false},   // plain SGD
+                            Config{0.05f, 0.0f, 0.0f, 5e-4f, false},  // weight decay only
+                            Config{0.1f, 0.9f, 0.0f, 5e-4f, false},   // momentum
+                            Config{0.1f, 0.9f, 0.3f, 1e-4f, false},   // dampening
+                            Config{0.1f, 0.9f, 0.0f, 1e-3f, true});   // nesterov
+  // Odd sizes, an empty parameter and one large enough for the threaded loop.
+  const std::vector<Shape> shapes = {{7}, {3, 5}, {0}, {70001}, {1}, {16, 3, 3, 3}};
+  const bool use_momentum = c.momentum != 0.0f;
+  std::vector<Tensor> fused_params, fused_bufs, single_params, single_bufs, grads;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    fused_params.push_back(random_tensor(shapes[i], 100 + static_cast<uint32_t>(i)));
+    single_params.push_back(fused_params.back().clone());
+    // Garbage in the buffers must not matter on the first step (NaN would show).
+    fused_bufs.push_back(use_momentum ? Tensor::full(shapes[i], NAN) : Tensor());
+    single_bufs.push_back(use_momentum ? fused_bufs.back().clone() : Tensor());
+    grads.push_back(Tensor::empty(shapes[i]));
+  }
+  std::vector<ops::SgdParamRef> refs;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    // Without momentum the buffer may be absent altogether.
+    refs.push_back({&fused_params[i], &grads[i], use_momentum ? &fused_bufs[i] : nullptr});
+  }
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      grads[i] = random_tensor(shapes[i], 200 + static_cast<uint32_t>(10 * step + i));
+      ops::sgd_step(single_params[i], grads[i], single_bufs[i], c.lr, c.momentum, c.dampening,
+                    c.weight_decay, c.nesterov, step == 0);
+    }
+    ops::sgd_step_all(refs, c.lr, c.momentum, c.dampening, c.weight_decay, c.nesterov, step == 0);
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    CAPTURE(i);
+    CHECK(bits(fused_params[i]) == bits(single_params[i]));
+    if (use_momentum) CHECK(bits(fused_bufs[i]) == bits(single_bufs[i]));
+  }
+  // The update really happened (a no-op would also match nothing-changed references).
+  CHECK(bits(fused_params[0]) != bits(random_tensor(shapes[0], 100)));
+}
+
+TEST_CASE("sgd_step_all on an empty list does nothing, and bad entries are errors", "[sgd]") {
+  ops::sgd_step_all({}, 0.1f, 0.9f, 0.0f, 0.0f, false, true);
+
+  Tensor p = random_tensor({4}, 90), g = random_tensor({4}, 91);
+  Tensor undefined_buf;
+  const std::vector<ops::SgdParamRef> no_buffer{{&p, &g, &undefined_buf}};
+  CHECK_THROWS_AS(ops::sgd_step_all(no_buffer, 0.1f, 0.9f, 0.0f, 0.0f, false, true), InternalError);
+  const std::vector<ops::SgdParamRef> no_grad{{&p, nullptr, nullptr}};
+  CHECK_THROWS_WITH(ops::sgd_step_all(no_grad, 0.1f, 0.0f, 0.0f, 0.0f, false, true),
+                    Catch::Contains("parameter 0 has no grad"));
+  Tensor buf = Tensor::empty({4});
+  const std::vector<ops::SgdParamRef> nesterov_with_dampening{{&p, &g, &buf}};
+  CHECK_THROWS_AS(ops::sgd_step_all(nesterov_with_dampening, 0.1f, 0.9f, 0.5f, 0.0f, true, true),
+                  InternalError);
 }

@@ -1,0 +1,128 @@
+// GPU kernels for the per-channel batch-norm arithmetic (ops::batchnorm_invstd,
+// batchnorm_update_running, batchnorm_param_grads, batchnorm_merge_stats). The
+// cuda_ops:: entry points that check the tensors and pick the stream are in
+// tensor/cpu/batchnorm_channels.cpp beside the CPU loops: this file is compiled as C++17
+// by nvcc and cannot include tensor/tensor.h, so it sees raw pointers only.
+//
+// One thread per channel: C is at most a few thousand, so a launch is a handful of
+// blocks and the cost is the launch itself. Every floating-point operation is spelled
+// with a round-to-nearest intrinsic (__fmul_rn, __dadd_rn, ...) because nvcc would
+// otherwise contract a * b + c into one fused multiply-add, whose single rounding
+// differs from the CPU's two in the last bit; with the intrinsics each kernel computes,
+// operation for operation, what the CPU loop computes (Note [Batch-norm channel
+// arithmetic] in tensor/cpu/batchnorm_channels.cpp), so CPU and GPU runs agree bitwise
+// here given the same inputs.
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "tensor/cuda/cuda_check.h"
+
+namespace mtrain::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t channels) {
+  const int64_t blocks = (channels + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks > 0 ? blocks : 1);
+}
+
+__global__ void invstd_kernel(const float* __restrict__ var, double eps,
+                              float* __restrict__ invstd, int64_t channels) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const double denominator = __dsqrt_rn(__dadd_rn(static_cast<double>(var[c]), eps));
+  invstd[c] = __double2float_rn(__ddiv_rn(1.0, denominator));
+}
+
+__global__ void update_running_kernel(const float* __restrict__ mean,
+                                      const float* __restrict__ var, float keep, float take_mean,
+                                      float take_var, float* __restrict__ running_mean,
+                                      float* __restrict__ running_var,
+                                      int64_t* __restrict__ num_batches_tracked,
+                                      int64_t channels) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c == 0) *num_batches_tracked += 1;
+  if (c >= channels) return;
+  running_mean[c] = __fadd_rn(__fmul_rn(running_mean[c], keep), __fmul_rn(take_mean, mean[c]));
+  running_var[c] = __fadd_rn(__fmul_rn(running_var[c], keep), __fmul_rn(take_var, var[c]));
+}
+
+__global__ void param_grads_kernel(const float* __restrict__ sum_dy,
+                                   const float* __restrict__ sum_dy_xmu,
+                                   const float* __restrict__ invstd, float* __restrict__ dgamma,
+                                   float* __restrict__ dbeta, int64_t channels) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  if (dgamma != nullptr) dgamma[c] = __fadd_rn(dgamma[c], __fmul_rn(sum_dy_xmu[c], invstd[c]));
+  if (dbeta != nullptr) dbeta[c] = __fadd_rn(dbeta[c], sum_dy[c]);
+}
+
+// Note [SyncBatchNorm merge] (models/sync_batchnorm.h), per channel, with the CPU loop's
+// order of operations.
+__global__ void merge_stats_kernel(const float* __restrict__ rows, int64_t world,
+                                   int64_t channels, float* __restrict__ mean,
+                                   float* __restrict__ var) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const int64_t row = 2 * channels + 1;
+  double n = 0.0, avg = 0.0, m2 = 0.0;
+  for (int64_t r = 0; r < world; ++r) {
+    const float* rank_row = rows + r * row;
+    const double n_j = rank_row[2 * channels];
+    if (n_j <= 0.0) continue;
+    const double mean_j = rank_row[c];
+    const double var_j = rank_row[channels + c];
+    const double n_new = __dadd_rn(n, n_j);
+    const double delta = __dsub_rn(avg, mean_j);
+    // m2 += var_j * n_j + delta * delta * n * n_j / n_new
+    const double spread = __ddiv_rn(__dmul_rn(__dmul_rn(__dmul_rn(delta, delta), n), n_j), n_new);
+    m2 = __dadd_rn(m2, __dadd_rn(__dmul_rn(var_j, n_j), spread));
+    // avg = (n * avg + n_j * mean_j) / n_new
+    avg = __ddiv_rn(__dadd_rn(__dmul_rn(n, avg), __dmul_rn(n_j, mean_j)), n_new);
+    n = n_new;
+  }
+  mean[c] = __double2float_rn(avg);
+  var[c] = n > 0.0 ? __double2float_rn(__ddiv_rn(m2, n)) : 0.0f;
+}
+
+}  // namespace
+
+// Declared in tensor/cpu/batchnorm_channels.cpp, the only caller.
+void launch_batchnorm_invstd(const float* var, double eps, float* invstd, int64_t channels,
+                             cudaStream_t stream) {
+  if (channels == 0) return;
+  invstd_kernel<<<blocks_for(channels), kThreads, 0, stream>>>(var, eps, invstd, channels);
+  MTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_batchnorm_update_running(const float* mean, const float* var, float keep,
+                                     float take_mean, float take_var, float* running_mean,
+                                     float* running_var, int64_t* num_batches_tracked,
+                                     int64_t channels, cudaStream_t stream) {
+  // Launched even for 0 channels: the batch still counts in num_batches_tracked.
+  update_running_kernel<<<blocks_for(channels), kThreads, 0, stream>>>(
+      mean, var, keep, take_mean, take_var, running_mean, running_var, num_batches_tracked,
+      channels);
+  MTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_batchnorm_param_grads(const float* sum_dy, const float* sum_dy_xmu,
+                                  const float* invstd, float* dgamma, float* dbeta,
+                                  int64_t channels, cudaStream_t stream) {
+  if (channels == 0 || (dgamma == nullptr && dbeta == nullptr)) return;
+  param_grads_kernel<<<blocks_for(channels), kThreads, 0, stream>>>(sum_dy, sum_dy_xmu, invstd,
+                                                                    dgamma, dbeta, channels);
+  MTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_batchnorm_merge_stats(const float* rows, int64_t world, int64_t channels,
+                                  float* mean, float* var, cudaStream_t stream) {
+  if (channels == 0) return;
+  merge_stats_kernel<<<blocks_for(channels), kThreads, 0, stream>>>(rows, world, channels, mean,
+                                                                    var);
+  MTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace mtrain::cuda

@@ -1,0 +1,153 @@
+// Elementwise kernels on the GPU: the counterparts of tensor/cpu/elementwise.cpp (Note
+// [Kernel dispatch] in tensor/cuda_ops.h). One grid-stride kernel template applies a
+// per-element functor; it moves four floats per load and store (float4) when every
+// pointer is 16-byte aligned, which tensors fresh from the allocator are and views at
+// odd offsets may not be.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/launch.cuh"
+#include "tensor/cuda/op_checks.h"
+#include "tensor/cuda/stream.h"
+#include "tensor/cuda_ops.h"
+
+namespace mtrain::cuda_ops {
+namespace {
+
+using detail::check_on_shape;
+using detail::first_gpu;
+using detail::kThreads;
+
+// out[i] = op(a[i]) or op(a[i], b[i]). No __restrict__: out may be a or b (ops.h allows
+// it), which is safe because element i is read before it is written by the same thread.
+template <int kInputs, class Op>
+__global__ void map_kernel(Op op, const float* a, const float* b, float* out, int64_t n,
+                           bool vectorized) {
+  const int64_t start = detail::global_thread_index();
+  const int64_t stride = detail::grid_stride();
+  int64_t scalar_from = 0;
+  if (vectorized) {
+    const int64_t n4 = n / 4;
+    const float4* a4 = reinterpret_cast<const float4*>(a);
+    const float4* b4 = reinterpret_cast<const float4*>(b);
+    float4* out4 = reinterpret_cast<float4*>(out);
+    for (int64_t i = start; i < n4; i += stride) {
+      const float4 va = a4[i];
+      float4 r;
+      if constexpr (kInputs == 2) {
+        const float4 vb = b4[i];
+        r = make_float4(op(va.x, vb.x), op(va.y, vb.y), op(va.z, vb.z), op(va.w, vb.w));
+      } else {
+        r = make_float4(op(va.x), op(va.y), op(va.z), op(va.w));
+      }
+      out4[i] = r;
+    }
+    scalar_from = n4 * 4;
+  }
+  for (int64_t i = scalar_from + start; i < n; i += stride) {
+    if constexpr (kInputs == 2) {
+      out[i] = op(a[i], b[i]);
+    } else {
+      out[i] = op(a[i]);
+    }
+  }
+}
+
+template <int kInputs, class Op>
+void launch_map(Device device, Op op, const float* a, const float* b, float* out, int64_t n) {
+  if (n == 0) return;
+  cuda::DeviceGuard guard(device.index);
+  const bool vectorized =
+      detail::aligned16(a) && (kInputs == 1 || detail::aligned16(b)) && detail::aligned16(out);
+  const int64_t items = vectorized ? (n + 3) / 4 : n;
+  map_kernel<kInputs><<<detail::grid_for(items), kThreads, 0, detail::stream_for(device.index)>>>(
+      op, a, b, out, n, vectorized);
+  MTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+// The formulas of tensor/cpu/elementwise.cpp, rounded as there (Note [Unfused float
+// arithmetic] in tensor/cuda/launch.cuh).
+struct Add {
+  __device__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
+};
+struct AddScaled {
+  float alpha;
+  __device__ float operator()(float out, float a) const {
+    return __fadd_rn(out, __fmul_rn(alpha, a));
+  }
+};
+struct Scale {
+  float alpha;
+  __device__ float operator()(float x) const { return __fmul_rn(x, alpha); }
+};
+// A NaN input gives 0, as the CPU's `x > 0 ? x : 0`.
+struct Relu {
+  __device__ float operator()(float x) const { return x > 0.0f ? x : 0.0f; }
+};
+struct ReluBackward {
+  __device__ float operator()(float y, float dy) const { return y > 0.0f ? dy : 0.0f; }
+};
+// expf (not the fast __expf) keeps the result within a few ulp of the CPU's oneDNN
+// logistic; exp(-x) overflowing to inf gives exactly 0, as it should.
+struct Sigmoid {
+  __device__ float operator()(float x) const { return 1.0f / (1.0f + expf(-x)); }
+};
+struct SigmoidBackward {
+  __device__ float operator()(float y, float dy) const {
+    return __fmul_rn(__fmul_rn(dy, y), __fsub_rn(1.0f, y));
+  }
+};
+
+}  // namespace
+
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  const Device device = first_gpu("add", "a", a);
+  check_on_shape("add", "b", b, device, a.shape());
+  check_on_shape("add", "out", out, device, a.shape());
+  launch_map<2>(device, Add{}, a.data<float>(), b.data<float>(), out.data<float>(), a.numel());
+}
+
+void add_(Tensor& out, const Tensor& a, float alpha) {
+  const Device device = first_gpu("add_", "out", out);
+  check_on_shape("add_", "a", a, device, out.shape());
+  float* po = out.data<float>();
+  launch_map<2>(device, AddScaled{alpha}, po, a.data<float>(), po, out.numel());
+}
+
+void scale_(Tensor& x, float alpha) {
+  const Device device = first_gpu("scale_", "x", x);
+  float* p = x.data<float>();
+  launch_map<1>(device, Scale{alpha}, p, nullptr, p, x.numel());
+}
+
+void relu_forward(const Tensor& x, Tensor& y) {
+  const Device device = first_gpu("relu_forward", "x", x);
+  check_on_shape("relu_forward", "y", y, device, x.shape());
+  launch_map<1>(device, Relu{}, x.data<float>(), nullptr, y.data<float>(), x.numel());
+}
+
+void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  const Device device = first_gpu("relu_backward", "y", y);
+  check_on_shape("relu_backward", "dy", dy, device, y.shape());
+  check_on_shape("relu_backward", "dx", dx, device, y.shape());
+  launch_map<2>(device, ReluBackward{}, y.data<float>(), dy.data<float>(), dx.data<float>(),
+                y.numel());
+}
+
+void sigmoid_forward(const Tensor& x, Tensor& y) {
+  const Device device = first_gpu("sigmoid_forward", "x", x);
+  check_on_shape("sigmoid_forward", "y", y, device, x.shape());
+  launch_map<1>(device, Sigmoid{}, x.data<float>(), nullptr, y.data<float>(), x.numel());
+}
+
+void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  const Device device = first_gpu("sigmoid_backward", "y", y);
+  check_on_shape("sigmoid_backward", "dy", dy, device, y.shape());
+  check_on_shape("sigmoid_backward", "dx", dx, device, y.shape());
+  launch_map<2>(device, SigmoidBackward{}, y.data<float>(), dy.data<float>(), dx.data<float>(),
+                y.numel());
+}
+
+}  // namespace mtrain::cuda_ops

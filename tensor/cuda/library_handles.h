@@ -1,0 +1,83 @@
+// cuDNN and cuBLAS handles, their scratch memory, and the check macros for both
+// libraries (CUDA builds only; internal to tensor/cuda/).
+//
+// Note [Library handles]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A cuDNN or cuBLAS handle belongs to the device that was current when it was created
+// and carries a stream and (cuBLAS) a workspace as state, so sharing one between
+// threads would race on that state. Each thread therefore gets its own pair per device,
+// created on first use and destroyed when the thread exits (PyTorch keeps a pool per
+// (device, thread) for the same reason). Every accessor binds the handle to the
+// calling thread's current stream of that device (Note [Current stream] in stream.h)
+// before returning it, so library kernels queue exactly where mtrain's own kernels do.
+//
+// cuBLAS needs a workspace for some GEMM kernels. cublasSetStream resets it to the
+// library's default pool, which is cudaMalloc'd outside the caching allocator and, when
+// one handle is used on several streams, shared between them (work on two streams could
+// then scribble over each other's scratch). So every (thread, device, stream) gets its
+// own workspace from the caching allocator, bound with cublasSetWorkspace whenever the
+// handle moves to that stream: the size NVIDIA recommends, 32 MiB on Hopper (sm_90) and
+// newer, 4 MiB before. With a fixed workspace per stream, cuBLAS results are bitwise
+// reproducible from run to run on the same GPU model.
+//
+// cuDNN convolutions take their workspace per call instead: workspace() hands out a
+// Tensor of bytes from the caching allocator for the current stream. The caller keeps it
+// alive until the library call that uses it is queued and then drops it; the block is
+// only reused by later work on the same stream, which runs after that call (Note
+// [Stream-ordered block reuse] in tensor/caching_block_allocator.h).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cudnn.h>
+
+#include <cstddef>
+#include <string>
+
+#include "tensor/tensor.h"
+
+namespace mtrain::cuda {
+
+// The calling thread's handle for `device`, bound to current_stream(device). The caller
+// makes `device` current (DeviceGuard) for the library calls that use it.
+cudnnHandle_t cudnn_handle(int device);
+// As cudnn_handle, with this stream's own workspace bound (Note [Library handles]).
+cublasHandle_t cublas_handle(int device);
+
+// `bytes` of scratch memory on `device`, for the current stream: a UInt8 tensor, or an
+// undefined one when bytes == 0. Throws mtrain::Error when the allocator cannot find the
+// memory even after returning its cache (its out-of-memory error).
+Tensor workspace(int device, size_t bytes);
+
+// The most workspace a single library call on `device` should ask for: what the driver
+// has free plus what the caching allocator holds unused (it returns its cache and retries
+// before giving up).
+size_t workspace_limit(int device);
+
+// Throw mtrain::Error naming the failed call, what it was doing (`context`: the op and
+// its shapes), the file and line, and the library's status name and description.
+[[noreturn]] void throw_cudnn_error(cudnnStatus_t status, const char* call,
+                                    const std::string& context, const char* file, int line);
+[[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* call,
+                                     const std::string& context, const char* file, int line);
+
+}  // namespace mtrain::cuda
+
+// MTRAIN_CUDNN_CHECK(call, context): `context` (a std::string expression) is only
+// evaluated when the call fails, so describing the shapes costs nothing on success.
+#define MTRAIN_CUDNN_CHECK(call, context)                                                  \
+  do {                                                                                     \
+    const cudnnStatus_t mtrain_cudnn_status_ = (call);                                     \
+    if (mtrain_cudnn_status_ != CUDNN_STATUS_SUCCESS) {                                    \
+      ::mtrain::cuda::throw_cudnn_error(mtrain_cudnn_status_, #call, (context), __FILE__,  \
+                                        __LINE__);                                         \
+    }                                                                                      \
+  } while (0)
+
+#define MTRAIN_CUBLAS_CHECK(call, context)                                                 \
+  do {                                                                                     \
+    const cublasStatus_t mtrain_cublas_status_ = (call);                                   \
+    if (mtrain_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                  \
+      ::mtrain::cuda::throw_cublas_error(mtrain_cublas_status_, #call, (context), __FILE__, \
+                                         __LINE__);                                        \
+    }                                                                                      \
+  } while (0)

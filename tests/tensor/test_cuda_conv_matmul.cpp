@@ -1,0 +1,461 @@
+// gpu: convolutions on cuDNN and matrix products on cuBLAS against the CPU kernels on the
+// same random inputs, in every numerics mode (heuristics, benchmark, deterministic).
+// Skips the whole binary without a GPU; the numerics settings are checked everywhere.
+//
+// Tolerances. The inputs are uniform in [-1, 1) and TF32 is off, so GPU and CPU compute
+// the same float32 products and differ only in summation order and, for cuDNN's
+// transform algorithms (Winograd, FFT), in the transforms' own rounding. The longest
+// sums here have K <= 400 terms (weight gradients of the 3x5 case: 3 * 8 * 15), each a
+// product of magnitude <= 1, so every sum is at most ~10 in magnitude for these random
+// signs, and reordering it moves it by ~sqrt(K) * 2^-24 * 10, about 1e-5; the transform
+// algorithms round at the same relative level (~1e-5 of the sum). A wrong kernel (padding,
+// stride or transposition off by one, a missing bias, beta 0 instead of 1) moves some
+// element by at least a whole product term, |x * w| being 0.25 on average. kAtol = 5e-4
+// plus kRtol = 1e-4 of the value sits well above the first and far below the second.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "tensor/cuda_ops.h"
+#include "tensor/cuda_runtime.h"
+#include "tensor/ops.h"
+#include "tensor/tensor.h"
+#include "tests/support/skip.h"
+#include "tests/tensor/reference.h"
+
+#ifdef MTRAIN_HAVE_CUDA
+#include "tensor/cuda/stream.h"
+#endif
+
+using namespace mtrain;
+using mtrain::cuda_ops::NumericsOptions;
+using mtrain::ops::Conv2dParams;
+using mtrain::testing::random_tensor;
+using mtrain::testing::require_close;
+
+namespace {
+
+bool same_options(const NumericsOptions& a, const NumericsOptions& b) {
+  return a.cudnn_benchmark == b.cudnn_benchmark && a.deterministic == b.deterministic &&
+         a.allow_tf32 == b.allow_tf32 && a.allow_tf32_matmul == b.allow_tf32_matmul;
+}
+
+// Sets the numerics for one test and restores what was there before.
+class NumericsScope {
+ public:
+  explicit NumericsScope(const NumericsOptions& options) : saved_(cuda_ops::numerics()) {
+    cuda_ops::set_numerics(options);
+  }
+  ~NumericsScope() { cuda_ops::set_numerics(saved_); }
+  NumericsScope(const NumericsScope&) = delete;
+  NumericsScope& operator=(const NumericsScope&) = delete;
+
+ private:
+  NumericsOptions saved_;
+};
+
+}  // namespace
+
+TEST_CASE("numerics settings start at PyTorch's defaults and round-trip every combination") {
+  const NumericsOptions defaults = cuda_ops::numerics();
+  CHECK_FALSE(defaults.cudnn_benchmark);
+  CHECK_FALSE(defaults.deterministic);
+  CHECK(defaults.allow_tf32);
+  CHECK_FALSE(defaults.allow_tf32_matmul);
+  for (int bits = 0; bits < 16; ++bits) {
+    NumericsOptions o;
+    o.cudnn_benchmark = (bits & 1) != 0;
+    o.deterministic = (bits & 2) != 0;
+    o.allow_tf32 = (bits & 4) != 0;
+    o.allow_tf32_matmul = (bits & 8) != 0;
+    NumericsScope scope(o);
+    CHECK(same_options(cuda_ops::numerics(), o));
+  }
+  CHECK(same_options(cuda_ops::numerics(), defaults));
+}
+
+#ifdef MTRAIN_HAVE_CUDA
+
+namespace {
+
+// TF32 off everywhere: the GPU-against-CPU comparisons need float32 products.
+NumericsOptions exact_float32(bool benchmark = false, bool deterministic = false) {
+  NumericsOptions o;
+  o.cudnn_benchmark = benchmark;
+  o.deterministic = deterministic;
+  o.allow_tf32 = false;
+  o.allow_tf32_matmul = false;
+  return o;
+}
+
+constexpr double kAtol = 5e-4;
+constexpr double kRtol = 1e-4;
+
+void require_gpu() {
+  if (cuda_info().device_count == 0) testing::skip_test_binary(cuda_summary().c_str());
+}
+
+const Device kGpu = Device::cuda(0);
+
+Tensor host(const Tensor& t) { return t.to(Device::cpu()); }
+
+// An output the kernel must overwrite: NaN everywhere, so reading it (beta != 0 where
+// it should be 0) shows up as NaN in the result.
+Tensor poisoned(const Shape& shape, Device device) {
+  Tensor t = Tensor::full(shape, std::numeric_limits<float>::quiet_NaN());
+  return device.is_cpu() ? t : t.to(device);
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  const Tensor ha = host(a), hb = host(b);
+  return ha.shape() == hb.shape() && std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
+}
+
+// ---- convolution ------------------------------------------------------------------------
+
+struct ConvCase {
+  const char* name;
+  int64_t n, c, h, w, o, kh, kw;
+  Conv2dParams p;
+  bool bias;
+};
+
+// The shapes training uses (ResNet's 7x7 stem, 3x3 blocks, 1x1 strided shortcuts,
+// LeNet's 5x5), odd channel counts, batch 1 and a kernel, stride and padding that differ
+// between height and width (so that swapping them cannot pass).
+const std::vector<ConvCase>& conv_cases() {
+  static const std::vector<ConvCase> cases = {
+      {"3x3 pad 1", 2, 3, 9, 9, 5, 3, 3, {1, 1, 1, 1}, true},
+      {"5x5 pad 2", 2, 5, 11, 10, 7, 5, 5, {1, 1, 2, 2}, true},
+      {"3x3 stride 2 pad 1", 3, 4, 12, 13, 6, 3, 3, {2, 2, 1, 1}, true},
+      {"1x1 stride 2 shortcut", 2, 8, 9, 9, 16, 1, 1, {2, 2, 0, 0}, false},
+      {"7x7 stride 2 pad 3", 2, 3, 20, 18, 8, 7, 7, {2, 2, 3, 3}, true},
+      {"batch 1, odd channels, no bias", 1, 5, 8, 8, 3, 3, 3, {1, 1, 1, 1}, false},
+      {"3x5 kernel, stride 2x1, pad 1x2", 3, 3, 15, 15, 5, 3, 5, {2, 1, 1, 2}, true},
+  };
+  return cases;
+}
+
+Shape output_shape(const ConvCase& k) {
+  return {k.n, k.o, ops::conv_out_size(k.h, k.kh, k.p.stride_h, k.p.pad_h),
+          ops::conv_out_size(k.w, k.kw, k.p.stride_w, k.p.pad_w)};
+}
+
+// Host inputs of one case, from a fixed seed.
+struct ConvInputs {
+  Tensor x, w, b, dy, dw0, db0;  // dw0/db0: gradients already there when accumulating
+};
+
+ConvInputs conv_inputs(const ConvCase& k, uint32_t seed) {
+  ConvInputs in;
+  in.x = random_tensor({k.n, k.c, k.h, k.w}, seed);
+  in.w = random_tensor({k.o, k.c, k.kh, k.kw}, seed + 1);
+  if (k.bias) in.b = random_tensor({k.o}, seed + 2);
+  in.dy = random_tensor(output_shape(k), seed + 3);
+  in.dw0 = random_tensor({k.o, k.c, k.kh, k.kw}, seed + 4);
+  in.db0 = random_tensor({k.o}, seed + 5);
+  return in;
+}
+
+// Every op of one case on `device`, through ops:: (so the dispatch is tested too).
+struct ConvOutputs {
+  Tensor y, dx, dw, db, dw_acc, db_acc;
+};
+
+ConvOutputs run_conv(const ConvCase& k, const ConvInputs& in, Device device) {
+  const Tensor x = in.x.to(device), w = in.w.to(device), dy = in.dy.to(device);
+  const Tensor b = k.bias ? in.b.to(device) : Tensor();
+  ConvOutputs out;
+  out.y = poisoned(output_shape(k), device);
+  ops::conv2d_forward(x, w, b, out.y, k.p);
+  out.dx = poisoned(x.shape(), device);
+  ops::conv2d_backward_data(dy, w, out.dx, k.p);
+  out.dw = poisoned(w.shape(), device);
+  out.db = poisoned({k.o}, device);
+  ops::conv2d_backward_weights(x, dy, out.dw, out.db, k.p, /*accumulate=*/false);
+  out.dw_acc = in.dw0.clone().to(device);
+  out.db_acc = in.db0.clone().to(device);
+  ops::conv2d_backward_weights(x, dy, out.dw_acc, out.db_acc, k.p, /*accumulate=*/true);
+  return out;
+}
+
+void require_conv_matches_cpu(const ConvCase& k, uint32_t seed, double atol = kAtol,
+                              double rtol = kRtol) {
+  INFO("case: " << k.name);
+  const ConvInputs in = conv_inputs(k, seed);
+  const ConvOutputs cpu = run_conv(k, in, Device::cpu());
+  const ConvOutputs gpu = run_conv(k, in, kGpu);
+  REQUIRE(gpu.y.device() == kGpu);
+  {
+    INFO("forward");
+    require_close(host(gpu.y), cpu.y, atol, rtol);
+  }
+  {
+    INFO("backward data");
+    require_close(host(gpu.dx), cpu.dx, atol, rtol);
+  }
+  {
+    INFO("backward weights, overwriting");
+    require_close(host(gpu.dw), cpu.dw, atol, rtol);
+    require_close(host(gpu.db), cpu.db, atol, rtol);
+  }
+  {
+    INFO("backward weights, accumulating");
+    require_close(host(gpu.dw_acc), cpu.dw_acc, atol, rtol);
+    require_close(host(gpu.db_acc), cpu.db_acc, atol, rtol);
+  }
+}
+
+// ---- matrix products ----------------------------------------------------------------------
+
+// linear forward and backward of one configuration on `device`.
+struct LinearOutputs {
+  Tensor y, dx, dw, db;
+};
+
+LinearOutputs run_linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& dy,
+                         const Tensor& dw0, const Tensor& db0, bool with_bias, bool want_dx,
+                         bool accumulate, Device device) {
+  LinearOutputs out;
+  const Tensor xd = x.to(device), wd = w.to(device), dyd = dy.to(device);
+  const Tensor bd = with_bias ? b.to(device) : Tensor();
+  out.y = poisoned({x.size(0), w.size(0)}, device);
+  ops::linear_forward(xd, wd, bd, out.y);
+  out.dx = want_dx ? poisoned(x.shape(), device) : Tensor();
+  out.dw = accumulate ? dw0.clone().to(device) : poisoned(w.shape(), device);
+  out.db = with_bias ? (accumulate ? db0.clone().to(device) : poisoned({w.size(0)}, device))
+                     : Tensor();
+  ops::linear_backward(xd, wd, dyd, out.dx, out.dw, out.db, accumulate);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cuDNN convolutions match the CPU kernels (heuristic algorithm choice)") {
+  require_gpu();
+  NumericsScope scope(exact_float32());
+  uint32_t seed = 100;
+  for (const ConvCase& k : conv_cases()) require_conv_matches_cpu(k, seed += 10);
+}
+
+TEST_CASE("cuDNN convolutions match the CPU kernels in benchmark mode") {
+  require_gpu();
+  NumericsScope scope(exact_float32(/*benchmark=*/true));
+  uint32_t seed = 200;
+  for (const ConvCase& k : conv_cases()) {
+    // Twice: the first call times the algorithms, the second runs the cached choice.
+    require_conv_matches_cpu(k, seed += 10);
+    require_conv_matches_cpu(k, seed += 10);
+  }
+}
+
+TEST_CASE("deterministic convolutions match the CPU kernels and repeat bitwise") {
+  require_gpu();
+  for (const bool benchmark : {false, true}) {
+    INFO("benchmark: " << benchmark);
+    NumericsScope scope(exact_float32(benchmark, /*deterministic=*/true));
+    uint32_t seed = benchmark ? 400 : 300;
+    for (const ConvCase& k : conv_cases()) {
+      require_conv_matches_cpu(k, seed += 10);
+      INFO("case: " << k.name);
+      const ConvInputs in = conv_inputs(k, seed);
+      const ConvOutputs first = run_conv(k, in, kGpu);
+      for (int repeat = 0; repeat < 3; ++repeat) {
+        const ConvOutputs again = run_conv(k, in, kGpu);
+        CHECK(bitwise_equal(again.y, first.y));
+        CHECK(bitwise_equal(again.dx, first.dx));
+        CHECK(bitwise_equal(again.dw, first.dw));
+        CHECK(bitwise_equal(again.db, first.db));
+        CHECK(bitwise_equal(again.dw_acc, first.dw_acc));
+        CHECK(bitwise_equal(again.db_acc, first.db_acc));
+      }
+    }
+  }
+}
+
+TEST_CASE("convolutions with TF32 allowed stay within TF32 rounding of the CPU result") {
+  require_gpu();
+  NumericsOptions o = exact_float32();
+  o.allow_tf32 = true;
+  NumericsScope scope(o);
+  // TF32 keeps 10 of float32's 23 mantissa bits, so each product is off by up to ~2^-10
+  // relative; over K <= 400 terms with random signs that is ~sqrt(K) * 1e-3 = 2e-2 at
+  // most. A wrong kernel is still off by whole terms (0.25 on average) in some element.
+  uint32_t seed = 500;
+  for (const ConvCase& k : conv_cases()) require_conv_matches_cpu(k, seed += 10, 5e-2, 1e-2);
+}
+
+TEST_CASE("empty batches on the GPU do what the CPU kernels do") {
+  require_gpu();
+  NumericsScope scope(exact_float32());
+  const Conv2dParams p{1, 1, 1, 1};
+  const Tensor x = Tensor::empty({0, 3, 6, 6}, DType::Float32, kGpu);
+  const Tensor w = random_tensor({4, 3, 3, 3}, 7).to(kGpu);
+  const Tensor dy = Tensor::empty({0, 4, 6, 6}, DType::Float32, kGpu);
+  Tensor y = Tensor::empty({0, 4, 6, 6}, DType::Float32, kGpu);
+  ops::conv2d_forward(x, w, Tensor(), y, p);
+  Tensor dx = Tensor::empty({0, 3, 6, 6}, DType::Float32, kGpu);
+  ops::conv2d_backward_data(dy, w, dx, p);
+  Tensor dw = poisoned({4, 3, 3, 3}, kGpu);
+  Tensor db = poisoned({4}, kGpu);
+  ops::conv2d_backward_weights(x, dy, dw, db, p, /*accumulate=*/false);
+  CHECK(host(dw).to_vector<float>() == std::vector<float>(36, 0.0f));
+  CHECK(host(db).to_vector<float>() == std::vector<float>(4, 0.0f));
+  // Accumulating an empty batch leaves the gradients as they were.
+  const Tensor dw0 = random_tensor({4, 3, 3, 3}, 8);
+  Tensor dw_acc = dw0.to(kGpu);
+  Tensor db_acc = Tensor::full({4}, 2.5f).to(kGpu);
+  ops::conv2d_backward_weights(x, dy, dw_acc, db_acc, p, /*accumulate=*/true);
+  CHECK(host(dw_acc).to_vector<float>() == dw0.to_vector<float>());
+  CHECK(host(db_acc).to_vector<float>() == std::vector<float>(4, 2.5f));
+}
+
+TEST_CASE("cuBLAS matmul matches the CPU kernel in every transpose combination") {
+  require_gpu();
+  NumericsScope scope(exact_float32());
+  const int64_t m = 5, n = 6, k = 7;
+  uint32_t seed = 600;
+  for (const bool ta : {false, true}) {
+    for (const bool tb : {false, true}) {
+      INFO("transpose_a " << ta << ", transpose_b " << tb);
+      const Tensor a = random_tensor(ta ? Shape{k, m} : Shape{m, k}, seed += 10);
+      const Tensor b = random_tensor(tb ? Shape{n, k} : Shape{k, n}, seed + 1);
+      const Tensor c0 = random_tensor({m, n}, seed + 2);
+      for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.75f, -0.5f}}) {
+        INFO("alpha " << alpha << ", beta " << beta);
+        Tensor cpu = c0.clone();
+        ops::matmul(a, ta, b, tb, cpu, alpha, beta);
+        Tensor gpu = c0.to(kGpu);
+        ops::matmul(a.to(kGpu), ta, b.to(kGpu), tb, gpu, alpha, beta);
+        require_close(host(gpu), cpu, kAtol, kRtol);
+      }
+    }
+  }
+}
+
+TEST_CASE("matmul with an empty inner dimension gives beta * c on the GPU") {
+  require_gpu();
+  NumericsScope scope(exact_float32());
+  const Tensor a = Tensor::empty({3, 0}, DType::Float32, kGpu);
+  const Tensor b = Tensor::empty({0, 4}, DType::Float32, kGpu);
+  const Tensor c0 = random_tensor({3, 4}, 700);
+  Tensor scaled = c0.to(kGpu);
+  ops::matmul(a, false, b, false, scaled, 1.0f, -2.0f);
+  Tensor expected = c0.clone();
+  ops::matmul(Tensor::empty({3, 0}), false, Tensor::empty({0, 4}), false, expected, 1.0f, -2.0f);
+  require_close(host(scaled), expected, 0.0, 0.0);
+  // beta == 0 overwrites, NaN included.
+  Tensor zeroed = poisoned({3, 4}, kGpu);
+  ops::matmul(a, false, b, false, zeroed, 1.0f, 0.0f);
+  CHECK(host(zeroed).to_vector<float>() == std::vector<float>(12, 0.0f));
+}
+
+TEST_CASE("cuBLAS linear forward and backward match the CPU kernels") {
+  require_gpu();
+  NumericsScope scope(exact_float32());
+  const int64_t batch = 5, in = 7, out = 3;
+  const Tensor x = random_tensor({batch, in}, 800);
+  const Tensor w = random_tensor({out, in}, 801);
+  const Tensor b = random_tensor({out}, 802);
+  const Tensor dy = random_tensor({batch, out}, 803);
+  const Tensor dw0 = random_tensor({out, in}, 804);
+  const Tensor db0 = random_tensor({out}, 805);
+  for (const bool with_bias : {false, true}) {
+    for (const bool want_dx : {false, true}) {
+      for (const bool accumulate : {false, true}) {
+        INFO("bias " << with_bias << ", dx " << want_dx << ", accumulate " << accumulate);
+        const LinearOutputs cpu =
+            run_linear(x, w, b, dy, dw0, db0, with_bias, want_dx, accumulate, Device::cpu());
+        const LinearOutputs gpu =
+            run_linear(x, w, b, dy, dw0, db0, with_bias, want_dx, accumulate, kGpu);
+        require_close(host(gpu.y), cpu.y, kAtol, kRtol);
+        if (want_dx) require_close(host(gpu.dx), cpu.dx, kAtol, kRtol);
+        require_close(host(gpu.dw), cpu.dw, kAtol, kRtol);
+        if (with_bias) require_close(host(gpu.db), cpu.db, kAtol, kRtol);
+      }
+    }
+  }
+}
+
+TEST_CASE("linear on an empty batch: nothing to add, overwritten gradients are zero") {
+  require_gpu();
+  NumericsScope scope(exact_float32());
+  const Tensor x = Tensor::empty({0, 4}, DType::Float32, kGpu);
+  const Tensor w = random_tensor({3, 4}, 900).to(kGpu);
+  const Tensor dy = Tensor::empty({0, 3}, DType::Float32, kGpu);
+  Tensor dx = Tensor::empty({0, 4}, DType::Float32, kGpu);
+  Tensor dw = poisoned({3, 4}, kGpu);
+  Tensor db = poisoned({3}, kGpu);
+  ops::linear_backward(x, w, dy, dx, dw, db, /*accumulate=*/false);
+  CHECK(host(dw).to_vector<float>() == std::vector<float>(12, 0.0f));
+  CHECK(host(db).to_vector<float>() == std::vector<float>(3, 0.0f));
+  Tensor db_acc = Tensor::full({3}, 1.5f).to(kGpu);
+  Tensor dw_acc = Tensor::full({3, 4}, -1.0f).to(kGpu);
+  ops::linear_backward(x, w, dy, dx, dw_acc, db_acc, /*accumulate=*/true);
+  CHECK(host(dw_acc).to_vector<float>() == std::vector<float>(12, -1.0f));
+  CHECK(host(db_acc).to_vector<float>() == std::vector<float>(3, 1.5f));
+}
+
+TEST_CASE("matmul with TF32 allowed stays within TF32 rounding of the CPU result") {
+  require_gpu();
+  NumericsOptions o = exact_float32();
+  o.allow_tf32_matmul = true;
+  NumericsScope scope(o);
+  // K = 256 products each off by up to ~2^-10 relative, random signs: ~sqrt(K) * 1e-3.
+  const Tensor a = random_tensor({64, 256}, 1000);
+  const Tensor b = random_tensor({256, 48}, 1001);
+  Tensor cpu = Tensor::empty({64, 48});
+  ops::matmul(a, false, b, false, cpu);
+  Tensor gpu = Tensor::empty({64, 48}, DType::Float32, kGpu);
+  ops::matmul(a.to(kGpu), false, b.to(kGpu), false, gpu);
+  require_close(host(gpu), cpu, 5e-2, 1e-2);
+}
+
+TEST_CASE("library calls queue on the caller's current stream") {
+  require_gpu();
+  NumericsScope scope(exact_float32());
+  const ConvCase& k = conv_cases().front();
+  const ConvInputs in = conv_inputs(k, 1100);
+  const ConvOutputs cpu = run_conv(k, in, Device::cpu());
+  const Tensor a = random_tensor({9, 11}, 1101), b = random_tensor({11, 13}, 1102);
+  Tensor c_cpu = Tensor::empty({9, 13});
+  ops::matmul(a, false, b, false, c_cpu);
+
+  // The inputs are copied on the side stream too, so everything is ordered on it alone;
+  // the handles must move to it (and cuBLAS to a workspace of its own).
+  cuda::OwnedStream side(0);
+  ConvOutputs gpu;
+  Tensor c_gpu;
+  {
+    cuda::StreamGuard guard(side.stream());
+    gpu = run_conv(k, in, kGpu);
+    c_gpu = Tensor::empty({9, 13}, DType::Float32, kGpu);
+    ops::matmul(a.to(kGpu), false, b.to(kGpu), false, c_gpu);
+  }
+  side.stream().synchronize();
+  require_close(host(gpu.y), cpu.y, kAtol, kRtol);
+  require_close(host(gpu.dw_acc), cpu.dw_acc, kAtol, kRtol);
+  require_close(host(c_gpu), c_cpu, kAtol, kRtol);
+}
+
+TEST_CASE("GPU kernels reject tensors on another device, naming the op") {
+  require_gpu();
+  const Tensor x = random_tensor({1, 2, 4, 4}, 1200).to(kGpu);
+  const Tensor w_host = random_tensor({3, 2, 3, 3}, 1201);
+  Tensor y = Tensor::empty({1, 3, 4, 4}, DType::Float32, kGpu);
+  CHECK_THROWS_AS(ops::conv2d_forward(x, w_host, Tensor(), y, Conv2dParams{1, 1, 1, 1}),
+                  InternalError);
+  CHECK_THROWS_WITH(ops::conv2d_forward(x, w_host, Tensor(), y, Conv2dParams{1, 1, 1, 1}),
+                    Catch::Contains("conv2d_forward") && Catch::Contains("w"));
+  const Tensor a = random_tensor({2, 3}, 1202).to(kGpu);
+  Tensor c = Tensor::empty({2, 2}, DType::Float32, kGpu);
+  CHECK_THROWS_WITH(ops::matmul(a, false, random_tensor({3, 2}, 1203), false, c),
+                    Catch::Contains("matmul") && Catch::Contains("b must be"));
+}
+
+#endif  // MTRAIN_HAVE_CUDA
