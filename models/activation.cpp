@@ -19,14 +19,15 @@ Shape shape_of(const Tensor& t) { return t.defined() ? t.shape() : Shape{}; }
 
 Tensor ReLU::forward(const Tensor& x) {
   check_float_input("ReLU", x);
-  output_ = Tensor::empty(x.shape());
+  output_ = Tensor::empty(x.shape(), DType::Float32, x.device());
   ops::relu_forward(x, output_);
   return output_;
 }
 
 Tensor ReLU::backward(const Tensor& dy) {
   detail::check_output_grad("ReLU", dy, shape_of(output_));
-  Tensor dx = Tensor::empty(dy.shape());
+  detail::check_output_grad_device("ReLU", dy, output_.device());
+  Tensor dx = Tensor::empty(dy.shape(), DType::Float32, dy.device());
   ops::relu_backward(output_, dy, dx);
   output_ = Tensor();  // Note [Saved tensors die with backward] (module.h)
   return dx;
@@ -34,14 +35,15 @@ Tensor ReLU::backward(const Tensor& dy) {
 
 Tensor Sigmoid::forward(const Tensor& x) {
   check_float_input("Sigmoid", x);
-  output_ = Tensor::empty(x.shape());
+  output_ = Tensor::empty(x.shape(), DType::Float32, x.device());
   ops::sigmoid_forward(x, output_);
   return output_;
 }
 
 Tensor Sigmoid::backward(const Tensor& dy) {
   detail::check_output_grad("Sigmoid", dy, shape_of(output_));
-  Tensor dx = Tensor::empty(dy.shape());
+  detail::check_output_grad_device("Sigmoid", dy, output_.device());
+  Tensor dx = Tensor::empty(dy.shape(), DType::Float32, dy.device());
   ops::sigmoid_backward(output_, dy, dx);
   output_ = Tensor();  // Note [Saved tensors die with backward] (module.h)
   return dx;

@@ -1,7 +1,5 @@
 #include "models/batchnorm.h"
 
-#include <cmath>
-
 #include "core/error.h"
 #include "models/input_checks.h"
 #include "tensor/ops.h"
@@ -9,14 +7,14 @@
 namespace mtrain::models {
 
 namespace {
-// invstd[c] = 1 / sqrt(var[c] + eps): C values, no kernel needed.
+// Per-channel float32 tensor on `device`.
+Tensor channel_tensor(int64_t channels, Device device) {
+  return Tensor::empty({channels}, DType::Float32, device);
+}
+
 Tensor inverse_std(const Tensor& var, double eps) {
-  Tensor invstd = Tensor::empty(var.shape());
-  const float* v = var.data<float>();
-  float* out = invstd.data<float>();
-  for (int64_t c = 0; c < var.numel(); ++c) {
-    out[c] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(v[c]) + eps));
-  }
+  Tensor invstd = channel_tensor(var.numel(), var.device());
+  ops::batchnorm_invstd(var, eps, invstd);
   return invstd;
 }
 }  // namespace
@@ -63,15 +61,17 @@ void BatchNorm2d::copy_state_from(const BatchNorm2d& other) {
 }
 
 int64_t BatchNorm2d::num_batches_tracked() const {
-  return num_batches_tracked_.data<int64_t>()[0];
+  // On a GPU this waits for the queued forwards: callers read it between steps.
+  return num_batches_tracked_.to(Device::cpu()).data<int64_t>()[0];
 }
 
 Tensor BatchNorm2d::forward(const Tensor& x) {
   detail::check_image_batch(description(), x, num_features_);
+  detail::check_input_device(description(), x, weight_.value);
   forward_was_training_ = is_training();
   if (forward_was_training_) {
-    BatchStats stats{Tensor::empty({num_features_}), Tensor::empty({num_features_}),
-                     x.size(0) * x.size(2) * x.size(3)};
+    BatchStats stats{channel_tensor(num_features_, x.device()),
+                     channel_tensor(num_features_, x.device()), x.size(0) * x.size(2) * x.size(3)};
     ops::batchnorm_stats(x, stats.mean, stats.var);
     merge_batch_stats(stats);
     // The unbiased running variance divides by count - 1 (torch raises the same error).
@@ -89,43 +89,31 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
     invstd_ = inverse_std(running_var_, eps_);
     count_ = 0;
   }
-  Tensor y = Tensor::empty(x.shape());
+  Tensor y = Tensor::empty(x.shape(), DType::Float32, x.device());
   ops::batchnorm_apply(x, mean_, invstd_, weight_.value, bias_.value, y);
   input_ = x;
   return y;
 }
 
 void BatchNorm2d::update_running_stats(const BatchStats& stats) {
-  const float keep = static_cast<float>(1.0 - momentum_);
-  const float take = static_cast<float>(momentum_);
-  const double unbias = static_cast<double>(stats.count) / static_cast<double>(stats.count - 1);
-  ops::scale_(running_mean_, keep);
-  ops::add_(running_mean_, stats.mean, take);
-  ops::scale_(running_var_, keep);
-  ops::add_(running_var_, stats.var, static_cast<float>(momentum_ * unbias));
-  num_batches_tracked_.data<int64_t>()[0] += 1;
+  ops::batchnorm_update_running(stats.mean, stats.var, stats.count, momentum_, running_mean_,
+                                running_var_, num_batches_tracked_);
 }
 
 Tensor BatchNorm2d::backward(const Tensor& dy) {
   detail::check_output_grad(description(), dy, input_.defined() ? input_.shape() : Shape{});
-  Tensor sum_dy = Tensor::empty({num_features_});
-  Tensor sum_dy_xmu = Tensor::empty({num_features_});
+  const Device device = input_.device();
+  detail::check_output_grad_device(description(), dy, device);
+  Tensor sum_dy = channel_tensor(num_features_, device);
+  Tensor sum_dy_xmu = channel_tensor(num_features_, device);
   ops::batchnorm_backward_reduce(dy, input_, mean_, sum_dy, sum_dy_xmu);
 
-  // dL/dweight = sum dy * xhat = invstd * sum_dy_xmu; dL/dbias = sum dy. C values each.
-  const float* sdy = sum_dy.data<float>();
-  const float* sdyxmu = sum_dy_xmu.data<float>();
-  const float* invstd = invstd_.data<float>();
-  float* dweight = weight_.grad.data<float>();
-  float* dbias = bias_.grad.data<float>();
-  for (int64_t c = 0; c < num_features_; ++c) {
-    dweight[c] += sdyxmu[c] * invstd[c];
-    dbias[c] += sdy[c];
-  }
+  // dL/dweight = sum dy * xhat = invstd * sum_dy_xmu; dL/dbias = sum dy.
+  ops::batchnorm_param_grads(sum_dy, sum_dy_xmu, invstd_, weight_.grad, bias_.grad);
   notify_grad_ready(bias_);
   notify_grad_ready(weight_);
 
-  Tensor dx = Tensor::empty(input_.shape());
+  Tensor dx = Tensor::empty(input_.shape(), DType::Float32, device);
   if (forward_was_training_) {
     reduce_backward_sums(sum_dy, sum_dy_xmu);
     ops::batchnorm_backward_apply(dy, input_, mean_, invstd_, weight_.value, sum_dy, sum_dy_xmu,

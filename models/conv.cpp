@@ -36,6 +36,7 @@ void Conv2d::reset_parameters(ParameterInitializer& init) {
 
 Tensor Conv2d::forward(const Tensor& x) {
   detail::check_image_batch(description_, x, options_.in_channels);
+  detail::check_input_device(description_, x, weight_.value);
   const int64_t k = options_.kernel_size;
   const int64_t oh = ops::conv_out_size(x.size(2), k, options_.stride, options_.padding);
   const int64_t ow = ops::conv_out_size(x.size(3), k, options_.stride, options_.padding);
@@ -43,7 +44,7 @@ Tensor Conv2d::forward(const Tensor& x) {
     throw InvalidArgument(fmt::format("{}: input {} is smaller than the kernel", description_,
                                       shape_str(x.shape())));
   }
-  Tensor y = Tensor::empty({x.size(0), options_.out_channels, oh, ow});
+  Tensor y = Tensor::empty({x.size(0), options_.out_channels, oh, ow}, DType::Float32, x.device());
   ops::conv2d_forward(x, weight_.value, bias_.value, y, geometry_);
   input_ = x;
   output_shape_ = y.shape();
@@ -52,6 +53,7 @@ Tensor Conv2d::forward(const Tensor& x) {
 
 Tensor Conv2d::backward(const Tensor& dy) {
   detail::check_output_grad(description_, dy, output_shape_);
+  detail::check_output_grad_device(description_, dy, input_.device());
   // Parameter gradients first, so the reducer can start on them while dx is computed.
   ops::conv2d_backward_weights(input_, dy, weight_.grad, bias_.grad, geometry_,
                                /*accumulate=*/true);
@@ -59,7 +61,7 @@ Tensor Conv2d::backward(const Tensor& dy) {
   notify_grad_ready(weight_);
   Tensor dx;
   if (input_grad_needed()) {
-    dx = Tensor::empty(input_.shape());
+    dx = Tensor::empty(input_.shape(), DType::Float32, input_.device());
     ops::conv2d_backward_data(dy, weight_.value, dx, geometry_);
   }
   input_ = Tensor();  // Note [Saved tensors die with backward] (module.h)

@@ -43,22 +43,40 @@ float ParameterInitializer::next_unit_float() {
   return static_cast<float>(rng_() >> 40) * 0x1.0p-24f;
 }
 
+namespace {
+// The values are always drawn into host memory (see Note [Initialisation]); a tensor on
+// a GPU gets them through a host tensor and one copy.
+template <class Fill>
+void fill_on_host(Tensor& t, const Fill& fill) {
+  if (t.device().is_cpu()) {
+    fill(t.data<float>());
+    return;
+  }
+  Tensor host = Tensor::empty(t.shape(), t.dtype());
+  fill(host.data<float>());
+  t.copy_(host);
+}
+}  // namespace
+
 void ParameterInitializer::fill_uniform(Tensor& t, float low, float high) {
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = low + (high - low) * next_unit_float();
+  fill_on_host(t, [&](float* p) {
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = low + (high - low) * next_unit_float();
+  });
 }
 
 void ParameterInitializer::fill_normal(Tensor& t, float mean, float stddev) {
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); i += 2) {
-    // Box-Muller: 1 - u is in (0, 1], so the log is finite.
-    const double u1 = 1.0 - next_unit_float();
-    const double u2 = next_unit_float();
-    const double radius = std::sqrt(-2.0 * std::log(u1));
-    const double angle = 2.0 * std::numbers::pi * u2;
-    p[i] = static_cast<float>(mean + stddev * radius * std::cos(angle));
-    if (i + 1 < t.numel()) p[i + 1] = static_cast<float>(mean + stddev * radius * std::sin(angle));
-  }
+  fill_on_host(t, [&](float* p) {
+    const int64_t n = t.numel();
+    for (int64_t i = 0; i < n; i += 2) {
+      // Box-Muller: 1 - u is in (0, 1], so the log is finite.
+      const double u1 = 1.0 - next_unit_float();
+      const double u2 = next_unit_float();
+      const double radius = std::sqrt(-2.0 * std::log(u1));
+      const double angle = 2.0 * std::numbers::pi * u2;
+      p[i] = static_cast<float>(mean + stddev * radius * std::cos(angle));
+      if (i + 1 < n) p[i + 1] = static_cast<float>(mean + stddev * radius * std::sin(angle));
+    }
+  });
 }
 
 void init_parameters(Module& root, const InitOptions& options) {

@@ -18,6 +18,9 @@
 // a float in [0, 1), Box-Muller for normals) rather than with std:: distributions, whose
 // algorithms differ between standard libraries. Bit parity with torch's generator is a
 // non-goal: torch.manual_seed(s) and seed s give different (equally distributed) values.
+// Values are drawn on the host, so a model initialised on the CPU and moved with
+// Module::to starts from the same weights on every device; an initializer given a GPU
+// tensor draws the same values into host memory and copies them over.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +52,8 @@ class ParameterInitializer {
   // A conv or linear bias whose layer has the given fan-in, per the scheme.
   void init_bias(Tensor& bias, int64_t fan_in);
 
+  // Float32 tensors on any device: the values are drawn on the host in the same order
+  // either way, then copied (Note [Initialisation]).
   void fill_uniform(Tensor& t, float low, float high);
   void fill_normal(Tensor& t, float mean, float stddev);
 

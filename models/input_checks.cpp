@@ -44,4 +44,20 @@ void check_output_grad(const std::string& layer, const Tensor& dy, const Shape& 
   }
 }
 
+void check_input_device(const std::string& layer, const Tensor& x, const Tensor& parameter) {
+  if (x.device() == parameter.device()) return;
+  throw InvalidArgument(fmt::format(
+      "{}: the input is on {} but the layer's parameters are on {}; move the model to the "
+      "input's device with model.to({}) (or the input with .to({})) before the forward",
+      layer, x.device().str(), parameter.device().str(), x.device().str(),
+      parameter.device().str()));
+}
+
+void check_output_grad_device(const std::string& layer, const Tensor& dy, Device forward_device) {
+  if (dy.device() == forward_device) return;
+  throw InvalidArgument(fmt::format(
+      "{}: expected the output gradient on {}, where the forward ran, found it on {}", layer,
+      forward_device.str(), dy.device().str()));
+}
+
 }  // namespace mtrain::models::detail

@@ -17,4 +17,11 @@ void check_matrix_batch(const std::string& layer, const Tensor& x, int64_t featu
 // dy must have the shape of the output of the last forward (and that forward happened).
 void check_output_grad(const std::string& layer, const Tensor& dy, const Shape& output_shape);
 
+// The input of a layer with parameters must be on their device: a model that was not
+// moved with model.to(...) is the most common mistake, so the message names both
+// devices and the fix.
+void check_input_device(const std::string& layer, const Tensor& x, const Tensor& parameter);
+// dy must be on the device of the forward that it is the gradient of.
+void check_output_grad_device(const std::string& layer, const Tensor& dy, Device forward_device);
+
 }  // namespace mtrain::models::detail

@@ -28,7 +28,8 @@ void Linear::reset_parameters(ParameterInitializer& init) {
 
 Tensor Linear::forward(const Tensor& x) {
   detail::check_matrix_batch(description_, x, in_features_);
-  Tensor y = Tensor::empty({x.size(0), out_features_});
+  detail::check_input_device(description_, x, weight_.value);
+  Tensor y = Tensor::empty({x.size(0), out_features_}, DType::Float32, x.device());
   ops::linear_forward(x, weight_.value, bias_.value, y);
   input_ = x;
   output_shape_ = y.shape();
@@ -37,8 +38,10 @@ Tensor Linear::forward(const Tensor& x) {
 
 Tensor Linear::backward(const Tensor& dy) {
   detail::check_output_grad(description_, dy, output_shape_);
+  detail::check_output_grad_device(description_, dy, input_.device());
   // One kernel call produces dx, dw and db together; the hook fires right after it.
-  Tensor dx = input_grad_needed() ? Tensor::empty(input_.shape()) : Tensor();  // undefined: not computed
+  Tensor dx = input_grad_needed() ? Tensor::empty(input_.shape(), DType::Float32, input_.device())
+                                  : Tensor();  // undefined: not computed
   ops::linear_backward(input_, weight_.value, dy, dx, weight_.grad, bias_.grad,
                        /*accumulate=*/true);
   if (has_bias_) notify_grad_ready(bias_);

@@ -17,7 +17,13 @@ LossResult CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels)
     throw InvalidArgument(fmt::format("CrossEntropyLoss: expected int64 labels [{}], found {}",
                                       n, labels.defined() ? labels.str() : "an undefined tensor"));
   }
-  dlogits_ = Tensor::empty(logits.shape());
+  if (labels.device() != logits.device()) {
+    throw InvalidArgument(fmt::format(
+        "CrossEntropyLoss: the logits are on {} but the labels are on {}; move the labels with "
+        ".to({}) before the loss",
+        logits.device().str(), labels.device().str(), logits.device().str()));
+  }
+  dlogits_ = Tensor::empty(logits.shape(), DType::Float32, logits.device());
   const double sum = ops::cross_entropy(logits, labels, dlogits_, 1.0f / static_cast<float>(n));
   return {sum / static_cast<double>(n), ops::count_correct(logits, labels), n};
 }

@@ -18,8 +18,8 @@ struct LossResult {
 
 class CrossEntropyLoss {
  public:
-  // logits float32 [N, K], labels int64 [N] in [0, K), N >= 1. Keeps d(loss)/d(logits)
-  // for backward.
+  // logits float32 [N, K], labels int64 [N] in [0, K), N >= 1, both on one device.
+  // Keeps d(loss)/d(logits), on that device, for backward.
   LossResult forward(const Tensor& logits, const Tensor& labels);
   // d(mean loss)/d(logits) of the last forward.
   Tensor backward() const;

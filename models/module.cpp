@@ -10,6 +10,27 @@ std::string join_name(const std::string& prefix, const std::string& name) {
 }
 }  // namespace
 
+void Module::to(Device device) {
+  std::vector<NamedParameter> params = parameters();
+  std::vector<NamedBuffer> buffers_in_tree = buffers();
+  // Every copy is made before any is installed, so a failure (no such device, out of
+  // memory) leaves the whole model where it was rather than split across two devices.
+  std::vector<Tensor> moved;
+  moved.reserve(2 * params.size() + buffers_in_tree.size());
+  auto move = [&](const Tensor& t) { moved.push_back(t.defined() ? t.to(device) : t); };
+  for (const NamedParameter& p : params) {
+    move(p.param->value);
+    move(p.param->grad);
+  }
+  for (const NamedBuffer& b : buffers_in_tree) move(*b.buffer);
+  size_t next = 0;
+  for (NamedParameter& p : params) {
+    p.param->value = std::move(moved[next++]);
+    p.param->grad = std::move(moved[next++]);
+  }
+  for (NamedBuffer& b : buffers_in_tree) *b.buffer = std::move(moved[next++]);
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (Child& c : children_) c.module->train(on);

@@ -118,6 +118,13 @@ class Module {
   virtual void set_input_grad_needed(bool needed) { input_grad_needed_ = needed; }
   bool input_grad_needed() const { return input_grad_needed_; }
 
+  // Moves every parameter (value and grad) and buffer of the subtree to `device`, as
+  // torch's Module.to: later forwards expect inputs there, and every layer allocates
+  // its outputs and saved tensors on its input's device. Call it before anything holds
+  // views of the gradients or optimizer state (the reducer's buckets, momentum), which
+  // would otherwise keep pointing at the old copies; a no-op when already there.
+  void to(Device device);
+
   std::vector<NamedParameter> parameters();  // whole subtree, Note [Parameter names] order
   std::vector<NamedBuffer> buffers();
   int64_t num_parameter_elements();

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "models/module.h"
@@ -26,7 +27,8 @@ class Sgd {
   // momentum > 0 and dampening 0. Throws InvalidArgument otherwise.
   Sgd(Module& model, const SgdOptions& options);
 
-  // One update of every parameter from its current gradient.
+  // One update of every parameter from its current gradient: one fused ops::sgd_step_all
+  // over the model, on the parameters' device (momentum buffers are allocated there).
   void step();
   // Zeroes every parameter's gradient (Module::zero_grad on the model).
   void zero_grad();
@@ -41,9 +43,13 @@ class Sgd {
   std::vector<Tensor>& momentum_buffers() { return momentum_buffers_; }
 
  private:
+  // InvalidArgument unless every parameter and momentum buffer is on one device.
+  void check_devices() const;
+
   Module& model_;
   SgdOptions options_;
   std::vector<Parameter*> params_;
+  std::vector<std::string> param_names_;  // for error messages
   std::vector<Tensor> momentum_buffers_;
   int64_t steps_taken_ = 0;
 };

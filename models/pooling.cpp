@@ -45,8 +45,8 @@ MaxPool2d::MaxPool2d(const Pool2dOptions& options)
 
 Tensor MaxPool2d::forward(const Tensor& x) {
   const Shape out_shape = pooled_shape(description_, x, window_);
-  Tensor y = Tensor::empty(out_shape);
-  argmax_ = Tensor::empty(out_shape, DType::Int32);
+  Tensor y = Tensor::empty(out_shape, DType::Float32, x.device());
+  argmax_ = Tensor::empty(out_shape, DType::Int32, x.device());
   ops::maxpool2d_forward(x, y, argmax_, window_);
   input_shape_ = x.shape();
   return y;
@@ -54,7 +54,8 @@ Tensor MaxPool2d::forward(const Tensor& x) {
 
 Tensor MaxPool2d::backward(const Tensor& dy) {
   detail::check_output_grad(description_, dy, argmax_.defined() ? argmax_.shape() : Shape{});
-  Tensor dx = Tensor::empty(input_shape_);
+  detail::check_output_grad_device(description_, dy, argmax_.device());
+  Tensor dx = Tensor::empty(input_shape_, DType::Float32, dy.device());
   ops::maxpool2d_backward(dy, argmax_, dx);
   argmax_ = Tensor();  // Note [Saved tensors die with backward] (module.h)
   return dx;
@@ -64,7 +65,7 @@ AvgPool2d::AvgPool2d(const Pool2dOptions& options)
     : description_(describe("AvgPool2d", options)), window_(make_window(description_, options)) {}
 
 Tensor AvgPool2d::forward(const Tensor& x) {
-  Tensor y = Tensor::empty(pooled_shape(description_, x, window_));
+  Tensor y = Tensor::empty(pooled_shape(description_, x, window_), DType::Float32, x.device());
   ops::avgpool2d_forward(x, y, window_);
   input_shape_ = x.shape();
   output_shape_ = y.shape();
@@ -73,7 +74,8 @@ Tensor AvgPool2d::forward(const Tensor& x) {
 
 Tensor AvgPool2d::backward(const Tensor& dy) {
   detail::check_output_grad(description_, dy, output_shape_);
-  Tensor dx = Tensor::empty(input_shape_);
+  // Nothing saved but shapes: dx goes wherever dy is, and the kernel needs nothing else.
+  Tensor dx = Tensor::empty(input_shape_, DType::Float32, dy.device());
   ops::avgpool2d_backward(dy, dx, window_);
   return dx;
 }
@@ -93,7 +95,7 @@ Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
     throw InvalidArgument(fmt::format("AdaptiveAvgPool2d(1): input {} has an empty plane",
                                       shape_str(x.shape())));
   }
-  Tensor y = Tensor::empty({x.size(0), x.size(1), 1, 1});
+  Tensor y = Tensor::empty({x.size(0), x.size(1), 1, 1}, DType::Float32, x.device());
   ops::global_avgpool_forward(x, y);
   input_shape_ = x.shape();
   output_shape_ = y.shape();
@@ -102,7 +104,7 @@ Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
 
 Tensor AdaptiveAvgPool2d::backward(const Tensor& dy) {
   detail::check_output_grad("AdaptiveAvgPool2d(1)", dy, output_shape_);
-  Tensor dx = Tensor::empty(input_shape_);
+  Tensor dx = Tensor::empty(input_shape_, DType::Float32, dy.device());
   ops::global_avgpool_backward(dy, dx);
   return dx;
 }

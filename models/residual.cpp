@@ -50,7 +50,7 @@ Tensor Residual::forward(const Tensor& x) {
   }
   // A fresh sum rather than in place: the module in slot bn2 may keep its output (a
   // replacement is any Module) and x belongs to the caller.
-  Tensor sum = Tensor::empty(h.shape());
+  Tensor sum = Tensor::empty(h.shape(), DType::Float32, h.device());
   ops::add(h, shortcut, sum);
   return output_relu_.forward(sum);
 }
@@ -61,7 +61,7 @@ Tensor Residual::backward(const Tensor& dy) {
   Tensor dx = has_conv3_ ? child(conv3_).backward(dsum) : dsum;
   Tensor dmain = child(conv2_).backward(child(bn2_).backward(dsum));
   dmain = child(conv1_).backward(child(bn1_).backward(inner_relu_.backward(dmain)));
-  Tensor total = Tensor::empty(dmain.shape());
+  Tensor total = Tensor::empty(dmain.shape(), DType::Float32, dmain.device());
   ops::add(dmain, dx, total);
   return total;
 }

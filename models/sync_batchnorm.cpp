@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "tensor/ops.h"
 
 namespace mtrain::models {
 
@@ -28,22 +29,26 @@ void SyncBatchNorm::merge_batch_stats(BatchStats& stats) {
   const int64_t c = num_features();
   const int world = group_->size();
   const int64_t row = 2 * c + 1;
+  // Every tensor the collectives see lives on the input's device (NCCL needs device
+  // memory; the host backends stage device tensors themselves).
+  const Device device = stats.mean.device();
 
-  Tensor local = Tensor::empty({row});
-  float* out = local.data<float>();
-  const float* mean = stats.mean.data<float>();
-  const float* var = stats.var.data<float>();
-  for (int64_t i = 0; i < c; ++i) {
-    out[i] = mean[i];
-    out[c + i] = var[i];
-  }
-  out[2 * c] = stats.count > kMaxExactCount ? kCountTooLarge : static_cast<float>(stats.count);
+  Tensor local = Tensor::empty({row}, DType::Float32, device);
+  local.flat_view(0, {c}).copy_(stats.mean);
+  local.flat_view(c, {c}).copy_(stats.var);
+  local.flat_view(2 * c, {1})
+      .fill_(stats.count > kMaxExactCount ? kCountTooLarge : static_cast<float>(stats.count));
 
-  Tensor all = Tensor::empty({world * row});
-  group_->allgather(local, all)->wait();
+  Tensor all = Tensor::empty({world, row}, DType::Float32, device);
+  Tensor all_flat = all.view({world * row});
+  group_->allgather(local, all_flat)->wait();
 
-  // Note [SyncBatchNorm merge].
-  const float* rows = all.data<float>();
+  // The checks below need every rank's count on the host. On a GPU that is one small
+  // device-to-host copy of the gathered rows per layer per training forward, which
+  // synchronises the stream once there; the merge itself stays on the device. (Copying
+  // only the count column would save bytes, not the synchronisation.)
+  const Tensor host_rows = all.to(Device::cpu());
+  const float* rows = host_rows.data<float>();
   for (int r = 0; r < world; ++r) {
     if (rows[r * row + 2 * c] == kCountTooLarge) {
       throw InvalidArgument(fmt::format(
@@ -62,31 +67,15 @@ void SyncBatchNorm::merge_batch_stats(BatchStats& stats) {
         description(), total, world, stats.count));
   }
 
-  float* merged_mean = stats.mean.data<float>();
-  float* merged_var = stats.var.data<float>();
-  for (int64_t i = 0; i < c; ++i) {
-    double n = 0.0, avg = 0.0, m2 = 0.0;
-    for (int r = 0; r < world; ++r) {
-      const float* rank_row = rows + r * row;
-      const double n_j = rank_row[2 * c];
-      if (n_j <= 0.0) continue;
-      const double mean_j = rank_row[i];
-      const double var_j = rank_row[c + i];
-      const double n_new = n + n_j;
-      const double delta = avg - mean_j;
-      m2 += var_j * n_j + delta * delta * n * n_j / n_new;
-      avg = (n * avg + n_j * mean_j) / n_new;
-      n = n_new;
-    }
-    merged_mean[i] = static_cast<float>(avg);
-    merged_var[i] = static_cast<float>(m2 / n);
-  }
+  // Note [SyncBatchNorm merge]; stats.mean and stats.var are this layer's own tensors,
+  // so they can take the result.
+  ops::batchnorm_merge_stats(all, stats.mean, stats.var);
   stats.count = total;
 }
 
 void SyncBatchNorm::reduce_backward_sums(Tensor& sum_dy, Tensor& sum_dy_xmu) {
   const int64_t c = num_features();
-  Tensor sums = Tensor::empty({2 * c});
+  Tensor sums = Tensor::empty({2 * c}, DType::Float32, sum_dy.device());
   sums.flat_view(0, {c}).copy_(sum_dy);
   sums.flat_view(c, {c}).copy_(sum_dy_xmu);
   group_->allreduce(sums, ReduceOp::Sum)->wait();
@@ -109,6 +98,8 @@ int convert_sync_batchnorm(Module& root, std::shared_ptr<ProcessGroup> group) {
     if (bn == nullptr || dynamic_cast<SyncBatchNorm*>(bn) != nullptr) return nullptr;
     auto sync =
         std::make_unique<SyncBatchNorm>(bn->num_features(), group, bn->eps(), bn->momentum());
+    // Beside the layer it replaces: a model already moved with to() stays on its device.
+    sync->to(bn->weight().value.device());
     sync->copy_state_from(*bn);
     sync->train(bn->is_training());
     return sync;

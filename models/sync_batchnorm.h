@@ -25,7 +25,9 @@
 // Note [SyncBatchNorm merge]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // As torch's batch_norm_gather_stats_with_counts (Chan et al.'s pairwise update), in
-// double, ranks in rank order, ranks with count 0 skipped:
+// double, ranks in rank order, ranks with count 0 skipped (ops::batchnorm_merge_stats,
+// on the device of the statistics; CPU and GPU kernels do the same operations in the
+// same order, see Note [Batch-norm channel arithmetic] in tensor/cpu/batchnorm_channels.cpp):
 //   n' = n + n_j;  M2 += var_j*n_j + (mean - mean_j)^2 * n*n_j/n';
 //   mean = (n*mean + n_j*mean_j)/n';   global biased var = M2/n.
 // With a single contributing rank this returns that rank's mean and var exactly (float

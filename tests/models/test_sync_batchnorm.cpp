@@ -14,6 +14,7 @@
 #include "collectives/store.h"
 #include "core/error.h"
 #include "models/batchnorm.h"
+#include "models/sequential.h"
 #include "models/sync_batchnorm.h"
 #include "models/zoo.h"
 #include "tests/launcher/launch_harness.h"
@@ -160,6 +161,25 @@ TEST_CASE("convert_sync_batchnorm swaps every BatchNorm2d of resnet18, keeping n
   CHECK_THROWS_WITH(convert_sync_batchnorm(lone, solo.group),
                     Catch::Contains("root module is itself a BatchNorm2d"));
   CHECK_THROWS_AS(convert_sync_batchnorm(*model, nullptr), InvalidArgument);
+}
+
+TEST_CASE("convert_sync_batchnorm puts the new layers on the model's device") {
+  SoloGroup solo;
+  // A stand-in for a GPU that the CPU kernels can run on: another host device.
+  const Device other = Device::cpu(1);
+  auto with_bn = std::make_unique<Sequential>();
+  with_bn->append(std::make_unique<BatchNorm2d>(3));
+  with_bn->eval();
+  with_bn->to(other);
+  REQUIRE(convert_sync_batchnorm(*with_bn, solo.group) == 1);
+  auto& sync = dynamic_cast<SyncBatchNorm&>(with_bn->child(0));
+  CHECK_FALSE(sync.is_training());
+  for (const NamedParameter& p : with_bn->parameters()) CHECK(p.param->value.device() == other);
+  for (const NamedParameter& p : with_bn->parameters()) CHECK(p.param->grad.device() == other);
+  for (const NamedBuffer& b : with_bn->buffers()) CHECK(b.buffer->device() == other);
+  // Eval mode never communicates, so the solo Gloo group never sees a cpu:1 tensor.
+  const Tensor y = with_bn->forward(Tensor::zeros({2, 3, 2, 2}, DType::Float32, other));
+  CHECK(y.device() == other);
 }
 
 TEST_CASE("SyncBatchNorm on 3 ranks with batches 0, 4, 2 matches one process on all 6") {
