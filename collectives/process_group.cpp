@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "collectives/gloo/gloo_process_group.h"
+#include "collectives/host_staging.h"
 #include "core/error.h"
 #ifdef MTRAIN_HAVE_MPI
 #include "collectives/mpi/mpi_process_group.h"
@@ -217,20 +218,23 @@ std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
                                                    ProcessGroupOptions options) {
   const std::string built = fmt::format("{}", fmt::join(available_backends(), ", "));
   const std::string chosen = backend == "auto" ? resolve_auto_backend(device) : backend;
+  // gloo and mpi work on host memory; on a GPU they stage its tensors through it (Note
+  // [Host staging]), checked before the group connects to its peers.
   if (chosen == "gloo") {
-    if (!device.is_cpu()) {
-      throw InvalidArgument(fmt::format(
-          "the gloo backend works on CPU tensors; found device {} (use nccl for GPUs)",
-          device.str()));
-    }
     if (store == nullptr) {
       throw InvalidArgument("the gloo backend needs a rendezvous store; none was given");
     }
-    return create_gloo_process_group(std::move(store), rank, size, std::move(options));
+    if (device.is_cuda()) check_host_staging_device(chosen, device);
+    auto group = create_gloo_process_group(std::move(store), rank, size, std::move(options));
+    if (device.is_cuda()) return std::make_unique<HostStagingProcessGroup>(std::move(group), device);
+    return group;
   }
   if (chosen == "mpi") {
 #ifdef MTRAIN_HAVE_MPI
-    return create_mpi_process_group(rank, size, std::move(options));
+    if (device.is_cuda()) check_host_staging_device(chosen, device);
+    auto group = create_mpi_process_group(rank, size, std::move(options));
+    if (device.is_cuda()) return std::make_unique<HostStagingProcessGroup>(std::move(group), device);
+    return group;
 #else
     throw InvalidArgument(fmt::format(
         "the mpi backend is not built in (Open MPI was not found at configure time); "

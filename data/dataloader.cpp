@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "tensor/cuda_runtime.h"
 
 namespace mtrain::data {
 namespace {
@@ -49,6 +50,12 @@ void check_options(const DataLoaderOptions& o, const Dataset& dataset) {
       throw InvalidArgument(fmt::format(
           "DataLoader: expected batch_sizes >= 0, found {} at step {}", o.batch_sizes[k], k));
     }
+  }
+  if (o.pin_memory && cuda_info().device_count == 0) {
+    throw InvalidArgument(fmt::format(
+        "DataLoader: pin_memory needs a usable GPU (pinned host memory is allocated through "
+        "CUDA), found {}; leave pin_memory off when training on the CPU",
+        cuda_summary()));
   }
 }
 
@@ -233,8 +240,14 @@ Batch DataLoader::assemble(int64_t epoch, int64_t batch_index, const std::vector
   batch.epoch = epoch;
   batch.batch_index = batch_index;
   batch.indices.assign(order.begin() + begin, order.begin() + end);
-  batch.images = Tensor::empty({rows, ds.channels(), ds.height(), ds.width()}, DType::Float32);
-  batch.labels = Tensor::empty({rows}, DType::Int64);
+  const Shape image_shape{rows, ds.channels(), ds.height(), ds.width()};
+  if (options_.pin_memory) {
+    batch.images = Tensor::empty_pinned(image_shape, DType::Float32);
+    batch.labels = Tensor::empty_pinned({rows}, DType::Int64);
+  } else {
+    batch.images = Tensor::empty(image_shape, DType::Float32);
+    batch.labels = Tensor::empty({rows}, DType::Int64);
+  }
   float* images = batch.images.data<float>();
   int64_t* labels = batch.labels.data<int64_t>();
   for (int64_t r = 0; r < rows; ++r) {
@@ -265,8 +278,9 @@ std::string DataLoader::describe() const {
       options_.batch_sizes.empty()
           ? fmt::format("batch {}{}", options_.batch_size, options_.drop_last ? " (drop last)" : "")
           : fmt::format("{} per-step batch sizes", options_.batch_sizes.size());
-  return fmt::format("{}, {} worker(s), prefetch {}, {}, {}", batching, options_.num_workers,
-                     options_.prefetch_depth, normalisation, sampler_->describe());
+  return fmt::format("{}, {} worker(s), prefetch {}{}, {}, {}", batching, options_.num_workers,
+                     options_.prefetch_depth, options_.pin_memory ? ", pinned" : "", normalisation,
+                     sampler_->describe());
 }
 
 }  // namespace mtrain::data

@@ -24,6 +24,11 @@
 // for more than the batch each is assembling. next() and start_epoch are meant to be
 // called from one consumer thread.
 //
+// With pin_memory the images and labels live in pinned host memory from the caching
+// pinned allocator (tensor/cuda_memory.h); a consumer copying them asynchronously to a
+// GPU declares the copy with record_stream (Tensor::copy_ with non_blocking does), so a
+// batch's block is not refilled by a worker before its copy has read it.
+//
 // Pixels become float32 exactly like torchvision's ToTensor() then Normalize(mean, std):
 // x = (p / 255 - mean[c]) / std[c], computed in float32 through a 256-entry table per
 // channel. With no mean/std the values are p / 255 in [0, 1] (d2l's default).
@@ -62,6 +67,10 @@ struct DataLoaderOptions {
   // rows. When set, the sizes must sum to the sampler's size and drop_last must be false
   // (the sampler already decided what to drop); batch_size is then unused.
   std::vector<int64_t> batch_sizes{};
+  // Assemble batches straight into pinned host memory (torch's pin_memory), so that their
+  // copy to a GPU can be asynchronous (data/device_prefetcher.h). Pinned memory comes from
+  // CUDA: without a usable GPU this is InvalidArgument at construction.
+  bool pin_memory = false;
 };
 
 struct Batch {
@@ -95,7 +104,7 @@ class DataLoader {
   const DataLoaderOptions& options() const { return options_; }
   // Batches finished by workers since construction (those of abandoned epochs excluded).
   uint64_t batches_produced() const { return produced_.load(); }
-  // One line for logs: batch size, workers, prefetch, normalisation, sampler.
+  // One line for logs: batch size, workers, prefetch, pinning, normalisation, sampler.
   std::string describe() const;
 
  private:
