@@ -27,9 +27,16 @@ NamedTensors model_state(models::Module& model) {
   return state;
 }
 
+NamedTensors on_host(const NamedTensors& state) {
+  NamedTensors host;
+  host.reserve(state.size());
+  for (const auto& [name, t] : state) host.emplace_back(name, t.to(Device::cpu()));
+  return host;
+}
+
 void save_model_weights(const std::string& path, models::Module& model,
                         const SafetensorsMetadata& metadata) {
-  save_safetensors(path, model_state(model), metadata);
+  save_safetensors(path, on_host(model_state(model)), metadata);
 }
 
 void load_state_into(const SafetensorsFile& file, const NamedTensors& destinations,

@@ -18,11 +18,17 @@ inline constexpr const char* kWeightsModelKey = "mtrain.model";
 // storage (no copy).
 NamedTensors model_state(models::Module& model);
 
-// Atomically writes model_state(model) with `metadata` (see save_safetensors).
+// `state` with every tensor on the host: GPU tensors are copied (the file layer reads
+// host memory only), host tensors are passed through without a copy.
+NamedTensors on_host(const NamedTensors& state);
+
+// Atomically writes model_state(model), copied to the host, with `metadata` (see
+// save_safetensors).
 void save_model_weights(const std::string& path, models::Module& model,
                         const SafetensorsMetadata& metadata = {});
 
-// Copies the tensors of `file` (read from `path`, for messages) into `destinations`.
+// Copies the tensors of `file` (read from `path`, for messages) into `destinations`,
+// wherever those live (a model on a GPU receives host-to-device copies).
 // Every destination name must be in the file with the same shape and dtype, and the
 // file may hold nothing else; otherwise throws IoError listing the missing,
 // unexpected and mismatched names, and copies nothing.

@@ -77,10 +77,11 @@ const char* reason_name(CheckpointReason reason) {
 }  // namespace
 
 Checkpointer::Checkpointer(std::string dir, ProcessGroup* group, int rank, models::Module& model,
-                           models::Sgd& optimizer, RunConfiguration configuration)
+                           models::Sgd& optimizer, RunConfiguration configuration, ProcessGroup* control)
     : dir_(std::move(dir)),
       path_(checkpoint_path(dir_)),
       group_(group),
+      control_(control != nullptr ? control : group),
       rank_(rank),
       model_(model),
       optimizer_(optimizer),
@@ -111,9 +112,9 @@ std::optional<TrainPosition> Checkpointer::resume() {
       h[kHasMomentum] = optimizer_.momentum_buffers().empty() || !optimizer_.momentum_buffers()[0].defined() ? 0 : 1;
     }
   }
-  share_outcome(group_, rank_, failure);
+  share_outcome(control_, rank_, failure);
   if (group_ == nullptr) return position;
-  group_->broadcast(header, 0)->wait();
+  control_->broadcast(header, 0)->wait();
   const int64_t* h = header.data<int64_t>();
   if (h[kFound] == 0) return std::nullopt;
 
@@ -123,7 +124,8 @@ std::optional<TrainPosition> Checkpointer::resume() {
     auto params = model_.parameters();
     std::vector<Tensor>& momentum = optimizer_.momentum_buffers();
     for (size_t i = 0; i < params.size(); ++i) {
-      if (rank_ != 0) momentum[i] = Tensor::empty(params[i].param->value.shape());
+      const Tensor& value = params[i].param->value;
+      if (rank_ != 0) momentum[i] = Tensor::empty(value.shape(), value.dtype(), value.device());
       group_->broadcast(momentum[i], 0)->wait();
     }
   }
@@ -138,11 +140,11 @@ std::optional<TrainPosition> Checkpointer::resume() {
 
 void Checkpointer::save(const TrainPosition& position, CheckpointReason reason) {
   TrainPosition p = position;
-  if (group_ != nullptr && !p.epoch_finished) {
+  if (control_ != nullptr && !p.epoch_finished) {
     Tensor counts = Tensor::from_vector<int64_t>({p.correct, p.images}, {2});
     Tensor loss = Tensor::from_vector<float>({static_cast<float>(p.loss_sum)}, {1});
-    group_->allreduce(counts, ReduceOp::Sum)->wait();
-    group_->allreduce(loss, ReduceOp::Sum)->wait();
+    control_->allreduce(counts, ReduceOp::Sum)->wait();
+    control_->allreduce(loss, ReduceOp::Sum)->wait();
     p.correct = counts.data<int64_t>()[0];
     p.images = counts.data<int64_t>()[1];
     p.loss_sum = loss.data<float>()[0];
@@ -155,7 +157,7 @@ void Checkpointer::save(const TrainPosition& position, CheckpointReason reason) 
       failure = std::current_exception();
     }
   }
-  share_outcome(group_, rank_, failure);
+  share_outcome(control_, rank_, failure);
   spdlog::info("checkpoint ({}): step {} (epoch {}) written to {}", reason_name(reason), p.total_steps, p.epoch,
                path_);
 }

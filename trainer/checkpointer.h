@@ -19,7 +19,11 @@
 //     and message, and every rank stops with the same error, so the launcher's root
 //     cause names the reason whichever rank it hears from first.
 // It works the same over every backend (Gloo, MPI without a store, NCCL), and in a
-// world of one there is nothing to broadcast.
+// world of one there is nothing to broadcast. The header, the outcome and the epoch
+// totals are host values and travel on the control group; the model state and the
+// momentum buffers live on the training device and travel on the gradient group (Note
+// [Control-plane collectives] in training_groups.h). Rank 0 copies device tensors to
+// the host to write them and reads the file into them with host-to-device copies.
 #pragma once
 
 #include <optional>
@@ -35,9 +39,10 @@ namespace mtrain {
 
 class Checkpointer {
  public:
-  // `group` is null in a world of one. Everything must outlive the checkpointer.
+  // `group` is null in a world of one; `control` carries the host values and defaults
+  // to `group`. Everything must outlive the checkpointer.
   Checkpointer(std::string dir, ProcessGroup* group, int rank, models::Module& model, models::Sgd& optimizer,
-               RunConfiguration configuration);
+               RunConfiguration configuration, ProcessGroup* control = nullptr);
 
   const std::string& path() const { return path_; }
 
@@ -56,6 +61,7 @@ class Checkpointer {
   std::string dir_;
   std::string path_;
   ProcessGroup* group_;
+  ProcessGroup* control_;
   int rank_;
   models::Module& model_;
   models::Sgd& optimizer_;

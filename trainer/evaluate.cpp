@@ -1,6 +1,7 @@
 #include "trainer/evaluate.h"
 
 #include "models/loss.h"
+#include "trainer/device_batches.h"
 
 namespace mtrain {
 
@@ -23,12 +24,13 @@ class EvalModeGuard {
 
 }  // namespace
 
-EvalResult evaluate(models::Module& model, data::DataLoader& loader) {
+EvalResult evaluate(models::Module& model, data::DataLoader& loader, Device device) {
   EvalModeGuard guard(model);
   models::CrossEntropyLoss loss;
   EvalResult result;
-  loader.start_epoch(0);
-  while (auto batch = loader.next()) {
+  DeviceBatches batches(loader, device);
+  batches.start_epoch(0);
+  while (auto batch = batches.next()) {
     const Tensor logits = model.forward(batch->images);
     const models::LossResult r = loss.forward(logits, batch->labels);
     result.loss_sum += r.loss * static_cast<double>(r.count);

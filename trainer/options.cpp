@@ -95,6 +95,10 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
     throw InvalidArgument(fmt::format("--log-every: expected an integer >= 1, found {}", o.log_every));
   }
   check_choice("--backend", o.backend, {"auto", "gloo", "mpi", "nccl"});
+  check_choice("--device", o.device, {"auto", "cuda", "cpu"});
+  if (o.device == "cpu" && o.backend == "nccl") {
+    throw InvalidArgument("--backend nccl needs GPUs, but --device cpu trains on the CPU: use --backend gloo or mpi");
+  }
   check_choice("--lr-scaling", o.lr_scaling, {"none", "linear"});
   check_choice("--lr-schedule", o.lr_schedule, {"constant", "step", "cosine"});
   if (!(std::isfinite(o.bucket_cap_mb) && o.bucket_cap_mb > 0)) {
@@ -158,6 +162,11 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
     ("nesterov", "Nesterov momentum")
     ("no-shuffle", "read the training set in file order (to compare runs with other frameworks)")
     ("threads", "intra-op threads (default: OMP_NUM_THREADS if set, else 1 per rank when several ranks share the node, else every core)", cxxopts::value<std::string>());
+  spec.add_options("Device")
+    ("device", "where each replica trains: auto (its GPU when one is usable, else the CPU) | cuda | cpu", cxxopts::value<std::string>()->default_value(d.device))
+    ("cudnn-benchmark", "GPU: time cuDNN's convolution algorithms for each new shape and keep the fastest (torch.backends.cudnn.benchmark)")
+    ("deterministic", "GPU: only convolution algorithms cuDNN documents as deterministic (torch.backends.cudnn.deterministic)")
+    ("no-tf32", "GPU: full float32 convolutions, no TF32 tensor cores (matrix products never use TF32)");
   spec.add_options("Distributed")
     ("backend", "collectives: auto (nccl on GPUs, mpi under mpirun, else gloo) | gloo | mpi | nccl", cxxopts::value<std::string>()->default_value(d.backend))
     ("bucket-cap-mb", "gradient bucket size cap in MiB (the first bucket is 1 MiB)", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.bucket_cap_mb)))
@@ -228,6 +237,11 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   o.eval = r.count("no-eval") == 0;
   o.log_level = r["log-level"].as<std::string>();
   read_int(r, "log-every", o.log_every, 1, kMax);
+
+  o.device = r["device"].as<std::string>();
+  o.cudnn_benchmark = r.count("cudnn-benchmark") != 0;
+  o.deterministic = r.count("deterministic") != 0;
+  o.allow_tf32 = r.count("no-tf32") == 0;
 
   o.backend = r["backend"].as<std::string>();
   read_double(r, "bucket-cap-mb", o.bucket_cap_mb);

@@ -38,6 +38,14 @@ struct TrainOptions {
   std::string log_level = "info";
   int64_t log_every = 20;               // optimizer steps between progress lines
 
+  // Where the replica trains (docs/gpu.md; Note [Device binding] in device_binding.h)
+  // and the GPU numerics (Note [Convolution algorithm choice] in tensor/cuda_ops.h; all
+  // three are accepted and ignored on the CPU, so one command line serves both).
+  std::string device = "auto";          // auto|cuda|cpu
+  bool cudnn_benchmark = false;         // time cuDNN's algorithms per shape, keep the fastest
+  bool deterministic = false;           // only algorithms cuDNN documents as deterministic
+  bool allow_tf32 = true;               // TF32 tensor cores for convolutions (--no-tf32 turns off)
+
   // Checkpoints and preemption (docs/training.md "Checkpoints and preemption").
   std::string checkpoint_dir;           // resume from / write DIR/checkpoint.safetensors; empty = none
   int64_t checkpoint_every = 0;         // optimizer steps between checkpoints; 0 = epoch ends and stops only

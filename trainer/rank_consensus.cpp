@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 
@@ -72,45 +73,58 @@ uint64_t hash_parameters(models::Module& model) {
     h = fnv1a(p.name, h);
     const auto& shape = p.param->value.shape();
     h = fnv1a(shape.data(), shape.size() * sizeof(shape[0]), h);
-    h = fnv1a(p.param->value.raw_data(), p.param->value.nbytes(), h);
+    // The bytes are hashed on the host; a GPU parameter is copied there first.
+    const Tensor host = p.param->value.to(Device::cpu());
+    h = fnv1a(host.raw_data(), host.nbytes(), h);
   }
   return h;
 }
 
 namespace {
 
-// Packs `tensors` (all of `dtype`) into one buffer, broadcasts it from rank 0 and
-// unpacks: one collective instead of one per tensor (resnet18 has ~100 of them).
-void broadcast_flat(ProcessGroup& group, const std::vector<Tensor*>& tensors, DType dtype) {
+using NamedTensor = std::pair<std::string, Tensor*>;
+
+// Packs `tensors` (all of `dtype`, on one device) into one buffer there, broadcasts it
+// from rank 0 and unpacks: one collective instead of one per tensor (resnet18 has ~100
+// of them). The packing is Tensor::copy_, so on a GPU it is device-to-device copies.
+void broadcast_flat(ProcessGroup& group, const std::vector<NamedTensor>& tensors, DType dtype) {
+  if (tensors.empty()) return;
+  const Device device = tensors.front().second->device();
   int64_t total = 0;
-  for (const Tensor* t : tensors) total += t->numel();
+  for (const auto& [name, t] : tensors) {
+    if (t->device() != device) {
+      throw InvalidArgument(fmt::format("cannot broadcast the model state: {} is on {}, {} on {}; move the whole "
+                                        "model with model.to(device) first",
+                                        name, t->device().str(), tensors.front().first, device.str()));
+    }
+    total += t->numel();
+  }
   if (total == 0) return;
-  Tensor flat = Tensor::empty({total}, dtype);
-  auto* base = static_cast<unsigned char*>(flat.raw_data());
-  size_t offset = 0;
-  for (const Tensor* t : tensors) {
-    std::memcpy(base + offset, t->raw_data(), t->nbytes());
-    offset += t->nbytes();
+  Tensor flat = Tensor::empty({total}, dtype, device);
+  int64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    flat.flat_view(offset, t->shape()).copy_(*t);
+    offset += t->numel();
   }
   group.broadcast(flat, 0)->wait();
   offset = 0;
-  for (Tensor* t : tensors) {
-    std::memcpy(t->raw_data(), base + offset, t->nbytes());
-    offset += t->nbytes();
+  for (const auto& [name, t] : tensors) {
+    t->copy_(flat.flat_view(offset, t->shape()));
+    offset += t->numel();
   }
 }
 
 }  // namespace
 
 void broadcast_module_state(ProcessGroup& group, models::Module& model) {
-  std::vector<Tensor*> floats;
-  std::vector<Tensor*> ints;
-  for (auto& p : model.parameters()) floats.push_back(&p.param->value);
+  std::vector<NamedTensor> floats;
+  std::vector<NamedTensor> ints;
+  for (auto& p : model.parameters()) floats.emplace_back(p.name, &p.param->value);
   for (auto& b : model.buffers()) {
     if (b.buffer->dtype() == DType::Float32) {
-      floats.push_back(b.buffer);
+      floats.emplace_back(b.name, b.buffer);
     } else if (b.buffer->dtype() == DType::Int64) {
-      ints.push_back(b.buffer);
+      ints.emplace_back(b.name, b.buffer);
     } else {
       throw InvalidArgument(fmt::format("cannot broadcast buffer {}: {} (expected float32 or int64)", b.name,
                                         b.buffer->str()));

@@ -37,10 +37,13 @@ struct NamedHash {
 void require_same_on_all_ranks(ProcessGroup& group, const std::vector<NamedHash>& items,
                                const std::string& what);
 
-// Hash of every parameter value (names, shapes and bytes), in parameter order.
+// Hash of every parameter value (names, shapes and bytes), in parameter order. GPU
+// parameters are copied to the host to be hashed.
 uint64_t hash_parameters(models::Module& model);
 
 // Overwrites every parameter and buffer with rank 0's (one flat broadcast per dtype).
+// The tensors of one dtype must share a device, the group's: pass the gradient group
+// for a model on a GPU (Note [Control-plane collectives] in training_groups.h).
 void broadcast_module_state(ProcessGroup& group, models::Module& model);
 
 }  // namespace mtrain

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "tensor/ops.h"
 #include "trainer/rank_consensus.h"
 
 namespace mtrain {
@@ -27,9 +28,13 @@ double hidden_fraction(double wait_seconds, double span_seconds) {
 
 double ReducerTotals::hidden_fraction() const { return mtrain::hidden_fraction(wait_seconds, comm_span_seconds); }
 
-Reducer::Reducer(std::shared_ptr<ProcessGroup> group, ReducerOptions options)
-    : group_(std::move(group)), options_(options) {
+Reducer::Reducer(std::shared_ptr<ProcessGroup> group, ReducerOptions options, std::shared_ptr<ProcessGroup> control)
+    : group_(std::move(group)), options_(options), control_(std::move(control)) {
   MTRAIN_CHECK(group_ != nullptr, "Reducer needs a process group");
+  if (control_ == nullptr) control_ = group_;
+  MTRAIN_CHECK(control_->size() == group_->size() && control_->rank() == group_->rank(),
+               "control group is rank {} of {}, the gradient group rank {} of {}", control_->rank(),
+               control_->size(), group_->rank(), group_->size());
   if (options_.bucket_cap_bytes == 0) {
     throw InvalidArgument("--bucket-cap-mb: expected a size > 0 bytes, found 0");
   }
@@ -38,11 +43,20 @@ Reducer::Reducer(std::shared_ptr<ProcessGroup> group, ReducerOptions options)
 void Reducer::attach(models::Module& model) {
   names_.clear();
   params_.clear();
-  for (auto& p : model.parameters()) {
+  const auto named = model.parameters();
+  device_ = named.empty() ? Device::cpu() : named.front().param->value.device();
+  for (const auto& p : named) {
     names_.push_back(p.name);
     params_.push_back(p.param);
     MTRAIN_CHECK(p.param->value.dtype() == DType::Float32, "parameter {} is {}, the reducer handles float32",
                  p.name, p.param->value.str());
+    if (p.param->value.device() != device_ || p.param->grad.device() != device_) {
+      throw InvalidArgument(fmt::format(
+          "the DDP reducer needs every parameter and gradient on one device: {} is on {} (its gradient on {}), "
+          "{} on {}; move the whole model with model.to(device) before attaching the reducer",
+          p.name, p.param->value.device().str(), p.param->grad.device().str(), named.front().name,
+          device_.str()));
+    }
   }
   const int n = static_cast<int>(params_.size());
   bucket_of_.assign(n, -1);
@@ -78,7 +92,7 @@ void Reducer::attach(models::Module& model) {
       bucket.offsets.push_back(total);
       total += params_[i]->value.numel();
     }
-    bucket.flat = Tensor::zeros({total});
+    bucket.flat = Tensor::zeros({total}, DType::Float32, device_);
     // Note [Gradients are views into the buckets]: from here on each gradient lives in
     // its bucket, so launching a bucket needs no copy in and the wait no copy out.
     for (size_t k = 0; k < bucket.params.size(); ++k) {
@@ -91,7 +105,7 @@ void Reducer::attach(models::Module& model) {
     layout = fnv1a(&total, sizeof total, layout);
     buckets_.push_back(std::move(bucket));
   }
-  require_same_on_all_ranks(*group_,
+  require_same_on_all_ranks(*control_,
                             {{"the model's parameters (names and shapes)", shapes,
                               fmt::format("{} parameter tensors", n)},
                              {"the gradient bucket layout", layout,
@@ -116,12 +130,12 @@ void Reducer::before_backward(const MicroBatchInfo& micro_batch) {
   if (!sync_) return;
   // Issued first, so it travels ahead of the buckets and is done by the time they are.
   stop_vote_ = Tensor::from_vector<int64_t>({micro_batch.stop_vote}, {1});
-  stop_vote_work_ = group_->allreduce(stop_vote_, ReduceOp::Max);
+  stop_vote_work_ = control_->allreduce(stop_vote_, ReduceOp::Max);
   const int world = group_->size();
   scale_ = 1.0f / static_cast<float>(world);
   if (options_.weight_by_sample_count) {
     Tensor count = Tensor::from_vector<int64_t>({micro_batch.samples}, {1});
-    group_->allreduce(count, ReduceOp::Sum)->wait();
+    control_->allreduce(count, ReduceOp::Sum)->wait();
     const int64_t total = count.data<int64_t>()[0];
     if (total <= 0) {
       throw InvalidArgument(fmt::format("every rank's micro-batch is empty (total 0 samples) at this step"));
@@ -156,9 +170,7 @@ void Reducer::launch(Bucket& bucket) {
   }
   // The gradients are the bucket (Note [Gradients are views into the buckets]): scale
   // them in place, then reduce in place.
-  float* flat = bucket.flat.data<float>();
-  const int64_t numel = bucket.flat.numel();
-  for (int64_t e = 0; e < numel; ++e) flat[e] *= scale_;
+  ops::scale_(bucket.flat, scale_);
   bucket.work = group_->allreduce(bucket.flat, ReduceOp::Sum);
 }
 
@@ -178,14 +190,23 @@ void Reducer::after_backward() {
   MTRAIN_CHECK(next_launch_ == buckets_.size(), "{} of {} gradient buckets were launched", next_launch_,
                buckets_.size());
   const auto backward_end = Clock::now();
-  for (auto& b : buckets_) b.work->wait(group_->options().timeout);
-  stop_vote_work_->wait(group_->options().timeout);
+  last_step_.waited_on_device = device_.is_cuda();
+  for (auto& b : buckets_) {
+    if (last_step_.waited_on_device) {
+      b.work->wait_on_current_stream();  // Note [Reducer on a GPU]
+    } else {
+      b.work->wait(group_->options().timeout);
+    }
+  }
+  stop_vote_work_->wait(control_->options().timeout);
   agreed_stop_vote_ = stop_vote_.data<int64_t>()[0];
   stop_vote_work_.reset();
   const auto all_done = Clock::now();
   last_step_.wait_seconds = seconds_between(backward_end, all_done);
   last_step_.comm_span_seconds = seconds_between(first_launch_, all_done);
-  last_step_.hidden_fraction = hidden_fraction(last_step_.wait_seconds, last_step_.comm_span_seconds);
+  last_step_.hidden_fraction = last_step_.waited_on_device
+                                    ? 0.0
+                                    : hidden_fraction(last_step_.wait_seconds, last_step_.comm_span_seconds);
   ++totals_.synced_steps;
   totals_.wait_seconds += last_step_.wait_seconds;
   totals_.comm_span_seconds += last_step_.comm_span_seconds;
@@ -194,9 +215,9 @@ void Reducer::after_backward() {
 std::string Reducer::describe() const {
   size_t bytes = 0;
   for (const auto& b : buckets_) bytes += b.flat.nbytes();
-  return fmt::format("DDP reducer over {} ranks ({}): {} parameter tensors in {} buckets ({:.2f} MiB, first "
-                     "bucket {:.2f} MiB, cap {:.2f} MiB){}",
-                     group_->size(), group_->backend_name(), params_.size(), buckets_.size(),
+  return fmt::format("DDP reducer over {} ranks ({}): {} parameter tensors in {} buckets on {} ({:.2f} MiB, "
+                     "first bucket {:.2f} MiB, cap {:.2f} MiB){}",
+                     group_->size(), group_->backend_name(), params_.size(), buckets_.size(), device_.str(),
                      mib(bytes), mib(options_.first_bucket_bytes), mib(options_.bucket_cap_bytes),
                      options_.weight_by_sample_count ? ", gradients weighted by per-rank sample counts" : "");
 }

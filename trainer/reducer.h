@@ -55,9 +55,29 @@
 // launched: a positive count proves the all-reduce overlapped backward (the overlap
 // test checks it; an ordering fact, not a timing threshold).
 //
+// On a GPU (Note [Reducer on a GPU]) the buckets are awaited on the GPU stream, not on
+// the host, so wait_seconds is only the host's own blocking in after_backward (the
+// stop vote) and hidden_fraction is not measured: ReducerStepStats::waited_on_device
+// says so, and the metrics report the fraction as null rather than a flattering 1.
+// The launch order and params_pending stay exact.
+//
 // On every synchronized micro-batch the reducer also carries the ranks' stop votes: an
 // all-reduce(max) of one int64, issued in before_backward ahead of the buckets and
-// waited for with them (Note [Agreeing to stop] in gradient_sync.h).
+// waited for with them (Note [Agreeing to stop] in gradient_sync.h). The vote and the
+// per-rank sample counts are host values and travel on the control group (Note
+// [Control-plane collectives] in training_groups.h).
+//
+// Note [Reducer on a GPU]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// The buckets live on the parameters' device (attach() requires one device for all of
+// them), so gradients are views into GPU memory and a launch is a GPU kernel
+// (ops::scale_) followed by the all-reduce, which the process group orders after the
+// work queued on the current stream. after_backward then calls
+// Work::wait_on_current_stream() for each bucket: it returns at once and the optimizer
+// step queued next runs after the all-reduces on the GPU, so the host is never blocked
+// on communication (Note [Asynchronous collectives] in collectives/process_group.h).
+// A failed all-reduce surfaces through the group (a later wait, the next operation or
+// its watchdog at the deadline) rather than in this call.
 #pragma once
 
 #include <chrono>
@@ -92,7 +112,10 @@ struct ReducerStepStats {
   std::vector<BucketLaunch> launches;  // in launch order
   double wait_seconds = 0.0;           // after_backward waiting for the all-reduces
   double comm_span_seconds = 0.0;      // first launch to all done
-  double hidden_fraction = 0.0;        // 1 - wait / span, in [0, 1]
+  double hidden_fraction = 0.0;        // 1 - wait / span, in [0, 1]; 0 when waited_on_device
+  // The buckets were awaited on the GPU stream (Note [Reducer on a GPU]): wait_seconds
+  // is host blocking only, and hidden_fraction was not measured.
+  bool waited_on_device = false;
 };
 
 struct ReducerTotals {
@@ -105,7 +128,11 @@ struct ReducerTotals {
 
 class Reducer final : public GradientSynchronizer {
  public:
-  Reducer(std::shared_ptr<ProcessGroup> group, ReducerOptions options);
+  // `group` reduces the gradient buckets (on the parameters' device); `control` carries
+  // the host values (Note [Control-plane collectives] in training_groups.h) and
+  // defaults to `group`. Both must have the same ranks.
+  Reducer(std::shared_ptr<ProcessGroup> group, ReducerOptions options,
+          std::shared_ptr<ProcessGroup> control = nullptr);
 
   // Builds the buckets and verifies the layout on every rank (a collective).
   void attach(models::Module& model) override;
@@ -135,6 +162,8 @@ class Reducer final : public GradientSynchronizer {
 
   std::shared_ptr<ProcessGroup> group_;
   ReducerOptions options_;
+  std::shared_ptr<ProcessGroup> control_;
+  Device device_ = Device::cpu();                // where the buckets live
   std::vector<std::string> names_;              // by parameter index
   std::vector<models::Parameter*> params_;      // by parameter index
   std::vector<int> bucket_of_;                  // parameter index -> bucket

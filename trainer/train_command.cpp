@@ -17,10 +17,12 @@
 #include "models/optim.h"
 #include "models/sync_batchnorm.h"
 #include "models/zoo.h"
+#include "tensor/cuda_memory.h"
 #include "tensor/cuda_runtime.h"
 #include "tensor/ops.h"
 #include "trainer/checkpoint.h"
 #include "trainer/checkpointer.h"
+#include "trainer/device_setup.h"
 #include "trainer/environment.h"
 #include "trainer/evaluate.h"
 #include "trainer/gradient_sync.h"
@@ -32,6 +34,7 @@
 #include "trainer/stop_signals.h"
 #include "trainer/train_loop.h"
 #include "trainer/training_checkpoint.h"
+#include "trainer/training_groups.h"
 
 namespace mtrain {
 
@@ -66,16 +69,10 @@ void check_output_directory(const char* flag, const std::string& path) {
 
 // One line saying where training runs and why (ARCHITECTURE.md: "No GPU -> CPU, said
 // once in the log").
-void log_device(const ThreadChoice& threads) {
-  const CudaInfo& cuda = cuda_info();
-  const std::string cpu = fmt::format("cpu with {} intra-op thread{} ({})", threads.threads,
-                                      threads.threads == 1 ? "" : "s", threads.reason);
-  if (cuda.device_count == 0) {
-    spdlog::info("device: {}; training runs on the CPU because there is {}", cpu, cuda_summary());
-  } else {
-    spdlog::info("device: {}; {} visible, but mtrain-train has no GPU kernels yet, so training runs on the CPU",
-                 cpu, cuda_summary());
-  }
+void log_device(const TrainingDevice& device, const ThreadChoice& threads) {
+  spdlog::info("{}; {} intra-op thread{} for host kernels ({})", device.log_line, threads.threads,
+               threads.threads == 1 ? "" : "s", threads.reason);
+  if (!device.binding.warning.empty()) spdlog::warn("{}", device.binding.warning);
 }
 
 void log_environment(const WorkerEnvironment& env) {
@@ -87,10 +84,13 @@ void log_environment(const WorkerEnvironment& env) {
                env.source, env.rank, env.local_rank, env.local_world_size, env.node_rank);
 }
 
+// `pinned`: batches assembled in pinned host memory, so that their copies to a GPU
+// overlap the step before them (Note [Batches to the device] in device_batches.h).
 std::shared_ptr<data::DataLoader> make_loader(std::shared_ptr<const data::Dataset> dataset,
                                               std::shared_ptr<data::Sampler> sampler, int64_t batch_size,
-                                              std::vector<int64_t> batch_sizes = {}) {
+                                              bool pinned, std::vector<int64_t> batch_sizes = {}) {
   data::DataLoaderOptions o;
+  o.pin_memory = pinned;
   o.batch_size = batch_size;
   o.batch_sizes = std::move(batch_sizes);
   o.drop_last = false;
@@ -107,7 +107,7 @@ SafetensorsMetadata weights_metadata(const TrainOptions& o, int64_t steps) {
 // Every flag that changes what is trained or how the ranks cooperate; paths and
 // logging flags may differ per rank. Rank 0 is the reference (Note [Consensus by
 // hashes] in rank_consensus.h).
-std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t train_size) {
+std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t train_size, const Device& device) {
   std::vector<NamedHash> items;
   const auto add = [&](const char* name, const std::string& value) {
     items.push_back({name, fnv1a(value), value});
@@ -128,6 +128,8 @@ std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t tra
   add("--no-shuffle", o.shuffle ? "off" : "on");
   add("--no-eval", o.eval ? "off" : "on");
   add("--backend", o.backend);
+  // Replicas on different kinds of device would round differently and drift apart.
+  add("the training device (--device)", device.is_cuda() ? "cuda" : "cpu");
   add("--bucket-cap-mb", fmt::format("{}", o.bucket_cap_mb));
   add("--grad-accum", std::to_string(o.grad_accum));
   add("--check-replicas", std::to_string(o.check_replicas));
@@ -175,15 +177,6 @@ RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size,
   return items;
 }
 
-std::vector<std::string> device_names(const WorkerEnvironment& env) {
-  // One CPU replica per rank; named by global rank so the list is the same on every
-  // rank and across nodes.
-  std::vector<std::string> names;
-  if (!env.distributed()) return {"cpu"};
-  for (int r = 0; r < env.world_size; ++r) names.push_back(fmt::format("cpu:{}", r));
-  return names;
-}
-
 // Sums this rank's (loss_sum, correct, count) with every other rank's.
 EvalResult allreduce_eval(ProcessGroup& group, const EvalResult& local) {
   Tensor counts = Tensor::from_vector<int64_t>({local.correct, local.count}, {2});
@@ -202,7 +195,7 @@ void replica_check(ProcessGroup& group, models::Module& model, int64_t step) {
 // The end of a run the ranks agreed to stop (Note [Stopping on a signal]): the same
 // message on every rank, the record for the launcher, the exit status that says
 // "stopped, resumable".
-int finish_stopped_run(const WorkerEnvironment& env, ProcessGroup* group, const TrainResult& result,
+int finish_stopped_run(const WorkerEnvironment& env, ProcessGroup* control, const TrainResult& result,
                        const std::string& checkpoint) {
   const StopVote vote = decode_stop_vote(result.stop_vote);
   const std::string signal = stop_signal_name(vote.signal);
@@ -211,11 +204,11 @@ int finish_stopped_run(const WorkerEnvironment& env, ProcessGroup* group, const 
                          : fmt::format("checkpoint written to {}", checkpoint);
   const std::string message =
       fmt::format("{}received {}: stopped after step {} (epoch {}), {}",
-                  group != nullptr ? fmt::format("rank {} ", vote.rank) : std::string(), signal,
+                  control != nullptr ? fmt::format("rank {} ", vote.rank) : std::string(), signal,
                   result.end.total_steps, result.end.epoch, where);
   if (env.rank == 0) spdlog::warn("{}", message);
   write_stop_record({env.rank, message, signal, vote.rank, result.end.epoch, result.end.total_steps, checkpoint});
-  if (group != nullptr) group->barrier()->wait();
+  if (control != nullptr) control->barrier()->wait();
   return kStoppedExitCode;
 }
 
@@ -227,8 +220,15 @@ int run_train_command(const TrainOptions& o) {
   // First, so that a stop signal during set-up is honoured after the first step
   // rather than killing the worker (Note [Stopping on a signal]).
   install_stop_signal_handlers();
-  const WorkerEnvironment env = discover_environment(o.backend);
+  WorkerEnvironment env = discover_environment(o.backend);
   configure_logging(o.log_level, env);
+  // Before anything is loaded, so that --device cuda without a GPU fails at once.
+  const TrainingDevice training_device = set_up_training_device(o, env);
+  const Device device = training_device.compute;
+  const std::string backend = training_device.binding.backend;
+  // Whether the run needs a store depends on the backend, which "auto" only names once
+  // the device is known (nccl on a GPU even under mpirun).
+  if (backend != o.backend && env.distributed()) env = discover_environment(backend);
   check_output_directory("--save-final", o.save_final);
   check_output_directory("--metrics", o.metrics);
   const bool lead = env.rank == 0;  // logs, writes metrics and final weights
@@ -243,18 +243,29 @@ int run_train_command(const TrainOptions& o) {
   log_environment(env);
   const ThreadChoice threads = resolve_num_threads(o.threads, env);
   ops::set_num_threads(threads.threads);
-  log_device(threads);
+  log_device(training_device, threads);
 
-  std::shared_ptr<ProcessGroup> group;
+  // Note [Control-plane collectives] (training_groups.h): `group` carries tensors on
+  // the training device, `control` host values; one object unless the backend is NCCL.
+  TrainingGroups groups;
+  ProcessGroupOptions pg_options;
+  pg_options.timeout = Millis(static_cast<int64_t>(o.timeout_seconds * 1000.0));
   if (env.distributed()) {
-    ProcessGroupOptions pg_options;
-    pg_options.timeout = Millis(static_cast<int64_t>(o.timeout_seconds * 1000.0));
     // Null for the MPI backend under an MPI starter, which bootstraps itself.
     std::shared_ptr<Store> store = open_worker_store(env);
-    group = create_process_group(o.backend, store, env.rank, env.world_size, Device::cpu(env.local_rank),
-                                 pg_options);
-    spdlog::info("process group: {} backend, {} ranks, collective timeout {} s", group->backend_name(),
-                 group->size(), o.timeout_seconds);
+    groups = create_training_groups(backend, store, env.rank, env.world_size, training_device.binding.device,
+                                    pg_options);
+  } else if (backend == "nccl") {
+    groups = create_single_rank_nccl_groups(device, pg_options);
+  }
+  const std::shared_ptr<ProcessGroup> group = groups.gradients;
+  ProcessGroup* const control = groups.control.get();
+  if (group) {
+    spdlog::info("process group: {} backend, {} ranks, collective timeout {} s{}", group->backend_name(),
+                 group->size(), o.timeout_seconds,
+                 groups.control != groups.gradients
+                     ? fmt::format("; host values on a separate {} group", groups.control->backend_name())
+                     : std::string());
   }
 
   const data::DataSource source = data::resolve_data_dir(o.dataset, o.data_dir);
@@ -266,8 +277,9 @@ int run_train_command(const TrainOptions& o) {
   auto test_set = std::make_shared<const data::Dataset>(std::move(splits.test));
   spdlog::info("train set: {}", train_set->describe());
   spdlog::info("test set: {}", test_set->describe());
-  if (group) {
-    require_same_on_all_ranks(*group, training_configuration(o, train_set->size()), "the training configuration");
+  if (control) {
+    require_same_on_all_ranks(*control, training_configuration(o, train_set->size(), device),
+                              "the training configuration");
   }
 
   models::InitOptions init;
@@ -293,6 +305,10 @@ int run_train_command(const TrainOptions& o) {
   }
   // Nothing uses the gradient of the images: the first layer skips computing it.
   model->set_input_grad_needed(false);
+  // Built and initialised on the host (the seeded generators fill host tensors, so
+  // every device starts from the same weights), moved before anything holds views of
+  // its gradients (the reducer's buckets) or state derived from it (momentum).
+  model->to(device);
   if (group) {
     // Every replica starts from rank 0's weights and buffers, whatever its seed or file.
     broadcast_module_state(*group, *model);
@@ -315,7 +331,8 @@ int run_train_command(const TrainOptions& o) {
   std::optional<TrainPosition> resumed;
   if (!o.checkpoint_dir.empty()) {
     checkpointer = std::make_unique<Checkpointer>(o.checkpoint_dir, group.get(), env.rank, *model, optimizer,
-                                                  resume_configuration(o, train_set->size(), env.world_size));
+                                                  resume_configuration(o, train_set->size(), env.world_size),
+                                                  control);
     resumed = checkpointer->resume();
     if (resumed) {
       spdlog::info("resuming from {}: epoch {}, {} steps done in it, {} in total{}", checkpointer->path(),
@@ -349,16 +366,16 @@ int run_train_command(const TrainOptions& o) {
   if (o.global_batch_size) {
     auto sampler = std::make_shared<data::GlobalBatchShardSampler>(train_set->size(), env.rank, world,
                                                                    *o.global_batch_size, o.shuffle, o.seed, false);
-    train_loader = make_loader(train_set, sampler, *o.global_batch_size, sampler->batch_sizes());
+    train_loader = make_loader(train_set, sampler, *o.global_batch_size, device.is_cuda(), sampler->batch_sizes());
   } else {
     auto sampler = std::make_shared<data::DistributedSampler>(train_set->size(), env.rank, world, o.shuffle,
                                                               o.seed, false);
-    train_loader = make_loader(train_set, sampler, o.batch_size);
+    train_loader = make_loader(train_set, sampler, o.batch_size, device.is_cuda());
   }
   std::shared_ptr<data::DataLoader> test_loader;
   if (o.eval) {
     test_loader = make_loader(test_set, std::make_shared<data::EvalShardSampler>(test_set->size(), env.rank, world),
-                              o.global_batch_size ? *o.global_batch_size : o.batch_size);
+                              o.global_batch_size ? *o.global_batch_size : o.batch_size, device.is_cuda());
   }
   spdlog::info("train loader: {}", train_loader->describe());
 
@@ -368,7 +385,7 @@ int run_train_command(const TrainOptions& o) {
     ReducerOptions ro;
     ro.bucket_cap_bytes = static_cast<size_t>(o.bucket_cap_mb * 1024.0 * 1024.0);
     ro.weight_by_sample_count = o.global_batch_size.has_value();
-    auto r = std::make_unique<Reducer>(group, ro);
+    auto r = std::make_unique<Reducer>(group, ro, groups.control);
     reducer = r.get();
     sync = std::move(r);
   } else {
@@ -395,8 +412,8 @@ int run_train_command(const TrainOptions& o) {
   if (o.max_steps && *o.max_steps == 0) {
     spdlog::info("--max-steps 0: no training step");
     if (test_loader) {
-      EvalResult r = evaluate(*model, *test_loader);
-      if (group) r = allreduce_eval(*group, r);
+      EvalResult r = evaluate(*model, *test_loader, device);
+      if (control) r = allreduce_eval(*control, r);
       spdlog::info("initial weights: test loss {:.4f}, test acc {:.3f}", r.mean_loss(), r.accuracy());
       metrics.write({{"event", "eval"},
                      {"epoch", 0},
@@ -409,7 +426,8 @@ int run_train_command(const TrainOptions& o) {
     config.epochs = o.epochs;
     config.max_steps = o.max_steps;
     config.log_every = o.log_every;
-    config.devices = device_names(env);
+    config.devices = all_rank_devices(control, training_device);
+    config.device = device;
     config.grad_accum = o.grad_accum;
     config.lr_schedule = &schedule;
     if (resumed) config.start = *resumed;
@@ -422,7 +440,7 @@ int run_train_command(const TrainOptions& o) {
       };
     }
     if (group) {
-      ProcessGroup& g = *group;
+      ProcessGroup& g = *control;
       models::Module& m = *model;
       if (o.check_replicas > 0) {
         const int64_t every = o.check_replicas;
@@ -444,7 +462,9 @@ int run_train_command(const TrainOptions& o) {
           launches.push_back({{"bucket", l.bucket}, {"params_pending", l.params_pending}});
         }
         event["comm_wait_sec"] = reducer->totals().wait_seconds;
-        event["comm_hidden_fraction"] = reducer->totals().hidden_fraction();
+        // Not measured when the buckets are awaited on the GPU (Note [Reducer statistics]).
+        event["comm_hidden_fraction"] =
+            last.waited_on_device ? nlohmann::json(nullptr) : nlohmann::json(reducer->totals().hidden_fraction());
         event["bucket_launches"] = std::move(launches);
       };
     }
@@ -452,9 +472,9 @@ int run_train_command(const TrainOptions& o) {
     const TrainResult result = loop.run();
     steps = result.end.total_steps;
     if (result.stop_vote != 0) {
-      return finish_stopped_run(env, group.get(), result, checkpointer ? checkpointer->path() : std::string());
+      return finish_stopped_run(env, control, result, checkpointer ? checkpointer->path() : std::string());
     }
-    if (group && o.check_replicas > 0 && steps % o.check_replicas != 0) replica_check(*group, *model, steps);
+    if (control && o.check_replicas > 0 && steps % o.check_replicas != 0) replica_check(*control, *model, steps);
   }
   if (const int sig = pending_stop_signal(); sig != 0) {
     spdlog::warn("received {} after the last step; the run finished anyway", stop_signal_name(sig));
@@ -463,12 +483,21 @@ int run_train_command(const TrainOptions& o) {
   spdlog::info("tensor memory: peak {:.1f} MiB in use, {:.1f} MiB held from the system ({} system allocations)",
                static_cast<double>(memory.peak_in_use_bytes) / (1 << 20),
                static_cast<double>(memory.peak_reserved_bytes) / (1 << 20), memory.system_allocs);
+  if (device.is_cuda()) {
+    const BlockAllocatorStats gpu = cuda_memory_stats(device.index);
+    spdlog::info("{} memory: {:.1f} MiB in use, {:.1f} MiB reserved from the device ({} allocations from it)",
+                 device.str(), static_cast<double>(gpu.in_use_bytes) / (1 << 20),
+                 static_cast<double>(gpu.reserved_bytes) / (1 << 20), gpu.backend_allocs);
+  }
 
   if (!o.save_final.empty() && lead) {
     save_model_weights(o.save_final, *model, weights_metadata(o, steps));
     spdlog::info("saved final weights ({} steps) to {}", steps, o.save_final);
   }
-  if (group) group->barrier()->wait();  // nobody exits while a peer still needs it
+  // The gradient group's last operations were awaited on the GPU only (Note [Reducer on
+  // a GPU]); a host-side barrier there surfaces any failure among them before exit.
+  if (group && group != groups.control) group->barrier()->wait();
+  if (control) control->barrier()->wait();  // nobody exits while a peer still needs it
   return 0;
 }
 

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "models/loss.h"
 #include "tensor/ops.h"
+#include "trainer/device_batches.h"
 
 namespace mtrain {
 
@@ -64,7 +65,8 @@ void TrainLoop::checkpoint(const TrainPosition& position, CheckpointReason reaso
 TrainResult TrainLoop::run() {
   TrainResult result;
   models::CrossEntropyLoss loss_fn;
-  const int64_t batches_per_epoch = train_loader_.num_batches();
+  DeviceBatches batches(train_loader_, config_.device);
+  const int64_t batches_per_epoch = batches.num_batches();
 
   // Time is summed per step (waiting for the batch included, evaluation and logging
   // excluded), so a progress window may span an epoch boundary without counting the
@@ -87,7 +89,7 @@ TrainResult TrainLoop::run() {
     if (!resumed && step_limit_reached()) break;
     model_.train();
     // The sampler's epoch is 0-based (seed + epoch, as PyTorch); the printed one 1-based.
-    train_loader_.start_epoch(epoch - 1);
+    batches.start_epoch(epoch - 1);
     EpochSummary s;
     s.epoch = epoch;
     int64_t micro = 0;  // micro-batches taken this epoch
@@ -101,7 +103,9 @@ TrainResult TrainLoop::run() {
       }
       const int64_t done = std::min(start.steps_in_epoch * accum, batches_per_epoch);
       for (; micro < done; ++micro) {
-        MTRAIN_CHECK(train_loader_.next().has_value(), "epoch {} ended after {} of the {} batches to skip",
+        // Through `batches` too, so the prefetcher stays in step with the loader (a copy
+        // to the device per skipped batch, once per resumed run).
+        MTRAIN_CHECK(batches.next().has_value(), "epoch {} ended after {} of the {} batches to skip",
                      epoch, micro, done);
       }
     }
@@ -125,7 +129,7 @@ TrainResult TrainLoop::run() {
 
     while (!step_limit_reached()) {
       const auto micro_start = Clock::now();
-      auto batch = train_loader_.next();
+      auto batch = batches.next();
       if (!batch) break;
       const bool first_of_step = micro % accum == 0;
       const bool last_of_step = (micro + 1) % accum == 0 || micro + 1 == batches_per_epoch;
@@ -225,7 +229,7 @@ TrainResult TrainLoop::run() {
 
     if (test_loader_ != nullptr) {
       const auto eval_start = Clock::now();
-      s.test = evaluate(model_, *test_loader_);
+      s.test = evaluate(model_, *test_loader_, config_.device);
       if (config_.hooks.combine_eval) s.test = config_.hooks.combine_eval(*s.test);
       s.eval_seconds = seconds_since(eval_start);
     }

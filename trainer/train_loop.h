@@ -84,6 +84,9 @@ struct TrainLoopConfig {
   std::optional<int64_t> max_steps;  // optimizer steps over the whole run; unset = no limit
   int64_t log_every = 20;            // steps between progress lines and step events
   std::vector<std::string> devices{"cpu"};  // for the epoch line and metrics
+  // Where the model lives: every batch goes there before forward (Note [Batches to
+  // the device] in device_batches.h).
+  Device device = Device::cpu();
   // Micro-batches per optimizer step (--grad-accum); see Note [Gradient accumulation].
   int64_t grad_accum = 1;
   const LrSchedule* lr_schedule = nullptr;  // null: the optimizer's rate throughout

@@ -117,7 +117,7 @@ void save_training_checkpoint(const std::string& path, models::Module& model, mo
   for (const auto& [name, value] : configuration) {
     if (name == "--model") metadata[kWeightsModelKey] = value;
   }
-  save_safetensors(path, tensors, metadata);
+  save_safetensors(path, on_host(tensors), metadata);
 }
 
 TrainPosition load_training_checkpoint(const std::string& path, models::Module& model, models::Sgd& optimizer,
@@ -178,7 +178,9 @@ TrainPosition load_training_checkpoint(const std::string& path, models::Module& 
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string name = kMomentumPrefix + params[i].name;
     if (!file.find(name).defined()) continue;
-    momentum[i] = Tensor::empty(params[i].param->value.shape());
+    // Beside its parameter, wherever the model lives (the file is read on the host).
+    const Tensor& value = params[i].param->value;
+    momentum[i] = Tensor::empty(value.shape(), value.dtype(), value.device());
     destinations.emplace_back(name, momentum[i]);
     ++present;
   }

@@ -106,6 +106,31 @@ TEST_CASE("the defaults are valid and flags override them", "[options]") {
   CHECK(defaults.options.checkpoint_every == 0);
 }
 
+TEST_CASE("--device and the GPU numerics flags", "[options]") {
+  const auto defaults = parse({}).options;
+  CHECK(defaults.device == "auto");
+  // PyTorch's defaults: heuristics, no determinism requirement, TF32 convolutions.
+  CHECK_FALSE(defaults.cudnn_benchmark);
+  CHECK_FALSE(defaults.deterministic);
+  CHECK(defaults.allow_tf32);
+  for (const std::string device : {"auto", "cuda", "cpu"}) {
+    CHECK(parse({"--device", device}).options.device == device);
+  }
+  const auto g = parse({"--device", "cuda", "--cudnn-benchmark", "--deterministic", "--no-tf32"}).options;
+  CHECK(g.cudnn_benchmark);
+  CHECK(g.deterministic);
+  CHECK_FALSE(g.allow_tf32);
+  // Each flag on its own sets only itself.
+  CHECK(parse({"--cudnn-benchmark"}).options.cudnn_benchmark);
+  CHECK_FALSE(parse({"--cudnn-benchmark"}).options.deterministic);
+  CHECK(parse({"--deterministic"}).options.allow_tf32);
+  CHECK_FALSE(parse({"--no-tf32"}).options.cudnn_benchmark);
+  // The flags are accepted with --device cpu (they change nothing there).
+  CHECK_NOTHROW(parse({"--device", "cpu", "--deterministic", "--cudnn-benchmark", "--no-tf32"}));
+  CHECK_THAT(parse({"--help"}).help_text, Contains("--device") && Contains("--no-tf32") &&
+                                              Contains("--cudnn-benchmark") && Contains("--deterministic"));
+}
+
 TEST_CASE("--help returns the help text instead of options", "[options]") {
   const auto r = parse({"--help"});
   CHECK(r.help);
@@ -154,6 +179,10 @@ TEST_CASE("bad values are one clear InvalidArgument naming the flag", "[options]
       {{"--checkpoint-every", "-1", "--checkpoint-dir", "c"}, "--checkpoint-every: expected an integer >= 0, found -1"},
       {{"--checkpoint-every", "10"}, "--checkpoint-every 10 needs --checkpoint-dir DIR"},
       {{"--checkpoint-dir", ""}, "--checkpoint-dir: expected a path, found an empty string"},
+      {{"--device", "gpu"}, "--device: unknown value 'gpu' (valid: auto, cuda, cpu)"},
+      {{"--device", "cuda:1"}, "--device: unknown value 'cuda:1' (valid: auto, cuda, cpu)"},
+      {{"--device", ""}, "--device: unknown value '' (valid: auto, cuda, cpu)"},
+      {{"--device", "cpu", "--backend", "nccl"}, "--backend nccl needs GPUs, but --device cpu trains on the CPU"},
   };
   for (const auto& [args, fragment] : cases) {
     INFO(fmt::format("args: {}", fmt::join(args, " ")));

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "tests/support/solo_group.h"
+#include "tests/trainer/counting_group.h"
 #include "collectives/process_group.h"
 #include "collectives/store.h"
 #include "core/error.h"
@@ -20,6 +21,7 @@ using namespace mtrain;
 
 namespace {
 
+using mtrain::testing::CountingGroup;
 using mtrain::testing::SoloGroup;
 
 // Three Linear(100, 100): weights of 40,000 bytes, biases of 400.
@@ -59,6 +61,38 @@ void step(models::Module& m, GradientSynchronizer& sync, bool synchronize) {
 }
 
 }  // namespace
+
+TEST_CASE("host values travel on the control group, gradient buckets on the gradient group", "[reducer]") {
+  // Note [Control-plane collectives] in trainer/training_groups.h: with NCCL the two
+  // are different groups, and NCCL would refuse the host tensors.
+  SoloGroup solo_gradients;
+  SoloGroup solo_control;
+  auto gradients_group = std::make_shared<CountingGroup>(solo_gradients.group);
+  auto control_group = std::make_shared<CountingGroup>(solo_control.group);
+  auto model = three_linears();
+  ReducerOptions o;
+  o.first_bucket_bytes = 1000;
+  o.bucket_cap_bytes = 50000;
+  o.weight_by_sample_count = true;
+  Reducer reducer(gradients_group, o, control_group);
+  reducer.attach(*model);
+  // The layout check: the item count, then the hashes.
+  CHECK(control_group->allgathers == 2);
+  CHECK(gradients_group->allgathers == 0);
+
+  auto reference = three_linears();
+  LocalGradients local;
+  local.attach(*reference);
+  step(*reference, local, true);
+  step(*model, reducer, true);
+  CHECK(gradients(*model) == gradients(*reference));
+  CHECK(gradients_group->allreduces == 4);  // one per bucket
+  CHECK(control_group->allreduces == 2);    // the stop vote and the sample count
+  CHECK(gradients_group->broadcasts + control_group->broadcasts == 0);
+  CHECK(gradients_group->others + control_group->others == 0);
+  CHECK_FALSE(reducer.last_step().waited_on_device);  // host buckets are awaited on the host
+  CHECK_THAT(reducer.describe(), Contains("4 buckets on cpu"));
+}
 
 TEST_CASE("buckets: reverse parameter order, a small first bucket, then the cap", "[reducer]") {
   SoloGroup solo;

@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "data/idx_reader.h"
 #include "models/zoo.h"
+#include "tests/trainer/idx_slice.h"
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
 #include "tests/trainer/weights_compare.h"
@@ -73,33 +73,6 @@ void require_same_tensors(const mtrain::SafetensorsFile& a, const mtrain::Safete
   CHECK(d.identical());
 }
 
-// Writes the first `count` training and test images of the mini set as raw IDX files
-// (the reader takes gzip or raw) into `dir`.
-void write_idx_slice(const std::string& dir, int64_t count) {
-  const auto write = [&](const std::string& name, uint32_t magic, std::vector<uint32_t> dims,
-                         const uint8_t* data, size_t bytes) {
-    std::ofstream out(dir + "/" + name, std::ios::binary);
-    dims.insert(dims.begin(), magic);
-    for (uint32_t v : dims) {
-      const char be[4] = {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
-                          static_cast<char>(v)};
-      out.write(be, 4);
-    }
-    out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-  };
-  for (const std::string split : {"train", "t10k"}) {
-    const auto images = mtrain::data::read_idx_images(kMiniSet + "/" + split + "-images-idx3-ubyte.gz");
-    const auto labels = mtrain::data::read_idx_labels(kMiniSet + "/" + split + "-labels-idx1-ubyte.gz", 10);
-    REQUIRE(images.count >= count);
-    std::vector<uint8_t> label_bytes(labels.begin(), labels.begin() + count);
-    write(split + "-images-idx3-ubyte", mtrain::data::kIdxImagesMagic,
-          {static_cast<uint32_t>(count), static_cast<uint32_t>(images.rows), static_cast<uint32_t>(images.cols)},
-          images.pixels.data(), static_cast<size_t>(count * images.rows * images.cols));
-    write(split + "-labels-idx1-ubyte", mtrain::data::kIdxLabelsMagic, {static_cast<uint32_t>(count)},
-          label_bytes.data(), label_bytes.size());
-  }
-}
-
 }  // namespace
 
 TEST_CASE("mlp learns the shipped Fashion-MNIST subset well above chance", "[e2e]") {
@@ -147,7 +120,7 @@ TEST_CASE("resnet18 trains a few steps on a tiny batch and its loss falls", "[e2
   TempDir dir;
   const std::string data_dir = dir.file("slice");
   std::filesystem::create_directory(data_dir);
-  write_idx_slice(data_dir, 16);
+  mtrain::testing::write_idx_slice(kMiniSet, data_dir, 16);
   const std::string metrics = dir.file("metrics.jsonl");
   const std::string weights = dir.file("resnet18.safetensors");
   // Two steps of 8 images per epoch: by the fourth pass over the same 16 images the

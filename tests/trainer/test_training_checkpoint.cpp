@@ -11,8 +11,11 @@
 #include "models/loss.h"
 #include "models/optim.h"
 #include "models/zoo.h"
+#include "tests/support/solo_group.h"
+#include "tests/trainer/counting_group.h"
 #include "tests/trainer/temp_dir.h"
 #include "trainer/checkpoint.h"
+#include "trainer/checkpointer.h"
 #include "trainer/training_checkpoint.h"
 
 using Catch::Matchers::Contains;
@@ -201,4 +204,43 @@ TEST_CASE("a weights file, or a checkpoint with missing momentum, is not resumed
   mtrain::save_training_checkpoint(path, *model, sgd, mid_epoch(), kConfig);
   CHECK_THROWS_WITH(mtrain::load_training_checkpoint(path, *model, sgd, kConfig),
                     Contains("momentum buffers for 0 of the"));
+}
+
+TEST_CASE("a checkpointer sends host values on the control group, model state on the gradient group") {
+  // Note [Control-plane collectives] in trainer/training_groups.h: under NCCL the model
+  // state is on the GPU and the headers are host tensors, so they need different groups.
+  TempDir dir;
+  mtrain::testing::SoloGroup solo_gradients;
+  mtrain::testing::SoloGroup solo_control;
+  mtrain::testing::CountingGroup gradients(solo_gradients.group);
+  mtrain::testing::CountingGroup control(solo_control.group);
+  auto model = make_mlp(1);
+  mtrain::models::Sgd sgd(*model, sgd_options());
+  mtrain::Checkpointer checkpointer(dir.path().string(), &gradients, 0, *model, sgd, kConfig, &control);
+
+  REQUIRE_FALSE(checkpointer.resume().has_value());  // nothing to resume yet
+  CHECK(control.broadcasts == 2);  // the outcome, then the header saying "none found"
+  CHECK(gradients.broadcasts == 0);
+
+  train_one_step(*model, sgd);
+  checkpointer.save(mid_epoch(), mtrain::CheckpointReason::kEvery);
+  CHECK(control.allreduces == 2);  // the epoch's counts and loss sum
+  CHECK(control.broadcasts == 3);  // and the outcome of the write
+  CHECK(gradients.allreduces + gradients.broadcasts == 0);
+
+  auto restored = make_mlp(2);
+  mtrain::models::Sgd restored_sgd(*restored, sgd_options());
+  mtrain::testing::CountingGroup gradients2(solo_gradients.group);
+  mtrain::testing::CountingGroup control2(solo_control.group);
+  mtrain::Checkpointer resumer(dir.path().string(), &gradients2, 0, *restored, restored_sgd, kConfig, &control2);
+  const auto position = resumer.resume();
+  REQUIRE(position.has_value());
+  CHECK(position->total_steps == mid_epoch().total_steps);
+  CHECK(control2.broadcasts == 2);  // outcome and header
+  // The model state (one flat float32 broadcast: mlp has no int64 buffers) and one
+  // momentum buffer per parameter.
+  CHECK(gradients2.broadcasts == 1 + static_cast<int>(restored->parameters().size()));
+  const auto a = mtrain::model_state(*model);
+  const auto b = mtrain::model_state(*restored);
+  for (size_t i = 0; i < a.size(); ++i) CHECK(same_values(a[i].second, b[i].second));
 }
