@@ -7,6 +7,8 @@
 #
 # usage: scripts/bench-collectives.sh [build dir]     (default: build)
 #   env: REPEATS (3), WARMUP (5), ITERS (20), MIN_BYTES (4096), MAX_BYTES (67108864),
+#        BACKENDS ("gloo mpi"; e.g. "mpi" measures only mtrain and raw Open MPI),
+#        STAT (mean; median reports each run's median iteration instead of its mean),
 #        PYTHON (/usr/bin/python3, needs torch), REALTIME (0; 1 runs every variant under
 #        `chrt -f 10`, needs root: on a machine shared with other jobs this keeps their
 #        scheduling delays, up to a 4 ms tick per wake-up, out of the latencies)
@@ -21,6 +23,13 @@ iters=${ITERS:-20}
 min_bytes=${MIN_BYTES:-4096}
 max_bytes=${MAX_BYTES:-67108864}
 python=${PYTHON:-/usr/bin/python3}
+backends=" ${BACKENDS:-gloo mpi} "
+stat_flag=()
+case ${STAT:-mean} in
+  mean) ;;
+  median) stat_flag=(--median) ;;
+  *) echo "bench-collectives.sh: STAT must be mean or median, found '${STAT}'" >&2; exit 2 ;;
+esac
 bench=$build/bin/mtrain-bench
 launch=$build/bin/mtrain-launch
 raw=$build/tests/raw_allreduce_bench
@@ -54,7 +63,7 @@ two_ranks() {
   return $rc
 }
 
-sizes=("$min_bytes" "$max_bytes" "$warmup" "$iters")
+sizes=("$min_bytes" "$max_bytes" "$warmup" "$iters" "${stat_flag[@]}")
 have_torch=0
 if "$python" -c 'import torch' 2>/dev/null; then
   have_torch=1
@@ -63,24 +72,29 @@ else
 fi
 for ((r = 0; r < repeats; r++)); do
   echo "repeat $((r + 1))/$repeats" >&2
-  "${rt[@]}" "$launch" --nproc_per_node=2 bench --backend gloo --op allreduce \
-    -b "$min_bytes" -e "$max_bytes" -w "$warmup" -n "$iters" >"$out/mtrain_gloo.$r" 2>/dev/null
-  store=$(mktemp -d "$out/gloo-store.XXXXXX")
-  RAW_GLOO_STORE_DIR=$store two_ranks "$out/raw_gloo.$r" "$raw" gloo "${sizes[@]}"
-  if [[ $have_torch == 1 ]]; then
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) \
-      two_ranks "$out/torch_gloo.$r" "$python" "$root/scripts/bench-collectives-torch.py" "${sizes[@]}"
+  if [[ $backends == *" gloo "* ]]; then
+    "${rt[@]}" "$launch" --nproc_per_node=2 bench --backend gloo --op allreduce \
+      -b "$min_bytes" -e "$max_bytes" -w "$warmup" -n "$iters" "${stat_flag[@]}" >"$out/mtrain_gloo.$r" 2>/dev/null
+    store=$(mktemp -d "$out/gloo-store.XXXXXX")
+    RAW_GLOO_STORE_DIR=$store two_ranks "$out/raw_gloo.$r" "$raw" gloo "${sizes[@]}"
+    if [[ $have_torch == 1 ]]; then
+      MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) \
+        two_ranks "$out/torch_gloo.$r" "$python" "$root/scripts/bench-collectives-torch.py" "${sizes[@]}"
+    fi
   fi
-  "${mpirun[@]}" "$bench" --backend mpi --op allreduce \
-    -b "$min_bytes" -e "$max_bytes" -w "$warmup" -n "$iters" >"$out/mtrain_mpi.$r"
-  "${mpirun[@]}" "$raw" mpi "${sizes[@]}" >"$out/raw_mpi.$r"
+  if [[ $backends == *" mpi "* ]]; then
+    "${mpirun[@]}" "$bench" --backend mpi --op allreduce \
+      -b "$min_bytes" -e "$max_bytes" -w "$warmup" -n "$iters" "${stat_flag[@]}" >"$out/mtrain_mpi.$r"
+    "${mpirun[@]}" "$raw" mpi "${sizes[@]}" >"$out/raw_mpi.$r"
+  fi
 done
 
-"$python" - "$out" "$repeats" "$have_torch" <<'PY'
+"$python" - "$out" "$repeats" "$have_torch" "$backends" <<'PY'
 import statistics, sys
-out, repeats, have_torch = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+out, repeats, have_torch, backends = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4].split()
 variants = ["mtrain_gloo", "raw_gloo", "torch_gloo", "mtrain_mpi", "raw_mpi"]
-measured = [v for v in variants if have_torch or v != "torch_gloo"]
+measured = [v for v in variants
+            if v.split("_")[1] in backends and (have_torch or v != "torch_gloo")]
 busbw = {}  # (variant, bytes) -> [GB/s per repeat]
 for v in measured:
     for r in range(repeats):

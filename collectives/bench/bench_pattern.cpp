@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <numeric>
+
 #include "core/env.h"
 #include "core/error.h"
 
@@ -16,6 +19,16 @@ float pattern(int64_t global_index, int iteration) {
 float rank_sum(int world) { return static_cast<float>(world) * (world + 1) / 2; }
 
 }  // namespace
+
+double iteration_time(std::vector<double> seconds, bool median) {
+  if (seconds.empty()) throw InvalidArgument("iteration_time: expected timed iterations, found none");
+  if (!median) return std::accumulate(seconds.begin(), seconds.end(), 0.0) / static_cast<double>(seconds.size());
+  const size_t mid = seconds.size() / 2;
+  std::nth_element(seconds.begin(), seconds.begin() + static_cast<std::ptrdiff_t>(mid), seconds.end());
+  if (seconds.size() % 2 == 1) return seconds[mid];
+  const double upper = seconds[mid];
+  return (*std::max_element(seconds.begin(), seconds.begin() + static_cast<std::ptrdiff_t>(mid)) + upper) / 2;
+}
 
 BenchOp parse_bench_op(const std::string& name) {
   for (BenchOp op : {BenchOp::AllReduce, BenchOp::AllGather, BenchOp::Broadcast, BenchOp::ReduceScatter}) {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace mtrain::bench {
 
@@ -21,6 +22,11 @@ const char* bench_op_name(BenchOp op);
 
 // "8", "4K", "64M", "1G" (binary multiples); InvalidArgument naming `what` otherwise.
 int64_t parse_byte_size(const std::string& text, const std::string& what);
+
+// The time a row reports from its timed iterations: the mean (nccl-tests' definition,
+// the default) or the median (--median), which a few iterations that lost the CPU on a
+// shared machine cannot move. InvalidArgument for an empty list.
+double iteration_time(std::vector<double> seconds, bool median);
 
 // busbw = algbw * factor (nccl-tests): allreduce 2(n-1)/n, allgather and
 // reduce_scatter (n-1)/n, broadcast 1.

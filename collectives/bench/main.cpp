@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "collectives/bench/bench_pattern.h"
 #include "collectives/bootstrap.h"
@@ -38,6 +39,7 @@ struct BenchOptions {
   int64_t warmup = 5;
   int64_t iters = 20;
   int64_t timeout_s = 300;
+  bool median = false;  // time column: median iteration instead of the mean
 };
 
 std::optional<BenchOptions> parse_options(int argc, char** argv) {
@@ -54,6 +56,9 @@ std::optional<BenchOptions> parse_options(int argc, char** argv) {
       ("w,warmup", "untimed iterations per size", cxxopts::value<std::string>()->default_value("5"))
       ("n,iters", "timed iterations per size", cxxopts::value<std::string>()->default_value("20"))
       ("timeout", "seconds one collective may take", cxxopts::value<std::string>()->default_value("300"))
+      ("median", "report the median iteration time instead of the mean (nccl-tests' "
+                 "definition); steadier on a shared machine, where a few iterations that "
+                 "lose the CPU decide the mean")
       ("h,help", "print this help");
   cxxopts::ParseResult parsed;
   try {
@@ -89,6 +94,7 @@ std::optional<BenchOptions> parse_options(int argc, char** argv) {
   o.warmup = env::parse_int(parsed["warmup"].as<std::string>(), "--warmup", 0, 1'000'000);
   o.iters = env::parse_int(parsed["iters"].as<std::string>(), "--iters", 1, 1'000'000);
   o.timeout_s = env::parse_int(parsed["timeout"].as<std::string>(), "--timeout", 1, 86'400);
+  o.median = parsed.count("median") > 0;
   return o;
 }
 
@@ -176,7 +182,8 @@ int run(int argc, char** argv) {
     Tensor host_output = in_place ? host_input : Tensor::empty({shape.output_count});
     Tensor input = host_input.to(device);
     Tensor output = in_place ? input : host_output.to(device);
-    double timed_seconds = 0;
+    std::vector<double> iteration_seconds;
+    iteration_seconds.reserve(static_cast<size_t>(o.iters));
     int64_t mismatches = 0;
     for (int64_t it = 0; it < o.warmup + o.iters; ++it) {
       const int iteration = static_cast<int>(it);
@@ -186,7 +193,9 @@ int run(int argc, char** argv) {
       const auto start = std::chrono::steady_clock::now();
       issue(*group, op, input, output, iteration)->wait(timeout);
       const auto stop = std::chrono::steady_clock::now();
-      if (it >= o.warmup) timed_seconds += std::chrono::duration<double>(stop - start).count();
+      if (it >= o.warmup) {
+        iteration_seconds.push_back(std::chrono::duration<double>(stop - start).count());
+      }
       if (!device.is_cpu()) host_output.copy_(output);
       mismatches += count_mismatches(op, rank, world, iteration, host_output.data<float>(),
                                      shape.output_count);
@@ -197,7 +206,7 @@ int run(int argc, char** argv) {
     const int64_t all_mismatches = total.to_vector<int64_t>()[0];
     if (all_mismatches != 0) ++failed_rows;
     if (rank == 0) {
-      const double seconds = timed_seconds / static_cast<double>(o.iters);
+      const double seconds = iteration_time(iteration_seconds, o.median);
       const double algbw = seconds > 0 ? static_cast<double>(shape.bytes) / seconds / 1e9 : 0;
       const std::string check =
           all_mismatches == 0 ? "OK" : fmt::format("FAIL({} wrong elements)", all_mismatches);

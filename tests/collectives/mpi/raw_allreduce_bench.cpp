@@ -2,7 +2,7 @@
 // straight through MPI or Gloo, measured like mtrain-bench (inputs rewritten before
 // each iteration, only the collective timed, result checked after it) and printed in
 // its row format, so the script can put the libraries next to mtrain-bench.
-//   mpirun -np 2 raw_allreduce_bench mpi <min bytes> <max bytes> <warmup> <iters>
+//   mpirun -np 2 raw_allreduce_bench mpi <min bytes> <max bytes> <warmup> <iters> [--median]
 //   RANK=r WORLD_SIZE=n RAW_GLOO_STORE_DIR=<fresh shared dir> raw_allreduce_bench gloo ...
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
@@ -17,6 +17,8 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "collectives/bench/bench_pattern.h"
 
 namespace {
 
@@ -35,24 +37,24 @@ int env_int(const char* name) {
 float pattern(int64_t i, int it) { return static_cast<float>((i * 7 + int64_t{it} * 3) % 13 + 1); }
 
 int run(int rank, int world, long long min_bytes, long long max_bytes, int warmup, int iters,
-        const std::function<void(std::vector<float>&)>& allreduce) {
+        bool median, const std::function<void(std::vector<float>&)>& allreduce) {
   if (rank == 0) std::printf("# %12s %12s %12s %12s %12s  %s\n", "bytes", "count", "time_us", "algbw_GB/s", "busbw_GB/s", "check");
   int failures = 0;
   for (long long bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
     std::vector<float> buffer(static_cast<size_t>(bytes / 4));
-    double seconds = 0;
+    std::vector<double> seconds;
     long long wrong = 0;
     for (int it = 0; it < warmup + iters; ++it) {
       for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = (rank + 1) * pattern(i, it);
       const auto start = std::chrono::steady_clock::now();
       allreduce(buffer);
-      if (it >= warmup) seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (it >= warmup) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       const float sum = world * (world + 1) / 2.0f;
       for (size_t i = 0; i < buffer.size(); ++i) wrong += buffer[i] != sum * pattern(i, it);
     }
     failures += wrong != 0;
     if (rank == 0) {
-      const double t = seconds / iters;
+      const double t = mtrain::bench::iteration_time(seconds, median);
       const double algbw = bytes / t / 1e9;
       std::printf("  %12lld %12zu %12.1f %12.3f %12.3f  %s\n", bytes, buffer.size(), t * 1e6, algbw,
                   algbw * 2.0 * (world - 1) / world, wrong ? "FAIL" : "OK");
@@ -65,8 +67,9 @@ int run(int rank, int world, long long min_bytes, long long max_bytes, int warmu
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    std::fprintf(stderr, "usage: raw_allreduce_bench mpi|gloo <min bytes> <max bytes> <warmup> <iters>\n");
+  const bool median = argc == 7 && std::string(argv[6]) == "--median";
+  if (argc != 6 && !median) {
+    std::fprintf(stderr, "usage: raw_allreduce_bench mpi|gloo <min bytes> <max bytes> <warmup> <iters> [--median]\n");
     return 2;
   }
   const std::string library = argv[1];
@@ -77,7 +80,7 @@ int main(int argc, char** argv) {
     int rank = 0, world = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
-    const int rc = run(rank, world, min_bytes, max_bytes, warmup, iters, [](std::vector<float>& b) {
+    const int rc = run(rank, world, min_bytes, max_bytes, warmup, iters, median, [](std::vector<float>& b) {
       MPI_Allreduce(MPI_IN_PLACE, b.data(), static_cast<int>(b.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     });
     MPI_Finalize();
@@ -93,7 +96,7 @@ int main(int argc, char** argv) {
     gloo::rendezvous::FileStore store(dir ? dir : "");
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, world);
     context->connectFullMesh(store, device);
-    return run(rank, world, min_bytes, max_bytes, warmup, iters, [&](std::vector<float>& b) {
+    return run(rank, world, min_bytes, max_bytes, warmup, iters, median, [&](std::vector<float>& b) {
       gloo::AllreduceOptions opts(context);
       opts.setOutput(b.data(), b.size());
       opts.setReduceFunction(static_cast<SumFn>(&gloo::sum<float>));

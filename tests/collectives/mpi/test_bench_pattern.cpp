@@ -96,3 +96,15 @@ TEST_CASE("bench sizes, shapes and bus bandwidth factors", "[unit]") {
 
 }  // namespace
 }  // namespace mtrain::bench
+
+TEST_CASE("bench iteration time: mean by default, median on request", "[unit]") {
+  using mtrain::bench::iteration_time;
+  // One iteration that lost the CPU moves the mean, not the median.
+  const std::vector<double> odd{1.0, 9.0, 2.0, 3.0, 2.0};
+  CHECK(iteration_time(odd, false) == Approx(17.0 / 5));
+  CHECK(iteration_time(odd, true) == 2.0);
+  const std::vector<double> even{4.0, 1.0, 100.0, 2.0};
+  CHECK(iteration_time(even, true) == 3.0);  // (2 + 4) / 2
+  CHECK(iteration_time({5.0}, true) == 5.0);
+  CHECK_THROWS_AS(iteration_time({}, false), mtrain::InvalidArgument);
+}
