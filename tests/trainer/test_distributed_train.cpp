@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/trainer/e2e_paths.h"
+#include "tests/trainer/metrics_events.h"
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
 #include "tests/trainer/weights_compare.h"
@@ -33,6 +34,7 @@
 using Catch::Matchers::Contains;
 using mtrain::testing::ProcessResult;
 using mtrain::testing::TempDir;
+using mtrain::testing::read_events;
 using mtrain::testing::kLauncher;
 using mtrain::testing::kTrainer;
 using mtrain::testing::kMiniSet;
@@ -64,16 +66,6 @@ void require_success(const ProcessResult& r) {
 // Largest absolute difference over every float tensor of two weight files.
 double max_abs_difference(const std::string& a, const std::string& b) {
   return mtrain::testing::compare_weights(a, b).max_abs;
-}
-
-std::vector<nlohmann::json> read_events(const std::string& path, const std::string& kind) {
-  std::ifstream in(path);
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(in, line);) {
-    auto e = nlohmann::json::parse(line);
-    if (e["event"] == kind) out.push_back(e);
-  }
-  return out;
 }
 
 const std::vector<std::string> kMlp = {"--model", "mlp", "--max-steps", "10", "--lr", "0.1", "--no-eval"};

@@ -6,6 +6,7 @@
 #include <optional>
 #include <stdlib.h>
 
+#include "tests/support/scoped_env.h"
 #include "core/error.h"
 #include "tests/trainer/temp_dir.h"
 #include "trainer/environment.h"
@@ -18,6 +19,8 @@ using mtrain::TrainChoices;
 
 namespace {
 
+using mtrain::testing::ScopedEnv;
+
 const TrainChoices kChoices{{"lenet", "mlp", "resnet18", "simplecnn"}, {"fashion-mnist", "mnist", "synthetic"}};
 
 mtrain::ParsedTrainCommandLine parse(std::vector<std::string> args) {
@@ -26,22 +29,6 @@ mtrain::ParsedTrainCommandLine parse(std::vector<std::string> args) {
   for (const auto& a : args) argv.push_back(a.c_str());
   return mtrain::parse_train_command_line(static_cast<int>(argv.size()), argv.data(), kChoices);
 }
-
-// Sets (or unsets, for nullopt) an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) ::setenv(name, value->c_str(), 1); else ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1); else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 }  // namespace
 

@@ -44,7 +44,9 @@
 
 #include "tensor/cuda_runtime.h"
 #include "tests/support/skip.h"
+#include "tests/support/scoped_env.h"
 #include "tests/trainer/e2e_paths.h"
+#include "tests/trainer/metrics_events.h"
 #include "tests/trainer/idx_slice.h"
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
@@ -57,6 +59,8 @@ using mtrain::testing::kMiniSet;
 using mtrain::testing::kTrainer;
 using mtrain::testing::ProcessResult;
 using mtrain::testing::TempDir;
+using mtrain::testing::ScopedEnv;
+using mtrain::testing::read_events;
 
 #ifdef MTRAIN_HAVE_CUDA
 
@@ -91,41 +95,9 @@ ProcessResult launch(int nproc, const std::vector<std::string>& train_args) {
   return mtrain::testing::run_process(kLauncher, args);
 }
 
-std::vector<nlohmann::json> read_events(const std::string& path, const std::string& kind) {
-  std::ifstream in(path);
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(in, line);) {
-    auto e = nlohmann::json::parse(line);
-    if (e["event"] == kind) out.push_back(e);
-  }
-  return out;
-}
-
 double max_abs_difference(const std::string& a, const std::string& b) {
   return mtrain::testing::compare_weights(a, b).max_abs;
 }
-
-// Sets an environment variable for one scope (the children inherit it) and restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 // The first GPU this process may use, as a CUDA_VISIBLE_DEVICES value.
 std::string first_visible_gpu() {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/scoped_env.h"
 #include "tests/trainer/e2e_paths.h"
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
@@ -21,27 +22,7 @@ using mtrain::testing::TempDir;
 
 namespace {
 
-// Sets an environment variable for one scope (the children inherit it) and restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using mtrain::testing::ScopedEnv;
 
 ProcessResult train(std::vector<std::string> args) {
   const ScopedEnv no_gpus("CUDA_VISIBLE_DEVICES", "");
