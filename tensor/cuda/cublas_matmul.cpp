@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "tensor/cuda/cublas_loader.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/library_handles.h"
 #include "tensor/cuda/op_checks.h"
@@ -65,13 +66,13 @@ void run_gemm(int device, const Gemm& g, const Context& context) {
       MTRAIN_CUDA_CHECK(cudaMemsetAsync(g.c, 0, static_cast<size_t>(count) * sizeof(float),
                                         cuda::current_stream(device).handle()));
     } else if (g.beta != 1.0f) {
-      MTRAIN_CUBLAS_CHECK(cublasSscal_v2_64(handle, count, &g.beta, g.c, 1), context());
+      MTRAIN_CUBLAS_CHECK(cuda::cublas().sscal_64(handle, count, &g.beta, g.c, 1), context());
     }
     return;
   }
   // Column-major view (Note [Row-major GEMM on cuBLAS]): b is the first operand.
   MTRAIN_CUBLAS_CHECK(
-      cublasGemmEx_64(handle, g.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+      cuda::cublas().gemm_ex_64(handle, g.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                       g.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.n, g.m, g.k, &g.alpha, g.b,
                       CUDA_R_32F, std::max<int64_t>(g.b_cols, 1), g.a, CUDA_R_32F,
                       std::max<int64_t>(g.a_cols, 1), &g.beta, g.c, CUDA_R_32F, g.n,
@@ -260,7 +261,7 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
     // db[out] (+)= sum over rows of dy: column-major dy is [out, batch] with leading
     // dimension out, times a vector of ones.
     const float one = 1.0f;
-    MTRAIN_CUBLAS_CHECK(cublasSgemv_v2_64(cuda::cublas_handle(device.index), CUBLAS_OP_N, out,
+    MTRAIN_CUBLAS_CHECK(cuda::cublas().sgemv_64(cuda::cublas_handle(device.index), CUBLAS_OP_N, out,
                                           batch, &one, dy.data<float>(), out,
                                           ones(device.index, batch), 1, &grad_beta,
                                           db.data<float>(), 1),

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "tensor/cuda/cublas_loader.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/stream.h"
 #include "tensor/cuda_memory.h"
@@ -45,7 +46,7 @@ class ThreadHandles {
       h.cublas_workspaces.clear();
       if (h.cudnn == nullptr && h.cublas == nullptr) continue;
       if (cudaSetDevice(static_cast<int>(d)) != cudaSuccess) continue;
-      if (h.cublas != nullptr) cublasDestroy(h.cublas);
+      if (h.cublas != nullptr) cublas().destroy(h.cublas);
       if (h.cudnn != nullptr) cudnnDestroy(h.cudnn);
     }
     if (have_previous) cudaSetDevice(previous);
@@ -101,7 +102,7 @@ cublasHandle_t cublas_handle(int device) {
   if (h.cublas == nullptr) {
     DeviceGuard guard(device);
     cublasHandle_t created = nullptr;
-    MTRAIN_CUBLAS_CHECK(cublasCreate(&created),
+    MTRAIN_CUBLAS_CHECK(cublas().create(&created),
                         fmt::format("creating the cuBLAS handle of cuda:{}", device));
     h.cublas = created;
   }
@@ -114,10 +115,10 @@ cublasHandle_t cublas_handle(int device) {
     return fmt::format("binding the cuBLAS handle of cuda:{} to stream {}", device,
                        static_cast<const void*>(stream));
   };
-  MTRAIN_CUBLAS_CHECK(cublasSetStream(h.cublas, stream), context());
+  MTRAIN_CUBLAS_CHECK(cublas().set_stream(h.cublas, stream), context());
   Tensor& ws = h.cublas_workspaces[stream];
   if (!ws.defined()) ws = workspace(device, cublas_workspace_bytes(device));
-  MTRAIN_CUBLAS_CHECK(cublasSetWorkspace(h.cublas, ws.raw_data(), ws.nbytes()), context());
+  MTRAIN_CUBLAS_CHECK(cublas().set_workspace(h.cublas, ws.raw_data(), ws.nbytes()), context());
   h.cublas_stream = stream;
   h.cublas_bound = true;
   return h.cublas;
@@ -145,7 +146,7 @@ void throw_cudnn_error(cudnnStatus_t status, const char* call, const std::string
 void throw_cublas_error(cublasStatus_t status, const char* call, const std::string& context,
                         const char* file, int line) {
   throw Error(fmt::format("{} failed at {}:{} while {}: {} ({})", call, file, line, context,
-                          cublasGetStatusName(status), cublasGetStatusString(status)));
+                          cublas().status_name(status), cublas().status_string(status)));
 }
 
 }  // namespace mtrain::cuda

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -29,6 +30,7 @@
 #include "tests/tensor/reference.h"
 
 #ifdef MTRAIN_HAVE_CUDA
+#include "tensor/cuda/cublas_loader.h"
 #include "tensor/cuda/stream.h"
 #endif
 
@@ -235,6 +237,21 @@ LinearOutputs run_linear(const Tensor& x, const Tensor& w, const Tensor& b, cons
 }
 
 }  // namespace
+
+// Runs without a GPU: opening the library needs no driver. Note [cuBLAS is loaded lazily].
+TEST_CASE("cuBLAS opens at first use and has every entry point mtrain calls") {
+  const cuda::CublasApi& api = cuda::cublas();
+  CHECK(api.create != nullptr);
+  CHECK(api.destroy != nullptr);
+  CHECK(api.set_stream != nullptr);
+  CHECK(api.set_workspace != nullptr);
+  CHECK(api.gemm_ex_64 != nullptr);
+  CHECK(api.sgemv_64 != nullptr);
+  CHECK(api.sscal_64 != nullptr);
+  REQUIRE(api.status_name != nullptr);
+  CHECK(std::string(api.status_name(CUBLAS_STATUS_NOT_SUPPORTED)) == "CUBLAS_STATUS_NOT_SUPPORTED");
+  CHECK(&cuda::cublas() == &api);  // opened once
+}
 
 TEST_CASE("cuDNN convolutions match the CPU kernels (heuristic algorithm choice)") {
   require_gpu();
