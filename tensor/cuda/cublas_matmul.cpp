@@ -157,8 +157,16 @@ void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b
   });
 }
 
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
-  const char* op = "linear_forward";
+namespace {
+
+// x [batch, in] and w [out, in] on one GPU: the checks linear_forward and
+// linear_backward share.
+struct LinearDims {
+  Device device;
+  int64_t batch, in, out;
+};
+
+LinearDims check_linear_inputs(const char* op, const Tensor& x, const Tensor& w) {
   MTRAIN_CHECK(x.defined() && x.device().is_cuda(), "{}: x must be a GPU tensor, found {}", op,
                x.str());
   const Device device = x.device();
@@ -168,6 +176,16 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
   check_ndim(op, "w", w, 2);
   const int64_t batch = x.size(0), in = x.size(1), out = w.size(0);
   check_on_shape(op, "w", w, device, {out, in});
+  return {device, batch, in, out};
+}
+
+}  // namespace
+
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
+  const char* op = "linear_forward";
+  const LinearDims d = check_linear_inputs(op, x, w);
+  const Device device = d.device;
+  const int64_t batch = d.batch, in = d.in, out = d.out;
   check_on_shape(op, "y", y, device, {batch, out});
   if (b.defined()) check_on_shape(op, "b", b, device, {out});
   cuda::DeviceGuard guard(device.index);
@@ -201,15 +219,9 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
                      Tensor& db, bool accumulate) {
   const char* op = "linear_backward";
-  MTRAIN_CHECK(x.defined() && x.device().is_cuda(), "{}: x must be a GPU tensor, found {}", op,
-               x.str());
-  const Device device = x.device();
-  check_on(op, "x", x, device);
-  check_on(op, "w", w, device);
-  check_ndim(op, "x", x, 2);
-  check_ndim(op, "w", w, 2);
-  const int64_t batch = x.size(0), in = x.size(1), out = w.size(0);
-  check_on_shape(op, "w", w, device, {out, in});
+  const LinearDims d = check_linear_inputs(op, x, w);
+  const Device device = d.device;
+  const int64_t batch = d.batch, in = d.in, out = d.out;
   check_on_shape(op, "dy", dy, device, {batch, out});
   check_on_shape(op, "dw", dw, device, {out, in});
   if (dx.defined()) check_on_shape(op, "dx", dx, device, {batch, in});

@@ -9,29 +9,14 @@
 
 #include "core/error.h"
 #include "data/dataloader.h"
+#include "tests/data/traceable_dataset.h"
 
 using namespace mtrain;
 using namespace mtrain::data;
 using Catch::Matchers::Contains;
+using mtrain::testing::traceable_dataset;
 
 namespace {
-
-// n items of 2x3x4 whose first two pixels spell the index (i % 256, i / 256), so every
-// image is distinct and traceable; label i % 10.
-std::shared_ptr<const Dataset> traceable_dataset(int64_t n) {
-  const ImageShape shape{2, 3, 4};
-  std::vector<uint8_t> pixels(static_cast<size_t>(n * shape.numel()));
-  std::vector<int64_t> labels(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    uint8_t* img = pixels.data() + i * shape.numel();
-    for (int64_t k = 0; k < shape.numel(); ++k) img[k] = static_cast<uint8_t>((i * 31 + k * 17) % 256);
-    img[0] = static_cast<uint8_t>(i % 256);
-    img[1] = static_cast<uint8_t>(i / 256);
-    labels[static_cast<size_t>(i)] = i % 10;
-  }
-  return std::make_shared<const Dataset>("traceable", "test fixture", shape, 10, std::move(pixels),
-                                         std::move(labels));
-}
 
 std::vector<Batch> drain(DataLoader& loader) {
   std::vector<Batch> out;
