@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tensor/cpu/checks.h"
+#include "tensor/cpu/conv_direct.h"
 #include "tensor/cpu/conv_layout.h"
 #include "tensor/cpu/dnnl_support.h"
 #include "tensor/cpu/threading.h"
@@ -82,7 +83,9 @@ std::atomic<long> primitives_created{0};
 // 3.6/4.6/4.2). Plain wins for 1x1 shortcuts (6.4/6.6/8.8 vs 9.2/9.5/10.4), where the
 // reorders cost as much as the convolution, and for backward-data with very few
 // input channels (1->6 5x5: 4.3 vs 23.5), where oneDNN has no fast blocked kernel
-// (at 6 input channels blocked already wins: 3.5 vs 4.6).
+// (at 6 input channels blocked already wins: 3.5 vs 4.6). A single input channel with
+// few outputs skips oneDNN for forward and backward-weights (Note [Single-channel
+// convolution] in conv_direct.cpp).
 bool choose_blocked(ConvDirection direction, const ConvShape& s) {
   switch (layout_setting().load(std::memory_order_relaxed)) {
     case ConvLayout::Plain: return false;
@@ -259,6 +262,16 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
   return s;
 }
 
+// The Auto policy's third choice: own kernels instead of a oneDNN primitive.
+bool choose_direct(const ConvShape& s, const Conv2dParams& p) {
+  return layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
+         cpu::direct_conv_applies(s.c, s.o, s.kh, s.kw, p.stride_h, p.stride_w);
+}
+
+cpu::DirectConvShape direct_shape(const ConvShape& s, const Conv2dParams& p) {
+  return {s.n, s.h, s.w, s.o, s.kh, s.kw, p.pad_h, p.pad_w, s.oh, s.ow};
+}
+
 }  // namespace
 
 namespace cpu {
@@ -281,6 +294,11 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
   if (b.defined()) cpu::check_float_shape("conv2d_forward", "b", b, {s.o});
   if (s.n == 0 || s.o == 0) return;
   cpu::use_configured_threads();
+  if (choose_direct(s, p)) {
+    return cpu::direct_conv_forward(x.data<float>(), w.data<float>(),
+                                    b.defined() ? b.data<float>() : nullptr, y.data<float>(),
+                                    direct_shape(s, p));
+  }
   ConvEntry& e = cached_entry(ConvDirection::Forward, s, p, b.defined(), false);
   if (b.defined()) {
     run_entry(e, {x.raw_data(), w.raw_data(), b.raw_data()}, {y.raw_data()});
@@ -315,6 +333,11 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tens
       if (db.defined()) db.zero_();
     }
     return;
+  }
+  if (choose_direct(s, p)) {
+    return cpu::direct_conv_backward_weights(x.data<float>(), dy.data<float>(), dw.data<float>(),
+                                             db.defined() ? db.data<float>() : nullptr, accumulate,
+                                             direct_shape(s, p));
   }
   ConvEntry& e = cached_entry(ConvDirection::BackwardWeights, s, p, db.defined(), accumulate);
   if (db.defined()) {

@@ -143,6 +143,57 @@ TEST_CASE("conv2d kernels match the naive reference in both oneDNN layouts", "[c
   }
 }
 
+TEST_CASE("single-channel convolutions take the direct kernels and match the reference",
+          "[conv]") {
+  // Auto sends one-input-channel, <= 8-output, stride-1 convolutions to the direct
+  // kernels (Note [Single-channel convolution]): no oneDNN primitive is created for
+  // forward or backward-weights. Shapes cover every output-channel and kernel-width
+  // instantiation, rows narrower than, equal to and wider than one 16-float tile,
+  // padding wider than the kernel, and 1 to 3 threads splitting an odd batch.
+  struct Case {
+    Shape x, w;
+    int pad_h, pad_w;
+  };
+  const std::vector<Case> cases = {
+      {{5, 1, 28, 28}, {6, 1, 5, 5}, 2, 2},  {{3, 1, 9, 16}, {1, 1, 1, 1}, 0, 0},
+      {{2, 1, 7, 33}, {8, 1, 3, 7}, 1, 3},   {{1, 1, 4, 4}, {3, 1, 2, 2}, 0, 1},
+      {{3, 1, 11, 17}, {5, 1, 6, 4}, 2, 0},  {{2, 1, 3, 3}, {7, 1, 3, 3}, 4, 4},
+      {{4, 1, 5, 12}, {2, 1, 5, 6}, 0, 2},   {{1, 1, 1, 1}, {4, 1, 1, 1}, 0, 0},
+  };
+  const int threads_before = ops::num_threads();
+  const int threads = GENERATE(1, 2, 3);
+  ops::set_num_threads(threads);
+  uint32_t seed = 100;
+  for (const Case& c : cases) {
+    INFO("x " << shape_str(c.x) << " w " << shape_str(c.w) << " pad " << c.pad_h << "x" << c.pad_w
+              << " threads " << threads);
+    const Conv2dParams p{1, 1, c.pad_h, c.pad_w};
+    const Tensor x = random_tensor(c.x, seed++);
+    const Tensor w = random_tensor(c.w, seed++);
+    const Tensor b = random_tensor({c.w[0]}, seed++);
+    const long created = ops::cpu::conv_primitives_created();
+    const Tensor y = conv(x, w, b, p);
+    require_close(y, testing::conv2d_ref(x, w, b, p), 1e-4, 1e-4);
+    require_close(conv(x, w, Tensor(), p), testing::conv2d_ref(x, w, Tensor(), p), 1e-4, 1e-4);
+
+    const Tensor dy = random_tensor(y.shape(), seed++);
+    const auto ref = testing::conv2d_backward_ref(x, w, dy, p);
+    Tensor dw = Tensor::full(w.shape(), 7.0f);
+    Tensor db = Tensor::full({c.w[0]}, 7.0f);
+    ops::conv2d_backward_weights(x, dy, dw, db, p, /*accumulate=*/false);
+    require_close(dw, ref.dw, 1e-4, 1e-4);
+    require_close(db, ref.db, 1e-4, 1e-4);
+    Tensor dw_only = Tensor::full(w.shape(), 1.0f);
+    Tensor no_bias;
+    ops::conv2d_backward_weights(x, dy, dw_only, no_bias, p, /*accumulate=*/true);
+    std::vector<double> plus_one = ref.dw;
+    for (double& v : plus_one) v += 1.0;
+    require_close(dw_only, plus_one, 1e-4, 1e-4);
+    CHECK(ops::cpu::conv_primitives_created() == created);
+  }
+  ops::set_num_threads(threads_before);
+}
+
 TEST_CASE("conv2d backward ops are the gradients of the forward op", "[conv]") {
   // L = sum(conv(x, w) + b) * r) is linear in x, w and b, so central differences are
   // exact up to rounding even with a large step.
