@@ -20,8 +20,16 @@ struct LocalAddress {
 // resolved or routed.
 LocalAddress local_address_reaching(const std::string& master_host, uint16_t master_port);
 
+// How the device's event-loop thread is scheduled (Note [Gloo event-loop priority] in
+// gloo_device.cpp). From MTRAIN_GLOO_LOOP_SCHED: "idle" (the default) or "normal";
+// any other value is an InvalidArgument naming the variable.
+enum class LoopScheduling { Idle, Normal };
+LoopScheduling loop_scheduling_from_env();
+
 // A TCP device bound to `address` (peers connect to it, so it must be reachable from
-// them; the master's route is the one every rank shares).
-std::shared_ptr<gloo::transport::Device> create_tcp_device(const LocalAddress& address);
+// them; the master's route is the one every rank shares). Its event-loop thread is
+// scheduled as `loop`; the calling thread's own scheduling is left as it was.
+std::shared_ptr<gloo::transport::Device> create_tcp_device(
+    const LocalAddress& address, LoopScheduling loop = loop_scheduling_from_env());
 
 }  // namespace mtrain

@@ -2,11 +2,19 @@
 // gloo group (its store server runs in this process).
 #include <catch2/catch.hpp>
 
+#include <sched.h>
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <set>
+#include <string>
 #include <thread>
 
+#include "collectives/gloo/gloo_device.h"
 #include "collectives/process_group.h"
 #include "core/error.h"
+#include "tests/support/scoped_env.h"
 
 using namespace mtrain;
 
@@ -129,4 +137,48 @@ TEST_CASE("gloo: bad ranks and shapes are rejected at the call") {
   CHECK(e->seq() == 1);
   e->wait(Millis(5000));
   CHECK(pg.barrier()->seq() == 2);
+}
+
+namespace {
+
+std::set<pid_t> thread_ids() {
+  std::set<pid_t> ids;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    ids.insert(static_cast<pid_t>(std::stol(entry.path().filename().string())));
+  }
+  return ids;
+}
+
+// The scheduling policy of each thread the device started (Gloo starts one: its loop).
+std::vector<int> policies_of_new_threads(LoopScheduling loop) {
+  const std::set<pid_t> before = thread_ids();
+  auto device = create_tcp_device(LocalAddress{"127.0.0.1", AF_INET}, loop);
+  std::vector<int> policies;
+  for (pid_t tid : thread_ids()) {
+    if (!before.count(tid)) policies.push_back(sched_getscheduler(tid));
+  }
+  return policies;
+}
+
+}  // namespace
+
+TEST_CASE("Gloo's event-loop thread runs under SCHED_IDLE; its creator keeps its policy") {
+  // Note [Gloo event-loop priority].
+  CHECK(policies_of_new_threads(LoopScheduling::Idle) == std::vector<int>{SCHED_IDLE});
+  CHECK(sched_getscheduler(0) == SCHED_OTHER);
+  CHECK(policies_of_new_threads(LoopScheduling::Normal) == std::vector<int>{SCHED_OTHER});
+}
+
+TEST_CASE("MTRAIN_GLOO_LOOP_SCHED chooses the loop's scheduling; bad values are named") {
+  {
+    testing::ScopedEnv unset("MTRAIN_GLOO_LOOP_SCHED", std::nullopt);
+    CHECK(loop_scheduling_from_env() == LoopScheduling::Idle);
+  }
+  {
+    testing::ScopedEnv normal("MTRAIN_GLOO_LOOP_SCHED", "normal");
+    CHECK(loop_scheduling_from_env() == LoopScheduling::Normal);
+  }
+  testing::ScopedEnv bad("MTRAIN_GLOO_LOOP_SCHED", "realtime");
+  CHECK_THROWS_WITH(loop_scheduling_from_env(),
+                    Catch::Contains("MTRAIN_GLOO_LOOP_SCHED") && Catch::Contains("'realtime'"));
 }
