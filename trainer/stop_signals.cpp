@@ -1,5 +1,6 @@
 #include "trainer/stop_signals.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -7,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -27,7 +29,9 @@ int64_t monotonic_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-// Only async-signal-safe calls below: atomics, clock_gettime, write, sigaction, raise.
+// Records `sig` (Note [Stopping on a signal]); on a second SIGINT/SIGTERM, dies of it.
+// Only async-signal-safe calls, because it also serves as the fallback handler: atomics,
+// clock_gettime, write, sigaction, pthread_sigmask, raise.
 void on_stop_signal(int sig) {
   const int saved_errno = errno;
   const int64_t now = monotonic_ns();
@@ -46,9 +50,34 @@ void on_stop_signal(int sig) {
     dfl.sa_handler = SIG_DFL;
     sigemptyset(&dfl.sa_mask);
     sigaction(sig, &dfl, nullptr);
-    raise(sig);  // delivered, with the default action, when this handler returns
+    sigset_t just_this;
+    sigemptyset(&just_this);
+    sigaddset(&just_this, sig);
+    pthread_sigmask(SIG_UNBLOCK, &just_this, nullptr);
+    raise(sig);  // delivered to this thread, with the default action: the process ends
   }
   errno = saved_errno;
+}
+
+sigset_t stop_signal_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : kStopSignals) sigaddset(&set, sig);
+  return set;
+}
+
+// A child forked from a thread with the stop signals blocked would keep them blocked
+// across exec; it gets the default disposition back instead.
+void unblock_in_child() {
+  const sigset_t set = stop_signal_set();
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+}
+
+[[noreturn]] void signal_thread_main(sigset_t set) {
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set, &sig) == 0) on_stop_signal(sig);
+  }
 }
 
 }  // namespace
@@ -67,12 +96,18 @@ StopSignalAction classify_stop_signal(int pending_sig, int64_t pending_ns, int s
 void install_stop_signal_handlers() {
   static std::once_flag once;
   std::call_once(once, [] {
+    // The fallback for a thread started before this call, which does not block them.
     struct sigaction sa{};
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
-    // Restart interrupted reads and waits: the loop polls the flag, nothing needs EINTR.
     sa.sa_flags = SA_RESTART;
     for (int sig : kStopSignals) sigaction(sig, &sa, nullptr);
+    // Note [Signals never interrupt kernels]: blocked here, so in every thread this one
+    // starts from now on, and taken by a thread of their own.
+    const sigset_t set = stop_signal_set();
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    pthread_atfork(nullptr, nullptr, unblock_in_child);
+    std::thread(signal_thread_main, set).detach();
   });
 }
 

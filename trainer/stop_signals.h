@@ -6,12 +6,13 @@
 // SLURM sends SIGTERM at preemption and at the time limit (then SIGKILL KillWait
 // seconds later), and SIGUSR1 ahead of time with `--signal=USR1@T`; mtrain-launch
 // forwards SIGUSR1/SIGUSR2 and answers SIGTERM/SIGINT by sending SIGTERM to the
-// workers. The handler only records the first such signal (an atomic store, which is
-// async-signal-safe); the training loop reads it at step boundaries. The ranks agree
+// workers. A thread of its own receives them (Note [Signals never interrupt kernels])
+// and only records the first such signal (an atomic store); the training loop reads it
+// at step boundaries. The ranks agree
 // on the step to stop after through the gradient synchronization (Note [Agreeing to
 // stop] in gradient_sync.h), write the checkpoint, and exit with kStoppedExitCode.
 //
-// A second SIGINT or SIGTERM while a stop is pending means "now": the handler restores
+// A second SIGINT or SIGTERM while a stop is pending means "now": that thread restores
 // the default action and re-raises, so the process dies of that signal at once (no
 // checkpoint for the unfinished step; the previous one is intact, writes are atomic).
 // Except within kDuplicateSignalWindow of the first: under SLURM the same SIGTERM
@@ -19,6 +20,23 @@
 // and from mtrain-launch forwarding its own copy, and that must not turn a clean stop
 // into a kill. SIGUSR1 never forces an exit: it is a warning, and repeats of it are
 // harmless.
+//
+// Note [Signals never interrupt kernels]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A signal handler runs on the stack of whichever thread the kernel picks, below that
+// thread's stack pointer. oneDNN's JIT sgemm kernels (2.x up to 3.11; oneDNN issue
+// #4845, fixed by PR #4855) point rsp into the heap while they run, so a stop signal
+// that arrived during a linear layer wrote its signal frame over heap memory: a SIGTERM
+// to an MLP run ended in "corrupted size vs. prev_size" or a garbage tensor in about
+// one run in six. A standalone loop of dnnl_sgemm under a 50 us timer signal reproduces
+// it, and goes clean with the handler on an alternate stack. So the stop signals are
+// never handled on a computing thread: install_stop_signal_handlers() blocks them in
+// the calling thread (main, before it starts any other thread; threads inherit the
+// mask) and starts a thread that takes them with sigwait() and does what the handler
+// did. The handler stays installed for a thread started earlier, and a forked child
+// gets the signals unblocked again. Only process-directed signals reach that thread
+// (kill, not raise or pthread_kill aimed at another thread), which is how the
+// launcher, SLURM and users send them.
 #pragma once
 
 #include <cstdint>
@@ -44,8 +62,9 @@ enum class StopSignalAction {
 // (0: none) arrived at `pending_ns`. Pure, so it is testable and async-signal-safe.
 StopSignalAction classify_stop_signal(int pending_sig, int64_t pending_ns, int sig, int64_t now_ns);
 
-// Installs the handlers for SIGTERM, SIGINT and SIGUSR1 (idempotent). Call from the
-// main thread before starting threads that might otherwise get the default action.
+// Sets up the handling of SIGTERM, SIGINT and SIGUSR1 (idempotent): blocks them in the
+// calling thread and starts the thread that receives them (Note [Signals never
+// interrupt kernels]). Call from the main thread before it starts any other thread.
 void install_stop_signal_handlers();
 
 // The first stop signal received since install_stop_signal_handlers, or 0.
