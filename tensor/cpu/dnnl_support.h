@@ -11,6 +11,11 @@ const dnnl::engine& dnnl_engine();
 // Streams are not safe to share between threads; each thread gets its own.
 dnnl::stream& dnnl_stream();
 
+// c[M,N] = alpha * op(a) @ op(b) + beta * c on oneDNN's sgemm, all row-major and
+// contiguous (defined in matmul.cpp).
+void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           const float* b, float beta, float* c);
+
 // Note [Bound primitive arguments]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A cached primitive keeps one BoundArg per tensor argument. `user` describes the

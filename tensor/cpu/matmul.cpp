@@ -3,14 +3,14 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "tensor/cpu/checks.h"
+#include "tensor/cpu/dnnl_support.h"
 #include "tensor/cpu/threading.h"
 #include "tensor/cuda_ops.h"
 #include "tensor/ops.h"
 
 namespace mtrain::ops {
-namespace {
+namespace cpu {
 
-// c[M,N] = alpha * op(a) @ op(b) + beta * c, all row-major and contiguous.
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            const float* b, float beta, float* c) {
   if (m == 0 || n == 0) return;
@@ -28,7 +28,7 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
                k, static_cast<int>(status));
 }
 
-}  // namespace
+}  // namespace cpu
 
 void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
             float alpha, float beta) {
@@ -47,7 +47,7 @@ void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b
                transpose_a, shape_str(b.shape()), transpose_b);
   cpu::check_shape("matmul", "c", c, {m, n});
   cpu::use_configured_threads();
-  sgemm(transpose_a, transpose_b, m, n, k, alpha, a.data<float>(), b.data<float>(), beta,
+  cpu::sgemm(transpose_a, transpose_b, m, n, k, alpha, a.data<float>(), b.data<float>(), beta,
         c.data<float>());
 }
 
@@ -74,7 +74,7 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
     }
     beta = 1.0f;
   }
-  sgemm(false, true, batch, out, in, 1.0f, x.data<float>(), w.data<float>(), beta, py);
+  cpu::sgemm(false, true, batch, out, in, 1.0f, x.data<float>(), w.data<float>(), beta, py);
 }
 
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
@@ -93,13 +93,13 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
   cpu::use_configured_threads();
   const float* pdy = dy.data<float>();
   if (dx.defined()) {
-    sgemm(false, false, batch, in, out, 1.0f, pdy, w.data<float>(), 0.0f, dx.data<float>());
+    cpu::sgemm(false, false, batch, in, out, 1.0f, pdy, w.data<float>(), 0.0f, dx.data<float>());
   }
   if (batch == 0) {
     // Nothing to add; a gemm with k == 0 must still leave dw zeroed when overwriting.
     if (!accumulate) dw.zero_();
   } else {
-    sgemm(true, false, out, in, batch, 1.0f, pdy, x.data<float>(), accumulate ? 1.0f : 0.0f,
+    cpu::sgemm(true, false, out, in, batch, 1.0f, pdy, x.data<float>(), accumulate ? 1.0f : 0.0f,
           dw.data<float>());
   }
   if (db.defined()) {

@@ -194,6 +194,54 @@ TEST_CASE("single-channel convolutions take the direct kernels and match the ref
   ops::set_num_threads(threads_before);
 }
 
+TEST_CASE("weight gradients over few output positions are one GEMM and match the reference",
+          "[conv]") {
+  // Auto computes stride-1 weight gradients with at most 16 output positions per image
+  // as one sgemm (Note [Weight gradients as a GEMM]): no oneDNN primitive is created for
+  // them. Padding on both sides, non-square kernels and maps, one position per image,
+  // bias or not, 1 and 2 threads.
+  struct Case {
+    Shape x, w;
+    int pad_h, pad_w;
+  };
+  const std::vector<Case> cases = {
+      {{3, 8, 4, 4}, {5, 8, 3, 3}, 1, 1},  // ResNet-18's last stage, scaled down
+      {{2, 4, 2, 3}, {3, 4, 2, 2}, 0, 0},  // 1 x 2 positions
+      {{1, 2, 1, 1}, {4, 2, 1, 1}, 0, 0},  // one position
+      {{2, 3, 3, 5}, {2, 3, 3, 1}, 0, 1},  // 1 x 7 positions, padded columns only
+      {{4, 5, 2, 2}, {6, 5, 3, 3}, 1, 1},  // kernel larger than the map
+  };
+  const int threads_before = ops::num_threads();
+  const int threads = GENERATE(1, 2);
+  ops::set_num_threads(threads);
+  uint32_t seed = 300;
+  for (const Case& c : cases) {
+    const Conv2dParams p{1, 1, c.pad_h, c.pad_w};
+    INFO("x " << shape_str(c.x) << " w " << shape_str(c.w) << " pad " << c.pad_h << "x" << c.pad_w
+              << " threads " << threads);
+    const Tensor x = random_tensor(c.x, seed++);
+    const Tensor w = random_tensor(c.w, seed++);
+    const Tensor y = conv(x, w, Tensor(), p);
+    REQUIRE(y.size(2) * y.size(3) <= 16);
+    const Tensor dy = random_tensor(y.shape(), seed++);
+    const auto ref = testing::conv2d_backward_ref(x, w, dy, p);
+    const long created = ops::cpu::conv_primitives_created();
+    Tensor dw = Tensor::full(w.shape(), 7.0f);
+    Tensor db = Tensor::full({c.w[0]}, 7.0f);
+    ops::conv2d_backward_weights(x, dy, dw, db, p, /*accumulate=*/false);
+    require_close(dw, ref.dw, 1e-4, 1e-4);
+    require_close(db, ref.db, 1e-4, 1e-4);
+    Tensor dw_acc = Tensor::full(w.shape(), 1.0f);
+    Tensor no_bias;
+    ops::conv2d_backward_weights(x, dy, dw_acc, no_bias, p, /*accumulate=*/true);
+    std::vector<double> plus_one = ref.dw;
+    for (double& v : plus_one) v += 1.0;
+    require_close(dw_acc, plus_one, 1e-4, 1e-4);
+    CHECK(ops::cpu::conv_primitives_created() == created);
+  }
+  ops::set_num_threads(threads_before);
+}
+
 TEST_CASE("conv2d backward ops are the gradients of the forward op", "[conv]") {
   // L = sum(conv(x, w) + b) * r) is linear in x, w and b, so central differences are
   // exact up to rounding even with a large step.
