@@ -13,7 +13,8 @@
 # GNU time's %M (VmHWM at exit) around each worker. Prints the median over --runs runs
 # of images/s, scaling efficiency (N ranks / (N x 1 rank)), the largest peak RSS of any
 # rank, and mtrain / PyTorch; then, for resnet18 at the largest N, the step time with
-# --sync-bn against without. Results and the command go in docs/benchmarks.md.
+# --sync-bn against without, from --runs interleaved pairs of runs. Results and the
+# command go in docs/benchmarks.md.
 set -euo pipefail
 
 usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -190,14 +191,21 @@ echo " rank 0 spent waiting for gradient all-reduces; PyTorch runs plain DDP, no
 
 last_n=${nprocs##* }
 if ((sync_bn)) && [[ " $models " == *" resnet18 "* ]] && ((last_n > 1)); then
-  sr=()
+  # Interleaved pairs, so that both runs of a pair see the same machine: the plain runs
+  # of the table above were taken minutes earlier.
+  sr=(); pr=(); ratios=()
   for ((r = 1; r <= runs; r++)); do
-    read -r a _ _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn.$r" --sync-bn)
-    sr+=("$a")
+    read -r a _ _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn-off.$r")
+    read -r b _ _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn.$r" --sync-bn)
+    pr+=("$a"); sr+=("$b")
+    ratios+=("$(awk -v p="$a" -v s="$b" 'BEGIN { printf "%.4f", 100 * (p / s - 1) }')")
   done
-  s=$(median_of "${sr[@]}")
-  awk -v plain="${rate[mtrain.resnet18.$last_n]}" -v sync="$s" -v n="$last_n" 'BEGIN {
-    printf "\nresnet18, %d ranks, mtrain: %.1f img/s with --sync-bn vs %.1f without: step time %+.1f%%\n",
-      n, sync, plain, 100 * (plain / sync - 1) }'
+  awk -v plain="$(median_of "${pr[@]}")" -v sync="$(median_of "${sr[@]}")" -v n="$last_n" \
+      -v r="$(median_of "${ratios[@]}")" -v all="${ratios[*]}" 'BEGIN {
+    printf "\nresnet18, %d ranks, mtrain, %s interleaved pairs: %.1f img/s with --sync-bn vs %.1f without;\n",
+      n, split(all, a, " "), sync, plain
+    printf "step time with --sync-bn %+.1f%% (median of the pairs; each pair:", r
+    for (i = 1; i <= length(a); i++) printf " %+.1f%%", a[i]
+    printf ")\n" }'
 fi
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
