@@ -29,6 +29,24 @@ Tensor conv(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParam
   return y;
 }
 
+// conv2d_backward_weights against the reference: overwriting with a bias gradient, then
+// accumulating onto ones without one.
+void check_weight_gradients(const Tensor& x, const Tensor& w, const Tensor& dy,
+                            const Conv2dParams& p) {
+  const auto ref = testing::conv2d_backward_ref(x, w, dy, p);
+  Tensor dw = Tensor::full(w.shape(), 7.0f);
+  Tensor db = Tensor::full({w.size(0)}, 7.0f);
+  ops::conv2d_backward_weights(x, dy, dw, db, p, /*accumulate=*/false);
+  require_close(dw, ref.dw, 1e-4, 1e-4);
+  require_close(db, ref.db, 1e-4, 1e-4);
+  Tensor dw_acc = Tensor::full(w.shape(), 1.0f);
+  Tensor no_bias;
+  ops::conv2d_backward_weights(x, dy, dw_acc, no_bias, p, /*accumulate=*/true);
+  std::vector<double> plus_one = ref.dw;
+  for (double& v : plus_one) v += 1.0;
+  require_close(dw_acc, plus_one, 1e-4, 1e-4);
+}
+
 // Restores the default layout policy when a section that changed it ends.
 struct LayoutScope {
   explicit LayoutScope(ops::cpu::ConvLayout l) { ops::cpu::set_conv_layout(l); }
@@ -176,19 +194,7 @@ TEST_CASE("single-channel convolutions take the direct kernels and match the ref
     require_close(y, testing::conv2d_ref(x, w, b, p), 1e-4, 1e-4);
     require_close(conv(x, w, Tensor(), p), testing::conv2d_ref(x, w, Tensor(), p), 1e-4, 1e-4);
 
-    const Tensor dy = random_tensor(y.shape(), seed++);
-    const auto ref = testing::conv2d_backward_ref(x, w, dy, p);
-    Tensor dw = Tensor::full(w.shape(), 7.0f);
-    Tensor db = Tensor::full({c.w[0]}, 7.0f);
-    ops::conv2d_backward_weights(x, dy, dw, db, p, /*accumulate=*/false);
-    require_close(dw, ref.dw, 1e-4, 1e-4);
-    require_close(db, ref.db, 1e-4, 1e-4);
-    Tensor dw_only = Tensor::full(w.shape(), 1.0f);
-    Tensor no_bias;
-    ops::conv2d_backward_weights(x, dy, dw_only, no_bias, p, /*accumulate=*/true);
-    std::vector<double> plus_one = ref.dw;
-    for (double& v : plus_one) v += 1.0;
-    require_close(dw_only, plus_one, 1e-4, 1e-4);
+    check_weight_gradients(x, w, random_tensor(y.shape(), seed++), p);
     CHECK(ops::cpu::conv_primitives_created() == created);
   }
   ops::set_num_threads(threads_before);
@@ -223,20 +229,8 @@ TEST_CASE("weight gradients over few output positions are one GEMM and match the
     const Tensor w = random_tensor(c.w, seed++);
     const Tensor y = conv(x, w, Tensor(), p);
     REQUIRE(y.size(2) * y.size(3) <= 16);
-    const Tensor dy = random_tensor(y.shape(), seed++);
-    const auto ref = testing::conv2d_backward_ref(x, w, dy, p);
     const long created = ops::cpu::conv_primitives_created();
-    Tensor dw = Tensor::full(w.shape(), 7.0f);
-    Tensor db = Tensor::full({c.w[0]}, 7.0f);
-    ops::conv2d_backward_weights(x, dy, dw, db, p, /*accumulate=*/false);
-    require_close(dw, ref.dw, 1e-4, 1e-4);
-    require_close(db, ref.db, 1e-4, 1e-4);
-    Tensor dw_acc = Tensor::full(w.shape(), 1.0f);
-    Tensor no_bias;
-    ops::conv2d_backward_weights(x, dy, dw_acc, no_bias, p, /*accumulate=*/true);
-    std::vector<double> plus_one = ref.dw;
-    for (double& v : plus_one) v += 1.0;
-    require_close(dw_acc, plus_one, 1e-4, 1e-4);
+    check_weight_gradients(x, w, random_tensor(y.shape(), seed++), p);
     CHECK(ops::cpu::conv_primitives_created() == created);
   }
   ops::set_num_threads(threads_before);
