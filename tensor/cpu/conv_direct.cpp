@@ -241,15 +241,16 @@ void direct_conv_backward_weights(const float* x, const float* dy, float* dw, fl
   const Layout l = layout_of(s);
   const int nthreads = threads_for(s.n);
   const int64_t weights = s.o * s.kh * s.kw;
-  const size_t acc_floats = static_cast<size_t>((weights + s.o) * kLanes);
-  const size_t per_thread = static_cast<size_t>(l.image() + s.o * s.oh * l.dy_row()) + acc_floats;
+  // Per thread: the padded image, the padded gradient, then the accumulators.
+  const size_t acc_offset = static_cast<size_t>(l.image() + s.o * s.oh * l.dy_row());
+  const size_t per_thread = acc_offset + static_cast<size_t>((weights + s.o) * kLanes);
   float* const base = scratch(per_thread * nthreads);
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
     const int i = omp_get_thread_num();
     float* buf = base + per_thread * i;
     float* dy_pad = buf + l.image();
-    float* acc = dy_pad + s.o * s.oh * l.dy_row();
+    float* acc = buf + acc_offset;
     float* bias_acc = acc + weights * kLanes;
     std::fill(buf, buf + per_thread, 0.0f);
     for (int64_t n = split(s.n, i, nthreads); n < split(s.n, i + 1, nthreads); ++n) {
@@ -262,7 +263,7 @@ void direct_conv_backward_weights(const float* x, const float* dy, float* dw, fl
   auto reduce = [&](int64_t index) {
     double total = 0.0;
     for (int t = 0; t < nthreads; ++t) {
-      const float* lanes = base + per_thread * t + l.image() + s.o * s.oh * l.dy_row() + index * kLanes;
+      const float* lanes = base + per_thread * t + acc_offset + index * kLanes;
       for (int64_t k = 0; k < kLanes; ++k) total += lanes[k];
     }
     return static_cast<float>(total);
