@@ -96,7 +96,7 @@ slurm_write_config() {
   # The node's real layout (`slurmd -C`), so slurmd does not reject or reshape it; memory
   # a little below the truth, since a node reporting less than configured is drained.
   local node_line mem
-  node_line=$(slurmd -C | head -n1)
+  node_line=$(slurmd -C | sed -n 1p)
   mem=$(sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' <<<"$node_line")
   [[ -n $mem ]] || slurm_fail "could not read RealMemory from 'slurmd -C': $node_line"
   node_line=$(sed "s/RealMemory=[0-9]*/RealMemory=$((mem > 1024 ? mem - 512 : mem))/" <<<"$node_line")

@@ -9,7 +9,10 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/slurm_cluster.sh"
 source "$here/slurm_job.sh"
 slurm_test_args "$1" "$2"
-"$bin/mtrain-train" --help | grep -q -- --checkpoint-dir ||
+# The help is read whole before it is searched: `--help | grep -q` under pipefail fails
+# whenever grep exits before the writer's last write (SIGPIPE), i.e. by timing.
+help=$("$bin/mtrain-train" --help)
+grep -q -- --checkpoint-dir <<<"$help" ||
   slurm_fail "$bin/mtrain-train has no --checkpoint-dir option"
 
 slurm_cluster_start

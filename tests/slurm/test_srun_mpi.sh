@@ -11,8 +11,10 @@ slurm_test_args "$1" "$2"
 
 slurm_cluster_start
 # Debian's Open MPI is built against PMIx only: --mpi=pmi2 or none fail in MPI_Init.
-srun --mpi=list 2>&1 | grep -qw pmix ||
-  slurm_skip "this Slurm has no PMIx plugin (srun --mpi=list: $(srun --mpi=list 2>&1 | tr '\n' ' '))"
+# (Read whole first: grep -q exiting early would fail a pipe under pipefail.)
+mpi_plugins=$(srun --mpi=list 2>&1) || true
+grep -qw pmix <<<"$mpi_plugins" ||
+  slurm_skip "this Slurm has no PMIx plugin (srun --mpi=list: $(tr '\n' ' ' <<<"$mpi_plugins"))"
 
 export MTRAIN_TRAIN=$bin/mtrain-train MTRAIN_MODEL=mlp MTRAIN_DATA_DIR=$src/data/fashion-mnist-mini \
   MTRAIN_BACKEND=mpi MTRAIN_SRUN_ARGS=--mpi=pmix MTRAIN_ARGS="--max-steps 8 --batch-size 32 --log-every 4 --no-eval"
