@@ -79,6 +79,34 @@ void check_tensor(const Tensor& t, OpType op, const char* what) {
   }
 }
 
+// A Work whose waiter runs the operation itself when it is next in line and nothing is
+// running (Note [MPI operations on the waiting thread]).
+class MpiWork final : public Work {
+ public:
+  MpiWork(OpType op, uint64_t seq, std::vector<Tensor> keep_alive, Millis group_timeout)
+      : Work(op, seq, std::move(keep_alive)), group_timeout_(group_timeout) {}
+
+  // Set once, before the task is submitted.
+  void set_task_id(uint64_t id) { task_id_ = id; }
+
+  void wait() override {
+    MpiRuntime::instance().run_if_next(task_id_);
+    Work::wait();
+  }
+
+  void wait(Millis timeout) override {
+    // A waiter running the operation returns only when it is done or the job ends at
+    // the group's timeout; a caller willing to wait less leaves it to the
+    // communication thread.
+    if (timeout >= group_timeout_) MpiRuntime::instance().run_if_next(task_id_);
+    Work::wait(timeout);
+  }
+
+ private:
+  const Millis group_timeout_;
+  uint64_t task_id_ = 0;
+};
+
 class MpiProcessGroup final : public ProcessGroup {
  public:
   MpiProcessGroup(int rank, int size, ProcessGroupOptions options, MPI_Comm comm)
@@ -189,7 +217,7 @@ class MpiProcessGroup final : public ProcessGroup {
  private:
   WorkPtr enqueue(OpType op, std::vector<Tensor> tensors, std::function<void()> body) {
     const uint64_t seq = next_seq_++;
-    auto work = std::make_shared<Work>(op, seq, std::move(tensors));
+    auto work = std::make_shared<MpiWork>(op, seq, std::move(tensors), options().timeout);
     auto task = std::make_shared<MpiTask>();
     task->description = fmt::format("{} #{} of group '{}'", op_type_name(op), seq, options().name);
     task->timeout = options().timeout;
@@ -202,6 +230,7 @@ class MpiProcessGroup final : public ProcessGroup {
         work->mark_completed();
       }
     };
+    work->set_task_id(task->id);
     MpiRuntime::instance().submit(std::move(task));
     return work;
   }

@@ -3,15 +3,42 @@
 //
 // Note [MPI backend threading]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Every MPI call of the process, MPI_Init_thread and MPI_Finalize included, runs on one
-// process-wide communication thread (collectives/mpi/mpi_runtime.h); groups only queue
-// work for it. MPI is initialised on that thread asking for MPI_THREAD_SERIALIZED,
-// which is all one calling thread needs and what every Open MPI build provides. The
-// queue is shared by all groups, so operations run in the order the process issued
-// them, across groups too: ranks must issue collectives of different groups in the
-// same order (as with c10d's MPI backend). If the program initialised MPI itself
-// before the first group, it must have asked for MPI_THREAD_SERIALIZED or more and
-// must not call MPI while groups exist; MPI is then left for the program to finalise.
+// Groups only queue work; one process-wide queue (collectives/mpi/mpi_runtime.h) runs
+// it one operation at a time, in the order the process issued it, across groups too:
+// ranks must issue collectives of different groups in the same order (as with c10d's
+// MPI backend). A process-wide communication thread makes MPI_Init_thread,
+// MPI_Finalize and every operation's MPI calls, except that a thread waiting for the
+// next operation may run it itself (Note [MPI operations on the waiting thread]).
+// Since never two threads are inside MPI at once, MPI_THREAD_SERIALIZED is all that is
+// asked for, and every Open MPI build provides it. If the program initialised MPI
+// itself before the first group, it must have asked for MPI_THREAD_SERIALIZED or more
+// and must not call MPI while groups exist; MPI is then left for the program to
+// finalise.
+//
+// Note [MPI operations on the waiting thread]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Handing each operation to the communication thread costs two thread wake-ups, and
+// for a caller that issues and waits at once (mtrain-bench, SyncBatchNorm, metrics)
+// both lie on the critical path: 10-40 us per all-reduce on the 2-core VM, 10-30 % of
+// a 1 MiB all-reduce (docs/benchmarks.md). So, as in the Gloo backend, a waiter whose
+// operation is next in line while nothing runs takes it off the queue and makes the
+// MPI call on its own thread. That alone rarely happens: the communication thread,
+// woken by the issue and having slept longer, preempts the issuer on its core (mpirun
+// binds each rank to one core) and takes the operation first, about 9 times in 10 in a
+// throwaway test. Both of the runtime's threads therefore run under SCHED_BATCH, whose
+// wake-ups never preempt a running thread: an issued operation starts on the
+// communication thread when a core is free or at the next scheduler tick, and an
+// operation waited on at once runs on the waiter with no hand-off at all (417 times
+// in 420 in the same test). MTRAIN_MPI_THREAD_SCHED=normal gives the two threads
+// normal scheduling again.
+//
+// An MPI call cannot be interrupted, so a waiter running a collective that never
+// completes cannot receive its TimeoutError. When the watchdog finds the running
+// operation past its deadline and on a waiting thread, it prints the TimeoutError's
+// message and ends the job with MPI_Abort (exit status 1), which is what a program
+// must do after an MPI timeout anyway (Note [MPI timeouts]). wait(timeout) with a
+// timeout shorter than the group's never runs the operation itself, so it always
+// returns by its own timeout.
 //
 // Note [MPI timeouts]
 // ~~~~~~~~~~~~~~~~~~~

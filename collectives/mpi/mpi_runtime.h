@@ -5,7 +5,9 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -27,12 +29,16 @@ using Clock = std::chrono::steady_clock;
 
 // One piece of MPI work for the communication thread.
 struct MpiTask {
+  const uint64_t id = next_id();  // unique in the process, for run_if_next
   std::string description;  // "allreduce #3 of group 'world'", for errors
   std::chrono::milliseconds timeout{0};  // deadline = submission time + timeout
   Clock::time_point deadline;
   std::function<void()> body;  // runs on the communication thread; may throw
   // Called exactly once, from whichever thread settles the task: nullptr on success.
   std::function<void(std::exception_ptr)> finish;
+
+ private:
+  static uint64_t next_id();
 };
 
 class MpiRuntime {
@@ -49,6 +55,11 @@ class MpiRuntime {
   // a CommError instead (Note [MPI timeouts]).
   void submit(std::shared_ptr<MpiTask> task);
 
+  // Runs the task with this id on the calling thread when it is the next one and
+  // nothing is running (Note [MPI operations on the waiting thread]); returns whether
+  // it did.
+  bool run_if_next(uint64_t task_id);
+
   MpiRuntime(const MpiRuntime&) = delete;
   MpiRuntime& operator=(const MpiRuntime&) = delete;
 
@@ -62,9 +73,16 @@ class MpiRuntime {
   void watchdog_loop();
   void fail_everything_after_timeout(std::unique_lock<std::mutex>& lock,
                                      const std::shared_ptr<Entry>& expired);
+  // Notifies the communication thread unless it is awake or already notified; mu_ held.
+  void wake_communication_locked();
+  // Takes the queue's first task as the running one; mu_ must be held.
+  std::shared_ptr<Entry> take_next_locked();
+  // Runs a taken task on the calling thread, then settles it.
+  void run(const std::shared_ptr<Entry>& entry);
   void settle(const std::shared_ptr<Entry>& entry, std::exception_ptr error);
   void shutdown_at_exit();
 
+  bool batch_threads_ = true;  // MTRAIN_MPI_THREAD_SCHED
   int world_rank_ = 0;
   int world_size_ = 0;
   bool initialised_mpi_here_ = false;
@@ -75,6 +93,11 @@ class MpiRuntime {
   std::condition_variable exit_cv_;      // shutdown: communication thread done or broken
   std::deque<std::shared_ptr<Entry>> queue_;
   std::shared_ptr<Entry> running_;
+  // Note [Fewer wake-ups per operation]
+  bool communication_sleeping_ = false;  // the communication thread waits on work_cv_
+  bool communication_woken_ = false;     // ...and has been notified since
+  Clock::duration shortest_timeout_ = Clock::duration::max();
+  Clock::time_point watchdog_wakes_at_ = Clock::time_point::max();
   std::string broken_by_;  // non-empty after a timeout: what timed out
   bool stopping_ = false;
   bool stop_watchdog_ = false;

@@ -5,11 +5,20 @@
 // `return` by returning from main, which must not hang on the communication thread
 // stuck in MPI (Note [MPI runtime shutdown]). Prints "MPI-TIMEOUT-CHECKED" only when
 // every check held.
+//
+// With the argument `waiter`, rank 0 waits for the stuck all-reduce at once, so its own
+// thread runs it inside MPI and cannot receive an error: the watchdog must then print
+// the timeout and end the job itself (Note [MPI operations on the waiting thread]).
+// The pass line is that message. Rank 0 keeps to one CPU there, so the communication
+// thread (SCHED_BATCH) cannot take the operation between the issue and the wait.
 #include <fmt/format.h>
+#include <sched.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -43,13 +52,23 @@ std::string error_of(Fn&& fn) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool end_by_returning = argc > 1 && std::string(argv[1]) == "return";
+  const std::string mode = argc > 1 ? argv[1] : "abort";
+  const bool end_by_returning = mode == "return";
   using namespace mtrain;
   const int rank = std::atoi(std::getenv("OMPI_COMM_WORLD_RANK") ? std::getenv("OMPI_COMM_WORLD_RANK") : "0");
   const int size = std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE") ? std::getenv("OMPI_COMM_WORLD_SIZE") : "1");
   if (size != 2) {
     std::printf("MPI-TIMEOUT-FAILED: expected mpirun -np 2, found %d ranks\n", size);
     return 1;
+  }
+  if (mode == "waiter" && rank == 0) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu(), &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0) {
+      std::printf("MPI-TIMEOUT-FAILED: sched_setaffinity: %s\n", std::strerror(errno));
+      return 1;
+    }
   }
   ProcessGroupOptions options;
   options.name = "timeout";
@@ -63,6 +82,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   Tensor t = Tensor::full({1000}, 1.0f);
+  if (mode == "waiter") {
+    group->allreduce(t)->wait();  // must never return: the watchdog ends the job
+    std::printf("MPI-TIMEOUT-FAILED: the all-reduce rank 1 never joined returned\n");
+    std::fflush(stdout);
+    abort_mpi_job(1);
+  }
   const auto start = Clock::now();
   WorkPtr stuck = group->allreduce(t);
   WorkPtr behind = group->allreduce(t);
