@@ -83,9 +83,13 @@ for ((r = 0; r < repeats; r++)); do
     fi
   fi
   if [[ $backends == *" mpi "* ]]; then
-    "${mpirun[@]}" "$bench" --backend mpi --op allreduce \
-      -b "$min_bytes" -e "$max_bytes" -w "$warmup" -n "$iters" "${stat_flag[@]}" >"$out/mtrain_mpi.$r"
-    "${mpirun[@]}" "$raw" mpi "${sizes[@]}" >"$out/raw_mpi.$r"
+    mtrain_mpi() {
+      "${mpirun[@]}" "$bench" --backend mpi --op allreduce \
+        -b "$min_bytes" -e "$max_bytes" -w "$warmup" -n "$iters" "${stat_flag[@]}" >"$out/mtrain_mpi.$r"
+    }
+    raw_mpi() { "${mpirun[@]}" "$raw" mpi "${sizes[@]}" >"$out/raw_mpi.$r"; }
+    # Alternate which goes first, so that a drift of the machine favours neither.
+    if ((r % 2 == 0)); then mtrain_mpi; raw_mpi; else raw_mpi; mtrain_mpi; fi
   fi
 done
 
@@ -112,12 +116,22 @@ def human(b):
         if b >= scale:
             return f"{b // scale} {unit}iB"
     return f"{b} B"
+# The machine's speed shifts between runs by up to 3x (the same raw loop has measured
+# 100 and 340 us per 1 MiB all-reduce minutes apart), and a shift usually lasts across
+# the two runs of a repeat. So the "paired" columns take each repeat's own ratio and
+# report the median of those, next to the ratio of the two medians.
+def paired(a, c, b):
+    xs, ys = busbw.get((a, b)), busbw.get((c, b))
+    if not xs or not ys or len(xs) != len(ys):
+        return "-"
+    return f"{100 * statistics.median(x / y for x, y in zip(xs, ys)):.0f} %"
 print(f"all-reduce float32, 2 ranks, busbw GB/s, median of {repeats} runs")
-print("| size | mtrain gloo | raw gloo | torch gloo | mtrain/raw gloo | mtrain/torch gloo | mtrain mpi | raw mpi | mtrain/raw mpi |")
-print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| size | mtrain gloo | raw gloo | torch gloo | mtrain/raw gloo | paired | mtrain/torch gloo | mtrain mpi | raw mpi | mtrain/raw mpi | paired |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for b in sizes:
     mg, rg, tg, mm, rm = (med(v, b) for v in variants)
     pct = lambda a, c: f"{100 * a / c:.0f} %" if a is not None and c else "-"
     num = lambda x: f"{x:.3f}" if x is not None else "-"
-    print(f"| {human(b)} | {num(mg)} | {num(rg)} | {num(tg)} | {pct(mg, rg)} | {pct(mg, tg)} | {num(mm)} | {num(rm)} | {pct(mm, rm)} |")
+    print(f"| {human(b)} | {num(mg)} | {num(rg)} | {num(tg)} | {pct(mg, rg)} | {paired('mtrain_gloo', 'raw_gloo', b)} "
+          f"| {pct(mg, tg)} | {num(mm)} | {num(rm)} | {pct(mm, rm)} | {paired('mtrain_mpi', 'raw_mpi', b)} |")
 PY
