@@ -391,7 +391,20 @@ int run_train_command(const TrainOptions& o) {
   } else {
     sync = std::make_unique<LocalGradients>();
   }
+  // Note [Set-up memory]
+  // ~~~~~~~~~~~~~~~~~~~~
+  // Set-up leaves large blocks in the host allocator's cache: the flat buffer that
+  // broadcast the model state (as large as the model) and, once the reducer has
+  // re-seated the gradients into its buckets, the old gradients (as large again). A
+  // cached block serves any request up to half its size (Note [Host caching
+  // allocator]), so a 24 MiB bucket took the 43 MiB broadcast buffer and held 19 MiB
+  // idle for the whole run, and the old gradients sat in the cache for the leftovers of
+  // activations. Returning the cache to the system before and after attaching leaves
+  // the buckets in blocks of their own size (ResNet-18 on 2 ranks: 19 MiB less tensor
+  // memory and 24-27 MiB less resident memory per rank).
+  host_allocator_release_cache();
   sync->attach(*model);
+  host_allocator_release_cache();
   spdlog::info("gradients: {}", sync->describe());
 
   const int64_t steps_per_epoch = (train_loader->num_batches() + o.grad_accum - 1) / o.grad_accum;
