@@ -64,7 +64,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
 
     d = pathlib.Path(args.data_dir)
-    images = ref.read_idx(d / "train-images-idx3-ubyte.gz").float().div_(255).unsqueeze(1)
+    images = ref.read_idx(d / "train-images-idx3-ubyte.gz")  # uint8; see ref.as_float_batch
     labels = ref.read_idx(d / "train-labels-idx1-ubyte.gz").long()
     n, b = images.shape[0], args.batch_size
     if n < b:
