@@ -277,6 +277,8 @@ int run_train_command(const TrainOptions& o) {
   auto test_set = std::make_shared<const data::Dataset>(std::move(splits.test));
   spdlog::info("train set: {}", train_set->describe());
   spdlog::info("test set: {}", test_set->describe());
+  // With --no-eval nothing reads the test images again (Fashion-MNIST's: 7.5 MiB).
+  if (!o.eval) test_set.reset();
   if (control) {
     require_same_on_all_ranks(*control, training_configuration(o, train_set->size(), device),
                               "the training configuration");
