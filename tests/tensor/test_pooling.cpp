@@ -68,6 +68,51 @@ TEST_CASE("maxpool2d_forward propagates NaN like PyTorch", "[pool]") {
   CHECK(std::isnan(y.data<float>()[0]));
 }
 
+TEST_CASE("maxpool2d_forward picks the first maximum and the last NaN, like a row-major scan", "[pool]") {
+  // Values from {0, 1, 2} tie often (as after a ReLU); NaN and -inf appear here and
+  // there; odd sizes and every stride leave clipped windows at both edges.
+  const Pool2dParams p = GENERATE(Pool2dParams{}, Pool2dParams{3, 3, 2, 2, 1, 1},
+                                  Pool2dParams{3, 2, 1, 2, 1, 0}, Pool2dParams{2, 3, 1, 3, 0, 1},
+                                  Pool2dParams{3, 3, 1, 1, 1, 1}, Pool2dParams{2, 2, 1, 1, 0, 0});
+  const int64_t h = 9, w = 11;
+  Tensor x = Tensor::empty({2, 3, h, w});
+  float* px = x.data<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const int64_t r = (i * 7919 + 13) % 101;
+    px[i] = r == 0 ? NAN : r == 1 ? -INFINITY : static_cast<float>(r % 3);
+  }
+  for (int64_t i = 0; i < 2 * 3 * w; i += 5) px[i] = -INFINITY;  // some all -inf windows near row 0
+  Tensor y;
+  const std::vector<int32_t> got = maxpool(x, y, p);
+  const int64_t oh = y.size(2), ow = y.size(3);
+  size_t k = 0;
+  for (int64_t plane = 0; plane < 6; ++plane) {
+    for (int64_t oy = 0; oy < oh; ++oy) {
+      for (int64_t ox = 0; ox < ow; ++ox, ++k) {
+        // The naive scan: the window in row-major order; strictly greater or NaN wins.
+        float best = -INFINITY;
+        int64_t best_at = -1;
+        for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
+          for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
+            const int64_t iy = oy * p.stride_h - p.pad_h + ky, ix = ox * p.stride_w - p.pad_w + kx;
+            if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+            const float v = px[plane * h * w + iy * w + ix];
+            if (best_at < 0) best_at = iy * w + ix;  // an all -inf window reports its first element
+            if (v > best || std::isnan(v)) {
+              best = v;
+              best_at = iy * w + ix;
+            }
+          }
+        }
+        INFO("plane " << plane << " output (" << oy << ", " << ox << ")");
+        REQUIRE(got[k] == best_at);
+        const float out = y.data<float>()[k];
+        REQUIRE(((std::isnan(out) && std::isnan(best)) || out == best));
+      }
+    }
+  }
+}
+
 TEST_CASE("avgpool2d_forward matches hand-computed results", "[pool]") {
   SECTION("2x2 stride 2") {
     const Tensor x = iota({1, 1, 2, 4}, 1.0f);  // [[1,2,3,4],[5,6,7,8]]
