@@ -120,8 +120,9 @@ void avgpool_tiled_backward(const float* dyp, float* dxp, const PoolGeometry& g,
 // times the backward pass; this takes 7 ms (build/tests/bench_kernels 1 8 64). A
 // constant stride of 1 or 2 lets the compiler unroll the strided loads; compiling for
 // AVX-512/AVX2 as well measured slower (13 ms): the rows are only 14 outputs long.
+
 // One tap of the kernel over the outputs [lo, hi) of a row; kStride 0 = p.stride_w at
-// run time. A constant stride lets the compiler vectorize the strided loads.
+// run time (Note [Max pooling by rows]).
 template <int64_t kStride>
 [[gnu::always_inline]] inline void maxpool_tap(const float* __restrict row, float* __restrict best,
                                                int32_t* __restrict at, int64_t lo, int64_t hi,
