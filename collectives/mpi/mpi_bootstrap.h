@@ -10,7 +10,7 @@
 namespace mtrain {
 
 // Collective over MPI_COMM_WORLD: rank 0's `value` is returned on every rank (other
-// ranks' `value` is ignored). Runs on the MPI communication thread under the runtime's
+// ranks' `value` is ignored). Runs through the MPI runtime's queue under its
 // watchdog, so a rank that never calls it makes the others fail with CommError after
 // `timeout` instead of hanging. `what` names the payload in errors.
 std::string mpi_broadcast_from_rank0(const std::string& value, const std::string& what, Millis timeout);

@@ -14,8 +14,8 @@ namespace mtrain::mpi {
 inline MPI_Datatype half_carrier_type() { return MPI_UINT16_T; }
 
 // The operator for a float16/bfloat16 reduction: sum (also for avg, which divides
-// afterwards), max or min. Creates the operators at first use, so it must run on the
-// communication thread like every MPI call (Note [MPI backend threading]).
+// afterwards), max or min. Creates the operators at first use, so it must run inside
+// an operation's body, serialized like every MPI call (Note [MPI backend threading]).
 // InvalidArgument for any other dtype.
 MPI_Op half_reduce_op(DType dtype, ReduceOp op);
 

@@ -1,5 +1,5 @@
 // MpiProcessGroup: ProcessGroup over a duplicate of MPI_COMM_WORLD, every MPI call made
-// on the runtime's communication thread (Note [MPI backend threading]).
+// by the runtime's queue, one operation at a time (Note [MPI backend threading]).
 #include "collectives/mpi/mpi_process_group.h"
 
 #include <fmt/format.h>
@@ -37,7 +37,8 @@ MPI_Datatype mpi_type(DType dtype, OpType op) {
       op_type_name(op), dtype_name(dtype)));
 }
 
-// Runs on the communication thread: the 16-bit operators are created there at first use.
+// Runs inside an operation's body, where MPI calls are serialized: the 16-bit operators
+// are created there at first use.
 MPI_Op mpi_op(DType dtype, ReduceOp op) {
   if (half::is_half_dtype(dtype)) return mpi::half_reduce_op(dtype, op);
   switch (op) {

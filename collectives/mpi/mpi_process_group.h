@@ -45,8 +45,9 @@
 // An MPI collective cannot be cancelled. A watchdog fails the Work of an operation
 // that exceeds the group's timeout with a TimeoutError naming the operation, group and
 // sequence number (MPI cannot tell which ranks never arrived), and fails every other
-// queued or later operation with a CommError: the communication thread stays blocked
-// inside MPI forever and the collective order is broken. The process must then exit;
+// queued or later operation with a CommError: the thread running it stays blocked
+// inside MPI forever and the collective order is broken (when that thread is the
+// waiter itself, see Note [MPI operations on the waiting thread]). The process must then exit;
 // at exit MPI is not finalised (that would hang), so mpirun sees a rank leave without
 // MPI_Finalize and tears the job down. abort_mpi_job() (MPI_Abort) ends every rank at
 // once and is the quickest way out.

@@ -255,7 +255,9 @@ void MpiRuntime::watchdog_loop() {
     for (const auto& e : queue_) consider(e);
     // Note [Fewer wake-ups per operation]
     if (!earliest) {
-      if (shortest_timeout_ == Clock::duration::max()) {
+      // (A timeout of 0 is refused by ProcessGroup, but only after MPI_Comm_dup was
+      // queued with it; sleeping 0 would spin.)
+      if (shortest_timeout_ == Clock::duration::max() || shortest_timeout_ <= Clock::duration::zero()) {
         watchdog_wakes_at_ = Clock::time_point::max();
         watchdog_cv_.wait(lock);
       } else {

@@ -1,6 +1,7 @@
-// The process-wide MPI runtime: the one communication thread that makes every MPI call
-// (Note [MPI backend threading]) and the watchdog that enforces operation deadlines
-// (Note [MPI timeouts]). Internal to the MPI backend.
+// The process-wide MPI runtime: the queue that runs every MPI operation one at a time,
+// on its communication thread or on the thread waiting for it (Note [MPI backend
+// threading]), and the watchdog that enforces operation deadlines (Note [MPI
+// timeouts]). Internal to the MPI backend.
 #pragma once
 
 #include <mpi.h>
@@ -27,13 +28,13 @@ void check_mpi_result(int rc, const char* call, const char* file, int line);
 
 using Clock = std::chrono::steady_clock;
 
-// One piece of MPI work for the communication thread.
+// One piece of MPI work for the runtime's queue.
 struct MpiTask {
   const uint64_t id = next_id();  // unique in the process, for run_if_next
   std::string description;  // "allreduce #3 of group 'world'", for errors
   std::chrono::milliseconds timeout{0};  // deadline = submission time + timeout
   Clock::time_point deadline;
-  std::function<void()> body;  // runs on the communication thread; may throw
+  std::function<void()> body;  // the MPI calls, on whichever thread runs it; may throw
   // Called exactly once, from whichever thread settles the task: nullptr on success.
   std::function<void(std::exception_ptr)> finish;
 
