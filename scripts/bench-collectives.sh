@@ -2,8 +2,10 @@
 # All-reduce bus bandwidth on 2 ranks (loopback, 1 thread each), 4 KiB .. 64 MiB float32:
 # mtrain-bench over Gloo (via mtrain-launch) and over Open MPI (via mpirun), next to
 # the same collective called straight through each library (raw_allreduce_bench) and
-# PyTorch's dist.all_reduce on Gloo. Every variant runs REPEATS times, interleaved so
-# that machine noise hits all of them alike; the table shows the median busbw (GB/s).
+# PyTorch's dist.all_reduce on Gloo. Every variant runs REPEATS times, interleaved (in
+# an order that rotates from repeat to repeat) so that machine noise hits all of them
+# alike; the table shows the median busbw (GB/s), each ratio of medians, and the median
+# of each repeat's own mtrain/raw ratio ("paired").
 #
 # usage: scripts/bench-collectives.sh [build dir]     (default: build)
 #   env: REPEATS (3), WARMUP (5), ITERS (20), MIN_BYTES (4096), MAX_BYTES (67108864),
@@ -73,14 +75,26 @@ fi
 for ((r = 0; r < repeats; r++)); do
   echo "repeat $((r + 1))/$repeats" >&2
   if [[ $backends == *" gloo "* ]]; then
-    "${rt[@]}" "$launch" --nproc_per_node=2 bench --backend gloo --op allreduce \
-      -b "$min_bytes" -e "$max_bytes" -w "$warmup" -n "$iters" "${stat_flag[@]}" >"$out/mtrain_gloo.$r" 2>/dev/null
-    store=$(mktemp -d "$out/gloo-store.XXXXXX")
-    RAW_GLOO_STORE_DIR=$store two_ranks "$out/raw_gloo.$r" "$raw" gloo "${sizes[@]}"
-    if [[ $have_torch == 1 ]]; then
+    mtrain_gloo() {
+      "${rt[@]}" "$launch" --nproc_per_node=2 bench --backend gloo --op allreduce \
+        -b "$min_bytes" -e "$max_bytes" -w "$warmup" -n "$iters" "${stat_flag[@]}" >"$out/mtrain_gloo.$r" 2>/dev/null
+    }
+    raw_gloo() {
+      local store
+      store=$(mktemp -d "$out/gloo-store.XXXXXX")
+      RAW_GLOO_STORE_DIR=$store two_ranks "$out/raw_gloo.$r" "$raw" gloo "${sizes[@]}"
+    }
+    torch_gloo() {
+      [[ $have_torch == 1 ]] || return 0
       MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) \
         two_ranks "$out/torch_gloo.$r" "$python" "$root/scripts/bench-collectives-torch.py" "${sizes[@]}"
-    fi
+    }
+    # Rotate the order from repeat to repeat, so that a drift of the machine favours none.
+    case $((r % 3)) in
+      0) mtrain_gloo; raw_gloo; torch_gloo ;;
+      1) raw_gloo; torch_gloo; mtrain_gloo ;;
+      2) torch_gloo; mtrain_gloo; raw_gloo ;;
+    esac
   fi
   if [[ $backends == *" mpi "* ]]; then
     mtrain_mpi() {
