@@ -36,4 +36,17 @@ std::optional<int64_t> get_int(const char* name, int64_t min, int64_t max) {
   return parse_int(*v, fmt::format("environment variable {}", name), min, max);
 }
 
+std::string get_choice(const char* name, std::initializer_list<const char*> choices) {
+  MTRAIN_CHECK(choices.size() > 0, "get_choice({}) without choices", name);
+  const auto v = get(name);
+  if (!v) return *choices.begin();
+  std::string listed;
+  for (const char* c : choices) {
+    if (*v == c) return *v;
+    listed += fmt::format("{}'{}'", listed.empty() ? "" : ", ", c);
+  }
+  throw InvalidArgument(
+      fmt::format("environment variable {}: expected one of {}, found '{}'", name, listed, *v));
+}
+
 }  // namespace mtrain::env

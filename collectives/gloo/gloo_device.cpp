@@ -3,9 +3,7 @@
 #include <arpa/inet.h>
 #include <gloo/transport/tcp/device.h>
 #include <netdb.h>
-#include <pthread.h>
 #include <sched.h>
-#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -16,6 +14,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/thread_policy.h"
 
 namespace mtrain {
 
@@ -86,11 +85,8 @@ LocalAddress local_address_reaching(const std::string& master_host, uint16_t mas
 // takes SCHED_IDLE and creates it; the caller's scheduling is untouched.
 // MTRAIN_GLOO_LOOP_SCHED=normal keeps the loop at normal priority.
 LoopScheduling loop_scheduling_from_env() {
-  const auto value = env::get("MTRAIN_GLOO_LOOP_SCHED");
-  if (!value || *value == "idle") return LoopScheduling::Idle;
-  if (*value == "normal") return LoopScheduling::Normal;
-  throw InvalidArgument(
-      fmt::format("MTRAIN_GLOO_LOOP_SCHED must be 'idle' or 'normal', got '{}'", *value));
+  return env::get_choice("MTRAIN_GLOO_LOOP_SCHED", {"idle", "normal"}) == "idle" ? LoopScheduling::Idle
+                                                                                : LoopScheduling::Normal;
 }
 
 std::shared_ptr<gloo::transport::Device> create_tcp_device(const LocalAddress& address,
@@ -112,11 +108,8 @@ std::shared_ptr<gloo::transport::Device> create_tcp_device(const LocalAddress& a
     create();
   } else {
     std::thread helper([&] {
-      sched_param param{};
-      if (const int rc = pthread_setschedparam(pthread_self(), SCHED_IDLE, &param); rc != 0) {
-        // Not fatal: the loop then runs at normal priority, as Gloo made it.
-        spdlog::debug("gloo: SCHED_IDLE for the event-loop thread refused: {}", std::strerror(rc));
-      }
+      // If refused, the loop runs at normal priority, as Gloo made it.
+      set_this_thread_policy(SCHED_IDLE, "gloo's event-loop thread");
       create();
     });
     helper.join();

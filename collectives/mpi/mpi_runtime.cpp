@@ -2,17 +2,15 @@
 
 #include <fmt/format.h>
 
-#include <pthread.h>
 #include <sched.h>
-#include <spdlog/spdlog.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/thread_policy.h"
 
 namespace mtrain::mpi {
 
@@ -42,19 +40,7 @@ namespace {
 // MTRAIN_MPI_THREAD_SCHED: 'batch' (the default) or 'normal' for the runtime's own
 // threads (Note [MPI operations on the waiting thread]).
 bool batch_threads_from_env() {
-  const auto value = env::get("MTRAIN_MPI_THREAD_SCHED");
-  if (!value || *value == "batch") return true;
-  if (*value == "normal") return false;
-  throw InvalidArgument(
-      fmt::format("MTRAIN_MPI_THREAD_SCHED must be 'batch' or 'normal', got '{}'", *value));
-}
-
-void use_batch_scheduling() {
-  sched_param param{};
-  if (const int rc = pthread_setschedparam(pthread_self(), SCHED_BATCH, &param); rc != 0) {
-    // Not fatal: the thread then keeps normal scheduling.
-    spdlog::debug("mpi: SCHED_BATCH for a runtime thread refused: {}", std::strerror(rc));
-  }
+  return env::get_choice("MTRAIN_MPI_THREAD_SCHED", {"batch", "normal"}) == "batch";
 }
 
 }  // namespace
@@ -117,7 +103,7 @@ void MpiRuntime::initialise_mpi() {
 
 void MpiRuntime::communication_loop(std::exception_ptr* init_error, std::mutex* init_mu,
                                     std::condition_variable* init_cv, bool* init_done) {
-  if (batch_threads_) use_batch_scheduling();
+  if (batch_threads_) set_this_thread_policy(SCHED_BATCH, "the MPI runtime");
   {
     std::exception_ptr error;
     try {
@@ -242,7 +228,7 @@ void MpiRuntime::settle(const std::shared_ptr<Entry>& entry, std::exception_ptr 
 }
 
 void MpiRuntime::watchdog_loop() {
-  if (batch_threads_) use_batch_scheduling();
+  if (batch_threads_) set_this_thread_policy(SCHED_BATCH, "the MPI runtime");
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_watchdog_) {
     std::shared_ptr<Entry> earliest;

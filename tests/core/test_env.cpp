@@ -28,3 +28,17 @@ TEST_CASE("get_int reads and validates an environment variable") {
   ::unsetenv("MTRAIN_TEST_INT");
   CHECK_FALSE(env::get_int("MTRAIN_TEST_INT").has_value());
 }
+
+TEST_CASE("get_choice returns a listed value, the first when unset, and names the rest") {
+  ::unsetenv("MTRAIN_TEST_CHOICE");
+  CHECK(env::get_choice("MTRAIN_TEST_CHOICE", {"idle", "normal"}) == "idle");
+  ::setenv("MTRAIN_TEST_CHOICE", "normal", 1);
+  CHECK(env::get_choice("MTRAIN_TEST_CHOICE", {"idle", "normal"}) == "normal");
+  ::setenv("MTRAIN_TEST_CHOICE", "realtime", 1);
+  CHECK_THROWS_WITH(env::get_choice("MTRAIN_TEST_CHOICE", {"idle", "normal"}),
+                    Catch::Contains("MTRAIN_TEST_CHOICE") && Catch::Contains("'realtime'") &&
+                        Catch::Contains("'idle', 'normal'"));
+  ::setenv("MTRAIN_TEST_CHOICE", "", 1);  // set but empty is not a choice
+  CHECK_THROWS_AS(env::get_choice("MTRAIN_TEST_CHOICE", {"idle", "normal"}), InvalidArgument);
+  ::unsetenv("MTRAIN_TEST_CHOICE");
+}
