@@ -19,6 +19,7 @@
 #include "tensor/cpu/checks.h"
 #include "tensor/cpu/conv_direct.h"
 #include "tensor/cpu/conv_gemm_weights.h"
+#include "tensor/cpu/conv_lanes.h"
 #include "tensor/cpu/conv_layout.h"
 #include "tensor/cpu/dnnl_support.h"
 #include "tensor/cpu/threading.h"
@@ -86,8 +87,10 @@ std::atomic<long> primitives_created{0};
 // input channels (1->6 5x5: 4.3 vs 23.5), where oneDNN has no fast blocked kernel
 // (at 6 input channels blocked already wins: 3.5 vs 4.6). A single input channel with
 // few outputs skips oneDNN for forward and backward-weights (Note [Single-channel
-// convolution] in conv_direct.cpp), and weight gradients over at most 16 output
-// positions are one sgemm (Note [Weight gradients as a GEMM] in conv_gemm_weights.cpp).
+// convolution] in conv_direct.cpp), weight gradients over at most 16 output
+// positions are one sgemm (Note [Weight gradients as a GEMM] in conv_gemm_weights.cpp),
+// and the gradients of convolutions with few channels, such as LeNet's second, run
+// with images in the vector lanes (Note [Images in the vector lanes] in conv_lanes.cpp).
 bool choose_blocked(ConvDirection direction, const ConvShape& s) {
   switch (layout_setting().load(std::memory_order_relaxed)) {
     case ConvLayout::Plain: return false;
@@ -274,15 +277,24 @@ cpu::DirectConvShape direct_shape(const ConvShape& s, const Conv2dParams& p) {
   return {s.n, s.h, s.w, s.o, s.kh, s.kw, p.pad_h, p.pad_w, s.oh, s.ow};
 }
 
-cpu::GemmConvShape gemm_shape(const ConvShape& s, const Conv2dParams& p) {
+cpu::ConvGeometry geometry(const ConvShape& s, const Conv2dParams& p) {
   return {s.n, s.c, s.h, s.w, s.o, s.kh, s.kw, s.oh, s.ow, p.stride_h, p.stride_w, p.pad_h, p.pad_w};
+}
+
+// The Auto policy's choice for the gradients of convolutions with few channels (Note
+// [Images in the vector lanes] in conv_lanes.cpp).
+bool choose_lanes(ConvDirection direction, const ConvShape& s, const Conv2dParams& p) {
+  if (layout_setting().load(std::memory_order_relaxed) != ConvLayout::Auto) return false;
+  const cpu::ConvGeometry g = geometry(s, p);
+  return direction == ConvDirection::BackwardData ? cpu::lanes_backward_data_applies(g)
+                                                  : cpu::lanes_backward_weights_applies(g);
 }
 
 // The Auto policy's choice for weight gradients with few output positions (Note
 // [Weight gradients as a GEMM] in conv_gemm_weights.cpp).
 bool choose_gemm_weights(const ConvShape& s, const Conv2dParams& p) {
   return layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
-         cpu::gemm_weights_applies(gemm_shape(s, p));
+         cpu::gemm_weights_applies(geometry(s, p));
 }
 
 }  // namespace
@@ -329,6 +341,10 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const C
     dx.zero_();
     return;
   }
+  if (choose_lanes(ConvDirection::BackwardData, s, p)) {
+    return cpu::lanes_conv_backward_data(dy.data<float>(), w.data<float>(), dx.data<float>(),
+                                         geometry(s, p));
+  }
   ConvEntry& e = cached_entry(ConvDirection::BackwardData, s, p, false, false);
   run_entry(e, {dy.raw_data(), w.raw_data()}, {dx.raw_data()});
 }
@@ -352,10 +368,15 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tens
                                              db.defined() ? db.data<float>() : nullptr, accumulate,
                                              direct_shape(s, p));
   }
+  if (choose_lanes(ConvDirection::BackwardWeights, s, p)) {
+    return cpu::lanes_conv_backward_weights(x.data<float>(), dy.data<float>(), dw.data<float>(),
+                                            db.defined() ? db.data<float>() : nullptr, accumulate,
+                                            geometry(s, p));
+  }
   if (choose_gemm_weights(s, p)) {
     return cpu::gemm_conv_backward_weights(x.data<float>(), dy.data<float>(), dw.data<float>(),
                                            db.defined() ? db.data<float>() : nullptr, accumulate,
-                                           gemm_shape(s, p));
+                                           geometry(s, p));
   }
   ConvEntry& e = cached_entry(ConvDirection::BackwardWeights, s, p, db.defined(), accumulate);
   if (db.defined()) {

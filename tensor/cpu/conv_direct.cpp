@@ -35,21 +35,14 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
+
+#include "tensor/cpu/batch_kernels.h"
 
 namespace mtrain::ops::cpu {
 namespace {
 
-constexpr int64_t kLanes = 16;
 constexpr int64_t kMaxOutChannels = 8;
 constexpr int64_t kMaxKernelWidth = 7;
-
-typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
-
-#define MTRAIN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-
-[[gnu::always_inline]] inline void load(Vec& v, const float* p) { std::memcpy(&v, p, sizeof v); }
-[[gnu::always_inline]] inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
 
 // Geometry of one padded image and the tiled output rows.
 struct Layout {
@@ -196,20 +189,6 @@ void weight_grad_image(const Layout& l, const float* buf, const float* dy_pad, f
   }
 }
 
-// Per-thread scratch, reused across calls (no allocation in the steady state).
-float* scratch(size_t floats) {
-  thread_local std::vector<float> buffer;
-  if (buffer.size() < floats) buffer.resize(floats);
-  return buffer.data();
-}
-
-int threads_for(int64_t images) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), images)));
-}
-
-// Images [begin, end) of thread `i` of `n`: a fixed split, so results are reproducible.
-int64_t split(int64_t images, int i, int n) { return images * i / n; }
-
 }  // namespace
 
 bool direct_conv_applies(int64_t in_channels, int64_t out_channels, int64_t kh, int64_t kw,
@@ -223,7 +202,7 @@ void direct_conv_forward(const float* x, const float* w, const float* b, float* 
   const Layout l = layout_of(s);
   const int nthreads = threads_for(s.n);
   const size_t per_thread = static_cast<size_t>(l.image());
-  float* const base = scratch(per_thread * nthreads);
+  float* const base = thread_scratch(per_thread * nthreads);
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
     const int i = omp_get_thread_num();
@@ -244,7 +223,7 @@ void direct_conv_backward_weights(const float* x, const float* dy, float* dw, fl
   // Per thread: the padded image, the padded gradient, then the accumulators.
   const size_t acc_offset = static_cast<size_t>(l.image() + s.o * s.oh * l.dy_row());
   const size_t per_thread = acc_offset + static_cast<size_t>((weights + s.o) * kLanes);
-  float* const base = scratch(per_thread * nthreads);
+  float* const base = thread_scratch(per_thread * nthreads);
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
     const int i = omp_get_thread_num();
@@ -259,19 +238,7 @@ void direct_conv_backward_weights(const float* x, const float* dy, float* dw, fl
       weight_grad_image(l, buf, dy_pad, acc);
     }
   }
-  // Lanes, then threads, in a fixed order, summed in double.
-  auto reduce = [&](int64_t index) {
-    double total = 0.0;
-    for (int t = 0; t < nthreads; ++t) {
-      const float* lanes = base + per_thread * t + acc_offset + index * kLanes;
-      for (int64_t k = 0; k < kLanes; ++k) total += lanes[k];
-    }
-    return static_cast<float>(total);
-  };
-  for (int64_t j = 0; j < weights; ++j) dw[j] = (accumulate ? dw[j] : 0.0f) + reduce(j);
-  if (db) {
-    for (int64_t o = 0; o < s.o; ++o) db[o] = (accumulate ? db[o] : 0.0f) + reduce(weights + o);
-  }
+  reduce_weight_grads(base, per_thread, nthreads, acc_offset, weights, s.o, dw, db, accumulate);
 }
 
 }  // namespace mtrain::ops::cpu

@@ -33,7 +33,7 @@ namespace {
 constexpr int64_t kMaxPositions = 16;
 
 // rows[(n,p), (c,kh,kw)] = x_pad[n, c, oh*s+kh-pad, ow*s+kw-pad], zero outside x.
-void build_rows(const float* x, float* rows, const GemmConvShape& s) {
+void build_rows(const float* x, float* rows, const ConvGeometry& s) {
   const int64_t positions = s.oh * s.ow;
   const int64_t width = s.c * s.kh * s.kw;
 #pragma omp parallel for if (s.n > 1)
@@ -58,13 +58,13 @@ void build_rows(const float* x, float* rows, const GemmConvShape& s) {
 
 }  // namespace
 
-bool gemm_weights_applies(const GemmConvShape& s) {
+bool gemm_weights_applies(const ConvGeometry& s) {
   return s.stride_h == 1 && s.stride_w == 1 && s.oh * s.ow <= kMaxPositions && s.n > 0 &&
          s.c > 0 && s.o > 0;
 }
 
 void gemm_conv_backward_weights(const float* x, const float* dy, float* dw, float* db,
-                                bool accumulate, const GemmConvShape& s) {
+                                bool accumulate, const ConvGeometry& s) {
   const int64_t positions = s.oh * s.ow;
   const int64_t samples = s.n * positions;  // the reduction length
   const int64_t width = s.c * s.kh * s.kw;

@@ -200,6 +200,51 @@ TEST_CASE("single-channel convolutions take the direct kernels and match the ref
   ops::set_num_threads(threads_before);
 }
 
+TEST_CASE("gradients of few-channel convolutions run with images in the vector lanes and "
+          "match the reference", "[conv]") {
+  // Auto computes the input gradient of stride-1 convolutions with 2-8 input and at
+  // most 32 output channels with sixteen images per vector, and their weight gradient
+  // too for kernels 5-7 wide (Note [Images in the vector lanes]): no oneDNN primitive
+  // is created for those. Batches with a partial last block of sixteen, every input
+  // channel count and kernel width, output passes of near-equal size, padding wider
+  // than the kernel's reach (outputs no tap of some inputs touches), 1 to 3 threads.
+  struct Case {
+    Shape x, w;
+    int pad_h, pad_w;
+  };
+  const std::vector<Case> cases = {
+      {{17, 6, 14, 14}, {16, 6, 5, 5}, 0, 0},  // LeNet's second layer, one image past a block
+      {{1, 2, 3, 3}, {1, 2, 1, 1}, 0, 0},      {{33, 3, 9, 11}, {5, 3, 3, 7}, 1, 3},
+      {{16, 8, 6, 5}, {7, 8, 4, 2}, 2, 0},     {{5, 4, 7, 7}, {32, 4, 3, 5}, 1, 2},
+      {{2, 4, 3, 3}, {3, 4, 3, 3}, 3, 3},      {{3, 5, 8, 8}, {7, 5, 6, 6}, 0, 0},
+      {{4, 7, 5, 5}, {5, 7, 1, 1}, 0, 0},      {{18, 3, 4, 6}, {2, 3, 2, 5}, 1, 2},
+      {{2, 7, 5, 5}, {9, 7, 5, 5}, 4, 4},
+  };
+  const int threads_before = ops::num_threads();
+  const int threads = GENERATE(1, 2, 3);
+  ops::set_num_threads(threads);
+  uint32_t seed = 200;
+  for (const Case& c : cases) {
+    INFO("x " << shape_str(c.x) << " w " << shape_str(c.w) << " pad " << c.pad_h << "x" << c.pad_w
+              << " threads " << threads);
+    const Conv2dParams p{1, 1, c.pad_h, c.pad_w};
+    const Tensor x = random_tensor(c.x, seed++);
+    const Tensor w = random_tensor(c.w, seed++);
+    const Tensor y = conv(x, w, Tensor(), p);
+    const Tensor dy = random_tensor(y.shape(), seed++);
+    const long created = ops::cpu::conv_primitives_created();
+    Tensor dx = Tensor::full(x.shape(), 7.0f);  // overwritten, whatever it held
+    ops::conv2d_backward_data(dy, w, dx, p);
+    require_close(dx, testing::conv2d_backward_ref(x, w, dy, p).dx, 1e-4, 1e-4);
+    CHECK(ops::cpu::conv_primitives_created() == created);
+    if (c.w[3] >= 5) {
+      check_weight_gradients(x, w, dy, p);
+      CHECK(ops::cpu::conv_primitives_created() == created);
+    }
+  }
+  ops::set_num_threads(threads_before);
+}
+
 TEST_CASE("weight gradients over few output positions are one GEMM and match the reference",
           "[conv]") {
   // Auto computes stride-1 weight gradients with at most 16 output positions per image

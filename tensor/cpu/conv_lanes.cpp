@@ -1,0 +1,331 @@
+// Convolution gradients with sixteen images in the vector lanes.
+//
+// Note [Images in the vector lanes]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// oneDNN 2.6 computes LeNet's second convolution (6 -> 16, 5x5, on 14x14 maps) forward
+// at about 100 GFLOP/s on this VM's AVX-512 core, but its gradients at a third and a
+// half of that: 3.2 ms backward-data and 2.3 ms backward-weights per call against
+// 1.2 ms forward (batch 256, 1 thread). Together they were a third of LeNet's step.
+// A kernel with neighbouring pixels of one image in a vector's lanes wastes lanes on
+// such maps: an output row is 10 pixels, and backward-data, a full correlation, reads
+// 4 padding zeros on either side of every 10-pixel gradient row. With the same pixel
+// of sixteen images in the lanes instead, every lane does useful work at every tap,
+// and the loops visit only the taps that touch the map, so borders cost nothing.
+//
+// Each call copies blocks of sixteen images into that layout, [channel][row][col][16]
+// (the input inside its zero padding, lanes past the end of the batch zero), by 16x16
+// transposes in registers, and the input gradient back the same way:
+// - backward-data: for each input pixel, the accumulators of all (at most eight)
+//   input channels stay in registers while the loop runs over the output channels and
+//   the taps whose output pixel exists; each gradient vector loaded feeds one FMA per
+//   input channel, with the weight broadcast from a [o][kh][kw][c] copy.
+// - backward-weights: for one input channel and kernel row, a few output channels
+//   times the kernel width of accumulators stay in registers over a block's whole map;
+//   at the end the lanes are summed, then the threads, in a fixed order and in double,
+//   so the result depends only on the thread count.
+// Threads split the blocks of images.
+//
+// Measured with tests/tensor/bench_kernels (process CPU ms per call, 1 thread; oneDNN
+// in its faster blocked layout, reorders included):
+//
+//                              backward-data          backward-weights
+//                              oneDNN   these         oneDNN   these
+//   6 -> 16 5x5 @14, batch 256   3.22   1.26-1.28       2.26   1.25-1.27
+//   batch 64:
+//   3 -> 16 3x3 pad 1 @32        2.93   1.38            0.70   1.27
+//   8 -> 16 5x5 pad 2 @28        6.09   2.90            4.01   3.04
+//   16 -> 32 3x3 pad 1 @14       1.02   1.23            1.14   2.13
+//   16 -> 32 5x5 @12             0.95   1.13            1.10   1.15
+//
+// So conv.cpp sends backward-data here for stride 1 and 2-8 input channels (at most 32
+// outputs, 7-wide kernels and 32x32 maps, the reach measured), and backward-weights
+// only for kernels 5 to 7 wide, where each input vector loaded feeds enough FMAs.
+#include "tensor/cpu/conv_lanes.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "tensor/cpu/batch_kernels.h"
+
+namespace mtrain::ops::cpu {
+namespace {
+
+// The reach measured against oneDNN (Note [Images in the vector lanes]).
+constexpr int64_t kMaxInChannels = 8;
+constexpr int64_t kMaxOutChannels = 32;
+constexpr int64_t kMaxPixels = 32 * 32;
+constexpr int64_t kMaxKernelWidth = 7;
+constexpr int64_t kMinWeightsKernelWidth = 5;
+
+int64_t blocks_of(int64_t n) { return (n + kLanes - 1) / kLanes; }
+
+typedef int32_t Index __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+// One stage of a 16x16 transpose: rows a and b = a + B swap the B x B blocks off the
+// diagonal. After the stages for B = 8, 4, 2 and 1, row r holds what column r held.
+template <int B>
+[[gnu::always_inline]] inline void swap_blocks(Vec& a, Vec& b) {
+  static constexpr Index kLow = B == 8   ? Index{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}
+                                : B == 4 ? Index{0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}
+                                : B == 2 ? Index{0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}
+                                         : Index{0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
+  static constexpr Index kHigh = kLow + B;
+  const Vec low = __builtin_shuffle(a, b, kLow);
+  b = __builtin_shuffle(a, b, kHigh);
+  a = low;
+}
+
+[[gnu::always_inline]] inline void transpose16(Vec (&r)[kLanes]) {
+  for (int i = 0; i < 16; ++i) if (!(i & 8)) swap_blocks<8>(r[i], r[i + 8]);
+  for (int i = 0; i < 16; ++i) if (!(i & 4)) swap_blocks<4>(r[i], r[i + 4]);
+  for (int i = 0; i < 16; ++i) if (!(i & 2)) swap_blocks<2>(r[i], r[i + 2]);
+  for (int i = 0; i < 16; ++i) if (!(i & 1)) swap_blocks<1>(r[i], r[i + 1]);
+}
+
+// Planes of images [n0, n0 + 16) of t[n, channels, h, w] into
+// dst[channel][(r + pad_h) * (w + 2 pad_w) + col + pad_w][16]. Lanes past the end of the
+// batch are zero; the padding border is left as it is (zeroed once by the caller).
+// Sixteen pixels of sixteen images at a time are transposed in registers.
+MTRAIN_CLONES void to_lanes(const float* t, int64_t n, int64_t n0, int64_t channels, int64_t h,
+                            int64_t w, int64_t pad_h, int64_t pad_w, float* dst) {
+  const int64_t row = w + 2 * pad_w;
+  const int64_t plane = (h + 2 * pad_h) * row;
+  const int64_t hw = h * w;
+  const int64_t lanes = std::min(kLanes, n - n0);
+  auto at = [&](int64_t ch, int64_t p) {  // dst for pixel p of channel ch
+    return dst + (ch * plane + (p / w + pad_h) * row + p % w + pad_w) * kLanes;
+  };
+  for (int64_t ch = 0; ch < channels; ++ch) {
+    const float* src = t + (n0 * channels + ch) * hw;  // lane l at src + l * channels * hw
+    int64_t p = 0;
+    for (; p + kLanes <= hw; p += kLanes) {
+      Vec r[kLanes];
+      for (int64_t l = 0; l < kLanes; ++l) {
+        if (l < lanes) {
+          load(r[l], src + l * channels * hw + p);
+        } else {
+          r[l] = Vec{};
+        }
+      }
+      transpose16(r);
+      for (int64_t q = 0; q < kLanes; ++q) store(at(ch, p + q), r[q]);
+    }
+    for (; p < hw; ++p) {
+      float* out = at(ch, p);
+      for (int64_t l = 0; l < kLanes; ++l) out[l] = l < lanes ? src[l * channels * hw + p] : 0.0f;
+    }
+  }
+}
+
+// The inverse of to_lanes without padding, for the images of the block that exist.
+MTRAIN_CLONES void from_lanes(const float* src, int64_t n, int64_t n0, int64_t channels,
+                              int64_t hw, float* t) {
+  const int64_t lanes = std::min(kLanes, n - n0);
+  for (int64_t ch = 0; ch < channels; ++ch) {
+    const float* in = src + ch * hw * kLanes;
+    float* out = t + (n0 * channels + ch) * hw;  // lane l at out + l * channels * hw
+    int64_t p = 0;
+    for (; p + kLanes <= hw; p += kLanes) {
+      Vec r[kLanes];
+      for (int64_t q = 0; q < kLanes; ++q) load(r[q], in + (p + q) * kLanes);
+      transpose16(r);
+      for (int64_t l = 0; l < lanes; ++l) store(out + l * channels * hw + p, r[l]);
+    }
+    for (; p < hw; ++p) {
+      for (int64_t l = 0; l < lanes; ++l) out[l * channels * hw + p] = in[p * kLanes + l];
+    }
+  }
+}
+
+// dx of one block: dyl[o][oh][ow][16], wt[o][kh][kw][C], dxl[C][h][w][16].
+template <int C>
+MTRAIN_CLONES void data_grad_block(const ConvGeometry& s, const float* dyl, const float* wt,
+                                   float* dxl) {
+  for (int64_t y = 0; y < s.h; ++y) {
+    // Kernel rows i whose output row y + pad_h - i lies in [0, oh).
+    const int64_t i_lo = std::max<int64_t>(0, y + s.pad_h - (s.oh - 1));
+    const int64_t i_hi = std::min<int64_t>(s.kh - 1, y + s.pad_h);
+    for (int64_t x = 0; x < s.w; ++x) {
+      const int64_t j_lo = std::max<int64_t>(0, x + s.pad_w - (s.ow - 1));
+      const int64_t j_hi = std::min<int64_t>(s.kw - 1, x + s.pad_w);
+      Vec acc[C];
+      for (int c = 0; c < C; ++c) acc[c] = Vec{};
+      for (int64_t k = 0; k < s.o; ++k) {
+        for (int64_t i = i_lo; i <= i_hi; ++i) {
+          const float* drow = dyl + (k * s.oh + y + s.pad_h - i) * s.ow * kLanes;
+          const float* wrow = wt + (k * s.kh + i) * s.kw * C;
+          for (int64_t j = j_lo; j <= j_hi; ++j) {
+            Vec d;
+            load(d, drow + (x + s.pad_w - j) * kLanes);
+            for (int c = 0; c < C; ++c) acc[c] += wrow[j * C + c] * d;
+          }
+        }
+      }
+      for (int c = 0; c < C; ++c) store(dxl + ((c * s.h + y) * s.w + x) * kLanes, acc[c]);
+    }
+  }
+}
+
+void data_grad_block(const ConvGeometry& s, const float* dyl, const float* wt, float* dxl) {
+  static_assert(kMaxInChannels == 8);
+  switch (s.c) {
+    case 2: return data_grad_block<2>(s, dyl, wt, dxl);
+    case 3: return data_grad_block<3>(s, dyl, wt, dxl);
+    case 4: return data_grad_block<4>(s, dyl, wt, dxl);
+    case 5: return data_grad_block<5>(s, dyl, wt, dxl);
+    case 6: return data_grad_block<6>(s, dyl, wt, dxl);
+    case 7: return data_grad_block<7>(s, dyl, wt, dxl);
+    case 8: return data_grad_block<8>(s, dyl, wt, dxl);
+  }
+}
+
+// Adds one block's dw[o0 .. o0 + OB)[c][kh][KW] into acc[o][c][kh][KW][16]:
+// xl[c][oh + kh - 1][ow + KW - 1][16] (padded), dyl[o][oh][ow][16].
+template <int OB, int KW>
+MTRAIN_CLONES void weight_grad_block(const ConvGeometry& s, const float* xl, const float* dyl,
+                                     float* acc, int64_t o0) {
+  const int64_t row = s.w + 2 * s.pad_w;
+  const int64_t plane = (s.h + 2 * s.pad_h) * row;
+  for (int64_t c = 0; c < s.c; ++c) {
+    for (int64_t i = 0; i < s.kh; ++i) {
+      Vec sum[OB][KW];
+      for (int ob = 0; ob < OB; ++ob) {
+        for (int j = 0; j < KW; ++j) load(sum[ob][j], acc + ((((o0 + ob) * s.c + c) * s.kh + i) * KW + j) * kLanes);
+      }
+      for (int64_t y = 0; y < s.oh; ++y) {
+        const float* xrow = xl + (c * plane + (y + i) * row) * kLanes;
+        for (int64_t x = 0; x < s.ow; ++x) {
+          Vec xv[KW];
+          for (int j = 0; j < KW; ++j) load(xv[j], xrow + (x + j) * kLanes);
+          for (int ob = 0; ob < OB; ++ob) {
+            Vec d;
+            load(d, dyl + (((o0 + ob) * s.oh + y) * s.ow + x) * kLanes);
+            for (int j = 0; j < KW; ++j) sum[ob][j] += d * xv[j];
+          }
+        }
+      }
+      for (int ob = 0; ob < OB; ++ob) {
+        for (int j = 0; j < KW; ++j) store(acc + ((((o0 + ob) * s.c + c) * s.kh + i) * KW + j) * kLanes, sum[ob][j]);
+      }
+    }
+  }
+}
+
+// The most output channels per pass for kernel width KW: OB x KW accumulators, KW
+// input vectors and one gradient fit AVX-512's 32 registers.
+constexpr int max_out_block(int kw) { return std::min(8, (32 - 1 - kw) / kw); }
+
+template <int KW, int OB = max_out_block(KW)>
+void weight_grad_pass(int ob, const ConvGeometry& s, const float* xl, const float* dyl,
+                      float* acc, int64_t o0) {
+  if constexpr (OB > 1) {
+    if (ob < OB) return weight_grad_pass<KW, OB - 1>(ob, s, xl, dyl, acc, o0);
+  }
+  weight_grad_block<OB, KW>(s, xl, dyl, acc, o0);
+}
+
+// Output channels in as few passes as the registers allow, of near-equal size.
+template <int KW>
+void weight_grad_block(const ConvGeometry& s, const float* xl, const float* dyl, float* acc) {
+  const int64_t passes = (s.o + max_out_block(KW) - 1) / max_out_block(KW);
+  for (int64_t p = 0; p < passes; ++p) {
+    const int64_t o0 = split(s.o, static_cast<int>(p), static_cast<int>(passes));
+    const int64_t o1 = split(s.o, static_cast<int>(p + 1), static_cast<int>(passes));
+    weight_grad_pass<KW>(static_cast<int>(o1 - o0), s, xl, dyl, acc, o0);
+  }
+}
+
+void weight_grad_block(const ConvGeometry& s, const float* xl, const float* dyl, float* acc) {
+  static_assert(kMinWeightsKernelWidth == 5 && kMaxKernelWidth == 7);
+  switch (s.kw) {
+    case 5: return weight_grad_block<5>(s, xl, dyl, acc);
+    case 6: return weight_grad_block<6>(s, xl, dyl, acc);
+    case 7: return weight_grad_block<7>(s, xl, dyl, acc);
+  }
+}
+
+// Adds the block's per-channel sums of dyl[o][oh][ow][16] into bias_acc[o][16].
+MTRAIN_CLONES void bias_grad_block(const ConvGeometry& s, const float* dyl, float* bias_acc) {
+  const int64_t positions = s.oh * s.ow;
+  for (int64_t o = 0; o < s.o; ++o) {
+    Vec sum;
+    load(sum, bias_acc + o * kLanes);
+    for (int64_t p = 0; p < positions; ++p) {
+      Vec v;
+      load(v, dyl + (o * positions + p) * kLanes);
+      sum += v;
+    }
+    store(bias_acc + o * kLanes, sum);
+  }
+}
+
+}  // namespace
+
+bool lanes_backward_data_applies(const ConvGeometry& s) {
+  return s.stride_h == 1 && s.stride_w == 1 && s.kh >= 1 && s.kw >= 1 && s.kw <= kMaxKernelWidth &&
+         s.c >= 2 && s.c <= kMaxInChannels && s.o >= 1 && s.o <= kMaxOutChannels &&
+         s.h * s.w <= kMaxPixels;
+}
+
+bool lanes_backward_weights_applies(const ConvGeometry& s) {
+  return lanes_backward_data_applies(s) && s.kw >= kMinWeightsKernelWidth;
+}
+
+void lanes_conv_backward_data(const float* dy, const float* w, float* dx, const ConvGeometry& s) {
+  const int64_t blocks = blocks_of(s.n);
+  const int nthreads = threads_for(blocks);
+  const int64_t taps = s.kh * s.kw;
+  const size_t dy_floats = static_cast<size_t>(s.o * s.oh * s.ow * kLanes);
+  const size_t per_thread = dy_floats + static_cast<size_t>(s.c * s.h * s.w * kLanes);
+  const size_t weights = static_cast<size_t>(s.o * s.c * taps);
+  float* const wt = thread_scratch(weights + per_thread * nthreads);
+  float* const base = wt + weights;
+  for (int64_t k = 0; k < s.o; ++k) {
+    for (int64_t c = 0; c < s.c; ++c) {
+      for (int64_t t = 0; t < taps; ++t) wt[(k * taps + t) * s.c + c] = w[(k * s.c + c) * taps + t];
+    }
+  }
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+  {
+    const int i = omp_get_thread_num();
+    float* dyl = base + per_thread * i;
+    float* dxl = dyl + dy_floats;
+    for (int64_t b = split(blocks, i, nthreads); b < split(blocks, i + 1, nthreads); ++b) {
+      to_lanes(dy, s.n, b * kLanes, s.o, s.oh, s.ow, 0, 0, dyl);
+      data_grad_block(s, dyl, wt, dxl);
+      from_lanes(dxl, s.n, b * kLanes, s.c, s.h * s.w, dx);
+    }
+  }
+}
+
+void lanes_conv_backward_weights(const float* x, const float* dy, float* dw, float* db,
+                                 bool accumulate, const ConvGeometry& s) {
+  const int64_t blocks = blocks_of(s.n);
+  const int nthreads = threads_for(blocks);
+  const int64_t weights = s.o * s.c * s.kh * s.kw;
+  // Per thread: the padded input block, the gradient block, then the accumulators.
+  const size_t x_floats = static_cast<size_t>(s.c * (s.h + 2 * s.pad_h) * (s.w + 2 * s.pad_w) * kLanes);
+  const size_t acc_offset = x_floats + static_cast<size_t>(s.o * s.oh * s.ow * kLanes);
+  const size_t per_thread = acc_offset + static_cast<size_t>((weights + s.o) * kLanes);
+  float* const base = thread_scratch(per_thread * nthreads);
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+  {
+    const int i = omp_get_thread_num();
+    float* xl = base + per_thread * i;
+    float* dyl = xl + x_floats;
+    float* acc = xl + acc_offset;
+    std::fill(xl, xl + per_thread, 0.0f);
+    for (int64_t b = split(blocks, i, nthreads); b < split(blocks, i + 1, nthreads); ++b) {
+      to_lanes(x, s.n, b * kLanes, s.c, s.h, s.w, s.pad_h, s.pad_w, xl);
+      to_lanes(dy, s.n, b * kLanes, s.o, s.oh, s.ow, 0, 0, dyl);
+      weight_grad_block(s, xl, dyl, acc);
+      bias_grad_block(s, dyl, acc + weights * kLanes);
+    }
+  }
+  // acc holds [o][c][kh][kw], the layout of dw, then [o] for db.
+  reduce_weight_grads(base, per_thread, nthreads, acc_offset, weights, s.o, dw, db, accumulate);
+}
+
+}  // namespace mtrain::ops::cpu
