@@ -1,10 +1,11 @@
 // Kernel micro-benchmark for the shapes mtrain trains (Fashion-MNIST 28x28, LeNet and
 // the d2l ResNet-18). Built with the tests, not registered as one: run it by hand,
-//   build/tests/bench_kernels [threads=2] [lenet_batch=256] [resnet_batch=128] [wall|cpu]
+//   build/tests/bench_kernels [threads=2] [lenet_batch=256] [resnet_batch=128] [wall|cpu] [only]
 // It prints the median milliseconds per call for each op, and for convolutions both
 // oneDNN layouts (see Note [Convolution layout] in tensor/cpu/conv.cpp). `cpu` times
 // with the process CPU clock instead of the wall clock: with threads=1 that measures
-// the work itself and stays meaningful on a machine busy with other jobs.
+// the work itself and stays meaningful on a machine busy with other jobs. With `only`,
+// just the convolutions whose name contains it run (for a profiler).
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -116,6 +117,11 @@ int main(int argc, char** argv) {
   const int64_t lenet_batch = argc > 2 ? std::atoll(argv[2]) : 256;
   const int64_t resnet_batch = argc > 3 ? std::atoll(argv[3]) : 128;
   use_cpu_clock = argc > 4 && std::string(argv[4]) == "cpu";
+  if (threads < 1 || lenet_batch < 1 || resnet_batch < 1) {
+    std::fprintf(stderr, "bench_kernels: threads and batch sizes must be >= 1, got %d %lld %lld\n",
+                 threads, static_cast<long long>(lenet_batch), static_cast<long long>(resnet_batch));
+    return 2;
+  }
   ops::set_num_threads(threads);
   std::printf("threads=%d lenet_batch=%lld resnet_batch=%lld (median %s ms per call)\n", threads,
               static_cast<long long>(lenet_batch), static_cast<long long>(resnet_batch),
@@ -125,6 +131,12 @@ int main(int argc, char** argv) {
   const std::vector<ConvCase> convs = {
       {"lenet conv1 1->6 5x5 p2 @28", nl, 1, 28, 6, 5, {1, 1, 2, 2}},
       {"lenet conv2 6->16 5x5 @14", nl, 6, 14, 16, 5, {1, 1, 0, 0}},
+      // Few-channel shapes beside LeNet's, for the reach of Note [Images in the vector lanes].
+      {"few 3->16 3x3 p1 @32", nl, 3, 32, 16, 3, {1, 1, 1, 1}},
+      {"few 8->16 5x5 p2 @28", nl, 8, 28, 16, 5, {1, 1, 2, 2}},
+      {"few 16->16 3x3 p1 @28", nl, 16, 28, 16, 3, {1, 1, 1, 1}},
+      {"few 16->32 3x3 p1 @14", nl, 16, 14, 32, 3, {1, 1, 1, 1}},
+      {"few 16->32 5x5 @12", nl, 16, 12, 32, 5, {1, 1, 0, 0}},
       {"resnet stem 1->64 3x3 @28", nr, 1, 28, 64, 3, {1, 1, 1, 1}},
       {"resnet 64->64 3x3 @28", nr, 64, 28, 64, 3, {1, 1, 1, 1}},
       {"resnet 64->128 3x3 s2 @28", nr, 64, 28, 128, 3, {2, 2, 1, 1}},
@@ -135,7 +147,11 @@ int main(int argc, char** argv) {
       {"resnet 256->512 3x3 s2 @7", nr, 256, 7, 512, 3, {2, 2, 1, 1}},
       {"resnet 512->512 3x3 @4", nr, 512, 4, 512, 3, {1, 1, 1, 1}},
   };
-  for (const ConvCase& cc : convs) bench_conv(cc, cc.c >= 64 ? 5 : 9);
+  const std::string only = argc > 5 ? argv[5] : "";
+  for (const ConvCase& cc : convs) {
+    if (std::string(cc.name).find(only) != std::string::npos) bench_conv(cc, cc.c >= 64 ? 5 : 9);
+  }
+  if (!only.empty()) return 0;
 
   std::printf("\nother ops\n");
   const int reps = 9;
