@@ -33,12 +33,4 @@ int threads_for(int64_t items);
 // split, so results depend only on the thread count.
 inline int64_t split(int64_t items, int i, int n) { return items * i / n; }
 
-// Finishes a weight gradient whose threads each accumulated kLanes partial sums per
-// value: thread t's sums for dw[j] start at base + t * stride + offset + j * kLanes,
-// and those for db[o] (db may be null) follow the `weights` values of dw. Lanes, then
-// threads, are summed in a fixed order, in double; with accumulate the totals are
-// added to what dw and db hold.
-void reduce_weight_grads(const float* base, size_t stride, int threads, size_t offset,
-                         int64_t weights, int64_t outputs, float* dw, float* db, bool accumulate);
-
 }  // namespace mtrain::ops::cpu

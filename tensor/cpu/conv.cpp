@@ -363,11 +363,6 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tens
     }
     return;
   }
-  if (choose_direct(s, p)) {
-    return cpu::direct_conv_backward_weights(x.data<float>(), dy.data<float>(), dw.data<float>(),
-                                             db.defined() ? db.data<float>() : nullptr, accumulate,
-                                             direct_shape(s, p));
-  }
   if (choose_lanes(ConvDirection::BackwardWeights, s, p)) {
     return cpu::lanes_conv_backward_weights(x.data<float>(), dy.data<float>(), dw.data<float>(),
                                             db.defined() ? db.data<float>() : nullptr, accumulate,

@@ -1,4 +1,4 @@
-// Direct convolution for single-channel inputs (see Note [Single-channel convolution]
+// Direct convolution forward for single-channel inputs (see Note [Single-channel convolution]
 // in conv_direct.cpp). conv.cpp chooses it; layers never call it.
 #pragma once
 
@@ -18,10 +18,5 @@ bool direct_conv_applies(int64_t in_channels, int64_t out_channels, int64_t kh, 
 // y = conv(x, w) + b; b may be null. All pointers are contiguous NCHW / OIHW.
 void direct_conv_forward(const float* x, const float* w, const float* b, float* y,
                          const DirectConvShape& s);
-
-// dw = sum over the batch of x (*) dy and db = sum of dy (db may be null); with
-// accumulate the results are added to what dw and db hold.
-void direct_conv_backward_weights(const float* x, const float* dy, float* dw, float* db,
-                                  bool accumulate, const DirectConvShape& s);
 
 }  // namespace mtrain::ops::cpu

@@ -31,6 +31,10 @@
 //                              backward-data          backward-weights
 //                              oneDNN   these         oneDNN   these
 //   6 -> 16 5x5 @14, batch 256   3.22   1.26-1.28       2.26   1.25-1.27
+//   1 -> 6 5x5 pad 2 @28, 256       -       -           2.03   0.79-0.89 (a direct
+//                                                              kernel: 1.78-1.85)
+//   1 -> 8 3x3 pad 1 @28, 256       -       -           1.43   0.63-0.74 (direct: 2.33)
+//   1 -> 16 5x5 pad 2 @28, 256      -       -           2.65   2.62
 //   batch 64:
 //   3 -> 16 3x3 pad 1 @32        2.93   1.38            0.70   1.27
 //   8 -> 16 5x5 pad 2 @28        6.09   2.90            4.01   3.04
@@ -39,7 +43,8 @@
 //
 // So conv.cpp sends backward-data here for stride 1 and 2-8 input channels (at most 32
 // outputs, 7-wide kernels and 32x32 maps, the reach measured), and backward-weights
-// only for kernels 5 to 7 wide, where each input vector loaded feeds enough FMAs.
+// for the same shapes with kernels 5 to 7 wide, where each input vector loaded feeds
+// enough FMAs, and for single-channel inputs with at most eight outputs.
 #include "tensor/cpu/conv_lanes.h"
 
 #include <omp.h>
@@ -57,7 +62,8 @@ constexpr int64_t kMaxInChannels = 8;
 constexpr int64_t kMaxOutChannels = 32;
 constexpr int64_t kMaxPixels = 32 * 32;
 constexpr int64_t kMaxKernelWidth = 7;
-constexpr int64_t kMinWeightsKernelWidth = 5;
+constexpr int64_t kMinWeightsKernelWidth = 5;  // backward-weights, 2+ input channels
+constexpr int64_t kMaxSingleChannelOutputs = 8;  // backward-weights, 1 input channel
 
 int64_t blocks_of(int64_t n) { return (n + kLanes - 1) / kLanes; }
 
@@ -238,8 +244,11 @@ void weight_grad_block(const ConvGeometry& s, const float* xl, const float* dyl,
 }
 
 void weight_grad_block(const ConvGeometry& s, const float* xl, const float* dyl, float* acc) {
-  static_assert(kMinWeightsKernelWidth == 5 && kMaxKernelWidth == 7);
   switch (s.kw) {
+    case 1: return weight_grad_block<1>(s, xl, dyl, acc);
+    case 2: return weight_grad_block<2>(s, xl, dyl, acc);
+    case 3: return weight_grad_block<3>(s, xl, dyl, acc);
+    case 4: return weight_grad_block<4>(s, xl, dyl, acc);
     case 5: return weight_grad_block<5>(s, xl, dyl, acc);
     case 6: return weight_grad_block<6>(s, xl, dyl, acc);
     case 7: return weight_grad_block<7>(s, xl, dyl, acc);
@@ -261,6 +270,26 @@ MTRAIN_CLONES void bias_grad_block(const ConvGeometry& s, const float* dyl, floa
   }
 }
 
+// Finishes the weight gradient: thread t's kLanes partial sums for dw[j] start at
+// base + t * stride + offset + j * kLanes, and those for db[o] (db may be null) follow
+// the `weights` values of dw. Lanes, then threads, are summed in a fixed order, in
+// double; with accumulate the totals are added to what dw and db hold.
+void reduce_weight_grads(const float* base, size_t stride, int threads, size_t offset,
+                         int64_t weights, int64_t outputs, float* dw, float* db, bool accumulate) {
+  auto total = [&](int64_t index) {
+    double sum = 0.0;
+    for (int t = 0; t < threads; ++t) {
+      const float* lanes = base + stride * static_cast<size_t>(t) + offset + index * kLanes;
+      for (int64_t k = 0; k < kLanes; ++k) sum += lanes[k];
+    }
+    return static_cast<float>(sum);
+  };
+  for (int64_t j = 0; j < weights; ++j) dw[j] = (accumulate ? dw[j] : 0.0f) + total(j);
+  if (db) {
+    for (int64_t o = 0; o < outputs; ++o) db[o] = (accumulate ? db[o] : 0.0f) + total(weights + o);
+  }
+}
+
 }  // namespace
 
 bool lanes_backward_data_applies(const ConvGeometry& s) {
@@ -270,7 +299,11 @@ bool lanes_backward_data_applies(const ConvGeometry& s) {
 }
 
 bool lanes_backward_weights_applies(const ConvGeometry& s) {
-  return lanes_backward_data_applies(s) && s.kw >= kMinWeightsKernelWidth;
+  const bool fits = s.stride_h == 1 && s.stride_w == 1 && s.kh >= 1 && s.kw >= 1 &&
+                    s.kw <= kMaxKernelWidth && s.o >= 1 && s.h * s.w <= kMaxPixels;
+  return fits && ((s.c == 1 && s.o <= kMaxSingleChannelOutputs) ||
+                  (s.c >= 2 && s.c <= kMaxInChannels && s.o <= kMaxOutChannels &&
+                   s.kw >= kMinWeightsKernelWidth));
 }
 
 void lanes_conv_backward_data(const float* dy, const float* w, float* dx, const ConvGeometry& s) {

@@ -133,6 +133,9 @@ int main(int argc, char** argv) {
       {"lenet conv2 6->16 5x5 @14", nl, 6, 14, 16, 5, {1, 1, 0, 0}},
       // Few-channel shapes beside LeNet's, for the reach of Note [Images in the vector lanes].
       {"few 3->16 3x3 p1 @32", nl, 3, 32, 16, 3, {1, 1, 1, 1}},
+      {"one 1->8 3x3 p1 @28", nl, 1, 28, 8, 3, {1, 1, 1, 1}},
+      {"one 1->16 5x5 p2 @28", nl, 1, 28, 16, 5, {1, 1, 2, 2}},
+      {"one 1->4 7x7 p3 @28", nl, 1, 28, 4, 7, {1, 1, 3, 3}},
       {"few 8->16 5x5 p2 @28", nl, 8, 28, 16, 5, {1, 1, 2, 2}},
       {"few 16->16 3x3 p1 @28", nl, 16, 28, 16, 3, {1, 1, 1, 1}},
       {"few 16->32 3x3 p1 @14", nl, 16, 14, 32, 3, {1, 1, 1, 1}},

@@ -163,9 +163,10 @@ TEST_CASE("conv2d kernels match the naive reference in both oneDNN layouts", "[c
 
 TEST_CASE("single-channel convolutions take the direct kernels and match the reference",
           "[conv]") {
-  // Auto sends one-input-channel, <= 8-output, stride-1 convolutions to the direct
-  // kernels (Note [Single-channel convolution]): no oneDNN primitive is created for
-  // forward or backward-weights. Shapes cover every output-channel and kernel-width
+  // Auto sends one-input-channel, <= 8-output, stride-1 convolutions forward to the
+  // direct kernel (Note [Single-channel convolution]) and their weight gradient to the
+  // kernels with images in the vector lanes (Note [Images in the vector lanes]): no
+  // oneDNN primitive is created for either. Shapes cover every output-channel and kernel-width
   // instantiation, rows narrower than, equal to and wider than one 16-float tile,
   // padding wider than the kernel, and 1 to 3 threads splitting an odd batch.
   struct Case {
