@@ -100,27 +100,31 @@ MTRAIN_CLONES void to_lanes(const float* t, int64_t n, int64_t n0, int64_t chann
   const int64_t plane = (h + 2 * pad_h) * row;
   const int64_t hw = h * w;
   const int64_t lanes = std::min(kLanes, n - n0);
-  auto at = [&](int64_t ch, int64_t p) {  // dst for pixel p of channel ch
-    return dst + (ch * plane + (p / w + pad_h) * row + p % w + pad_w) * kLanes;
-  };
   for (int64_t ch = 0; ch < channels; ++ch) {
     const float* src = t + (n0 * channels + ch) * hw;  // lane l at src + l * channels * hw
+    float* const out = dst + (ch * plane + pad_h * row + pad_w) * kLanes;
+    int64_t r = 0, col = 0;  // of pixel p
+    auto next = [&] {        // the destination of pixel p, then on to pixel p + 1
+      float* at = out + (r * row + col) * kLanes;
+      if (++col == w) col = 0, ++r;
+      return at;
+    };
     int64_t p = 0;
     for (; p + kLanes <= hw; p += kLanes) {
-      Vec r[kLanes];
+      Vec v[kLanes];
       for (int64_t l = 0; l < kLanes; ++l) {
         if (l < lanes) {
-          load(r[l], src + l * channels * hw + p);
+          load(v[l], src + l * channels * hw + p);
         } else {
-          r[l] = Vec{};
+          v[l] = Vec{};
         }
       }
-      transpose16(r);
-      for (int64_t q = 0; q < kLanes; ++q) store(at(ch, p + q), r[q]);
+      transpose16(v);
+      for (int64_t q = 0; q < kLanes; ++q) store(next(), v[q]);
     }
     for (; p < hw; ++p) {
-      float* out = at(ch, p);
-      for (int64_t l = 0; l < kLanes; ++l) out[l] = l < lanes ? src[l * channels * hw + p] : 0.0f;
+      float* at = next();
+      for (int64_t l = 0; l < kLanes; ++l) at[l] = l < lanes ? src[l * channels * hw + p] : 0.0f;
     }
   }
 }
