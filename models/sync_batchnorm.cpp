@@ -1,5 +1,6 @@
 #include "models/sync_batchnorm.h"
 
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,12 @@ SyncBatchNorm::SyncBatchNorm(int64_t channels, std::shared_ptr<ProcessGroup> gro
   }
 }
 
+void SyncBatchNorm::timed_wait(Work& work) {
+  const auto start = std::chrono::steady_clock::now();
+  work.wait();
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 void SyncBatchNorm::merge_batch_stats(BatchStats& stats) {
   const int64_t c = num_features();
   const int world = group_->size();
@@ -41,7 +48,7 @@ void SyncBatchNorm::merge_batch_stats(BatchStats& stats) {
 
   Tensor all = Tensor::empty({world, row}, DType::Float32, device);
   Tensor all_flat = all.view({world * row});
-  group_->allgather(local, all_flat)->wait();
+  timed_wait(*group_->allgather(local, all_flat));
 
   // The checks below need every rank's count on the host. On a GPU that is one small
   // device-to-host copy of the gathered rows per layer per training forward, which
@@ -78,9 +85,17 @@ void SyncBatchNorm::reduce_backward_sums(Tensor& sum_dy, Tensor& sum_dy_xmu) {
   Tensor sums = Tensor::empty({2 * c}, DType::Float32, sum_dy.device());
   sums.flat_view(0, {c}).copy_(sum_dy);
   sums.flat_view(c, {c}).copy_(sum_dy_xmu);
-  group_->allreduce(sums, ReduceOp::Sum)->wait();
+  timed_wait(*group_->allreduce(sums, ReduceOp::Sum));
   sum_dy.copy_(sums.flat_view(0, {c}));
   sum_dy_xmu.copy_(sums.flat_view(c, {c}));
+}
+
+double sync_batchnorm_wait_seconds(Module& root) {
+  double total = 0.0;
+  for (const auto& [name, module] : root.named_modules()) {
+    if (const auto* sync = dynamic_cast<const SyncBatchNorm*>(module)) total += sync->wait_seconds();
+  }
+  return total;
 }
 
 int convert_sync_batchnorm(Module& root, std::shared_ptr<ProcessGroup> group) {

@@ -61,14 +61,26 @@ class SyncBatchNorm : public BatchNorm2d {
 
   std::string type_name() const override { return "SyncBatchNorm"; }
   const std::shared_ptr<ProcessGroup>& group() const { return group_; }
+  // Seconds this rank has spent blocked in the layer's collectives (the forward
+  // all-gather and the backward all-reduce) since construction: waiting for the other
+  // ranks to reach the layer, plus the transfer. Host time: an NCCL group's wait()
+  // returns once the work is ordered on the stream, so on a GPU it stays near zero.
+  double wait_seconds() const { return wait_seconds_; }
 
  protected:
   void merge_batch_stats(BatchStats& stats) override;
   void reduce_backward_sums(Tensor& sum_dy, Tensor& sum_dy_xmu) override;
 
  private:
+  // Waits for `work`, adding the time to wait_seconds_.
+  void timed_wait(Work& work);
+
   std::shared_ptr<ProcessGroup> group_;
+  double wait_seconds_ = 0.0;
 };
+
+// The sum of wait_seconds() over the SyncBatchNorm layers of `root`'s subtree.
+double sync_batchnorm_wait_seconds(Module& root);
 
 // Replaces every BatchNorm2d strictly below `root` by a SyncBatchNorm with the same
 // name, num_features, eps, momentum, weights, running statistics, num_batches_tracked

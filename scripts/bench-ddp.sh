@@ -13,11 +13,12 @@
 # GNU time's %M (VmHWM at exit) around each worker. Prints the median over --runs runs
 # of images/s, scaling efficiency (N ranks / (N x 1 rank)), the largest peak RSS of any
 # rank, and mtrain / PyTorch; then, for resnet18 at the largest N, the step time with
-# --sync-bn against without, from --runs interleaved pairs of runs. Results and the
-# command go in docs/benchmarks.md.
+# --sync-bn against without, from --runs interleaved pairs of runs, and the share of its
+# step rank 0 spent blocked in SyncBatchNorm's collectives (the metrics' syncbn_wait_sec).
+# Results and the command go in docs/benchmarks.md.
 set -euo pipefail
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin_dir="$root/build/bin"
@@ -85,7 +86,8 @@ trap 'rm -rf "$tmp"' EXIT
 rss_wrap_cmd=(/bin/sh -c 'exec /usr/bin/time -f %M -o "$0.$RANK" "$@"')
 
 # Global images/s from rank 0's metrics: skip the warm-up windows, then world x per-rank
-# images / seconds over the rest, and the share of that time rank 0 waited for gradients.
+# images / seconds over the rest, the share of that time rank 0 waited for gradients, and
+# the share it spent blocked in SyncBatchNorm's collectives.
 mtrain_rate() {
   awk -v skip="$2" -v world="$3" '
     function field(name,    m) {
@@ -94,14 +96,16 @@ mtrain_rate() {
     }
     # comm_wait_sec is the reducer'"'"'s running total since the start, so the timed windows'"'"'
     # share is the difference from its value at the end of the warm-up.
+    # syncbn_wait_sec (only with --sync-bn) is a running total the same way.
     /"event":"step"/ {
-      wait = field("comm_wait_sec")
-      if (++n <= skip) { wait_before = wait; next }
+      wait = field("comm_wait_sec"); bn_wait = field("syncbn_wait_sec")
+      if (++n <= skip) { wait_before = wait; bn_wait_before = bn_wait; next }
       images += field("images"); seconds += field("sec")
     }
     END {
-      if (seconds > 0) printf "%.1f %.4f\n", world * images / seconds, (wait - wait_before) / seconds
-      else print "nan nan"
+      if (seconds > 0) printf "%.1f %.4f %.4f\n", world * images / seconds, (wait - wait_before) / seconds,
+                              (bn_wait - bn_wait_before) / seconds
+      else print "nan nan nan"
     }' "$1"
 }
 
@@ -109,7 +113,7 @@ max_rss_mib() { cat "$1".* | sort -g | tail -1 | awk '{printf "%.0f\n", $1 / 102
 
 median_of() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 
-# One mtrain run; prints "<global img/s> <comm wait fraction> <max rss MiB>".
+# One mtrain run; prints "<global img/s> <comm wait fraction> <SyncBN wait fraction> <max rss MiB>".
 run_mtrain() {
   local model=$1 n=$2 tag=$3; shift 3
   local w; w=$(window_of "$model")
@@ -150,7 +154,7 @@ for model in $models; do
   for n in $nprocs; do
     mr=(); mw=(); mm=(); tr=(); tm=()
     for ((r = 1; r <= runs; r++)); do
-      read -r a b c < <(run_mtrain "$model" "$n" "mtrain.$model.$n.$r")
+      read -r a b _ c < <(run_mtrain "$model" "$n" "mtrain.$model.$n.$r")
       mr+=("$a"); mw+=("$b"); mm+=("$c")
       if ((torch)); then
         read -r a b < <(run_torch "$model" "$n" "torch.$model.$n.$r")
@@ -193,19 +197,21 @@ last_n=${nprocs##* }
 if ((sync_bn)) && [[ " $models " == *" resnet18 "* ]] && ((last_n > 1)); then
   # Interleaved pairs, so that both runs of a pair see the same machine: the plain runs
   # of the table above were taken minutes earlier.
-  sr=(); pr=(); ratios=()
+  sr=(); pr=(); ratios=(); waits=()
   for ((r = 1; r <= runs; r++)); do
-    read -r a _ _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn-off.$r")
-    read -r b _ _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn.$r" --sync-bn)
-    pr+=("$a"); sr+=("$b")
+    read -r a _ _ _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn-off.$r")
+    read -r b _ w _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn.$r" --sync-bn)
+    pr+=("$a"); sr+=("$b"); waits+=("$w")
     ratios+=("$(awk -v p="$a" -v s="$b" 'BEGIN { printf "%.4f", 100 * (p / s - 1) }')")
   done
   awk -v plain="$(median_of "${pr[@]}")" -v sync="$(median_of "${sr[@]}")" -v n="$last_n" \
-      -v r="$(median_of "${ratios[@]}")" -v all="${ratios[*]}" 'BEGIN {
+      -v r="$(median_of "${ratios[@]}")" -v all="${ratios[*]}" -v w="$(median_of "${waits[@]}")" 'BEGIN {
     printf "\nresnet18, %d ranks, mtrain, %s interleaved pairs: %.1f img/s with --sync-bn vs %.1f without;\n",
       n, split(all, a, " "), sync, plain
     printf "step time with --sync-bn %+.1f%% (median of the pairs; each pair:", r
     for (i = 1; i <= length(a); i++) printf " %+.1f%%", a[i]
-    printf ")\n" }'
+    printf ")\n"
+    printf "rank 0 blocked in SyncBatchNorm'"'"'s collectives: %.1f%% of its step (median of the --sync-bn runs)\n",
+      100 * w }'
 fi
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -470,7 +470,8 @@ int run_train_command(const TrainOptions& o) {
         s.images = sum.count;
       };
       config.hooks.combine_eval = [&g](const EvalResult& local) { return allreduce_eval(g, local); };
-      config.hooks.extend_metrics = [reducer](nlohmann::json& event) {
+      const bool sync_bn = o.sync_bn;
+      config.hooks.extend_metrics = [reducer, &m, sync_bn](nlohmann::json& event) {
         const ReducerStepStats& last = reducer->last_step();
         nlohmann::json launches = nlohmann::json::array();
         for (const auto& l : last.launches) {
@@ -481,6 +482,7 @@ int run_train_command(const TrainOptions& o) {
         event["comm_hidden_fraction"] =
             last.waited_on_device ? nlohmann::json(nullptr) : nlohmann::json(reducer->totals().hidden_fraction());
         event["bucket_launches"] = std::move(launches);
+        if (sync_bn) event["syncbn_wait_sec"] = models::sync_batchnorm_wait_seconds(m);
       };
     }
     TrainLoop loop(*model, optimizer, *sync, *train_loader, test_loader.get(), metrics, config);

@@ -181,14 +181,31 @@ TEST_CASE("resnet18: 2 ranks x batch 4 with --sync-bn equal 1 rank x batch 8; wi
   const auto sync = dir.file("sync.safetensors");
   const auto plain = dir.file("plain.safetensors");
   const auto one = dir.file("one.safetensors");
-  require_success(launch(2, concat(base, {"--batch-size", "4", "--sync-bn", "--save-final", sync})));
-  require_success(launch(2, concat(base, {"--batch-size", "4", "--save-final", plain})));
+  const auto sync_metrics = dir.file("sync.jsonl");
+  const auto plain_metrics = dir.file("plain.jsonl");
+  require_success(launch(2, concat(base, {"--batch-size", "4", "--sync-bn", "--save-final", sync, "--metrics",
+                                          sync_metrics, "--log-every", "1"})));
+  require_success(launch(2, concat(base, {"--batch-size", "4", "--save-final", plain, "--metrics", plain_metrics,
+                                          "--log-every", "1"})));
   require_success(launch(1, concat(base, {"--batch-size", "8", "--save-final", one})));
   const double with_sync = max_abs_difference(sync, one);
   const double without_sync = max_abs_difference(plain, one);
   INFO("with --sync-bn: " << with_sync << ", without: " << without_sync);
   CHECK(with_sync <= kTolerance);
   CHECK(without_sync > 10 * kTolerance);
+
+  // The step events report the time spent in SyncBatchNorm's collectives, a running
+  // total that grows with every step (each step waits in 2 x 17 of them); runs without
+  // --sync-bn have no such field.
+  const auto sync_steps = read_events(sync_metrics, "step");
+  REQUIRE(sync_steps.size() == 3);
+  double before = 0.0;
+  for (const auto& step : sync_steps) {
+    const double total = step["syncbn_wait_sec"].get<double>();
+    CHECK(total > before);
+    before = total;
+  }
+  for (const auto& step : read_events(plain_metrics, "step")) CHECK_FALSE(step.contains("syncbn_wait_sec"));
 }
 
 namespace {
