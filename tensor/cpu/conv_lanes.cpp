@@ -67,88 +67,6 @@ constexpr int64_t kMaxSingleChannelOutputs = 8;  // backward-weights, 1 input ch
 
 int64_t blocks_of(int64_t n) { return (n + kLanes - 1) / kLanes; }
 
-typedef int32_t Index __attribute__((vector_size(kLanes * sizeof(int32_t))));
-
-// One stage of a 16x16 transpose: rows a and b = a + B swap the B x B blocks off the
-// diagonal. After the stages for B = 8, 4, 2 and 1, row r holds what column r held.
-template <int B>
-[[gnu::always_inline]] inline void swap_blocks(Vec& a, Vec& b) {
-  static constexpr Index kLow = B == 8   ? Index{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}
-                                : B == 4 ? Index{0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}
-                                : B == 2 ? Index{0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}
-                                         : Index{0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
-  static constexpr Index kHigh = kLow + B;
-  const Vec low = __builtin_shuffle(a, b, kLow);
-  b = __builtin_shuffle(a, b, kHigh);
-  a = low;
-}
-
-[[gnu::always_inline]] inline void transpose16(Vec (&r)[kLanes]) {
-  for (int i = 0; i < 16; ++i) if (!(i & 8)) swap_blocks<8>(r[i], r[i + 8]);
-  for (int i = 0; i < 16; ++i) if (!(i & 4)) swap_blocks<4>(r[i], r[i + 4]);
-  for (int i = 0; i < 16; ++i) if (!(i & 2)) swap_blocks<2>(r[i], r[i + 2]);
-  for (int i = 0; i < 16; ++i) if (!(i & 1)) swap_blocks<1>(r[i], r[i + 1]);
-}
-
-// Planes of images [n0, n0 + 16) of t[n, channels, h, w] into
-// dst[channel][(r + pad_h) * (w + 2 pad_w) + col + pad_w][16]. Lanes past the end of the
-// batch are zero; the padding border is left as it is (zeroed once by the caller).
-// Sixteen pixels of sixteen images at a time are transposed in registers.
-MTRAIN_CLONES void to_lanes(const float* t, int64_t n, int64_t n0, int64_t channels, int64_t h,
-                            int64_t w, int64_t pad_h, int64_t pad_w, float* dst) {
-  const int64_t row = w + 2 * pad_w;
-  const int64_t plane = (h + 2 * pad_h) * row;
-  const int64_t hw = h * w;
-  const int64_t lanes = std::min(kLanes, n - n0);
-  for (int64_t ch = 0; ch < channels; ++ch) {
-    const float* src = t + (n0 * channels + ch) * hw;  // lane l at src + l * channels * hw
-    float* const out = dst + (ch * plane + pad_h * row + pad_w) * kLanes;
-    int64_t r = 0, col = 0;  // of pixel p
-    auto next = [&] {        // the destination of pixel p, then on to pixel p + 1
-      float* at = out + (r * row + col) * kLanes;
-      if (++col == w) col = 0, ++r;
-      return at;
-    };
-    int64_t p = 0;
-    for (; p + kLanes <= hw; p += kLanes) {
-      Vec v[kLanes];
-      for (int64_t l = 0; l < kLanes; ++l) {
-        if (l < lanes) {
-          load(v[l], src + l * channels * hw + p);
-        } else {
-          v[l] = Vec{};
-        }
-      }
-      transpose16(v);
-      for (int64_t q = 0; q < kLanes; ++q) store(next(), v[q]);
-    }
-    for (; p < hw; ++p) {
-      float* at = next();
-      for (int64_t l = 0; l < kLanes; ++l) at[l] = l < lanes ? src[l * channels * hw + p] : 0.0f;
-    }
-  }
-}
-
-// The inverse of to_lanes without padding, for the images of the block that exist.
-MTRAIN_CLONES void from_lanes(const float* src, int64_t n, int64_t n0, int64_t channels,
-                              int64_t hw, float* t) {
-  const int64_t lanes = std::min(kLanes, n - n0);
-  for (int64_t ch = 0; ch < channels; ++ch) {
-    const float* in = src + ch * hw * kLanes;
-    float* out = t + (n0 * channels + ch) * hw;  // lane l at out + l * channels * hw
-    int64_t p = 0;
-    for (; p + kLanes <= hw; p += kLanes) {
-      Vec r[kLanes];
-      for (int64_t q = 0; q < kLanes; ++q) load(r[q], in + (p + q) * kLanes);
-      transpose16(r);
-      for (int64_t l = 0; l < lanes; ++l) store(out + l * channels * hw + p, r[l]);
-    }
-    for (; p < hw; ++p) {
-      for (int64_t l = 0; l < lanes; ++l) out[l * channels * hw + p] = in[p * kLanes + l];
-    }
-  }
-}
-
 // dx of one block: dyl[o][oh][ow][16], wt[o][kh][kw][C], dxl[C][h][w][16].
 template <int C>
 MTRAIN_CLONES void data_grad_block(const ConvGeometry& s, const float* dyl, const float* wt,
@@ -330,9 +248,9 @@ void lanes_conv_backward_data(const float* dy, const float* w, float* dx, const 
     float* dyl = base + per_thread * i;
     float* dxl = dyl + dy_floats;
     for (int64_t b = split(blocks, i, nthreads); b < split(blocks, i + 1, nthreads); ++b) {
-      to_lanes(dy, s.n, b * kLanes, s.o, s.oh, s.ow, 0, 0, dyl);
+      to_lanes(dy, s.n, b * kLanes, s.o, PlaneRows::all(s.oh, s.ow), {s.oh, s.ow, 0, 0}, dyl);
       data_grad_block(s, dyl, wt, dxl);
-      from_lanes(dxl, s.n, b * kLanes, s.c, s.h * s.w, dx);
+      from_lanes(dxl, s.n, b * kLanes, s.c, PlaneRows::all(s.h, s.w), dx);
     }
   }
 }
@@ -355,8 +273,9 @@ void lanes_conv_backward_weights(const float* x, const float* dy, float* dw, flo
     float* acc = xl + acc_offset;
     std::fill(xl, xl + per_thread, 0.0f);
     for (int64_t b = split(blocks, i, nthreads); b < split(blocks, i + 1, nthreads); ++b) {
-      to_lanes(x, s.n, b * kLanes, s.c, s.h, s.w, s.pad_h, s.pad_w, xl);
-      to_lanes(dy, s.n, b * kLanes, s.o, s.oh, s.ow, 0, 0, dyl);
+      to_lanes(x, s.n, b * kLanes, s.c, PlaneRows::all(s.h, s.w),
+               {s.h + 2 * s.pad_h, s.w + 2 * s.pad_w, s.pad_h, s.pad_w}, xl);
+      to_lanes(dy, s.n, b * kLanes, s.o, PlaneRows::all(s.oh, s.ow), {s.oh, s.ow, 0, 0}, dyl);
       weight_grad_block(s, xl, dyl, acc);
       bias_grad_block(s, dyl, acc + weights * kLanes);
     }
