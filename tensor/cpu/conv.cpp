@@ -21,6 +21,7 @@
 #include "tensor/cpu/conv_gemm_weights.h"
 #include "tensor/cpu/conv_lanes.h"
 #include "tensor/cpu/conv_layout.h"
+#include "tensor/cpu/conv_winograd.h"
 #include "tensor/cpu/dnnl_support.h"
 #include "tensor/cpu/threading.h"
 #include "tensor/cuda_ops.h"
@@ -89,8 +90,10 @@ std::atomic<long> primitives_created{0};
 // few outputs skips oneDNN for forward and backward-weights (Note [Single-channel
 // convolution] in conv_direct.cpp), weight gradients over at most 16 output
 // positions are one sgemm (Note [Weight gradients as a GEMM] in conv_gemm_weights.cpp),
-// and the gradients of convolutions with few channels, such as LeNet's second, run
-// with images in the vector lanes (Note [Images in the vector lanes] in conv_lanes.cpp).
+// the gradients of convolutions with few channels, such as LeNet's second, run with
+// images in the vector lanes (Note [Images in the vector lanes] in conv_lanes.cpp), and
+// forward and backward-data of 3x3 convolutions with many channels run as Winograd
+// F(2x2, 3x3) (Note [Winograd convolution] in conv_winograd.cpp).
 bool choose_blocked(ConvDirection direction, const ConvShape& s) {
   switch (layout_setting().load(std::memory_order_relaxed)) {
     case ConvLayout::Plain: return false;
@@ -281,6 +284,13 @@ cpu::ConvGeometry geometry(const ConvShape& s, const Conv2dParams& p) {
   return {s.n, s.c, s.h, s.w, s.o, s.kh, s.kw, s.oh, s.ow, p.stride_h, p.stride_w, p.pad_h, p.pad_w};
 }
 
+// The Auto policy's choice for 3x3 convolutions with many channels, forward and
+// backward-data (Note [Winograd convolution] in conv_winograd.cpp).
+bool choose_winograd(const ConvShape& s, const Conv2dParams& p) {
+  return layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
+         cpu::winograd_applies(geometry(s, p));
+}
+
 // The Auto policy's choice for the gradients of convolutions with few channels (Note
 // [Images in the vector lanes] in conv_lanes.cpp).
 bool choose_lanes(ConvDirection direction, const ConvShape& s, const Conv2dParams& p) {
@@ -324,6 +334,11 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
                                     b.defined() ? b.data<float>() : nullptr, y.data<float>(),
                                     direct_shape(s, p));
   }
+  if (choose_winograd(s, p)) {
+    return cpu::winograd_conv_forward(x.data<float>(), w.data<float>(),
+                                      b.defined() ? b.data<float>() : nullptr, y.data<float>(),
+                                      geometry(s, p));
+  }
   ConvEntry& e = cached_entry(ConvDirection::Forward, s, p, b.defined(), false);
   if (b.defined()) {
     run_entry(e, {x.raw_data(), w.raw_data(), b.raw_data()}, {y.raw_data()});
@@ -340,6 +355,10 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const C
   if (s.o == 0) {
     dx.zero_();
     return;
+  }
+  if (choose_winograd(s, p)) {
+    return cpu::winograd_conv_backward_data(dy.data<float>(), w.data<float>(), dx.data<float>(),
+                                            geometry(s, p));
   }
   if (choose_lanes(ConvDirection::BackwardData, s, p)) {
     return cpu::lanes_conv_backward_data(dy.data<float>(), w.data<float>(), dx.data<float>(),

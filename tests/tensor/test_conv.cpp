@@ -246,6 +246,45 @@ TEST_CASE("gradients of few-channel convolutions run with images in the vector l
   ops::set_num_threads(threads_before);
 }
 
+TEST_CASE("3x3 convolutions with many channels run as Winograd F(2x2, 3x3) and match the "
+          "reference", "[conv]") {
+  // Auto computes forward and backward-data of stride-1, padding-1 3x3 convolutions with
+  // at least 32 input and output channels on maps of 14x14 or more as Winograd F(2x2, 3x3)
+  // (Note [Winograd convolution]): no oneDNN primitive is created for them. Odd and even
+  // map sides (a last tile row or column half outside the map), non-square maps, chunks
+  // of one and two tile rows, more output than input channels and the reverse, a
+  // partial last block of sixteen images, bias or not, 1 to 3 threads.
+  struct Case {
+    Shape x, w;
+    bool bias;
+  };
+  const std::vector<Case> cases = {
+      {{17, 32, 15, 15}, {32, 32, 3, 3}, true},  {{3, 32, 14, 14}, {48, 32, 3, 3}, false},
+      {{2, 40, 17, 12}, {32, 40, 3, 3}, true},   {{1, 33, 14, 21}, {35, 33, 3, 3}, false},
+      {{2, 32, 25, 8}, {32, 32, 3, 3}, true},  // two tile rows per chunk, a last chunk of one
+  };
+  const int threads_before = ops::num_threads();
+  const int threads = GENERATE(1, 2, 3);
+  ops::set_num_threads(threads);
+  uint32_t seed = 400;
+  for (const Case& c : cases) {
+    INFO("x " << shape_str(c.x) << " w " << shape_str(c.w) << " threads " << threads);
+    const Conv2dParams p{1, 1, 1, 1};
+    const Tensor x = random_tensor(c.x, seed++);
+    const Tensor w = random_tensor(c.w, seed++);
+    const Tensor b = c.bias ? random_tensor({c.w[0]}, seed++) : Tensor();
+    const long created = ops::cpu::conv_primitives_created();
+    const Tensor y = conv(x, w, b, p);
+    require_close(y, testing::conv2d_ref(x, w, b, p), 1e-4, 1e-4);
+    const Tensor dy = random_tensor(y.shape(), seed++);
+    Tensor dx = Tensor::full(x.shape(), 7.0f);  // overwritten, whatever it held
+    ops::conv2d_backward_data(dy, w, dx, p);
+    require_close(dx, testing::conv2d_backward_ref(x, w, dy, p).dx, 1e-4, 1e-4);
+    CHECK(ops::cpu::conv_primitives_created() == created);
+  }
+  ops::set_num_threads(threads_before);
+}
+
 TEST_CASE("weight gradients over few output positions are one GEMM and match the reference",
           "[conv]") {
   // Auto computes stride-1 weight gradients with at most 16 output positions per image

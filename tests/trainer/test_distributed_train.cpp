@@ -10,12 +10,20 @@
 // and summed, versus one mean over N*B. Each step differs by a few float32 roundings
 // (relative ~1e-7 of a gradient entry), and SGD with momentum over a handful of steps
 // carries them forward with little amplification at these learning rates, so the
-// weights agree to ~1e-6 absolute (measured: mlp ~1e-7; resnet18 with SyncBN 3.6e-7
-// at lr 0.01, against 0.06 without SyncBN). A large rate makes small-batch BatchNorm
-// training chaotic (resnet18 at lr 0.05: 1e-7 after one step, 6e-4 after three), so
-// the resnet18 test uses lr 0.01. The tests allow kTolerance = 1e-4 (two orders of
-// headroom) and check the runs that must NOT match (a different batch, BatchNorm
-// without SyncBN) differ by more than 10x that, so the comparison can fail.
+// weights agree to ~1e-6 absolute (measured: mlp ~1e-7). Networks with ReLUs are the
+// exception: a pre-activation within rounding of zero falls on the other side in one
+// run, its gradient switches on or off, and from then on the runs drift apart. In
+// resnet18 at batch 4 x 2 with the Winograd kernels (Note [Winograd convolution]) the
+// runs differed by 1.2e-5 after one step, 2.6e-4 after two and 3.8e-3 after three,
+// traced to one channel of one BatchNorm whose global sum of dy moved by 10 % while
+// every other channel and the layer's inputs agreed to ~1e-6: the signature of one
+// such switch. With oneDNN's direct kernels none happened in that run, and three steps
+// agreed to 3.6e-7. Whether one happens depends on the kernels' rounding, not on
+// SyncBatchNorm, so the resnet18 test compares after one step at lr 0.01, which
+// exercises both SyncBatchNorm collectives, the running statistics and the DDP average
+// once. The tests allow kTolerance = 1e-4 and check the runs that must NOT match (a
+// different batch, BatchNorm without SyncBN: 1.3e-2 after one step) differ by more
+// than 10x that, so the comparison can fail.
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -176,7 +184,7 @@ TEST_CASE("on 2 ranks the gradient buckets hold no more tensor memory than 1 ran
 TEST_CASE("resnet18: 2 ranks x batch 4 with --sync-bn equal 1 rank x batch 8; without it they do not",
           "[multiproc]") {
   TempDir dir;
-  const std::vector<std::string> base = {"--model", "resnet18", "--dataset", "synthetic", "--max-steps", "3",
+  const std::vector<std::string> base = {"--model", "resnet18", "--dataset", "synthetic", "--max-steps", "1",
                                          "--lr", "0.01", "--no-eval"};
   const auto sync = dir.file("sync.safetensors");
   const auto plain = dir.file("plain.safetensors");
@@ -194,17 +202,11 @@ TEST_CASE("resnet18: 2 ranks x batch 4 with --sync-bn equal 1 rank x batch 8; wi
   CHECK(with_sync <= kTolerance);
   CHECK(without_sync > 10 * kTolerance);
 
-  // The step events report the time spent in SyncBatchNorm's collectives, a running
-  // total that grows with every step (each step waits in 2 x 17 of them); runs without
-  // --sync-bn have no such field.
+  // The step event reports the time spent in SyncBatchNorm's collectives (the step
+  // waited in 2 x 17 of them); runs without --sync-bn have no such field.
   const auto sync_steps = read_events(sync_metrics, "step");
-  REQUIRE(sync_steps.size() == 3);
-  double before = 0.0;
-  for (const auto& step : sync_steps) {
-    const double total = step["syncbn_wait_sec"].get<double>();
-    CHECK(total > before);
-    before = total;
-  }
+  REQUIRE(sync_steps.size() == 1);
+  CHECK(sync_steps[0]["syncbn_wait_sec"].get<double>() > 0.0);
   for (const auto& step : read_events(plain_metrics, "step")) CHECK_FALSE(step.contains("syncbn_wait_sec"));
 }
 
