@@ -47,6 +47,19 @@ void check_weight_gradients(const Tensor& x, const Tensor& w, const Tensor& dy,
   require_close(dw_acc, plus_one, 1e-4, 1e-4);
 }
 
+// Sets the intra-op thread count for a test case and restores it when the case ends
+// (also when an assertion fails).
+struct ThreadsScope {
+  explicit ThreadsScope(int n) : before(ops::num_threads()) { ops::set_num_threads(n); }
+  ~ThreadsScope() { ops::set_num_threads(before); }
+  int before;
+};
+
+// What a failing shape loop prints: the shapes, padding and thread count.
+std::string describe(const Shape& x, const Shape& w, int pad_h, int pad_w, int threads) {
+  return fmt::format("x {} w {} pad {}x{} threads {}", shape_str(x), shape_str(w), pad_h, pad_w, threads);
+}
+
 // Restores the default layout policy when a section that changed it ends.
 struct LayoutScope {
   explicit LayoutScope(ops::cpu::ConvLayout l) { ops::cpu::set_conv_layout(l); }
@@ -179,13 +192,11 @@ TEST_CASE("single-channel convolutions take the direct kernels and match the ref
       {{3, 1, 11, 17}, {5, 1, 6, 4}, 2, 0},  {{2, 1, 3, 3}, {7, 1, 3, 3}, 4, 4},
       {{4, 1, 5, 12}, {2, 1, 5, 6}, 0, 2},   {{1, 1, 1, 1}, {4, 1, 1, 1}, 0, 0},
   };
-  const int threads_before = ops::num_threads();
   const int threads = GENERATE(1, 2, 3);
-  ops::set_num_threads(threads);
+  const ThreadsScope scope(threads);
   uint32_t seed = 100;
   for (const Case& c : cases) {
-    INFO("x " << shape_str(c.x) << " w " << shape_str(c.w) << " pad " << c.pad_h << "x" << c.pad_w
-              << " threads " << threads);
+    INFO(describe(c.x, c.w, c.pad_h, c.pad_w, threads));
     const Conv2dParams p{1, 1, c.pad_h, c.pad_w};
     const Tensor x = random_tensor(c.x, seed++);
     const Tensor w = random_tensor(c.w, seed++);
@@ -198,7 +209,6 @@ TEST_CASE("single-channel convolutions take the direct kernels and match the ref
     check_weight_gradients(x, w, random_tensor(y.shape(), seed++), p);
     CHECK(ops::cpu::conv_primitives_created() == created);
   }
-  ops::set_num_threads(threads_before);
 }
 
 TEST_CASE("gradients of few-channel convolutions run with images in the vector lanes and "
@@ -221,13 +231,11 @@ TEST_CASE("gradients of few-channel convolutions run with images in the vector l
       {{4, 7, 5, 5}, {5, 7, 1, 1}, 0, 0},      {{18, 3, 4, 6}, {2, 3, 2, 5}, 1, 2},
       {{2, 7, 5, 5}, {9, 7, 5, 5}, 4, 4},
   };
-  const int threads_before = ops::num_threads();
   const int threads = GENERATE(1, 2, 3);
-  ops::set_num_threads(threads);
+  const ThreadsScope scope(threads);
   uint32_t seed = 200;
   for (const Case& c : cases) {
-    INFO("x " << shape_str(c.x) << " w " << shape_str(c.w) << " pad " << c.pad_h << "x" << c.pad_w
-              << " threads " << threads);
+    INFO(describe(c.x, c.w, c.pad_h, c.pad_w, threads));
     const Conv2dParams p{1, 1, c.pad_h, c.pad_w};
     const Tensor x = random_tensor(c.x, seed++);
     const Tensor w = random_tensor(c.w, seed++);
@@ -243,7 +251,6 @@ TEST_CASE("gradients of few-channel convolutions run with images in the vector l
       CHECK(ops::cpu::conv_primitives_created() == created);
     }
   }
-  ops::set_num_threads(threads_before);
 }
 
 TEST_CASE("3x3 convolutions with many channels run as Winograd F(2x2, 3x3) and match the "
@@ -263,12 +270,11 @@ TEST_CASE("3x3 convolutions with many channels run as Winograd F(2x2, 3x3) and m
       {{2, 40, 17, 12}, {32, 40, 3, 3}, true},   {{1, 33, 14, 21}, {35, 33, 3, 3}, false},
       {{2, 32, 25, 8}, {32, 32, 3, 3}, true},  // two tile rows per chunk, a last chunk of one
   };
-  const int threads_before = ops::num_threads();
   const int threads = GENERATE(1, 2, 3);
-  ops::set_num_threads(threads);
+  const ThreadsScope scope(threads);
   uint32_t seed = 400;
   for (const Case& c : cases) {
-    INFO("x " << shape_str(c.x) << " w " << shape_str(c.w) << " threads " << threads);
+    INFO(describe(c.x, c.w, 1, 1, threads));
     const Conv2dParams p{1, 1, 1, 1};
     const Tensor x = random_tensor(c.x, seed++);
     const Tensor w = random_tensor(c.w, seed++);
@@ -282,7 +288,6 @@ TEST_CASE("3x3 convolutions with many channels run as Winograd F(2x2, 3x3) and m
     require_close(dx, testing::conv2d_backward_ref(x, w, dy, p).dx, 1e-4, 1e-4);
     CHECK(ops::cpu::conv_primitives_created() == created);
   }
-  ops::set_num_threads(threads_before);
 }
 
 TEST_CASE("weight gradients over few output positions are one GEMM and match the reference",
@@ -302,14 +307,12 @@ TEST_CASE("weight gradients over few output positions are one GEMM and match the
       {{2, 3, 3, 5}, {2, 3, 3, 1}, 0, 1},  // 1 x 7 positions, padded columns only
       {{4, 5, 2, 2}, {6, 5, 3, 3}, 1, 1},  // kernel larger than the map
   };
-  const int threads_before = ops::num_threads();
   const int threads = GENERATE(1, 2);
-  ops::set_num_threads(threads);
+  const ThreadsScope scope(threads);
   uint32_t seed = 300;
   for (const Case& c : cases) {
     const Conv2dParams p{1, 1, c.pad_h, c.pad_w};
-    INFO("x " << shape_str(c.x) << " w " << shape_str(c.w) << " pad " << c.pad_h << "x" << c.pad_w
-              << " threads " << threads);
+    INFO(describe(c.x, c.w, c.pad_h, c.pad_w, threads));
     const Tensor x = random_tensor(c.x, seed++);
     const Tensor w = random_tensor(c.w, seed++);
     const Tensor y = conv(x, w, Tensor(), p);
@@ -318,7 +321,6 @@ TEST_CASE("weight gradients over few output positions are one GEMM and match the
     check_weight_gradients(x, w, random_tensor(y.shape(), seed++), p);
     CHECK(ops::cpu::conv_primitives_created() == created);
   }
-  ops::set_num_threads(threads_before);
 }
 
 TEST_CASE("conv2d backward ops are the gradients of the forward op", "[conv]") {
