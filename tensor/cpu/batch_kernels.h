@@ -1,6 +1,7 @@
 // Building blocks shared by the own CPU convolution kernels (conv_direct.cpp,
-// conv_lanes.cpp): a 16-float vector type compiled for the best instruction set the
-// CPU has, per-thread scratch, and the fixed split of a batch across OpenMP threads.
+// conv_lanes.cpp, conv_winograd.cpp): a 16-float vector type compiled for the best
+// instruction set the CPU has, per-thread scratch, the fixed split of a batch across
+// OpenMP threads, and the copies into and out of the lanes layout.
 #pragma once
 
 #include <cstddef>

@@ -110,6 +110,11 @@ struct Geometry {
   int64_t max_cols() const { return chunk_rows * tw * kLanes; }
 };
 
+Geometry geometry_of(int64_t cin, int64_t cout, int64_t h, int64_t w) {
+  const int64_t th = (h + 1) / 2, tw = (w + 1) / 2;
+  return {cin, cout, h, w, th, tw, 2 * tw + 2, std::clamp<int64_t>(kTargetColumns / (tw * kLanes), 1, th)};
+}
+
 // V[xi][ci][col] = B^T d B for n tile rows, xl the chunk's padded input
 // [cin][2 n + 2][row][16]; col = (r * tw + t) * 16 + lane.
 MTRAIN_CLONES void input_transform(const Geometry& g, const float* xl, int64_t n, float* v, int64_t cols) {
@@ -178,11 +183,7 @@ MTRAIN_CLONES void output_transform(const Geometry& g, const float* m, int64_t n
 // its tiles overlap) are copied into the lanes layout, transformed, multiplied and
 // transformed back, and its output rows copied out, so the per-thread buffers hold one
 // chunk, not a whole block of images.
-void run(const float* in, int64_t n, const float* u, const float* bias, float* out, Geometry g) {
-  g.th = (g.h + 1) / 2;
-  g.tw = (g.w + 1) / 2;
-  g.row = 2 * g.tw + 2;
-  g.chunk_rows = std::clamp<int64_t>(kTargetColumns / (g.tw * kLanes), 1, g.th);
+void run(const float* in, int64_t n, const float* u, const float* bias, float* out, const Geometry& g) {
   const int64_t blocks = (n + kLanes - 1) / kLanes;
   const int nthreads = threads_for(blocks);
   const size_t xl_floats = static_cast<size_t>(g.cin * g.in_rows() * g.row * kLanes);
@@ -230,6 +231,17 @@ void run(const float* in, int64_t n, const float* u, const float* bias, float* o
   }
 }
 
+// Forward (y from x) or backward-data (dx from dy) of the convolution with weights w.
+// The transformed kernels live in a tensor from the caching allocator; thread_scratch
+// holds run()'s buffers.
+void convolve(const float* in, const float* w, const float* bias, float* out, const ConvGeometry& s,
+              bool backward) {
+  Tensor u = Tensor::empty({kPositions * s.o * s.c});
+  transform_weights(w, s.o, s.c, backward, u.data<float>());
+  run(in, s.n, u.data<float>(), bias, out,
+      backward ? geometry_of(s.o, s.c, s.h, s.w) : geometry_of(s.c, s.o, s.h, s.w));
+}
+
 }  // namespace
 
 bool winograd_applies(const ConvGeometry& s) {
@@ -237,19 +249,13 @@ bool winograd_applies(const ConvGeometry& s) {
          s.c >= kMinChannels && s.o >= kMinChannels && s.h * s.w >= kMinPixels;
 }
 
-// The transformed kernels live in a tensor from the caching allocator (thread_scratch
-// holds the per-thread buffers of run()).
 void winograd_conv_forward(const float* x, const float* w, const float* b, float* y,
                            const ConvGeometry& s) {
-  Tensor u = Tensor::empty({kPositions * s.o * s.c});
-  transform_weights(w, s.o, s.c, /*backward=*/false, u.data<float>());
-  run(x, s.n, u.data<float>(), b, y, Geometry{s.c, s.o, s.h, s.w, 0, 0, 0, 0});
+  convolve(x, w, b, y, s, /*backward=*/false);
 }
 
 void winograd_conv_backward_data(const float* dy, const float* w, float* dx, const ConvGeometry& s) {
-  Tensor u = Tensor::empty({kPositions * s.o * s.c});
-  transform_weights(w, s.o, s.c, /*backward=*/true, u.data<float>());
-  run(dy, s.n, u.data<float>(), nullptr, dx, Geometry{s.o, s.c, s.h, s.w, 0, 0, 0, 0});
+  convolve(dy, w, nullptr, dx, s, /*backward=*/true);
 }
 
 }  // namespace mtrain::ops::cpu
