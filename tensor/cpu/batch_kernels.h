@@ -4,9 +4,12 @@
 // OpenMP threads, and the copies into and out of the lanes layout.
 #pragma once
 
+#include <omp.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 
 namespace mtrain::ops::cpu {
 
@@ -15,9 +18,10 @@ constexpr int64_t kLanes = 16;
 // GCC's vector extension: one AVX-512 register, two AVX2 registers, or four SSE ones.
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 
-// Compiles a kernel for AVX-512, AVX2 and the baseline; the loader picks the best one
-// the CPU has (the project builds without -march).
-#define MTRAIN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+// Compiles a kernel for AVX-512, AVX2 with FMA (Haswell's set; "avx2" alone would
+// leave out FMA) and the baseline; the loader picks the best one the CPU has (the
+// project builds without -march).
+#define MTRAIN_CLONES __attribute__((target_clones("avx512f", "arch=haswell", "default")))
 
 [[gnu::always_inline]] inline void load(Vec& v, const float* p) { std::memcpy(&v, p, sizeof v); }
 [[gnu::always_inline]] inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
@@ -27,8 +31,16 @@ typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 // of it before their parallel region.
 float* thread_scratch(size_t floats);
 
+// Whether the CPU has AVX-512 (F). The own kernels were measured against oneDNN on
+// AVX-512 cores only, so their applicability rules require it: on other CPUs their
+// AVX2 or baseline clones would run, correct but unmeasured, and oneDNN does instead.
+bool cpu_has_avx512();
+
 // How many OpenMP threads to use for `items` independent items (at least one).
 int threads_for(int64_t items);
+
+// Blocks of kLanes images in a batch of n.
+inline int64_t blocks_of(int64_t n) { return (n + kLanes - 1) / kLanes; }
 
 // Sixteen images in the vector lanes (Note [Images in the vector lanes] in
 // conv_lanes.cpp). Rows [first, first + count) of the h x w planes of images
@@ -53,8 +65,30 @@ void to_lanes(const float* t, int64_t n, int64_t n0, int64_t channels, PlaneRows
 // [first, first + count) of t's planes, for the images of the block that exist.
 void from_lanes(const float* src, int64_t n, int64_t n0, int64_t channels, PlaneRows dst, float* t);
 
-// Items [split(items, i, n), split(items, i + 1, n)) belong to thread i of n: a fixed
-// split, so results depend only on the thread count.
+// Items [split(items, i, n), split(items, i + 1, n)) belong to part i of n: a fixed
+// split, so results depend only on the number of parts.
 inline int64_t split(int64_t items, int i, int n) { return items * i / n; }
+
+// Runs body(part, first, last) for every part of `parts` fixed parts of [0, items) on
+// an OpenMP team of up to `parts` threads. OpenMP may give fewer threads than asked
+// (OMP_THREAD_LIMIT, OMP_DYNAMIC, a call from inside another parallel region); the
+// team's threads then run the missing parts too, so every item is processed and the
+// result still depends only on `parts`. A kernel keeps its per-part state (scratch,
+// partial sums) by part number, not by thread number. The first exception a part
+// throws is rethrown on the calling thread once the region has ended.
+template <class Body>
+void for_each_part(int64_t items, int parts, Body&& body) {
+  std::exception_ptr error;
+#pragma omp parallel num_threads(parts) if (parts > 1)
+  for (int part = omp_get_thread_num(); part < parts; part += omp_get_num_threads()) {
+    try {
+      body(part, split(items, part, parts), split(items, part + 1, parts));
+    } catch (...) {
+#pragma omp critical(mtrain_for_each_part_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
 
 }  // namespace mtrain::ops::cpu

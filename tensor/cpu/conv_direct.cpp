@@ -107,7 +107,7 @@ void forward_image(const Layout& l, const float* buf, const float* w, const floa
 
 bool direct_conv_applies(int64_t in_channels, int64_t out_channels, int64_t kh, int64_t kw,
                          int64_t stride_h, int64_t stride_w) {
-  return in_channels == 1 && out_channels >= 1 && out_channels <= kMaxOutChannels && kh >= 1 &&
+  return cpu_has_avx512() && in_channels == 1 && out_channels >= 1 && out_channels <= kMaxOutChannels && kh >= 1 &&
          kw >= 1 && kw <= kMaxKernelWidth && stride_h == 1 && stride_w == 1;
 }
 
@@ -117,16 +117,14 @@ void direct_conv_forward(const float* x, const float* w, const float* b, float* 
   const int nthreads = threads_for(s.n);
   const size_t per_thread = static_cast<size_t>(l.image());
   float* const base = thread_scratch(per_thread * nthreads);
-#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
-  {
-    const int i = omp_get_thread_num();
-    float* buf = base + per_thread * i;
+  for_each_part(s.n, nthreads, [&](int part, int64_t first, int64_t last) {
+    float* buf = base + per_thread * static_cast<size_t>(part);
     std::fill(buf, buf + per_thread, 0.0f);
-    for (int64_t n = split(s.n, i, nthreads); n < split(s.n, i + 1, nthreads); ++n) {
+    for (int64_t n = first; n < last; ++n) {
       pad_image(l, x + n * s.h * s.w, buf);
       forward_image(l, buf, w, b, y + n * s.o * s.oh * s.ow);
     }
-  }
+  });
 }
 
 }  // namespace mtrain::ops::cpu

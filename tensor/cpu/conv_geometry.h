@@ -1,5 +1,5 @@
 // The geometry of one convolution, as the own CPU kernels (conv_gemm_weights.cpp,
-// conv_lanes.cpp) receive it from conv.cpp.
+// conv_lanes.cpp, conv_winograd.cpp) receive it from conv.cpp.
 #pragma once
 
 #include <cstdint>

@@ -10,7 +10,8 @@
 // such maps: an output row is 10 pixels, and backward-data, a full correlation, reads
 // 4 padding zeros on either side of every 10-pixel gradient row. With the same pixel
 // of sixteen images in the lanes instead, every lane does useful work at every tap,
-// and the loops visit only the taps that touch the map, so borders cost nothing.
+// and backward-data's loops visit only the taps that touch the map, so its borders
+// cost nothing (backward-weights walks the zero-padded input).
 //
 // Each call copies blocks of sixteen images into that layout, [channel][row][col][16]
 // (the input inside its zero padding, lanes past the end of the batch zero), by 16x16
@@ -42,9 +43,13 @@
 //   16 -> 32 5x5 @12             0.95   1.13            1.10   1.15
 //
 // So conv.cpp sends backward-data here for stride 1 and 2-8 input channels (at most 32
-// outputs, 7-wide kernels and 32x32 maps, the reach measured), and backward-weights
-// for the same shapes with kernels 5 to 7 wide, where each input vector loaded feeds
-// enough FMAs, and for single-channel inputs with at most eight outputs.
+// outputs, 7-wide kernels and maps of 1024 pixels, 32x32, the reach measured), and
+// backward-weights for the same shapes with kernels 5 to 7 wide, where each input
+// vector loaded feeds enough FMAs, and for single-channel inputs with at most eight
+// outputs. The zero-padded map (and so the gradient map) may hold at most 48x48
+// pixels: the per-thread buffers grow with it, and padding wider than that is not
+// something a network does. The kernels are measured on AVX-512 only, so the rules
+// also require it (cpu_has_avx512()); elsewhere oneDNN runs these layers.
 #include "tensor/cpu/conv_lanes.h"
 
 #include <omp.h>
@@ -52,6 +57,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/error.h"
 #include "tensor/cpu/batch_kernels.h"
 
 namespace mtrain::ops::cpu {
@@ -61,16 +67,15 @@ namespace {
 constexpr int64_t kMaxInChannels = 8;
 constexpr int64_t kMaxOutChannels = 32;
 constexpr int64_t kMaxPixels = 32 * 32;
+constexpr int64_t kMaxPaddedPixels = 48 * 48;
 constexpr int64_t kMaxKernelWidth = 7;
 constexpr int64_t kMinWeightsKernelWidth = 5;  // backward-weights, 2+ input channels
 constexpr int64_t kMaxSingleChannelOutputs = 8;  // backward-weights, 1 input channel
 
-int64_t blocks_of(int64_t n) { return (n + kLanes - 1) / kLanes; }
-
 // dx of one block: dyl[o][oh][ow][16], wt[o][kh][kw][C], dxl[C][h][w][16].
 template <int C>
-MTRAIN_CLONES void data_grad_block(const ConvGeometry& s, const float* dyl, const float* wt,
-                                   float* dxl) {
+MTRAIN_CLONES void data_grad_channels(const ConvGeometry& s, const float* dyl, const float* wt,
+                                      float* dxl) {
   for (int64_t y = 0; y < s.h; ++y) {
     // Kernel rows i whose output row y + pad_h - i lies in [0, oh).
     const int64_t i_lo = std::max<int64_t>(0, y + s.pad_h - (s.oh - 1));
@@ -99,21 +104,22 @@ MTRAIN_CLONES void data_grad_block(const ConvGeometry& s, const float* dyl, cons
 void data_grad_block(const ConvGeometry& s, const float* dyl, const float* wt, float* dxl) {
   static_assert(kMaxInChannels == 8);
   switch (s.c) {
-    case 2: return data_grad_block<2>(s, dyl, wt, dxl);
-    case 3: return data_grad_block<3>(s, dyl, wt, dxl);
-    case 4: return data_grad_block<4>(s, dyl, wt, dxl);
-    case 5: return data_grad_block<5>(s, dyl, wt, dxl);
-    case 6: return data_grad_block<6>(s, dyl, wt, dxl);
-    case 7: return data_grad_block<7>(s, dyl, wt, dxl);
-    case 8: return data_grad_block<8>(s, dyl, wt, dxl);
+    case 2: return data_grad_channels<2>(s, dyl, wt, dxl);
+    case 3: return data_grad_channels<3>(s, dyl, wt, dxl);
+    case 4: return data_grad_channels<4>(s, dyl, wt, dxl);
+    case 5: return data_grad_channels<5>(s, dyl, wt, dxl);
+    case 6: return data_grad_channels<6>(s, dyl, wt, dxl);
+    case 7: return data_grad_channels<7>(s, dyl, wt, dxl);
+    case 8: return data_grad_channels<8>(s, dyl, wt, dxl);
+    default: MTRAIN_CHECK(false, "lanes backward-data: {} input channels are outside the kernels' reach", s.c);
   }
 }
 
 // Adds one block's dw[o0 .. o0 + OB)[c][kh][KW] into acc[o][c][kh][KW][16]:
 // xl[c][oh + kh - 1][ow + KW - 1][16] (padded), dyl[o][oh][ow][16].
 template <int OB, int KW>
-MTRAIN_CLONES void weight_grad_block(const ConvGeometry& s, const float* xl, const float* dyl,
-                                     float* acc, int64_t o0) {
+MTRAIN_CLONES void weight_grad_outputs(const ConvGeometry& s, const float* xl, const float* dyl,
+                                       float* acc, int64_t o0) {
   const int64_t row = s.w + 2 * s.pad_w;
   const int64_t plane = (s.h + 2 * s.pad_h) * row;
   for (int64_t c = 0; c < s.c; ++c) {
@@ -151,12 +157,12 @@ void weight_grad_pass(int ob, const ConvGeometry& s, const float* xl, const floa
   if constexpr (OB > 1) {
     if (ob < OB) return weight_grad_pass<KW, OB - 1>(ob, s, xl, dyl, acc, o0);
   }
-  weight_grad_block<OB, KW>(s, xl, dyl, acc, o0);
+  weight_grad_outputs<OB, KW>(s, xl, dyl, acc, o0);
 }
 
 // Output channels in as few passes as the registers allow, of near-equal size.
 template <int KW>
-void weight_grad_block(const ConvGeometry& s, const float* xl, const float* dyl, float* acc) {
+void weight_grad_passes(const ConvGeometry& s, const float* xl, const float* dyl, float* acc) {
   const int64_t passes = (s.o + max_out_block(KW) - 1) / max_out_block(KW);
   for (int64_t p = 0; p < passes; ++p) {
     const int64_t o0 = split(s.o, static_cast<int>(p), static_cast<int>(passes));
@@ -167,13 +173,14 @@ void weight_grad_block(const ConvGeometry& s, const float* xl, const float* dyl,
 
 void weight_grad_block(const ConvGeometry& s, const float* xl, const float* dyl, float* acc) {
   switch (s.kw) {
-    case 1: return weight_grad_block<1>(s, xl, dyl, acc);
-    case 2: return weight_grad_block<2>(s, xl, dyl, acc);
-    case 3: return weight_grad_block<3>(s, xl, dyl, acc);
-    case 4: return weight_grad_block<4>(s, xl, dyl, acc);
-    case 5: return weight_grad_block<5>(s, xl, dyl, acc);
-    case 6: return weight_grad_block<6>(s, xl, dyl, acc);
-    case 7: return weight_grad_block<7>(s, xl, dyl, acc);
+    case 1: return weight_grad_passes<1>(s, xl, dyl, acc);
+    case 2: return weight_grad_passes<2>(s, xl, dyl, acc);
+    case 3: return weight_grad_passes<3>(s, xl, dyl, acc);
+    case 4: return weight_grad_passes<4>(s, xl, dyl, acc);
+    case 5: return weight_grad_passes<5>(s, xl, dyl, acc);
+    case 6: return weight_grad_passes<6>(s, xl, dyl, acc);
+    case 7: return weight_grad_passes<7>(s, xl, dyl, acc);
+    default: MTRAIN_CHECK(false, "lanes backward-weights: kernel width {} is outside the kernels' reach", s.kw);
   }
 }
 
@@ -212,17 +219,22 @@ void reduce_weight_grads(const float* base, size_t stride, int threads, size_t o
   }
 }
 
+// The shapes both directions handle: stride 1, kernels at most kMaxKernelWidth wide,
+// maps and padded maps within the measured reach, on an AVX-512 core.
+bool lanes_reach(const ConvGeometry& s) {
+  return cpu_has_avx512() && s.stride_h == 1 && s.stride_w == 1 && s.kh >= 1 && s.kw >= 1 &&
+         s.kw <= kMaxKernelWidth && s.o >= 1 && s.h * s.w <= kMaxPixels &&
+         (s.h + 2 * s.pad_h) * (s.w + 2 * s.pad_w) <= kMaxPaddedPixels;
+}
+
 }  // namespace
 
 bool lanes_backward_data_applies(const ConvGeometry& s) {
-  return s.stride_h == 1 && s.stride_w == 1 && s.kh >= 1 && s.kw >= 1 && s.kw <= kMaxKernelWidth &&
-         s.c >= 2 && s.c <= kMaxInChannels && s.o >= 1 && s.o <= kMaxOutChannels &&
-         s.h * s.w <= kMaxPixels;
+  return lanes_reach(s) && s.c >= 2 && s.c <= kMaxInChannels && s.o <= kMaxOutChannels;
 }
 
 bool lanes_backward_weights_applies(const ConvGeometry& s) {
-  const bool fits = s.stride_h == 1 && s.stride_w == 1 && s.kh >= 1 && s.kw >= 1 &&
-                    s.kw <= kMaxKernelWidth && s.o >= 1 && s.h * s.w <= kMaxPixels;
+  const bool fits = lanes_reach(s);
   return fits && ((s.c == 1 && s.o <= kMaxSingleChannelOutputs) ||
                   (s.c >= 2 && s.c <= kMaxInChannels && s.o <= kMaxOutChannels &&
                    s.kw >= kMinWeightsKernelWidth));
@@ -242,17 +254,15 @@ void lanes_conv_backward_data(const float* dy, const float* w, float* dx, const 
       for (int64_t t = 0; t < taps; ++t) wt[(k * taps + t) * s.c + c] = w[(k * s.c + c) * taps + t];
     }
   }
-#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
-  {
-    const int i = omp_get_thread_num();
-    float* dyl = base + per_thread * i;
+  for_each_part(blocks, nthreads, [&](int part, int64_t first, int64_t last) {
+    float* dyl = base + per_thread * static_cast<size_t>(part);
     float* dxl = dyl + dy_floats;
-    for (int64_t b = split(blocks, i, nthreads); b < split(blocks, i + 1, nthreads); ++b) {
+    for (int64_t b = first; b < last; ++b) {
       to_lanes(dy, s.n, b * kLanes, s.o, PlaneRows::all(s.oh, s.ow), {s.oh, s.ow, 0, 0}, dyl);
       data_grad_block(s, dyl, wt, dxl);
       from_lanes(dxl, s.n, b * kLanes, s.c, PlaneRows::all(s.h, s.w), dx);
     }
-  }
+  });
 }
 
 void lanes_conv_backward_weights(const float* x, const float* dy, float* dw, float* db,
@@ -265,21 +275,19 @@ void lanes_conv_backward_weights(const float* x, const float* dy, float* dw, flo
   const size_t acc_offset = x_floats + static_cast<size_t>(s.o * s.oh * s.ow * kLanes);
   const size_t per_thread = acc_offset + static_cast<size_t>((weights + s.o) * kLanes);
   float* const base = thread_scratch(per_thread * nthreads);
-#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
-  {
-    const int i = omp_get_thread_num();
-    float* xl = base + per_thread * i;
+  for_each_part(blocks, nthreads, [&](int part, int64_t first, int64_t last) {
+    float* xl = base + per_thread * static_cast<size_t>(part);
     float* dyl = xl + x_floats;
     float* acc = xl + acc_offset;
     std::fill(xl, xl + per_thread, 0.0f);
-    for (int64_t b = split(blocks, i, nthreads); b < split(blocks, i + 1, nthreads); ++b) {
+    for (int64_t b = first; b < last; ++b) {
       to_lanes(x, s.n, b * kLanes, s.c, PlaneRows::all(s.h, s.w),
                {s.h + 2 * s.pad_h, s.w + 2 * s.pad_w, s.pad_h, s.pad_w}, xl);
       to_lanes(dy, s.n, b * kLanes, s.o, PlaneRows::all(s.oh, s.ow), {s.oh, s.ow, 0, 0}, dyl);
       weight_grad_block(s, xl, dyl, acc);
       bias_grad_block(s, dyl, acc + weights * kLanes);
     }
-  }
+  });
   // acc holds [o][c][kh][kw], the layout of dw, then [o] for db.
   reduce_weight_grads(base, per_thread, nthreads, acc_offset, weights, s.o, dw, db, accumulate);
 }

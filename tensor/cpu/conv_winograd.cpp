@@ -24,8 +24,10 @@
 // Layout: blocks of sixteen images go through the lanes layout of batch_kernels.h
 // (Note [Images in the vector lanes] in conv_lanes.cpp), zero-padded, so the
 // transforms are plain vector additions with one image per lane; the columns of V and
-// M are (tile, lane) pairs. A block goes through in chunks of whole tile rows, about
-// 128 columns at a time: the chunk's input rows are copied in, transformed,
+// M are (tile, lane) pairs. A block goes through in chunks of whole tile rows, as many
+// as fit in 128 columns and at least one (one row of 224 columns at 28x28, of 112 at
+// 14x14; maps narrower than the rule admits take several): the chunk's input rows are
+// copied in, transformed,
 // multiplied and transformed back, and its output rows copied out, so V and M stay in
 // the core's cache and the per-thread buffers hold one chunk (2.5 MB for 64 channels
 // at 28x28; a whole block of images took 8.7 MB and 10 MiB more peak RSS in training).
@@ -42,7 +44,9 @@
 //   32 -> 48 @16         4.5-4.8   3.7-4.2     4.4-5.2   3.8-4.7
 //
 // At 7x7 a fourth of the tiles' area lies outside the map and the win is gone, so
-// winograd_applies() takes maps of at least 14x14 and 32 channels either side.
+// winograd_applies() takes maps of at least 14 pixels each way and 32 channels either
+// side, on AVX-512 cores (where it was measured; cpu_has_avx512()). The kernel itself
+// handles any map; the tests also run narrow ones through it directly.
 // ResNet-18 on 28x28 images, 1 rank, batch 64: 34.4-37.0 img/s before, 38.9-39.6
 // after, +7 to +13 % in three interleaved pairs of scripts/bench-ddp.sh --models
 // resnet18 --nprocs 1 --runs 1 --no-torch --no-sync-bn --bin-dir DIR; peak RSS 426 ->
@@ -52,7 +56,10 @@
 // the relative RMS error measured 2.6e-7 / 3.6e-7 (64 / 128 channels) against oneDNN's
 // 2.1e-7 / 2.2e-7, the largest error 1.6e-5 / 2.2e-5 against 1.4e-5 / 1.4e-5; the
 // tests hold it to the tolerance of every other convolution path. Each image's result
-// depends only on that image (not on its lane, the batch or the thread count).
+// depends only on that image (not on its lane, the batch or the thread count): run()
+// keeps oneDNN's sgemm on one thread (SequentialSgemm), which outside an active
+// parallel region, with a batch of at most sixteen, could otherwise take all threads
+// and split its sums differently.
 #include "tensor/cpu/conv_winograd.h"
 
 #include <omp.h>
@@ -69,7 +76,23 @@ namespace {
 constexpr int64_t kPositions = 16;      // 4x4 transformed tile
 constexpr int64_t kTargetColumns = 128;  // (tile, lane) columns per chunk
 constexpr int64_t kMinChannels = 32;
-constexpr int64_t kMinPixels = 14 * 14;
+constexpr int64_t kMinSide = 14;
+
+// Sets the calling thread's OpenMP thread count to one for its lifetime. Parallel
+// regions that ask for a number of threads (for_each_part) still get them, but oneDNN's
+// sgemm, which sizes itself by omp_get_max_threads() when called outside an active
+// region, runs on one thread; so do calls inside the region's threads, which inherit
+// the setting.
+class SequentialSgemm {
+ public:
+  SequentialSgemm() : before_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~SequentialSgemm() { omp_set_num_threads(before_); }
+  SequentialSgemm(const SequentialSgemm&) = delete;
+  SequentialSgemm& operator=(const SequentialSgemm&) = delete;
+
+ private:
+  int before_;
+};
 
 // U[xi][co][ci] = G g G^T for g the kernel from input channel ci to output channel co.
 // Forward: g = w[co][ci]. Backward-data (input channels = the convolution's outputs):
@@ -184,7 +207,7 @@ MTRAIN_CLONES void output_transform(const Geometry& g, const float* m, int64_t n
 // transformed back, and its output rows copied out, so the per-thread buffers hold one
 // chunk, not a whole block of images.
 void run(const float* in, int64_t n, const float* u, const float* bias, float* out, const Geometry& g) {
-  const int64_t blocks = (n + kLanes - 1) / kLanes;
+  const int64_t blocks = blocks_of(n);
   const int nthreads = threads_for(blocks);
   const size_t xl_floats = static_cast<size_t>(g.cin * g.in_rows() * g.row * kLanes);
   const size_t yl_floats = static_cast<size_t>(g.cout * 2 * g.chunk_rows * g.w * kLanes);
@@ -194,16 +217,15 @@ void run(const float* in, int64_t n, const float* u, const float* bias, float* o
   float* const base = thread_scratch(per_thread * nthreads);
   const size_t plane = static_cast<size_t>(g.in_rows() * g.row * kLanes);
   const size_t line = static_cast<size_t>(g.row * kLanes);
-#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
-  {
-    const int i = omp_get_thread_num();
-    float* xl = base + per_thread * i;
+  const SequentialSgemm sequential;
+  for_each_part(blocks, nthreads, [&](int part, int64_t first_block, int64_t last_block) {
+    float* xl = base + per_thread * static_cast<size_t>(part);
     float* yl = xl + xl_floats;
     float* v = yl + yl_floats;
     float* m = v + v_floats;
     // The left and right padding columns (and the extra one of an odd width) stay zero.
     std::fill(xl, xl + xl_floats, 0.0f);
-    for (int64_t b = split(blocks, i, nthreads); b < split(blocks, i + 1, nthreads); ++b) {
+    for (int64_t b = first_block; b < last_block; ++b) {
       for (int64_t r0 = 0; r0 < g.th; r0 += g.chunk_rows) {
         const int64_t rows = std::min(g.chunk_rows, g.th - r0);
         const int64_t cols = rows * g.tw * kLanes;
@@ -228,7 +250,7 @@ void run(const float* in, int64_t n, const float* u, const float* bias, float* o
         from_lanes(yl, n, b * kLanes, g.cout, {g.h, g.w, 2 * r0, out_rows}, out);
       }
     }
-  }
+  });
 }
 
 // Forward (y from x) or backward-data (dx from dy) of the convolution with weights w.
@@ -246,7 +268,7 @@ void convolve(const float* in, const float* w, const float* bias, float* out, co
 
 bool winograd_applies(const ConvGeometry& s) {
   return s.kh == 3 && s.kw == 3 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 1 && s.pad_w == 1 &&
-         s.c >= kMinChannels && s.o >= kMinChannels && s.h * s.w >= kMinPixels;
+         s.c >= kMinChannels && s.o >= kMinChannels && s.h >= kMinSide && s.w >= kMinSide && cpu_has_avx512();
 }
 
 void winograd_conv_forward(const float* x, const float* w, const float* b, float* y,

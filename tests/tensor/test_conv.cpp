@@ -3,8 +3,14 @@
 // primitive cache's steady state.
 #include <catch2/catch.hpp>
 
+#include <omp.h>
+
 #include "core/error.h"
+#include "tensor/cpu/batch_kernels.h"
+#include "tensor/cpu/conv_geometry.h"
 #include "tensor/cpu/conv_layout.h"
+#include "tensor/cpu/conv_lanes.h"
+#include "tensor/cpu/conv_winograd.h"
 #include "tensor/ops.h"
 #include "tests/tensor/reference.h"
 
@@ -179,8 +185,9 @@ TEST_CASE("single-channel convolutions take the direct kernels and match the ref
   // Auto sends one-input-channel, <= 8-output, stride-1 convolutions forward to the
   // direct kernel (Note [Single-channel convolution]) and their weight gradient to the
   // kernels with images in the vector lanes (Note [Images in the vector lanes]): no
-  // oneDNN primitive is created for either. Shapes cover every output-channel and kernel-width
-  // instantiation, rows narrower than, equal to and wider than one 16-float tile,
+  // oneDNN primitive is created for either (on AVX-512 cores, where the rules apply).
+  // Shapes cover 1 to 8 output channels and kernels 1 to 7 wide, rows narrower than,
+  // equal to and wider than one 16-float tile,
   // padding wider than the kernel, and 1 to 3 threads splitting an odd batch.
   struct Case {
     Shape x, w;
@@ -207,7 +214,7 @@ TEST_CASE("single-channel convolutions take the direct kernels and match the ref
     require_close(conv(x, w, Tensor(), p), testing::conv2d_ref(x, w, Tensor(), p), 1e-4, 1e-4);
 
     check_weight_gradients(x, w, random_tensor(y.shape(), seed++), p);
-    CHECK(ops::cpu::conv_primitives_created() == created);
+    if (ops::cpu::cpu_has_avx512()) CHECK(ops::cpu::conv_primitives_created() == created);
   }
 }
 
@@ -216,8 +223,9 @@ TEST_CASE("gradients of few-channel convolutions run with images in the vector l
   // Auto computes the input gradient of stride-1 convolutions with 2-8 input and at
   // most 32 output channels with sixteen images per vector, and their weight gradient
   // too for kernels 5-7 wide (Note [Images in the vector lanes]): no oneDNN primitive
-  // is created for those. Batches with a partial last block of sixteen, every input
-  // channel count and kernel width, output passes of near-equal size, padding wider
+  // is created for those (on AVX-512 cores). Batches with a partial last block of
+  // sixteen, 2 to 8 input channels, kernels 1 to 7 wide, output passes of near-equal
+  // size, padding wider
   // than the kernel's reach (outputs no tap of some inputs touches), 1 to 3 threads.
   struct Case {
     Shape x, w;
@@ -229,7 +237,7 @@ TEST_CASE("gradients of few-channel convolutions run with images in the vector l
       {{16, 8, 6, 5}, {7, 8, 4, 2}, 2, 0},     {{5, 4, 7, 7}, {32, 4, 3, 5}, 1, 2},
       {{2, 4, 3, 3}, {3, 4, 3, 3}, 3, 3},      {{3, 5, 8, 8}, {7, 5, 6, 6}, 0, 0},
       {{4, 7, 5, 5}, {5, 7, 1, 1}, 0, 0},      {{18, 3, 4, 6}, {2, 3, 2, 5}, 1, 2},
-      {{2, 7, 5, 5}, {9, 7, 5, 5}, 4, 4},
+      {{2, 7, 5, 5}, {9, 7, 5, 5}, 4, 4},      {{3, 2, 6, 9}, {4, 2, 3, 4}, 1, 1},
   };
   const int threads = GENERATE(1, 2, 3);
   const ThreadsScope scope(threads);
@@ -245,10 +253,10 @@ TEST_CASE("gradients of few-channel convolutions run with images in the vector l
     Tensor dx = Tensor::full(x.shape(), 7.0f);  // overwritten, whatever it held
     ops::conv2d_backward_data(dy, w, dx, p);
     require_close(dx, testing::conv2d_backward_ref(x, w, dy, p).dx, 1e-4, 1e-4);
-    CHECK(ops::cpu::conv_primitives_created() == created);
+    if (ops::cpu::cpu_has_avx512()) CHECK(ops::cpu::conv_primitives_created() == created);
     if (c.w[3] >= 5) {
       check_weight_gradients(x, w, dy, p);
-      CHECK(ops::cpu::conv_primitives_created() == created);
+      if (ops::cpu::cpu_has_avx512()) CHECK(ops::cpu::conv_primitives_created() == created);
     }
   }
 }
@@ -256,26 +264,33 @@ TEST_CASE("gradients of few-channel convolutions run with images in the vector l
 TEST_CASE("3x3 convolutions with many channels run as Winograd F(2x2, 3x3) and match the "
           "reference", "[conv]") {
   // Auto computes forward and backward-data of stride-1, padding-1 3x3 convolutions with
-  // at least 32 input and output channels on maps of 14x14 or more as Winograd F(2x2, 3x3)
-  // (Note [Winograd convolution]): no oneDNN primitive is created for them. Odd and even
-  // map sides (a last tile row or column half outside the map), non-square maps, chunks
-  // of one and two tile rows, more output than input channels and the reverse, a
-  // partial last block of sixteen images, bias or not, 1 to 3 threads.
+  // at least 32 input and output channels on maps of at least 14x14 as Winograd
+  // F(2x2, 3x3) (Note [Winograd convolution]): no oneDNN primitive is created for them
+  // on AVX-512 cores. Odd and even map sides (a last tile row or column half outside the
+  // map), non-square maps, more output than input channels and the reverse, a partial
+  // last block of sixteen images, bias or not, 1 to 3 threads. The kernel handles maps
+  // the rule leaves to oneDNN too; those run through it directly: several tile rows per
+  // chunk with a last chunk of one, a single row, a single column.
   struct Case {
     Shape x, w;
     bool bias;
   };
-  const std::vector<Case> cases = {
+  const std::vector<Case> chosen = {
       {{17, 32, 15, 15}, {32, 32, 3, 3}, true},  {{3, 32, 14, 14}, {48, 32, 3, 3}, false},
-      {{2, 40, 17, 12}, {32, 40, 3, 3}, true},   {{1, 33, 14, 21}, {35, 33, 3, 3}, false},
+      {{2, 40, 17, 14}, {32, 40, 3, 3}, true},   {{1, 33, 14, 21}, {35, 33, 3, 3}, false},
+  };
+  const std::vector<Case> direct = {
       {{2, 32, 25, 8}, {32, 32, 3, 3}, true},  // two tile rows per chunk, a last chunk of one
+      {{3, 32, 1, 20}, {33, 32, 3, 3}, false},
+      {{2, 34, 9, 1}, {32, 34, 3, 3}, true},
+      {{18, 32, 5, 6}, {32, 32, 3, 3}, false},
   };
   const int threads = GENERATE(1, 2, 3);
   const ThreadsScope scope(threads);
+  const Conv2dParams p{1, 1, 1, 1};
   uint32_t seed = 400;
-  for (const Case& c : cases) {
+  for (const Case& c : chosen) {
     INFO(describe(c.x, c.w, 1, 1, threads));
-    const Conv2dParams p{1, 1, 1, 1};
     const Tensor x = random_tensor(c.x, seed++);
     const Tensor w = random_tensor(c.w, seed++);
     const Tensor b = c.bias ? random_tensor({c.w[0]}, seed++) : Tensor();
@@ -286,8 +301,111 @@ TEST_CASE("3x3 convolutions with many channels run as Winograd F(2x2, 3x3) and m
     Tensor dx = Tensor::full(x.shape(), 7.0f);  // overwritten, whatever it held
     ops::conv2d_backward_data(dy, w, dx, p);
     require_close(dx, testing::conv2d_backward_ref(x, w, dy, p).dx, 1e-4, 1e-4);
-    CHECK(ops::cpu::conv_primitives_created() == created);
+    if (ops::cpu::cpu_has_avx512()) CHECK(ops::cpu::conv_primitives_created() == created);
   }
+  for (const Case& c : direct) {
+    INFO(describe(c.x, c.w, 1, 1, threads) << ", through the kernel directly");
+    const Tensor x = random_tensor(c.x, seed++);
+    const Tensor w = random_tensor(c.w, seed++);
+    const Tensor b = c.bias ? random_tensor({c.w[0]}, seed++) : Tensor();
+    const ops::cpu::ConvGeometry g{c.x[0], c.x[1], c.x[2], c.x[3], c.w[0], 3, 3, c.x[2], c.x[3], 1, 1, 1, 1};
+    Tensor y = Tensor::full({c.x[0], c.w[0], c.x[2], c.x[3]}, 7.0f);
+    ops::cpu::winograd_conv_forward(x.data<float>(), w.data<float>(), c.bias ? b.data<float>() : nullptr,
+                                    y.data<float>(), g);
+    require_close(y, testing::conv2d_ref(x, w, b, p), 1e-4, 1e-4);
+    const Tensor dy = random_tensor(y.shape(), seed++);
+    Tensor dx = Tensor::full(x.shape(), 7.0f);
+    ops::cpu::winograd_conv_backward_data(dy.data<float>(), w.data<float>(), dx.data<float>(), g);
+    require_close(dx, testing::conv2d_backward_ref(x, w, dy, p).dx, 1e-4, 1e-4);
+  }
+}
+
+TEST_CASE("an image's Winograd result depends on nothing but the image", "[conv]") {
+  // Note [Winograd convolution]: not on its lane, the batch size or the thread count,
+  // bit for bit (image 0 alone, and first of 17 images, which makes two blocks of
+  // sixteen, on 1, 2 and 3 threads).
+  const Conv2dParams p{1, 1, 1, 1};
+  const Tensor x = random_tensor({17, 64, 14, 14}, 500);
+  const Tensor w = random_tensor({64, 64, 3, 3}, 501);
+  const Tensor x0 = x.narrow0(0, 1).clone();
+  Tensor alone;
+  {
+    const ThreadsScope scope(1);
+    alone = conv(x0, w, Tensor(), p);
+  }
+  for (int threads : {1, 2, 3}) {
+    INFO(threads << " threads");
+    const ThreadsScope scope(threads);
+    CHECK(conv(x0, w, Tensor(), p).to_vector<float>() == alone.to_vector<float>());
+    CHECK(conv(x, w, Tensor(), p).narrow0(0, 1).to_vector<float>() == alone.to_vector<float>());
+  }
+}
+
+TEST_CASE("the own kernels process every image when OpenMP runs fewer threads than asked", "[conv]") {
+  // Inside another parallel region (nesting off) OpenMP runs an inner region on a team
+  // of one, however many threads it asks for. The kernels split their work into as
+  // many parts as they asked threads for, and the team runs all of them
+  // (for_each_part in tensor/cpu/batch_kernels.h): direct forward, lanes
+  // backward-data and backward-weights, Winograd forward and backward-data, each on
+  // 40 images (three blocks of sixteen). Only passes that run on the own kernels are
+  // called: oneDNN's primitives spin forever in such a region (a backward-weights
+  // primitive waits at its own barrier for threads the team does not have).
+  struct Case {
+    Shape x, w;
+    int pad;
+    bool forward, data, weights;
+  };
+  const std::vector<Case> cases = {
+      {{40, 1, 12, 12}, {6, 1, 5, 5}, 2, true, false, true},      // direct forward, lanes weights
+      {{40, 6, 10, 10}, {16, 6, 5, 5}, 0, false, true, true},     // lanes backward-data and weights
+      {{40, 32, 14, 14}, {32, 32, 3, 3}, 1, true, true, false},  // Winograd
+  };
+  if (!ops::cpu::cpu_has_avx512()) {
+    WARN("no AVX-512: these shapes go to oneDNN, which cannot run in such a region; nothing to check");
+    return;
+  }
+  const ThreadsScope scope(4);
+  const int levels = omp_get_max_active_levels();
+  omp_set_max_active_levels(1);
+  uint32_t seed = 600;
+  for (const Case& c : cases) {
+    INFO(describe(c.x, c.w, c.pad, c.pad, 4) << " inside a parallel region of two threads");
+    const Conv2dParams p{1, 1, c.pad, c.pad};
+    const Tensor x = random_tensor(c.x, seed++);
+    const Tensor w = random_tensor(c.w, seed++);
+    const auto ref_y = testing::conv2d_ref(x, w, Tensor(), p);
+    const Shape y_shape{c.x[0], c.w[0], ops::conv_out_size(c.x[2], c.w[2], 1, c.pad),
+                        ops::conv_out_size(c.x[3], c.w[3], 1, c.pad)};
+    const Tensor dy = random_tensor(y_shape, seed++);
+    const auto ref = testing::conv2d_backward_ref(x, w, dy, p);
+    Tensor y = Tensor::full(y_shape, 7.0f);
+    Tensor dx = Tensor::full(x.shape(), 7.0f);
+    Tensor dw = Tensor::full(w.shape(), 7.0f);
+    Tensor no_bias;
+    const long created = ops::cpu::conv_primitives_created();
+#pragma omp parallel num_threads(2)
+    if (omp_get_thread_num() == 0) {
+      if (c.forward) ops::conv2d_forward(x, w, Tensor(), y, p);
+      if (c.data) ops::conv2d_backward_data(dy, w, dx, p);
+      if (c.weights) ops::conv2d_backward_weights(x, dy, dw, no_bias, p, /*accumulate=*/false);
+    }
+    CHECK(ops::cpu::conv_primitives_created() == created);
+    if (c.forward) require_close(y, ref_y, 1e-4, 1e-4);
+    if (c.data) require_close(dx, ref.dx, 1e-4, 1e-4);
+    if (c.weights) require_close(dw, ref.dw, 1e-4, 1e-4);
+  }
+  omp_set_max_active_levels(levels);
+}
+
+TEST_CASE("the few-channel kernels' rule bounds the padded map", "[conv]") {
+  // Note [Images in the vector lanes]: the per-thread buffers grow with the padded map,
+  // so padding that takes it past 48x48 goes to oneDNN.
+  auto geometry = [](int64_t pad) {
+    const int64_t out = 8 + 2 * pad - 3 + 1;
+    return ops::cpu::ConvGeometry{16, 4, 8, 8, 8, 3, 3, out, out, 1, 1, pad, pad};
+  };
+  CHECK(ops::cpu::lanes_backward_data_applies(geometry(20)) == ops::cpu::cpu_has_avx512());
+  CHECK_FALSE(ops::cpu::lanes_backward_data_applies(geometry(21)));
 }
 
 TEST_CASE("weight gradients over few output positions are one GEMM and match the reference",
