@@ -49,6 +49,10 @@ class GradientSynchronizer {
   virtual void attach(models::Module& model) = 0;
   // Called right before each backward.
   virtual void before_backward(const MicroBatchInfo& micro_batch) = 0;
+  // After before_backward: the factor the loop multiplies the loss gradient by before
+  // this backward (Note [Reducer gradient weighting] in reducer.h); 1 unless ranks
+  // hold different numbers of samples.
+  virtual float loss_gradient_scale() const { return 1.0f; }
   // Called right after each backward; on return every gradient is final.
   virtual void after_backward() = 0;
   // One line for logs.

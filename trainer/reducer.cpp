@@ -133,14 +133,19 @@ void Reducer::before_backward(const MicroBatchInfo& micro_batch) {
   stop_vote_work_ = control_->allreduce(stop_vote_, ReduceOp::Max);
   const int world = group_->size();
   scale_ = 1.0f / static_cast<float>(world);
+  loss_scale_ = 1.0f;
   if (options_.weight_by_sample_count) {
+    // Note [Reducer gradient weighting]
     Tensor count = Tensor::from_vector<int64_t>({micro_batch.samples}, {1});
     control_->allreduce(count, ReduceOp::Sum)->wait();
     const int64_t total = count.data<int64_t>()[0];
     if (total <= 0) {
       throw InvalidArgument(fmt::format("every rank's micro-batch is empty (total 0 samples) at this step"));
     }
-    scale_ = static_cast<float>(static_cast<double>(micro_batch.samples) / static_cast<double>(total));
+    loss_scale_ = static_cast<float>(static_cast<double>(world) * static_cast<double>(micro_batch.samples) /
+                                     static_cast<double>(total));
+    // An empty rank runs no backward; its buckets (zeros) go out with weight 0.
+    if (micro_batch.samples == 0) scale_ = 0.0f;
   }
 }
 

@@ -26,11 +26,18 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Each rank's gradient is the mean over its own micro-batch. Pre-scaling by 1/W and
 // summing gives the mean over all ranks' samples when every rank has the same count
-// (PyTorch's DDP divides the same way). With uneven per-rank counts (--global-batch-
-// size) the reducer first all-reduces the counts (8 bytes) and scales by
-// count_r / total, so the sum is the mean over the global batch: exactly the
-// single-process gradient. Pre-scaling (rather than dividing after the sum) keeps the
-// values in range and costs nothing extra: the copy into the bucket does it.
+// (PyTorch's DDP divides the same way). Pre-scaling (rather than dividing after the
+// sum) keeps the values in range and costs nothing extra: the launch does it in place.
+//
+// With uneven per-rank counts (--global-batch-size) the reducer first all-reduces the
+// counts (8 bytes) and asks the loop to scale the loss gradient by W * count_r / total
+// (loss_gradient_scale()). Every rank's loss gradient is then W times the gradient of
+// the global mean loss, the same scale everywhere, and the 1/W pre-scale and the sum
+// give exactly the single-process gradient. Scaling the buckets by count_r / total
+// instead gives the same parameter gradients of layers that only see their own rank's
+// samples, but not through SyncBatchNorm: its backward sums dy over the ranks before
+// any bucket exists, and a rank with 2 of 10 images would weigh its dy 2x in those sums
+// (tested: resnet18 --sync-bn on 3 ranks with shares 4, 4, 2 against one rank).
 //
 // Note [Gradients are views into the buckets]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -137,6 +144,7 @@ class Reducer final : public GradientSynchronizer {
   // Builds the buckets and verifies the layout on every rank (a collective).
   void attach(models::Module& model) override;
   void before_backward(const MicroBatchInfo& micro_batch) override;
+  float loss_gradient_scale() const override { return loss_scale_; }
   void after_backward() override;
   std::string describe() const override;
   int64_t agreed_stop_vote() const override { return agreed_stop_vote_; }
@@ -175,6 +183,7 @@ class Reducer final : public GradientSynchronizer {
   bool sync_ = true;
   bool empty_micro_batch_ = false;  // no backward runs: every gradient is final as is
   float scale_ = 1.0f;
+  float loss_scale_ = 1.0f;  // loss_gradient_scale() of the current micro-batch
   bool first_launch_seen_ = false;
   Clock::time_point first_launch_;
   ReducerStepStats last_step_;

@@ -160,6 +160,7 @@ TrainResult TrainLoop::run() {
         Tensor dlogits = loss_fn.backward();
         if (accum > 1) ops::scale_(dlogits, 1.0f / static_cast<float>(accum));
         sync_.before_backward(info);
+        if (const float k = sync_.loss_gradient_scale(); k != 1.0f) ops::scale_(dlogits, k);
         model_.backward(dlogits);
         sync_.after_backward();
         s.images += r.count;

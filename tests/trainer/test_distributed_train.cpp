@@ -252,6 +252,24 @@ TEST_CASE("resnet18: one step at lr 0.01 of 2 ranks x batch 4 with --sync-bn equ
   CHECK(without_sync > 10 * kTolerance);
 }
 
+TEST_CASE("resnet18 with --sync-bn: 3 ranks with uneven shares of --global-batch-size 10 equal 1 rank",
+          "[multiproc]") {
+  // Shares 4, 4 and 2 (torch.chunk). SyncBatchNorm's backward sums dy over the ranks,
+  // so every rank's loss gradient must carry the same scale (Note [Reducer gradient
+  // weighting] in trainer/reducer.h); weighting the buckets instead puts the
+  // 2-image rank's dy twice into those sums and misses by 3e-3.
+  TempDir dir;
+  const std::vector<std::string> base = {"--model", "resnet18", "--dataset", "synthetic", "--max-steps", "1",
+                                         "--lr", "0.01", "--no-eval", "--global-batch-size", "10"};
+  const auto three = dir.file("three.safetensors");
+  const auto one = dir.file("one.safetensors");
+  require_success(launch(3, concat(base, {"--sync-bn", "--save-final", three})));
+  require_success(launch(1, concat(base, {"--save-final", one})));
+  const double difference = max_abs_difference(three, one);
+  INFO("3 ranks with --sync-bn vs 1 rank: " << difference);
+  CHECK(difference <= kTolerance);  // Note [Equivalence tolerance]
+}
+
 namespace {
 
 // Runs 2 ranks through a worker wrapper that appends `rank1_extra` to rank 1's command
