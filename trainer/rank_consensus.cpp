@@ -114,12 +114,14 @@ void broadcast_flat(ProcessGroup& group, const std::vector<NamedTensor>& tensors
   }
 }
 
-}  // namespace
-
-void broadcast_module_state(ProcessGroup& group, models::Module& model) {
+// Broadcasts the parameters (with_parameters) and the buffers of `model` from rank 0,
+// one collective per dtype.
+void broadcast_from_rank0(ProcessGroup& group, models::Module& model, bool with_parameters) {
   std::vector<NamedTensor> floats;
   std::vector<NamedTensor> ints;
-  for (auto& p : model.parameters()) floats.emplace_back(p.name, &p.param->value);
+  if (with_parameters) {
+    for (auto& p : model.parameters()) floats.emplace_back(p.name, &p.param->value);
+  }
   for (auto& b : model.buffers()) {
     if (b.buffer->dtype() == DType::Float32) {
       floats.emplace_back(b.name, b.buffer);
@@ -132,6 +134,16 @@ void broadcast_module_state(ProcessGroup& group, models::Module& model) {
   }
   broadcast_flat(group, floats, DType::Float32);
   broadcast_flat(group, ints, DType::Int64);
+}
+
+}  // namespace
+
+void broadcast_module_state(ProcessGroup& group, models::Module& model) {
+  broadcast_from_rank0(group, model, /*with_parameters=*/true);
+}
+
+void broadcast_module_buffers(ProcessGroup& group, models::Module& model) {
+  broadcast_from_rank0(group, model, /*with_parameters=*/false);
 }
 
 }  // namespace mtrain

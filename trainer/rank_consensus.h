@@ -46,4 +46,8 @@ uint64_t hash_parameters(models::Module& model);
 // for a model on a GPU (Note [Control-plane collectives] in training_groups.h).
 void broadcast_module_state(ProcessGroup& group, models::Module& model);
 
+// The buffers alone (BatchNorm's running statistics): DDP's broadcast_buffers (Note
+// [Buffers follow rank 0] in train_loop.h).
+void broadcast_module_buffers(ProcessGroup& group, models::Module& model);
+
 }  // namespace mtrain

@@ -470,6 +470,11 @@ int run_train_command(const TrainOptions& o) {
         s.images = sum.count;
       };
       config.hooks.combine_eval = [&g](const EvalResult& local) { return allreduce_eval(g, local); };
+      if (!o.sync_bn && !m.buffers().empty()) {
+        // Note [Buffers follow rank 0] (train_loop.h); the model's device tensors travel
+        // on the gradient group, as at start-up.
+        config.hooks.sync_buffers = [gradients = group, &m] { broadcast_module_buffers(*gradients, m); };
+      }
       const bool sync_bn = o.sync_bn;
       config.hooks.extend_metrics = [reducer, &m, sync_bn](nlohmann::json& event) {
         const ReducerStepStats& last = reducer->last_step();

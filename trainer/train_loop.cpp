@@ -143,6 +143,8 @@ TrainResult TrainLoop::run() {
         }
       }
       MicroBatchInfo info{batch->size(), last_of_step};
+      // Note [Buffers follow rank 0]: every rank, its micro-batch empty or not.
+      if (last_of_step && config_.hooks.sync_buffers) config_.hooks.sync_buffers();
       if (last_of_step && config_.hooks.stop_vote) info.stop_vote = config_.hooks.stop_vote();
       if (batch->size() == 0) {
         // An empty shard (see Note [Gradients are views into the buckets] in reducer.h): nothing
@@ -230,6 +232,7 @@ TrainResult TrainLoop::run() {
 
     if (test_loader_ != nullptr) {
       const auto eval_start = Clock::now();
+      if (config_.hooks.sync_buffers) config_.hooks.sync_buffers();  // Note [Buffers follow rank 0]
       s.test = evaluate(model_, *test_loader_, config_.device);
       if (config_.hooks.combine_eval) s.test = config_.hooks.combine_eval(*s.test);
       s.eval_seconds = seconds_since(eval_start);

@@ -48,7 +48,22 @@ struct TrainLoopHooks {
   // Saves the run at `position` (a collective in a distributed run: every rank calls
   // it at the same step). Unset: no checkpoints.
   std::function<void(const TrainPosition& position, CheckpointReason reason)> checkpoint;
+  // Overwrites this rank's buffers with rank 0's (Note [Buffers follow rank 0]); called
+  // by every rank at the same points. Unset: buffers stay as each rank computes them.
+  std::function<void()> sync_buffers;
 };
+
+// Note [Buffers follow rank 0]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Without SyncBatchNorm each rank updates BatchNorm's running statistics from its own
+// batches, so the replicas' buffers drift apart while their parameters stay equal. As
+// PyTorch's DDP with broadcast_buffers=True, rank 0's buffers are broadcast to every
+// rank before the forward of each micro-batch whose gradients are synchronized (with
+// --grad-accum K, the K-th), and, beyond DDP, once more before the distributed
+// evaluation, so every rank scores its share of the test set with the model rank 0
+// saves (--save-final, checkpoints) and the printed accuracy is that model's. With
+// --sync-bn the buffers are equal on every rank already and nothing is sent. One
+// collective of the buffers' size per step: 38 KiB for resnet18.
 
 // Note [Resuming mid-epoch]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -270,6 +270,26 @@ TEST_CASE("resnet18 with --sync-bn: 3 ranks with uneven shares of --global-batch
   CHECK(difference <= kTolerance);  // Note [Equivalence tolerance]
 }
 
+TEST_CASE("without --sync-bn, 2 ranks evaluate the model rank 0 saves (buffers follow rank 0)", "[multiproc]") {
+  // Note [Buffers follow rank 0] in trainer/train_loop.h. Each rank's BatchNorm
+  // statistics come from its own batches; evaluated with its own, rank 1's half of the
+  // test set scored another model than the saved one (test loss 137.92 against 137.63).
+  TempDir dir;
+  const auto saved = dir.file("saved.safetensors");
+  const auto trained = dir.file("trained.jsonl");
+  const auto reloaded = dir.file("reloaded.jsonl");
+  require_success(launch(2, {"--model", "resnet18", "--dataset", "synthetic", "--max-steps", "3", "--batch-size",
+                             "8", "--save-final", saved, "--metrics", trained}));
+  require_success(launch(1, {"--model", "resnet18", "--dataset", "synthetic", "--init-from", saved, "--max-steps",
+                             "0", "--metrics", reloaded}));
+  const auto epochs = read_events(trained, "epoch");
+  const auto evals = read_events(reloaded, "eval");
+  REQUIRE(epochs.size() == 1);
+  REQUIRE(evals.size() == 1);
+  CHECK(evals[0]["test_acc"] == epochs[0]["test_acc"]);
+  CHECK(evals[0]["test_loss"].get<double>() == Approx(epochs[0]["test_loss"].get<double>()).epsilon(1e-6));
+}
+
 namespace {
 
 // Runs 2 ranks through a worker wrapper that appends `rank1_extra` to rank 1's command
