@@ -32,10 +32,11 @@
 // split_global_batch (torch.chunk-like: ceil(G/W) per rank until G runs out). The last
 // partial global batch is dropped with drop_last, else split the same way by its own
 // size. Chunks are contiguous, so concatenating the ranks' chunks of step s in rank order
-// gives exactly the single-process batch s. A rank's chunk may be empty (G < W, or a
-// small last batch); it still takes the step with a 0-row batch so the collectives match,
-// which is why batch_sizes() lists every step and the DataLoader is driven with it
-// (DataLoaderOptions::batch_sizes).
+// gives exactly the single-process batch s. A rank's chunk may be empty whenever
+// torch.chunk runs out before the last rank (G < W; G = 5 on W = 4 gives 2, 2, 1, 0 at
+// every step; a small last batch); it still takes the step with a 0-row batch so the
+// collectives match, which is why batch_sizes() lists every step and the DataLoader is
+// driven with it (DataLoaderOptions::batch_sizes).
 #pragma once
 
 #include <cstdint>

@@ -63,8 +63,9 @@ class SyncBatchNorm : public BatchNorm2d {
   const std::shared_ptr<ProcessGroup>& group() const { return group_; }
   // Seconds this rank has spent blocked in the layer's collectives (the forward
   // all-gather and the backward all-reduce) since construction: waiting for the other
-  // ranks to reach the layer, plus the transfer. Host time: an NCCL group's wait()
-  // returns once the work is ordered on the stream, so on a GPU it stays near zero.
+  // ranks to reach the layer, plus the transfer. Host time; on a GPU too, where the
+  // layer waits on the host for both collectives (an NCCL Work's wait() polls until the
+  // operation has completed), so the host stalls twice per layer.
   double wait_seconds() const { return wait_seconds_; }
 
  protected:

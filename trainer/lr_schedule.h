@@ -12,7 +12,8 @@
 // that many epochs (measured in fractional epochs, so the ramp is smooth per step).
 // After warm-up: constant; step = x0.1 at 50% and 75% of the run (the ImageNet ResNet
 // recipe's 30/60/80 shape, shortened); cosine = 0.5 * (1 + cos(pi * progress)) over the
-// post-warm-up part of the run, reaching 0 at the last step.
+// post-warm-up part of the run, reaching 0 at its end (the rate of a step is set from
+// the progress before it, so the last step still runs at a small rate, as PyTorch's).
 #pragma once
 
 #include <string>

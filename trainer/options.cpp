@@ -113,6 +113,12 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
   if (o.global_batch_size && *o.global_batch_size < 1) {
     throw InvalidArgument(fmt::format("--global-batch-size: expected an integer >= 1, found {}", *o.global_batch_size));
   }
+  if (o.global_batch_size && o.lr_scaling == "linear") {
+    throw InvalidArgument(
+        "--lr-scaling linear multiplies --lr by the world size because a per-rank --batch-size grows the global "
+        "batch with it; --global-batch-size fixes the global batch, so there is nothing to scale (give --lr for "
+        "that batch)");
+  }
   if (o.global_batch_size && o.grad_accum > 1) {
     // The sample weighting is per micro-batch (Note [Reducer gradient weighting]);
     // accumulated micro-batches of different sizes would need per-micro-batch weights.
@@ -155,7 +161,7 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   spec.add_options("Training")
     ("epochs", "passes over the training set", cxxopts::value<std::string>()->default_value(std::to_string(d.epochs)))
     ("max-steps", "stop after this many optimizer steps in total (default: no limit; 0 trains nothing, so --save-final writes the initial weights)", cxxopts::value<std::string>())
-    ("batch-size", "images per optimizer step", cxxopts::value<std::string>()->default_value(std::to_string(d.batch_size)))
+    ("batch-size", "images per rank per micro-batch (x world size x --grad-accum per optimizer step)", cxxopts::value<std::string>()->default_value(std::to_string(d.batch_size)))
     ("lr", "learning rate", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.lr)))
     ("momentum", "SGD momentum, in [0, 1)", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.momentum)))
     ("weight-decay", "L2 penalty added to the gradient (torch.optim.SGD weight_decay)", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.weight_decay)))
@@ -173,7 +179,7 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
     ("grad-accum", "micro-batches per optimizer step; gradients are exchanged on the last only", cxxopts::value<std::string>()->default_value(std::to_string(d.grad_accum)))
     ("check-replicas", "every N optimizer steps verify that every rank holds the same parameters (0 = never)", cxxopts::value<std::string>()->default_value(std::to_string(d.check_replicas)))
     ("sync-bn", "convert every BatchNorm2d to SyncBatchNorm (statistics over the global batch)")
-    ("global-batch-size", "images per optimizer step over all ranks, split as evenly as possible (instead of --batch-size per rank)", cxxopts::value<std::string>())
+    ("global-batch-size", "images per optimizer step over all ranks, split like torch.chunk (instead of --batch-size per rank)", cxxopts::value<std::string>())
     ("timeout", "seconds any collective may take before the run fails", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.timeout_seconds)))
     ("lr-scaling", "none | linear (lr x world size)", cxxopts::value<std::string>()->default_value(d.lr_scaling))
     ("warmup-epochs", "linear warm-up from --lr to the scaled rate over this many epochs", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.warmup_epochs)))

@@ -127,6 +127,10 @@ void Reducer::before_backward(const MicroBatchInfo& micro_batch) {
   empty_micro_batch_ = micro_batch.samples == 0;
   first_launch_seen_ = false;
   last_step_ = ReducerStepStats{};
+  // The count weighting is per micro-batch; accumulated micro-batches would need one
+  // weight each (options.cpp refuses --global-batch-size with --grad-accum > 1).
+  MTRAIN_CHECK(sync_ || !options_.weight_by_sample_count,
+               "the reducer weights gradients by sample count, which needs every micro-batch synchronized");
   if (!sync_) return;
   // Issued first, so it travels ahead of the buckets and is done by the time they are.
   stop_vote_ = Tensor::from_vector<int64_t>({micro_batch.stop_vote}, {1});

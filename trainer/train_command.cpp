@@ -320,6 +320,11 @@ int run_train_command(const TrainOptions& o) {
 
   const int world = env.world_size;
   const double world_scale = o.lr_scaling == "linear" && !o.global_batch_size ? static_cast<double>(world) : 1.0;
+  if (o.warmup_epochs > 0 && world_scale == 1.0) {
+    spdlog::warn("--warmup-epochs {}: the warm-up ramps from --lr to the scaled rate, which is --lr itself here "
+                 "(--lr-scaling {}, {} rank{}), so the rate stays at {} until the schedule starts",
+                 o.warmup_epochs, o.lr_scaling, world, world == 1 ? "" : "s", o.lr);
+  }
   models::SgdOptions sgd;
   sgd.lr = static_cast<float>(o.lr * world_scale);
   sgd.momentum = static_cast<float>(o.momentum);
@@ -376,8 +381,11 @@ int run_train_command(const TrainOptions& o) {
   }
   std::shared_ptr<data::DataLoader> test_loader;
   if (o.eval) {
+    // Per rank, the largest training share (a global batch's first chunk), not G itself.
+    const int64_t eval_batch =
+        o.global_batch_size ? (*o.global_batch_size + world - 1) / world : o.batch_size;
     test_loader = make_loader(test_set, std::make_shared<data::EvalShardSampler>(test_set->size(), env.rank, world),
-                              o.global_batch_size ? *o.global_batch_size : o.batch_size, device.is_cuda());
+                              eval_batch, device.is_cuda());
   }
   spdlog::info("train loader: {}", train_loader->describe());
 

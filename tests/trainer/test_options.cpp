@@ -159,6 +159,7 @@ TEST_CASE("bad values are one clear InvalidArgument naming the flag", "[options]
       {{"--check-replicas", "-1"}, "--check-replicas: expected an integer >= 0, found -1"},
       {{"--global-batch-size", "0"}, "--global-batch-size: expected an integer in [1, 1000000], found 0"},
       {{"--global-batch-size", "30", "--grad-accum", "2"}, "--global-batch-size cannot be combined with --grad-accum"},
+      {{"--global-batch-size", "30", "--lr-scaling", "linear"}, "--global-batch-size fixes the global batch"},
       {{"--timeout", "0"}, "--timeout: expected a number of seconds > 0, found 0"},
       {{"--lr-scaling", "sqrt"}, "--lr-scaling: unknown value 'sqrt' (valid: none, linear)"},
       {{"--warmup-epochs", "-1"}, "--warmup-epochs: expected a number >= 0, found -1"},
