@@ -199,26 +199,42 @@ TEST_CASE("on 2 ranks the gradient buckets hold no more tensor memory than 1 ran
   CHECK(peak_two <= peak_one + 1.0);
 }
 
+namespace {
+
+// The three resnet18 runs the SyncBatchNorm tests compare, each saving its weights:
+// 2 ranks x batch 4 with --sync-bn, the same without, and 1 rank x batch 8. `logged`
+// adds per-step metrics to the two 2-rank runs (sync.jsonl and plain.jsonl in `dir`).
+struct SyncBnRuns {
+  std::string sync, plain, one;
+};
+
+SyncBnRuns run_sync_plain_one(const TempDir& dir, const std::vector<std::string>& base, bool logged) {
+  const SyncBnRuns runs{dir.file("sync.safetensors"), dir.file("plain.safetensors"), dir.file("one.safetensors")};
+  const auto metrics = [&](const std::string& name) {
+    return logged ? std::vector<std::string>{"--metrics", dir.file(name), "--log-every", "1"}
+                  : std::vector<std::string>{};
+  };
+  require_success(launch(2, concat(concat(base, {"--batch-size", "4", "--sync-bn", "--save-final", runs.sync}),
+                                   metrics("sync.jsonl"))));
+  require_success(
+      launch(2, concat(concat(base, {"--batch-size", "4", "--save-final", runs.plain}), metrics("plain.jsonl"))));
+  require_success(launch(1, concat(base, {"--batch-size", "8", "--save-final", runs.one})));
+  return runs;
+}
+
+}  // namespace
+
 TEST_CASE("resnet18: 10 steps of 2 ranks x batch 4 with --sync-bn equal 1 rank x batch 8; without it they do not",
           "[multiproc]") {
   TempDir dir;
-  const std::vector<std::string> base = {"--model", "resnet18", "--dataset", "synthetic", "--max-steps", "10",
-                                         "--lr", "1e-5", "--no-eval"};
   const auto start = dir.file("start.safetensors");
-  const auto sync = dir.file("sync.safetensors");
-  const auto plain = dir.file("plain.safetensors");
-  const auto one = dir.file("one.safetensors");
-  const auto sync_metrics = dir.file("sync.jsonl");
-  const auto plain_metrics = dir.file("plain.jsonl");
   require_success(launch(1, {"--model", "resnet18", "--dataset", "synthetic", "--max-steps", "0", "--no-eval",
                              "--save-final", start}));
-  require_success(launch(2, concat(base, {"--batch-size", "4", "--sync-bn", "--save-final", sync, "--metrics",
-                                          sync_metrics, "--log-every", "1"})));
-  require_success(launch(2, concat(base, {"--batch-size", "4", "--save-final", plain, "--metrics", plain_metrics,
-                                          "--log-every", "1"})));
-  require_success(launch(1, concat(base, {"--batch-size", "8", "--save-final", one})));
-  const auto with_sync = mtrain::testing::compare_training(sync, one, start);
-  const auto without_sync = mtrain::testing::compare_training(plain, one, start);
+  const SyncBnRuns runs = run_sync_plain_one(
+      dir, {"--model", "resnet18", "--dataset", "synthetic", "--max-steps", "10", "--lr", "1e-5", "--no-eval"},
+      /*logged=*/true);
+  const auto with_sync = mtrain::testing::compare_training(runs.sync, runs.one, start);
+  const auto without_sync = mtrain::testing::compare_training(runs.plain, runs.one, start);
   INFO("with --sync-bn: " << with_sync.describe() << "; without: " << without_sync.describe());
   // Note [Equivalence tolerance]
   CHECK(with_sync.update <= kUpdateTolerance);
@@ -228,25 +244,20 @@ TEST_CASE("resnet18: 10 steps of 2 ranks x batch 4 with --sync-bn equal 1 rank x
 
   // Every step event reports the time spent in SyncBatchNorm's collectives (each step
   // waited in 2 x 17 of them); runs without --sync-bn have no such field.
-  const auto sync_steps = read_events(sync_metrics, "step");
+  const auto sync_steps = read_events(dir.file("sync.jsonl"), "step");
   REQUIRE(sync_steps.size() == 10);
   for (const auto& step : sync_steps) CHECK(step["syncbn_wait_sec"].get<double>() > 0.0);
-  for (const auto& step : read_events(plain_metrics, "step")) CHECK_FALSE(step.contains("syncbn_wait_sec"));
+  for (const auto& step : read_events(dir.file("plain.jsonl"), "step")) CHECK_FALSE(step.contains("syncbn_wait_sec"));
 }
 
 TEST_CASE("resnet18: one step at lr 0.01 of 2 ranks x batch 4 with --sync-bn equals 1 rank x batch 8 element by "
           "element", "[multiproc]") {
   TempDir dir;
-  const std::vector<std::string> base = {"--model", "resnet18", "--dataset", "synthetic", "--max-steps", "1",
-                                         "--lr", "0.01", "--no-eval"};
-  const auto sync = dir.file("sync.safetensors");
-  const auto plain = dir.file("plain.safetensors");
-  const auto one = dir.file("one.safetensors");
-  require_success(launch(2, concat(base, {"--batch-size", "4", "--sync-bn", "--save-final", sync})));
-  require_success(launch(2, concat(base, {"--batch-size", "4", "--save-final", plain})));
-  require_success(launch(1, concat(base, {"--batch-size", "8", "--save-final", one})));
-  const double with_sync = max_abs_difference(sync, one);
-  const double without_sync = max_abs_difference(plain, one);
+  const SyncBnRuns runs = run_sync_plain_one(
+      dir, {"--model", "resnet18", "--dataset", "synthetic", "--max-steps", "1", "--lr", "0.01", "--no-eval"},
+      /*logged=*/false);
+  const double with_sync = max_abs_difference(runs.sync, runs.one);
+  const double without_sync = max_abs_difference(runs.plain, runs.one);
   INFO("with --sync-bn: " << with_sync << ", without: " << without_sync);
   CHECK(with_sync <= kTolerance);  // Note [Equivalence tolerance]
   CHECK(without_sync > 10 * kTolerance);
