@@ -80,6 +80,10 @@ void clear_pending_stop_signal();
 // highest signal number and, among the ranks that received it, the lowest rank. Every
 // rank then names the same signal and rank in its message.
 int64_t encode_stop_vote(int sig, int rank);
+// Not a signal: the vote of a rank whose loss was not finite. Above every signal number,
+// so it wins the all-reduce and every rank raises the divergence (Note [Agreeing to
+// diverge] in train_loop.h) instead of waiting in a collective for the rank that did.
+inline constexpr int kDivergedVote = 1 << 16;
 struct StopVote {
   int signal = 0;  // 0: nobody asked to stop
   int rank = 0;    // a rank that received `signal`

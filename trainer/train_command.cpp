@@ -456,6 +456,7 @@ int run_train_command(const TrainOptions& o) {
     if (resumed) config.start = *resumed;
     config.checkpoint_every = o.checkpoint_every;
     const int rank = env.rank;
+    config.rank = rank;
     config.hooks.stop_vote = [rank] { return encode_stop_vote(pending_stop_signal(), rank); };
     if (checkpointer) {
       config.hooks.checkpoint = [&checkpointer](const TrainPosition& p, CheckpointReason reason) {

@@ -10,6 +10,7 @@
 #include "models/loss.h"
 #include "tensor/ops.h"
 #include "trainer/device_batches.h"
+#include "trainer/stop_signals.h"
 
 namespace mtrain {
 
@@ -124,6 +125,7 @@ TrainResult TrainLoop::run() {
       return p;
     };
     double step_seconds = 0.0;
+    std::string divergence;      // this rank's non-finite loss (Note [Agreeing to diverge])
     double step_loss_sum = 0.0;  // per-image losses of this step's micro-batches
     int64_t step_images = 0;
 
@@ -154,11 +156,11 @@ TrainResult TrainLoop::run() {
       } else {
         const Tensor logits = model_.forward(batch->images);
         const models::LossResult r = loss_fn.forward(logits, batch->labels);
-        if (!std::isfinite(r.loss)) {
-          throw InvalidArgument(fmt::format(
-              "training diverged: the loss is {} at epoch {} step {} (try a smaller --lr than {})", r.loss,
-              epoch, total_steps_ + 1, optimizer_.lr()));
+        // Note [Agreeing to diverge]
+        if (!std::isfinite(r.loss) && divergence.empty()) {
+          divergence = fmt::format("the loss is {} at epoch {} step {}", r.loss, epoch, total_steps_ + 1);
         }
+        if (last_of_step && !divergence.empty()) info.stop_vote = encode_stop_vote(kDivergedVote, config_.rank);
         Tensor dlogits = loss_fn.backward();
         if (accum > 1) ops::scale_(dlogits, 1.0f / static_cast<float>(accum));
         sync_.before_backward(info);
@@ -174,6 +176,15 @@ TrainResult TrainLoop::run() {
       if (!last_of_step) {
         step_seconds += seconds_since(micro_start);
         continue;
+      }
+      if (const StopVote vote = decode_stop_vote(sync_.agreed_stop_vote()); vote.signal == kDivergedVote) {
+        // Note [Agreeing to diverge]
+        throw InvalidArgument(
+            !divergence.empty()
+                ? fmt::format("training diverged: {} (try a smaller --lr than {})", divergence, optimizer_.lr())
+                : fmt::format("training diverged on rank {} at epoch {} step {}: its loss was not finite, so "
+                              "every rank stops (try a smaller --lr than {})",
+                              vote.rank, epoch, total_steps_ + 1, optimizer_.lr()));
       }
       optimizer_.step();
       step_seconds += seconds_since(micro_start);

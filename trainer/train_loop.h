@@ -108,7 +108,19 @@ struct TrainLoopConfig {
   TrainLoopHooks hooks;
   TrainPosition start;           // where to begin: the default is the very beginning
   int64_t checkpoint_every = 0;  // steps between kEvery checkpoints; 0 = none
+  int rank = 0;                  // this process's rank, named in a divergence vote
 };
+
+// Note [Agreeing to diverge]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A loss that is not finite ends the run with "training diverged". One rank's loss can
+// go first (its batch), or a rank may have no batch at all, so a rank that stopped on
+// its own would leave the others waiting in the step's collectives until the timeout
+// or the launcher's teardown. Instead the rank finishes the step's backward (its
+// gradients are NaN, harmlessly: nothing is applied) and casts kDivergedVote in the
+// step's stop vote (Note [Agreeing to stop] in gradient_sync.h); after the exchange and
+// before the optimizer step every rank raises the divergence, naming the lowest rank
+// whose loss was not finite, and the weights stay those of the step before.
 
 // Note [Gradient accumulation]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -301,6 +301,25 @@ TEST_CASE("without --sync-bn, 2 ranks evaluate the model rank 0 saves (buffers f
   CHECK(evals[0]["test_loss"].get<double>() == Approx(epochs[0]["test_loss"].get<double>()).epsilon(1e-6));
 }
 
+TEST_CASE("a loss that is not finite stops every rank with the same cause, a rank without images too",
+          "[multiproc]") {
+  // Note [Agreeing to diverge] in trainer/train_loop.h. --global-batch-size 2 on 3
+  // ranks leaves rank 2 without images at every step: it has no loss of its own and
+  // learns of the divergence through the step's vote instead of waiting in a collective.
+  const std::vector<std::string> args = {"--model", "mlp", "--lr", "1e30", "--max-steps", "20", "--no-eval"};
+  const ProcessResult r = launch(3, concat(args, {"--global-batch-size", "2"}));
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.exit_code != 0);
+  const std::string all = r.out + r.err;
+  CHECK_THAT(all, Contains("training diverged: the loss is"));
+  CHECK_THAT(all, Contains("rank 2 (local_rank 2, node 0): exit code 2") &&
+                      Contains("training diverged on rank 0 at epoch 1 step"));
+
+  const ProcessResult one = launch(1, concat(args, {"--batch-size", "8"}));
+  CHECK(one.exit_code != 0);
+  CHECK_THAT(one.out + one.err, Contains("training diverged: the loss is") && Contains("try a smaller --lr"));
+}
+
 namespace {
 
 // Runs 2 ranks through a worker wrapper that appends `rank1_extra` to rank 1's command
