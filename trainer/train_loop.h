@@ -63,7 +63,8 @@ struct TrainLoopHooks {
 // evaluation, so every rank scores its share of the test set with the model rank 0
 // saves (--save-final, checkpoints) and the printed accuracy is that model's. With
 // --sync-bn the buffers are equal on every rank already and nothing is sent. One
-// collective of the buffers' size per step: 38 KiB for resnet18.
+// broadcast per dtype per step (the float statistics, the int64 batch counters): 31 KiB
+// for resnet18.
 
 // Note [Resuming mid-epoch]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
