@@ -312,8 +312,10 @@ TEST_CASE("a loss that is not finite stops every rank with the same cause, a ran
   CHECK(r.exit_code != 0);
   const std::string all = r.out + r.err;
   CHECK_THAT(all, Contains("training diverged: the loss is"));
-  CHECK_THAT(all, Contains("rank 2 (local_rank 2, node 0): exit code 2") &&
-                      Contains("training diverged on rank 0 at epoch 1 step"));
+  // Rank 2's own error line. (Whether the launcher's report lists rank 2 as failed or as
+  // torn down after rank 0 depends on which exit it notices first: a worker takes the
+  // launcher's SIGTERM as a stop request, so rank 2 still prints its message either way.)
+  CHECK_THAT(all, Contains("training diverged on rank 0 at epoch 1 step"));
 
   const ProcessResult one = launch(1, concat(args, {"--batch-size", "8"}));
   CHECK(one.exit_code != 0);
