@@ -50,8 +50,9 @@
 // than keep an old Tensor handle, which the optimizer and the layers do.
 //
 // A rank whose micro-batch is empty (a --global-batch-size chunk that torch.chunk
-// leaves empty, e.g. G = 5 on 4 ranks, or an epoch's small last batch) runs no backward; the loop still calls before/after_backward, and
-// the reducer then launches every bucket with weight 0 so the collectives still match.
+// leaves empty, e.g. G = 5 on 4 ranks, or an epoch's small last batch) runs no
+// backward; the loop still calls before/after_backward, and the reducer then launches
+// every bucket with weight 0 so the collectives still match.
 //
 // Note [Reducer statistics]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -107,8 +107,8 @@ void forward_image(const Layout& l, const float* buf, const float* w, const floa
 
 bool direct_conv_applies(int64_t in_channels, int64_t out_channels, int64_t kh, int64_t kw,
                          int64_t stride_h, int64_t stride_w) {
-  return cpu_has_avx512() && in_channels == 1 && out_channels >= 1 && out_channels <= kMaxOutChannels && kh >= 1 &&
-         kw >= 1 && kw <= kMaxKernelWidth && stride_h == 1 && stride_w == 1;
+  return cpu_has_avx512() && in_channels == 1 && out_channels >= 1 && out_channels <= kMaxOutChannels &&
+         kh >= 1 && kw >= 1 && kw <= kMaxKernelWidth && stride_h == 1 && stride_w == 1;
 }
 
 void direct_conv_forward(const float* x, const float* w, const float* b, float* y,

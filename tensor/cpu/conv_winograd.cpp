@@ -267,8 +267,8 @@ void convolve(const float* in, const float* w, const float* bias, float* out, co
 }  // namespace
 
 bool winograd_applies(const ConvGeometry& s) {
-  return s.kh == 3 && s.kw == 3 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 1 && s.pad_w == 1 &&
-         s.c >= kMinChannels && s.o >= kMinChannels && s.h >= kMinSide && s.w >= kMinSide && cpu_has_avx512();
+  return cpu_has_avx512() && s.kh == 3 && s.kw == 3 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 1 &&
+         s.pad_w == 1 && s.c >= kMinChannels && s.o >= kMinChannels && s.h >= kMinSide && s.w >= kMinSide;
 }
 
 void winograd_conv_forward(const float* x, const float* w, const float* b, float* y,
