@@ -56,6 +56,22 @@ struct NumericsOptions {
 void set_numerics(const NumericsOptions& options);
 NumericsOptions numerics();
 
+// ---- reduced precision (Note [Reduced-precision compute] in ops.h) -------------------
+// Note [16-bit kernels on the GPU]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With compute = BFloat16 or Float16 the GPU kernels convert their float32 operands into
+// 16-bit scratch tensors from the caching allocator (one elementwise kernel each), run
+// cuDNN's convolution in its PSEUDO_BFLOAT16 / PSEUDO_HALF configuration (16-bit x, w
+// and y, float32 arithmetic) or cuBLAS's cublasGemmEx (16-bit A and B, float32 C and
+// compute type), and convert 16-bit results back into the float32 outputs (adding into
+// them where the gradient accumulates). cuDNN's legacy API writes y, dx and dw in the
+// data type of x, so on a GPU a convolution's outputs are rounded to 16 bits once more
+// (as under torch.autocast, whose convolutions return 16-bit tensors); cuBLAS writes
+// float32. The bias and both layers' bias gradients are float32 (from the float32 dy),
+// as on the CPU. bfloat16 needs compute capability 8.0 (Ampere) or newer and float16
+// 7.0, which compute_dtype_supported checks.
+bool compute_dtype_supported(DType compute, int device);
+
 // ---- elementwise ------------------------------------------------------------------
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 void add_(Tensor& out, const Tensor& a, float alpha);
@@ -68,9 +84,9 @@ void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
 // ---- matrix multiply (cuBLAS) -------------------------------------------------------
 void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
             float alpha, float beta);
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y);
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, DType compute);
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
-                     Tensor& db, bool accumulate);
+                     Tensor& db, bool accumulate, DType compute);
 
 // ---- convolution (cuDNN) ------------------------------------------------------------
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
@@ -116,5 +132,6 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr,
               float dampening, float weight_decay, bool nesterov, bool first_step);
 void sgd_step_all(const std::vector<ops::SgdParamRef>& params, float lr, float momentum,
                   float dampening, float weight_decay, bool nesterov, bool first_step);
+bool non_finite_check_and_unscale(const std::vector<Tensor*>& grads, float inv_scale);
 
 }  // namespace mtrain::cuda_ops

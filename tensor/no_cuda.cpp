@@ -57,10 +57,11 @@ void sigmoid_backward(const Tensor&, const Tensor&, Tensor&) { no_cuda("sigmoid 
 void matmul(const Tensor&, bool, const Tensor&, bool, Tensor&, float, float) {
   no_cuda("matmul on a GPU");
 }
-void linear_forward(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
+void linear_forward(const Tensor&, const Tensor&, const Tensor&, Tensor&, DType) {
   no_cuda("linear on a GPU");
 }
-void linear_backward(const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&, Tensor&, bool) {
+void linear_backward(const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&, Tensor&, bool,
+                     DType) {
   no_cuda("linear on a GPU");
 }
 void conv2d_forward(const Tensor&, const Tensor&, const Tensor&, Tensor&, const ops::Conv2dParams&) {
@@ -112,6 +113,11 @@ double cross_entropy(const Tensor&, const Tensor&, Tensor&, float) {
 int64_t count_correct(const Tensor&, const Tensor&) { no_cuda("accuracy on a GPU"); }
 void sgd_step(Tensor&, const Tensor&, Tensor&, float, float, float, float, bool, bool) {
   no_cuda("an SGD step on a GPU");
+}
+bool compute_dtype_supported(DType, int) { return false; }
+bool non_finite_check_and_unscale(const std::vector<Tensor*>&, float) {
+  no_cuda("loss scaling on a GPU");
+  return false;
 }
 void sgd_step_all(const std::vector<ops::SgdParamRef>&, float, float, float, float, bool, bool) {
   no_cuda("an SGD step on a GPU");

@@ -43,20 +43,45 @@ void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);      // uses 
 void sigmoid_forward(const Tensor& x, Tensor& y);
 void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx);   // dx = dy * y * (1 - y)
 
+// Note [Reduced-precision compute]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Convolutions and linear layers take a `compute` dtype (--amp, Note [Mixed precision]
+// in models/mixed_precision.h). Float32 is the plain kernel. BFloat16 or Float16: the
+// float32 inputs that are multiplied (x and w forward, dy and w for dx, x and dy for dw)
+// are rounded to that type (round to nearest even) and multiplied with float32
+// accumulation; every output (y, dx, dw, db) and the bias stay float32 tensors, so the
+// layers around them, and the optimizer's master weights, never see the 16-bit type
+// (db sums the float32 dy; on a GPU, convolution outputs pass through the 16-bit type,
+// Note [16-bit kernels on the GPU] in cuda_ops.h). A product
+// of two 16-bit values is exact in float32, so the result equals the float32 kernel
+// applied to the rounded inputs up to summation order. Where the 16-bit types are
+// computed: oneDNN's bf16 convolutions on CPUs with AVX512_BF16 (about twice the float32
+// speed) and its f16 ones where the CPU has AVX512_FP16; the CPU's linear layers round
+// and then use sgemm; on GPUs cuDNN and cuBLAS with 16-bit tensors
+// (tensor/cuda_ops.h). compute_dtype_supported says which apply here.
+bool compute_dtype_supported(DType compute, Device device);
+// Rounds every element of float32 `x` to the nearest `to` value (BFloat16 or Float16,
+// ties to even; Float16 overflows to infinity) and stores it as float32 in `y` (may
+// alias x). The CPU reference of the rounding above, used by the CPU linear layers.
+void round_to_dtype(const Tensor& x, DType to, Tensor& y);
+
 // ---- matrix multiply -------------------------------------------------------------
 // c = alpha * op(a) @ op(b) + beta * c, 2-D float32; op(t) = t or t^T.
 void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
             float alpha = 1.0f, float beta = 0.0f);
 // Linear layer: y[N,O] = x[N,I] @ w[O,I]^T + b[O] (b may be undefined).
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y);
+// `compute`: Note [Reduced-precision compute].
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
+                    DType compute = DType::Float32);
 // dx = dy @ w (if dx defined); dw (+)= dy^T @ x; db (+)= sum_n dy (if db defined).
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
-                     Tensor& db, bool accumulate);
+                     Tensor& db, bool accumulate, DType compute = DType::Float32);
 
 // ---- convolution (oneDNN, primitives cached per shape) ---------------------------
 struct Conv2dParams {
   int stride_h = 1, stride_w = 1;
   int pad_h = 0, pad_w = 0;
+  DType compute = DType::Float32;  // Note [Reduced-precision compute]
 };
 // Output spatial size for input size `in`, kernel `k`, stride `s`, padding `p`.
 int64_t conv_out_size(int64_t in, int64_t k, int64_t s, int64_t p);
@@ -157,5 +182,12 @@ struct SgdParamRef {
 };
 void sgd_step_all(const std::vector<SgdParamRef>& params, float lr, float momentum,
                   float dampening, float weight_decay, bool nesterov, bool first_step);
+
+// Loss scaling (Note [Dynamic loss scaling] in trainer/loss_scaler.h): multiplies every
+// element of every gradient by inv_scale and returns whether any element was infinite
+// or NaN before (PyTorch's _amp_foreach_non_finite_check_and_unscale_). The gradients
+// are then garbage and the caller skips the step. All on one device; on a GPU one flag
+// is read back, so this waits for the gradients.
+bool non_finite_check_and_unscale(const std::vector<Tensor*>& grads, float inv_scale);
 
 }  // namespace mtrain::ops

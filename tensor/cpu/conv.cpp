@@ -44,6 +44,7 @@ struct ConvShape {
 
 struct ConvKey {
   ConvDirection direction;
+  DType compute;
   bool bias;
   bool accumulate;
   bool blocked;
@@ -53,7 +54,8 @@ struct ConvKey {
 
 struct ConvKeyHash {
   size_t operator()(const ConvKey& k) const {
-    size_t h = static_cast<size_t>(k.direction) * 8 + k.bias * 4 + k.accumulate * 2 + k.blocked;
+    size_t h = (static_cast<size_t>(k.direction) * 8 + static_cast<size_t>(k.compute)) * 8 +
+               k.bias * 4 + k.accumulate * 2 + k.blocked;
     for (int64_t d : k.dims) h = h * 1000003u ^ static_cast<size_t>(d);
     return h;
   }
@@ -94,7 +96,9 @@ std::atomic<long> primitives_created{0};
 // positions as one sgemm (Note [Weight gradients as a GEMM] in conv_gemm_weights.cpp);
 // and forward and backward-data of 3x3 convolutions with many channels as Winograd
 // F(2x2, 3x3) (Note [Winograd convolution] in conv_winograd.cpp).
-bool choose_blocked(ConvDirection direction, const ConvShape& s) {
+bool choose_blocked(ConvDirection direction, const ConvShape& s, DType compute) {
+  // oneDNN's 16-bit convolutions are the blocked ones (Note [Reduced-precision compute]).
+  if (compute != DType::Float32) return true;
   switch (layout_setting().load(std::memory_order_relaxed)) {
     case ConvLayout::Plain: return false;
     case ConvLayout::Blocked: return true;
@@ -105,16 +109,31 @@ bool choose_blocked(ConvDirection direction, const ConvShape& s) {
   return true;
 }
 
-memory::desc plain_md(const memory::dims& dims) {
+memory::data_type dnnl_type(DType t) {
+  switch (t) {
+    case DType::Float32: return memory::data_type::f32;
+    case DType::BFloat16: return memory::data_type::bf16;
+    case DType::Float16: return memory::data_type::f16;
+    default: break;
+  }
+  MTRAIN_CHECK(false, "convolution: no oneDNN compute type for {}", dtype_name(t));
+  return memory::data_type::undef;
+}
+
+// The caller's memory: float32, NCHW / OIHW / x.
+memory::desc plain_md(const memory::dims& dims, memory::data_type type = memory::data_type::f32) {
   static constexpr memory::format_tag kTagByRank[] = {
       memory::format_tag::undef, memory::format_tag::x, memory::format_tag::nc,
       memory::format_tag::abc, memory::format_tag::nchw};
-  return memory::desc(dims, memory::data_type::f32, kTagByRank[dims.size()]);
+  return memory::desc(dims, type, kTagByRank[dims.size()]);
 }
 
-memory::desc maybe_any(const memory::dims& dims, bool blocked) {
-  return blocked ? memory::desc(dims, memory::data_type::f32, memory::format_tag::any)
-                 : plain_md(dims);
+// What the primitive computes on: `type` (the compute type for the multiplied inputs,
+// float32 for outputs), in the layout oneDNN prefers when blocked. The BoundArg reorders
+// convert both layout and type (Note [Bound primitive arguments]).
+memory::desc maybe_any(const memory::dims& dims, bool blocked,
+                       memory::data_type type = memory::data_type::f32) {
+  return blocked ? memory::desc(dims, type, memory::format_tag::any) : plain_md(dims, type);
 }
 
 struct ConvDescs {
@@ -126,9 +145,14 @@ ConvDescs conv_dims(const ConvShape& s, const Conv2dParams& p) {
           {p.stride_h, p.stride_w}, {p.pad_h, p.pad_w}};
 }
 
-dnnl::convolution_forward::primitive_desc forward_pd(const ConvDescs& d, bool bias, bool blocked) {
+// `in` is the type of x and w; `out` that of y (the backward passes' hint has y in the
+// compute type too, as their dy is).
+dnnl::convolution_forward::primitive_desc forward_pd(const ConvDescs& d, bool bias, bool blocked,
+                                                     memory::data_type in = memory::data_type::f32,
+                                                     memory::data_type out = memory::data_type::f32) {
   using fwd = dnnl::convolution_forward;
-  const auto x = maybe_any(d.x, blocked), w = maybe_any(d.w, blocked), y = maybe_any(d.y, blocked);
+  const auto x = maybe_any(d.x, blocked, in), w = maybe_any(d.w, blocked, in),
+             y = maybe_any(d.y, blocked, out);
   // Padding on the right equals padding on the left: oneDNN checks
   // (in - k + pad_l + pad_r) / stride + 1 == out with floor division, as PyTorch sizes it.
   const auto desc = bias ? fwd::desc(dnnl::prop_kind::forward_training,
@@ -146,9 +170,11 @@ std::unique_ptr<ConvEntry> make_entry(const ConvKey& key, const ConvShape& s,
   const ConvDescs d = conv_dims(s, p);
   const bool blocked = key.blocked;
   const Role out_role = key.accumulate ? Role::AccumulatedOutput : Role::Output;
+  // Note [Reduced-precision compute]: x, w and dy in the compute type, outputs float32.
+  const memory::data_type in = dnnl_type(key.compute), f32 = memory::data_type::f32;
   switch (key.direction) {
     case ConvDirection::Forward: {
-      const auto pd = forward_pd(d, key.bias, blocked);
+      const auto pd = forward_pd(d, key.bias, blocked, in, f32);
       e->primitive = dnnl::convolution_forward(pd);
       e->inputs.emplace_back(plain_md(d.x), pd.src_desc(), Role::Input);
       e->inputs.emplace_back(plain_md(d.w), pd.weights_desc(), Role::Input);
@@ -162,10 +188,10 @@ std::unique_ptr<ConvEntry> make_entry(const ConvKey& key, const ConvShape& s,
     }
     case ConvDirection::BackwardData: {
       using bwd = dnnl::convolution_backward_data;
-      const auto hint = forward_pd(d, false, blocked);
-      const bwd::desc desc(dnnl::algorithm::convolution_direct, maybe_any(d.x, blocked),
-                           maybe_any(d.w, blocked), maybe_any(d.y, blocked), d.strides, d.pad,
-                           d.pad);
+      const auto hint = forward_pd(d, false, blocked, in, in);
+      const bwd::desc desc(dnnl::algorithm::convolution_direct, maybe_any(d.x, blocked, f32),
+                           maybe_any(d.w, blocked, in), maybe_any(d.y, blocked, in), d.strides,
+                           d.pad, d.pad);
       const bwd::primitive_desc pd(desc, cpu::dnnl_engine(), hint);
       e->primitive = bwd(pd);
       e->inputs.emplace_back(plain_md(d.y), pd.diff_dst_desc(), Role::Input);
@@ -178,9 +204,9 @@ std::unique_ptr<ConvEntry> make_entry(const ConvKey& key, const ConvShape& s,
     }
     case ConvDirection::BackwardWeights: {
       using bwd = dnnl::convolution_backward_weights;
-      const auto hint = forward_pd(d, key.bias, blocked);
-      const auto x = maybe_any(d.x, blocked), w = maybe_any(d.w, blocked),
-                 y = maybe_any(d.y, blocked);
+      const auto hint = forward_pd(d, key.bias, blocked, in, in);
+      const auto x = maybe_any(d.x, blocked, in), w = maybe_any(d.w, blocked, f32),
+                 y = maybe_any(d.y, blocked, in);
       const auto desc =
           key.bias ? bwd::desc(dnnl::algorithm::convolution_direct, x, w, plain_md(d.b), y,
                                d.strides, d.pad, d.pad)
@@ -207,7 +233,7 @@ ConvEntry& cached_entry(ConvDirection direction, const ConvShape& s, const Conv2
                         bool bias, bool accumulate) {
   static std::mutex mu;
   static std::unordered_map<ConvKey, std::unique_ptr<ConvEntry>, ConvKeyHash> cache;
-  const ConvKey key{direction, bias, accumulate, choose_blocked(direction, s),
+  const ConvKey key{direction, p.compute, bias, accumulate, choose_blocked(direction, s, p.compute),
                     {s.n, s.c, s.h, s.w, s.o, s.kh, s.kw, s.oh, s.ow, p.stride_h, p.stride_w,
                      p.pad_h, p.pad_w}};
   std::lock_guard<std::mutex> lock(mu);
@@ -272,7 +298,7 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
 
 // The Auto policy's third choice: own kernels instead of a oneDNN primitive.
 bool choose_direct(const ConvShape& s, const Conv2dParams& p) {
-  return layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
+  return p.compute == DType::Float32 && layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
          cpu::direct_conv_applies(s.c, s.o, s.kh, s.kw, p.stride_h, p.stride_w);
 }
 
@@ -287,14 +313,17 @@ cpu::ConvGeometry geometry(const ConvShape& s, const Conv2dParams& p) {
 // The Auto policy's choice for 3x3 convolutions with many channels, forward and
 // backward-data (Note [Winograd convolution] in conv_winograd.cpp).
 bool choose_winograd(const ConvShape& s, const Conv2dParams& p) {
-  return layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
+  return p.compute == DType::Float32 && layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
          cpu::winograd_applies(geometry(s, p));
 }
 
 // The Auto policy's choice for the gradients of convolutions with few channels (Note
 // [Images in the vector lanes] in conv_lanes.cpp).
 bool choose_lanes(ConvDirection direction, const ConvShape& s, const Conv2dParams& p) {
-  if (layout_setting().load(std::memory_order_relaxed) != ConvLayout::Auto) return false;
+  if (p.compute != DType::Float32 ||
+      layout_setting().load(std::memory_order_relaxed) != ConvLayout::Auto) {
+    return false;
+  }
   const cpu::ConvGeometry g = geometry(s, p);
   return direction == ConvDirection::BackwardData ? cpu::lanes_backward_data_applies(g)
                                                   : cpu::lanes_backward_weights_applies(g);
@@ -303,13 +332,46 @@ bool choose_lanes(ConvDirection direction, const ConvShape& s, const Conv2dParam
 // The Auto policy's choice for weight gradients with few output positions (Note
 // [Weight gradients as a GEMM] in conv_gemm_weights.cpp).
 bool choose_gemm_weights(const ConvShape& s, const Conv2dParams& p) {
-  return layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
+  return p.compute == DType::Float32 && layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
          cpu::gemm_weights_applies(geometry(s, p));
+}
+
+// db[o] (+)= sum over n, oh, ow of dy[n, o, oh, ow], in double per channel.
+void bias_gradient(const float* dy, const ConvShape& s, float* db, bool accumulate) {
+  const int64_t plane = s.oh * s.ow;
+#pragma omp parallel for if (s.n * s.o * plane > cpu::kParallelGrain)
+  for (int64_t o = 0; o < s.o; ++o) {
+    double sum = 0.0;
+    for (int64_t n = 0; n < s.n; ++n) {
+      const float* row = dy + (n * s.o + o) * plane;
+      for (int64_t i = 0; i < plane; ++i) sum += row[i];
+    }
+    db[o] = accumulate ? db[o] + static_cast<float>(sum) : static_cast<float>(sum);
+  }
 }
 
 }  // namespace
 
 namespace cpu {
+bool conv_compute_supported(DType compute) {
+  if (compute == DType::Float32) return true;
+  if (compute != DType::BFloat16 && compute != DType::Float16) return false;
+  // Whether oneDNN has the three primitives for this CPU: it throws `unimplemented`
+  // where the ISA lacks them (bf16 before AVX-512, f16 before AVX512_FP16).
+  const ConvShape s{2, 16, 8, 8, 16, 3, 3, 8, 8};
+  const Conv2dParams p{1, 1, 1, 1, compute};
+  try {
+    for (ConvDirection d : {ConvDirection::Forward, ConvDirection::BackwardData,
+                            ConvDirection::BackwardWeights}) {
+      const ConvKey key{d, compute, true, false, true, {}};
+      make_entry(key, s, p);
+    }
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  return true;
+}
+
 void set_conv_layout(ConvLayout layout) { layout_setting().store(layout); }
 ConvLayout conv_layout() { return layout_setting().load(); }
 long conv_primitives_created() { return primitives_created.load(); }
@@ -391,6 +453,13 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tens
     return cpu::gemm_conv_backward_weights(x.data<float>(), dy.data<float>(), dw.data<float>(),
                                            db.defined() ? db.data<float>() : nullptr, accumulate,
                                            geometry(s, p));
+  }
+  if (p.compute != DType::Float32 && db.defined()) {
+    // The bias gradient sums the float32 dy (Note [Reduced-precision compute]); the
+    // primitive's own would sum the rounded one.
+    ConvEntry& e = cached_entry(ConvDirection::BackwardWeights, s, p, false, accumulate);
+    run_entry(e, {x.raw_data(), dy.raw_data()}, {dw.raw_data()});
+    return bias_gradient(dy.data<float>(), s, db.data<float>(), accumulate);
   }
   ConvEntry& e = cached_entry(ConvDirection::BackwardWeights, s, p, db.defined(), accumulate);
   if (db.defined()) {

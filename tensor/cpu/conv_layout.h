@@ -3,6 +3,8 @@
 // need it.
 #pragma once
 
+#include "tensor/tensor.h"
+
 namespace mtrain::ops::cpu {
 
 enum class ConvLayout {
@@ -13,6 +15,10 @@ enum class ConvLayout {
 
 void set_conv_layout(ConvLayout layout);
 ConvLayout conv_layout();
+
+// Whether oneDNN has 16-bit convolutions of `compute` for this CPU (Note
+// [Reduced-precision compute] in tensor/ops.h); always true for Float32.
+bool conv_compute_supported(DType compute);
 
 // Number of convolution primitives created so far (cache misses), for tests that
 // check the steady state creates none.

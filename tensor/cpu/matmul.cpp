@@ -51,8 +51,31 @@ void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b
         c.data<float>());
 }
 
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
-  if (x.device().is_cuda()) return cuda_ops::linear_forward(x, w, b, y);
+namespace {
+
+// Note [Reduced-precision compute] on the CPU's linear layers: the operands rounded to
+// `compute` into float32 copies, then sgemm. The products are those a 16-bit GEMM with
+// float32 accumulation forms, and linear layers are a small share of any model here.
+Tensor rounded(const Tensor& t, DType compute) {
+  if (compute == DType::Float32) return t;
+  cpu::check_float("linear (rounding)", "operand", t);
+  Tensor r = Tensor::empty(t.shape(), DType::Float32, t.device());
+  round_to_dtype(t, compute, r);
+  return r;
+}
+
+void check_compute(const char* op, DType compute) {
+  MTRAIN_CHECK(compute == DType::Float32 || compute == DType::BFloat16 || compute == DType::Float16,
+               "{}: no compute type {}", op, dtype_name(compute));
+}
+
+}  // namespace
+
+void linear_forward(const Tensor& x_in, const Tensor& w_in, const Tensor& b, Tensor& y,
+                    DType compute) {
+  if (x_in.device().is_cuda()) return cuda_ops::linear_forward(x_in, w_in, b, y, compute);
+  check_compute("linear_forward", compute);
+  const Tensor x = rounded(x_in, compute), w = rounded(w_in, compute);
   cpu::check_float("linear_forward", "x", x);
   cpu::check_float("linear_forward", "w", w);
   cpu::check_ndim("linear_forward", "x", x, 2);
@@ -77,9 +100,15 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
   cpu::sgemm(false, true, batch, out, in, 1.0f, x.data<float>(), w.data<float>(), beta, py);
 }
 
-void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
-                     Tensor& db, bool accumulate) {
-  if (x.device().is_cuda()) return cuda_ops::linear_backward(x, w, dy, dx, dw, db, accumulate);
+void linear_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& dy_in, Tensor& dx,
+                     Tensor& dw, Tensor& db, bool accumulate, DType compute) {
+  if (x_in.device().is_cuda()) {
+    return cuda_ops::linear_backward(x_in, w_in, dy_in, dx, dw, db, accumulate, compute);
+  }
+  check_compute("linear_backward", compute);
+  const Tensor x = rounded(x_in, compute), w = rounded(w_in, compute);
+  // db sums the float32 dy; dx and dw multiply the rounded one.
+  const Tensor dy = rounded(dy_in, compute);
   cpu::check_float("linear_backward", "x", x);
   cpu::check_float("linear_backward", "w", w);
   cpu::check_ndim("linear_backward", "x", x, 2);
@@ -104,9 +133,10 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
   }
   if (db.defined()) {
     float* pdb = db.data<float>();
+    const float* pdy_in = dy_in.data<float>();
     if (!accumulate) db.zero_();
     for (int64_t r = 0; r < batch; ++r) {
-      const float* row = pdy + r * out;
+      const float* row = pdy_in + r * out;
 #pragma omp simd
       for (int64_t j = 0; j < out; ++j) pdb[j] += row[j];
     }

@@ -27,6 +27,7 @@
 #include "tensor/cuda/cublas_loader.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/library_handles.h"
+#include "tensor/cuda/mixed_precision.h"
 #include "tensor/cuda/op_checks.h"
 #include "tensor/cuda/stream.h"
 #include "tensor/cuda_ops.h"
@@ -45,14 +46,36 @@ struct Gemm {
   bool transpose_a = false, transpose_b = false;
   int64_t m = 0, n = 0, k = 0;
   float alpha = 1.0f;
-  const float* a = nullptr;
+  const void* a = nullptr;
   int64_t a_cols = 0;
-  const float* b = nullptr;
+  const void* b = nullptr;
   int64_t b_cols = 0;
   float beta = 0.0f;
   float* c = nullptr;
   bool allow_tf32 = false;
+  // The type of a and b: float32, or a 16-bit type (Note [16-bit kernels on the GPU]);
+  // c and the arithmetic are float32 either way.
+  cudaDataType ab_type = CUDA_R_32F;
 };
+
+cudaDataType cuda_type(DType t) {
+  switch (t) {
+    case DType::Float32: return CUDA_R_32F;
+    case DType::BFloat16: return CUDA_R_16BF;
+    case DType::Float16: return CUDA_R_16F;
+    default: break;
+  }
+  MTRAIN_CHECK(false, "linear on the GPU: no compute type {}", dtype_name(t));
+  return CUDA_R_32F;
+}
+
+// The operand a GEMM multiplies: `t` itself for float32, else a 16-bit copy that
+// `keep` holds until the GEMM is queued.
+const void* operand(const Tensor& t, DType compute, Tensor& keep) {
+  if (compute == DType::Float32) return t.raw_data();
+  keep = detail::narrowed(t, compute);
+  return keep.raw_data();
+}
 
 template <class Context>
 void run_gemm(int device, const Gemm& g, const Context& context) {
@@ -74,9 +97,10 @@ void run_gemm(int device, const Gemm& g, const Context& context) {
   MTRAIN_CUBLAS_CHECK(
       cuda::cublas().gemm_ex_64(handle, g.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                       g.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.n, g.m, g.k, &g.alpha, g.b,
-                      CUDA_R_32F, std::max<int64_t>(g.b_cols, 1), g.a, CUDA_R_32F,
+                      g.ab_type, std::max<int64_t>(g.b_cols, 1), g.a, g.ab_type,
                       std::max<int64_t>(g.a_cols, 1), &g.beta, g.c, CUDA_R_32F, g.n,
-                      g.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                      g.allow_tf32 && g.ab_type == CUDA_R_32F ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                              : CUBLAS_COMPUTE_32F,
                       CUBLAS_GEMM_DEFAULT),
       context());
 }
@@ -181,7 +205,7 @@ LinearDims check_linear_inputs(const char* op, const Tensor& x, const Tensor& w)
 
 }  // namespace
 
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, DType compute) {
   const char* op = "linear_forward";
   const LinearDims d = check_linear_inputs(op, x, w);
   const Device device = d.device;
@@ -201,15 +225,17 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
     broadcast_bias_rows(device.index, b, batch, out, py, context);
     beta = 1.0f;
   }
+  Tensor x16, w16;
   Gemm g;
   g.transpose_b = true;
   g.m = batch;
   g.n = out;
   g.k = in;
-  g.a = x.data<float>();
+  g.a = operand(x, compute, x16);
   g.a_cols = in;
-  g.b = w.data<float>();
+  g.b = operand(w, compute, w16);
   g.b_cols = in;
+  g.ab_type = cuda_type(compute);
   g.beta = beta;
   g.c = py;
   g.allow_tf32 = numerics().allow_tf32_matmul;
@@ -217,7 +243,7 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
 }
 
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
-                     Tensor& db, bool accumulate) {
+                     Tensor& db, bool accumulate, DType compute) {
   const char* op = "linear_backward";
   const LinearDims d = check_linear_inputs(op, x, w);
   const Device device = d.device;
@@ -236,18 +262,23 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
   };
   const bool tf32 = numerics().allow_tf32_matmul;
   const float grad_beta = accumulate ? 1.0f : 0.0f;
+  const cudaDataType ab_type = cuda_type(compute);
+  // The multiplied operands in the compute type; db sums the float32 dy.
+  Tensor dy16, w16, x16;
+  const void* dy_op = operand(dy, compute, dy16);
   if (dx.defined()) {
     // dx[batch, in] = dy[batch, out] @ w[out, in].
     Gemm g;
     g.m = batch;
     g.n = in;
     g.k = out;
-    g.a = dy.data<float>();
+    g.a = dy_op;
     g.a_cols = out;
-    g.b = w.data<float>();
+    g.b = operand(w, compute, w16);
     g.b_cols = in;
     g.c = dx.data<float>();
     g.allow_tf32 = tf32;
+    g.ab_type = ab_type;
     run_gemm(device.index, g, context);
   }
   // dw[out, in] (+)= dy^T @ x; with batch == 0 the empty sum zeroes dw or leaves it.
@@ -256,13 +287,14 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
   g.m = out;
   g.n = in;
   g.k = batch;
-  g.a = dy.data<float>();
+  g.a = dy_op;
   g.a_cols = out;
-  g.b = x.data<float>();
+  g.b = operand(x, compute, x16);
   g.b_cols = in;
   g.beta = grad_beta;
   g.c = dw.data<float>();
   g.allow_tf32 = tf32;
+  g.ab_type = ab_type;
   run_gemm(device.index, g, context);
 
   if (db.defined() && out > 0) {

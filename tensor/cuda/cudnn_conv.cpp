@@ -50,6 +50,7 @@
 #include "core/error.h"
 #include "tensor/caching_block_allocator.h"
 #include "tensor/cuda/library_handles.h"
+#include "tensor/cuda/mixed_precision.h"
 #include "tensor/cuda/op_checks.h"
 #include "tensor/cuda/stream.h"
 #include "tensor/cuda_ops.h"
@@ -137,9 +138,11 @@ constexpr size_t kMathTypes = 4;  // cudnnMathType_t has values 0..3
 
 struct ConvPlan {
   explicit ConvPlan(const std::string& context)
-      : x(context), y(context), bias(context), w(context) {}
+      : x(context), y(context), y_float(context), bias(context), w(context) {}
 
-  TensorDesc x, y, bias;  // x [n,c,h,w], y [n,o,oh,ow], bias [1,o,1,1]
+  // x [n,c,h,w], y [n,o,oh,ow] and w in the compute type; y_float and bias [1,o,1,1] in
+  // float32, for the bias and its gradient (Note [16-bit kernels on the GPU]).
+  TensorDesc x, y, y_float, bias;
   FilterDesc w;           // [o,c,kh,kw]
   std::array<std::unique_ptr<ConvDesc>, kMathTypes> conv;  // by math type
   std::vector<Candidate> candidates;                        // best first, never empty
@@ -157,6 +160,7 @@ struct ConvPlan {
 
 struct ConvKey {
   ConvDirection direction;
+  DType compute;
   int device;
   bool benchmark, deterministic, allow_tf32;
   std::array<int64_t, 13> dims;
@@ -165,8 +169,8 @@ struct ConvKey {
 
 struct ConvKeyHash {
   size_t operator()(const ConvKey& k) const {
-    size_t h = static_cast<size_t>(k.direction) * 16 + k.benchmark * 8 + k.deterministic * 4 +
-               k.allow_tf32 * 2;
+    size_t h = (static_cast<size_t>(k.direction) * 8 + static_cast<size_t>(k.compute)) * 16 +
+               k.benchmark * 8 + k.deterministic * 4 + k.allow_tf32 * 2;
     h = h * 1000003u ^ static_cast<size_t>(k.device);
     for (int64_t d : k.dims) h = h * 1000003u ^ static_cast<size_t>(d);
     return h;
@@ -180,6 +184,7 @@ struct FindBuffers {
   const void* in0;  // x (forward, weights) or w (data)
   const void* in1;  // w (forward) or dy (data, weights)
   Shape out_shape;  // of y, dx or dw
+  DType out_dtype;  // the compute type
 };
 
 // The three directions differ only in which cuDNN functions they call and in argument
@@ -296,7 +301,10 @@ void plan_algorithms(ConvPlan& plan, int device, const ConvKey& key, const ConvS
                      const ops::Conv2dParams& params, const FindBuffers& buffers,
                      const std::string& context) {
   cudnnHandle_t handle = cuda::cudnn_handle(device);
-  const cudnnMathType_t search_math = key.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  // 16-bit data is what tensor cores are for: TF32 settings concern float32 only.
+  const bool float32 = key.compute == DType::Float32;
+  const cudnnMathType_t search_math =
+      !float32 ? CUDNN_TENSOR_OP_MATH : key.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   plan.conv[static_cast<size_t>(search_math)] = make_conv_desc(params, search_math, context);
   const cudnnConvolutionDescriptor_t search_conv = plan.conv_for(search_math);
 
@@ -316,7 +324,7 @@ void plan_algorithms(ConvPlan& plan, int device, const ConvKey& key, const ConvS
   std::vector<typename Calls::Perf> perfs(static_cast<size_t>(std::max(max_count, 1)));
   int returned = 0;
   if (key.benchmark) {
-    Tensor scratch_out = Tensor::empty(buffers.out_shape, DType::Float32, Device::cuda(device));
+    Tensor scratch_out = Tensor::empty(buffers.out_shape, buffers.out_dtype, Device::cuda(device));
     Tensor ws = find_workspace<Calls>(device, handle, plan, search_conv, limit);
     MTRAIN_CUDNN_CHECK(Calls::find(handle, plan, search_conv, buffers.in0, buffers.in1,
                                    scratch_out.raw_data(), max_count, &returned, perfs.data(),
@@ -335,7 +343,7 @@ void plan_algorithms(ConvPlan& plan, int device, const ConvKey& key, const ConvS
     if (perf.status != CUDNN_STATUS_SUCCESS) continue;
     if (static_cast<size_t>(perf.mathType) >= kMathTypes) continue;  // unknown to this build
     if (perf.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
-    if (!key.allow_tf32 && perf.mathType != CUDNN_FMA_MATH) continue;
+    if (float32 && !key.allow_tf32 && perf.mathType != CUDNN_FMA_MATH) continue;
     if (key.deterministic && perf.determinism != CUDNN_DETERMINISTIC) {
       ++rejected_nondeterministic;
       continue;
@@ -365,7 +373,9 @@ void plan_algorithms(ConvPlan& plan, int device, const ConvKey& key, const ConvS
     }
     throw Error(fmt::format("{}: cuDNN offered no usable algorithm ({} rated, none supported "
                             "with {} within a workspace limit of {})",
-                            context, returned, key.allow_tf32 ? "TF32 allowed" : "FMA math only",
+                            context, returned,
+                            !float32 ? dtype_name(key.compute)
+                                     : key.allow_tf32 ? "TF32 allowed" : "FMA math only",
                             format_bytes(limit)));
   }
 }
@@ -375,16 +385,24 @@ std::unique_ptr<ConvPlan> make_plan(const ConvKey& key, const ConvShape& s,
                                     const std::string& context) {
   auto plan = std::make_unique<ConvPlan>(context);
   const auto i = [](int64_t v) { return static_cast<int>(v); };  // sizes checked by conv_shape
-  MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->x.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+  // The legacy API's PSEUDO_BFLOAT16 / PSEUDO_HALF configurations: x, w and y 16-bit,
+  // the convolution descriptor (make_conv_desc) float32.
+  const cudnnDataType_t data = key.compute == DType::BFloat16  ? CUDNN_DATA_BFLOAT16
+                               : key.compute == DType::Float16 ? CUDNN_DATA_HALF
+                                                               : CUDNN_DATA_FLOAT;
+  MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->x.get(), CUDNN_TENSOR_NCHW, data,
                                                 i(s.n), i(s.c), i(s.h), i(s.w)),
                      context);
-  MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->y.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+  MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->y.get(), CUDNN_TENSOR_NCHW, data,
                                                 i(s.n), i(s.o), i(s.oh), i(s.ow)),
+                     context);
+  MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->y_float.get(), CUDNN_TENSOR_NCHW,
+                                                CUDNN_DATA_FLOAT, i(s.n), i(s.o), i(s.oh), i(s.ow)),
                      context);
   MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->bias.get(), CUDNN_TENSOR_NCHW,
                                                 CUDNN_DATA_FLOAT, 1, i(s.o), 1, 1),
                      context);
-  MTRAIN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+  MTRAIN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w.get(), data, CUDNN_TENSOR_NCHW,
                                                 i(s.o), i(s.c), i(s.kh), i(s.kw)),
                      context);
   switch (key.direction) {
@@ -412,6 +430,7 @@ ConvPlan& cached_plan(const ConvCall& call, int device, const FindBuffers& buffe
   const ConvShape& s = call.s;
   const ops::Conv2dParams& p = call.p;
   const ConvKey key{call.direction,
+                    p.compute,
                     device,
                     options.cudnn_benchmark,
                     options.deterministic,
@@ -512,32 +531,56 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
   return s;
 }
 
+// The 16-bit operands and outputs of one call (Note [16-bit kernels on the GPU]): a
+// float32 tensor itself, or a rounded copy / a scratch output in the compute type.
+const void* input_in(const Tensor& t, DType compute, Tensor& keep) {
+  if (compute == DType::Float32) return t.raw_data();
+  keep = detail::narrowed(t, compute);
+  return keep.raw_data();
+}
+
+void* output_in(Tensor& t, DType compute, Tensor& keep) {
+  if (compute == DType::Float32) return t.raw_data();
+  keep = Tensor::empty(t.shape(), compute, t.device());
+  return keep.raw_data();
+}
+
+void check_compute(const char* op, DType compute) {
+  MTRAIN_CHECK(compute == DType::Float32 || compute == DType::BFloat16 || compute == DType::Float16,
+               "{}: no compute type {}", op, dtype_name(compute));
+}
+
 }  // namespace
 
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
                     const ops::Conv2dParams& p) {
   const ConvDirection dir = ConvDirection::Forward;
   const ConvShape s = conv_shape(op_name(dir), "x", x, w, "y", y, p);
+  check_compute(op_name(dir), p.compute);
   const int device = x.device().index;
   if (b.defined()) check_on_shape(op_name(dir), "b", b, x.device(), {s.o});
   if (s.n == 0 || s.o == 0) return;
   cuda::DeviceGuard guard(device);
+  Tensor x16, w16, y16;
+  const void* px = input_in(x, p.compute, x16);
+  const void* pw = input_in(w, p.compute, w16);
+  void* py = output_in(y, p.compute, y16);
   const ConvCall what{dir, s, p};
-  ConvPlan& plan = cached_plan(what, device, {x.raw_data(), w.raw_data(), y.shape()});
+  ConvPlan& plan = cached_plan(what, device, {px, pw, y.shape(), p.compute});
   std::lock_guard<std::mutex> lock(plan.mu);
   cudnnHandle_t handle = cuda::cudnn_handle(device);
   const float one = 1.0f, zero = 0.0f;
   run_plan(plan, device, "cudnnConvolutionForward", what,
            [&](const Candidate& c, cudnnConvolutionDescriptor_t conv, void* ws, size_t ws_bytes) {
-             return cudnnConvolutionForward(
-                 handle, &one, plan.x.get(), x.raw_data(), plan.w.get(), w.raw_data(), conv,
-                 static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws, ws_bytes, &zero,
-                 plan.y.get(), y.raw_data());
+             return cudnnConvolutionForward(handle, &one, plan.x.get(), px, plan.w.get(), pw, conv,
+                                            static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws,
+                                            ws_bytes, &zero, plan.y.get(), py);
            });
+  if (y16.defined()) detail::widen_into(y16, y, /*accumulate=*/false);
   if (b.defined()) {
-    // y += b broadcast over n, h, w.
+    // y += b broadcast over n, h, w, in float32.
     MTRAIN_CUDNN_CHECK(cudnnAddTensor(handle, &one, plan.bias.get(), b.raw_data(), &one,
-                                      plan.y.get(), y.raw_data()),
+                                      plan.y_float.get(), y.raw_data()),
                        what.str());
   }
 }
@@ -550,6 +593,7 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
                op_name(dir), dy.str());
   check_on(op_name(dir), "dx", dx, dy.device());
   const ConvShape s = conv_shape(op_name(dir), "dx", dx, w, "dy", dy, p);
+  check_compute(op_name(dir), p.compute);
   const int device = dx.device().index;
   if (s.n == 0 || s.c == 0) return;
   cuda::DeviceGuard guard(device);
@@ -557,24 +601,30 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
     dx.zero_();
     return;
   }
+  Tensor dy16, w16, dx16;
+  const void* pdy = input_in(dy, p.compute, dy16);
+  const void* pw = input_in(w, p.compute, w16);
+  void* pdx = output_in(dx, p.compute, dx16);
   const ConvCall what{dir, s, p};
-  ConvPlan& plan = cached_plan(what, device, {w.raw_data(), dy.raw_data(), dx.shape()});
+  ConvPlan& plan = cached_plan(what, device, {pw, pdy, dx.shape(), p.compute});
   std::lock_guard<std::mutex> lock(plan.mu);
   cudnnHandle_t handle = cuda::cudnn_handle(device);
   const float one = 1.0f, zero = 0.0f;
   run_plan(plan, device, "cudnnConvolutionBackwardData", what,
            [&](const Candidate& c, cudnnConvolutionDescriptor_t conv, void* ws, size_t ws_bytes) {
              return cudnnConvolutionBackwardData(
-                 handle, &one, plan.w.get(), w.raw_data(), plan.y.get(), dy.raw_data(), conv,
+                 handle, &one, plan.w.get(), pw, plan.y.get(), pdy, conv,
                  static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws, ws_bytes, &zero,
-                 plan.x.get(), dx.raw_data());
+                 plan.x.get(), pdx);
            });
+  if (dx16.defined()) detail::widen_into(dx16, dx, /*accumulate=*/false);
 }
 
 void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db,
                              const ops::Conv2dParams& p, bool accumulate) {
   const ConvDirection dir = ConvDirection::BackwardWeights;
   const ConvShape s = conv_shape(op_name(dir), "x", x, dw, "dy", dy, p);
+  check_compute(op_name(dir), p.compute);
   const int device = x.device().index;
   if (db.defined()) check_on_shape(op_name(dir), "db", db, x.device(), {s.o});
   cuda::DeviceGuard guard(device);
@@ -586,21 +636,29 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tens
     }
     return;
   }
+  Tensor x16, dy16, dw16;
+  const void* px = input_in(x, p.compute, x16);
+  const void* pdy = input_in(dy, p.compute, dy16);
+  void* pdw = output_in(dw, p.compute, dw16);
   const ConvCall what{dir, s, p};
-  ConvPlan& plan = cached_plan(what, device, {x.raw_data(), dy.raw_data(), dw.shape()});
+  ConvPlan& plan = cached_plan(what, device, {px, pdy, dw.shape(), p.compute});
   std::lock_guard<std::mutex> lock(plan.mu);
   cudnnHandle_t handle = cuda::cudnn_handle(device);
   const float one = 1.0f;
   const float beta = accumulate ? 1.0f : 0.0f;
+  // A 16-bit dw is written whole, then added into the float32 gradient.
+  const float filter_beta = dw16.defined() ? 0.0f : beta;
   run_plan(plan, device, "cudnnConvolutionBackwardFilter", what,
            [&](const Candidate& c, cudnnConvolutionDescriptor_t conv, void* ws, size_t ws_bytes) {
              return cudnnConvolutionBackwardFilter(
-                 handle, &one, plan.x.get(), x.raw_data(), plan.y.get(), dy.raw_data(), conv,
-                 static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws, ws_bytes, &beta,
-                 plan.w.get(), dw.raw_data());
+                 handle, &one, plan.x.get(), px, plan.y.get(), pdy, conv,
+                 static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws, ws_bytes, &filter_beta,
+                 plan.w.get(), pdw);
            });
+  if (dw16.defined()) detail::widen_into(dw16, dw, accumulate);
   if (db.defined()) {
-    MTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardBias(handle, &one, plan.y.get(), dy.raw_data(),
+    // From the float32 dy, as the linear layers' bias gradient.
+    MTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardBias(handle, &one, plan.y_float.get(), dy.raw_data(),
                                                     &beta, plan.bias.get(), db.raw_data()),
                        what.str());
   }

@@ -460,6 +460,88 @@ TEST_CASE("library calls queue on the caller's current stream") {
   require_close(host(c_gpu), c_cpu, kAtol, kRtol);
 }
 
+// Note [16-bit kernels on the GPU]: cuDNN gets 16-bit x, w and dy and writes a 16-bit
+// result, which is widened into the float32 output; cuBLAS writes float32 directly. So
+// the reference is the CPU's float32 kernel on operands rounded the same way, with the
+// 16-bit output rounding on top for convolutions: up to a relative 2^-8 (bfloat16, 8
+// significant bits) or 2^-11 (float16, 11) of each element, allowed as rtol 2^-7 / 2^-10
+// with kAtol for the small sums. The bias gradient sums the
+// float32 dy on both sides.
+TEST_CASE("16-bit convolutions on cuDNN match the CPU's float32 kernels on rounded operands") {
+  require_gpu();
+  NumericsScope scope(exact_float32());
+  for (const DType t : {DType::BFloat16, DType::Float16}) {
+    INFO("compute " << dtype_name(t));
+    if (!cuda_ops::compute_dtype_supported(t, 0)) {
+      WARN("skipped " << dtype_name(t) << ": this GPU does not compute in it");
+      continue;
+    }
+    const double rtol = t == DType::BFloat16 ? 1.0 / 128 : 1.0 / 1024;
+    uint32_t seed = t == DType::BFloat16 ? 1300 : 1400;
+    for (const ConvCase& k : conv_cases()) {
+      INFO("case: " << k.name);
+      const ConvInputs in = conv_inputs(k, seed += 10);
+      ConvInputs r = in;
+      for (Tensor* operand : {&r.x, &r.w, &r.dy}) {
+        Tensor rounded = Tensor::empty(operand->shape());
+        ops::round_to_dtype(*operand, t, rounded);
+        *operand = rounded;
+      }
+      ConvCase k16 = k;
+      k16.p.compute = t;
+      const ConvOutputs gpu = run_conv(k16, in, kGpu);
+      const ConvOutputs cpu = run_conv(k, r, Device::cpu());
+      const ConvOutputs cpu_plain = run_conv(k, in, Device::cpu());
+      require_close(host(gpu.y), cpu.y, kAtol, rtol);
+      require_close(host(gpu.dx), cpu.dx, kAtol, rtol);
+      require_close(host(gpu.dw), cpu.dw, kAtol, rtol);
+      require_close(host(gpu.dw_acc), cpu.dw_acc, kAtol, rtol);
+      require_close(host(gpu.db), cpu_plain.db, kAtol, kRtol);
+      require_close(host(gpu.db_acc), cpu_plain.db_acc, kAtol, kRtol);
+    }
+  }
+}
+
+TEST_CASE("16-bit linear layers on cuBLAS match the CPU's 16-bit linear layers") {
+  require_gpu();
+  NumericsScope scope(exact_float32());
+  const Tensor x = random_tensor({9, 33}, 1500), w = random_tensor({13, 33}, 1501), b = random_tensor({13}, 1502);
+  const Tensor dy = random_tensor({9, 13}, 1503);
+  for (const DType t : {DType::BFloat16, DType::Float16}) {
+    INFO("compute " << dtype_name(t));
+    if (!cuda_ops::compute_dtype_supported(t, 0)) continue;
+    LinearOutputs out[2];
+    for (const Device device : {Device::cpu(), kGpu}) {
+      LinearOutputs& o = out[device.is_cuda() ? 1 : 0];
+      o.y = poisoned({9, 13}, device);
+      ops::linear_forward(x.to(device), w.to(device), b.to(device), o.y, t);
+      o.dx = poisoned({9, 33}, device);
+      o.dw = Tensor::zeros({13, 33}).to(device);
+      o.db = Tensor::zeros({13}).to(device);
+      ops::linear_backward(x.to(device), w.to(device), dy.to(device), o.dx, o.dw, o.db, /*accumulate=*/true, t);
+    }
+    require_close(host(out[1].y), out[0].y, kAtol, kRtol);
+    require_close(host(out[1].dx), out[0].dx, kAtol, kRtol);
+    require_close(host(out[1].dw), out[0].dw, kAtol, kRtol);
+    require_close(host(out[1].db), out[0].db, kAtol, kRtol);
+  }
+}
+
+TEST_CASE("non_finite_check_and_unscale on the GPU scales and finds inf and NaN as on the CPU") {
+  require_gpu();
+  Tensor a = Tensor::from_vector<float>({2.0f, -4.0f, 3e38f}, {3}).to(kGpu);
+  Tensor b = Tensor::from_vector<float>({8.0f, 0.0f}, {2}).to(kGpu);
+  CHECK_FALSE(ops::non_finite_check_and_unscale({&a, &b}, 0.5f));
+  CHECK(a.to_vector<float>() == std::vector<float>{1.0f, -2.0f, 1.5e38f});
+  CHECK(b.to_vector<float>() == std::vector<float>{4.0f, 0.0f});
+  for (const float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    Tensor big = Tensor::zeros({1 << 20}).to(kGpu);
+    Tensor c = Tensor::from_vector<float>({1.0f, bad}, {2}).to(kGpu);
+    CHECK(ops::non_finite_check_and_unscale({&big, &c}, 0.25f));
+    CHECK(c.to_vector<float>()[0] == 0.25f);
+  }
+}
+
 TEST_CASE("GPU kernels reject tensors on another device, naming the op") {
   require_gpu();
   const Tensor x = random_tensor({1, 2, 4, 4}, 1200).to(kGpu);

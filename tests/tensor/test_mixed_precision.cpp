@@ -1,0 +1,166 @@
+// Note [Reduced-precision compute] on the CPU: the rounding itself, checked on values
+// whose rounding is known, then convolutions and linear layers with compute = bfloat16
+// against the float32 kernels applied to rounded inputs, and the loss-scaling check.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "tensor/ops.h"
+#include "tests/tensor/reference.h"
+
+using namespace mtrain;
+using mtrain::ops::Conv2dParams;
+using mtrain::testing::random_tensor;
+using mtrain::testing::require_close;
+
+namespace {
+
+std::vector<float> rounded(std::vector<float> values, DType to) {
+  Tensor t = Tensor::from_vector<float>(values, {static_cast<int64_t>(values.size())});
+  ops::round_to_dtype(t, to, t);
+  const float* p = t.data<float>();
+  return {p, p + t.numel()};
+}
+
+Tensor rounded(const Tensor& t, DType to) {
+  Tensor r = Tensor::empty(t.shape());
+  ops::round_to_dtype(t, to, r);
+  return r;
+}
+
+// Largest |a - b| over the elements.
+double max_gap(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  double m = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    m = std::max(m, std::fabs(static_cast<double>(a.data<float>()[i]) - b.data<float>()[i]));
+  }
+  return m;
+}
+
+bool bf16_convolutions() {
+  if (ops::compute_dtype_supported(DType::BFloat16, Device::cpu())) return true;
+  WARN("skipped: oneDNN has no bfloat16 convolutions on this CPU");
+  return false;
+}
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+}  // namespace
+
+TEST_CASE("round_to_dtype rounds to nearest even, keeps NaN and overflows to infinity", "[mixed]") {
+  const float one = 1.0f;
+  // bfloat16 keeps 7 mantissa bits: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 (odd) -> 1;
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even) -> 1 + 2^-6.
+  const auto b = rounded({one, one + std::ldexp(1.0f, -8), one + 3 * std::ldexp(1.0f, -8),
+                          one + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20), -2.5f,
+                          std::numeric_limits<float>::max(), kInf, std::nanf("")},
+                         DType::BFloat16);
+  CHECK(b[0] == one);
+  CHECK(b[1] == one);
+  CHECK(b[2] == one + std::ldexp(1.0f, -6));
+  CHECK(b[3] == one + std::ldexp(1.0f, -7));  // above the halfway point
+  CHECK(b[4] == -2.5f);
+  CHECK(b[5] == kInf);
+  CHECK(b[6] == kInf);
+  CHECK(std::isnan(b[7]));
+  // float16: 10 mantissa bits, largest finite 65504, smallest subnormal 2^-24.
+  const auto h = rounded({one + std::ldexp(1.0f, -11), 65504.0f, 65520.0f, std::ldexp(1.0f, -24),
+                          std::ldexp(1.0f, -26), 0.1f},
+                         DType::Float16);
+  CHECK(h[0] == one);
+  CHECK(h[1] == 65504.0f);
+  CHECK(h[2] == kInf);  // halfway to 65536, which is past the range: to even = infinity
+  CHECK(h[3] == std::ldexp(1.0f, -24));
+  CHECK(h[4] == 0.0f);
+  CHECK(h[5] == 0.0999755859375f);
+}
+
+TEST_CASE("bfloat16 convolutions equal float32 ones on rounded operands", "[mixed]") {
+  if (!bf16_convolutions()) return;
+  struct Case {
+    int64_t n, c, h, o, k;
+    int stride, pad;
+  };
+  for (const Case& c : {Case{2, 3, 9, 8, 3, 1, 1}, Case{3, 16, 7, 32, 3, 2, 1}, Case{2, 8, 6, 16, 1, 1, 0},
+                        Case{2, 1, 12, 6, 5, 1, 0}}) {
+    INFO("n " << c.n << " c " << c.c << " h " << c.h << " o " << c.o << " k " << c.k);
+    const Tensor x = random_tensor({c.n, c.c, c.h, c.h}, 1);
+    const Tensor w = random_tensor({c.o, c.c, c.k, c.k}, 2);
+    const Tensor b = random_tensor({c.o}, 3);
+    Conv2dParams p32{c.stride, c.stride, c.pad, c.pad};
+    Conv2dParams p16 = p32;
+    p16.compute = DType::BFloat16;
+    const int64_t oh = ops::conv_out_size(c.h, c.k, c.stride, c.pad);
+    const Tensor dy = random_tensor({c.n, c.o, oh, oh}, 4);
+    const Tensor xr = rounded(x, DType::BFloat16), wr = rounded(w, DType::BFloat16),
+                 dyr = rounded(dy, DType::BFloat16);
+
+    // Forward: the products are exact in float32, only the order of the sums differs.
+    Tensor y16 = Tensor::empty({c.n, c.o, oh, oh}), y_ref = Tensor::empty({c.n, c.o, oh, oh}),
+           y32 = Tensor::empty({c.n, c.o, oh, oh});
+    ops::conv2d_forward(x, w, b, y16, p16);
+    ops::conv2d_forward(xr, wr, b, y_ref, p32);
+    ops::conv2d_forward(x, w, b, y32, p32);
+    require_close(y16, y_ref, 1e-5, 1e-5);
+    // ... and not what float32 computes on the unrounded operands (bf16 moved them by up
+    // to 2^-8 relative each, so the sums move by about 1e-3).
+    CHECK(max_gap(y16, y32) > 1e-4);
+
+    Tensor dx16 = Tensor::empty(x.shape()), dx_ref = Tensor::empty(x.shape());
+    ops::conv2d_backward_data(dy, w, dx16, p16);
+    ops::conv2d_backward_data(dyr, wr, dx_ref, p32);
+    require_close(dx16, dx_ref, 1e-5, 1e-5);
+
+    // Weights: accumulated onto existing values; the bias gradient sums the float32 dy.
+    Tensor dw16 = random_tensor(w.shape(), 5), dw_ref = dw16.clone();
+    Tensor db16 = random_tensor({c.o}, 6), db_ref = db16.clone();
+    Tensor db_unused = random_tensor({c.o}, 6);
+    ops::conv2d_backward_weights(x, dy, dw16, db16, p16, /*accumulate=*/true);
+    ops::conv2d_backward_weights(xr, dyr, dw_ref, db_unused, p32, /*accumulate=*/true);
+    Tensor dw_ignored = Tensor::zeros(w.shape());
+    ops::conv2d_backward_weights(x, dy, dw_ignored, db_ref, p32, /*accumulate=*/true);
+    require_close(dw16, dw_ref, 1e-4, 1e-5);
+    require_close(db16, db_ref, 1e-5, 1e-5);
+  }
+}
+
+TEST_CASE("bfloat16 linear layers equal float32 ones on rounded operands", "[mixed]") {
+  const Tensor x = random_tensor({5, 7}, 11), w = random_tensor({3, 7}, 12), b = random_tensor({3}, 13);
+  const Tensor dy = random_tensor({5, 3}, 14);
+  const DType bf16 = DType::BFloat16;
+  Tensor y16 = Tensor::empty({5, 3}), y_ref = Tensor::empty({5, 3});
+  ops::linear_forward(x, w, b, y16, bf16);
+  ops::linear_forward(rounded(x, bf16), rounded(w, bf16), b, y_ref);
+  require_close(y16, y_ref, 1e-6, 1e-6);
+  Tensor dx16 = Tensor::empty({5, 7}), dw16 = Tensor::zeros({3, 7}), db16 = Tensor::zeros({3});
+  Tensor dx_ref = Tensor::empty({5, 7}), dw_ref = Tensor::zeros({3, 7}), db_unused = Tensor::zeros({3});
+  Tensor db_ref = Tensor::zeros({3}), dx_unused = Tensor(), dw_unused = Tensor::zeros({3, 7});
+  ops::linear_backward(x, w, dy, dx16, dw16, db16, /*accumulate=*/true, bf16);
+  ops::linear_backward(rounded(x, bf16), rounded(w, bf16), rounded(dy, bf16), dx_ref, dw_ref, db_unused, true);
+  ops::linear_backward(x, w, dy, dx_unused, dw_unused, db_ref, true);
+  require_close(dx16, dx_ref, 1e-6, 1e-6);
+  require_close(dw16, dw_ref, 1e-6, 1e-6);
+  require_close(db16, db_ref, 1e-6, 1e-6);  // the float32 dy
+}
+
+TEST_CASE("non_finite_check_and_unscale scales every gradient and finds inf and NaN anywhere", "[mixed]") {
+  const auto make = [](std::vector<float> v) {
+    return Tensor::from_vector<float>(v, {static_cast<int64_t>(v.size())});
+  };
+  Tensor a = make({2.0f, -4.0f, 3e38f}), b = make({8.0f, 0.0f});
+  CHECK_FALSE(ops::non_finite_check_and_unscale({&a, &b}, 0.5f));
+  CHECK(a.to_vector<float>() == std::vector<float>{1.0f, -2.0f, 1.5e38f});
+  CHECK(b.to_vector<float>() == std::vector<float>{4.0f, 0.0f});
+  for (const float bad : {kInf, -kInf, std::nanf("")}) {
+    Tensor c = make({1.0f, 1.0f}), d = make({1.0f, bad, 1.0f});
+    CHECK(ops::non_finite_check_and_unscale({&c, &d}, 0.25f));
+    CHECK(c.to_vector<float>()[0] == 0.25f);
+  }
+  // A large tensor, split over threads, with one infinity near its end.
+  Tensor big = Tensor::zeros({300000});
+  big.data<float>()[299990] = kInf;
+  CHECK(ops::non_finite_check_and_unscale({&big}, 1.0f));
+}
