@@ -30,7 +30,7 @@ Tensor Linear::forward(const Tensor& x) {
   detail::check_matrix_batch(description_, x, in_features_);
   detail::check_input_device(description_, x, weight_.value);
   Tensor y = Tensor::empty({x.size(0), out_features_}, DType::Float32, x.device());
-  ops::linear_forward(x, weight_.value, bias_.value, y);
+  ops::linear_forward(x, weight_.value, bias_.value, y, compute_);
   input_ = x;
   output_shape_ = y.shape();
   return y;
@@ -43,7 +43,7 @@ Tensor Linear::backward(const Tensor& dy) {
   Tensor dx = input_grad_needed() ? Tensor::empty(input_.shape(), DType::Float32, input_.device())
                                   : Tensor();  // undefined: not computed
   ops::linear_backward(input_, weight_.value, dy, dx, weight_.grad, bias_.grad,
-                       /*accumulate=*/true);
+                       /*accumulate=*/true, compute_);
   if (has_bias_) notify_grad_ready(bias_);
   notify_grad_ready(weight_);
   input_ = Tensor();  // Note [Saved tensors die with backward] (module.h)

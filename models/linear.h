@@ -20,6 +20,9 @@ class Linear : public Module {
   int64_t out_features() const { return out_features_; }
   Parameter& weight() { return weight_; }
   Parameter& bias() { return bias_; }  // value undefined without bias
+  // The type the products are formed in (Note [Mixed precision] in mixed_precision.h).
+  void set_compute_dtype(DType compute) { compute_ = compute; }
+  DType compute_dtype() const { return compute_; }
 
  private:
   int64_t in_features_;
@@ -28,6 +31,7 @@ class Linear : public Module {
   std::string description_;
   Parameter weight_;
   Parameter bias_;
+  DType compute_ = DType::Float32;
   Tensor input_;
   Shape output_shape_;
 };

@@ -99,6 +99,17 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
   if (o.device == "cpu" && o.backend == "nccl") {
     throw InvalidArgument("--backend nccl needs GPUs, but --device cpu trains on the CPU: use --backend gloo or mpi");
   }
+  check_choice("--amp", o.amp, {"off", "bf16", "fp16"});
+  check_choice("--loss-scale", o.loss_scale, {"auto", "dynamic", "none"});
+  if (!(std::isfinite(o.initial_loss_scale) && o.initial_loss_scale > 0 &&
+        o.initial_loss_scale <= std::numeric_limits<float>::max())) {
+    throw InvalidArgument(fmt::format("--initial-loss-scale: expected a number > 0 that float32 can hold, found {}",
+                                      o.initial_loss_scale));
+  }
+  if (o.loss_scale_growth_interval < 1) {
+    throw InvalidArgument(fmt::format("--loss-scale-growth-interval: expected an integer >= 1, found {}",
+                                      o.loss_scale_growth_interval));
+  }
   check_choice("--lr-scaling", o.lr_scaling, {"none", "linear"});
   check_choice("--lr-schedule", o.lr_schedule, {"constant", "step", "cosine"});
   if (!(std::isfinite(o.bucket_cap_mb) && o.bucket_cap_mb > 0)) {
@@ -172,7 +183,11 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
     ("device", "where each replica trains: auto (its GPU when one is usable, else the CPU) | cuda | cpu", cxxopts::value<std::string>()->default_value(d.device))
     ("cudnn-benchmark", "GPU: time cuDNN's convolution algorithms for each new shape and keep the fastest (torch.backends.cudnn.benchmark)")
     ("deterministic", "GPU: only convolution algorithms cuDNN documents as deterministic (torch.backends.cudnn.deterministic)")
-    ("no-tf32", "GPU: full float32 convolutions, no TF32 tensor cores (matrix products never use TF32)");
+    ("no-tf32", "GPU: full float32 convolutions, no TF32 tensor cores (matrix products never use TF32)")
+    ("amp", "mixed precision: off | bf16 | fp16 (convolutions and linear layers multiply in 16 bits, everything else stays float32; bf16 needs a CPU with AVX512_BF16 or a GPU, fp16 a GPU or AVX512_FP16)", cxxopts::value<std::string>()->default_value(d.amp))
+    ("loss-scale", "auto (dynamic with --amp fp16, else none) | dynamic (scale the loss, skip steps whose gradients overflow, as GradScaler) | none", cxxopts::value<std::string>()->default_value(d.loss_scale))
+    ("initial-loss-scale", "the dynamic loss scale's starting value", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.initial_loss_scale)))
+    ("loss-scale-growth-interval", "steps with finite gradients after which the dynamic loss scale doubles", cxxopts::value<std::string>()->default_value(std::to_string(d.loss_scale_growth_interval)));
   spec.add_options("Distributed")
     ("backend", "collectives: auto (nccl on GPUs, mpi under mpirun, else gloo) | gloo | mpi | nccl", cxxopts::value<std::string>()->default_value(d.backend))
     ("bucket-cap-mb", "gradient bucket size cap in MiB (the first bucket is 1 MiB)", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.bucket_cap_mb)))
@@ -248,6 +263,10 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   o.cudnn_benchmark = r.count("cudnn-benchmark") != 0;
   o.deterministic = r.count("deterministic") != 0;
   o.allow_tf32 = r.count("no-tf32") == 0;
+  o.amp = r["amp"].as<std::string>();
+  o.loss_scale = r["loss-scale"].as<std::string>();
+  read_double(r, "initial-loss-scale", o.initial_loss_scale);
+  read_int(r, "loss-scale-growth-interval", o.loss_scale_growth_interval, 1, kMax);
 
   o.backend = r["backend"].as<std::string>();
   read_double(r, "bucket-cap-mb", o.bucket_cap_mb);

@@ -46,6 +46,13 @@ struct TrainOptions {
   bool deterministic = false;           // only algorithms cuDNN documents as deterministic
   bool allow_tf32 = true;               // TF32 tensor cores for convolutions (--no-tf32 turns off)
 
+  // Mixed precision (Note [Mixed precision] in models/mixed_precision.h) and loss
+  // scaling (Note [Dynamic loss scaling] in trainer/loss_scaler.h).
+  std::string amp = "off";              // off|bf16|fp16
+  std::string loss_scale = "auto";      // auto (dynamic with fp16, else none)|dynamic|none
+  double initial_loss_scale = 65536.0;
+  int64_t loss_scale_growth_interval = 2000;
+
   // Checkpoints and preemption (docs/training.md "Checkpoints and preemption").
   std::string checkpoint_dir;           // resume from / write DIR/checkpoint.safetensors; empty = none
   int64_t checkpoint_every = 0;         // optimizer steps between checkpoints; 0 = epoch ends and stops only

@@ -15,6 +15,7 @@
 #include "data/sampler.h"
 #include "models/init.h"
 #include "models/optim.h"
+#include "models/mixed_precision.h"
 #include "models/sync_batchnorm.h"
 #include "models/zoo.h"
 #include "tensor/cuda_memory.h"
@@ -99,6 +100,26 @@ std::shared_ptr<data::DataLoader> make_loader(std::shared_ptr<const data::Datase
   return std::make_shared<data::DataLoader>(std::move(dataset), std::move(sampler), o);
 }
 
+// --loss-scale auto: dynamic exactly when float16 needs it (Note [Dynamic loss scaling]).
+bool uses_loss_scaler(const TrainOptions& o) {
+  return o.loss_scale == "dynamic" || (o.loss_scale == "auto" && o.amp == "fp16");
+}
+
+// The compute type --amp asks for, once it is known to exist on `device`.
+DType amp_compute_dtype(const TrainOptions& o, const Device& device) {
+  if (o.amp == "off") return DType::Float32;
+  const DType t = o.amp == "bf16" ? DType::BFloat16 : DType::Float16;
+  if (!ops::compute_dtype_supported(t, device)) {
+    throw InvalidArgument(fmt::format(
+        "--amp {}: {} has no {} convolutions ({}); run without --amp", o.amp, device.str(), dtype_name(t),
+        device.is_cuda() ? (t == DType::BFloat16 ? "bfloat16 needs compute capability 8.0 or newer"
+                                                 : "float16 needs compute capability 7.0 or newer")
+                         : (t == DType::BFloat16 ? "oneDNN needs AVX512_BF16, or at least AVX-512, for them"
+                                                 : "oneDNN needs AVX512_FP16 for them")));
+  }
+  return t;
+}
+
 SafetensorsMetadata weights_metadata(const TrainOptions& o, int64_t steps) {
   return {{kWeightsModelKey, o.model}, {"mtrain.dataset", o.dataset}, {"mtrain.steps", std::to_string(steps)},
           {"mtrain.seed", std::to_string(o.seed)}, {"mtrain.init", o.init_from.empty() ? o.init : "file"}};
@@ -169,6 +190,8 @@ RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size,
       {"--lr-scaling", o.lr_scaling},
       {"--warmup-epochs", fmt::format("{}", o.warmup_epochs)},
       {"--lr-schedule", o.lr_schedule},
+      {"--amp", o.amp},
+      {"--loss-scale", uses_loss_scaler(o) ? "dynamic" : "none"},
   };
   if (o.lr_schedule != "constant") {
     items.emplace_back("--epochs", std::to_string(o.epochs));
@@ -225,6 +248,7 @@ int run_train_command(const TrainOptions& o) {
   // Before anything is loaded, so that --device cuda without a GPU fails at once.
   const TrainingDevice training_device = set_up_training_device(o, env);
   const Device device = training_device.compute;
+  const DType amp = amp_compute_dtype(o, device);
   const std::string backend = training_device.binding.backend;
   // Whether the run needs a store depends on the backend, which "auto" only names once
   // the device is known (nccl on a GPU even under mpirun).
@@ -244,6 +268,10 @@ int run_train_command(const TrainOptions& o) {
   const ThreadChoice threads = resolve_num_threads(o.threads, env);
   ops::set_num_threads(threads.threads);
   log_device(training_device, threads);
+  if (amp != DType::Float32) {
+    spdlog::info("--amp {}: convolutions and linear layers multiply in {}, everything else stays float32{}", o.amp,
+                 dtype_name(amp), uses_loss_scaler(o) ? "; dynamic loss scaling" : "");
+  }
 
   // Note [Control-plane collectives] (training_groups.h): `group` carries tensors on
   // the training device, `control` host values; one object unless the backend is NCCL.
@@ -305,6 +333,7 @@ int run_train_command(const TrainOptions& o) {
       spdlog::info("--sync-bn: a world of one, so BatchNorm2d already sees the whole batch; nothing converted");
     }
   }
+  if (amp != DType::Float32) models::set_compute_dtype(*model, amp);
   // Nothing uses the gradient of the images: the first layer skips computing it.
   model->set_input_grad_needed(false);
   // Built and initialised on the host (the seeded generators fill host tensors, so
@@ -457,6 +486,14 @@ int run_train_command(const TrainOptions& o) {
     config.checkpoint_every = o.checkpoint_every;
     const int rank = env.rank;
     config.rank = rank;
+    std::optional<LossScaler> scaler;
+    if (uses_loss_scaler(o)) {
+      LossScalerOptions scaling;
+      scaling.initial_scale = o.initial_loss_scale;
+      scaling.growth_interval = o.loss_scale_growth_interval;
+      scaler.emplace(scaling);
+      config.loss_scaler = &*scaler;
+    }
     config.hooks.stop_vote = [rank] { return encode_stop_vote(pending_stop_signal(), rank); };
     if (checkpointer) {
       config.hooks.checkpoint = [&checkpointer](const TrainPosition& p, CheckpointReason reason) {

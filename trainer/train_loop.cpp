@@ -83,6 +83,12 @@ TrainResult TrainLoop::run() {
                steps_per_epoch, start.total_steps);
   total_steps_ = start.total_steps;
   result.end = start;
+  LossScaler* const scaler = config_.loss_scaler;
+  std::vector<Tensor*> grads;  // what the scaler unscales
+  if (scaler != nullptr) {
+    if (start.loss_scaler.scale > 0.0) scaler->restore(start.loss_scaler);
+    for (const models::NamedParameter& p : model_.parameters()) grads.push_back(&p.param->grad);
+  }
   for (int64_t epoch = start.epoch; epoch <= config_.epochs; ++epoch) {
     // Note [Resuming mid-epoch]
     const bool resumed = epoch == start.epoch && (start.steps_in_epoch > 0 || start.epoch_finished);
@@ -116,6 +122,7 @@ TrainResult TrainLoop::run() {
       p.steps_in_epoch = s.steps;
       p.total_steps = total_steps_;
       p.epoch_finished = finished;
+      if (scaler != nullptr) p.loss_scaler = scaler->state();
       if (!finished) {
         p.loss_sum = s.loss_sum;
         p.correct = s.correct;
@@ -164,7 +171,9 @@ TrainResult TrainLoop::run() {
         Tensor dlogits = loss_fn.backward();
         if (accum > 1) ops::scale_(dlogits, 1.0f / static_cast<float>(accum));
         sync_.before_backward(info);
-        if (const float k = sync_.loss_gradient_scale(); k != 1.0f) ops::scale_(dlogits, k);
+        float k = sync_.loss_gradient_scale();
+        if (scaler != nullptr) k *= scaler->scale();
+        if (k != 1.0f) ops::scale_(dlogits, k);
         model_.backward(dlogits);
         sync_.after_backward();
         s.images += r.count;
@@ -186,7 +195,10 @@ TrainResult TrainLoop::run() {
                               "every rank stops (try a smaller --lr than {})",
                               vote.rank, epoch, total_steps_ + 1, optimizer_.lr()));
       }
-      optimizer_.step();
+      // Note [Dynamic loss scaling]: every rank holds the same reduced gradients, so
+      // every rank skips the same steps.
+      const bool skip = scaler != nullptr && scaler->unscale_and_update(grads);
+      if (!skip) optimizer_.step();
       step_seconds += seconds_since(micro_start);
 
       ++total_steps_;
@@ -214,6 +226,10 @@ TrainResult TrainLoop::run() {
                                 {"img_per_s", json_number(img_per_s)},
                                 {"images", window.images},
                                 {"sec", window.seconds}};
+        if (scaler != nullptr) {
+          event["loss_scale"] = scaler->state().scale;
+          event["skipped_steps"] = scaler->state().skipped_steps;
+        }
         if (config_.hooks.extend_metrics) config_.hooks.extend_metrics(event);
         metrics_.write(event);
         window.reset();

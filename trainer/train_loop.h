@@ -16,6 +16,7 @@
 #include "models/optim.h"
 #include "trainer/evaluate.h"
 #include "trainer/gradient_sync.h"
+#include "trainer/loss_scaler.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/metrics.h"
 
@@ -93,6 +94,8 @@ struct TrainPosition {
   int64_t correct = 0;
   int64_t images = 0;
   double train_seconds = 0.0;
+  // The loss scaler's state (scale 0 without one; Note [Dynamic loss scaling]).
+  LossScalerState loss_scaler;
 };
 
 struct TrainLoopConfig {
@@ -110,6 +113,9 @@ struct TrainLoopConfig {
   TrainPosition start;           // where to begin: the default is the very beginning
   int64_t checkpoint_every = 0;  // steps between kEvery checkpoints; 0 = none
   int rank = 0;                  // this process's rank, named in a divergence vote
+  // Scales the loss gradient and unscales the gradients, skipping steps that overflow
+  // (Note [Dynamic loss scaling]); null: no loss scaling.
+  LossScaler* loss_scaler = nullptr;
 };
 
 // Note [Agreeing to diverge]

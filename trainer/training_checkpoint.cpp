@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -25,6 +26,10 @@ constexpr const char* kLossSumKey = "mtrain.position.epoch_loss_sum";
 constexpr const char* kCorrectKey = "mtrain.position.epoch_correct";
 constexpr const char* kImagesKey = "mtrain.position.epoch_images";
 constexpr const char* kTrainSecondsKey = "mtrain.position.epoch_train_seconds";
+// Only with a loss scaler (Note [Dynamic loss scaling]).
+constexpr const char* kLossScaleKey = "mtrain.position.loss_scale";
+constexpr const char* kLossScaleGoodStepsKey = "mtrain.position.loss_scale_good_steps";
+constexpr const char* kSkippedStepsKey = "mtrain.position.skipped_steps";
 
 // What to do about a checkpoint that cannot be used, appended to every such error.
 constexpr const char* kFreshStartHint =
@@ -113,6 +118,11 @@ void save_training_checkpoint(const std::string& path, models::Module& model, mo
   metadata[kCorrectKey] = std::to_string(position.correct);
   metadata[kImagesKey] = std::to_string(position.images);
   metadata[kTrainSecondsKey] = fmt::format("{}", position.train_seconds);
+  if (position.loss_scaler.scale > 0.0) {
+    metadata[kLossScaleKey] = fmt::format("{}", position.loss_scaler.scale);
+    metadata[kLossScaleGoodStepsKey] = std::to_string(position.loss_scaler.good_steps);
+    metadata[kSkippedStepsKey] = std::to_string(position.loss_scaler.skipped_steps);
+  }
   for (const auto& [name, value] : configuration) metadata[kConfigPrefix + name] = value;
   for (const auto& [name, value] : configuration) {
     if (name == "--model") metadata[kWeightsModelKey] = value;
@@ -164,6 +174,15 @@ TrainPosition load_training_checkpoint(const std::string& path, models::Module& 
   position.correct = parse_count(metadata, kCorrectKey, path);
   position.images = parse_count(metadata, kImagesKey, path);
   position.train_seconds = parse_real(metadata, kTrainSecondsKey, path);
+  if (metadata.count(kLossScaleKey) != 0) {
+    position.loss_scaler.scale = parse_real(metadata, kLossScaleKey, path);
+    position.loss_scaler.good_steps = parse_count(metadata, kLossScaleGoodStepsKey, path);
+    position.loss_scaler.skipped_steps = parse_count(metadata, kSkippedStepsKey, path);
+    if (!(position.loss_scaler.scale > 0.0) || !std::isfinite(position.loss_scaler.scale)) {
+      throw IoError(fmt::format("checkpoint {}: \"{}\" should be a finite number > 0, found {}; {}", path,
+                                kLossScaleKey, position.loss_scaler.scale, kFreshStartHint));
+    }
+  }
   if (position.epoch < 1 || position.steps_in_epoch > position.total_steps) {
     throw IoError(fmt::format("checkpoint {}: position epoch {}, {} steps in it, {} in total is impossible; {}",
                               path, position.epoch, position.steps_in_epoch, position.total_steps,

@@ -11,7 +11,8 @@
 // [safetensors layout]):
 //   mtrain.checkpoint_version   kCheckpointVersion; another value is refused
 //   mtrain.model                the zoo model, as in weights files
-//   mtrain.position.*           the TrainPosition (epoch, steps, totals so far)
+//   mtrain.position.*           the TrainPosition (epoch, steps, totals so far, and
+//                               the loss scaler's state when there is one)
 //   mtrain.config.<item>        each item of the run configuration that must match
 // The file is written atomically and checksummed (Note [Atomic writes]), so a kill in
 // the middle of a save leaves the previous checkpoint, and a torn or altered file is

@@ -1,0 +1,65 @@
+#include "trainer/loss_scaler.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "tensor/ops.h"
+
+namespace mtrain {
+
+namespace {
+
+bool valid_scale(double s) { return std::isfinite(s) && s > 0.0 && std::isfinite(static_cast<float>(s)); }
+
+}  // namespace
+
+LossScaler::LossScaler(const LossScalerOptions& options) : options_(options), scale_(options.initial_scale) {
+  if (!valid_scale(options.initial_scale) || !(options.growth_factor > 1.0) ||
+      !(options.backoff_factor > 0.0 && options.backoff_factor < 1.0) || options.growth_interval < 1) {
+    throw InvalidArgument(fmt::format(
+        "loss scaler: expected an initial scale > 0 that float32 can hold, growth factor > 1, backoff factor in "
+        "(0, 1) and growth interval >= 1, found {}, {}, {}, {}",
+        options.initial_scale, options.growth_factor, options.backoff_factor, options.growth_interval));
+  }
+}
+
+bool LossScaler::unscale_and_update(const std::vector<Tensor*>& grads) {
+  const double used = scale_;
+  const bool found_non_finite = ops::non_finite_check_and_unscale(grads, static_cast<float>(1.0 / used));
+  if (found_non_finite) {
+    scale_ = used * options_.backoff_factor;
+    good_steps_ = 0;
+    ++skipped_steps_;
+    ++consecutive_skips_;
+    if (consecutive_skips_ >= kMaxConsecutiveSkips || !valid_scale(scale_)) {
+      throw InvalidArgument(fmt::format(
+          "training diverged: the gradients were not finite in {} steps in a row, down to loss scale {}; "
+          "lowering the scale did not help, so the model itself produces them (try a smaller --lr)",
+          consecutive_skips_, used));
+    }
+    spdlog::info("step skipped: gradients not finite at loss scale {}, which is now {}", used, scale_);
+    return true;
+  }
+  consecutive_skips_ = 0;
+  if (++good_steps_ >= options_.growth_interval) {
+    good_steps_ = 0;
+    // Stay where float32 can still hold the scale (GradScaler does the same check).
+    if (valid_scale(used * options_.growth_factor)) scale_ = used * options_.growth_factor;
+  }
+  return false;
+}
+
+void LossScaler::restore(const LossScalerState& state) {
+  if (!valid_scale(state.scale) || state.good_steps < 0 || state.skipped_steps < 0) {
+    throw InvalidArgument(fmt::format("loss scaler: cannot restore scale {}, {} good steps, {} skipped", state.scale,
+                                      state.good_steps, state.skipped_steps));
+  }
+  scale_ = state.scale;
+  good_steps_ = state.good_steps;
+  skipped_steps_ = state.skipped_steps;
+  consecutive_skips_ = 0;
+}
+
+}  // namespace mtrain
