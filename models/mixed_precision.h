@@ -13,7 +13,10 @@
 // 16-bit outputs from one layer to the next: here each layer's 16-bit operands are
 // formed inside the kernel (on the CPU, by the same reorder that moves them into
 // oneDNN's blocked layout, so the rounding costs no extra pass), which keeps every
-// other kernel single-typed. The cost is that activation memory does not halve.
+// other kernel single-typed. The cost is that activation memory does not halve. On a
+// GPU the float32 tensors between layers hold convolution outputs that cuDNN wrote in
+// 16 bits (Note [16-bit kernels on the GPU] in tensor/cuda_ops.h), so there they carry
+// the same rounding as autocast's.
 //
 // bfloat16 has float32's exponent range, so gradients neither underflow nor overflow
 // and need no loss scaling. float16 has 5 exponent bits: small gradients flush to zero

@@ -5,6 +5,7 @@
 #
 #   scripts/bench-ddp.sh [--runs N] [--models "lenet resnet18"] [--nprocs "1 2"]
 #                        [--bin-dir DIR] [--data-dir DIR] [--no-torch] [--no-sync-bn]
+#                        [--amp bf16]
 #
 # Per model: lenet batch 256 per rank, 5 warm-up + 25 timed steps; resnet18 batch 64
 # per rank, 2 warm-up + 4 timed steps. mtrain's figure is read from rank 0's metrics:
@@ -15,10 +16,12 @@
 # rank, and mtrain / PyTorch; then, for resnet18 at the largest N, the step time with
 # --sync-bn against without, from --runs interleaved pairs of runs, and the share of its
 # step rank 0 spent blocked in SyncBatchNorm's collectives (the metrics' syncbn_wait_sec).
-# Results and the command go in docs/benchmarks.md.
+# --amp bf16 runs both sides in mixed precision: mtrain-train --amp bf16, PyTorch under
+# torch.autocast("cpu", dtype=torch.bfloat16). Results and the command go in
+# docs/benchmarks.md.
 set -euo pipefail
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin_dir="$root/build/bin"
@@ -28,6 +31,7 @@ nprocs="1 2"
 data_dir=""
 torch=1
 sync_bn=1
+amp=off
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -38,6 +42,7 @@ while [[ $# -gt 0 ]]; do
     --data-dir) data_dir=$2; shift 2 ;;
     --no-torch) torch=0; shift ;;
     --no-sync-bn) sync_bn=0; shift ;;
+    --amp) amp=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench-ddp.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -46,6 +51,7 @@ done
 if ! [[ $runs =~ ^[1-9][0-9]*$ ]]; then
   echo "bench-ddp.sh: --runs expects a positive integer, got '$runs'" >&2; exit 2
 fi
+case "$amp" in off|bf16) ;; *) echo "bench-ddp.sh: --amp expects off or bf16, got '$amp'" >&2; exit 2 ;; esac
 for n in $nprocs; do
   if ! [[ $n =~ ^[1-9][0-9]*$ ]]; then
     echo "bench-ddp.sh: --nprocs expects positive integers, got '$n'" >&2; exit 2
@@ -120,7 +126,7 @@ run_mtrain() {
   local steps=$(( $(warmup_of "$model") + $(timed_of "$model") ))
   local args=(--model "$model" --batch-size "$(batch_of "$model")" --threads 1 --no-eval
               --max-steps "$steps" --epochs 1000000 --log-every "$w" --momentum 0 --no-shuffle
-              --metrics "$tmp/$tag.jsonl" --log-level warn "$@")
+              --metrics "$tmp/$tag.jsonl" --log-level warn --amp "$amp" "$@")
   [[ -n $data_dir ]] && args+=(--data-dir "$data_dir")
   if ! OMP_NUM_THREADS=1 "$bin_dir/mtrain-launch" --nproc_per_node="$n" \
       "${rss_wrap_cmd[@]}" "$tmp/$tag.rss" "$bin_dir/mtrain-train" "${args[@]}" > "$tmp/$tag.log" 2>&1; then
@@ -133,7 +139,7 @@ run_mtrain() {
 run_torch() {
   local model=$1 n=$2 tag=$3
   local args=(--model "$model" --batch-size "$(batch_of "$model")" --threads 1
-              --warmup "$(warmup_of "$model")" --steps "$(timed_of "$model")")
+              --warmup "$(warmup_of "$model")" --steps "$(timed_of "$model")" --amp "$amp")
   [[ -n $data_dir ]] && args+=(--data-dir "$data_dir")
   local port=$(( 20000 + RANDOM % 20000 ))
   if ! OMP_NUM_THREADS=1 /usr/bin/python3 -m torch.distributed.run --redirects 1 --tee 1 \
@@ -147,7 +153,7 @@ run_torch() {
 }
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //' || echo unknown)
-echo "data-parallel throughput, 1 thread per rank, median of $runs run(s)"
+echo "data-parallel throughput, 1 thread per rank, median of $runs run(s), --amp $amp"
 echo "machine: $(nproc) cores ($cpu); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 declare -A rate rss wait
 for model in $models; do

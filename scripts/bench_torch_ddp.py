@@ -47,6 +47,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
     ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--amp", choices=["off", "bf16"], default="off",
+                    help="bf16: forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
     ap.add_argument("--data-dir", default=str(HERE.parent / "data" / "fashion-mnist-mini"))
     args = ap.parse_args()
     for name in ("batch_size", "threads", "steps"):
@@ -77,13 +79,13 @@ def main():
 
     # Rank r trains on the r-th of each group of `world` consecutive batches.
     times = ref.timed_steps(model, opt, loss_fn, images, labels, b, args.warmup, args.steps,
-                            batch_start=lambda step: (step * world + rank) * b)
+                            batch_start=lambda step: (step * world + rank) * b, amp=args.amp)
 
     dist.barrier()
     if rank == 0:
         total = sum(times)
         print(json.dumps({"framework": "pytorch-ddp", "version": torch.__version__, "model": args.model,
-                          "world_size": world, "batch_size_per_rank": b, "threads": args.threads,
+                          "world_size": world, "batch_size_per_rank": b, "threads": args.threads, "amp": args.amp,
                           "steps": args.steps, "median_step_s": round(statistics.median(times), 5),
                           "img_per_s": round(world * b * args.steps / total, 1)}), flush=True)
     dist.destroy_process_group()

@@ -79,16 +79,19 @@ def as_float_batch(pixels: torch.Tensor) -> torch.Tensor:
     return pixels.float().div_(255).unsqueeze(1)
 
 
-def timed_steps(model, opt, loss_fn, images, labels, batch, warmup, steps, batch_start):
+def timed_steps(model, opt, loss_fn, images, labels, batch, warmup, steps, batch_start, amp="off"):
     """Seconds of each of `steps` training steps after `warmup` untimed ones. Step k
-    trains on the `batch` images from batch_start(k) (wrapped to stay in range)."""
+    trains on the `batch` images from batch_start(k) (wrapped to stay in range). With
+    amp="bf16" forward and loss run under torch.autocast("cpu", dtype=torch.bfloat16),
+    PyTorch's CPU mixed precision (no loss scaling is needed for bfloat16)."""
     n = images.shape[0]
     times = []
     for step in range(warmup + steps):
         start = batch_start(step) % (n - batch + 1)
         x, y = as_float_batch(images[start:start + batch]), labels[start:start + batch]
         t0 = time.perf_counter()
-        loss = loss_fn(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bf16"):
+            loss = loss_fn(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()

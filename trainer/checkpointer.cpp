@@ -15,7 +15,20 @@ namespace {
 
 // The resume header: whether rank 0 found a checkpoint, the position's counters and
 // whether momentum buffers follow.
-enum HeaderField { kFound, kEpoch, kStepsInEpoch, kTotalSteps, kEpochFinished, kHasMomentum, kHeaderSize };
+// The loss scale travels as the bits of its double: every rank must unscale the reduced
+// gradients by the same factor (Note [Dynamic loss scaling]).
+enum HeaderField {
+  kFound,
+  kEpoch,
+  kStepsInEpoch,
+  kTotalSteps,
+  kEpochFinished,
+  kHasMomentum,
+  kLossScaleBits,
+  kLossScaleGoodSteps,
+  kSkippedSteps,
+  kHeaderSize
+};
 
 // How rank 0's operation ended, as broadcast by share_outcome.
 enum OutcomeKind : int64_t { kSucceeded = 0, kInvalidArgument = 1, kIoError = 2, kOtherError = 3 };
@@ -110,6 +123,9 @@ std::optional<TrainPosition> Checkpointer::resume() {
       h[kTotalSteps] = position->total_steps;
       h[kEpochFinished] = position->epoch_finished ? 1 : 0;
       h[kHasMomentum] = optimizer_.momentum_buffers().empty() || !optimizer_.momentum_buffers()[0].defined() ? 0 : 1;
+      std::memcpy(&h[kLossScaleBits], &position->loss_scaler.scale, sizeof(double));
+      h[kLossScaleGoodSteps] = position->loss_scaler.good_steps;
+      h[kSkippedSteps] = position->loss_scaler.skipped_steps;
     }
   }
   share_outcome(control_, rank_, failure);
@@ -135,6 +151,9 @@ std::optional<TrainPosition> Checkpointer::resume() {
   p.steps_in_epoch = h[kStepsInEpoch];
   p.total_steps = h[kTotalSteps];
   p.epoch_finished = h[kEpochFinished] != 0;
+  std::memcpy(&p.loss_scaler.scale, &h[kLossScaleBits], sizeof(double));
+  p.loss_scaler.good_steps = h[kLossScaleGoodSteps];
+  p.loss_scaler.skipped_steps = h[kSkippedSteps];
   return p;
 }
 

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "tensor/ops.h"
@@ -11,7 +12,11 @@ namespace mtrain {
 
 namespace {
 
-bool valid_scale(double s) { return std::isfinite(s) && s > 0.0 && std::isfinite(static_cast<float>(s)); }
+// A normal float32 whose reciprocal is one too: the loss gradient is multiplied by the
+// scale and the gradients by its reciprocal, both in float32.
+bool valid_scale(double s) {
+  return s >= std::numeric_limits<float>::min() && s <= std::numeric_limits<float>::max();
+}
 
 }  // namespace
 
@@ -19,8 +24,8 @@ LossScaler::LossScaler(const LossScalerOptions& options) : options_(options), sc
   if (!valid_scale(options.initial_scale) || !(options.growth_factor > 1.0) ||
       !(options.backoff_factor > 0.0 && options.backoff_factor < 1.0) || options.growth_interval < 1) {
     throw InvalidArgument(fmt::format(
-        "loss scaler: expected an initial scale > 0 that float32 can hold, growth factor > 1, backoff factor in "
-        "(0, 1) and growth interval >= 1, found {}, {}, {}, {}",
+        "loss scaler: expected an initial scale in [2^-126, float32's largest], growth factor > 1, backoff "
+        "factor in (0, 1) and growth interval >= 1, found {}, {}, {}, {}",
         options.initial_scale, options.growth_factor, options.backoff_factor, options.growth_interval));
   }
 }

@@ -11,12 +11,19 @@
 // and the run goes on with the next batch; after `growth_interval` steps in a row with
 // finite gradients S is doubled, so it keeps tracking the largest safe value. Defaults
 // are GradScaler's: S starts at 2^16, factors 2 and 0.5, interval 2000. Scaling by a
-// power of two is exact in floating point, so while nothing overflows the step equals
-// the unscaled one bit for bit.
+// power of two is exact in floating point, so with a power-of-two S (any the defaults
+// produce) and while nothing overflows or underflows, the step equals the unscaled one
+// bit for bit. The scale only multiplies backward: a loss that is not finite is a
+// forward problem no scale fixes, and stops the run as diverged (Note [Agreeing to
+// diverge] in train_loop.h) instead of being skipped, where GradScaler would skip and
+// halve forever.
 //
 // In a distributed run no collective is needed to agree on skipping: the check runs on
 // the all-reduced gradients, and an infinite or NaN element on any rank makes the sum
-// non-finite on every rank. A skipped step still counts as a step (the learning-rate
+// non-finite on every rank (the reduced buckets are bitwise the same on every rank, the
+// property that keeps the replicas identical and --check-replicas verifies). Every rank
+// therefore holds the same S, including after a resume (checkpointer.cpp sends rank 0's
+// state to all). A skipped step still counts as a step (the learning-rate
 // schedule, --max-steps and checkpoints see it), as in a PyTorch loop with GradScaler.
 // Gradients that are never finite are a diverged run, not an overflow: after
 // kMaxConsecutiveSkips skipped steps in a row the run stops with an error (GradScaler

@@ -101,10 +101,12 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
   }
   check_choice("--amp", o.amp, {"off", "bf16", "fp16"});
   check_choice("--loss-scale", o.loss_scale, {"auto", "dynamic", "none"});
-  if (!(std::isfinite(o.initial_loss_scale) && o.initial_loss_scale > 0 &&
+  // A normal float32 whose reciprocal is finite (both multiply gradients in float32).
+  if (!(o.initial_loss_scale >= std::numeric_limits<float>::min() &&
         o.initial_loss_scale <= std::numeric_limits<float>::max())) {
-    throw InvalidArgument(fmt::format("--initial-loss-scale: expected a number > 0 that float32 can hold, found {}",
-                                      o.initial_loss_scale));
+    throw InvalidArgument(fmt::format(
+        "--initial-loss-scale: expected a number from 1.2e-38 to 3.4e38 (a normal float32), found {}",
+        o.initial_loss_scale));
   }
   if (o.loss_scale_growth_interval < 1) {
     throw InvalidArgument(fmt::format("--loss-scale-growth-interval: expected an integer >= 1, found {}",
@@ -184,7 +186,7 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
     ("cudnn-benchmark", "GPU: time cuDNN's convolution algorithms for each new shape and keep the fastest (torch.backends.cudnn.benchmark)")
     ("deterministic", "GPU: only convolution algorithms cuDNN documents as deterministic (torch.backends.cudnn.deterministic)")
     ("no-tf32", "GPU: full float32 convolutions, no TF32 tensor cores (matrix products never use TF32)")
-    ("amp", "mixed precision: off | bf16 | fp16 (convolutions and linear layers multiply in 16 bits, everything else stays float32; bf16 needs a CPU with AVX512_BF16 or a GPU, fp16 a GPU or AVX512_FP16)", cxxopts::value<std::string>()->default_value(d.amp))
+    ("amp", "mixed precision: off | bf16 | fp16 (convolutions and linear layers multiply in 16 bits, everything else stays float32; bf16 needs a GPU of compute capability 8.0+ or an AVX-512 CPU, at full speed with AVX512_BF16; fp16 a GPU of 7.0+ or a CPU with AVX512_FP16)", cxxopts::value<std::string>()->default_value(d.amp))
     ("loss-scale", "auto (dynamic with --amp fp16, else none) | dynamic (scale the loss, skip steps whose gradients overflow, as GradScaler) | none", cxxopts::value<std::string>()->default_value(d.loss_scale))
     ("initial-loss-scale", "the dynamic loss scale's starting value", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.initial_loss_scale)))
     ("loss-scale-growth-interval", "steps with finite gradients after which the dynamic loss scale doubles", cxxopts::value<std::string>()->default_value(std::to_string(d.loss_scale_growth_interval)));

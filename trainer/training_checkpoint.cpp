@@ -66,6 +66,13 @@ double parse_real(const SafetensorsMetadata& metadata, const char* key, const st
   return value;
 }
 
+// Items added to the run configuration after checkpoints already existed, with the
+// value that a checkpoint without them was written under.
+const std::map<std::string, std::string>& unrecorded_defaults() {
+  static const std::map<std::string, std::string> defaults = {{"--amp", "off"}, {"--loss-scale", "none"}};
+  return defaults;
+}
+
 // Every item whose value differs, in `expected`'s order, then items only the file has.
 std::vector<std::string> configuration_differences(const SafetensorsMetadata& metadata,
                                                    const RunConfiguration& expected) {
@@ -75,6 +82,8 @@ std::vector<std::string> configuration_differences(const SafetensorsMetadata& me
     known.insert(name);
     const auto it = metadata.find(kConfigPrefix + name);
     if (it == metadata.end()) {
+      const auto implied = unrecorded_defaults().find(name);
+      if (implied != unrecorded_defaults().end() && implied->second == value) continue;
       differences.push_back(fmt::format("{} is {} here, unrecorded in the checkpoint", name, value));
     } else if (it->second != value) {
       differences.push_back(fmt::format("{} is {} here, {} in the checkpoint", name, value, it->second));

@@ -7,8 +7,9 @@
 // cudnnConvolutionBackwardData/Filter, cudnnGet*Algorithm_v7, cudnnFind*AlgorithmEx).
 // cuDNN 9 marks it deprecated (CUDNN_DEPRECATED, a warning only with
 // CUDNN_WARN_DEPRECATED) but ships it in libcudnn_cnn; checked against cuDNN 9.19's
-// cudnn_cnn.h. It covers NCHW float32 convolutions with a few calls each, where the graph
-// API would need an operation graph and engine configuration per shape.
+// cudnn_cnn.h. It covers NCHW convolutions, float32 and the pseudo-16-bit
+// configurations (Note [16-bit kernels on the GPU] in cuda_ops.h), with a few calls each,
+// where the graph API would need an operation graph and engine configuration per shape.
 //
 // Choosing an algorithm costs more than running a small convolution (heuristics query
 // the library; benchmark mode times every algorithm), and training repeats the same few
@@ -17,7 +18,8 @@
 // usable algorithms, best first (Note [Convolution algorithm choice] in cuda_ops.h says
 // what "best" means in each mode). An algorithm is usable when cuDNN reports it
 // supported, it is deterministic if numerics().deterministic asks for that, its math type
-// agrees with allow_tf32, and its workspace fits workspace_limit() at planning time.
+// agrees with allow_tf32 (for float32 data; 16-bit plans search with tensor-op math and
+// take whatever cuDNN rates), and its workspace fits workspace_limit() at planning time.
 //
 // The math type is a property of the convolution descriptor, and cuDNN reports per
 // algorithm which math type it was rated with (with TF32 allowed it may offer both

@@ -141,6 +141,24 @@ TEST_CASE("with --amp bf16 and dynamic loss scaling, 2 ranks x batch 16 still tr
   CHECK(f32 > 100 * same);
 }
 
+TEST_CASE("a 2-rank run resumed with dynamic loss scaling continues with one scale on every rank", "[multiproc]") {
+  // Rank 0 reads the checkpoint; the others must get its loss scale too, or each would
+  // unscale the same reduced gradients by another factor and the replicas would part.
+  TempDir dir;
+  const std::vector<std::string> base = {"--model", "mlp", "--batch-size", "16", "--no-eval", "--loss-scale",
+                                         "dynamic", "--initial-loss-scale", "1024", "--loss-scale-growth-interval",
+                                         "2", "--check-replicas", "1"};
+  const auto straight = dir.file("straight.safetensors");
+  const auto resumed = dir.file("resumed.safetensors");
+  const auto ckpt = dir.file("ckpt");
+  require_success(launch(2, concat(base, {"--max-steps", "7", "--save-final", straight})));
+  require_success(launch(2, concat(base, {"--max-steps", "3", "--checkpoint-dir", ckpt})));
+  require_success(launch(2, concat(base, {"--max-steps", "7", "--checkpoint-dir", ckpt, "--save-final", resumed})));
+  const auto d = mtrain::testing::compare_weights(straight, resumed);
+  INFO(d.describe());
+  CHECK(d.identical());
+}
+
 TEST_CASE("--grad-accum 2 with batch 16 equals batch 32, in one and in two ranks", "[multiproc]") {
   TempDir dir;
   const auto accum = dir.file("accum.safetensors");

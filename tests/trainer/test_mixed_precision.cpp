@@ -112,6 +112,7 @@ TEST_CASE("LossScaler: never grows past float32, and gradients never finite are 
 
   CHECK_THROWS_AS(LossScaler(LossScalerOptions{0.0}), mtrain::InvalidArgument);
   CHECK_THROWS_AS(LossScaler(LossScalerOptions{1e39}), mtrain::InvalidArgument);
+  CHECK_THROWS_AS(LossScaler(LossScalerOptions{1e-39}), mtrain::InvalidArgument);  // 1/scale overflows
   LossScaler r(LossScalerOptions{});
   CHECK_THROWS_AS(r.restore({-1.0, 0, 0}), mtrain::InvalidArgument);
   r.restore({256.0, 5, 2});
@@ -231,8 +232,9 @@ TEST_CASE("mixed precision without the CPU's support, and bad loss-scale flags, 
   for (const auto& [flags, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--amp", "fp8"}, "--amp: unknown value 'fp8' (valid: off, bf16, fp16)"},
            {{"--loss-scale", "static"}, "--loss-scale: unknown value 'static' (valid: auto, dynamic, none)"},
-           {{"--initial-loss-scale", "0"}, "--initial-loss-scale: expected a number > 0 that float32 can hold"},
-           {{"--initial-loss-scale", "1e39"}, "--initial-loss-scale: expected a number > 0 that float32 can hold"},
+           {{"--initial-loss-scale", "0"}, "--initial-loss-scale: expected a number from 1.2e-38 to 3.4e38"},
+           {{"--initial-loss-scale", "1e-39"}, "--initial-loss-scale: expected a number from 1.2e-38 to 3.4e38"},
+           {{"--initial-loss-scale", "1e39"}, "--initial-loss-scale: expected a number from 1.2e-38 to 3.4e38"},
            {{"--loss-scale-growth-interval", "0"}, "--loss-scale-growth-interval"}}) {
     const auto r = train(concat(flags, {"--max-steps", "1"}));
     INFO("stderr:\n" << r.err);

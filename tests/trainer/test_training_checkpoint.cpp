@@ -158,6 +158,34 @@ TEST_CASE("a checkpoint from another configuration is refused, naming every diff
                     Contains("world size is 2 in the checkpoint, not a setting that must match here"));
 }
 
+TEST_CASE("a checkpoint from before --amp resumes as a run without it, and keeps the loss scaler's state") {
+  TempDir dir;
+  const std::string path = write_checkpoint(dir);  // no --amp, no --loss-scale recorded
+  auto model = make_mlp(2);
+  mtrain::models::Sgd sgd(*model, sgd_options());
+  RunConfiguration now = kConfig;
+  now.emplace_back("--amp", "off");
+  now.emplace_back("--loss-scale", "none");
+  CHECK(mtrain::load_training_checkpoint(path, *model, sgd, now).loss_scaler.scale == 0.0);
+  now[3].second = "bf16";
+  CHECK_THROWS_WITH(mtrain::load_training_checkpoint(path, *model, sgd, now),
+                    Contains("--amp is bf16 here, unrecorded in the checkpoint"));
+
+  // A scaler's state round-trips exactly (the scale through its shortest text form).
+  TempDir scaled_dir;
+  auto saved = make_mlp(1);
+  mtrain::models::Sgd saved_sgd(*saved, sgd_options());
+  train_one_step(*saved, saved_sgd);
+  TrainPosition p = mid_epoch();
+  p.loss_scaler = {3.0517578125e-05, 17, 4};
+  const std::string scaled = mtrain::checkpoint_path(scaled_dir.path().string());
+  mtrain::save_training_checkpoint(scaled, *saved, saved_sgd, p, kConfig);
+  const TrainPosition back = mtrain::load_training_checkpoint(scaled, *model, sgd, kConfig);
+  CHECK(back.loss_scaler.scale == 3.0517578125e-05);
+  CHECK(back.loss_scaler.good_steps == 17);
+  CHECK(back.loss_scaler.skipped_steps == 4);
+}
+
 TEST_CASE("a corrupt or truncated checkpoint is refused with the file and the fault named") {
   TempDir dir;
   const std::string path = write_checkpoint(dir);
