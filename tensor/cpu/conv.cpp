@@ -336,7 +336,8 @@ bool choose_gemm_weights(const ConvShape& s, const Conv2dParams& p) {
          cpu::gemm_weights_applies(geometry(s, p));
 }
 
-// db[o] (+)= sum over n, oh, ow of dy[n, o, oh, ow], in double per channel.
+// db[o] (+)= sum over n, oh, ow of dy[n, o, oh, ow]: each image's plane summed in
+// float32 vector lanes, the planes in double.
 void bias_gradient(const float* dy, const ConvShape& s, float* db, bool accumulate) {
   const int64_t plane = s.oh * s.ow;
 #pragma omp parallel for if (s.n * s.o * plane > cpu::kParallelGrain)
@@ -344,7 +345,10 @@ void bias_gradient(const float* dy, const ConvShape& s, float* db, bool accumula
     double sum = 0.0;
     for (int64_t n = 0; n < s.n; ++n) {
       const float* row = dy + (n * s.o + o) * plane;
-      for (int64_t i = 0; i < plane; ++i) sum += row[i];
+      float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+      for (int64_t i = 0; i < plane; ++i) part += row[i];
+      sum += part;
     }
     db[o] = accumulate ? db[o] + static_cast<float>(sum) : static_cast<float>(sum);
   }
