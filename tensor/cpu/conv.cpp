@@ -296,9 +296,30 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
   return s;
 }
 
+// Note [Own kernels under --amp]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With a 16-bit compute type the own float32 kernels for few channels (direct, lanes)
+// still take the shapes they were chosen for, on operands rounded to that type first
+// (rounded_operand): a float32 kernel on rounded operands is what Note [Reduced-precision
+// compute] defines the 16-bit result to be, and with so few channels oneDNN's 16-bit
+// kernels do no better than its float32 ones. Measured with --amp bf16, three
+// interleaved pairs of 1-rank runs (scripts/bench-ddp.sh --nprocs 1 --runs 1 --amp bf16
+// --no-torch): LeNet, all of whose convolutions are such shapes, 12.8-15.1k img/s on
+// oneDNN's bf16 kernels, 21.9-24.7k on the own ones. The kernels for many channels stay
+// float32-only: Winograd's shapes run at twice its speed on oneDNN's bf16 kernels, and
+// with the GEMM weight gradient (512 channels at 4x4) resnet18 fell from 61.5-66.4 to
+// 57.8-59.0 img/s. Rounding costs a pass over each operand; the bias gradient sums the
+// float32 dy.
+Tensor rounded_operand(const Tensor& t, DType compute) {
+  if (compute == DType::Float32) return t;
+  Tensor r = Tensor::empty(t.shape(), DType::Float32, t.device());
+  round_to_dtype(t, compute, r);
+  return r;
+}
+
 // The Auto policy's third choice: own kernels instead of a oneDNN primitive.
 bool choose_direct(const ConvShape& s, const Conv2dParams& p) {
-  return p.compute == DType::Float32 && layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
+  return layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
          cpu::direct_conv_applies(s.c, s.o, s.kh, s.kw, p.stride_h, p.stride_w);
 }
 
@@ -320,10 +341,7 @@ bool choose_winograd(const ConvShape& s, const Conv2dParams& p) {
 // The Auto policy's choice for the gradients of convolutions with few channels (Note
 // [Images in the vector lanes] in conv_lanes.cpp).
 bool choose_lanes(ConvDirection direction, const ConvShape& s, const Conv2dParams& p) {
-  if (p.compute != DType::Float32 ||
-      layout_setting().load(std::memory_order_relaxed) != ConvLayout::Auto) {
-    return false;
-  }
+  if (layout_setting().load(std::memory_order_relaxed) != ConvLayout::Auto) return false;
   const cpu::ConvGeometry g = geometry(s, p);
   return direction == ConvDirection::BackwardData ? cpu::lanes_backward_data_applies(g)
                                                   : cpu::lanes_backward_weights_applies(g);
@@ -396,7 +414,9 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
   if (s.n == 0 || s.o == 0) return;
   cpu::use_configured_threads();
   if (choose_direct(s, p)) {
-    return cpu::direct_conv_forward(x.data<float>(), w.data<float>(),
+    // Note [Own kernels under --amp]
+    const Tensor xr = rounded_operand(x, p.compute), wr = rounded_operand(w, p.compute);
+    return cpu::direct_conv_forward(xr.data<float>(), wr.data<float>(),
                                     b.defined() ? b.data<float>() : nullptr, y.data<float>(),
                                     direct_shape(s, p));
   }
@@ -427,7 +447,8 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const C
                                             geometry(s, p));
   }
   if (choose_lanes(ConvDirection::BackwardData, s, p)) {
-    return cpu::lanes_conv_backward_data(dy.data<float>(), w.data<float>(), dx.data<float>(),
+    const Tensor dyr = rounded_operand(dy, p.compute), wr = rounded_operand(w, p.compute);
+    return cpu::lanes_conv_backward_data(dyr.data<float>(), wr.data<float>(), dx.data<float>(),
                                          geometry(s, p));
   }
   ConvEntry& e = cached_entry(ConvDirection::BackwardData, s, p, false, false);
@@ -448,19 +469,25 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tens
     }
     return;
   }
-  if (choose_lanes(ConvDirection::BackwardWeights, s, p)) {
-    return cpu::lanes_conv_backward_weights(x.data<float>(), dy.data<float>(), dw.data<float>(),
-                                            db.defined() ? db.data<float>() : nullptr, accumulate,
-                                            geometry(s, p));
+  // With a 16-bit compute type the bias gradient sums the float32 dy here (Note
+  // [Reduced-precision compute]); the kernels below would sum the rounded one.
+  const bool separate_bias = p.compute != DType::Float32 && db.defined();
+  float* const kernel_db = db.defined() && !separate_bias ? db.data<float>() : nullptr;
+  const bool lanes = choose_lanes(ConvDirection::BackwardWeights, s, p);
+  if (lanes || choose_gemm_weights(s, p)) {
+    // Note [Own kernels under --amp]
+    const Tensor xr = rounded_operand(x, p.compute), dyr = rounded_operand(dy, p.compute);
+    if (lanes) {
+      cpu::lanes_conv_backward_weights(xr.data<float>(), dyr.data<float>(), dw.data<float>(), kernel_db,
+                                       accumulate, geometry(s, p));
+    } else {
+      cpu::gemm_conv_backward_weights(xr.data<float>(), dyr.data<float>(), dw.data<float>(), kernel_db,
+                                      accumulate, geometry(s, p));
+    }
+    if (separate_bias) bias_gradient(dy.data<float>(), s, db.data<float>(), accumulate);
+    return;
   }
-  if (choose_gemm_weights(s, p)) {
-    return cpu::gemm_conv_backward_weights(x.data<float>(), dy.data<float>(), dw.data<float>(),
-                                           db.defined() ? db.data<float>() : nullptr, accumulate,
-                                           geometry(s, p));
-  }
-  if (p.compute != DType::Float32 && db.defined()) {
-    // The bias gradient sums the float32 dy (Note [Reduced-precision compute]); the
-    // primitive's own would sum the rounded one.
+  if (separate_bias) {
     ConvEntry& e = cached_entry(ConvDirection::BackwardWeights, s, p, false, accumulate);
     run_entry(e, {x.raw_data(), dy.raw_data()}, {dw.raw_data()});
     return bias_gradient(dy.data<float>(), s, db.data<float>(), accumulate);

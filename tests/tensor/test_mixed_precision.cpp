@@ -7,6 +7,8 @@
 #include <limits>
 #include <vector>
 
+#include "tensor/cpu/batch_kernels.h"
+#include "tensor/cpu/conv_layout.h"
 #include "tensor/ops.h"
 #include "tests/tensor/reference.h"
 
@@ -163,4 +165,58 @@ TEST_CASE("non_finite_check_and_unscale scales every gradient and finds inf and 
   Tensor big = Tensor::zeros({300000});
   big.data<float>()[299990] = kInf;
   CHECK(ops::non_finite_check_and_unscale({&big}, 1.0f));
+}
+
+TEST_CASE("under bfloat16 the own few-channel kernels run on rounded operands, creating no primitive",
+          "[mixed]") {
+  // Note [Own kernels under --amp] in conv.cpp: LeNet's shapes (1 -> 6 and 6 -> 16, 5x5)
+  // take the float32 direct (forward of one input channel) and lanes (gradients) kernels
+  // on operands rounded to bfloat16, so the result is bit for bit the float32 kernel's on
+  // the rounded operands; the forward of 6 channels is oneDNN's bf16 primitive.
+  if (!mtrain::ops::cpu::cpu_has_avx512()) {
+    WARN("skipped: the own kernels need AVX-512");
+    return;
+  }
+  const DType bf16 = DType::BFloat16;
+  struct Case {
+    int64_t c, h, o;
+  };
+  for (const Case& c : {Case{1, 28, 6}, Case{6, 14, 16}}) {
+    INFO("c " << c.c << " o " << c.o);
+    const int64_t n = 16, oh = c.h - 4;
+    const Tensor x = random_tensor({n, c.c, c.h, c.h}, 21), w = random_tensor({c.o, c.c, 5, 5}, 22);
+    const Tensor b = random_tensor({c.o}, 23), dy = random_tensor({n, c.o, oh, oh}, 24);
+    const Tensor xr = rounded(x, bf16), wr = rounded(w, bf16), dyr = rounded(dy, bf16);
+    Conv2dParams p32{1, 1, 0, 0};
+    Conv2dParams p16 = p32;
+    p16.compute = bf16;
+    const long before_forward = ops::cpu::conv_primitives_created();
+    Tensor y16 = Tensor::empty({n, c.o, oh, oh}), y_ref = Tensor::empty({n, c.o, oh, oh});
+    ops::conv2d_forward(x, w, b, y16, p16);
+    if (c.c == 1) CHECK(ops::cpu::conv_primitives_created() == before_forward);
+    const long primitives = ops::cpu::conv_primitives_created();
+    Tensor dw16 = Tensor::zeros(w.shape()), db16 = Tensor::zeros({c.o});
+    ops::conv2d_backward_weights(x, dy, dw16, db16, p16, /*accumulate=*/true);
+    Tensor dx16 = Tensor::empty(x.shape());
+    if (c.c > 1) ops::conv2d_backward_data(dy, w, dx16, p16);  // a first layer skips it
+    CHECK(ops::cpu::conv_primitives_created() == primitives);
+    ops::conv2d_forward(xr, wr, b, y_ref, p32);
+    if (c.c == 1) {
+      CHECK(max_gap(y16, y_ref) == 0.0);
+    } else {
+      require_close(y16, y_ref, 1e-5, 1e-5);
+    }
+    Tensor dw_ref = Tensor::zeros(w.shape()), db_ref = Tensor::zeros({c.o}), db_unused = Tensor::zeros({c.o});
+    ops::conv2d_backward_weights(xr, dyr, dw_ref, db_unused, p32, true);
+    CHECK(max_gap(dw16, dw_ref) == 0.0);
+    Tensor dw_unused = Tensor::zeros(w.shape());
+    ops::conv2d_backward_weights(x, dy, dw_unused, db_ref, p32, true);
+    // From the float32 dy, summed in another order than the lanes kernel sums 9216 terms.
+    require_close(db16, db_ref, 1e-3, 1e-5);
+    if (c.c > 1) {
+      Tensor dx_ref = Tensor::empty(x.shape());
+      ops::conv2d_backward_data(dyr, wr, dx_ref, p32);
+      CHECK(max_gap(dx16, dx_ref) == 0.0);
+    }
+  }
 }
