@@ -94,6 +94,16 @@ double max_abs_difference(const std::string& a, const std::string& b) {
 
 const std::vector<std::string> kMlp = {"--model", "mlp", "--max-steps", "10", "--lr", "0.1", "--no-eval"};
 
+// `base` trained by 2 ranks x batch 16 (with a replica check) and by 1 rank x batch 32;
+// returns the two weight files.
+std::pair<std::string, std::string> two_by_16_and_one_by_32(const TempDir& dir, const std::vector<std::string>& base) {
+  const auto two = dir.file("two.safetensors");
+  const auto one = dir.file("one.safetensors");
+  require_success(launch(2, concat(base, {"--batch-size", "16", "--save-final", two, "--check-replicas", "5"})));
+  require_success(launch(1, concat(base, {"--batch-size", "32", "--save-final", one})));
+  return {two, one};
+}
+
 }  // namespace
 
 TEST_CASE("mlp and lenet: 2 ranks x batch 16 train the model 1 rank x batch 32 trains", "[multiproc]") {
@@ -101,11 +111,8 @@ TEST_CASE("mlp and lenet: 2 ranks x batch 16 train the model 1 rank x batch 32 t
   INFO("model " << model);
   const std::vector<std::string> base = {"--model", model, "--max-steps", "10", "--lr", "0.1", "--no-eval"};
   TempDir dir;
-  const auto two = dir.file("two.safetensors");
-  const auto one = dir.file("one.safetensors");
+  const auto [two, one] = two_by_16_and_one_by_32(dir, base);
   const auto one_small = dir.file("one_small.safetensors");
-  require_success(launch(2, concat(base, {"--batch-size", "16", "--save-final", two, "--check-replicas", "5"})));
-  require_success(launch(1, concat(base, {"--batch-size", "32", "--save-final", one})));
   require_success(launch(1, concat(base, {"--batch-size", "16", "--save-final", one_small})));
   const double same = max_abs_difference(two, one);
   const double different = max_abs_difference(two, one_small);
@@ -125,11 +132,8 @@ TEST_CASE("with --amp bf16 and dynamic loss scaling, 2 ranks x batch 16 still tr
   const std::vector<std::string> base = {"--model", "lenet", "--max-steps", "10", "--lr", "0.1", "--no-eval",
                                          "--amp", "bf16", "--loss-scale", "dynamic"};
   TempDir dir;
-  const auto two = dir.file("two.safetensors");
-  const auto one = dir.file("one.safetensors");
+  const auto [two, one] = two_by_16_and_one_by_32(dir, base);
   const auto one_f32 = dir.file("one_f32.safetensors");
-  require_success(launch(2, concat(base, {"--batch-size", "16", "--save-final", two, "--check-replicas", "5"})));
-  require_success(launch(1, concat(base, {"--batch-size", "32", "--save-final", one})));
   require_success(launch(1, {"--model", "lenet", "--max-steps", "10", "--lr", "0.1", "--no-eval", "--batch-size", "32",
                              "--save-final", one_f32}));
   const double same = max_abs_difference(two, one);
