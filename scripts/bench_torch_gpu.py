@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""PyTorch reference for the GPU training benchmark (scripts/gpu-session.sh bench):
+d2l's ResNet-18 with a 3x3 stem (the model of scripts/bench_torch_train.py, the same as
+mtrain's resnet18) on Fashion-MNIST, batch 256, plain SGD with lr 0.1, one process per
+GPU under torchrun with DistributedDataParallel.
+
+    torchrun --nproc_per_node 1 scripts/bench_torch_gpu.py --data-dir DIR \
+        [--amp off|bf16] [--channels-last] [--compile] [--epochs 4]
+
+The data pipeline is mtrain's: the uint8 images stay in pinned host memory, each epoch
+visits them in a shuffled order (seeded by --seed + epoch), and every batch is gathered
+on the host, copied to the GPU without blocking and converted to float in [0, 1] there.
+--amp bf16 runs forward and loss under torch.autocast(dtype=torch.bfloat16) (no loss
+scaling is needed for bfloat16). Rank 0 prints one JSON line per epoch: the training
+seconds of the epoch (the GPU synchronised at both ends; evaluation excluded), images
+per second over all ranks, and the test accuracy after it. With --device cpu (gloo) the
+script runs anywhere, which is how it is checked without a GPU (--max-steps keeps that
+short).
+"""
+import argparse
+import importlib.util
+import json
+import os
+import pathlib
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def load_single_process_bench():
+    # The model and the IDX reader live in the CPU reference; loading it by path keeps
+    # one definition of each without making scripts/ a package.
+    spec = importlib.util.spec_from_file_location("bench_torch_train", HERE / "bench_torch_train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def batches(images, labels, batch, order, device, channels_last):
+    """(x, y) on `device` for each batch of `order` (a permutation of the rows)."""
+    for start in range(0, order.numel(), batch):
+        rows = order[start:start + batch]
+        x = images.index_select(0, rows)
+        y = labels.index_select(0, rows)
+        if device.type == "cuda":
+            x, y = x.pin_memory(), y.pin_memory()
+        x = x.to(device, non_blocking=True).float().div_(255).unsqueeze(1)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        yield x, y.to(device, non_blocking=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data-dir", required=True, help="directory with the four Fashion-MNIST IDX files")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--amp", choices=["off", "bf16"], default="off")
+    ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the DDP model")
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0 = all)")
+    args = ap.parse_args()
+    if args.epochs < 1 or args.batch_size < 1 or args.max_steps < 0:
+        ap.error("--epochs and --batch-size expect positive integers, --max-steps a non-negative one")
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise SystemExit("bench_torch_gpu.py: RANK/WORLD_SIZE not set; start it under torchrun")
+
+    ref = load_single_process_bench()
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    torch.manual_seed(args.seed)
+
+    d = pathlib.Path(args.data_dir)
+    train_x = ref.read_idx(d / "train-images-idx3-ubyte.gz")
+    train_y = ref.read_idx(d / "train-labels-idx1-ubyte.gz").long()
+    test_x = ref.read_idx(d / "t10k-images-idx3-ubyte.gz")
+    test_y = ref.read_idx(d / "t10k-labels-idx1-ubyte.gz").long()
+    if device.type == "cuda":
+        train_x, train_y = train_x.pin_memory(), train_y.pin_memory()
+
+    model = ref.build("resnet18").to(device)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    ddp = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    step_model = torch.compile(ddp) if args.compile else ddp
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr)
+    loss_fn = nn.CrossEntropyLoss()
+    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == "bf16")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    for epoch in range(args.epochs):
+        # Rank r takes every world-th image of the epoch's order (DistributedSampler's
+        # interleaving, without its padding).
+        order = torch.randperm(train_x.shape[0], generator=torch.Generator().manual_seed(args.seed + epoch))
+        order = order[rank::world]
+        ddp.train()
+        sync()
+        start = time.perf_counter()
+        images = 0
+        for step, (x, y) in enumerate(batches(train_x, train_y, args.batch_size, order, device, args.channels_last)):
+            if args.max_steps and step >= args.max_steps:
+                break
+            with autocast():
+                loss = loss_fn(step_model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            images += x.shape[0]
+        sync()
+        seconds = time.perf_counter() - start
+
+        ddp.eval()
+        correct = torch.zeros(2, dtype=torch.int64, device=device)
+        with torch.no_grad(), autocast():
+            test_order = torch.arange(rank, test_x.shape[0], world)
+            for x, y in batches(test_x, test_y, 1024, test_order, device, args.channels_last):
+                correct[0] += (step_model(x).argmax(1) == y).sum()
+                correct[1] += y.numel()
+        dist.all_reduce(correct)
+        totals = torch.tensor([images], dtype=torch.int64, device=device)
+        dist.all_reduce(totals)
+        if rank == 0:
+            print(json.dumps({
+                "framework": "pytorch-ddp", "version": torch.__version__,
+                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                "amp": args.amp, "channels_last": args.channels_last, "compile": args.compile,
+                "world_size": world, "batch_size": args.batch_size, "epoch": epoch + 1,
+                "sec": round(seconds, 3), "img_per_s": round(totals.item() / seconds, 1),
+                "test_acc": round(correct[0].item() / max(correct[1].item(), 1), 4)}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
