@@ -7,9 +7,13 @@ GPU under torchrun with DistributedDataParallel.
     torchrun --nproc_per_node 1 scripts/bench_torch_gpu.py --data-dir DIR \
         [--amp off|bf16] [--channels-last] [--compile] [--epochs 4]
 
-The data pipeline is mtrain's: the uint8 images stay in pinned host memory, each epoch
+The data pipeline follows mtrain's: the uint8 images stay in host memory, each epoch
 visits them in a shuffled order (seeded by --seed + epoch), and every batch is gathered
-on the host, copied to the GPU without blocking and converted to float in [0, 1] there.
+and converted to float32 in [0, 1] on the host, pinned, and copied to the GPU without
+blocking. (mtrain assembles its batches in loader threads one batch ahead; here they are
+assembled in the training loop, which costs PyTorch a little host time per step.)
+--compile compiles with dynamic=False: one graph per batch shape (256 and the last,
+short batch of an epoch) instead of a dynamic-shape graph for all.
 --amp bf16 runs forward and loss under torch.autocast(dtype=torch.bfloat16) (no loss
 scaling is needed for bfloat16). Rank 0 prints one JSON line per epoch: the training
 seconds of the epoch (the GPU synchronised at both ends; evaluation excluded), images
@@ -45,11 +49,11 @@ def batches(images, labels, batch, order, device, channels_last):
     """(x, y) on `device` for each batch of `order` (a permutation of the rows)."""
     for start in range(0, order.numel(), batch):
         rows = order[start:start + batch]
-        x = images.index_select(0, rows)
+        x = images.index_select(0, rows).float().div_(255).unsqueeze(1)
         y = labels.index_select(0, rows)
         if device.type == "cuda":
             x, y = x.pin_memory(), y.pin_memory()
-        x = x.to(device, non_blocking=True).float().div_(255).unsqueeze(1)
+        x = x.to(device, non_blocking=True)
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         yield x, y.to(device, non_blocking=True)
@@ -89,14 +93,12 @@ def main():
     train_y = ref.read_idx(d / "train-labels-idx1-ubyte.gz").long()
     test_x = ref.read_idx(d / "t10k-images-idx3-ubyte.gz")
     test_y = ref.read_idx(d / "t10k-labels-idx1-ubyte.gz").long()
-    if device.type == "cuda":
-        train_x, train_y = train_x.pin_memory(), train_y.pin_memory()
 
     model = ref.build("resnet18").to(device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
-    step_model = torch.compile(ddp) if args.compile else ddp
+    step_model = torch.compile(ddp, dynamic=False) if args.compile else ddp
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == "bf16")

@@ -24,6 +24,7 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+self=$root/scripts/gpu-session.sh
 cd "$root"
 out=${OUT:-$root/runs/gpu-session}
 build=$root/build-offline
@@ -31,10 +32,14 @@ data=$root/.gpu-data/fashion-mnist
 epochs=${EPOCHS:-4}
 mkdir -p "$out"
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,23p' "$self" | sed 's/^# \{0,1\}//'; }
+
+# The build directory's source tree, as CMake recorded it (empty when there is none).
+built_from() { sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null || true; }
 
 ensure_build() {
-  if [[ ! -x $build/bin/mtrain-train || ! -f $build/env.sh ]]; then
+  # A build carried from elsewhere (another root) is rebuilt rather than trusted.
+  if [[ ! -x $build/bin/mtrain-train || ! -f $build/env.sh || $(built_from) != "$root" ]]; then
     [[ -d $root/.deps ]] || { echo "gpu-session.sh: no .deps here; run 'scripts/gpu-session.sh prepare' where apt works" >&2; exit 2; }
     CUDA_ARCHS=${CUDA_ARCHS:-90} scripts/build-offline.sh "$root/.deps" "$build" > "$out/build.log" 2>&1 ||
       { tail -40 "$out/build.log"; echo "gpu-session.sh: build failed (log: $out/build.log)" >&2; exit 1; }
@@ -71,7 +76,9 @@ run_torch() {  # tag, extra flags...
   python3 -m torch.distributed.run --nproc_per_node 1 --master_port $((20000 + RANDOM % 20000)) \
     scripts/bench_torch_gpu.py --data-dir "$data" --epochs "$epochs" "$@" > "$out/torch-$tag.log" 2>&1 ||
     { tail -30 "$out/torch-$tag.log"; echo "gpu-session.sh: torch $tag failed" >&2; return 1; }
-  grep '"framework"' "$out/torch-$tag.log" | sed 's/^\[[^]]*\]://' | tee "$out/torch-$tag.jsonl"
+  grep '"framework"' "$out/torch-$tag.log" | sed 's/^\[[^]]*\]://' > "$out/torch-$tag.jsonl" ||
+    { tail -30 "$out/torch-$tag.log"; echo "gpu-session.sh: torch $tag printed no result" >&2; return 1; }
+  cat "$out/torch-$tag.jsonl"
 }
 
 summary() {
@@ -122,10 +129,11 @@ case "${1:-}" in
         run_torch bf16-cl --amp bf16 --channels-last
         run_torch bf16-cl-compile --amp bf16 --channels-last --compile ;;
       all)
-        "$0" bench mtrain && "$0" bench torch ;;
+        NO_SUMMARY=1 "$self" bench mtrain || exit 1
+        NO_SUMMARY=1 "$self" bench torch || exit 1 ;;
       *) echo "gpu-session.sh: bench expects mtrain, torch or all" >&2; exit 2 ;;
     esac
-    summary | tee "$out/summary.md"
+    [[ -n ${NO_SUMMARY:-} ]] || summary | tee "$out/summary.md"
     ;;
   summary) summary ;;
   -h|--help|"") usage ;;

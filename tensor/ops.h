@@ -56,8 +56,10 @@ void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx);   // dx = 
 // of two 16-bit values is exact in float32, so the result equals the float32 kernel
 // applied to the rounded inputs up to summation order. Where the 16-bit types are
 // computed: oneDNN's bf16 convolutions on CPUs with AVX512_BF16 (about twice the float32
-// speed) and its f16 ones where the CPU has AVX512_FP16; the CPU's linear layers round
-// and then use sgemm; on GPUs cuDNN and cuBLAS with 16-bit tensors
+// speed) and its f16 ones where the CPU has AVX512_FP16, except for the shapes mtrain's
+// own float32 kernels take, which run on rounded operands (Note [Own kernels under
+// --amp] in tensor/cpu/conv.cpp); the CPU's linear layers round and then use sgemm; on
+// GPUs cuDNN and cuBLAS with 16-bit tensors
 // (tensor/cuda_ops.h). compute_dtype_supported says which apply here.
 bool compute_dtype_supported(DType compute, Device device);
 // Rounds every element of float32 `x` to the nearest `to` value (BFloat16 or Float16,

@@ -304,8 +304,9 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
 // compute] defines the 16-bit result to be, and with so few channels oneDNN's 16-bit
 // kernels do no better than its float32 ones. Measured with --amp bf16, three
 // interleaved pairs of 1-rank runs (scripts/bench-ddp.sh --nprocs 1 --runs 1 --amp bf16
-// --no-torch): LeNet, all of whose convolutions are such shapes, 12.8-15.1k img/s on
-// oneDNN's bf16 kernels, 21.9-24.7k on the own ones. The kernels for many channels stay
+// --no-torch): LeNet, whose first layer and whose gradients are such shapes (its second
+// layer's forward, 6 input channels, is oneDNN's), 12.8-15.1k img/s with every
+// convolution on oneDNN's bf16 kernels, 21.9-24.7k with the own ones. The kernels for many channels stay
 // float32-only: Winograd's shapes run at twice its speed on oneDNN's bf16 kernels, and
 // with the GEMM weight gradient (512 channels at 4x4) resnet18 fell from 61.5-66.4 to
 // 57.8-59.0 img/s. Rounding costs a pass over each operand; the bias gradient sums the
