@@ -71,6 +71,7 @@ NumericsOptions numerics();
 // as on the CPU. bfloat16 needs compute capability 8.0 (Ampere) or newer and float16
 // 7.0, which compute_dtype_supported checks.
 bool compute_dtype_supported(DType compute, int device);
+void convert(const Tensor& src, Tensor& dst);
 
 // ---- elementwise ------------------------------------------------------------------
 void add(const Tensor& a, const Tensor& b, Tensor& out);

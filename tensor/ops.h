@@ -66,6 +66,10 @@ bool compute_dtype_supported(DType compute, Device device);
 // ties to even; Float16 overflows to infinity) and stores it as float32 in `y` (may
 // alias x). The CPU reference of the rounding above, used by the CPU linear layers.
 void round_to_dtype(const Tensor& x, DType to, Tensor& y);
+// dst = src converted elementwise between float32 and a 16-bit type (either way; same
+// numel, same device), rounding to nearest even as round_to_dtype does. For gradient
+// compression (Note [Gradient compression] in trainer/reducer.h).
+void convert(const Tensor& src, Tensor& dst);
 
 // ---- matrix multiply -------------------------------------------------------------
 // c = alpha * op(a) @ op(b) + beta * c, 2-D float32; op(t) = t or t^T.

@@ -100,6 +100,7 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
     throw InvalidArgument("--backend nccl needs GPUs, but --device cpu trains on the CPU: use --backend gloo or mpi");
   }
   check_choice("--amp", o.amp, {"off", "bf16", "fp16"});
+  check_choice("--grad-compression", o.grad_compression, {"none", "bf16", "fp16"});
   check_choice("--loss-scale", o.loss_scale, {"auto", "dynamic", "none"});
   // A normal float32 whose reciprocal is finite (both multiply gradients in float32).
   if (!(o.initial_loss_scale >= std::numeric_limits<float>::min() &&
@@ -193,6 +194,7 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   spec.add_options("Distributed")
     ("backend", "collectives: auto (nccl on GPUs, mpi under mpirun, else gloo) | gloo | mpi | nccl", cxxopts::value<std::string>()->default_value(d.backend))
     ("bucket-cap-mb", "gradient bucket size cap in MiB (the first bucket is 1 MiB)", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.bucket_cap_mb)))
+    ("grad-compression", "none | bf16 | fp16: all-reduce the gradient buckets in 16 bits (DDP's bf16/fp16 compress hooks)", cxxopts::value<std::string>()->default_value(d.grad_compression))
     ("grad-accum", "micro-batches per optimizer step; gradients are exchanged on the last only", cxxopts::value<std::string>()->default_value(std::to_string(d.grad_accum)))
     ("check-replicas", "every N optimizer steps verify that every rank holds the same parameters (0 = never)", cxxopts::value<std::string>()->default_value(std::to_string(d.check_replicas)))
     ("sync-bn", "convert every BatchNorm2d to SyncBatchNorm (statistics over the global batch)")
@@ -272,6 +274,7 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
 
   o.backend = r["backend"].as<std::string>();
   read_double(r, "bucket-cap-mb", o.bucket_cap_mb);
+  o.grad_compression = r["grad-compression"].as<std::string>();
   read_int(r, "grad-accum", o.grad_accum, 1, 1'000'000);
   read_int(r, "check-replicas", o.check_replicas, 0, kMax);
   o.sync_bn = r.count("sync-bn") != 0;

@@ -60,6 +60,7 @@ struct TrainOptions {
   // Distributed training (ignored in a world of one except where noted).
   std::string backend = "auto";         // auto|gloo|mpi|nccl, see create_process_group
   double bucket_cap_mb = 25.0;          // Reducer bucket cap (Note [Reducer buckets])
+  std::string grad_compression = "none";  // none|bf16|fp16 (Note [Gradient compression])
   int64_t grad_accum = 1;               // micro-batches per optimizer step (also in a world of one)
   int64_t check_replicas = 0;           // every N steps compare parameter hashes; 0 = never
   bool sync_bn = false;                 // convert BatchNorm2d to SyncBatchNorm

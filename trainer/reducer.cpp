@@ -93,6 +93,7 @@ void Reducer::attach(models::Module& model) {
       total += params_[i]->value.numel();
     }
     bucket.flat = Tensor::zeros({total}, DType::Float32, device_);
+    if (options_.compression != DType::Float32) bucket.wire = Tensor::empty({total}, options_.compression, device_);
     // Note [Gradients are views into the buckets]: from here on each gradient lives in
     // its bucket, so launching a bucket needs no copy in and the wait no copy out.
     for (size_t k = 0; k < bucket.params.size(); ++k) {
@@ -180,7 +181,12 @@ void Reducer::launch(Bucket& bucket) {
   // The gradients are the bucket (Note [Gradients are views into the buckets]): scale
   // them in place, then reduce in place.
   ops::scale_(bucket.flat, scale_);
-  bucket.work = group_->allreduce(bucket.flat, ReduceOp::Sum);
+  if (bucket.wire.defined()) {
+    ops::convert(bucket.flat, bucket.wire);  // Note [Gradient compression]
+    bucket.work = group_->allreduce(bucket.wire, ReduceOp::Sum);
+  } else {
+    bucket.work = group_->allreduce(bucket.flat, ReduceOp::Sum);
+  }
 }
 
 void Reducer::after_backward() {
@@ -206,6 +212,8 @@ void Reducer::after_backward() {
     } else {
       b.work->wait(group_->options().timeout);
     }
+    // On a GPU queued after the wait on the current stream, like the optimizer step.
+    if (b.wire.defined()) ops::convert(b.wire, b.flat);
   }
   stop_vote_work_->wait(control_->options().timeout);
   agreed_stop_vote_ = stop_vote_.data<int64_t>()[0];
@@ -225,10 +233,13 @@ std::string Reducer::describe() const {
   size_t bytes = 0;
   for (const auto& b : buckets_) bytes += b.flat.nbytes();
   return fmt::format("DDP reducer over {} ranks ({}): {} parameter tensors in {} buckets on {} ({:.2f} MiB, "
-                     "first bucket {:.2f} MiB, cap {:.2f} MiB){}",
+                     "first bucket {:.2f} MiB, cap {:.2f} MiB){}{}",
                      group_->size(), group_->backend_name(), params_.size(), buckets_.size(), device_.str(),
                      mib(bytes), mib(options_.first_bucket_bytes), mib(options_.bucket_cap_bytes),
-                     options_.weight_by_sample_count ? ", gradients weighted by per-rank sample counts" : "");
+                     options_.weight_by_sample_count ? ", gradients weighted by per-rank sample counts" : "",
+                     options_.compression != DType::Float32
+                         ? fmt::format(", all-reduced in {}", dtype_name(options_.compression))
+                         : "");
 }
 
 }  // namespace mtrain

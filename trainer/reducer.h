@@ -86,6 +86,20 @@
 // on communication (Note [Asynchronous collectives] in collectives/process_group.h).
 // A failed all-reduce surfaces through the group (a later wait, the next operation or
 // its watchdog at the deadline) rather than in this call.
+//
+// Note [Gradient compression]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// --grad-compression bf16|fp16 is PyTorch DDP's bf16_compress_hook / fp16_compress_hook:
+// each bucket, once scaled (by 1/W or by its sample weight), is converted to the 16-bit
+// type (round to nearest even) into a wire buffer of its own, the all-reduce sums the
+// wire buffers in that type (Note [Half-precision reductions] in collectives/half_math.h;
+// NCCL natively), and after the wait the result is converted back into the bucket, so
+// every gradient the optimizer sees is float32 again. Half the bytes travel, at the
+// price of a 16-bit rounding of each rank's gradient and of every partial sum. Every
+// rank receives the same sum, so the replicas stay bitwise identical. float16 keeps 11
+// significant bits but flushes values below 2^-24 to zero (its loss scaling, Note
+// [Dynamic loss scaling], applies before the buckets are reduced); bfloat16 keeps
+// float32's range and 8 significant bits.
 #pragma once
 
 #include <chrono>
@@ -109,6 +123,9 @@ struct ReducerOptions {
   size_t bucket_cap_bytes = static_cast<size_t>(kDefaultBucketCapMb * 1024 * 1024);
   // Weight each rank's gradient by its sample count (Note [Reducer gradient weighting]).
   bool weight_by_sample_count = false;
+  // The type the buckets travel in: Float32, or BFloat16/Float16 (Note [Gradient
+  // compression]).
+  DType compression = DType::Float32;
 };
 
 struct BucketLaunch {
@@ -160,6 +177,7 @@ class Reducer final : public GradientSynchronizer {
     std::vector<int> params;
     std::vector<int64_t> offsets;  // element offset of each parameter in `flat`
     Tensor flat;
+    Tensor wire;      // the 16-bit copy that travels (Note [Gradient compression]); else undefined
     int pending = 0;  // parameters not yet ready in this backward
     WorkPtr work;
   };

@@ -152,6 +152,7 @@ std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t tra
   // Replicas on different kinds of device would round differently and drift apart.
   add("the training device (--device)", device.is_cuda() ? "cuda" : "cpu");
   add("--bucket-cap-mb", fmt::format("{}", o.bucket_cap_mb));
+  add("--grad-compression", o.grad_compression);
   add("--grad-accum", std::to_string(o.grad_accum));
   add("--check-replicas", std::to_string(o.check_replicas));
   add("--sync-bn", o.sync_bn ? "on" : "off");
@@ -192,6 +193,7 @@ RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size,
       {"--lr-schedule", o.lr_schedule},
       {"--amp", o.amp},
       {"--loss-scale", uses_loss_scaler(o) ? "dynamic" : "none"},
+      {"--grad-compression", world_size > 1 ? o.grad_compression : "none"},
   };
   if (o.lr_schedule != "constant") {
     items.emplace_back("--epochs", std::to_string(o.epochs));
@@ -423,6 +425,9 @@ int run_train_command(const TrainOptions& o) {
   if (group) {
     ReducerOptions ro;
     ro.bucket_cap_bytes = static_cast<size_t>(o.bucket_cap_mb * 1024.0 * 1024.0);
+    ro.compression = o.grad_compression == "bf16"   ? DType::BFloat16
+                     : o.grad_compression == "fp16" ? DType::Float16
+                                                    : DType::Float32;
     ro.weight_by_sample_count = o.global_batch_size.has_value();
     auto r = std::make_unique<Reducer>(group, ro, groups.control);
     reducer = r.get();

@@ -69,7 +69,7 @@ double parse_real(const SafetensorsMetadata& metadata, const char* key, const st
 // Items added to the run configuration after checkpoints already existed, with the
 // value that a checkpoint without them was written under.
 const std::map<std::string, std::string>& unrecorded_defaults() {
-  static const std::map<std::string, std::string> defaults = {{"--amp", "off"}, {"--loss-scale", "none"}};
+  static const std::map<std::string, std::string> defaults = {{"--amp", "off"}, {"--loss-scale", "none"}, {"--grad-compression", "none"}};
   return defaults;
 }
 

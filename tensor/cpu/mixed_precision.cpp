@@ -1,6 +1,7 @@
 // The CPU side of Note [Reduced-precision compute] (tensor/ops.h) and of loss scaling.
 #include <cmath>
 #include <cstring>
+#include <cstdint>
 #include <mutex>
 
 #include "tensor/cpu/checks.h"
@@ -63,6 +64,51 @@ void round_to_dtype(const Tensor& x, DType to, Tensor& y) {
   } else {
 #pragma omp parallel for if (n > cpu::kParallelGrain)
     for (int64_t i = 0; i < n; ++i) py[i] = round_to_float16(px[i]);
+  }
+}
+
+void convert(const Tensor& src, Tensor& dst) {
+  MTRAIN_CHECK(src.defined() && dst.defined() && src.device() == dst.device() && src.numel() == dst.numel(),
+               "convert: expected two tensors of equal size on one device, found {} and {}",
+               src.defined() ? src.str() : "undefined", dst.defined() ? dst.str() : "undefined");
+  if (src.device().is_cuda()) return cuda_ops::convert(src, dst);
+  const int64_t n = src.numel();
+  const bool narrow = src.dtype() == DType::Float32 && (dst.dtype() == DType::BFloat16 || dst.dtype() == DType::Float16);
+  const bool widen = dst.dtype() == DType::Float32 && (src.dtype() == DType::BFloat16 || src.dtype() == DType::Float16);
+  MTRAIN_CHECK(narrow || widen, "convert: from {} to {} is not a float32 <-> 16-bit conversion", dtype_name(src.dtype()),
+               dtype_name(dst.dtype()));
+  cpu::use_configured_threads();
+  if (narrow) {
+    const float* p = src.data<float>();
+    auto* q = static_cast<uint16_t*>(dst.raw_data());
+    const bool bf16 = dst.dtype() == DType::BFloat16;
+#pragma omp parallel for if (n > cpu::kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) {
+      const float r = bf16 ? round_to_bfloat16(p[i]) : 0.0f;
+      if (bf16) {
+        uint32_t bits;
+        std::memcpy(&bits, &r, sizeof bits);
+        q[i] = static_cast<uint16_t>(bits >> 16);
+      } else {
+        const _Float16 h = static_cast<_Float16>(p[i]);
+        std::memcpy(&q[i], &h, sizeof h);
+      }
+    }
+  } else {
+    const auto* p = static_cast<const uint16_t*>(src.raw_data());
+    float* q = dst.data<float>();
+    const bool bf16 = src.dtype() == DType::BFloat16;
+#pragma omp parallel for if (n > cpu::kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) {
+      if (bf16) {
+        const uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
+        std::memcpy(&q[i], &bits, sizeof bits);
+      } else {
+        _Float16 h;
+        std::memcpy(&h, &p[i], sizeof h);
+        q[i] = static_cast<float>(h);
+      }
+    }
   }
 }
 

@@ -102,6 +102,28 @@ void widen_into(const Tensor& src, Tensor& dst, bool accumulate) {
 
 }  // namespace detail
 
+void convert(const Tensor& src, Tensor& dst) {
+  MTRAIN_CHECK(src.defined() && dst.defined() && src.device() == dst.device() && src.numel() == dst.numel(),
+               "convert: expected two tensors of equal size on one GPU, found {} and {}",
+               src.defined() ? src.str() : "undefined", dst.defined() ? dst.str() : "undefined");
+  cuda::DeviceGuard guard(src.device().index);
+  if (src.dtype() == DType::Float32 && (dst.dtype() == DType::BFloat16 || dst.dtype() == DType::Float16)) {
+    const int64_t n = src.numel();
+    if (n == 0) return;
+    const cudaStream_t stream = detail::stream_for(src.device().index);
+    if (dst.dtype() == DType::BFloat16) {
+      narrow_kernel<<<detail::grid_for(n), kThreads, 0, stream>>>(src.data<float>(),
+                                                                  static_cast<__nv_bfloat16*>(dst.raw_data()), n);
+    } else {
+      narrow_kernel<<<detail::grid_for(n), kThreads, 0, stream>>>(src.data<float>(),
+                                                                  static_cast<__half*>(dst.raw_data()), n);
+    }
+    MTRAIN_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  detail::widen_into(src, dst, /*accumulate=*/false);  // checks the other direction
+}
+
 bool compute_dtype_supported(DType compute, int device) {
   if (compute == DType::Float32) return true;
   if (compute != DType::BFloat16 && compute != DType::Float16) return false;

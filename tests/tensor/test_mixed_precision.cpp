@@ -4,9 +4,11 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
+#include "core/error.h"
 #include "tensor/cpu/batch_kernels.h"
 #include "tensor/cpu/conv_layout.h"
 #include "tensor/ops.h"
@@ -219,4 +221,21 @@ TEST_CASE("under bfloat16 the own few-channel kernels run on rounded operands, c
       CHECK(max_gap(dx16, dx_ref) == 0.0);
     }
   }
+}
+
+TEST_CASE("convert rounds float32 to 16-bit storage as round_to_dtype does, and widens exactly", "[mixed]") {
+  const Tensor x = random_tensor({1000}, 31, -70000.0f, 70000.0f);
+  for (const DType t : {DType::BFloat16, DType::Float16}) {
+    INFO(dtype_name(t));
+    Tensor narrow = Tensor::empty({1000}, t);
+    ops::convert(x, narrow);
+    Tensor back = Tensor::empty({1000});
+    ops::convert(narrow, back);
+    // Widening is exact, so narrowing then widening is the rounding itself (float16
+    // overflows to infinity beyond 65520, as round_to_dtype).
+    const Tensor r = rounded(x, t);
+    CHECK(std::memcmp(back.raw_data(), r.raw_data(), r.nbytes()) == 0);
+  }
+  Tensor wrong = Tensor::empty({1000}, DType::Int32);
+  CHECK_THROWS_AS(ops::convert(x, wrong), mtrain::InternalError);
 }

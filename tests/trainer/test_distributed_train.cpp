@@ -145,6 +145,35 @@ TEST_CASE("with --amp bf16 and dynamic loss scaling, 2 ranks x batch 16 still tr
   CHECK(f32 > 100 * same);
 }
 
+TEST_CASE("--grad-compression bf16 and fp16: the replicas stay identical, near the uncompressed run", "[multiproc]") {
+  // Note [Gradient compression]: each rank's bucket and each partial sum is rounded to
+  // 16 bits, so the run differs from the float32 exchange by that rounding, not more.
+  TempDir dir;
+  const std::vector<std::string> base = {"--model", "lenet", "--max-steps", "10", "--lr", "0.1", "--no-eval",
+                                         "--batch-size", "16", "--check-replicas", "1"};
+  const auto start = dir.file("start.safetensors");
+  const auto plain = dir.file("plain.safetensors");
+  const auto other_lr = dir.file("other_lr.safetensors");
+  require_success(launch(1, {"--model", "lenet", "--max-steps", "0", "--no-eval", "--save-final", start}));
+  require_success(launch(2, concat(base, {"--save-final", plain})));
+  require_success(launch(2, {"--model", "lenet", "--max-steps", "10", "--lr", "0.09", "--no-eval", "--batch-size",
+                             "16", "--save-final", other_lr}));
+  const double lr_change = mtrain::testing::compare_training(other_lr, plain, start).update;
+  for (const std::string type : {"bf16", "fp16"}) {
+    INFO("--grad-compression " << type);
+    const auto compressed = dir.file(type + ".safetensors");
+    const auto r = launch(2, concat(base, {"--save-final", compressed, "--grad-compression", type,
+                                           "--log-level", "info"}));
+    require_success(r);
+    CHECK_THAT(r.out, Contains(type == "bf16" ? "all-reduced in bfloat16" : "all-reduced in float16"));
+    const auto d = mtrain::testing::compare_training(compressed, plain, start);
+    INFO(d.describe() << "; lr 0.09 vs 0.1: " << lr_change);
+    CHECK_FALSE(mtrain::testing::compare_weights(compressed, plain).identical());
+    CHECK(d.update < 0.05);
+    CHECK(d.update < lr_change);
+  }
+}
+
 TEST_CASE("a 2-rank run resumed with dynamic loss scaling continues with one scale on every rank", "[multiproc]") {
   // Rank 0 reads the checkpoint; the others must get its loss scale too, or each would
   // unscale the same reduced gradients by another factor and the replicas would part.
@@ -400,6 +429,15 @@ TEST_CASE("a flag given to one rank only is named in the error, and reaches the 
   CHECK_THAT(r.err, Contains(expected + " (rank 0 has off)") || Contains(expected + " (rank 1 has on)"));
   // Written to MTRAIN_ERROR_FILE, so the launcher's root cause carries the message.
   CHECK_THAT(r.err, Contains("(from its error file)") && Contains("message    : " + expected));
+}
+
+TEST_CASE("a rank that compresses its gradients while the others do not is named", "[multiproc]") {
+  // Its buckets would travel as 16-bit while the others' are float32: a garbled sum.
+  TempDir dir;
+  const auto r = launch_with_rank1_extra(dir, "--grad-compression bf16");
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Contains("--grad-compression on rank 1 differs from rank 0"));
 }
 
 TEST_CASE("a rank with a different model is named in the error", "[multiproc]") {
