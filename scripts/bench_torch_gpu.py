@@ -22,10 +22,10 @@ script runs anywhere, which is how it is checked without a GPU (--max-steps keep
 short).
 """
 import argparse
-import importlib.util
 import json
 import os
 import pathlib
+import sys
 import time
 
 import torch
@@ -33,16 +33,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-HERE = pathlib.Path(__file__).resolve().parent
-
-
-def load_single_process_bench():
-    # The model and the IDX reader live in the CPU reference; loading it by path keeps
-    # one definition of each without making scripts/ a package.
-    spec = importlib.util.spec_from_file_location("bench_torch_train", HERE / "bench_torch_train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# The model and the IDX reader are the CPU reference's (one definition of each).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import bench_torch_train as ref  # noqa: E402
 
 
 def batches(images, labels, batch, order, device, channels_last):
@@ -77,7 +70,6 @@ def main():
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise SystemExit("bench_torch_gpu.py: RANK/WORLD_SIZE not set; start it under torchrun")
 
-    ref = load_single_process_bench()
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
