@@ -6,7 +6,8 @@
 #
 #   scripts/build-offline.sh [DEPS_DIR] [BUILD_DIR]   (defaults: .deps, build-offline)
 #   env: CUDA_ARCHS (e.g. 90 for H100/H200; default: the project's 80;90),
-#        CMAKE_ARGS (more flags for the configure step), JOBS (default: nproc)
+#        CMAKE_ARGS (more flags for the configure step), JOBS (default: nproc),
+#        TARGETS (build only these, e.g. "mtrain-train mtrain-launch"; default: all)
 #
 # cuDNN and NCCL are taken from the CUDA toolkit's directories when they are there,
 # else from the Python wheels a PyTorch installation brings (nvidia-cudnn-cu*,
@@ -84,6 +85,7 @@ ld_path=$(IFS=:; echo "${lib_dirs[*]}")
 export LD_LIBRARY_PATH=$ld_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # shellcheck disable=SC2086  # CMAKE_ARGS is a list of flags on purpose
 cmake -S "$root" -B "$build" -G Ninja "${cmake_args[@]}" ${CMAKE_ARGS:-}
-cmake --build "$build" -j "${JOBS:-$(nproc)}"
+# shellcheck disable=SC2086  # TARGETS is a list of target names
+cmake --build "$build" -j "${JOBS:-$(nproc)}" ${TARGETS:+--target $TARGETS}
 printf 'export LD_LIBRARY_PATH=%q${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}\n' "$ld_path" >"$build/env.sh"
 echo "build-offline.sh: built into $build/bin; first: source $build/env.sh"
