@@ -19,14 +19,10 @@
 #include <cstdint>
 
 #include "collectives/process_group.h"
+#include "tensor/half_float.h"  // the element conversions
 #include "tensor/tensor.h"
 
 namespace mtrain::half {
-
-float float16_to_float(uint16_t bits);
-uint16_t float_to_float16(float value);  // round to nearest, ties to even
-float bfloat16_to_float(uint16_t bits);
-uint16_t float_to_bfloat16(float value);  // round to nearest, ties to even
 
 // out[i] = combine(a[i], b[i]) over n 16-bit elements; `out` may alias `a` or `b`. The
 // signature is gloo's reduce function (AllreduceOptions::setReduceFunction).

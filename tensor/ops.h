@@ -64,7 +64,8 @@ void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx);   // dx = 
 bool compute_dtype_supported(DType compute, Device device);
 // Rounds every element of float32 `x` to the nearest `to` value (BFloat16 or Float16,
 // ties to even; Float16 overflows to infinity) and stores it as float32 in `y` (may
-// alias x). The CPU reference of the rounding above, used by the CPU linear layers.
+// alias x). The CPU reference of the rounding above, used by the CPU linear layers and
+// the own convolution kernels.
 void round_to_dtype(const Tensor& x, DType to, Tensor& y);
 // dst = src converted elementwise between float32 and a 16-bit type (either way; same
 // numel, same device), rounding to nearest even as round_to_dtype does. For gradient

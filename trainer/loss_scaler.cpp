@@ -20,7 +20,8 @@ bool valid_scale(double s) {
 
 }  // namespace
 
-LossScaler::LossScaler(const LossScalerOptions& options) : options_(options), scale_(options.initial_scale) {
+LossScaler::LossScaler(const LossScalerOptions& options) : options_(options) {
+  state_.scale = options.initial_scale;
   if (!valid_scale(options.initial_scale) || !(options.growth_factor > 1.0) ||
       !(options.backoff_factor > 0.0 && options.backoff_factor < 1.0) || options.growth_interval < 1) {
     throw InvalidArgument(fmt::format(
@@ -31,27 +32,27 @@ LossScaler::LossScaler(const LossScalerOptions& options) : options_(options), sc
 }
 
 bool LossScaler::unscale_and_update(const std::vector<Tensor*>& grads) {
-  const double used = scale_;
+  const double used = state_.scale;
   const bool found_non_finite = ops::non_finite_check_and_unscale(grads, static_cast<float>(1.0 / used));
   if (found_non_finite) {
-    scale_ = used * options_.backoff_factor;
-    good_steps_ = 0;
-    ++skipped_steps_;
+    state_.scale = used * options_.backoff_factor;
+    state_.good_steps = 0;
+    ++state_.skipped_steps;
     ++consecutive_skips_;
-    if (consecutive_skips_ >= kMaxConsecutiveSkips || !valid_scale(scale_)) {
+    if (consecutive_skips_ >= kMaxConsecutiveSkips || !valid_scale(state_.scale)) {
       throw InvalidArgument(fmt::format(
           "training diverged: the gradients were not finite in {} steps in a row, down to loss scale {}; "
           "lowering the scale did not help, so the model itself produces them (try a smaller --lr)",
           consecutive_skips_, used));
     }
-    spdlog::info("step skipped: gradients not finite at loss scale {}, which is now {}", used, scale_);
+    spdlog::info("step skipped: gradients not finite at loss scale {}, which is now {}", used, state_.scale);
     return true;
   }
   consecutive_skips_ = 0;
-  if (++good_steps_ >= options_.growth_interval) {
-    good_steps_ = 0;
+  if (++state_.good_steps >= options_.growth_interval) {
+    state_.good_steps = 0;
     // Stay where float32 can still hold the scale (GradScaler does the same check).
-    if (valid_scale(used * options_.growth_factor)) scale_ = used * options_.growth_factor;
+    if (valid_scale(used * options_.growth_factor)) state_.scale = used * options_.growth_factor;
   }
   return false;
 }
@@ -61,9 +62,7 @@ void LossScaler::restore(const LossScalerState& state) {
     throw InvalidArgument(fmt::format("loss scaler: cannot restore scale {}, {} good steps, {} skipped", state.scale,
                                       state.good_steps, state.skipped_steps));
   }
-  scale_ = state.scale;
-  good_steps_ = state.good_steps;
-  skipped_steps_ = state.skipped_steps;
+  state_ = state;
   consecutive_skips_ = 0;
 }
 

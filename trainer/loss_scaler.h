@@ -58,20 +58,18 @@ class LossScaler {
   explicit LossScaler(const LossScalerOptions& options);
 
   // The factor for the loss gradient.
-  float scale() const { return static_cast<float>(scale_); }
+  float scale() const { return static_cast<float>(state_.scale); }
   // After the step's gradients are final: unscales `grads`, updates the scale and
   // returns true when the optimizer step must be skipped. Throws InvalidArgument
   // (diverged) after kMaxConsecutiveSkips skips in a row.
   bool unscale_and_update(const std::vector<Tensor*>& grads);
 
-  LossScalerState state() const { return {scale_, good_steps_, skipped_steps_}; }
+  const LossScalerState& state() const { return state_; }
   void restore(const LossScalerState& state);
 
  private:
   LossScalerOptions options_;
-  double scale_;
-  int64_t good_steps_ = 0;
-  int64_t skipped_steps_ = 0;
+  LossScalerState state_;
   int64_t consecutive_skips_ = 0;
 };
 

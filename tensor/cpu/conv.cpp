@@ -23,6 +23,7 @@
 #include "tensor/cpu/conv_layout.h"
 #include "tensor/cpu/conv_winograd.h"
 #include "tensor/cpu/dnnl_support.h"
+#include "tensor/cpu/mixed_precision.h"
 #include "tensor/cpu/threading.h"
 #include "tensor/cuda_ops.h"
 #include "tensor/ops.h"
@@ -300,23 +301,17 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // With a 16-bit compute type the own float32 kernels for few channels (direct, lanes)
 // still take the shapes they were chosen for, on operands rounded to that type first
-// (rounded_operand): a float32 kernel on rounded operands is what Note [Reduced-precision
-// compute] defines the 16-bit result to be, and with so few channels oneDNN's 16-bit
-// kernels do no better than its float32 ones. Measured with --amp bf16, three
-// interleaved pairs of 1-rank runs (scripts/bench-ddp.sh --nprocs 1 --runs 1 --amp bf16
-// --no-torch): LeNet, whose first layer and whose gradients are such shapes (its second
-// layer's forward, 6 input channels, is oneDNN's), 12.8-15.1k img/s with every
-// convolution on oneDNN's bf16 kernels, 21.9-24.7k with the own ones. The kernels for many channels stay
-// float32-only: Winograd's shapes run at twice its speed on oneDNN's bf16 kernels, and
-// with the GEMM weight gradient (512 channels at 4x4) resnet18 fell from 61.5-66.4 to
-// 57.8-59.0 img/s. Rounding costs a pass over each operand; the bias gradient sums the
-// float32 dy.
-Tensor rounded_operand(const Tensor& t, DType compute) {
-  if (compute == DType::Float32) return t;
-  Tensor r = Tensor::empty(t.shape(), DType::Float32, t.device());
-  round_to_dtype(t, compute, r);
-  return r;
-}
+// (cpu::rounded_operand): a float32 kernel on rounded operands is what Note
+// [Reduced-precision compute] defines the 16-bit result to be, and with so few channels
+// oneDNN's 16-bit kernels do no better than its float32 ones. Measured with --amp bf16,
+// three interleaved pairs of 1-rank runs (scripts/bench-ddp.sh --nprocs 1 --runs 1
+// --amp bf16 --no-torch): LeNet, whose first layer and whose gradients are such shapes
+// (its second layer's forward, 6 input channels, is oneDNN's), 12.8-15.1k img/s with
+// every convolution on oneDNN's bf16 kernels, 21.9-24.7k with the own ones. The kernels
+// for many channels stay float32-only: Winograd's shapes run at twice its speed on
+// oneDNN's bf16 kernels, and with the GEMM weight gradient (512 channels at 4x4)
+// resnet18 fell from 61.5-66.4 to 57.8-59.0 img/s. Rounding costs a pass over each
+// operand; the bias gradient sums the float32 dy.
 
 // The Auto policy's third choice: own kernels instead of a oneDNN primitive.
 bool choose_direct(const ConvShape& s, const Conv2dParams& p) {
@@ -416,7 +411,7 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
   cpu::use_configured_threads();
   if (choose_direct(s, p)) {
     // Note [Own kernels under --amp]
-    const Tensor xr = rounded_operand(x, p.compute), wr = rounded_operand(w, p.compute);
+    const Tensor xr = cpu::rounded_operand(x, p.compute), wr = cpu::rounded_operand(w, p.compute);
     return cpu::direct_conv_forward(xr.data<float>(), wr.data<float>(),
                                     b.defined() ? b.data<float>() : nullptr, y.data<float>(),
                                     direct_shape(s, p));
@@ -448,7 +443,7 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const C
                                             geometry(s, p));
   }
   if (choose_lanes(ConvDirection::BackwardData, s, p)) {
-    const Tensor dyr = rounded_operand(dy, p.compute), wr = rounded_operand(w, p.compute);
+    const Tensor dyr = cpu::rounded_operand(dy, p.compute), wr = cpu::rounded_operand(w, p.compute);
     return cpu::lanes_conv_backward_data(dyr.data<float>(), wr.data<float>(), dx.data<float>(),
                                          geometry(s, p));
   }
@@ -477,7 +472,7 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tens
   const bool lanes = choose_lanes(ConvDirection::BackwardWeights, s, p);
   if (lanes || choose_gemm_weights(s, p)) {
     // Note [Own kernels under --amp]
-    const Tensor xr = rounded_operand(x, p.compute), dyr = rounded_operand(dy, p.compute);
+    const Tensor xr = cpu::rounded_operand(x, p.compute), dyr = cpu::rounded_operand(dy, p.compute);
     if (lanes) {
       cpu::lanes_conv_backward_weights(xr.data<float>(), dyr.data<float>(), dw.data<float>(), kernel_db,
                                        accumulate, geometry(s, p));

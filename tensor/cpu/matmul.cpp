@@ -4,6 +4,7 @@
 
 #include "tensor/cpu/checks.h"
 #include "tensor/cpu/dnnl_support.h"
+#include "tensor/cpu/mixed_precision.h"
 #include "tensor/cpu/threading.h"
 #include "tensor/cuda_ops.h"
 #include "tensor/ops.h"
@@ -54,16 +55,9 @@ void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b
 namespace {
 
 // Note [Reduced-precision compute] on the CPU's linear layers: the operands rounded to
-// `compute` into float32 copies, then sgemm. The products are those a 16-bit GEMM with
-// float32 accumulation forms, and linear layers are a small share of any model here.
-Tensor rounded(const Tensor& t, DType compute) {
-  if (compute == DType::Float32) return t;
-  cpu::check_float("linear (rounding)", "operand", t);
-  Tensor r = Tensor::empty(t.shape(), DType::Float32, t.device());
-  round_to_dtype(t, compute, r);
-  return r;
-}
-
+// `compute` into float32 copies (cpu::rounded_operand), then sgemm. The products are
+// those a 16-bit GEMM with float32 accumulation forms, and linear layers are a small
+// share of any model here.
 void check_compute(const char* op, DType compute) {
   MTRAIN_CHECK(compute == DType::Float32 || compute == DType::BFloat16 || compute == DType::Float16,
                "{}: no compute type {}", op, dtype_name(compute));
@@ -75,7 +69,7 @@ void linear_forward(const Tensor& x_in, const Tensor& w_in, const Tensor& b, Ten
                     DType compute) {
   if (x_in.device().is_cuda()) return cuda_ops::linear_forward(x_in, w_in, b, y, compute);
   check_compute("linear_forward", compute);
-  const Tensor x = rounded(x_in, compute), w = rounded(w_in, compute);
+  const Tensor x = cpu::rounded_operand(x_in, compute), w = cpu::rounded_operand(w_in, compute);
   cpu::check_float("linear_forward", "x", x);
   cpu::check_float("linear_forward", "w", w);
   cpu::check_ndim("linear_forward", "x", x, 2);
@@ -106,9 +100,9 @@ void linear_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& dy_in
     return cuda_ops::linear_backward(x_in, w_in, dy_in, dx, dw, db, accumulate, compute);
   }
   check_compute("linear_backward", compute);
-  const Tensor x = rounded(x_in, compute), w = rounded(w_in, compute);
+  const Tensor x = cpu::rounded_operand(x_in, compute), w = cpu::rounded_operand(w_in, compute);
   // db sums the float32 dy; dx and dw multiply the rounded one.
-  const Tensor dy = rounded(dy_in, compute);
+  const Tensor dy = cpu::rounded_operand(dy_in, compute);
   cpu::check_float("linear_backward", "x", x);
   cpu::check_float("linear_backward", "w", w);
   cpu::check_ndim("linear_backward", "x", x, 2);

@@ -1,35 +1,20 @@
 // The CPU side of Note [Reduced-precision compute] (tensor/ops.h) and of loss scaling.
-#include <cmath>
-#include <cstring>
 #include <cstdint>
 #include <mutex>
 
+#include "tensor/cpu/mixed_precision.h"
 #include "tensor/cpu/checks.h"
 #include "tensor/cpu/conv_layout.h"
 #include "tensor/cpu/threading.h"
 #include "tensor/cuda_ops.h"
+#include "tensor/half_float.h"
 #include "tensor/ops.h"
 
 namespace mtrain::ops {
 namespace {
 
-// Round to nearest even on the upper 16 bits; NaN stays a (quiet) NaN.
-inline float round_to_bfloat16(float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    bits |= 0x00400000u;
-  } else {
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-  }
-  bits &= 0xffff0000u;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-}
-
-// GCC's _Float16 conversion rounds to nearest even, overflows to infinity and keeps
-// subnormals, as the hardware conversions do.
-inline float round_to_float16(float v) { return static_cast<float>(static_cast<_Float16>(v)); }
+inline float round_to_bfloat16(float v) { return half::bfloat16_to_float(half::float_to_bfloat16(v)); }
+inline float round_to_float16(float v) { return half::float16_to_float(half::float_to_float16(v)); }
 
 }  // namespace
 
@@ -78,38 +63,35 @@ void convert(const Tensor& src, Tensor& dst) {
   MTRAIN_CHECK(narrow || widen, "convert: from {} to {} is not a float32 <-> 16-bit conversion", dtype_name(src.dtype()),
                dtype_name(dst.dtype()));
   cpu::use_configured_threads();
+  // One loop per direction and format, so each conversion inlines.
+  const auto each = [n](auto&& body) {
+#pragma omp parallel for if (n > cpu::kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) body(i);
+  };
   if (narrow) {
     const float* p = src.data<float>();
     auto* q = static_cast<uint16_t*>(dst.raw_data());
-    const bool bf16 = dst.dtype() == DType::BFloat16;
-#pragma omp parallel for if (n > cpu::kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) {
-      const float r = bf16 ? round_to_bfloat16(p[i]) : 0.0f;
-      if (bf16) {
-        uint32_t bits;
-        std::memcpy(&bits, &r, sizeof bits);
-        q[i] = static_cast<uint16_t>(bits >> 16);
-      } else {
-        const _Float16 h = static_cast<_Float16>(p[i]);
-        std::memcpy(&q[i], &h, sizeof h);
-      }
+    if (dst.dtype() == DType::BFloat16) {
+      each([&](int64_t i) { q[i] = half::float_to_bfloat16(p[i]); });
+    } else {
+      each([&](int64_t i) { q[i] = half::float_to_float16(p[i]); });
     }
   } else {
     const auto* p = static_cast<const uint16_t*>(src.raw_data());
     float* q = dst.data<float>();
-    const bool bf16 = src.dtype() == DType::BFloat16;
-#pragma omp parallel for if (n > cpu::kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) {
-      if (bf16) {
-        const uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
-        std::memcpy(&q[i], &bits, sizeof bits);
-      } else {
-        _Float16 h;
-        std::memcpy(&h, &p[i], sizeof h);
-        q[i] = static_cast<float>(h);
-      }
+    if (src.dtype() == DType::BFloat16) {
+      each([&](int64_t i) { q[i] = half::bfloat16_to_float(p[i]); });
+    } else {
+      each([&](int64_t i) { q[i] = half::float16_to_float(p[i]); });
     }
   }
+}
+
+Tensor cpu::rounded_operand(const Tensor& t, DType compute) {
+  if (compute == DType::Float32) return t;
+  Tensor r = Tensor::empty(t.shape(), DType::Float32, t.device());
+  round_to_dtype(t, compute, r);
+  return r;
 }
 
 bool non_finite_check_and_unscale(const std::vector<Tensor*>& grads, float inv_scale) {

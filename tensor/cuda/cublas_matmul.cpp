@@ -69,13 +69,6 @@ cudaDataType cuda_type(DType t) {
   return CUDA_R_32F;
 }
 
-// The operand a GEMM multiplies: `t` itself for float32, else a 16-bit copy that
-// `keep` holds until the GEMM is queued.
-const void* operand(const Tensor& t, DType compute, Tensor& keep) {
-  if (compute == DType::Float32) return t.raw_data();
-  keep = detail::narrowed(t, compute);
-  return keep.raw_data();
-}
 
 template <class Context>
 void run_gemm(int device, const Gemm& g, const Context& context) {
@@ -231,9 +224,9 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
   g.m = batch;
   g.n = out;
   g.k = in;
-  g.a = operand(x, compute, x16);
+  g.a = detail::compute_operand(x, compute, x16);
   g.a_cols = in;
-  g.b = operand(w, compute, w16);
+  g.b = detail::compute_operand(w, compute, w16);
   g.b_cols = in;
   g.ab_type = cuda_type(compute);
   g.beta = beta;
@@ -265,7 +258,7 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
   const cudaDataType ab_type = cuda_type(compute);
   // The multiplied operands in the compute type; db sums the float32 dy.
   Tensor dy16, w16, x16;
-  const void* dy_op = operand(dy, compute, dy16);
+  const void* dy_op = detail::compute_operand(dy, compute, dy16);
   if (dx.defined()) {
     // dx[batch, in] = dy[batch, out] @ w[out, in].
     Gemm g;
@@ -274,7 +267,7 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
     g.k = out;
     g.a = dy_op;
     g.a_cols = out;
-    g.b = operand(w, compute, w16);
+    g.b = detail::compute_operand(w, compute, w16);
     g.b_cols = in;
     g.c = dx.data<float>();
     g.allow_tf32 = tf32;
@@ -289,7 +282,7 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
   g.k = batch;
   g.a = dy_op;
   g.a_cols = out;
-  g.b = operand(x, compute, x16);
+  g.b = detail::compute_operand(x, compute, x16);
   g.b_cols = in;
   g.beta = grad_beta;
   g.c = dw.data<float>();

@@ -533,14 +533,8 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
   return s;
 }
 
-// The 16-bit operands and outputs of one call (Note [16-bit kernels on the GPU]): a
-// float32 tensor itself, or a rounded copy / a scratch output in the compute type.
-const void* input_in(const Tensor& t, DType compute, Tensor& keep) {
-  if (compute == DType::Float32) return t.raw_data();
-  keep = detail::narrowed(t, compute);
-  return keep.raw_data();
-}
-
+// The output of one call (Note [16-bit kernels on the GPU]): the float32 tensor
+// itself, or a scratch output in the compute type (the inputs: detail::compute_operand).
 void* output_in(Tensor& t, DType compute, Tensor& keep) {
   if (compute == DType::Float32) return t.raw_data();
   keep = Tensor::empty(t.shape(), compute, t.device());
@@ -564,8 +558,8 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
   if (s.n == 0 || s.o == 0) return;
   cuda::DeviceGuard guard(device);
   Tensor x16, w16, y16;
-  const void* px = input_in(x, p.compute, x16);
-  const void* pw = input_in(w, p.compute, w16);
+  const void* px = detail::compute_operand(x, p.compute, x16);
+  const void* pw = detail::compute_operand(w, p.compute, w16);
   void* py = output_in(y, p.compute, y16);
   const ConvCall what{dir, s, p};
   ConvPlan& plan = cached_plan(what, device, {px, pw, y.shape(), p.compute});
@@ -604,8 +598,8 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
     return;
   }
   Tensor dy16, w16, dx16;
-  const void* pdy = input_in(dy, p.compute, dy16);
-  const void* pw = input_in(w, p.compute, w16);
+  const void* pdy = detail::compute_operand(dy, p.compute, dy16);
+  const void* pw = detail::compute_operand(w, p.compute, w16);
   void* pdx = output_in(dx, p.compute, dx16);
   const ConvCall what{dir, s, p};
   ConvPlan& plan = cached_plan(what, device, {pw, pdy, dx.shape(), p.compute});
@@ -639,8 +633,8 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tens
     return;
   }
   Tensor x16, dy16, dw16;
-  const void* px = input_in(x, p.compute, x16);
-  const void* pdy = input_in(dy, p.compute, dy16);
+  const void* px = detail::compute_operand(x, p.compute, x16);
+  const void* pdy = detail::compute_operand(dy, p.compute, dy16);
   void* pdw = output_in(dw, p.compute, dw16);
   const ConvCall what{dir, s, p};
   ConvPlan& plan = cached_plan(what, device, {px, pdy, dw.shape(), p.compute});

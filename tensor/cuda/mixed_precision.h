@@ -13,4 +13,12 @@ Tensor narrowed(const Tensor& x, DType compute);
 // dst (+)= float32(src), elementwise; src 16-bit, dst float32 of the same size.
 void widen_into(const Tensor& src, Tensor& dst, bool accumulate);
 
+// What a cuDNN or cuBLAS call multiplies: float32 `t` itself, or for a 16-bit compute
+// type its narrowed copy, which `keep` holds until the call is queued.
+inline const void* compute_operand(const Tensor& t, DType compute, Tensor& keep) {
+  if (compute == DType::Float32) return t.raw_data();
+  keep = narrowed(t, compute);
+  return keep.raw_data();
+}
+
 }  // namespace mtrain::cuda_ops::detail
