@@ -62,6 +62,9 @@ struct ConvKeyHash {
   }
 };
 
+// The most arguments an entry binds: forward's x, w, b and y.
+constexpr size_t kMaxBoundArgs = 4;
+
 struct ConvEntry {
   std::mutex mu;
   dnnl::primitive primitive;
@@ -226,6 +229,9 @@ std::unique_ptr<ConvEntry> make_entry(const ConvKey& key, const ConvShape& s,
       break;
     }
   }
+  MTRAIN_CHECK(e->inputs.size() + e->outputs.size() <= kMaxBoundArgs,
+               "conv entry binds {} arguments, more than kMaxBoundArgs",
+               e->inputs.size() + e->outputs.size());
   primitives_created.fetch_add(1, std::memory_order_relaxed);
   return e;
 }
@@ -251,17 +257,15 @@ void run_entry(ConvEntry& e, std::initializer_list<const void*> inputs,
   for (const void* p : inputs) e.inputs[i++].bind(const_cast<void*>(p));
   i = 0;
   for (void* p : outputs) e.outputs[i++].bind(p);
-  size_t staging = 0;
-  for (const auto* args : {&e.inputs, &e.outputs}) {
-    for (const BoundArg& a : *args) staging += (a.internal_bytes() + 63) / 64 * 64;
-  }
-  if (staging > 0) {
-    char* at = static_cast<char*>(cpu::StagingWorkspace::acquire(staging));
-    for (auto* args : {&e.inputs, &e.outputs}) {
-      for (BoundArg& a : *args) {
-        a.bind_internal(at);
-        at += (a.internal_bytes() + 63) / 64 * 64;
-      }
+  // Note [Staging from the tensor cache] (dnnl_support.h): one block per argument, held
+  // until the stream is done with it.
+  std::array<Tensor, kMaxBoundArgs> staging;
+  size_t held = 0;
+  for (auto* args : {&e.inputs, &e.outputs}) {
+    for (BoundArg& a : *args) {
+      if (a.internal_bytes() == 0) continue;
+      staging[held] = Tensor::empty({static_cast<int64_t>(a.internal_bytes())}, DType::UInt8);
+      a.bind_internal(staging[held++].raw_data());
     }
   }
   for (BoundArg& a : e.inputs) a.before(s);

@@ -1,8 +1,5 @@
 #include "tensor/cpu/dnnl_support.h"
 
-#include <cstdlib>
-#include <memory>
-
 #include "core/error.h"
 
 namespace mtrain::ops::cpu {
@@ -38,25 +35,6 @@ BoundArg::BoundArg(const dnnl::memory::desc& user_md, const dnnl::memory::desc& 
     attr.set_post_ops(ops);
   }
   from_internal_ = dnnl::reorder(dnnl::reorder::primitive_desc(internal_, user_, attr));
-}
-
-void* StagingWorkspace::acquire(size_t bytes) {
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
-  thread_local std::unique_ptr<void, Free> buffer;
-  thread_local size_t capacity = 0;
-  if (bytes > capacity) {
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    buffer.reset();  // the old contents are dead: give them back before growing
-    buffer.reset(std::aligned_alloc(64, rounded));
-    if (!buffer) {
-      capacity = 0;
-      throw Error(fmt::format("oneDNN staging workspace: out of memory allocating {} bytes", rounded));
-    }
-    capacity = rounded;
-  }
-  return buffer.get();
 }
 
 }  // namespace mtrain::ops::cpu

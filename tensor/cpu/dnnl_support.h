@@ -11,10 +11,11 @@ const dnnl::engine& dnnl_engine();
 // Streams are not safe to share between threads; each thread gets its own.
 dnnl::stream& dnnl_stream();
 
-// c[M,N] = alpha * op(a) @ op(b) + beta * c on oneDNN's sgemm, all row-major and
-// contiguous (defined in matmul.cpp).
+// c[M,N] = alpha * op(a) @ op(b) + beta * c on oneDNN's sgemm, all row-major; a and b
+// contiguous, c's rows `ldc` floats apart (0: n, contiguous) so that c may be a block of
+// columns of a wider matrix (defined in matmul.cpp).
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-           const float* b, float beta, float* c);
+           const float* b, float beta, float* c, int64_t ldc = 0);
 
 // Note [Bound primitive arguments]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -25,10 +26,21 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
 // overwrite it, `internal` is a staging buffer and a reorder moves data across (for
 // outputs that reorder carries a sum post-op when accumulating). The reorders are made
 // once with the entry; the staging buffers are not owned by it but bound for each call
-// (bind_internal) into a per-thread workspace (StagingWorkspace), because they only
-// live during one call: a network's entries then share one buffer the size of the
-// largest call instead of each keeping its own (about 300 MiB for ResNet-18 at batch
-// 64). A steady-state call creates no primitive and allocates nothing.
+// (bind_internal), because they only live during one call: entries that kept their own
+// would hold about 300 MiB for ResNet-18 at batch 64.
+//
+// Note [Staging from the tensor cache]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Each argument's staging is a block of the caching host allocator, taken for the call
+// and given back after it. A blocked layout of C channels (C a multiple of the block)
+// has the bytes of the plain tensor, so the staging of an activation reuses the block
+// an activation of the same size left in the cache: backward frees the saved
+// activations as it goes, and forward runs before they are all allocated. Staging then
+// adds almost nothing to the process's footprint. It used to be one per-thread buffer
+// the size of the largest call, whose 24.6 MiB for ResNet-18 at batch 64 (a 64-channel
+// weight gradient: input and output gradient, 12.3 MiB each) came on top of the
+// tensors; one block of that size would not fit any cached activation either. A
+// steady-state call creates no primitive and does not reach the system allocator.
 class BoundArg {
  public:
   enum class Role { Input, Output, AccumulatedOutput };
@@ -58,13 +70,6 @@ class BoundArg {
   dnnl::reorder to_internal_;
   dnnl::reorder from_internal_;
   size_t internal_bytes_ = 0;
-};
-
-// A growing per-thread buffer for BoundArg staging: acquire(n) returns at least n bytes,
-// 64-byte aligned, valid until the next acquire on the same thread.
-class StagingWorkspace {
- public:
-  static void* acquire(size_t bytes);
 };
 
 }  // namespace mtrain::ops::cpu

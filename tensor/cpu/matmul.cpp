@@ -13,18 +13,22 @@ namespace mtrain::ops {
 namespace cpu {
 
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-           const float* b, float beta, float* c) {
+           const float* b, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  if (ldc == 0) ldc = n;
+  MTRAIN_CHECK(ldc >= n, "sgemm: ldc {} is less than n = {}", ldc, n);
   if (k == 0) {
     // An empty sum: c = beta * c. dnnl_sgemm would reject the leading dimension 0 that
     // an [m, 0] operand has, so this case never reaches it.
-    for (int64_t i = 0; i < m * n; ++i) c[i] = beta == 0.0f ? 0.0f : beta * c[i];
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    }
     return;
   }
   const int64_t lda = ta ? m : k;
   const int64_t ldb = tb ? k : n;
   const dnnl_status_t status =
-      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, n);
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   MTRAIN_CHECK(status == dnnl_success, "dnnl_sgemm(m={}, n={}, k={}) failed with status {}", m, n,
                k, static_cast<int>(status));
 }

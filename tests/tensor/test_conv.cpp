@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "tensor/cpu/batch_kernels.h"
+#include "tensor/cpu/conv_gemm_weights.h"
 #include "tensor/cpu/conv_geometry.h"
 #include "tensor/cpu/conv_layout.h"
 #include "tensor/cpu/conv_lanes.h"
@@ -438,6 +439,37 @@ TEST_CASE("weight gradients over few output positions are one GEMM and match the
     const long created = ops::cpu::conv_primitives_created();
     check_weight_gradients(x, w, random_tensor(y.shape(), seed++), p);
     CHECK(ops::cpu::conv_primitives_created() == created);
+  }
+}
+
+TEST_CASE("GEMM weight gradients built a block of input channels at a time match one block",
+          "[conv]") {
+  // Note [Weight gradients as a GEMM]: a rows budget smaller than the patches of the whole
+  // input splits the channels into blocks, each writing its own columns of dw. The
+  // budgets give one channel per block, 2 channels (3 blocks, the last one short) and
+  // every channel at once; accumulation adds onto dw and db in every case.
+  const Shape xs{3, 5, 4, 4}, ws{6, 5, 3, 3};
+  const Conv2dParams p{1, 1, 1, 1};
+  const ops::cpu::ConvGeometry g{3, 5, 4, 4, 6, 3, 3, 4, 4, 1, 1, 1, 1};
+  REQUIRE(ops::cpu::gemm_weights_applies(g));
+  const Tensor x = random_tensor(xs, 401);
+  const Tensor dy = random_tensor({3, 6, 4, 4}, 402);
+  const auto ref = testing::conv2d_backward_ref(x, random_tensor(ws, 403), dy, p);
+  const size_t channel_bytes = 3 * 16 * 9 * sizeof(float);  // n * positions * kh * kw
+  for (const size_t budget : {size_t{1}, 2 * channel_bytes + 7, size_t{1} << 30}) {
+    INFO("rows budget " << budget << " bytes");
+    Tensor dw = Tensor::full(ws, 7.0f), db = Tensor::full({6}, 7.0f);
+    ops::cpu::gemm_conv_backward_weights(x.data<float>(), dy.data<float>(), dw.data<float>(),
+                                         db.data<float>(), /*accumulate=*/false, g, budget);
+    require_close(dw, ref.dw, 1e-4, 1e-4);
+    require_close(db, ref.db, 1e-4, 1e-4);
+    ops::cpu::gemm_conv_backward_weights(x.data<float>(), dy.data<float>(), dw.data<float>(),
+                                         db.data<float>(), /*accumulate=*/true, g, budget);
+    std::vector<double> dw2 = ref.dw, db2 = ref.db;
+    for (double& v : dw2) v *= 2.0;
+    for (double& v : db2) v *= 2.0;
+    require_close(dw, dw2, 1e-4, 1e-4);
+    require_close(db, db2, 1e-4, 1e-4);
   }
 }
 
