@@ -27,6 +27,13 @@ class StagingStream {
  public:
   explicit StagingStream(int device) : device_(device), stream_(device) {}
 
+  // Makes the group's GPU current for the calling (copy-back) thread, so that its CUDA
+  // calls open no context elsewhere (Note [Helper threads and the process's GPU] in
+  // tensor/cuda_runtime.h). An error resurfaces at the thread's first checked call.
+  void bind_thread() const {
+    if (cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();
+  }
+
   // Called on the issuing thread.
   CallerMark mark_caller_stream() const {
     auto mark = std::make_unique<cuda::Event>(device_);
@@ -63,6 +70,7 @@ class StagingStream {
         device));
   }
   CallerMark mark_caller_stream() const { return {}; }
+  void bind_thread() const {}
   void copy_back(const Tensor&, const Tensor&, const CallerMark&) {}
 };
 
@@ -110,6 +118,7 @@ class HostStagingProcessGroup::CopyBack {
   };
 
   void run() {
+    stream_.bind_thread();
     std::unique_lock lock(mu_);
     for (;;) {
       cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });

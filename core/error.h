@@ -38,6 +38,13 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
+// An allocator could not get memory even after returning its cache; the message says
+// what was asked for and what is held.
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Network / peer / collective failures.
 class CommError : public Error {
  public:

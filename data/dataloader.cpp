@@ -98,7 +98,11 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<S
   workers_.reserve(static_cast<size_t>(options_.num_workers));
   try {
     for (int i = 0; i < options_.num_workers; ++i) {
-      workers_.emplace_back([this] { worker_loop(); });
+      workers_.emplace_back([this] {
+        // Pinned batches are allocated here (Note [Helper threads and the process's GPU]).
+        if (options_.pin_memory) adopt_process_device();
+        worker_loop();
+      });
     }
   } catch (...) {
     // The destructor does not run for a throwing constructor, and destroying a joinable

@@ -83,7 +83,7 @@ class CachingHostAllocator final : public Allocator {
       release_locked();
       raw = std::aligned_alloc(kAlignment, kHeader + size);
       if (raw == nullptr) {
-        throw Error(fmt::format("host allocator: out of memory allocating {} bytes "
+        throw OutOfMemoryError(fmt::format("host allocator: out of memory allocating {} bytes "
                                 "({} bytes already in use)", size, stats_.in_use_bytes));
       }
     }

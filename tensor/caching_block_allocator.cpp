@@ -207,7 +207,7 @@ void CachingBlockAllocator::release_cached_locked() {
 
 void CachingBlockAllocator::throw_out_of_memory(size_t requested, size_t rounded) {
   std::string device = backend_.memory_summary();
-  throw Error(fmt::format(
+  throw OutOfMemoryError(fmt::format(
       "{}: out of memory allocating {} ({} bytes, rounded to {}): {} in use by live tensors, {} "
       "reserved after returning every cached block{}{}; free tensors you no longer need or use "
       "a smaller batch",

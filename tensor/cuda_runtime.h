@@ -36,4 +36,16 @@ std::string cuda_summary();
 // refuses.
 void set_current_device(int index);
 
+// Note [Helper threads and the process's GPU]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The current device is per thread, and a thread that never chose one is on device 0:
+// its first CUDA call that needs a context (an event query, cudaHostAlloc, restoring
+// "the previous device" after a guard) opens a context on GPU 0, some 500 MiB of it,
+// from every rank of a node, whatever GPU the rank was bound to. So a thread that calls
+// CUDA makes the process's device (the last set_current_device, on any thread) its
+// own first: adopt_process_device() does that once per thread, and does nothing before
+// the process is bound or in a build without CUDA. Helper threads call it when they
+// start; DeviceGuard and the allocator's event and pinned-memory paths call it too.
+void adopt_process_device();
+
 }  // namespace mtrain

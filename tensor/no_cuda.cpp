@@ -31,6 +31,7 @@ BlockAllocatorStats pinned_memory_stats() { no_cuda("pinned_memory_stats"); }
 void pinned_release_cached_memory() { no_cuda("pinned_release_cached_memory"); }
 void record_stream(const Tensor&, int, void*) { no_cuda("record_stream"); }
 void set_current_device(int index) { no_cuda(fmt::format("binding device cuda:{}", index).c_str()); }
+void adopt_process_device() {}
 
 
 // No GPU tensor can exist in this build, so the kernel dispatch never gets here; these

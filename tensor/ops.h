@@ -109,6 +109,9 @@ struct Pool2dParams {
 // Max pooling; `indices` (Int32, same shape as y) records the argmax within each
 // input plane for the backward pass. Padding counts as -inf.
 void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Pool2dParams& p);
+// An index outside its input plane is a bug (they come from maxpool2d_forward): the CPU
+// raises InternalError; the GPU kernel skips it, since reporting it would cost a host
+// synchronisation per call.
 void maxpool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx);
 // Padding may be at most half the kernel (PyTorch's rule); more is an InternalError.
 // Average pooling with PyTorch's default count_include_pad=true.

@@ -41,6 +41,14 @@ DeviceBinding bind_device(const DeviceRequest& r, bool mpi_launched) {
   }
   b.backend = resolve_backend(r.backend, true, mpi_launched);
   int index = r.local_rank;
+  if (r.local_rank >= r.visible_gpus && r.visible_gpus == 1 && b.backend == "nccl") {
+    // Note [Device binding]: one GPU per task, as SLURM's --gpus-per-task=1 gives.
+    b.device = Device::cuda(0);
+    b.reason = fmt::format("local rank {} -> cuda:0, the one GPU this process sees ({}); ranks that "
+                           "turn out to share it are refused before NCCL starts",
+                           r.local_rank, visible_text(r));
+    return b;
+  }
   if (r.local_rank >= r.visible_gpus) {
     if (b.backend == "nccl") {
       throw InvalidArgument(fmt::format(

@@ -9,7 +9,13 @@
 // one is visible and the CPU otherwise; --device cuda without a usable GPU is an error
 // quoting why the runtime sees none. More local ranks than visible GPUs is an error for
 // NCCL, which refuses two ranks on one device; Gloo and MPI stage through host memory
-// and may share, so there local rank r binds cuda:(r mod count), with a warning.
+// and may share, so there local rank r binds cuda:(r mod count), with a warning. One
+// exception: a process that sees exactly one GPU binds it whatever its local rank,
+// because schedulers that give every task its own GPU (SLURM's --gpus-per-task=1,
+// --gpu-bind) leave each task that one, as cuda:0, with local ranks 0..n-1. Whether
+// two ranks then really share a GPU only the ranks together can tell: the NCCL group
+// compares every rank's physical GPU before it starts (collectives/nccl/device_identity.h)
+// and refuses a shared one, naming both ranks.
 // The CPU path binds cpu:r (a label in logs: all ranks share the host's cores, split
 // by the intra-op thread count).
 #pragma once

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "models/loss.h"
+#include "tensor/cuda_memory.h"
 #include "tensor/ops.h"
 #include "trainer/device_batches.h"
 #include "trainer/stop_signals.h"
@@ -15,6 +16,22 @@
 namespace mtrain {
 
 namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// The epoch event's memory figures (docs/training.md, "Metrics"): the host tensor
+// allocator's peak and what it holds, and on a GPU the device allocator's current use
+// and reservation, so that growth from one epoch to the next shows.
+void add_memory_fields(nlohmann::json& event, Device device) {
+  const AllocatorStats host = host_allocator_stats();
+  event["host_tensor_peak_mib"] = static_cast<double>(host.peak_in_use_bytes) / kMiB;
+  event["host_tensor_held_mib"] = static_cast<double>(host.peak_reserved_bytes) / kMiB;
+  if (device.is_cuda()) {
+    const BlockAllocatorStats gpu = cuda_memory_stats(device.index);
+    event["cuda_in_use_mib"] = static_cast<double>(gpu.in_use_bytes) / kMiB;
+    event["cuda_reserved_mib"] = static_cast<double>(gpu.reserved_bytes) / kMiB;
+  }
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -276,6 +293,7 @@ TrainResult TrainLoop::run() {
                             {"eval_sec", s.eval_seconds},
                             {"img_per_s", json_number(s.images_per_second)},
                             {"devices", config_.devices}};
+    add_memory_fields(event, config_.device);
     if (config_.hooks.extend_metrics) config_.hooks.extend_metrics(event);
     metrics_.write(event);
     result.epochs.push_back(s);

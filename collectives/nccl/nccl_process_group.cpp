@@ -352,6 +352,10 @@ void NcclState::block_current_stream(const Work& work) {
 }
 
 void NcclState::watchdog_loop() {
+  // Its event queries and the frees of finished operations' tensors must not open a
+  // context on GPU 0 (Note [Helper threads and the process's GPU]).
+  // An error here resurfaces, with its context, at the first checked call.
+  if (cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     cv_.wait_for(lock, pending_.empty() ? kIdlePollPeriod : kBusyPollPeriod);

@@ -33,6 +33,7 @@ class CudaBlockBackend final : public BlockBackend {
       cuda::DeviceGuard guard(device_);
       err = cudaMalloc(&ptr, bytes);
     } else {
+      adopt_process_device();  // Note [Helper threads and the process's GPU]
       // Portable: pinned for every device, since any device's stream may copy from it.
       err = cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable);
     }
@@ -49,6 +50,7 @@ class CudaBlockBackend final : public BlockBackend {
       cuda::DeviceGuard guard(device_);
       MTRAIN_CUDA_CHECK(cudaFree(ptr));
     } else {
+      adopt_process_device();
       MTRAIN_CUDA_CHECK(cudaFreeHost(ptr));
     }
   }
@@ -72,6 +74,7 @@ class CudaBlockBackend final : public BlockBackend {
   }
 
   bool event_completed(EventRef event) override {
+    adopt_process_device();
     const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event.handle));
     if (err == cudaErrorNotReady) return false;
     MTRAIN_CUDA_CHECK(err);
@@ -79,6 +82,7 @@ class CudaBlockBackend final : public BlockBackend {
   }
 
   void synchronize_event(EventRef event) override {
+    adopt_process_device();
     MTRAIN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event.handle)));
   }
 

@@ -1,3 +1,5 @@
+#include <atomic>
+
 #include <cuda_runtime.h>
 #include <cudnn.h>
 #include <nccl.h>
@@ -8,6 +10,17 @@
 
 namespace mtrain {
 namespace {
+
+// Note [Helper threads and the process's GPU] (tensor/cuda_runtime.h).
+std::atomic<int>& process_device() {
+  static std::atomic<int> device{-1};
+  return device;
+}
+
+bool& thread_adopted() {
+  thread_local bool adopted = false;
+  return adopted;
+}
 
 CudaInfo query() {
   CudaInfo info;
@@ -53,6 +66,17 @@ void set_current_device(int index) {
                                           : fmt::format("{} visible", info.device_count)));
   }
   MTRAIN_CUDA_CHECK(cudaSetDevice(index));
+  process_device().store(index);
+  thread_adopted() = true;
+}
+
+void adopt_process_device() {
+  if (thread_adopted()) return;
+  const int device = process_device().load();
+  if (device < 0) return;  // not bound yet: a later call adopts it
+  thread_adopted() = true;
+  // An error here resurfaces, with its context, at the caller's next checked call.
+  if (cudaSetDevice(device) != cudaSuccess) cudaGetLastError();
 }
 
 }  // namespace mtrain

@@ -1,8 +1,10 @@
 #include "tensor/cuda/stream.h"
 
+#include <mutex>
 #include <vector>
 
 #include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda_runtime.h"
 
 namespace mtrain::cuda {
 
@@ -11,7 +13,48 @@ void Stream::synchronize() const {
   MTRAIN_CUDA_CHECK(cudaStreamSynchronize(handle_));
 }
 
+// Note [Streams outlive their blocks]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The caching allocator files a device block under the stream it was allocated for,
+// and freeing the block records an event on that stream (Note [Stream-ordered block
+// reuse] in tensor/caching_block_allocator.h); so do the blocks other streams used
+// (record_stream). A block often dies after the object that made its stream: the last
+// evaluation batch, copied on a data prefetcher's stream, stays saved in the model's
+// first layer until the next training step frees it, long after evaluate() destroyed
+// that prefetcher. Recording an event on a destroyed stream is undefined, and a new
+// stream could be given the old handle and inherit its pool. So a stream, once
+// created, lives as long as the process: an OwnedStream that ends returns its stream
+// to a pool of idle streams on its device, and the next OwnedStream on that device
+// takes it from there (PyTorch keeps its streams for the process's lifetime for the
+// same reason). Work queued by the next holder is ordered after the earlier holder's,
+// since it is the same stream.
+namespace {
+
+std::mutex& pool_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+// Idle streams per device; never destroyed, like the streams themselves.
+std::vector<std::vector<cudaStream_t>>& idle_streams() {
+  static auto* pools = new std::vector<std::vector<cudaStream_t>>();
+  return *pools;
+}
+
+}  // namespace
+
 OwnedStream::OwnedStream(int device) {
+  MTRAIN_CHECK(device >= 0, "OwnedStream on device {}", device);
+  {
+    std::lock_guard<std::mutex> lock(pool_mutex());
+    auto& pools = idle_streams();
+    const auto d = static_cast<size_t>(device);
+    if (d < pools.size() && !pools[d].empty()) {
+      stream_ = Stream(device, pools[d].back());
+      pools[d].pop_back();
+      return;
+    }
+  }
   DeviceGuard guard(device);
   cudaStream_t s = nullptr;
   MTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -19,12 +62,14 @@ OwnedStream::OwnedStream(int device) {
 }
 
 OwnedStream::~OwnedStream() {
-  // Finish the stream's work first: the caching allocator keys its pools by stream
-  // handle, and a later stream may be given the same handle; its blocks must not be
-  // reused while this stream's kernels might still touch them. Errors cannot be
-  // reported from a destructor.
+  // The holder's work is finished before the stream changes hands, so that nothing of
+  // it overlaps the next holder's. Errors cannot be reported from a destructor.
   cudaStreamSynchronize(stream_.handle());
-  cudaStreamDestroy(stream_.handle());
+  std::lock_guard<std::mutex> lock(pool_mutex());
+  auto& pools = idle_streams();
+  const auto d = static_cast<size_t>(stream_.device());
+  if (d >= pools.size()) pools.resize(d + 1);
+  pools[d].push_back(stream_.handle());
 }
 
 Event::Event(int device) : device_(device) {
@@ -42,6 +87,7 @@ void Event::record(Stream stream) {
 }
 
 bool Event::completed() const {
+  adopt_process_device();
   const cudaError_t err = cudaEventQuery(event_);
   if (err == cudaSuccess) return true;
   if (err == cudaErrorNotReady) return false;
@@ -49,7 +95,10 @@ bool Event::completed() const {
   return false;
 }
 
-void Event::synchronize() const { MTRAIN_CUDA_CHECK(cudaEventSynchronize(event_)); }
+void Event::synchronize() const {
+  adopt_process_device();
+  MTRAIN_CUDA_CHECK(cudaEventSynchronize(event_));
+}
 
 void Event::block(Stream stream) const {
   DeviceGuard guard(stream.device());
@@ -57,6 +106,7 @@ void Event::block(Stream stream) const {
 }
 
 DeviceGuard::DeviceGuard(int device) {
+  adopt_process_device();  // so that "previous" is never an unchosen device 0
   MTRAIN_CUDA_CHECK(cudaGetDevice(&previous_));
   if (previous_ != device) {
     MTRAIN_CUDA_CHECK(cudaSetDevice(device));

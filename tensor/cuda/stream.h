@@ -32,9 +32,11 @@ class Stream {
   cudaStream_t handle_ = nullptr;
 };
 
-// Owns a stream created with cudaStreamNonBlocking (no implicit ordering with the
-// legacy default stream: order is always explicit, through events). The destructor
-// waits for the stream's work (see stream.cpp).
+// A stream created with cudaStreamNonBlocking (no implicit ordering with the legacy
+// default stream: order is always explicit, through events), held for this object's
+// lifetime. The destructor waits for the stream's work and hands the stream back to a
+// per-device pool, which gives it to the next OwnedStream: streams are never
+// destroyed (Note [Streams outlive their blocks] in stream.cpp).
 class OwnedStream {
  public:
   explicit OwnedStream(int device);

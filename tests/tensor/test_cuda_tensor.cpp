@@ -135,6 +135,26 @@ TEST_CASE("work on a side stream is ordered through events and record_stream") {
   CHECK(out.to_vector<float>() == std::vector<float>(1 << 20, 3.f));
 }
 
+TEST_CASE("an OwnedStream that ends hands its stream to the next one; blocks freed later find it alive") {
+  // Note [Streams outlive their blocks] (tensor/cuda/stream.cpp).
+  require_gpu();
+  cudaStream_t first = nullptr;
+  Tensor outlives;
+  {
+    cuda::OwnedStream a(0);
+    first = a.stream().handle();
+    cuda::StreamGuard guard(a.stream());
+    outlives = Tensor::empty({1 << 16}, DType::Float32, Device::cuda(0));  // filed under a's stream
+    outlives.fill_(1.f);
+  }
+  CHECK(cudaStreamQuery(first) == cudaSuccess);  // still a stream, with its work done
+  outlives = Tensor();  // records its free on that stream: defined, since it lives
+  cuda::OwnedStream b(0);
+  CHECK(b.stream().handle() == first);
+  cuda::OwnedStream c(0);
+  CHECK(c.stream().handle() != first);
+}
+
 TEST_CASE("a device that does not exist is a clear error") {
   require_gpu();
   const int missing = cuda_info().device_count;

@@ -65,3 +65,17 @@ TEST_CASE("impossible requests are clear errors", "[device]") {
   CHECK_THROWS_WITH(bind_device(request("cpu", 0, 1, 1, "nccl"), false), Contains("--backend nccl needs GPUs"));
   CHECK_THROWS_WITH(bind_device(request("auto", 0, 1, 0, "nccl"), false), Contains("--backend nccl needs GPUs"));
 }
+
+TEST_CASE("a process that sees one GPU binds it whatever its local rank", "[device]") {
+  // SLURM's --gpus-per-task=1: every task sees its own GPU as cuda:0.
+  auto r = request("auto", 3, 4, 1);
+  r.visible_devices = "2";
+  auto b = bind_device(r, false);
+  CHECK(b.device == Device::cuda(0));
+  CHECK(b.backend == "nccl");
+  CHECK(b.warning.empty());
+  CHECK_THAT(b.reason, Contains("the one GPU this process sees (CUDA_VISIBLE_DEVICES=2)") &&
+                           Contains("refused before NCCL starts"));
+  // Two visible GPUs for four local ranks is still refused: that is no per-task binding.
+  CHECK_THROWS_WITH(bind_device(request("cuda", 3, 4, 2), false), Contains("needs its own GPU for NCCL"));
+}

@@ -260,6 +260,33 @@ TEST_CASE("resnet18 with --amp bf16 and --amp fp16 on the GPU follows the float3
   }
 }
 
+TEST_CASE("three epochs with evaluation on the GPU hold the same device memory after the first", "[gpu]") {
+  // Every evaluation copies its batches on a prefetcher stream of its own, and the last
+  // of them stays saved in the first layer until the next training step frees it, after
+  // that prefetcher is gone (Note [Streams outlive their blocks] in
+  // tensor/cuda/stream.cpp). A block freed against a destroyed stream was undefined
+  // behaviour and could be dropped from the books, leaking a batch per epoch.
+  require_gpu();
+  TempDir dir;
+  const std::string slice = dir.file("slice");
+  std::filesystem::create_directory(slice);
+  mtrain::testing::write_idx_slice(kMiniSet, slice, 512);
+  const std::string metrics = dir.file("metrics.jsonl");
+  const auto r = train({"--device", "cuda", "--model", "lenet", "--data-dir", slice, "--epochs", "3",
+                        "--batch-size", "64", "--lr", "0.1", "--metrics", metrics});
+  require_success(r);
+  const auto epochs = read_events(metrics, "epoch");
+  REQUIRE(epochs.size() == 3);
+  for (const auto& e : epochs) {
+    INFO(e.dump());
+    REQUIRE(e["test_acc"].is_number());
+    REQUIRE(e["cuda_reserved_mib"].is_number());
+    CHECK(e["cuda_in_use_mib"].get<double>() <= e["cuda_reserved_mib"].get<double>());
+  }
+  CHECK(epochs[2]["cuda_reserved_mib"] == epochs[1]["cuda_reserved_mib"]);
+  CHECK(epochs[2]["cuda_in_use_mib"] == epochs[1]["cuda_in_use_mib"]);
+}
+
 TEST_CASE("compute-sanitizer memcheck finds no error in a short GPU run", "[gpu]") {
   require_gpu();
   std::string sanitizer;

@@ -109,7 +109,13 @@ TEST_CASE("mlp learns the shipped Fashion-MNIST subset well above chance", "[e2e
       CHECK(e[key].is_number());
     }
     CHECK(e["devices"] == json::array({"cpu"}));
+    CHECK(e["host_tensor_peak_mib"].get<double>() > 0.0);
+    CHECK(e["host_tensor_peak_mib"].get<double>() <= e["host_tensor_held_mib"].get<double>());
+    CHECK_FALSE(e.contains("cuda_reserved_mib"));
   }
+  // Note [Host caching allocator]: the second epoch (training and evaluation) takes every
+  // block from the cache the first one filled.
+  CHECK(epochs[1]["host_tensor_held_mib"] == epochs[0]["host_tensor_held_mib"]);
   const double final_acc = epochs.back()["test_acc"].get<double>();
   INFO("final test accuracy " << final_acc);
   CHECK(final_acc > 0.6);
