@@ -13,6 +13,28 @@ namespace mtrain {
 
 namespace {
 
+// A save killed between writing its temporary file and renaming it (SIGKILL after the
+// launcher's --term_timeout, a node lost) leaves `.checkpoint.safetensors.tmp-PID-N`
+// behind, as large as a checkpoint; every such run would add one. Rank 0, the only
+// writer, removes them before it saves again. Failing to remove one is only worth a
+// warning.
+void remove_interrupted_saves(const std::string& dir, const std::string& path) {
+  const std::string prefix = "." + std::filesystem::path(path).filename().string() + ".tmp-";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    std::error_code removed;
+    std::filesystem::remove(entry.path(), removed);
+    if (removed) {
+      spdlog::warn("--checkpoint-dir {}: cannot remove {}, left by an interrupted save: {}", dir, name,
+                   removed.message());
+    } else {
+      spdlog::info("removed {}, left in --checkpoint-dir by an interrupted save", name);
+    }
+  }
+}
+
 // The resume header: whether rank 0 found a checkpoint, the position's counters and
 // whether momentum buffers follow.
 // The loss scale travels as the bits of its double: every rank must unscale the reduced
@@ -27,16 +49,24 @@ enum HeaderField {
   kLossScaleBits,
   kLossScaleGoodSteps,
   kSkippedSteps,
+  kConsecutiveSkips,
   kHeaderSize
 };
+
+const char* reason_name(CheckpointReason reason) {
+  switch (reason) {
+    case CheckpointReason::kEvery: return "--checkpoint-every";
+    case CheckpointReason::kEpochEnd: return "end of epoch";
+    case CheckpointReason::kStop: return "stop signal";
+  }
+  return "?";
+}
 
 // How rank 0's operation ended, as broadcast by share_outcome.
 enum OutcomeKind : int64_t { kSucceeded = 0, kInvalidArgument = 1, kIoError = 2, kOtherError = 3 };
 
-// Makes rank 0's outcome every rank's: when `failure` (rank 0's) is set, every rank
-// throws an exception of its kind with its message, so whichever rank the launcher
-// hears from first, its root cause names the real reason (as Note [Consensus by
-// hashes] has every rank raise the same message). Rank 0 rethrows the original.
+}  // namespace
+
 void share_outcome(ProcessGroup* group, int rank, std::exception_ptr failure) {
   if (group == nullptr) {
     if (failure) std::rethrow_exception(failure);
@@ -78,17 +108,6 @@ void share_outcome(ProcessGroup* group, int rank, std::exception_ptr failure) {
   throw InternalError(message);
 }
 
-const char* reason_name(CheckpointReason reason) {
-  switch (reason) {
-    case CheckpointReason::kEvery: return "--checkpoint-every";
-    case CheckpointReason::kEpochEnd: return "end of epoch";
-    case CheckpointReason::kStop: return "stop signal";
-  }
-  return "?";
-}
-
-}  // namespace
-
 Checkpointer::Checkpointer(std::string dir, ProcessGroup* group, int rank, models::Module& model,
                            models::Sgd& optimizer, RunConfiguration configuration, ProcessGroup* control)
     : dir_(std::move(dir)),
@@ -109,7 +128,14 @@ std::optional<TrainPosition> Checkpointer::resume() {
       std::error_code ec;
       std::filesystem::create_directories(dir_, ec);
       if (ec) throw IoError(fmt::format("--checkpoint-dir {}: cannot create it: {}", dir_, ec.message()));
-      if (std::filesystem::exists(path_, ec)) {
+      remove_interrupted_saves(dir_, path_);
+      // Only a checkpoint that is certainly absent starts the run afresh: one that cannot
+      // be looked at (EACCES, EIO, a symlink loop) would be overwritten by the first save.
+      const auto status = std::filesystem::symlink_status(path_, ec);
+      if (ec && status.type() != std::filesystem::file_type::not_found) {
+        throw IoError(fmt::format("--checkpoint-dir {}: cannot check for {}: {}", dir_, path_, ec.message()));
+      }
+      if (status.type() != std::filesystem::file_type::not_found) {
         position = load_training_checkpoint(path_, model_, optimizer_, configuration_);
       }
     } catch (...) {
@@ -126,6 +152,7 @@ std::optional<TrainPosition> Checkpointer::resume() {
       std::memcpy(&h[kLossScaleBits], &position->loss_scaler.scale, sizeof(double));
       h[kLossScaleGoodSteps] = position->loss_scaler.good_steps;
       h[kSkippedSteps] = position->loss_scaler.skipped_steps;
+      h[kConsecutiveSkips] = position->loss_scaler.consecutive_skips;
     }
   }
   share_outcome(control_, rank_, failure);
@@ -154,6 +181,7 @@ std::optional<TrainPosition> Checkpointer::resume() {
   std::memcpy(&p.loss_scaler.scale, &h[kLossScaleBits], sizeof(double));
   p.loss_scaler.good_steps = h[kLossScaleGoodSteps];
   p.loss_scaler.skipped_steps = h[kSkippedSteps];
+  p.loss_scaler.consecutive_skips = h[kConsecutiveSkips];
   return p;
 }
 

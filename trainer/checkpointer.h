@@ -27,6 +27,7 @@
 #pragma once
 
 #include <optional>
+#include <exception>
 #include <string>
 
 #include "collectives/process_group.h"
@@ -36,6 +37,14 @@
 #include "trainer/training_checkpoint.h"
 
 namespace mtrain {
+
+// Collective over `group` (nothing to share when it is null): makes rank 0's outcome
+// every rank's. When `failure` (rank 0's) is set, every rank throws an exception of its
+// kind (InvalidArgument, IoError, else InternalError) with its message, so whichever
+// rank the launcher hears from first, its root cause names the real reason (as Note
+// [Consensus by hashes] has every rank raise the same message). Rank 0 rethrows the
+// original. For work only rank 0 does: checkpoints, final weights.
+void share_outcome(ProcessGroup* group, int rank, std::exception_ptr failure);
 
 class Checkpointer {
  public:

@@ -38,17 +38,17 @@ bool LossScaler::unscale_and_update(const std::vector<Tensor*>& grads) {
     state_.scale = used * options_.backoff_factor;
     state_.good_steps = 0;
     ++state_.skipped_steps;
-    ++consecutive_skips_;
-    if (consecutive_skips_ >= kMaxConsecutiveSkips || !valid_scale(state_.scale)) {
+    ++state_.consecutive_skips;
+    if (state_.consecutive_skips >= kMaxConsecutiveSkips || !valid_scale(state_.scale)) {
       throw InvalidArgument(fmt::format(
           "training diverged: the gradients were not finite in {} steps in a row, down to loss scale {}; "
           "lowering the scale did not help, so the model itself produces them (try a smaller --lr)",
-          consecutive_skips_, used));
+          state_.consecutive_skips, used));
     }
     spdlog::info("step skipped: gradients not finite at loss scale {}, which is now {}", used, state_.scale);
     return true;
   }
-  consecutive_skips_ = 0;
+  state_.consecutive_skips = 0;
   if (++state_.good_steps >= options_.growth_interval) {
     state_.good_steps = 0;
     // Stay where float32 can still hold the scale (GradScaler does the same check).
@@ -58,12 +58,12 @@ bool LossScaler::unscale_and_update(const std::vector<Tensor*>& grads) {
 }
 
 void LossScaler::restore(const LossScalerState& state) {
-  if (!valid_scale(state.scale) || state.good_steps < 0 || state.skipped_steps < 0) {
-    throw InvalidArgument(fmt::format("loss scaler: cannot restore scale {}, {} good steps, {} skipped", state.scale,
-                                      state.good_steps, state.skipped_steps));
+  if (!valid_scale(state.scale) || state.good_steps < 0 || state.skipped_steps < 0 ||
+      state.consecutive_skips < 0 || state.consecutive_skips > state.skipped_steps) {
+    throw InvalidArgument(fmt::format("loss scaler: cannot restore scale {}, {} good steps, {} skipped ({} in a row)",
+                                      state.scale, state.good_steps, state.skipped_steps, state.consecutive_skips));
   }
   state_ = state;
-  consecutive_skips_ = 0;
 }
 
 }  // namespace mtrain

@@ -49,6 +49,7 @@ struct LossScalerState {
   double scale = 0.0;             // 0: no scaler
   int64_t good_steps = 0;         // consecutive finite steps since the last change
   int64_t skipped_steps = 0;      // over the whole run
+  int64_t consecutive_skips = 0;  // skipped in a row up to now (the divergence check)
 };
 
 class LossScaler {
@@ -70,7 +71,6 @@ class LossScaler {
  private:
   LossScalerOptions options_;
   LossScalerState state_;
-  int64_t consecutive_skips_ = 0;
 };
 
 }  // namespace mtrain

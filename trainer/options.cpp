@@ -4,10 +4,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <cxxopts.hpp>
+#include <filesystem>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "core/env.h"
 #include "core/error.h"
+#include "trainer/training_checkpoint.h"
 
 namespace mtrain {
 
@@ -59,6 +63,33 @@ void read_path(const cxxopts::ParseResult& r, const char* name, std::string& out
   if (r.count(name) == 0) return;
   out = r[name].as<std::string>();
   if (out.empty()) throw InvalidArgument(fmt::format("--{}: expected a path, found an empty string", name));
+}
+
+// The files a run reads and writes, compared as the paths they resolve to (so that
+// `runs/a/./w.safetensors` is `runs/a/w.safetensors`): two of them naming one file would
+// have one output replace the other, or the final weights the ones the run started from.
+// (Writing --save-final over --init-from would be safe for the file, the write is
+// atomic, but is almost always a typo.)
+void check_distinct_files(const TrainOptions& o) {
+  std::vector<std::pair<std::string, std::string>> files;  // flag, path
+  if (!o.init_from.empty()) files.emplace_back("--init-from", o.init_from);
+  if (!o.save_final.empty()) files.emplace_back("--save-final", o.save_final);
+  if (!o.metrics.empty()) files.emplace_back("--metrics", o.metrics);
+  if (!o.checkpoint_dir.empty()) files.emplace_back("--checkpoint-dir's checkpoint", checkpoint_path(o.checkpoint_dir));
+  const auto resolved = [](const std::string& path) {
+    std::error_code ec;
+    std::filesystem::path p = std::filesystem::absolute(path, ec);
+    if (!ec) p = std::filesystem::weakly_canonical(p, ec);
+    return (ec ? std::filesystem::path(path) : p).lexically_normal();
+  };
+  for (size_t i = 0; i < files.size(); ++i) {
+    for (size_t j = i + 1; j < files.size(); ++j) {
+      if (resolved(files[i].second) == resolved(files[j].second)) {
+        throw InvalidArgument(fmt::format("{} {} is the same file as {} {}; choose another path", files[j].first,
+                                          files[j].second, files[i].first, files[i].second));
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -115,8 +146,10 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
   }
   check_choice("--lr-scaling", o.lr_scaling, {"none", "linear"});
   check_choice("--lr-schedule", o.lr_schedule, {"constant", "step", "cosine"});
-  if (!(std::isfinite(o.bucket_cap_mb) && o.bucket_cap_mb > 0)) {
-    throw InvalidArgument(fmt::format("--bucket-cap-mb: expected a number > 0, found {}", o.bucket_cap_mb));
+  // The cap becomes a byte count (size_t): bounded so that the conversion is defined.
+  if (!(std::isfinite(o.bucket_cap_mb) && o.bucket_cap_mb > 0 && o.bucket_cap_mb <= 1e6)) {
+    throw InvalidArgument(fmt::format("--bucket-cap-mb: expected a number > 0 and at most 1e6, found {}",
+                                      o.bucket_cap_mb));
   }
   if (o.grad_accum < 1) {
     throw InvalidArgument(fmt::format("--grad-accum: expected an integer >= 1, found {}", o.grad_accum));
@@ -138,8 +171,10 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
     // accumulated micro-batches of different sizes would need per-micro-batch weights.
     throw InvalidArgument("--global-batch-size cannot be combined with --grad-accum > 1 (use --batch-size)");
   }
-  if (!(std::isfinite(o.timeout_seconds) && o.timeout_seconds > 0)) {
-    throw InvalidArgument(fmt::format("--timeout: expected a number of seconds > 0, found {}", o.timeout_seconds));
+  // Whole milliseconds, added to clock readings: from 1 ms to about 115 days.
+  if (!(std::isfinite(o.timeout_seconds) && o.timeout_seconds >= 0.001 && o.timeout_seconds <= 1e7)) {
+    throw InvalidArgument(fmt::format("--timeout: expected a number of seconds from 0.001 to 1e7, found {}",
+                                      o.timeout_seconds));
   }
   if (!(std::isfinite(o.warmup_epochs) && o.warmup_epochs >= 0)) {
     throw InvalidArgument(fmt::format("--warmup-epochs: expected a number >= 0, found {}", o.warmup_epochs));
@@ -151,12 +186,7 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
     throw InvalidArgument(fmt::format("--checkpoint-every {} needs --checkpoint-dir DIR to write to",
                                       o.checkpoint_every));
   }
-  if (!o.init_from.empty() && o.init_from == o.save_final) {
-    // Not an error for the file (the write is atomic), but almost always a typo that
-    // would overwrite the weights the run started from.
-    throw InvalidArgument(fmt::format("--save-final {} is the --init-from file; choose another path",
-                                      o.save_final));
-  }
+  check_distinct_files(o);
 }
 
 ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* argv,

@@ -234,7 +234,8 @@ nlohmann::json parse_header_json(const std::string& text, const std::string& pat
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text, track);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // parse_error, and out_of_range for a number no double holds (e.g. 1e999).
     fail(path, fmt::format("header is not valid JSON ({})", e.what()));
   }
   if (!duplicate.empty()) fail(path, fmt::format("header names '{}' twice", duplicate));
@@ -319,6 +320,24 @@ DType parse_safetensors_dtype(const std::string& name, const std::string& file) 
   fail(file, fmt::format("unknown dtype '{}' (supported: {})", name, fmt::join(known, ", ")));
 }
 
+// Note [Header checksum]: CRC-32 of the header's content in a canonical form, so that it
+// does not depend on JSON spelling or key order: every metadata entry but this checksum
+// itself as "key=value" lines in key order, then every tensor as "name dtype shape
+// begin end" lines in data order. mtrain.crc32 covers only the data section, and a
+// training checkpoint's position (epoch, step, loss scale) and configuration live in
+// the metadata: a flipped digit there would resume at the wrong step.
+std::string header_crc32(const SafetensorsMetadata& metadata, const std::vector<HeaderEntry>& entries) {
+  std::string text;
+  for (const auto& [k, v] : metadata) {
+    if (k != kSafetensorsHeaderChecksumKey) text += fmt::format("{}={}\n", k, v);
+  }
+  for (const auto& e : entries) {
+    text += fmt::format("{} {} {} {} {}\n", e.name, safetensors_dtype_name(e.dtype), shape_str(e.shape), e.begin,
+                        e.end);
+  }
+  return crc32_to_hex(crc32_update(::crc32(0L, Z_NULL, 0), text.data(), text.size()));
+}
+
 std::string crc32_hex(const void* data, size_t size) {
   return crc32_to_hex(crc32_update(::crc32(0L, Z_NULL, 0), data, size));
 }
@@ -330,19 +349,32 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   uLong crc = ::crc32(0L, Z_NULL, 0);
   for (const auto& [name, t] : tensors) crc = crc32_update(crc, t.raw_data(), t.nbytes());
 
-  // Metadata first, then tensors in data order, so the header reads top-down.
-  nlohmann::ordered_json header;
-  auto& meta = header[kMetadataKey] = nlohmann::ordered_json::object();
-  for (const auto& [k, v] : metadata) meta[k] = v;
-  meta["format"] = "pt";
-  meta[kSafetensorsVersionKey] = kSafetensorsFormatVersion;
-  meta[kSafetensorsChecksumKey] = crc32_to_hex(crc);
+  SafetensorsMetadata all = metadata;
+  all["format"] = "pt";
+  all[kSafetensorsVersionKey] = kSafetensorsFormatVersion;
+  all[kSafetensorsChecksumKey] = crc32_to_hex(crc);
+  all.erase(kSafetensorsHeaderChecksumKey);
+  std::vector<HeaderEntry> entries;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", safetensors_dtype_name(t.dtype())},
-                    {"shape", t.shape()},
-                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    entries.push_back({name, t.dtype(), t.shape(), offset, offset + t.nbytes()});
     offset += t.nbytes();
+  }
+  const std::string header_crc = header_crc32(all, entries);
+
+  // Metadata first (the caller's keys, then mtrain's), then tensors in data order, so
+  // the header reads top-down.
+  nlohmann::ordered_json header;
+  auto& meta = header[kMetadataKey] = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : metadata) {
+    if (k != kSafetensorsHeaderChecksumKey) meta[k] = v;
+  }
+  meta["format"] = "pt";
+  meta[kSafetensorsVersionKey] = kSafetensorsFormatVersion;
+  meta[kSafetensorsChecksumKey] = all[kSafetensorsChecksumKey];
+  meta[kSafetensorsHeaderChecksumKey] = header_crc;
+  for (const auto& e : entries) {
+    header[e.name] = {{"dtype", safetensors_dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // upstream pads so the data is 8-aligned
@@ -413,6 +445,14 @@ SafetensorsFile load_safetensors(const std::string& path) {
   }
   const uint64_t data_size = file_size - 8 - header_size;
   check_layout(entries, data_size, path);
+  // Files written before the header checksum, and by other programs, have none.
+  if (const auto stored = out.metadata.find(kSafetensorsHeaderChecksumKey); stored != out.metadata.end()) {
+    const std::string actual = header_crc32(out.metadata, entries);
+    if (stored->second != actual) {
+      fail(path, fmt::format("header checksum mismatch: {} says {}, the header has {} (the file is corrupt)",
+                             kSafetensorsHeaderChecksumKey, stored->second, actual));
+    }
+  }
 
   // The entries now tile the data section in order, so one sequential read fills them.
   uLong crc = ::crc32(0L, Z_NULL, 0);

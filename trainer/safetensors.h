@@ -54,7 +54,8 @@ struct SafetensorsFile {
 };
 
 // Metadata keys mtrain writes (see Note [safetensors layout]).
-inline constexpr const char* kSafetensorsChecksumKey = "mtrain.crc32";
+inline constexpr const char* kSafetensorsChecksumKey = "mtrain.crc32";         // the data section
+inline constexpr const char* kSafetensorsHeaderChecksumKey = "mtrain.header_crc32";  // the rest of the header
 inline constexpr const char* kSafetensorsVersionKey = "mtrain.format_version";
 inline constexpr const char* kSafetensorsFormatVersion = "1";
 

@@ -2,7 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 
@@ -58,13 +62,23 @@ void configure_logging(const std::string& level, const WorkerEnvironment& env) {
   }
 }
 
-// An output file's directory must exist before training starts, not after an hour of it.
-void check_output_directory(const char* flag, const std::string& path) {
+// An output file must be writable before training starts, not after an hour of it: its
+// directory exists and takes new files (the writes go through a temporary file there and
+// a rename), and the path is not a directory itself.
+void check_output_file(const char* flag, const std::string& path) {
   if (path.empty()) return;
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string dir = parent.empty() ? "." : parent.string();
   std::error_code ec;
-  if (!parent.empty() && !std::filesystem::is_directory(parent, ec)) {
-    throw InvalidArgument(fmt::format("{} {}: directory {} does not exist", flag, path, parent.string()));
+  if (!std::filesystem::is_directory(dir, ec)) {
+    throw InvalidArgument(fmt::format("{} {}: directory {} does not exist", flag, path, dir));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    throw InvalidArgument(fmt::format("{} {}: cannot create files in directory {}: {}", flag, path, dir,
+                                      std::strerror(errno)));
+  }
+  if (std::filesystem::is_directory(path, ec)) {
+    throw InvalidArgument(fmt::format("{} {}: expected a file name, found a directory", flag, path));
   }
 }
 
@@ -153,6 +167,12 @@ std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t tra
   add("the training device (--device)", device.is_cuda() ? "cuda" : "cpu");
   add("--bucket-cap-mb", fmt::format("{}", o.bucket_cap_mb));
   add("--grad-compression", o.grad_compression);
+  // A rank scaling its loss (or rounding its operands) differently would send gradients
+  // of another size into the average.
+  add("--amp", o.amp);
+  add("--loss-scale", uses_loss_scaler(o) ? "dynamic" : "none");
+  add("--initial-loss-scale", fmt::format("{}", o.initial_loss_scale));
+  add("--loss-scale-growth-interval", std::to_string(o.loss_scale_growth_interval));
   add("--grad-accum", std::to_string(o.grad_accum));
   add("--check-replicas", std::to_string(o.check_replicas));
   add("--sync-bn", o.sync_bn ? "on" : "off");
@@ -195,6 +215,10 @@ RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size,
       {"--loss-scale", uses_loss_scaler(o) ? "dynamic" : "none"},
       {"--grad-compression", world_size > 1 ? o.grad_compression : "none"},
   };
+  // When the scale grows decides which later steps overflow and are skipped.
+  if (uses_loss_scaler(o)) {
+    items.emplace_back("--loss-scale-growth-interval", std::to_string(o.loss_scale_growth_interval));
+  }
   if (o.lr_schedule != "constant") {
     items.emplace_back("--epochs", std::to_string(o.epochs));
     items.emplace_back("--max-steps", o.max_steps ? std::to_string(*o.max_steps) : "unset");
@@ -255,12 +279,15 @@ int run_train_command(const TrainOptions& o) {
   // Whether the run needs a store depends on the backend, which "auto" only names once
   // the device is known (nccl on a GPU even under mpirun).
   if (backend != o.backend && env.distributed()) env = discover_environment(backend);
-  check_output_directory("--save-final", o.save_final);
-  check_output_directory("--metrics", o.metrics);
+  check_output_file("--save-final", o.save_final);
+  check_output_file("--metrics", o.metrics);
   const bool lead = env.rank == 0;  // logs, writes metrics and final weights
   // A run that will resume from a checkpoint continues the metrics of the run it
   // resumes instead of erasing them.
-  const bool resuming = !o.checkpoint_dir.empty() && std::filesystem::exists(checkpoint_path(o.checkpoint_dir));
+  // (A file that cannot be looked at counts as absent here; Checkpointer::resume names it.)
+  std::error_code exists_error;
+  const bool resuming =
+      !o.checkpoint_dir.empty() && std::filesystem::exists(checkpoint_path(o.checkpoint_dir), exists_error);
   MetricsWriter metrics =
       o.metrics.empty() || !lead
           ? MetricsWriter()
@@ -563,9 +590,19 @@ int run_train_command(const TrainOptions& o) {
                  static_cast<double>(gpu.reserved_bytes) / (1 << 20), gpu.backend_allocs);
   }
 
-  if (!o.save_final.empty() && lead) {
-    save_model_weights(o.save_final, *model, weights_metadata(o, steps));
-    spdlog::info("saved final weights ({} steps) to {}", steps, o.save_final);
+  if (!o.save_final.empty()) {
+    // Rank 0 writes; every rank learns how that went instead of waiting for it in the
+    // barrier below until the timeout.
+    std::exception_ptr failure;
+    if (lead) {
+      try {
+        save_model_weights(o.save_final, *model, weights_metadata(o, steps));
+        spdlog::info("saved final weights ({} steps) to {}", steps, o.save_final);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    share_outcome(control, env.rank, failure);
   }
   // The gradient group's last operations were awaited on the GPU only (Note [Reducer on
   // a GPU]); a host-side barrier there surfaces any failure among them before exit.

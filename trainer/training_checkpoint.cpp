@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <utility>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -30,6 +31,8 @@ constexpr const char* kTrainSecondsKey = "mtrain.position.epoch_train_seconds";
 constexpr const char* kLossScaleKey = "mtrain.position.loss_scale";
 constexpr const char* kLossScaleGoodStepsKey = "mtrain.position.loss_scale_good_steps";
 constexpr const char* kSkippedStepsKey = "mtrain.position.skipped_steps";
+// Absent from checkpoints written before it was recorded: read as 0.
+constexpr const char* kConsecutiveSkipsKey = "mtrain.position.consecutive_skipped_steps";
 
 // What to do about a checkpoint that cannot be used, appended to every such error.
 constexpr const char* kFreshStartHint =
@@ -69,7 +72,10 @@ double parse_real(const SafetensorsMetadata& metadata, const char* key, const st
 // Items added to the run configuration after checkpoints already existed, with the
 // value that a checkpoint without them was written under.
 const std::map<std::string, std::string>& unrecorded_defaults() {
-  static const std::map<std::string, std::string> defaults = {{"--amp", "off"}, {"--loss-scale", "none"}, {"--grad-compression", "none"}};
+  static const std::map<std::string, std::string> defaults = {{"--amp", "off"},
+                                                              {"--loss-scale", "none"},
+                                                              {"--grad-compression", "none"},
+                                                              {"--loss-scale-growth-interval", "2000"}};
   return defaults;
 }
 
@@ -131,6 +137,7 @@ void save_training_checkpoint(const std::string& path, models::Module& model, mo
     metadata[kLossScaleKey] = fmt::format("{}", position.loss_scaler.scale);
     metadata[kLossScaleGoodStepsKey] = std::to_string(position.loss_scaler.good_steps);
     metadata[kSkippedStepsKey] = std::to_string(position.loss_scaler.skipped_steps);
+    metadata[kConsecutiveSkipsKey] = std::to_string(position.loss_scaler.consecutive_skips);
   }
   for (const auto& [name, value] : configuration) metadata[kConfigPrefix + name] = value;
   for (const auto& [name, value] : configuration) {
@@ -183,10 +190,28 @@ TrainPosition load_training_checkpoint(const std::string& path, models::Module& 
   position.correct = parse_count(metadata, kCorrectKey, path);
   position.images = parse_count(metadata, kImagesKey, path);
   position.train_seconds = parse_real(metadata, kTrainSecondsKey, path);
+  for (const auto& [key, value] : {std::pair{kLossSumKey, position.loss_sum}, std::pair{kTrainSecondsKey, position.train_seconds}}) {
+    if (!(std::isfinite(value) && value >= 0.0)) {
+      throw IoError(fmt::format("checkpoint {}: \"{}\" should be a finite number >= 0, found {}; {}", path, key,
+                                value, kFreshStartHint));
+    }
+  }
+  if (position.correct > position.images) {
+    throw IoError(fmt::format("checkpoint {}: {} images counted correct of {} is impossible; {}", path,
+                              position.correct, position.images, kFreshStartHint));
+  }
   if (metadata.count(kLossScaleKey) != 0) {
     position.loss_scaler.scale = parse_real(metadata, kLossScaleKey, path);
     position.loss_scaler.good_steps = parse_count(metadata, kLossScaleGoodStepsKey, path);
     position.loss_scaler.skipped_steps = parse_count(metadata, kSkippedStepsKey, path);
+    if (metadata.count(kConsecutiveSkipsKey) != 0) {
+      position.loss_scaler.consecutive_skips = parse_count(metadata, kConsecutiveSkipsKey, path);
+    }
+    if (position.loss_scaler.consecutive_skips > position.loss_scaler.skipped_steps) {
+      throw IoError(fmt::format("checkpoint {}: {} steps skipped in a row of {} skipped in all is impossible; {}",
+                                path, position.loss_scaler.consecutive_skips, position.loss_scaler.skipped_steps,
+                                kFreshStartHint));
+    }
     if (!(position.loss_scaler.scale > 0.0) || !std::isfinite(position.loss_scaler.scale)) {
       throw IoError(fmt::format("checkpoint {}: \"{}\" should be a finite number > 0, found {}; {}", path,
                                 kLossScaleKey, position.loss_scaler.scale, kFreshStartHint));

@@ -273,6 +273,30 @@ TEST_CASE("corrupt safetensors files are rejected with a message naming the prob
     write_bytes(path, bytes);
     require_load_fails(path, "checksum mismatch");
   }
+  SECTION("a number no double holds") {
+    write_bytes(path, make_file(header_for(R"("a":{"dtype":"F32","shape":[1e999],"data_offsets":[0,8]})"),
+                                two_floats));
+    require_load_fails(path, "not valid JSON");
+  }
+  SECTION("header checksum mismatch after one changed metadata digit or one changed shape") {
+    // Note [Header checksum]: the data section is intact, so only the header CRC sees it.
+    mtrain::save_safetensors(path, sample_tensors(), {{"mtrain.position.steps_in_epoch", "5"}});
+    const std::string original = read_bytes(path);
+    std::string bytes = original;
+    const size_t at = bytes.find("\"mtrain.position.steps_in_epoch\":\"5\"");
+    REQUIRE(at != std::string::npos);
+    bytes[bytes.find('5', at + 10)] = '1';
+    write_bytes(path, bytes);
+    require_load_fails(path, "header checksum mismatch");
+    bytes = original;
+    const size_t shape = bytes.find("\"shape\":[2,2]");
+    REQUIRE(shape != std::string::npos);
+    bytes.replace(shape, 13, "\"shape\":[4,1]");  // same size, same bytes: only the header knows
+    write_bytes(path, bytes);
+    require_load_fails(path, "header checksum mismatch");
+    write_bytes(path, original);
+    CHECK(mtrain::load_safetensors(path).metadata.count(mtrain::kSafetensorsHeaderChecksumKey) == 1);
+  }
   SECTION("missing file") {
     REQUIRE_THROWS_WITH(mtrain::load_safetensors(dir.file("absent.safetensors")),
                         Contains("absent.safetensors") && Contains("No such file"));

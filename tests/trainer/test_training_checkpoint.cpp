@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "core/error.h"
 #include "models/loss.h"
@@ -177,13 +178,23 @@ TEST_CASE("a checkpoint from before --amp resumes as a run without it, and keeps
   mtrain::models::Sgd saved_sgd(*saved, sgd_options());
   train_one_step(*saved, saved_sgd);
   TrainPosition p = mid_epoch();
-  p.loss_scaler = {3.0517578125e-05, 17, 4};
+  p.loss_scaler = {3.0517578125e-05, 17, 4, 3};
   const std::string scaled = mtrain::checkpoint_path(scaled_dir.path().string());
   mtrain::save_training_checkpoint(scaled, *saved, saved_sgd, p, kConfig);
   const TrainPosition back = mtrain::load_training_checkpoint(scaled, *model, sgd, kConfig);
   CHECK(back.loss_scaler.scale == 3.0517578125e-05);
   CHECK(back.loss_scaler.good_steps == 17);
   CHECK(back.loss_scaler.skipped_steps == 4);
+  CHECK(back.loss_scaler.consecutive_skips == 3);
+
+  // The growth interval decides which later steps are skipped: a checkpoint from before
+  // it was recorded resumes only under the default.
+  RunConfiguration scaled_now = kConfig;
+  scaled_now.emplace_back("--loss-scale-growth-interval", "2000");
+  CHECK_NOTHROW(mtrain::load_training_checkpoint(path, *model, sgd, scaled_now));
+  scaled_now.back().second = "100";
+  CHECK_THROWS_WITH(mtrain::load_training_checkpoint(path, *model, sgd, scaled_now),
+                    Contains("--loss-scale-growth-interval is 100 here, unrecorded in the checkpoint"));
 }
 
 TEST_CASE("a corrupt or truncated checkpoint is refused with the file and the fault named") {
@@ -216,6 +227,43 @@ TEST_CASE("a corrupt or truncated checkpoint is refused with the file and the fa
     std::filesystem::resize_file(path, 0);
     CHECK_THROWS_AS(mtrain::load_training_checkpoint(path, *model, sgd, kConfig), IoError);
   }
+  SECTION("a position that cannot be") {
+    auto saved = make_mlp(1);
+    mtrain::models::Sgd saved_sgd(*saved, sgd_options());
+    train_one_step(*saved, saved_sgd);
+    TrainPosition p = mid_epoch();
+    p.correct = p.images + 1;
+    mtrain::save_training_checkpoint(path, *saved, saved_sgd, p, kConfig);
+    CHECK_THROWS_WITH(mtrain::load_training_checkpoint(path, *model, sgd, kConfig),
+                      Contains("449 images counted correct of 448 is impossible"));
+    p = mid_epoch();
+    p.loss_sum = std::numeric_limits<double>::infinity();
+    mtrain::save_training_checkpoint(path, *saved, saved_sgd, p, kConfig);
+    CHECK_THROWS_WITH(mtrain::load_training_checkpoint(path, *model, sgd, kConfig),
+                      Contains("\"mtrain.position.epoch_loss_sum\" should be a finite number >= 0, found inf"));
+  }
+}
+
+TEST_CASE("resume refuses a checkpoint it cannot look at and clears interrupted saves") {
+  TempDir dir;
+  auto model = make_mlp(1);
+  mtrain::models::Sgd sgd(*model, sgd_options());
+  const std::string path = mtrain::checkpoint_path(dir.path().string());
+  // A save killed before its rename left this behind (Note in trainer/checkpointer.cpp).
+  const std::string stale = dir.file(".checkpoint.safetensors.tmp-4242-0");
+  std::ofstream(stale) << "partial";
+  const std::string unrelated = dir.file("notes.txt");
+  std::ofstream(unrelated) << "kept";
+
+  // Not "no checkpoint, start afresh": the first save would replace what the link names.
+  std::filesystem::create_symlink(dir.file("elsewhere.safetensors"), path);
+  mtrain::Checkpointer checkpointer(dir.path().string(), nullptr, 0, *model, sgd, kConfig);
+  CHECK_THROWS_AS(checkpointer.resume(), IoError);
+  CHECK_FALSE(std::filesystem::exists(stale));
+  CHECK(std::filesystem::exists(unrelated));
+
+  std::filesystem::remove(path);
+  CHECK_FALSE(checkpointer.resume().has_value());
 }
 
 TEST_CASE("a weights file, or a checkpoint with missing momentum, is not resumed from") {
