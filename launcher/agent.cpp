@@ -63,6 +63,7 @@ struct AttemptResult {
   bool root_cause_remote = false;
   bool restartable = false;
   std::optional<int> received_signal;  // a terminating signal sent to this launcher
+  bool signal_after_failure = false;    // it came while a failure's teardown ran
   std::optional<int> forwarded_signal;  // the last SIGUSR1/SIGUSR2 passed on to the workers
   std::vector<Failure> other_failures;
   std::vector<int> stopped_ranks;
@@ -301,13 +302,27 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
                                                world.node_rank, host, signal_name(sig)),
                                    false});
           }
-        } else if (received_signal == sig) {
-          spdlog::info("received {} again; killing the workers now", signal_name(sig));
+        } else if (!received_signal) {
+          // A teardown for a failure is under way. The signal still ends the job (no
+          // restart follows a signal to a launcher), and the workers get it too.
+          received_signal = sig;
+          spdlog::info("received {} while stopping the workers; the job ends after this attempt",
+                       signal_name(sig));
+          for (auto& w : workers) {
+            if (w.process.running()) w.process.signal_group(sig);
+          }
+        } else {
+          spdlog::info("received {} after {}; killing the workers now", signal_name(sig),
+                       signal_name(*received_signal));
           kill_deadline = Clock::now();
         }
       }
     }
 
+    // Reap the whole pass before starting a teardown: a worker that ended in the same pass
+    // as the first failure ended on its own too, and must not be counted among those the
+    // teardown stopped (Note [Root cause] compares exit times with the teardown's start).
+    std::optional<FailureNotice> local_failure;
     for (auto& w : workers) {
       if (!w.process.try_reap()) continue;
       const ExitStatus& st = *w.process.status();
@@ -323,13 +338,16 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
         }
         continue;
       }
-      if (!st.success() && reason == TeardownReason::kNone) {
-        begin_teardown(TeardownReason::kLocalFailure, SIGTERM);
-        announce(FailureNotice{world.node_rank,
-                               fmt::format("rank {} (node {}, {}): {}", w.global_rank,
-                                           world.node_rank, host, st.describe()),
-                               true});
+      if (!st.success() && reason == TeardownReason::kNone && !local_failure) {
+        local_failure = FailureNotice{world.node_rank,
+                                      fmt::format("rank {} (node {}, {}): {}", w.global_rank,
+                                                  world.node_rank, host, st.describe()),
+                                      true};
       }
+    }
+    if (local_failure) {
+      begin_teardown(TeardownReason::kLocalFailure, SIGTERM);
+      announce(*local_failure);
     }
 
     if (watch_store && reason == TeardownReason::kNone && Clock::now() >= next_store_check) {
@@ -496,6 +514,7 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
   const bool this_node_won = !watch_store || !winner || winner->node_rank == world.node_rank ||
                              reason == TeardownReason::kStoreLost;
   result.restartable = reason == TeardownReason::kLocalFailure;
+  result.signal_after_failure = received_signal.has_value() && reason != TeardownReason::kSignal;
   if (this_node_won) {
     result.root_cause = local_root;
     if (watch_store && reason != TeardownReason::kStoreLost) {
@@ -617,6 +636,10 @@ int Agent::Impl::run() {
     // A signal to this launcher ends the job here whatever else happened: the user (or
     // the scheduler) asked for it.
     if (r.received_signal) {
+      if (r.signal_after_failure) {
+        spdlog::warn("attempt {} failed: {}; no restart: {} arrived while the workers were being stopped",
+                     attempt, describe(r.root_cause), signal_name(*r.received_signal));
+      }
       spdlog::info("stopped {} worker(s) after {}", options.nproc_per_node,
                    signal_name(*r.received_signal));
       leave_store(world.num_nodes, store.is_host());

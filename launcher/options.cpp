@@ -48,14 +48,18 @@ std::string short_to_long(char c) {
   }
 }
 
+// Durations become clock deadlines and poll() timeouts in milliseconds: 1e6 s (11.5
+// days) keeps both far from overflow and is longer than any scheduler's time limit.
+constexpr double kMaxSeconds = 1e6;
+
 double parse_seconds(const std::string& text, const std::string& flag, bool allow_zero) {
   errno = 0;
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
   const bool ok = !text.empty() && end != text.c_str() && *end == '\0' && errno != ERANGE &&
-                  std::isfinite(v) && (allow_zero ? v >= 0 : v > 0);
+                  std::isfinite(v) && (allow_zero ? v >= 0 : v > 0) && v <= kMaxSeconds;
   if (!ok) {
-    throw InvalidArgument(fmt::format("{}: expected a number of seconds {} 0, found '{}'", flag,
+    throw InvalidArgument(fmt::format("{}: expected a number of seconds {} 0 and at most 1e6, found '{}'", flag,
                                       allow_zero ? ">=" : ">", text));
   }
   return v;
@@ -158,7 +162,7 @@ StreamSelection parse_stream_selection(const std::string& text, const std::strin
       throw InvalidArgument(fmt::format(
           "{}: expected 0-3 or LOCAL_RANK:VALUE pairs like '0:3,1:1', found '{}'", flag, text));
     }
-    const int rank = static_cast<int>(env::parse_int(kv[0], flag + " local rank", 0));
+    const int rank = static_cast<int>(env::parse_int(kv[0], flag + " local rank", 0, 1 << 20));
     if (!sel.per_local_rank.emplace(rank, parse_bits(kv[1])).second) {
       throw InvalidArgument(fmt::format("{}: local rank {} is listed twice in '{}'", flag,
                                         rank, text));

@@ -45,6 +45,11 @@ std::vector<char*> as_c_strings(const std::vector<std::string>& v) {
   sigprocmask(SIG_SETMASK, &none, nullptr);
   if (stdout_fd >= 0) dup2(stdout_fd, STDOUT_FILENO);
   if (stderr_fd >= 0) dup2(stderr_fd, STDERR_FILENO);
+  const int no_input = open("/dev/null", O_RDONLY);  // Note [Worker process hygiene]
+  if (no_input >= 0 && no_input != STDIN_FILENO) {
+    dup2(no_input, STDIN_FILENO);
+    close(no_input);
+  }
   execve(path, argv, envp);
   const int err = errno;
   ssize_t ignored = write(report_fd, &err, sizeof(err));

@@ -16,6 +16,10 @@
 // * Signals are blocked around fork and the child restores default dispositions before
 //   unblocking: otherwise a signal landing between fork and exec would run the
 //   launcher's handler inside the child and write into the launcher's self-pipe.
+// * Standard input is /dev/null. A worker's group is in the background of the launcher's
+//   terminal, so a read from the terminal (a debugger prompt, input()) would stop it
+//   with SIGTTIN, and a stopped worker is neither running nor reaped: the job would hang
+//   without a word. With /dev/null the read returns end-of-file.
 // * A failed exec is reported back through a close-on-exec pipe (errno), so "no such
 //   program" is one clear error instead of a worker that exits 127.
 // * Workers are reaped by pid (waitpid(pid, WNOHANG)), never waitpid(-1), so the

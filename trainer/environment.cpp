@@ -57,16 +57,28 @@ void check_agrees(const Reader& r, const char* name, const char* ompi_name) {
 // Leading integer of SLURM_NTASKS_PER_NODE ("4(x2)" or "2,1" -> 4 / 2).
 std::optional<int> leading_count(const std::optional<std::string>& text) {
   if (!text || text->empty() || !std::isdigit(static_cast<unsigned char>((*text)[0]))) return std::nullopt;
-  return std::stoi(*text);
+  size_t digits = 0;
+  while (digits < text->size() && std::isdigit(static_cast<unsigned char>((*text)[digits]))) ++digits;
+  return static_cast<int>(env::parse_int(text->substr(0, digits),
+                                         fmt::format("environment variable SLURM_NTASKS_PER_NODE ('{}')", *text),
+                                         1, kMaxWorld));
 }
+
+// mtrain-launch sets MTRAIN_RUN_ID beside RANK. A worker it started is not an MPI
+// process, whatever MPI or PMIx variables it inherited from the launcher's own starter.
+bool started_by_mtrain_launch(const Reader& r) { return r.has("RANK") && r.has("MTRAIN_RUN_ID"); }
 
 void read_launcher(const Reader& r, WorkerEnvironment& w) {
   w.source = "launcher";
   w.world_size = r.required("WORLD_SIZE", "RANK is set (a launcher sets both)", 1, kMaxWorld);
   w.rank = r.required("RANK", "WORLD_SIZE is set (a launcher sets both)", 0, kMaxWorld);
   check_rank(w.rank, "RANK", w.world_size, "WORLD_SIZE");
-  check_agrees(r, "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE");
-  check_agrees(r, "RANK", "OMPI_COMM_WORLD_RANK");
+  // Under mtrain-launch, Open MPI's variables belong to whatever started the launcher
+  // (mpirun -npernode 1 mtrain-launch ...), not to this worker.
+  if (!started_by_mtrain_launch(r)) {
+    check_agrees(r, "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE");
+    check_agrees(r, "RANK", "OMPI_COMM_WORLD_RANK");
+  }
   w.local_world_size = r.integer("LOCAL_WORLD_SIZE", 1, kMaxWorld).value_or(w.world_size);
   w.local_world_size_source = r.has("LOCAL_WORLD_SIZE") ? "LOCAL_WORLD_SIZE" : "WORLD_SIZE";
   w.local_rank = r.integer("LOCAL_RANK", 0, kMaxWorld).value_or(w.rank);
@@ -211,14 +223,15 @@ WorkerEnvironment discover_environment(const EnvLookup& lookup, const std::strin
     w.local_world_size = *local;
     w.local_world_size_source = "LOCAL_WORLD_SIZE";
   }
-  w.under_mpirun = w.under_mpirun || r.has("OMPI_COMM_WORLD_SIZE");
+  const bool launched = started_by_mtrain_launch(r);
+  w.under_mpirun = !launched && (w.under_mpirun || r.has("OMPI_COMM_WORLD_SIZE"));
   if (w.local_world_size_source.empty()) {
     if (auto local = r.integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1, kMaxWorld)) {
       w.local_world_size = *local;
       w.local_world_size_source = "OMPI_COMM_WORLD_LOCAL_SIZE";
     }
   }
-  w.mpi_launched = w.under_mpirun || r.has("PMIX_RANK");
+  w.mpi_launched = !launched && (w.under_mpirun || r.has("PMIX_RANK"));
   read_store(r, backend, w);
   return w;
 }

@@ -94,8 +94,13 @@ class LauncherProcess {
     for (auto& e : env_s) envp.push_back(e.data());
     envp.push_back(nullptr);
 
+    // The launcher reads a file with text in it, so a test can tell whether its workers
+    // read the launcher's standard input (they must not: Note [Worker process hygiene]).
+    const fs::path stdin_path = output_dir / (name + ".stdin");
+    std::ofstream(stdin_path) << "the launcher's input, not the workers'\n";
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, stdin_path.c_str(), O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path_.c_str(),
                                      O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path_.c_str(),

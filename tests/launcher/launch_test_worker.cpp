@@ -116,6 +116,12 @@ void run_step(const std::string& step) {
     if (sigtimedwait(&set, nullptr, &limit) == SIGUSR1) {
       std::ofstream(value + "/usr1_rank" + env_or("RANK", "?")) << "got SIGUSR1\n";
     }
+  } else if (name == "read-stdin") {
+    // How many bytes standard input gave before end-of-file.
+    size_t total = 0;
+    char buf[256];
+    for (ssize_t n; (n = read(STDIN_FILENO, buf, sizeof buf)) > 0;) total += static_cast<size_t>(n);
+    std::ofstream(value + "/stdin_" + tag()) << total << "\n";
   } else if (name == "error") {
     write_error_file(value);
   } else if (name == "fail-attempts") {

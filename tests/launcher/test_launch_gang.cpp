@@ -368,3 +368,60 @@ TEST_CASE("SIGTERM to the launcher stops every worker and exits 128+15") {
   CHECK_THAT(r.err, Catch::Contains("received SIGTERM"));
   require_all_reaped(recorded_pids(dir.path()));
 }
+
+TEST_CASE("workers read end-of-file from standard input, not the launcher's terminal") {
+  TempDir dir;
+  const auto r = run_launcher({"--nproc_per_node=2", W(), "read-stdin=" + dir.str()}, dir.path());
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(count_files_with_prefix(dir.path(), "stdin_") == 2);
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    if (entry.path().filename().string().rfind("stdin_", 0) != 0) continue;
+    std::ifstream in(entry.path());
+    size_t bytes = 99;
+    in >> bytes;
+    CHECK(bytes == 0);
+  }
+}
+
+TEST_CASE("SIGTERM during a failure's teardown ends the job: no restart, exit 128+15") {
+  // Rank 1 fails; rank 0 ignores the SIGTERM that follows, so the teardown lasts until
+  // --term_timeout. A SIGTERM to the launcher meanwhile must end the job, not let
+  // --max_restarts start another attempt.
+  TempDir dir;
+  LauncherProcess launcher({"--nproc_per_node=2", "--max_restarts=3", "--term_timeout=3", W(),
+                            "record=" + dir.str(), "rank0:ignore-term", "rank0:sleep=30", "rank1:sleep=0.2",
+                            "rank1:exit=3"},
+                           dir.path());
+  REQUIRE(wait_until([&] { return read_records(dir.path()).size() == 2; }, 10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // rank 1 has failed by now
+  ::kill(launcher.pid(), SIGTERM);
+  const auto r = launcher.wait(20);
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 128 + 15);
+  CHECK_THAT(r.err, Catch::Contains("received SIGTERM while stopping the workers"));
+  CHECK_THAT(r.err, Catch::Contains("no restart: SIGTERM arrived while the workers were being stopped"));
+  CHECK_THAT(r.err, Catch::Contains("exit code 3"));
+  CHECK(read_records(dir.path(), 1).empty());  // no second attempt
+  require_all_reaped(recorded_pids(dir.path()));
+}
+
+TEST_CASE("two workers that fail in the same monitor pass are both failures, not one stopped by the other") {
+  // The launcher is held stopped while both workers end, so one pass of its loop reaps
+  // both; rank 0 comes first in that pass.
+  TempDir dir;
+  LauncherProcess launcher({"--nproc_per_node=2", W(), "record=" + dir.str(), "sleep=0.5", "rank0:exit=5",
+                            "rank1:signal=11"},
+                           dir.path());
+  REQUIRE(wait_until([&] { return read_records(dir.path()).size() == 2; }, 10));
+  ::kill(launcher.pid(), SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ::kill(launcher.pid(), SIGCONT);
+  const auto r = launcher.wait(20);
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK_THAT(r.err, Catch::Contains("exit code 5"));
+  CHECK_THAT(r.err, Catch::Contains("SIGSEGV"));
+  CHECK_THAT(r.err, !Catch::Contains("Stopped by the launcher after the root cause"));
+}

@@ -214,6 +214,30 @@ TEST_CASE("contradictions are errors naming the variable", "[environment]") {
   CHECK_NOTHROW(discover({{"RANK", "0"}, {"WORLD_SIZE", "1"}}));
 }
 
+TEST_CASE("a worker of mtrain-launch ignores the MPI identity its launcher inherited", "[environment]") {
+  // mpirun -npernode 1 mtrain-launch ..., or srun --mpi=pmix mtrain-launch ...: the
+  // variables name the launcher's place in its MPI job, not the worker's.
+  const Vars inherited = {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"},
+                          {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}, {"PMIX_RANK", "0"}};
+  Vars vars = with(kLauncher, {{"MTRAIN_RUN_ID", "r1"}});
+  vars.insert(inherited.begin(), inherited.end());
+  const auto w = discover(vars);
+  CHECK(w.source == "launcher");
+  CHECK(w.rank == 3);
+  CHECK_FALSE(w.mpi_launched);
+  CHECK_FALSE(w.under_mpirun);
+  CHECK(w.store_mode == StoreMode::kLauncher);
+  // Without mtrain-launch's MTRAIN_RUN_ID the contradiction is still an error.
+  Vars by_hand = kLauncher;
+  by_hand.insert(inherited.begin(), inherited.end());
+  CHECK_THROWS_WITH(discover(by_hand), Contains("contradicts OMPI_COMM_WORLD"));
+}
+
+TEST_CASE("SLURM_NTASKS_PER_NODE out of range is named", "[environment]") {
+  CHECK_THROWS_WITH(discover({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_NTASKS_PER_NODE", "99999999999(x2)"}}),
+                    Contains("SLURM_NTASKS_PER_NODE ('99999999999(x2)')"));
+}
+
 TEST_CASE("mpirun with an MPI backend needs no MASTER_ADDR", "[environment]") {
   const Vars ompi = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}};
   CHECK(discover(ompi, "mpi").world_size == 2);
