@@ -55,7 +55,7 @@ struct LocalWorker {
   std::optional<StopInfo> stopped;  // Note [Workers stopped on a signal]
 };
 
-enum class TeardownReason { kNone, kLocalFailure, kRemoteFailure, kSignal, kStoreLost, kStopIncomplete };
+enum class TeardownReason { kNone, kLocalFailure, kRemoteFailure, kSignal, kStoreLost, kStopIncomplete, kNodeLost };
 
 struct AttemptResult {
   bool succeeded = false;
@@ -92,6 +92,57 @@ std::string describe(const Failure& f) {
   return who;
 }
 
+// Note [Agent heartbeats] (agent.h): this node's beats, and on the store's host the
+// watch over the other nodes' counters.
+class Heartbeats {
+ public:
+  Heartbeats(AttemptChannel& channel, const World& world, bool watch_others, Seconds timeout)
+      : channel_(channel),
+        node_(world.node_rank),
+        watch_others_(watch_others),
+        timeout_(std::chrono::duration_cast<Clock::duration>(timeout)),
+        period_(std::min<Clock::duration>(std::chrono::seconds(1), timeout_ / 4)),
+        seen_(static_cast<size_t>(world.num_nodes), -1),
+        changed_(static_cast<size_t>(world.num_nodes), Clock::now()),
+        next_(Clock::now()) {}
+
+  Clock::time_point next_due() const { return next_; }
+
+  // When due: beats, and (when watching) returns a sentence about the first node silent
+  // for the timeout. Store errors propagate.
+  std::optional<std::string> tick(bool watch) {
+    const auto now = Clock::now();
+    if (now < next_) return std::nullopt;
+    next_ = now + period_;
+    channel_.heartbeat(node_);
+    if (!watch_others_) return std::nullopt;
+    const std::vector<int64_t> counts = channel_.heartbeats(static_cast<int>(seen_.size()));
+    std::optional<std::string> lost;
+    for (size_t n = 0; n < counts.size(); ++n) {
+      if (counts[n] != seen_[n]) {
+        seen_[n] = counts[n];
+        changed_[n] = now;
+      } else if (watch && static_cast<int>(n) != node_ && !lost && now - changed_[n] >= timeout_) {
+        lost = fmt::format("the launcher on node {} stopped responding: no heartbeat for {:g} s "
+                           "(--heartbeat_timeout; its machine or its launcher died, or the network "
+                           "to it is down)",
+                           n, std::chrono::duration<double>(now - changed_[n]).count());
+      }
+    }
+    return lost;
+  }
+
+ private:
+  AttemptChannel& channel_;
+  const int node_;
+  const bool watch_others_;
+  const Clock::duration timeout_;
+  const Clock::duration period_;
+  std::vector<int64_t> seen_;
+  std::vector<Clock::time_point> changed_;
+  Clock::time_point next_;
+};
+
 }  // namespace
 
 struct Agent::Impl {
@@ -121,6 +172,7 @@ struct Agent::Impl {
   bool remove_run_dir = false;
   AgentStore store;
   std::string store_address;
+  int nodes_lost = 0;  // found by their heartbeats (this agent hosts the store): they never leave it
   bool set_omp_threads = false;
 };
 
@@ -251,6 +303,8 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
   std::string store_error;
   const bool watch_store = world.num_nodes > 1;
   auto next_store_check = Clock::now();
+  Heartbeats heartbeats(channel, world, store.is_host(), options.heartbeat_timeout);
+  std::string lost_node;  // kNodeLost: which, and how long it was silent
 
   const auto running_count = [&] {
     return std::count_if(workers.begin(), workers.end(),
@@ -274,7 +328,9 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
     auto timeout = std::max(std::chrono::milliseconds(1),
                             std::chrono::duration_cast<std::chrono::milliseconds>(
                                 options.monitor_interval));
-    for (const auto& deadline : {kill_deadline, stop_deadline}) {
+    const std::optional<Clock::time_point> beat =
+        watch_store ? std::optional(heartbeats.next_due()) : std::nullopt;
+    for (const auto& deadline : {kill_deadline, stop_deadline, beat}) {
       if (!deadline) continue;
       timeout = std::min(timeout, std::max(std::chrono::milliseconds(0),
                                            std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -350,6 +406,25 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
       announce(*local_failure);
     }
 
+    // Beats go on through a teardown, so the host does not take a node that is still
+    // stopping its workers for a lost one.
+    if (watch_store) {
+      try {
+        if (auto lost = heartbeats.tick(reason == TeardownReason::kNone); lost && reason == TeardownReason::kNone) {
+          lost_node = *lost;
+          ++nodes_lost;
+          spdlog::error("stopping the workers: {}", lost_node);
+          begin_teardown(TeardownReason::kNodeLost, SIGTERM);
+          announce(FailureNotice{world.node_rank, lost_node, false});
+        }
+      } catch (const Error& e) {
+        if (reason == TeardownReason::kNone) {
+          store_error = e.what();
+          begin_teardown(TeardownReason::kStoreLost, SIGTERM);
+        }
+      }
+    }
+
     if (watch_store && reason == TeardownReason::kNone && Clock::now() >= next_store_check) {
       next_store_check = Clock::now() +
                          std::chrono::duration_cast<Clock::duration>(options.monitor_interval);
@@ -421,11 +496,22 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
           reason = TeardownReason::kRemoteFailure;
           break;
         }
+        if (auto lost = heartbeats.tick(true)) {
+          lost_node = *lost;
+          ++nodes_lost;
+          spdlog::error("{}", lost_node);
+          announce(FailureNotice{world.node_rank, lost_node, false});
+          reason = TeardownReason::kNodeLost;
+          teardown_wall = WallClock::now();
+          break;
+        }
         pollfd pfd{signals->read_fd(), POLLIN, 0};
+        const auto until_beat = std::chrono::duration_cast<std::chrono::milliseconds>(heartbeats.next_due() - Clock::now());
         ::poll(&pfd, 1,
-               std::max(1, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                options.monitor_interval)
-                                                .count())));
+               static_cast<int>(std::clamp<int64_t>(
+                   std::min(std::chrono::duration_cast<std::chrono::milliseconds>(options.monitor_interval),
+                            until_beat).count(),
+                   1, 1000)));
         for (int sig : signals->drain()) {
           if (!SignalPipe::is_terminating(sig)) continue;
           received_signal = sig;
@@ -498,6 +584,9 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
         "stopped by the launcher (a worker without mtrain-train's stop handling, or one stuck in a collective)",
         stopped.size() == 1 ? "" : "s", fmt::join(stopped, ", "), running.size() == 1 ? "" : "s",
         fmt::join(running, ", "), options.term_timeout.count());
+  } else if (reason == TeardownReason::kNodeLost) {
+    agent_failure.status.code = 1;
+    agent_failure.message = lost_node;
   } else if (reason == TeardownReason::kStoreLost) {
     agent_failure.status.code = 1;
     agent_failure.message =
@@ -554,6 +643,7 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
 
 void Agent::Impl::leave_store(int num_nodes, bool hosting) {
   if (num_nodes <= 1) return;
+  num_nodes -= nodes_lost;
   const auto noop = [] {};
   try {
     if (hosting) {
@@ -595,6 +685,10 @@ int Agent::Impl::run() {
   // Note [Worker process hygiene]: orphaned descendants come to us, not to init.
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   store = open_agent_store(options, token);
+  // The agents' requests are short and never wait for a key (rendezvous polls): a store
+  // that does not answer within --heartbeat_timeout is lost (its host died without a
+  // connection reset), not slow, and the agent must get back to its workers.
+  store.client->set_timeout(std::chrono::duration_cast<Millis>(options.heartbeat_timeout));
   store_address = fmt::format("{}:{}", store.host, store.port);
   signals = &SignalPipe::install();
 

@@ -27,7 +27,8 @@ constexpr FlagInfo kFlags[] = {
     {"master_addr", true},    {"master_port", true},    {"rdzv_endpoint", true},
     {"rdzv_id", true},        {"rdzv_backend", true},   {"rdzv_timeout", true},
     {"rdzv_last_call", true}, {"standalone", false},    {"max_restarts", true},
-    {"monitor_interval", true}, {"term_timeout", true}, {"log_dir", true},
+    {"monitor_interval", true}, {"term_timeout", true}, {"heartbeat_timeout", true},
+    {"log_dir", true},
     {"redirects", true},      {"tee", true},            {"local_ranks_filter", true},
     {"role", true},           {"no_python", false},     {"help", false},
 };
@@ -289,6 +290,8 @@ options:
   --max_restarts K                 restart the whole gang up to K times (default 0)
   --monitor_interval S             how often to look for other nodes' failures (0.1)
   --term_timeout S                 grace between SIGTERM and SIGKILL (default 30)
+  --heartbeat_timeout S            several nodes: a launcher silent this long is lost,
+                                   and its job stops (default 30)
   --log_dir DIR                    DIR/attempt_<k>/<rank>/{stdout,stderr}.log
   -r, --redirects 0-3|R:V,...      streams to files: 1 stdout, 2 stderr, 3 both
   -t, --tee 0-3|R:V,...            like --redirects and also to the console, with a
@@ -322,6 +325,7 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args) {
       ("max_restarts", "", cxxopts::value<std::string>()->default_value("0"))
       ("monitor_interval", "", cxxopts::value<std::string>()->default_value("0.1"))
       ("term_timeout", "", cxxopts::value<std::string>()->default_value("30"))
+      ("heartbeat_timeout", "", cxxopts::value<std::string>()->default_value("30"))
       ("log_dir", "", cxxopts::value<std::string>())
       ("redirects", "", cxxopts::value<std::string>()->default_value("0"))
       ("tee", "", cxxopts::value<std::string>()->default_value("0"))
@@ -353,6 +357,7 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args) {
                                                    1 << 20));
   o.monitor_interval = Seconds(parse_seconds(str("monitor_interval"), "--monitor_interval", false));
   o.term_timeout = Seconds(parse_seconds(str("term_timeout"), "--term_timeout", true));
+  o.heartbeat_timeout = Seconds(parse_seconds(str("heartbeat_timeout"), "--heartbeat_timeout", false));
   o.rdzv_timeout = Seconds(parse_seconds(str("rdzv_timeout"), "--rdzv_timeout", false));
   o.rdzv_last_call = Seconds(parse_seconds(str("rdzv_last_call"), "--rdzv_last_call", true));
   o.role = str("role");

@@ -65,6 +65,9 @@ struct LaunchOptions {
   int max_restarts = 0;
   Seconds monitor_interval{0.1};
   Seconds term_timeout{30.0};
+  // Several nodes: a node whose launcher has not been heard from for this long is lost
+  // (Note [Agent heartbeats] in agent.h); also the longest one store request may take.
+  Seconds heartbeat_timeout{30.0};
   Seconds rdzv_timeout{120.0};
   Seconds rdzv_last_call{3.0};
 

@@ -279,6 +279,14 @@ bool AttemptChannel::all_succeeded(int num_nodes) {
   return store_.add(key("succeeded"), 0) >= num_nodes;
 }
 
+void AttemptChannel::heartbeat(int node) { store_.add(key(fmt::format("alive/{}", node)), 1); }
+
+std::vector<int64_t> AttemptChannel::heartbeats(int num_nodes) {
+  std::vector<int64_t> counts(static_cast<size_t>(num_nodes));
+  for (int n = 0; n < num_nodes; ++n) counts[static_cast<size_t>(n)] = store_.add(key(fmt::format("alive/{}", n)), 0);
+  return counts;
+}
+
 void announce_leaving(Store& store, const std::string& run_id) {
   store.add(fmt::format("launch/{}/left", run_id), 1);
 }

@@ -17,6 +17,7 @@
 //   failed         the first failure notice (compare_set: the first node wins)
 //   root_cause     the winning node's full root cause, published after its teardown
 //   succeeded      counter of nodes whose workers all exited 0
+//   alive/<node>   that node's heartbeat counter (Note [Agent heartbeats] in agent.h)
 // and "launch/<run id>/left" counts agents that are done with the store, so that the
 // hosting agent keeps it alive until every other agent has read its last key.
 #pragma once
@@ -112,6 +113,10 @@ class AttemptChannel {
   // This node's workers all exited 0; true once every node's did.
   void mark_succeeded();
   bool all_succeeded(int num_nodes);
+
+  // Note [Agent heartbeats]: one beat of `node`, and every node's count of beats so far.
+  void heartbeat(int node);
+  std::vector<int64_t> heartbeats(int num_nodes);
 
  private:
   std::string key(const std::string& name) const;

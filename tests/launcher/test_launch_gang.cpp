@@ -425,3 +425,41 @@ TEST_CASE("two workers that fail in the same monitor pass are both failures, not
   CHECK_THAT(r.err, Catch::Contains("SIGSEGV"));
   CHECK_THAT(r.err, !Catch::Contains("Stopped by the launcher after the root cause"));
 }
+
+TEST_CASE("a node whose launcher dies without a word is found by its missing heartbeats") {
+  // Note [Agent heartbeats]. Node 1's launcher is SIGKILLed: it announces nothing and its
+  // workers die with it. Node 0 must stop within about --heartbeat_timeout, both while
+  // its own workers run and after they all succeeded.
+  for (const bool node0_done : {false, true}) {
+    DYNAMIC_SECTION((node0_done ? "node 0's workers have succeeded" : "node 0's workers are running")) {
+      TempDir dir;
+      const std::string port = std::to_string(free_port());
+      const std::vector<std::string> env{"MTRAIN_STORE_TOKEN=heartbeat"};
+      const std::string node0_dir = (dir.path() / "n0").string();
+      const std::string node1_dir = (dir.path() / "n1").string();
+      fs::create_directories(node0_dir);
+      fs::create_directories(node1_dir);
+      LauncherProcess node0({"--nnodes=2", "--node_rank=0", "--master_port=" + port, "--heartbeat_timeout=2",
+                             "--nproc_per_node=1", W(), "record=" + node0_dir, node0_done ? "exit=0" : "sleep=30"},
+                            dir.path(), env, "node0");
+      LauncherProcess node1({"--nnodes=2", "--node_rank=1", "--master_port=" + port, "--heartbeat_timeout=2",
+                             "--nproc_per_node=1", W(), "record=" + node1_dir, "sleep=30"},
+                            dir.path(), env, "node1");
+      REQUIRE(wait_until([&] { return read_records(node0_dir).size() == 1 && read_records(node1_dir).size() == 1; },
+                         20));
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const auto killed_at = std::chrono::steady_clock::now();
+      ::kill(node1.pid(), SIGKILL);
+      node1.wait(10);
+      const auto r0 = node0.wait(30);
+      const double after_kill = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+      INFO("node0: " << r0.err);
+      REQUIRE_FALSE(r0.timed_out);
+      CHECK(r0.exit_code != 0);
+      CHECK(after_kill < 12.0);
+      CHECK_THAT(r0.err, Catch::Contains("the launcher on node 1 stopped responding: no heartbeat for"));
+      require_all_reaped(recorded_pids(node0_dir));
+      require_all_dead(recorded_pids(node1_dir));
+    }
+  }
+}

@@ -93,6 +93,10 @@ TEST_CASE("invalid values name the flag and what was found") {
                     Catch::Contains("--term_timeout: expected a number of seconds >= 0 and at most 1e6, found '1e10'"));
   CHECK_THROWS_WITH(parse({"--monitor_interval", "3e6", "prog"}), Catch::Contains("at most 1e6, found '3e6'"));
   CHECK(parse({"--term_timeout", "1e6", "prog"}).term_timeout.count() == 1e6);
+  CHECK(parse({"prog"}).heartbeat_timeout.count() == 30.0);
+  CHECK(parse({"--heartbeat_timeout", "2.5", "prog"}).heartbeat_timeout.count() == 2.5);
+  CHECK_THROWS_WITH(parse({"--heartbeat_timeout", "0", "prog"}),
+                    Catch::Contains("--heartbeat_timeout: expected a number of seconds > 0"));
   CHECK_THROWS_WITH(parse({"--redirects", "4294967296:3", "prog"}), Catch::Contains("local rank"));
   CHECK_THROWS_WITH(parse({"--monitor_interval", "0", "prog"}),
                     Catch::Contains("--monitor_interval"));
