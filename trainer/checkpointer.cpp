@@ -159,7 +159,18 @@ std::optional<TrainPosition> Checkpointer::resume() {
   if (group_ == nullptr) return position;
   control_->broadcast(header, 0)->wait();
   const int64_t* h = header.data<int64_t>();
-  if (h[kFound] == 0) return std::nullopt;
+  if (h[kFound] == 0) {
+    // Only rank 0 reads the directory, so a rank on another node may see a checkpoint
+    // that rank 0 does not (node-local storage, a requeue that moved rank 0): say so
+    // instead of starting afresh without a word.
+    std::error_code ec;
+    if (rank_ != 0 && std::filesystem::exists(path_, ec)) {
+      spdlog::warn("rank 0 found no checkpoint in --checkpoint-dir {}, but this rank sees {}: the run starts "
+                   "afresh. The directory must be one rank 0 sees (shared storage)",
+                   dir_, path_);
+    }
+    return std::nullopt;
+  }
 
   // Rank 0's model and momentum become everyone's.
   broadcast_module_state(*group_, model_);

@@ -334,6 +334,12 @@ int run_train_command(const TrainOptions& o) {
   auto test_set = std::make_shared<const data::Dataset>(std::move(splits.test));
   spdlog::info("train set: {}", train_set->describe());
   spdlog::info("test set: {}", test_set->describe());
+  // Found now rather than at the first evaluation, an epoch later.
+  if (const data::ImageShape a = train_set->shape(), b = test_set->shape(); !(a == b)) {
+    throw IoError(fmt::format("{}: the training images are {}x{}x{} but the test images {}x{}x{}; both "
+                              "splits must come from one dataset",
+                              source.description, a.channels, a.height, a.width, b.channels, b.height, b.width));
+  }
   // With --no-eval nothing reads the test images again (Fashion-MNIST's: 7.5 MiB).
   if (!o.eval) test_set.reset();
   if (control) {

@@ -3,6 +3,9 @@
 // running tests/launcher/launch_test_worker.
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <set>
 
 #include "tests/launcher/launch_harness.h"
@@ -462,4 +465,20 @@ TEST_CASE("a node whose launcher dies without a word is found by its missing hea
       require_all_dead(recorded_pids(node1_dir));
     }
   }
+}
+
+TEST_CASE("workers inherit an open-file limit raised towards the hard limit") {
+  // The store and Gloo need a file per connection (raise_open_file_limit in main.cpp).
+  rlimit files{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &files) == 0);
+  const rlim_t expected = files.rlim_cur >= 65536 ? files.rlim_cur : std::min<rlim_t>(65536, files.rlim_max);
+  TempDir dir;
+  const std::string out = (dir.path() / "limit").string();
+  const auto r = run_launcher({"--nproc_per_node=1", "/bin/sh", "-c", "ulimit -n > " + out}, dir.path());
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  std::ifstream in(out);
+  std::string limit;
+  in >> limit;
+  CHECK(limit == (expected == RLIM_INFINITY ? std::string("unlimited") : std::to_string(expected)));
 }

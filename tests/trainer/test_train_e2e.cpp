@@ -209,6 +209,16 @@ TEST_CASE("bad input is one line on stderr and a non-zero exit", "[e2e]") {
   std::ofstream(corrupt) << "definitely not safetensors";
   const std::string mlp_weights = dir.file("mlp.safetensors");
   require_success(train({"--model", "mlp", "--max-steps", "0", "--no-eval", "--save-final", mlp_weights}));
+  // Training images of 28x28, test images of 32x32.
+  const std::string mixed = dir.file("mixed");
+  std::filesystem::create_directory(mixed);
+  mtrain::testing::write_idx_slice(kMiniSet, mixed, 16);
+  {
+    std::ofstream out(mixed + "/t10k-images-idx3-ubyte", std::ios::binary | std::ios::trunc);
+    const unsigned char header[16] = {0, 0, 8, 3, 0, 0, 0, 16, 0, 0, 0, 32, 0, 0, 0, 32};
+    out.write(reinterpret_cast<const char*>(header), sizeof header);
+    out.write(std::string(16 * 32 * 32, '\0').data(), 16 * 32 * 32);
+  }
 
   struct Case {
     std::vector<std::string> args;
@@ -227,6 +237,8 @@ TEST_CASE("bad input is one line on stderr and a non-zero exit", "[e2e]") {
       {{"--model", "mlp", "--init-from", dir.file("absent.safetensors")}, 1, "absent.safetensors"},
       {{"--model", "lenet", "--init-from", mlp_weights}, 1, "the file holds --model mlp weights"},
       {{"--save-final", dir.file("missing/w.safetensors")}, 2, "does not exist"},
+      {{"--save-final", dir.path().string()}, 2, "expected a file name, found a directory"},
+      {{"--data-dir", mixed, "--max-steps", "1"}, 1, "the training images are 1x28x28 but the test images 1x32x32"},
   };
   for (const auto& c : cases) {
     INFO("args: " << fmt::format("{}", fmt::join(c.args, " ")));
