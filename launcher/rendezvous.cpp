@@ -148,7 +148,27 @@ World rendezvous(Store& store, const LaunchOptions& options, const std::string& 
                    "(this node joined as {})", w.node_rank);
     }
   }
+  // The settings every node must share, published before nproc so that a node whose
+  // nproc key is visible has its settings visible too.
+  const std::string settings = fmt::format("--nnodes {}:{}, --max_restarts {}", options.min_nodes,
+                                           options.max_nodes, options.max_restarts);
+  store.set(fmt::format("{}/settings/{}", prefix, w.node_rank), settings);
   store.set(fmt::format("{}/nproc/{}", prefix, w.node_rank), std::to_string(options.nproc_per_node));
+  // A node started with other settings would wait for nodes that never come, or give up
+  // (no restart) while the others restart: refuse as soon as its settings are seen.
+  const auto check_settings = [&](int nodes) {
+    for (int n = 0; n < nodes; ++n) {
+      const std::string key = fmt::format("{}/settings/{}", prefix, n);
+      if (n == w.node_rank || !store.check({key})) continue;
+      const std::string theirs = store.get_string(key);
+      if (theirs != settings) {
+        throw InvalidArgument(fmt::format(
+            "node {} of job '{}' was started with {}, this node (node {}) with {}; every node needs the same "
+            "--nnodes and --max_restarts",
+            n, run_id, theirs, w.node_rank, settings));
+      }
+    }
+  };
 
   if (options.mode == RendezvousMode::kDynamic) {
     // Close the round once MAX nodes joined, or MIN joined and the last-call window has
@@ -197,6 +217,7 @@ World rendezvous(Store& store, const LaunchOptions& options, const std::string& 
   for (int n = 0; n < w.num_nodes; ++n) keys.push_back(fmt::format("{}/nproc/{}", prefix, n));
   while (!store.check(keys)) {
     check();
+    check_settings(w.num_nodes);
     if (Clock::now() >= deadline) {
       std::vector<int> missing;
       for (int n = 0; n < w.num_nodes; ++n) {
@@ -210,6 +231,7 @@ World rendezvous(Store& store, const LaunchOptions& options, const std::string& 
     }
     std::this_thread::sleep_for(kPollPeriod);
   }
+  check_settings(w.num_nodes);
   for (const auto& key : keys) {
     w.nproc_per_node.push_back(
         static_cast<int>(env::parse_int(store.get_string(key), "nproc of " + key, 1)));

@@ -13,6 +13,7 @@
 //   claim/<node>   static: counts agents claiming a node rank (a duplicate is an error)
 //   joined         dynamic: join counter; the value returned by add() is the join order
 //   closed         dynamic: the final node count, set once with compare_set
+//   settings/<node> that node's --nnodes and --max_restarts, which must match everyone's
 //   nproc/<node>   workers on that node; offsets are prefix sums in node order
 //   failed         the first failure notice (compare_set: the first node wins)
 //   root_cause     the winning node's full root cause, published after its teardown

@@ -482,3 +482,26 @@ TEST_CASE("workers inherit an open-file limit raised towards the hard limit") {
   in >> limit;
   CHECK(limit == (expected == RLIM_INFINITY ? std::string("unlimited") : std::to_string(expected)));
 }
+
+TEST_CASE("nodes started with different --max_restarts or --nnodes are refused at rendezvous") {
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  const std::vector<std::string> env{"MTRAIN_STORE_TOKEN=settings"};
+  LauncherProcess node0({"--nnodes=2", "--node_rank=0", "--master_port=" + port, "--max_restarts=1",
+                         "--nproc_per_node=1", W(), "sleep=30"},
+                        dir.path(), env, "node0");
+  LauncherProcess node1({"--nnodes=2", "--node_rank=1", "--master_port=" + port, "--nproc_per_node=1", W(),
+                         "sleep=30"},
+                        dir.path(), env, "node1");
+  const auto r1 = node1.wait(20);
+  const auto r0 = node0.wait(20);
+  INFO("node0: " << r0.err << "\nnode1: " << r1.err);
+  REQUIRE_FALSE(r0.timed_out);
+  REQUIRE_FALSE(r1.timed_out);
+  CHECK(r0.exit_code == 2);
+  CHECK(r1.exit_code == 2);
+  CHECK(r0.seconds < 10);
+  CHECK_THAT(r0.err, Catch::Contains("node 1 of job 'none' was started with --nnodes 2:2, --max_restarts 0, "
+                                     "this node (node 0) with --nnodes 2:2, --max_restarts 1"));
+  CHECK_THAT(r1.err, Catch::Contains("every node needs the same --nnodes and --max_restarts"));
+}
