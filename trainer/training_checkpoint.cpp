@@ -79,6 +79,13 @@ const std::map<std::string, std::string>& unrecorded_defaults() {
   return defaults;
 }
 
+// Items added later that have no value to assume for an older checkpoint: unchecked
+// when the file does not record them.
+const std::set<std::string>& unchecked_when_unrecorded() {
+  static const std::set<std::string> items = {"training set fingerprint"};
+  return items;
+}
+
 // Every item whose value differs, in `expected`'s order, then items only the file has.
 std::vector<std::string> configuration_differences(const SafetensorsMetadata& metadata,
                                                    const RunConfiguration& expected) {
@@ -90,6 +97,7 @@ std::vector<std::string> configuration_differences(const SafetensorsMetadata& me
     if (it == metadata.end()) {
       const auto implied = unrecorded_defaults().find(name);
       if (implied != unrecorded_defaults().end() && implied->second == value) continue;
+      if (unchecked_when_unrecorded().count(name) != 0) continue;
       differences.push_back(fmt::format("{} is {} here, unrecorded in the checkpoint", name, value));
     } else if (it->second != value) {
       differences.push_back(fmt::format("{} is {} here, {} in the checkpoint", name, value, it->second));

@@ -197,6 +197,24 @@ TEST_CASE("a checkpoint from before --amp resumes as a run without it, and keeps
                     Contains("--loss-scale-growth-interval is 100 here, unrecorded in the checkpoint"));
 }
 
+TEST_CASE("the training set's fingerprint must match, unless the checkpoint predates it") {
+  TempDir dir;
+  RunConfiguration with_data = kConfig;
+  with_data.emplace_back("training set fingerprint", "00000000000000aa");
+  const std::string path = write_checkpoint(dir, with_data);
+  auto model = make_mlp(2);
+  mtrain::models::Sgd sgd(*model, sgd_options());
+  CHECK_NOTHROW(mtrain::load_training_checkpoint(path, *model, sgd, with_data));
+  RunConfiguration other_data = kConfig;
+  other_data.emplace_back("training set fingerprint", "00000000000000bb");
+  CHECK_THROWS_WITH(mtrain::load_training_checkpoint(path, *model, sgd, other_data),
+                    Contains("training set fingerprint is 00000000000000bb here, 00000000000000aa in the checkpoint"));
+  // Written before fingerprints were recorded: any data of the right size resumes.
+  TempDir old_dir;
+  const std::string old = write_checkpoint(old_dir);
+  CHECK_NOTHROW(mtrain::load_training_checkpoint(old, *model, sgd, other_data));
+}
+
 TEST_CASE("a corrupt or truncated checkpoint is refused with the file and the fault named") {
   TempDir dir;
   const std::string path = write_checkpoint(dir);
