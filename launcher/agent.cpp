@@ -68,6 +68,7 @@ struct AttemptResult {
   std::vector<Failure> other_failures;
   std::vector<int> stopped_ranks;
   std::vector<int> sigkilled_ranks;
+  std::vector<int> exited_early_ranks;  // status 0 before the teardown started
   // Workers that stopped on a signal after a step; all_stopped when that is every one.
   std::vector<StoppedWorker> stopped_on_signal;
   bool all_stopped = false;
@@ -564,6 +565,8 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
     } else if (w.process.exit_time() >= teardown_wall && teardown_wall != WallClock::time_point{}) {
       result.stopped_ranks.push_back(w.global_rank);
       if (w.sigkilled) result.sigkilled_ranks.push_back(w.global_rank);
+    } else if (st.success()) {
+      result.exited_early_ranks.push_back(w.global_rank);
     }
   }
 
@@ -753,6 +756,7 @@ int Agent::Impl::run() {
     report.other_failures = r.other_failures;
     report.stopped_ranks = r.stopped_ranks;
     report.sigkilled_ranks = r.sigkilled_ranks;
+    report.exited_early_ranks = r.exited_early_ranks;
     report.term_timeout_s = options.term_timeout.count();
     const std::string text = format_failure_report(report);
     std::fwrite(text.data(), 1, text.size(), stderr);

@@ -273,6 +273,10 @@ std::string format_failure_report(const FailureReport& r) {
     out += fmt::format("  of which ignored SIGTERM for --term_timeout {} s and got SIGKILL: {}\n",
                        r.term_timeout_s, fmt::join(r.sigkilled_ranks, ", "));
   }
+  if (!r.exited_early_ranks.empty()) {
+    out += fmt::format("Exited with status 0 before the failure, while their peers ran on: rank{} {}\n",
+                       r.exited_early_ranks.size() == 1 ? "" : "s", fmt::join(r.exited_early_ranks, ", "));
+  }
   out += heavy + "\n";
   return out;
 }

@@ -100,6 +100,9 @@ struct FailureReport {
   std::vector<Failure> other_failures;
   std::vector<int> stopped_ranks;    // ended by the launcher's teardown
   std::vector<int> sigkilled_ranks;  // of those, the ones that ignored SIGTERM
+  // Exited 0 before the teardown: a rank that leaves while its peers still need it is
+  // often what they failed on (a collective timing out), so it is named.
+  std::vector<int> exited_early_ranks;
   double term_timeout_s = 0;
 };
 

@@ -505,3 +505,13 @@ TEST_CASE("nodes started with different --max_restarts or --nnodes are refused a
                                      "this node (node 0) with --nnodes 2:2, --max_restarts 1"));
   CHECK_THAT(r1.err, Catch::Contains("every node needs the same --nnodes and --max_restarts"));
 }
+
+TEST_CASE("a rank that exited 0 before the failure is named in the report") {
+  // Its peers often fail because of it (a collective that never completes).
+  TempDir dir;
+  const auto r = run_launcher({"--nproc_per_node=2", W(), "rank0:exit=0", "rank1:sleep=0.5", "rank1:exit=3"},
+                              dir.path(), 20);
+  INFO(r.err);
+  CHECK(r.exit_code == 3);
+  CHECK_THAT(r.err, Catch::Contains("Exited with status 0 before the failure, while their peers ran on: rank 0"));
+}
