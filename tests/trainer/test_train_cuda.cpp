@@ -177,6 +177,29 @@ TEST_CASE("two ranks sharing one GPU over Gloo train the model one rank with the
   CHECK(different > 10 * kWeightTolerance);
 }
 
+TEST_CASE("--grad-compression bf16 with GPU tensors: the replicas stay identical, near the uncompressed run", "[gpu]") {
+  // The reducer narrows each GPU bucket with cuda_ops::convert before the (host-staged)
+  // all-reduce and widens the sum after it (Note [Gradient compression]); the CPU test
+  // in test_distributed_train.cpp checks the same bound.
+  require_gpu();
+  const ScopedEnv one_gpu("CUDA_VISIBLE_DEVICES", first_visible_gpu());
+  TempDir dir;
+  const auto start = dir.file("start.safetensors");
+  const auto plain = dir.file("plain.safetensors");
+  const auto compressed = dir.file("bf16.safetensors");
+  const std::vector<std::string> base = concat(kMlp, {"--device", "cuda", "--backend", "gloo", "--batch-size", "16",
+                                                      "--check-replicas", "1", "--no-eval"});
+  require_success(train({"--model", "mlp", "--seed", "3", "--max-steps", "0", "--no-eval", "--save-final", start}));
+  require_success(launch(2, concat(base, {"--save-final", plain})));
+  const auto r = launch(2, concat(base, {"--save-final", compressed, "--grad-compression", "bf16", "--log-level", "info"}));
+  require_success(r);
+  CHECK_THAT(r.out, Contains("all-reduced in bfloat16"));
+  const auto d = mtrain::testing::compare_training(compressed, plain, start);
+  INFO(d.describe());
+  CHECK_FALSE(mtrain::testing::compare_weights(compressed, plain).identical());
+  CHECK(d.update < 0.05);
+}
+
 TEST_CASE("resnet18: 20 steps on the GPU follow the CPU's losses step by step (--no-tf32)", "[gpu]") {
   require_gpu();
   TempDir dir;
