@@ -8,7 +8,6 @@
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
-#include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 
 #include <atomic>
@@ -66,42 +65,11 @@ void divide_in_place(const Tensor& t, int divisor) {
   for (int64_t i = 0; i < t.numel(); ++i) p[i] /= static_cast<float>(divisor);
 }
 
-template <class T>
-const gloo::ReductionFunction<T>* gloo_reduction(ReduceOp op) {
-  if (op == ReduceOp::Max) return gloo::ReductionFunction<T>::max;
-  if (op == ReduceOp::Min) return gloo::ReductionFunction<T>::min;
-  return gloo::ReductionFunction<T>::sum;
-}
-
-// gloo's reduce-scatter takes an in-place reduction (x = x op y) as a plain function
-// pointer, so each half_math combine gets its own instantiation.
-template <DType D, ReduceOp Op>
-void half_in_place(uint16_t* x, const uint16_t* y, size_t n) {
-  static const ReduceFn combine = half::reduce_fn(D, Op);
-  combine(x, x, y, n);
-}
-
-template <DType D>
-const gloo::ReductionFunction<uint16_t>* half_reduction_for(ReduceOp op) {
-  using Reduction = gloo::ReductionFunction<uint16_t>;
-  static const Reduction sum(gloo::SUM, &half_in_place<D, ReduceOp::Sum>);
-  static const Reduction max(gloo::MAX, &half_in_place<D, ReduceOp::Max>);
-  static const Reduction min(gloo::MIN, &half_in_place<D, ReduceOp::Min>);
-  if (op == ReduceOp::Max) return &max;
-  if (op == ReduceOp::Min) return &min;
-  return &sum;
-}
-
-const gloo::ReductionFunction<uint16_t>* half_reduction(DType dtype, ReduceOp op) {
-  if (dtype == DType::Float16) return half_reduction_for<DType::Float16>(op);
-  if (dtype == DType::BFloat16) return half_reduction_for<DType::BFloat16>(op);
-  throw InternalError(fmt::format("gloo reduce_scatter reached the 16-bit path with {}",
-                                  dtype_name(dtype)));
-}
-
-// Timed-out gloo waits say "Timed out waiting <n>ms for ..." (tcp/pair.cc, unbound_buffer.cc).
+// Timed-out gloo waits say "Timed out waiting <n>ms for ..." (tcp/pair.cc, unbound_buffer.cc);
+// the older per-connection buffers "Read timeout" / "Write timeout" (tcp/buffer.cc).
 bool is_gloo_timeout(const std::exception& e) {
-  return std::strstr(e.what(), "Timed out") != nullptr ||
+  return std::strstr(e.what(), "Timed out") != nullptr || std::strstr(e.what(), "Read timeout") != nullptr ||
+         std::strstr(e.what(), "Write timeout") != nullptr ||
          dynamic_cast<const TimeoutError*>(&e) != nullptr;
 }
 
@@ -246,19 +214,33 @@ class GlooProcessGroup final : public ProcessGroup {
     check_tensor(output, "reduce_scatter", "output");
     check_same_dtype(OpType::ReduceScatter, input, output);
     check_reduce_scatter_sizes(input, output);
-    if (input.numel() > std::numeric_limits<int>::max()) {
-      throw InvalidArgument(fmt::format("reduce_scatter in group '{}': gloo takes at most {} "
-                                        "elements, found {}",
-                                        options_.name, std::numeric_limits<int>::max(), input.numel()));
-    }
     check_avg_dtype(OpType::ReduceScatter, op, input.dtype());
+    const ReduceFn fn = reduce_fn(input.dtype(), op);
     Tensor in = input, out = output;
-    return enqueue(OpType::ReduceScatter, {in, out}, in.numel(), [this, in, out, op](uint32_t) {
-      switch (in.dtype()) {
-        case DType::Float32: run_reduce_scatter<float>(in, out, gloo_reduction<float>(op)); break;
-        case DType::Int64: run_reduce_scatter<int64_t>(in, out, gloo_reduction<int64_t>(op)); break;
-        default: run_reduce_scatter<uint16_t>(in, out, half_reduction(in.dtype(), op)); break;
+    return enqueue(OpType::ReduceScatter, {in, out}, in.numel(), [this, in, out, fn, op](uint32_t tag) {
+      // Note [Reduce-scatter through allreduce]
+      // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+      // Gloo's reduce-scatter (ReduceScatterHalvingDoubling) predates its options API: it
+      // takes no tag and no timeout of ours, reports a timeout as "Read timeout" rather
+      // than a TimeoutError naming the stragglers, and with a group size that is not a
+      // power of two it returns before its sends to the larger block are known to be
+      // done, while the caller frees the buffer they read. So the group all-reduces a
+      // copy with the options every other collective uses, and keeps this rank's chunk:
+      // twice the traffic of a true reduce-scatter, for an operation training never
+      // runs (it is offered for completeness and benchmarked by mtrain-bench).
+      Tensor scratch = in.clone();
+      gloo::AllreduceOptions opts(context_);
+      switch (dtype_size(scratch.dtype())) {
+        case 8: set_in_place<int64_t>(opts, scratch); break;
+        case 4: set_in_place<float>(opts, scratch); break;
+        default: set_in_place<uint16_t>(opts, scratch); break;
       }
+      opts.setReduceFunction(fn);
+      opts.setTag(tag);
+      opts.setTimeout(options_.timeout);
+      gloo::allreduce(opts);
+      std::memcpy(out.raw_data(), static_cast<const char*>(scratch.raw_data()) + static_cast<size_t>(rank_) * out.nbytes(),
+                  out.nbytes());
       if (op == ReduceOp::Avg) divide_in_place(out, size_);
     });
   }
@@ -280,18 +262,6 @@ class GlooProcessGroup final : public ProcessGroup {
     T* p = static_cast<T*>(t.raw_data());
     opts.setInput(p, static_cast<size_t>(t.numel()));
     opts.setOutput(p, static_cast<size_t>(t.numel()));
-  }
-
-  template <class T>
-  void run_reduce_scatter(const Tensor& in, const Tensor& out, const gloo::ReductionFunction<T>* fn) {
-    // The algorithm works in place and leaves this rank's chunk at the front.
-    Tensor scratch = in.clone();
-    std::vector<T*> ptrs{static_cast<T*>(scratch.raw_data())};
-    std::vector<int> recv(size_, static_cast<int>(out.numel()));
-    gloo::ReduceScatterHalvingDoubling<T> algorithm(context_, ptrs, static_cast<int>(in.numel()),
-                                                    recv, fn);
-    algorithm.run();
-    std::memcpy(out.raw_data(), scratch.raw_data(), out.nbytes());
   }
 
   void check_tensor(const Tensor& t, const char* op, const char* what) const {
@@ -331,11 +301,13 @@ class GlooProcessGroup final : public ProcessGroup {
   void run_task(Work& work, int64_t numel, const std::function<void(uint32_t)>& run) {
     const uint64_t seq = work.seq();
     const char* name = op_type_name(work.op());
-    progress_->started(seq);
     if (first_error_) {
+      // Not marked started: this rank never reached it, which is what its peers' timeout
+      // diagnosis must say.
       work.mark_failed(first_error_);
       return;
     }
+    progress_->started(seq);
     // Empty tensors exchange nothing; the sequence number was still taken, so every
     // rank stays in step.
     if (numel == 0) {

@@ -6,6 +6,8 @@
 //                                               allreduces in flight at once
 //   collective_test_worker BACKEND large        a 64 MiB float32 allreduce (rank 0 prints ms)
 //   collective_test_worker BACKEND skip=R       timeout 2 s; rank R never calls allreduce #1
+//   collective_test_worker BACKEND skip-rs=R    the same with reduce_scatter #1
+//   collective_test_worker BACKEND large-rs     five 4 MiB-per-rank float32 reduce_scatters
 //
 // Inputs depend on the rank and the element index; each rank computes every rank's
 // input itself to check its result element by element. A failure writes
@@ -183,13 +185,13 @@ void write_error_file(const std::string& message) {
 }
 
 int run(int argc, char** argv) {
-  if (argc != 3) throw InvalidArgument("usage: collective_test_worker BACKEND suite|large|skip=R");
+  if (argc != 3) throw InvalidArgument("usage: collective_test_worker BACKEND suite|large|large-rs|skip=R|skip-rs=R");
   const std::string backend = argv[1], scenario = argv[2];
   const int rank = static_cast<int>(env::get_int("RANK", 0).value_or(0));
   const int size = static_cast<int>(env::get_int("WORLD_SIZE", 1).value_or(1));
   auto store = connect_store_from_env();
   ProcessGroupOptions options;
-  options.timeout = Millis(scenario.rfind("skip=", 0) == 0 ? 2000 : 20000);
+  options.timeout = Millis(scenario.rfind("skip", 0) == 0 ? 2000 : 20000);
   auto pg = create_process_group(backend, store, rank, size, Device::cpu(), options);
 
   if (scenario == "suite") {
@@ -211,8 +213,21 @@ int run(int argc, char** argv) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
         kIters;
     if (rank == 0) std::printf("allreduce 64 MiB on %d ranks: %.1f ms\n", size, ms);
-  } else if (scenario.rfind("skip=", 0) == 0) {
-    const int skipper = static_cast<int>(env::parse_int(scenario.substr(5), "skip=", 0, size - 1));
+  } else if (scenario == "large-rs") {
+    // Several MiB per rank: more than a socket buffer takes at once, so sends are still
+    // queued when a rank has its own chunk (Note [Reduce-scatter through allreduce]).
+    const int64_t n = 1024 * 1024;  // 4 MiB of float32 per rank
+    for (int iter = 0; iter < 5; ++iter) {
+      Tensor in = make_input<float>(rank, n * size, iter);
+      Tensor out = Tensor::zeros({n});
+      pg->reduce_scatter(in, out, ReduceOp::Sum)->wait();
+      expect_equal<float>(fmt::format("reduce_scatter 4 MiB/rank #{}", iter), out,
+                          [&](int64_t i) { return reduce_all<float>(ReduceOp::Sum, size, rank * n + i + iter); });
+    }
+  } else if (scenario.rfind("skip=", 0) == 0 || scenario.rfind("skip-rs=", 0) == 0) {
+    const bool rs = scenario.rfind("skip-rs=", 0) == 0;
+    const int skipper =
+        static_cast<int>(env::parse_int(scenario.substr(rs ? 8 : 5), "skip=", 0, size - 1));
     Tensor t = make_input<float>(rank, 10);
     pg->allreduce(t)->wait();  // #0 on every rank
     if (rank == skipper) {
@@ -220,12 +235,18 @@ int run(int argc, char** argv) {
       return 0;
     }
     try {
-      pg->allreduce(t)->wait();  // #1, never joined by `skipper`
+      if (rs) {
+        Tensor in = make_input<float>(rank, 10 * size);
+        Tensor out = Tensor::zeros({10});
+        pg->reduce_scatter(in, out, ReduceOp::Sum)->wait();  // #1, never joined by `skipper`
+      } else {
+        pg->allreduce(t)->wait();  // #1, never joined by `skipper`
+      }
     } catch (const std::exception& e) {
       write_error_file(e.what());
       throw;
     }
-    throw InternalError("allreduce #1 completed although a rank never called it");
+    throw InternalError("operation #1 completed although a rank never called it");
   } else {
     throw InvalidArgument("unknown scenario '" + scenario + "': expected suite, large or skip=R");
   }

@@ -55,3 +55,25 @@ TEST_CASE("gloo: a rank that never joins makes the others time out, naming it") 
   // The sleeping rank did not fail on its own: the launcher tore it down.
   CHECK_THAT(r.err, Catch::Contains("Stopped by the launcher after the root cause: rank 2"));
 }
+
+TEST_CASE("gloo: reduce_scatter of 4 MiB per rank on 3 ranks, five times") {
+  // Three is no power of two, where Gloo's own reduce-scatter left sends in flight
+  // (Note [Reduce-scatter through allreduce]).
+  TempDir dir;
+  const auto r = launch(3, "large-rs", dir, 60);
+  INFO(r.out << r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 0);
+  for (int rank = 0; rank < 3; ++rank) CHECK_THAT(r.out, Catch::Contains("rank " + std::to_string(rank) + ": OK"));
+}
+
+TEST_CASE("gloo: a rank that never joins a reduce_scatter makes the others time out, naming it") {
+  TempDir dir;
+  const auto r = launch(3, "skip-rs=2", dir, 30);
+  INFO(r.out << r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code != 0);
+  CHECK(r.seconds < 15);
+  CHECK_THAT(r.err, Catch::Contains("reduce_scatter #1 in group 'world' timed out after 2 s"));
+  CHECK_THAT(r.err, Catch::Contains("rank 2 never reached it (its last operation: #0)"));
+}
