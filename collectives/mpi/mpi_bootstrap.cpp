@@ -22,7 +22,6 @@ std::string mpi_broadcast_from_rank0(const std::string& value, const std::string
   auto task = std::make_shared<mpi::MpiTask>();
   task->description = fmt::format("MPI_Bcast of {} from rank 0", what);
   task->timeout = timeout;
-  task->deadline = mpi::Clock::now() + timeout;
   task->body = [payload] {
     // The length first, so receivers can size their buffer.
     int64_t length = static_cast<int64_t>(payload->size());

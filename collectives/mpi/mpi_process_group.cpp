@@ -17,6 +17,17 @@
 namespace mtrain {
 namespace {
 
+// MPI forbids a send buffer that overlaps the receive buffer (MPI 4.0, 2.4.1), which an
+// input that is a view of its output is (an all-gather of each rank's slice of the
+// result, a reduce-scatter into part of its input); Gloo's versions allow it. Such an
+// input is copied first, on the thread that runs the operation.
+Tensor separate_from(const Tensor& input, const Tensor& output) {
+  const auto* a = static_cast<const char*>(input.raw_data());
+  const auto* b = static_cast<const char*>(output.raw_data());
+  const bool overlap = input.nbytes() > 0 && output.nbytes() > 0 && a < b + output.nbytes() && b < a + input.nbytes();
+  return overlap ? input.clone() : input;
+}
+
 using mpi::MpiRuntime;
 using mpi::MpiTask;
 
@@ -119,7 +130,6 @@ class MpiProcessGroup final : public ProcessGroup {
     auto task = std::make_shared<MpiTask>();
     task->description = fmt::format("MPI_Comm_free of group '{}'", options().name);
     task->timeout = options().timeout;
-    task->deadline = mpi::Clock::now() + options().timeout;
     MPI_Comm comm = comm_;
     task->body = [comm]() mutable { MTRAIN_MPI_CHECK(MPI_Comm_free(&comm)); };
     task->finish = [](std::exception_ptr) {};
@@ -163,7 +173,8 @@ class MpiProcessGroup final : public ProcessGroup {
     const int count = mpi_count(input.numel(), kOp, "input");
     mpi_count(output.numel(), kOp, "output");
     return enqueue(kOp, {input, output}, [=, comm = comm_] {
-      MTRAIN_MPI_CHECK(MPI_Allgather(input.raw_data(), count, type, output.raw_data(), count, type, comm));
+      const Tensor source = separate_from(input, output);
+      MTRAIN_MPI_CHECK(MPI_Allgather(source.raw_data(), count, type, output.raw_data(), count, type, comm));
     });
   }
 
@@ -205,7 +216,8 @@ class MpiProcessGroup final : public ProcessGroup {
     mpi_count(input.numel(), kOp, "input");
     const int size = this->size();
     return enqueue(kOp, {input, output}, [=, comm = comm_] {
-      MTRAIN_MPI_CHECK(MPI_Reduce_scatter_block(input.raw_data(), output.raw_data(), count, type,
+      const Tensor source = separate_from(input, output);
+      MTRAIN_MPI_CHECK(MPI_Reduce_scatter_block(source.raw_data(), output.raw_data(), count, type,
                                                 mpi_op(input.dtype(), op), comm));
       if (op == ReduceOp::Avg) divide_by(output, size);
     });
@@ -222,7 +234,6 @@ class MpiProcessGroup final : public ProcessGroup {
     auto task = std::make_shared<MpiTask>();
     task->description = fmt::format("{} #{} of group '{}'", op_type_name(op), seq, options().name);
     task->timeout = options().timeout;
-    task->deadline = mpi::Clock::now() + options().timeout;
     task->body = std::move(body);
     task->finish = [work](std::exception_ptr error) {
       if (error) {
@@ -260,7 +271,6 @@ std::unique_ptr<ProcessGroup> create_mpi_process_group(int rank, int size,
   auto task = std::make_shared<MpiTask>();
   task->description = fmt::format("MPI_Comm_dup creating group '{}'", options.name);
   task->timeout = options.timeout;
-  task->deadline = mpi::Clock::now() + options.timeout;
   auto comm = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
   task->body = [comm] {
     MTRAIN_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, comm.get()));

@@ -43,7 +43,8 @@
 // Note [MPI timeouts]
 // ~~~~~~~~~~~~~~~~~~~
 // An MPI collective cannot be cancelled. A watchdog fails the Work of an operation
-// that exceeds the group's timeout with a TimeoutError naming the operation, group and
+// that runs longer than its group's timeout (counted from when it starts: one queued
+// behind a slow operation of another group is not late) with a TimeoutError naming the operation, group and
 // sequence number (MPI cannot tell which ranks never arrived), and fails every other
 // queued or later operation with a CommError: the thread running it stays blocked
 // inside MPI forever and the collective order is broken (when that thread is the

@@ -153,10 +153,6 @@ void MpiRuntime::submit(std::shared_ptr<MpiTask> task) {
       queue_.push_back(entry);
       wake_communication_locked();
       if (entry->task->timeout < shortest_timeout_) shortest_timeout_ = entry->task->timeout;
-      if (entry->task->deadline < watchdog_wakes_at_) {
-        watchdog_wakes_at_ = entry->task->deadline;
-        watchdog_cv_.notify_one();
-      }
       return;
     }
     refused = broken_by_.empty() ? std::string("the process is exiting") : broken_by_;
@@ -169,6 +165,12 @@ std::shared_ptr<MpiRuntime::Entry> MpiRuntime::take_next_locked() {
   std::shared_ptr<Entry> entry = queue_.front();
   queue_.pop_front();
   running_ = entry;
+  // Note [MPI timeouts]: the clock starts with the operation, not with its submission.
+  entry->task->deadline = Clock::now() + entry->task->timeout;
+  if (entry->task->deadline < watchdog_wakes_at_) {
+    watchdog_wakes_at_ = entry->task->deadline;
+    watchdog_cv_.notify_one();
+  }
   return entry;
 }
 
@@ -237,8 +239,7 @@ void MpiRuntime::watchdog_loop() {
         earliest = e;
       }
     };
-    consider(running_);
-    for (const auto& e : queue_) consider(e);
+    consider(running_);  // queued tasks have no deadline yet
     // Note [Fewer wake-ups per operation]
     if (!earliest) {
       // (A timeout of 0 is refused by ProcessGroup, but only after MPI_Comm_dup was

@@ -32,8 +32,10 @@ using Clock = std::chrono::steady_clock;
 struct MpiTask {
   const uint64_t id = next_id();  // unique in the process, for run_if_next
   std::string description;  // "allreduce #3 of group 'world'", for errors
-  std::chrono::milliseconds timeout{0};  // deadline = submission time + timeout
-  Clock::time_point deadline;
+  std::chrono::milliseconds timeout{0};
+  // Set by the runtime when the task starts running: start + timeout. A task waiting
+  // in the queue behind a long one has not started, so it cannot be late.
+  Clock::time_point deadline = Clock::time_point::max();
   std::function<void()> body;  // the MPI calls, on whichever thread runs it; may throw
   // Called exactly once, from whichever thread settles the task: nullptr on success.
   std::function<void(std::exception_ptr)> finish;

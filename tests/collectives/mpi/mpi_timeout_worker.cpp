@@ -11,6 +11,11 @@
 // the timeout and end the job itself (Note [MPI operations on the waiting thread]).
 // The pass line is that message. Rank 0 keeps to one CPU there, so the communication
 // thread (SCHED_BATCH) cannot take the operation between the issue and the wait.
+//
+// With the argument `queued`, nothing times out: an all-reduce of a group with a 10 s
+// timeout waits 2.5 s for rank 1, and an all-reduce of a group with a 1 s timeout queued
+// behind it must then succeed, since its clock starts when it does (Note [MPI
+// timeouts]). Prints "MPI-QUEUED-CHECKED".
 #include <fmt/format.h>
 #include <sched.h>
 
@@ -69,6 +74,25 @@ int main(int argc, char** argv) {
       std::printf("MPI-TIMEOUT-FAILED: sched_setaffinity: %s\n", std::strerror(errno));
       return 1;
     }
+  }
+  if (mode == "queued") {
+    ProcessGroupOptions slow_options, quick_options;
+    slow_options.name = "slow";
+    slow_options.timeout = Millis(10000);
+    quick_options.name = "quick";
+    quick_options.timeout = Millis(1000);
+    auto slow = create_mpi_process_group(rank, size, slow_options);
+    auto quick = create_mpi_process_group(rank, size, quick_options);
+    quick->barrier()->wait();
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    Tensor a = Tensor::full({1000}, 1.0f), b = Tensor::full({1000}, 2.0f);
+    WorkPtr first = slow->allreduce(a);
+    WorkPtr second = quick->allreduce(b);
+    second->wait();
+    first->wait();
+    expect(a.data<float>()[0] == 2.0f && b.data<float>()[999] == 4.0f, "queued all-reduce results");
+    std::printf("MPI-QUEUED-CHECKED on rank %d\n", rank);
+    return 0;
   }
   ProcessGroupOptions options;
   options.name = "timeout";

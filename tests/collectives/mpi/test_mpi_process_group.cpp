@@ -229,6 +229,29 @@ TEST_CASE("mpi allgatherv with per-rank sizes, one of them empty", "[mpi]") {
   REQUIRE(at == total);
 }
 
+TEST_CASE("mpi allgather and reduce_scatter whose input is a view of their output", "[mpi]") {
+  // MPI forbids overlapping send and receive buffers; the backend copies such an input.
+  auto group = make_group("aliasing");
+  const int rank = group->rank(), size = group->size();
+  const int64_t n = 1000;
+  Tensor gathered = Tensor::zeros({n * size});
+  Tensor mine = gathered.narrow0(rank * n, n);
+  mine.copy_(rank_tensor<float>(rank, rank * n, n));
+  group->allgather(mine, gathered)->wait();
+  const float* g = gathered.data<float>();
+  for (int64_t i = 0; i < n * size; ++i) REQUIRE(g[i] == value<float>(static_cast<int>(i / n), i));
+
+  Tensor whole = rank_tensor<float>(rank, 0, n * size);
+  Tensor chunk = whole.narrow0(rank * n, n);
+  group->reduce_scatter(whole, chunk, ReduceOp::Sum)->wait();
+  const float* c = chunk.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    float expected = 0.0f;
+    for (int r = 0; r < size; ++r) expected += value<float>(r, rank * n + i);
+    REQUIRE(c[i] == expected);
+  }
+}
+
 TEST_CASE("mpi operations in flight complete in issue order, across two groups", "[mpi]") {
   auto first = make_group("in_flight_a");
   auto second = make_group("in_flight_b");
