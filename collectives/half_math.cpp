@@ -18,8 +18,10 @@ struct BFloat16 {
 
 // std::max / std::min semantics, the same as gloo's and MPI's float32 max and min.
 struct Sum { float operator()(float a, float b) const { return a + b; } };
-struct Max { float operator()(float a, float b) const { return a < b ? b : a; } };
-struct Min { float operator()(float a, float b) const { return b < a ? b : a; } };
+// A NaN on either side wins, so the result does not depend on which rank's value comes
+// first (MPI and the recursive-doubling algorithms combine in both orders).
+struct Max { float operator()(float a, float b) const { return b != b ? b : (a < b ? b : a); } };
+struct Min { float operator()(float a, float b) const { return b != b ? b : (b < a ? b : a); } };
 
 template <class Format, class Combine>
 void reduce(void* out, const void* a, const void* b, size_t n) {

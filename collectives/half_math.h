@@ -11,8 +11,8 @@
 // in the 16-bit format. Across ranks the values are rounded after every combine, so a
 // sum over more than two ranks depends on the order of the combines, as with every
 // backend that reduces in the tensor's own type (NCCL included). avg is the rounded
-// sum divided by the group size in float32, rounded once more. NaN stays NaN (quiet);
-// float16 overflow becomes infinity.
+// sum divided by the group size in float32, rounded once more. NaN stays NaN (quiet),
+// in max and min too, whichever operand it is; float16 overflow becomes infinity.
 #pragma once
 
 #include <cstddef>

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "collectives/half_math.h"
@@ -136,6 +137,30 @@ TEST_CASE("reductions combine in float32 and round once per combine") {
   CHECK_THROWS_AS(half::reduce_fn(DType::Float32, ReduceOp::Sum), InvalidArgument);
   CHECK_THROWS_WITH(half::reduce_fn(DType::Int64, ReduceOp::Max),
                     Catch::Contains("expected a float16 or bfloat16") && Catch::Contains("int64"));
+}
+
+TEST_CASE("max and min keep a NaN whichever operand holds it") {
+  // Ranks combine in both orders (recursive doubling, MPI), so replicas agree only if
+  // the NaN wins from either side.
+  for (const DType dtype : {DType::Float16, DType::BFloat16}) {
+    const auto make = [&](float v) {
+      return dtype == DType::Float16 ? half::float_to_float16(v) : half::float_to_bfloat16(v);
+    };
+    const auto back = [&](uint16_t v) {
+      return dtype == DType::Float16 ? half::float16_to_float(v) : half::bfloat16_to_float(v);
+    };
+    const uint16_t nan = make(std::numeric_limits<float>::quiet_NaN());
+    std::vector<uint16_t> a{nan, make(1)}, b{make(2), nan}, out(2);
+    for (const ReduceOp op : {ReduceOp::Max, ReduceOp::Min}) {
+      INFO(dtype_name(dtype) << " " << reduce_op_name(op));
+      half::reduce_fn(dtype, op)(out.data(), a.data(), b.data(), 2);
+      CHECK(std::isnan(back(out[0])));
+      CHECK(std::isnan(back(out[1])));
+      half::reduce_fn(dtype, op)(out.data(), b.data(), a.data(), 2);
+      CHECK(std::isnan(back(out[0])));
+      CHECK(std::isnan(back(out[1])));
+    }
+  }
 }
 
 TEST_CASE("divide_in_place divides in float32 and rounds to the tensor's format") {
