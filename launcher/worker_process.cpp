@@ -11,6 +11,9 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -132,9 +135,29 @@ WorkerProcess WorkerProcess::spawn(const WorkerSpec& spec) {
   return WorkerProcess(pid);
 }
 
+bool has_child_in_group(pid_t pgid) {
+  const pid_t self = ::getpid();
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string stat;
+    if (!std::getline(in, stat)) continue;  // gone meanwhile
+    // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 1));
+    char state = 0;
+    long ppid = 0, pgrp = 0;
+    if (rest >> state >> ppid >> pgrp && ppid == self && pgrp == pgid) return true;
+  }
+  return false;
+}
+
 void WorkerProcess::signal_group(int sig) const {
-  // ESRCH (the whole group is gone) is the normal end state, not an error. The group
-  // id stays reserved while any member lives, so this cannot hit a stranger.
+  // ESRCH (the whole group is gone) is the normal end state, not an error.
+  if (status_ && !has_child_in_group(pid_)) return;  // Note [Signalling a reaped worker's group]
   ::killpg(pid_, sig);
 }
 
@@ -152,7 +175,7 @@ bool WorkerProcess::try_reap() {
 }
 
 void WorkerProcess::kill_and_reap_group(std::chrono::milliseconds budget) const {
-  ::killpg(pid_, SIGKILL);
+  signal_group(SIGKILL);
   const auto deadline = std::chrono::steady_clock::now() + budget;
   while (true) {
     int status = 0;

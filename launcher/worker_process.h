@@ -68,6 +68,17 @@ struct WorkerSpec {
   int stderr_fd = -1;                    // dup2'd onto 2 in the child; -1 = inherit
 };
 
+// Note [Signalling a reaped worker's group]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A process group id stays reserved while any member lives, but once the last member is
+// gone the kernel may hand the number to a new process, which may lead a group of its
+// own: killpg on a group emptied long ago could hit a stranger. While its leader is not
+// reaped the group is surely the worker's. After that, any member left has a parent that
+// lives in the group or was re-parented to the launcher (a child subreaper), so the
+// group is still the worker's exactly when one of its members is the launcher's child:
+// has_child_in_group() looks for one in /proc, and only then is the group signalled.
+bool has_child_in_group(pid_t pgid);
+
 class WorkerProcess {
  public:
   // Forks and execs `spec`. Throws IoError naming the executable when exec fails.
@@ -80,6 +91,8 @@ class WorkerProcess {
   WallClock::time_point exit_time() const { return exit_time_; }
 
   // Sends `sig` to the worker's whole process group. Harmless when the group is gone.
+  // After the worker was reaped, only while a child of the launcher is still in it
+  // (Note [Signalling a reaped worker's group]).
   void signal_group(int sig) const;
   // Reaps the worker if it has exited (never blocks); true when it exited just now.
   bool try_reap();

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <fstream>
 
@@ -10,6 +12,7 @@
 #include "launcher/failure_report.h"
 #include "launcher/options.h"
 #include "launcher/worker_env.h"
+#include "launcher/worker_process.h"
 #include "tests/launcher/launch_harness.h"
 
 using namespace mtrain;
@@ -249,4 +252,22 @@ TEST_CASE("hints for signals and shell-style exit codes") {
   via_shell.status.code = 1;
   CHECK(failure_hint(via_shell).empty());
   CHECK(format_utc(0.25) == "1970-01-01T00:00:00.250Z");
+}
+
+TEST_CASE("has_child_in_group finds the launcher's children by group, and nothing once they are reaped") {
+  // Note [Signalling a reaped worker's group].
+  const pid_t child = fork();
+  if (child == 0) {
+    setpgid(0, 0);
+    pause();
+    _exit(0);
+  }
+  REQUIRE(child > 0);
+  setpgid(child, child);
+  CHECK(mtrain::launch::has_child_in_group(child));
+  CHECK_FALSE(mtrain::launch::has_child_in_group(::getpgrp()));  // no child of ours leads this one
+  ::kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK_FALSE(mtrain::launch::has_child_in_group(child));
 }
