@@ -40,6 +40,8 @@ constexpr std::chrono::milliseconds kLogDrainTimeout{2000};
 
 // How long the SIGKILLed leftovers of one worker's group get to die and be reaped.
 constexpr std::chrono::milliseconds kGroupReapBudget{1000};
+// A worker still alive this long after SIGKILL is stuck in the kernel; the log says so.
+constexpr std::chrono::seconds kUnkillableWarning{5};
 
 // A terminating signal that arrived while no worker was running.
 struct Interrupted {
@@ -296,6 +298,8 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
   TeardownReason reason = TeardownReason::kNone;
   WallClock::time_point teardown_wall{};
   std::optional<Clock::time_point> kill_deadline;
+  std::optional<Clock::time_point> sigkilled_at;  // when the teardown sent SIGKILL
+  bool warned_unkillable = false;
   // Set when the first worker stopped on a signal: its peers must follow by then.
   std::optional<Clock::time_point> stop_deadline;
   std::optional<FailureNotice> winner;  // the attempt's first failure notice
@@ -462,6 +466,21 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
         }
       }
       kill_deadline.reset();
+      sigkilled_at = Clock::now();
+    }
+    // SIGKILL cannot be ignored, but a process in uninterruptible sleep (a hung NFS
+    // mount, a GPU driver) only dies when the kernel call returns: say why we wait.
+    if (sigkilled_at && !warned_unkillable && Clock::now() - *sigkilled_at >= kUnkillableWarning) {
+      warned_unkillable = true;
+      std::vector<std::string> stuck;
+      for (const auto& w : workers) {
+        if (w.process.running()) stuck.push_back(fmt::format("rank {} (pid {})", w.global_rank, w.process.pid()));
+      }
+      if (!stuck.empty()) {
+        spdlog::warn("{} still running {} s after SIGKILL: stuck in the kernel (uninterruptible sleep, e.g. a "
+                     "hung network file system or device driver); waiting for it to exit",
+                     fmt::join(stuck, ", "), std::chrono::duration_cast<std::chrono::seconds>(kUnkillableWarning).count());
+      }
     }
   }
 
