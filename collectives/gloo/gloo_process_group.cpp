@@ -145,16 +145,7 @@ class GlooProcessGroup final : public ProcessGroup {
     check_avg_dtype(OpType::AllReduce, op, tensor.dtype());
     Tensor t = tensor;
     return enqueue(OpType::AllReduce, {t}, t.numel(), [this, t, fn, op](uint32_t tag) {
-      gloo::AllreduceOptions opts(context_);
-      switch (dtype_size(t.dtype())) {
-        case 8: set_in_place<int64_t>(opts, t); break;
-        case 4: set_in_place<float>(opts, t); break;
-        default: set_in_place<uint16_t>(opts, t); break;
-      }
-      opts.setReduceFunction(fn);
-      opts.setTag(tag);
-      opts.setTimeout(options_.timeout);
-      gloo::allreduce(opts);
+      allreduce_in_place(t, fn, tag);
       if (op == ReduceOp::Avg) divide_in_place(t, size_);
     });
   }
@@ -229,16 +220,7 @@ class GlooProcessGroup final : public ProcessGroup {
       // twice the traffic of a true reduce-scatter, for an operation training never
       // runs (it is offered for completeness and benchmarked by mtrain-bench).
       Tensor scratch = in.clone();
-      gloo::AllreduceOptions opts(context_);
-      switch (dtype_size(scratch.dtype())) {
-        case 8: set_in_place<int64_t>(opts, scratch); break;
-        case 4: set_in_place<float>(opts, scratch); break;
-        default: set_in_place<uint16_t>(opts, scratch); break;
-      }
-      opts.setReduceFunction(fn);
-      opts.setTag(tag);
-      opts.setTimeout(options_.timeout);
-      gloo::allreduce(opts);
+      allreduce_in_place(scratch, fn, tag);
       std::memcpy(out.raw_data(), static_cast<const char*>(scratch.raw_data()) + static_cast<size_t>(rank_) * out.nbytes(),
                   out.nbytes());
       if (op == ReduceOp::Avg) divide_in_place(out, size_);
@@ -262,6 +244,20 @@ class GlooProcessGroup final : public ProcessGroup {
     T* p = static_cast<T*>(t.raw_data());
     opts.setInput(p, static_cast<size_t>(t.numel()));
     opts.setOutput(p, static_cast<size_t>(t.numel()));
+  }
+
+  // gloo's allreduce of `t` into itself, as operation `tag` with the group's timeout.
+  void allreduce_in_place(const Tensor& t, const ReduceFn& fn, uint32_t tag) {
+    gloo::AllreduceOptions opts(context_);
+    switch (dtype_size(t.dtype())) {
+      case 8: set_in_place<int64_t>(opts, t); break;
+      case 4: set_in_place<float>(opts, t); break;
+      default: set_in_place<uint16_t>(opts, t); break;
+    }
+    opts.setReduceFunction(fn);
+    opts.setTag(tag);
+    opts.setTimeout(options_.timeout);
+    gloo::allreduce(opts);
   }
 
   void check_tensor(const Tensor& t, const char* op, const char* what) const {
