@@ -18,8 +18,16 @@ Tensor Flatten::forward(const Tensor& x) {
 }
 
 Tensor Flatten::backward(const Tensor& dy) {
+  if (!input_grad_needed()) {
+    // The layer after it skipped its input gradient too (passes_input_grad_setting).
+    if (output_shape_.empty()) detail::check_output_grad("Flatten", dy, output_shape_);  // backward before forward
+    output_shape_ = {};
+    return Tensor();
+  }
   detail::check_output_grad("Flatten", dy, output_shape_);
-  return dy.view(input_shape_);
+  Tensor dx = dy.view(input_shape_);
+  output_shape_ = {};  // Note [Saved tensors die with backward] (module.h): a second backward is an error
+  return dx;
 }
 
 }  // namespace mtrain::models

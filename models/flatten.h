@@ -11,6 +11,7 @@ class Flatten : public Module {
   Tensor forward(const Tensor& x) override;
   Tensor backward(const Tensor& dy) override;
   std::string type_name() const override { return "Flatten"; }
+  bool passes_input_grad_setting() const override { return true; }
 
  private:
   Shape input_shape_;

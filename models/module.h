@@ -117,6 +117,11 @@ class Module {
   // an undefined tensor. For LeNet that is the costliest kernel of the step.
   virtual void set_input_grad_needed(bool needed) { input_grad_needed_ = needed; }
   bool input_grad_needed() const { return input_grad_needed_; }
+  // True for a layer without parameters whose backward, when its input gradient is not
+  // needed, returns an undefined tensor without reading dy (Flatten): a container then
+  // passes the setting on to the layer after it, so that one skips its input-gradient
+  // kernel too (mlp's first Linear, 784 inputs wide).
+  virtual bool passes_input_grad_setting() const { return false; }
 
   // Moves every parameter (value and grad) and buffer of the subtree to `device`, as
   // torch's Module.to: later forwards expect inputs there, and every layer allocates

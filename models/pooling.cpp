@@ -77,6 +77,7 @@ Tensor AvgPool2d::backward(const Tensor& dy) {
   // Nothing saved but shapes: dx goes wherever dy is, and the kernel needs nothing else.
   Tensor dx = Tensor::empty(input_shape_, DType::Float32, dy.device());
   ops::avgpool2d_backward(dy, dx, window_);
+  output_shape_ = {};  // Note [Saved tensors die with backward] (module.h)
   return dx;
 }
 
@@ -106,6 +107,7 @@ Tensor AdaptiveAvgPool2d::backward(const Tensor& dy) {
   detail::check_output_grad("AdaptiveAvgPool2d(1)", dy, output_shape_);
   Tensor dx = Tensor::empty(input_shape_, DType::Float32, dy.device());
   ops::global_avgpool_backward(dy, dx);
+  output_shape_ = {};  // Note [Saved tensors die with backward] (module.h)
   return dx;
 }
 

@@ -17,7 +17,10 @@ Tensor Sequential::forward(const Tensor& x) {
 
 void Sequential::set_input_grad_needed(bool needed) {
   Module::set_input_grad_needed(needed);
-  if (num_children() > 0) child(0).set_input_grad_needed(needed);
+  for (size_t i = 0; i < num_children(); ++i) {
+    child(i).set_input_grad_needed(needed);
+    if (!child(i).passes_input_grad_setting()) break;
+  }
 }
 
 Tensor Sequential::backward(const Tensor& dy) {

@@ -245,7 +245,10 @@ TrainPosition load_training_checkpoint(const std::string& path, models::Module& 
     destinations.emplace_back(name, momentum[i]);
     ++present;
   }
-  const bool needs_momentum = optimizer.options().momentum != 0.0f && position.total_steps > 0;
+  // Steps the loss scaler skipped never reached the optimizer, which makes its momentum
+  // buffers at its first applied step.
+  const bool needs_momentum = optimizer.options().momentum != 0.0f &&
+                              position.total_steps > position.loss_scaler.skipped_steps;
   if ((present != 0 && present != params.size()) || (needs_momentum && present == 0)) {
     throw IoError(fmt::format("checkpoint {} holds momentum buffers for {} of the {} parameters after {} steps "
                               "with momentum {}; expected {}; {}",

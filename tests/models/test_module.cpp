@@ -130,6 +130,45 @@ TEST_CASE("without an input gradient the first layer skips it and the parameter 
   CHECK_FALSE(first.backward(d_mid).defined());
 }
 
+TEST_CASE("a leading Flatten passes the setting on: mlp's first Linear skips its input gradient too", "[module]") {
+  // Module::passes_input_grad_setting. Same parameter gradients either way; without the
+  // input gradient neither Flatten nor the Linear after it returns one.
+  std::mt19937_64 rng(5);
+  const Tensor x = uniform_tensor({3, 1, 2, 2}, rng);
+  const Tensor dy = uniform_tensor({3, 2}, rng);
+  auto run = [&](bool input_grad) {
+    Sequential net;
+    net.append(std::make_unique<Flatten>()).append(std::make_unique<Linear>(4, 5));
+    net.append(std::make_unique<ReLU>()).append(std::make_unique<Linear>(5, 2));
+    std::mt19937_64 init(9);
+    for (const NamedParameter& p : net.parameters()) p.param->value.copy_(uniform_tensor(p.param->value.shape(), init));
+    net.set_input_grad_needed(input_grad);
+    CHECK(net.child(1).input_grad_needed() == input_grad);  // the Linear after Flatten
+    CHECK(net.child(3).input_grad_needed());                // later layers always
+    net.zero_grad();
+    net.forward(x);
+    CHECK(net.backward(dy).defined() == input_grad);
+    std::vector<std::vector<float>> grads;
+    for (const NamedParameter& p : net.parameters()) grads.push_back(p.param->grad.to_vector<float>());
+    return grads;
+  };
+  CHECK(run(false) == run(true));
+}
+
+TEST_CASE("parameter-free layers refuse a second backward after one forward", "[module]") {
+  // Note [Saved tensors die with backward].
+  std::mt19937_64 rng(6);
+  const Tensor x = uniform_tensor({2, 3, 4, 4}, rng);
+  Flatten flatten;
+  const Tensor y = flatten.forward(x);
+  flatten.backward(y);
+  CHECK_THROWS_WITH(flatten.backward(y), Catch::Contains("backward called before forward (or twice"));
+  AdaptiveAvgPool2d pool(1);
+  const Tensor p = pool.forward(x);
+  pool.backward(p);
+  CHECK_THROWS_WITH(pool.backward(p), Catch::Contains("backward called before forward (or twice"));
+}
+
 TEST_CASE("grad-ready hooks fire once per parameter, in reverse order, with final values",
           "[module][hooks]") {
   std::mt19937_64 rng(2);

@@ -197,6 +197,29 @@ TEST_CASE("a checkpoint from before --amp resumes as a run without it, and keeps
                     Contains("--loss-scale-growth-interval is 100 here, unrecorded in the checkpoint"));
 }
 
+TEST_CASE("a checkpoint whose steps were all skipped by the loss scaler resumes without momentum buffers") {
+  // A skipped step counts in total_steps but never reaches the optimizer, which makes
+  // its momentum buffers at its first applied step.
+  TempDir dir;
+  auto model = make_mlp(1);
+  mtrain::models::Sgd sgd(*model, sgd_options());  // momentum 0.9, no step taken
+  TrainPosition p = mid_epoch();
+  p.epoch = 1;
+  p.steps_in_epoch = 2;
+  p.total_steps = 2;
+  p.loss_scaler = {32768.0, 0, 2, 2};
+  const std::string path = mtrain::checkpoint_path(dir.path().string());
+  mtrain::save_training_checkpoint(path, *model, sgd, p, kConfig);
+  auto restored = make_mlp(2);
+  mtrain::models::Sgd restored_sgd(*restored, sgd_options());
+  CHECK(mtrain::load_training_checkpoint(path, *restored, restored_sgd, kConfig).total_steps == 2);
+  // One applied step among them needs the buffers.
+  p.loss_scaler = {32768.0, 0, 1, 1};
+  mtrain::save_training_checkpoint(path, *model, sgd, p, kConfig);
+  CHECK_THROWS_WITH(mtrain::load_training_checkpoint(path, *restored, restored_sgd, kConfig),
+                    Contains("momentum buffers for 0 of the"));
+}
+
 TEST_CASE("the training set's fingerprint must match, unless the checkpoint predates it") {
   TempDir dir;
   RunConfiguration with_data = kConfig;
