@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 
 #include "core/main_guard.h"
@@ -19,6 +20,7 @@
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
 #include "tests/trainer/weights_compare.h"
+#include "trainer/lr_schedule.h"
 #include "trainer/safetensors.h"
 
 using Catch::Matchers::Contains;
@@ -147,6 +149,62 @@ TEST_CASE("one process: a run resumed from its checkpoint ends with the uninterr
     if (event.at("event") == "step") step_events.push_back(event.at("step").get<int64_t>());
   }
   CHECK(step_events == std::vector<int64_t>{5, 10, 15, 20, 25, 30});
+}
+
+namespace {
+
+// Every step event's "lr" by step (with --log-every 1, the rate of that step).
+std::map<int64_t, double> step_rates(const std::string& metrics) {
+  std::map<int64_t, double> rates;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const auto event = nlohmann::json::parse(line);
+    if (event.at("event") == "step") rates[event.at("step").get<int64_t>()] = event.at("lr").get<double>();
+  }
+  return rates;
+}
+
+}  // namespace
+
+TEST_CASE("cosine with warm-up: each step's rate follows the schedule, and a run stopped by SIGTERM resumes to "
+          "the same weights and rates",
+          "[multiproc]") {
+  // 6000 images in batches of 32: 188 steps per epoch, 1504 in the run. The rate of a
+  // step is set from the progress before it (Note [Learning-rate scaling and warm-up]).
+  TempDir dir;
+  const auto ckpt = dir.file("ckpt");
+  const std::vector<std::string> base = {"--epochs", "8", "--batch-size", "32", "--lr-schedule", "cosine",
+                                         "--warmup-epochs", "0.5", "--log-every", "1"};
+  const auto straight_metrics = dir.file("straight.jsonl");
+  require_exit(train(concat(base, {"--metrics", straight_metrics, "--save-final", dir.file("straight.safetensors")})),
+               0);
+  mtrain::LrScheduleOptions o;
+  o.base_lr = 0.1;
+  o.warmup_epochs = 0.5;
+  o.total_epochs = 8.0;
+  o.kind = mtrain::LrScheduleKind::Cosine;
+  const mtrain::LrSchedule schedule(o);
+  const auto straight = step_rates(straight_metrics);
+  REQUIRE(straight.size() == 1504);
+  for (const auto& [step, lr] : straight) {
+    INFO("step " << step);
+    REQUIRE(lr == static_cast<double>(static_cast<float>(schedule.at(static_cast<double>(step - 1) / 188.0))));
+  }
+
+  const auto resumed_metrics = dir.file("resumed.jsonl");
+  const std::vector<std::string> resumable = concat(base, {"--metrics", resumed_metrics, "--checkpoint-dir", ckpt});
+  BackgroundProcess first(kTrainer, train_args(concat(resumable, {"--checkpoint-every", "20"})));
+  REQUIRE(mtrain::testing::wait_until([&] { return std::filesystem::exists(ckpt + "/checkpoint.safetensors"); },
+                                      std::chrono::seconds(60)));
+  first.signal(SIGTERM);
+  require_exit(first.wait(), mtrain::kStoppedExitCode);
+  const int64_t stopped_at = checkpoint_total_steps(ckpt + "/checkpoint.safetensors");
+  CHECK(stopped_at < 1504);
+  require_exit(train(concat(resumable, {"--save-final", dir.file("resumed.safetensors")})), 0);
+  require_identical_weights(dir.file("straight.safetensors"), dir.file("resumed.safetensors"));
+  const auto resumed = step_rates(resumed_metrics);  // both attempts' events
+  REQUIRE(resumed.size() == 1504);
+  CHECK(resumed == straight);
 }
 
 TEST_CASE("two ranks (Gloo, gradient accumulation): resumed equals uninterrupted", "[multiproc]") {
