@@ -200,12 +200,10 @@ void Checkpointer::save(const TrainPosition& position, CheckpointReason reason) 
   TrainPosition p = position;
   if (control_ != nullptr && !p.epoch_finished) {
     Tensor counts = Tensor::from_vector<int64_t>({p.correct, p.images}, {2});
-    Tensor loss = Tensor::from_vector<float>({static_cast<float>(p.loss_sum)}, {1});
     control_->allreduce(counts, ReduceOp::Sum)->wait();
-    control_->allreduce(loss, ReduceOp::Sum)->wait();
     p.correct = counts.data<int64_t>()[0];
     p.images = counts.data<int64_t>()[1];
-    p.loss_sum = loss.data<float>()[0];
+    p.loss_sum = sum_over_ranks(*control_, p.loss_sum);
   }
   std::exception_ptr failure;
   if (rank_ == 0) {

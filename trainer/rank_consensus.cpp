@@ -146,4 +146,19 @@ void broadcast_module_buffers(ProcessGroup& group, models::Module& model) {
   broadcast_from_rank0(group, model, /*with_parameters=*/false);
 }
 
+double sum_over_ranks(ProcessGroup& group, double value) {
+  int64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof bits);
+  const Tensor mine = Tensor::from_vector<int64_t>({bits}, {1});
+  Tensor all = Tensor::empty({group.size()}, DType::Int64);
+  group.allgather(mine, all)->wait();
+  double sum = 0.0;
+  for (int64_t b : all.to_vector<int64_t>()) {
+    double v = 0.0;
+    std::memcpy(&v, &b, sizeof v);
+    sum += v;
+  }
+  return sum;
+}
+
 }  // namespace mtrain

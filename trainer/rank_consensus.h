@@ -31,6 +31,12 @@ struct NamedHash {
   std::string local_value;  // this rank's value for the message; may be empty
 };
 
+// Collective: the sum of every rank's `value` in double precision, the same on every
+// rank (the values travel as their bits and are added in rank order). The epoch's loss
+// sums go through it: a float32 all-reduce would round them to 7 digits, so a resumed
+// run's epoch loss would differ from the uninterrupted run's.
+double sum_over_ranks(ProcessGroup& group, double value);
+
 // All-gathers `items` (the same names, in the same order, on every rank) and throws
 // InvalidArgument "<what> differs across ranks: <name> on ranks 1, 3 differs from
 // rank 0 (here: <value>); ..." when any hash differs from rank 0's.

@@ -243,10 +243,9 @@ RunConfiguration resume_configuration(const TrainOptions& o, const data::Dataset
 // Sums this rank's (loss_sum, correct, count) with every other rank's.
 EvalResult allreduce_eval(ProcessGroup& group, const EvalResult& local) {
   Tensor counts = Tensor::from_vector<int64_t>({local.correct, local.count}, {2});
-  Tensor loss = Tensor::from_vector<float>({static_cast<float>(local.loss_sum)}, {1});
   group.allreduce(counts, ReduceOp::Sum)->wait();
-  group.allreduce(loss, ReduceOp::Sum)->wait();
-  return {static_cast<double>(loss.data<float>()[0]), counts.data<int64_t>()[0], counts.data<int64_t>()[1]};
+  const double loss_sum = sum_over_ranks(group, local.loss_sum);
+  return {loss_sum, counts.data<int64_t>()[0], counts.data<int64_t>()[1]};
 }
 
 void replica_check(ProcessGroup& group, models::Module& model, int64_t step) {
