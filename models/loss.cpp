@@ -6,6 +6,19 @@
 namespace mtrain::models {
 
 LossResult CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels) {
+  dlogits_ = Tensor();
+  Tensor dlogits = logits.defined() ? Tensor::empty(logits.shape(), DType::Float32, logits.device()) : Tensor();
+  const LossResult r = compute(logits, labels, dlogits);
+  dlogits_ = dlogits;
+  return r;
+}
+
+LossResult CrossEntropyLoss::value(const Tensor& logits, const Tensor& labels) const {
+  Tensor none;
+  return compute(logits, labels, none);
+}
+
+LossResult CrossEntropyLoss::compute(const Tensor& logits, const Tensor& labels, Tensor& dlogits) {
   if (!logits.defined() || logits.dtype() != DType::Float32 || logits.ndim() != 2 ||
       logits.size(0) < 1 || logits.size(1) < 1) {
     throw InvalidArgument(fmt::format(
@@ -23,8 +36,7 @@ LossResult CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels)
         ".to({}) before the loss",
         logits.device().str(), labels.device().str(), logits.device().str()));
   }
-  dlogits_ = Tensor::empty(logits.shape(), DType::Float32, logits.device());
-  const double sum = ops::cross_entropy(logits, labels, dlogits_, 1.0f / static_cast<float>(n));
+  const double sum = ops::cross_entropy(logits, labels, dlogits, 1.0f / static_cast<float>(n));
   return {sum / static_cast<double>(n), ops::count_correct(logits, labels), n};
 }
 

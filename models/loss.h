@@ -21,10 +21,16 @@ class CrossEntropyLoss {
   // logits float32 [N, K], labels int64 [N] in [0, K), N >= 1, both on one device.
   // Keeps d(loss)/d(logits), on that device, for backward.
   LossResult forward(const Tensor& logits, const Tensor& labels);
+  // The same figures without computing d(loss)/d(logits), for evaluation; backward()
+  // then still refers to the last forward().
+  LossResult value(const Tensor& logits, const Tensor& labels) const;
   // d(mean loss)/d(logits) of the last forward.
   Tensor backward() const;
 
  private:
+  // `dlogits` may be undefined (no gradient).
+  static LossResult compute(const Tensor& logits, const Tensor& labels, Tensor& dlogits);
+
   Tensor dlogits_;
 };
 

@@ -32,7 +32,7 @@ EvalResult evaluate(models::Module& model, data::DataLoader& loader, Device devi
   batches.start_epoch(0);
   while (auto batch = batches.next()) {
     const Tensor logits = model.forward(batch->images);
-    const models::LossResult r = loss.forward(logits, batch->labels);
+    const models::LossResult r = loss.value(logits, batch->labels);  // no gradient to compute
     result.loss_sum += r.loss * static_cast<double>(r.count);
     result.correct += r.correct;
     result.count += r.count;

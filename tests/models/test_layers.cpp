@@ -284,6 +284,15 @@ TEST_CASE("CrossEntropyLoss is the batch mean, counts hits and has the right gra
   }
   CHECK(compare_gradients("logits", analytic, numeric, {}) == "");
 
+  // value(): the same figures without a gradient, and backward() still the forward's.
+  const LossResult v = criterion.value(logits, labels);
+  CHECK(v.loss == r.loss);
+  CHECK(v.correct == r.correct);
+  CHECK(v.count == r.count);
+  CHECK_FALSE(criterion.value(uniform_tensor({4, 3}, rng, -2.0f, 2.0f), labels).loss == r.loss);
+  CHECK(criterion.backward().to_vector<float>() == analytic);
+  CHECK_THROWS_AS(criterion.value(logits, Tensor::from_vector<int64_t>({0, 3, 1, 2}, {4})), InvalidArgument);
+
   CHECK_THROWS_AS(criterion.forward(logits, Tensor::from_vector<int64_t>({0, 3, 1, 2}, {4})),
                   InvalidArgument);
   CHECK_THROWS_AS(criterion.forward(logits, Tensor::zeros({3}, DType::Int64)), InvalidArgument);
