@@ -328,6 +328,13 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
       store_error = e.what();
     }
   };
+  // The host found a silent node (Note [Agent heartbeats]): the attempt's failure.
+  const auto node_lost = [&](std::string what) {
+    lost_node = std::move(what);
+    ++nodes_lost;
+    spdlog::error("stopping the job: {}", lost_node);
+    announce(FailureNotice{world.node_rank, lost_node, false});
+  };
 
   while (running_count() > 0) {
     auto timeout = std::max(std::chrono::milliseconds(1),
@@ -415,12 +422,9 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
     // stopping its workers for a lost one.
     if (watch_store) {
       try {
-        if (auto lost = heartbeats.tick(reason == TeardownReason::kNone); lost && reason == TeardownReason::kNone) {
-          lost_node = *lost;
-          ++nodes_lost;
-          spdlog::error("stopping the workers: {}", lost_node);
+        if (auto lost = heartbeats.tick(/*watch=*/reason == TeardownReason::kNone)) {
           begin_teardown(TeardownReason::kNodeLost, SIGTERM);
-          announce(FailureNotice{world.node_rank, lost_node, false});
+          node_lost(std::move(*lost));
         }
       } catch (const Error& e) {
         if (reason == TeardownReason::kNone) {
@@ -516,11 +520,8 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
           reason = TeardownReason::kRemoteFailure;
           break;
         }
-        if (auto lost = heartbeats.tick(true)) {
-          lost_node = *lost;
-          ++nodes_lost;
-          spdlog::error("{}", lost_node);
-          announce(FailureNotice{world.node_rank, lost_node, false});
+        if (auto lost = heartbeats.tick(/*watch=*/true)) {
+          node_lost(std::move(*lost));
           reason = TeardownReason::kNodeLost;
           teardown_wall = WallClock::now();
           break;

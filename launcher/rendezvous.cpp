@@ -156,10 +156,13 @@ World rendezvous(Store& store, const LaunchOptions& options, const std::string& 
   store.set(fmt::format("{}/nproc/{}", prefix, w.node_rank), std::to_string(options.nproc_per_node));
   // A node started with other settings would wait for nodes that never come, or give up
   // (no restart) while the others restart: refuse as soon as its settings are seen.
+  std::vector<bool> settings_checked;  // by node: read once, while waiting for the rest
   const auto check_settings = [&](int nodes) {
+    settings_checked.resize(static_cast<size_t>(nodes), false);
     for (int n = 0; n < nodes; ++n) {
       const std::string key = fmt::format("{}/settings/{}", prefix, n);
-      if (n == w.node_rank || !store.check({key})) continue;
+      if (n == w.node_rank || settings_checked[static_cast<size_t>(n)] || !store.check({key})) continue;
+      settings_checked[static_cast<size_t>(n)] = true;
       const std::string theirs = store.get_string(key);
       if (theirs != settings) {
         throw InvalidArgument(fmt::format(

@@ -19,7 +19,7 @@ namespace {
 // writer, removes them before it saves again. Failing to remove one is only worth a
 // warning.
 void remove_interrupted_saves(const std::string& dir, const std::string& path) {
-  const std::string prefix = "." + std::filesystem::path(path).filename().string() + ".tmp-";
+  const std::string prefix = temporary_file_prefix(path);
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();

@@ -22,6 +22,10 @@ namespace mtrain {
 static_assert(std::endian::native == std::endian::little,
               "safetensors data is little-endian; a big-endian host needs byte swapping here");
 
+std::string temporary_file_prefix(const std::string& path) {
+  return "." + std::filesystem::path(path).filename().string() + ".tmp-";
+}
+
 namespace {
 
 // The upstream reader refuses larger headers; so do we, which also bounds what a
@@ -95,7 +99,7 @@ void write_all(int fd, const void* data, size_t size, const std::string& what) {
 
 std::string temp_path_for(const std::filesystem::path& target) {
   static std::atomic<uint64_t> counter{0};
-  const std::string name = fmt::format(".{}.tmp-{}-{}", target.filename().string(), ::getpid(),
+  const std::string name = fmt::format("{}{}-{}", temporary_file_prefix(target.string()), ::getpid(),
                                        counter.fetch_add(1));
   return (target.parent_path() / name).string();
 }
@@ -320,6 +324,10 @@ DType parse_safetensors_dtype(const std::string& name, const std::string& file) 
   fail(file, fmt::format("unknown dtype '{}' (supported: {})", name, fmt::join(known, ", ")));
 }
 
+std::string crc32_hex(const void* data, size_t size) {
+  return crc32_to_hex(crc32_update(::crc32(0L, Z_NULL, 0), data, size));
+}
+
 // Note [Header checksum]: CRC-32 of the header's content in a canonical form, so that it
 // does not depend on JSON spelling or key order: every metadata entry but this checksum
 // itself as "key=value" lines in key order, then every tensor as "name dtype shape
@@ -335,11 +343,7 @@ std::string header_crc32(const SafetensorsMetadata& metadata, const std::vector<
     text += fmt::format("{} {} {} {} {}\n", e.name, safetensors_dtype_name(e.dtype), shape_str(e.shape), e.begin,
                         e.end);
   }
-  return crc32_to_hex(crc32_update(::crc32(0L, Z_NULL, 0), text.data(), text.size()));
-}
-
-std::string crc32_hex(const void* data, size_t size) {
-  return crc32_to_hex(crc32_update(::crc32(0L, Z_NULL, 0), data, size));
+  return crc32_hex(text.data(), text.size());
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,

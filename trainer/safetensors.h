@@ -76,6 +76,11 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 // naming the file and what is wrong with it.
 SafetensorsFile load_safetensors(const std::string& path);
 
+// The name prefix of the temporary files a save of `path` writes beside it
+// (".checkpoint.safetensors.tmp-" then the pid and a counter); a save killed before its
+// rename leaves one behind.
+std::string temporary_file_prefix(const std::string& path);
+
 // The CRC-32 (zlib polynomial) of `size` bytes, as 8 lowercase hex digits.
 std::string crc32_hex(const void* data, size_t size);
 

@@ -151,9 +151,9 @@ std::string dataset_fingerprint(const data::Dataset& d) {
   return fmt::format("{:016x}", h);
 }
 
-std::vector<NamedHash> training_configuration(const TrainOptions& o, const data::Dataset& train_set,
+// `fingerprint`: dataset_fingerprint of the training set.
+std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t train_size, const std::string& fingerprint,
                                               const Device& device) {
-  const int64_t train_size = train_set.size();
   std::vector<NamedHash> items;
   const auto add = [&](const char* name, const std::string& value) {
     items.push_back({name, fnv1a(value), value});
@@ -161,7 +161,7 @@ std::vector<NamedHash> training_configuration(const TrainOptions& o, const data:
   add("--model", o.model);
   add("--dataset", o.dataset);
   add("training set size", std::to_string(train_size));
-  add("training set contents", dataset_fingerprint(train_set));
+  add("training set fingerprint", fingerprint);
   add("--epochs", std::to_string(o.epochs));
   add("--max-steps", o.max_steps ? std::to_string(*o.max_steps) : "unset");
   add("--batch-size", std::to_string(o.batch_size));
@@ -204,13 +204,13 @@ std::vector<NamedHash> training_configuration(const TrainOptions& o, const data:
 // the run (--epochs, --max-steps) only matters when the learning-rate schedule depends
 // on it: with a constant rate a finished run can be extended by resuming it with a
 // larger --epochs or --max-steps.
-RunConfiguration resume_configuration(const TrainOptions& o, const data::Dataset& train_set, int world_size) {
-  const int64_t train_size = train_set.size();
+RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size, const std::string& fingerprint,
+                                      int world_size) {
   RunConfiguration items = {
       {"--model", o.model},
       {"--dataset", o.dataset},
       {"training set size", std::to_string(train_size)},
-      {"training set fingerprint", dataset_fingerprint(train_set)},
+      {"training set fingerprint", fingerprint},
       {"world size", std::to_string(world_size)},
       {"--batch-size", o.global_batch_size ? "unused" : std::to_string(o.batch_size)},
       {"--global-batch-size", o.global_batch_size ? std::to_string(*o.global_batch_size) : "unset"},
@@ -355,8 +355,11 @@ int run_train_command(const TrainOptions& o) {
   }
   // With --no-eval nothing reads the test images again (Fashion-MNIST's: 7.5 MiB).
   if (!o.eval) test_set.reset();
+  // Hashed once, for the checks below that use it.
+  const std::string fingerprint =
+      control || !o.checkpoint_dir.empty() ? dataset_fingerprint(*train_set) : std::string();
   if (control) {
-    require_same_on_all_ranks(*control, training_configuration(o, *train_set, device),
+    require_same_on_all_ranks(*control, training_configuration(o, train_set->size(), fingerprint, device),
                               "the training configuration");
   }
 
@@ -415,7 +418,7 @@ int run_train_command(const TrainOptions& o) {
   std::optional<TrainPosition> resumed;
   if (!o.checkpoint_dir.empty()) {
     checkpointer = std::make_unique<Checkpointer>(o.checkpoint_dir, group.get(), env.rank, *model, optimizer,
-                                                  resume_configuration(o, *train_set, env.world_size),
+                                                  resume_configuration(o, train_set->size(), fingerprint, env.world_size),
                                                   control);
     resumed = checkpointer->resume();
     if (resumed) {

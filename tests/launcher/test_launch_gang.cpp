@@ -392,12 +392,13 @@ TEST_CASE("SIGTERM during a failure's teardown ends the job: no restart, exit 12
   // --term_timeout. A SIGTERM to the launcher meanwhile must end the job, not let
   // --max_restarts start another attempt.
   TempDir dir;
-  LauncherProcess launcher({"--nproc_per_node=2", "--max_restarts=3", "--term_timeout=3", W(),
+  LauncherProcess launcher({"--nproc_per_node=2", "--max_restarts=3", "--term_timeout=5", W(),
                             "record=" + dir.str(), "rank0:ignore-term", "rank0:sleep=30", "rank1:sleep=0.2",
-                            "rank1:exit=3"},
+                            "rank1:stamp=" + dir.str(), "rank1:exit=3"},
                            dir.path());
-  REQUIRE(wait_until([&] { return read_records(dir.path()).size() == 2; }, 10));
-  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // rank 1 has failed by now
+  REQUIRE(wait_until([&] { return count_files_with_prefix(dir.path(), "stamp_rank1") == 1; }, 10));
+  // Rank 1 exits right after its stamp; the teardown then lasts --term_timeout (5 s).
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   ::kill(launcher.pid(), SIGTERM);
   const auto r = launcher.wait(20);
   INFO(r.err);
@@ -414,12 +415,12 @@ TEST_CASE("two workers that fail in the same monitor pass are both failures, not
   // The launcher is held stopped while both workers end, so one pass of its loop reaps
   // both; rank 0 comes first in that pass.
   TempDir dir;
-  LauncherProcess launcher({"--nproc_per_node=2", W(), "record=" + dir.str(), "sleep=0.5", "rank0:exit=5",
+  LauncherProcess launcher({"--nproc_per_node=2", W(), "record=" + dir.str(), "sleep=2", "rank0:exit=5",
                             "rank1:signal=11"},
                            dir.path());
   REQUIRE(wait_until([&] { return read_records(dir.path()).size() == 2; }, 10));
-  ::kill(launcher.pid(), SIGSTOP);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ::kill(launcher.pid(), SIGSTOP);  // well inside the workers' 2 s sleep
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
   ::kill(launcher.pid(), SIGCONT);
   const auto r = launcher.wait(20);
   INFO(r.err);
