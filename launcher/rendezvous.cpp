@@ -164,12 +164,25 @@ World rendezvous(Store& store, const LaunchOptions& options, const std::string& 
       if (n == w.node_rank || settings_checked[static_cast<size_t>(n)] || !store.check({key})) continue;
       settings_checked[static_cast<size_t>(n)] = true;
       const std::string theirs = store.get_string(key);
-      if (theirs != settings) {
-        throw InvalidArgument(fmt::format(
-            "node {} of job '{}' was started with {}, this node (node {}) with {}; every node needs the same "
-            "--nnodes and --max_restarts",
-            n, run_id, theirs, w.node_rank, settings));
+      if (theirs == settings) continue;
+      // Every node present sees some mismatch and refuses. Each says so in the store and
+      // waits (briefly) until all present have, so that the node hosting the store does
+      // not exit, taking the store with it, while another is still reading the settings:
+      // that node would report a closed store instead of the reason.
+      int present = 0;
+      for (int m = 0; m < nodes; ++m) present += store.check({fmt::format("{}/settings/{}", prefix, m)}) ? 1 : 0;
+      try {
+        const std::string refused = prefix + "/settings_refused";
+        store.add(refused, 1);
+        const auto until = Clock::now() + std::chrono::seconds(5);
+        while (store.add(refused, 0) < present && Clock::now() < until) std::this_thread::sleep_for(kPollPeriod);
+      } catch (const Error&) {
+        // The host is gone already: nothing left to wait for.
       }
+      throw InvalidArgument(fmt::format(
+          "node {} of job '{}' was started with {}, this node (node {}) with {}; every node needs the same "
+          "--nnodes and --max_restarts",
+          n, run_id, theirs, w.node_rank, settings));
     }
   };
 

@@ -14,6 +14,7 @@
 //   joined         dynamic: join counter; the value returned by add() is the join order
 //   closed         dynamic: the final node count, set once with compare_set
 //   settings/<node> that node's --nnodes and --max_restarts, which must match everyone's
+//   settings_refused counts the nodes that found a mismatch (each waits for the others)
 //   nproc/<node>   workers on that node; offsets are prefix sums in node order
 //   failed         the first failure notice (compare_set: the first node wins)
 //   root_cause     the winning node's full root cause, published after its teardown
