@@ -44,13 +44,14 @@ class ByteReader {
       if (got < 0) {
         int code = Z_OK;
         const char* message = gzerror(file_, &code);
-        throw IoError(fmt::format("IDX file {}: corrupt gzip data after {} bytes ({})", path_,
-                                  total, message));
+        throw IoError(fmt::format("IDX file {}: corrupt gzip data after {} decompressed bytes ({})",
+                                  path_, offset_ + total, message));
       }
       if (got == 0) break;
       total += static_cast<size_t>(got);
     }
-    if (total < n) cut_short_ = stream_cut_short();
+    offset_ += total;
+    if (total < n && stream_cut_short()) cut_short_ = true;
     return total;
   }
 
@@ -67,6 +68,9 @@ class ByteReader {
 
   const std::string& path() const { return path_; }
   const char* format() const { return gzdirect(file_) ? "raw" : "gzip"; }
+  // Whether the gzip stream stopped before its end: in its data, or before the 8-byte
+  // trailer that holds the CRC (the only check on the data's integrity).
+  bool cut_short() const { return cut_short_; }
   // Why the data ended early, for "truncated" messages: a gzip stream that stops in
   // the middle is a cut-off download, which is worth saying.
   std::string cut_short_note() const {
@@ -82,6 +86,7 @@ class ByteReader {
 
   std::string path_;
   gzFile file_ = nullptr;
+  uint64_t offset_ = 0;  // decompressed bytes read so far
   bool cut_short_ = false;
 };
 
@@ -139,6 +144,14 @@ std::vector<uint8_t> read_payload(ByteReader& in, uint64_t bytes, const std::str
     }
   }
   const uint64_t extra = in.count_remaining();
+  // Every promised byte arrived, but a gzip stream cut off before its trailer was never
+  // checked against its CRC: a download that is both short and corrupt would load.
+  if (in.cut_short()) {
+    throw IoError(fmt::format(
+        "IDX file {}: truncated: the gzip stream ends before its 8-byte CRC and length trailer, "
+        "so its data cannot be verified (incomplete download?)",
+        in.path()));
+  }
   if (extra != 0) {
     throw IoError(fmt::format(
         "IDX file {}: trailing bytes: the header promises {} ({} bytes after the header), found "

@@ -10,7 +10,9 @@
 // bytes is "truncated", more is "trailing bytes", so a half-downloaded or concatenated
 // file fails loudly instead of training on garbage. (Bytes after a complete gzip
 // stream that are not another gzip member are skipped by zlib's gzread, as gunzip
-// warns about and skips them; the payload they follow is whole.) Dimensions are read from the
+// warns about and skips them; the payload they follow is whole.) A gzip stream must
+// also reach its 8-byte trailer, whose CRC is the only check that the data arrived
+// intact: one that stops after the payload is "truncated" too. Dimensions are read from the
 // header (28x28 for these datasets) but must be in [1, kMaxIdxSide]; labels must be
 // in [0, num_classes). Memory grows with the bytes actually read, so a header that
 // lies about its count cannot make the reader allocate gigabytes. Every error is an

@@ -89,6 +89,19 @@ TEST_CASE("IDX: truncated payloads are rejected with what was promised", "[data]
     CHECK_THAT(msg, Contains("50 images of 28x28"));
     CHECK_THAT(msg, Contains("gzip stream itself is cut off"));
   }
+  SECTION("gzip stream cut off in its trailer: every pixel is there, but unchecked") {
+    ScratchDir src;
+    mtrain::testing::write_gzip(src / "full.gz", mtrain::testing::idx_images_bytes(3, 4, 5));
+    const auto gz = mtrain::testing::read_bytes(src / "full.gz");
+    for (size_t cut : {1, 4, 8}) {  // the trailer is CRC32 then length, 4 bytes each
+      INFO("last " << cut << " bytes removed");
+      auto shorter = gz;
+      shorter.resize(gz.size() - cut);
+      mtrain::testing::write_raw(dir / "no-trailer.gz", shorter);
+      const std::string msg = io_error_of([&] { read_idx_images(dir / "no-trailer.gz"); });
+      CHECK_THAT(msg, Contains("truncated: the gzip stream ends before its 8-byte CRC"));
+    }
+  }
   SECTION("shorter than the header") {
     mtrain::testing::write_raw(dir / "tiny", {0, 0, 8, 3, 0, 0});
     const std::string msg = io_error_of([&] { read_idx_images(dir / "tiny"); });
@@ -101,6 +114,26 @@ TEST_CASE("IDX: truncated payloads are rejected with what was promised", "[data]
     const std::string msg = io_error_of([&] { read_idx_labels(dir / "labels", 10); });
     CHECK_THAT(msg, Contains("4 labels (4 bytes after the header), found only 3 bytes"));
   }
+}
+
+TEST_CASE("IDX: corrupt gzip data is rejected, naming how far it decompressed", "[data][idx]") {
+  ScratchDir dir;
+  // Random pixels do not compress: deflate stores them, so a flipped byte changes the
+  // data without breaking the stream's structure, and only the CRC can notice.
+  auto bytes = mtrain::testing::idx_images_bytes(12000, 28, 28);
+  uint32_t state = 12345;
+  for (size_t i = 16; i < bytes.size(); ++i) {
+    state = state * 1664525u + 1013904223u;
+    bytes[i] = static_cast<uint8_t>(state >> 24);
+  }
+  ScratchDir src;
+  mtrain::testing::write_gzip(src / "good.gz", bytes);
+  auto gz = mtrain::testing::read_bytes(src / "good.gz");
+  gz[gz.size() * 3 / 4] ^= 0x10;
+  mtrain::testing::write_raw(dir / "bad.gz", gz);
+  const std::string msg = io_error_of([&] { read_idx_images(dir / "bad.gz"); });
+  CHECK_THAT(msg, Contains("corrupt gzip data after"));
+  CHECK_THAT(msg, !Contains("after 0 decompressed bytes"));
 }
 
 TEST_CASE("IDX: trailing bytes are rejected with the count of extra bytes", "[data][idx]") {
