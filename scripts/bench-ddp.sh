@@ -21,7 +21,8 @@
 # docs/benchmarks.md.
 set -euo pipefail
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+need_value() { [[ $# -ge 2 ]] || { echo "bench-ddp.sh: $1 expects a value, found the end of the command line" >&2; exit 2; }; }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin_dir="$root/build/bin"
@@ -35,14 +36,14 @@ amp=off
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --runs) runs=$2; shift 2 ;;
-    --models) models=$2; shift 2 ;;
-    --nprocs) nprocs=$2; shift 2 ;;
-    --bin-dir) bin_dir=$2; shift 2 ;;
-    --data-dir) data_dir=$2; shift 2 ;;
+    --runs) need_value "$@"; runs=$2; shift 2 ;;
+    --models) need_value "$@"; models=$2; shift 2 ;;
+    --nprocs) need_value "$@"; nprocs=$2; shift 2 ;;
+    --bin-dir) need_value "$@"; bin_dir=$2; shift 2 ;;
+    --data-dir) need_value "$@"; data_dir=$2; shift 2 ;;
     --no-torch) torch=0; shift ;;
     --no-sync-bn) sync_bn=0; shift ;;
-    --amp) amp=$2; shift 2 ;;
+    --amp) need_value "$@"; amp=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench-ddp.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac

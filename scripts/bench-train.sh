@@ -14,7 +14,8 @@
 # invocation, and the last column is mtrain / PyTorch.
 set -euo pipefail
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+need_value() { [[ $# -ge 2 ]] || { echo "bench-train.sh: $1 expects a value, found the end of the command line" >&2; exit 2; }; }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin="$root/build/bin/mtrain-train"
@@ -29,14 +30,14 @@ torch=1
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --batch-size) batch=$2; shift 2 ;;
-    --threads) threads=$2; shift 2 ;;
-    --runs) runs=$2; shift 2 ;;
-    --models) models=$2; shift 2 ;;
-    --steps) steps=$2; shift 2 ;;
-    --window) window=$2; shift 2 ;;
-    --bin) bin=$2; shift 2 ;;
-    --data-dir) data_dir=$2; shift 2 ;;
+    --batch-size) need_value "$@"; batch=$2; shift 2 ;;
+    --threads) need_value "$@"; threads=$2; shift 2 ;;
+    --runs) need_value "$@"; runs=$2; shift 2 ;;
+    --models) need_value "$@"; models=$2; shift 2 ;;
+    --steps) need_value "$@"; steps=$2; shift 2 ;;
+    --window) need_value "$@"; window=$2; shift 2 ;;
+    --bin) need_value "$@"; bin=$2; shift 2 ;;
+    --data-dir) need_value "$@"; data_dir=$2; shift 2 ;;
     --no-torch) torch=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench-train.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;

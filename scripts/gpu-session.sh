@@ -32,7 +32,7 @@ data=$root/.gpu-data/fashion-mnist
 epochs=${EPOCHS:-4}
 mkdir -p "$out"
 
-usage() { sed -n '2,23p' "$self" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$self"; }
 
 # The build directory's source tree, as CMake recorded it (empty when there is none).
 built_from() { sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null || true; }

@@ -38,7 +38,8 @@ if ((${#missing[@]})); then
     sudo_cmd=(sudo)
   fi
   "${sudo_cmd[@]}" apt-get update
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+  # Through env: sudo's env_reset would drop a variable set in front of it.
+  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 else
   echo "setup: all Debian packages present"
 fi

@@ -28,7 +28,8 @@
 # fixed store for --backend gloo instead of the MPI-announced one), PATH, LD_LIBRARY_PATH.
 set -euo pipefail
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+need_value() { [[ $# -ge 2 ]] || { echo "mpirun/train.sh: $1 expects a value, found the end of the command line" >&2; exit 2; }; }
 fail() { echo "mpirun/train.sh: $*" >&2; exit 2; }
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -43,13 +44,13 @@ dry_run=0
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --np) np=${2:-}; shift 2 ;;
-    --per-node) per_node=${2:-}; shift 2 ;;
-    --hostfile) hostfile=${2:-}; shift 2 ;;
-    --threads) threads=${2:-}; shift 2 ;;
-    --bind-to) bind_to=${2:-}; shift 2 ;;
-    --bin) bin=${2:-}; shift 2 ;;
-    --mpirun-args) extra_mpirun=${2:-}; shift 2 ;;
+    --np) need_value "$@"; np=$2; shift 2 ;;
+    --per-node) need_value "$@"; per_node=$2; shift 2 ;;
+    --hostfile) need_value "$@"; hostfile=$2; shift 2 ;;
+    --threads) need_value "$@"; threads=$2; shift 2 ;;
+    --bind-to) need_value "$@"; bind_to=$2; shift 2 ;;
+    --bin) need_value "$@"; bin=$2; shift 2 ;;
+    --mpirun-args) need_value "$@"; extra_mpirun=$2; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
