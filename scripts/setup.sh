@@ -22,6 +22,9 @@ packages=(
   # slurmd under a temporary directory and use neither the packaged services nor
   # /etc/slurm. Nothing in mtrain links to them; without them those tests are skipped.
   slurm-wlm munge
+  # Only for the `multihost` tests (tests/multihost): `ip` builds two network namespaces
+  # joined by a veth pair, so two launchers talk over a real interface.
+  iproute2
 )
 
 missing=()
