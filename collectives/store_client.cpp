@@ -57,6 +57,13 @@ class ReplyTimeout : public TimeoutError {
   using TimeoutError::TimeoutError;
 };
 
+// The server closed (or reset) the connection before its reply: during the handshake,
+// what it does to a wrong token (Note [Store handshake]).
+class ConnectionLost : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 std::string seconds_text(Millis m) { return fmt::format("{:g} s", m.count() / 1000.0); }
 
 void check_key(const std::string& key) {
@@ -115,7 +122,8 @@ struct TcpStore::Impl {
   Bytes request(const Bytes& frame, const Call& call);
   [[noreturn]] void fail_connection_lost(const Call& call, int err);
   // Reads the status byte; throws the server's error. Returns the status.
-  Status read_status(FrameReader& r, const Call& call);
+  // The reply's status; KEY_MISSING only where `key_missing_allowed` (GET), ERROR thrown.
+  Status read_status(FrameReader& r, const Call& call, bool key_missing_allowed = false);
   void wait(const std::vector<std::string>& keys, Clock::time_point deadline, Millis budget,
             const std::string& what);
   std::optional<std::vector<std::string>> missing_keys(const std::vector<std::string>& keys);
@@ -193,7 +201,9 @@ bool TcpStore::Impl::try_address(const SocketAddress& address, Clock::time_point
 }
 
 // Note [Store handshake]: the server answers a right token with OK and says nothing at
-// all to a wrong one, it just closes. So a close before the OK means "rejected".
+// all to a wrong one, it just closes. So a close before the OK means "rejected"; any
+// other failure (a reply that is no store frame, a status other than OK) means something
+// else answers at that address, and its own error is kept.
 void TcpStore::Impl::handshake(Millis budget, Clock::time_point latest) {
   const Clock::time_point now = Clock::now();
   const Clock::time_point deadline = std::min(now + budget, latest);
@@ -213,13 +223,18 @@ void TcpStore::Impl::handshake(Millis budget, Clock::time_point latest) {
     throw TimeoutError(fmt::format(
         "the store at {} accepted the connection but did not answer the handshake within {}", where,
         seconds_text(call.budget)));
-  } catch (const CommError&) {
+  } catch (const ConnectionLost&) {
     throw CommError(fmt::format(
         "store at {} rejected the job token (check MTRAIN_STORE_TOKEN)", where));
+  } catch (const CommError& e) {
+    throw CommError(fmt::format("{} (is something other than an mtrain store listening at {}?)",
+                                e.what(), where));
   }
   parse(call, [&] {
     FrameReader r(payload.data(), payload.size());
-    read_status(r, call);
+    if (read_status(r, call) != Status::kOk) {
+      throw ProtocolError("the HELLO reply's status is KEY_MISSING, expected OK");
+    }
     r.expect_end("HELLO reply");
   });
 }
@@ -236,7 +251,7 @@ void TcpStore::Impl::ensure_connected(const Call& call) {
 [[noreturn]] void TcpStore::Impl::fail_connection_lost(const Call& call, int err) {
   fd.reset();
   if (err == 0 || err == EPIPE || err == ECONNRESET) {
-    throw CommError(fmt::format(
+    throw ConnectionLost(fmt::format(
         "the store at {} closed the connection during {}{}; has the server exited?", where,
         call.what, err == 0 ? "" : fmt::format(" ({})", errno_text(err))));
   }
@@ -306,7 +321,7 @@ Bytes TcpStore::Impl::request(const Bytes& frame, const Call& call) {
   return receive_frame(call);
 }
 
-Status TcpStore::Impl::read_status(FrameReader& r, const Call& call) {
+Status TcpStore::Impl::read_status(FrameReader& r, const Call& call, bool key_missing_allowed) {
   const auto status = static_cast<Status>(r.u8("status"));
   if (status == Status::kError) {
     const auto kind = static_cast<ErrorKind>(r.u8("error kind"));
@@ -317,6 +332,10 @@ Status TcpStore::Impl::read_status(FrameReader& r, const Call& call) {
   }
   if (status != Status::kOk && status != Status::kKeyMissing) {
     throw ProtocolError(fmt::format("unknown reply status 0x{:02x}", static_cast<int>(status)));
+  }
+  if (status == Status::kKeyMissing && !key_missing_allowed) {
+    throw ProtocolError(fmt::format("reply status KEY_MISSING to the {}, expected OK or ERROR",
+                                    call.what));
   }
   return status;
 }
@@ -429,7 +448,7 @@ Bytes TcpStore::get(const std::string& key) {
         impl_->request(FrameWriter().op(Opcode::kGet).bytes(key).finish(), call);
     const auto value = impl_->parse(call, [&]() -> std::optional<Bytes> {
       FrameReader r(payload.data(), payload.size());
-      if (impl_->read_status(r, call) == Status::kKeyMissing) {
+      if (impl_->read_status(r, call, /*key_missing_allowed=*/true) == Status::kKeyMissing) {
         r.expect_end("GET reply");
         return std::nullopt;
       }

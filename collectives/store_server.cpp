@@ -11,15 +11,35 @@
 // nearest such deadline, so a silent peer is dropped on time even when nothing else
 // happens. The destructor wakes the loop through an eventfd, joins it and closes every
 // socket, so it returns promptly whatever the clients are doing.
+//
+// Note [Store connection limits]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Connecting needs no token, so the number of connections is bounded too: the server
+// shares its process's descriptors (the launcher's pipes to its workers, its own store
+// clients), and a flood of idle connections must not take those away.
+// * At most kMaxPendingHandshakes connections may be waiting to present the token. One
+//   more closes the oldest of them: a real client sends HELLO as soon as it connects,
+//   so the oldest is the likeliest to be idle.
+// * At most max_connections() in all: the soft RLIMIT_NOFILE less kReservedDescriptors
+//   for the rest of the process (and never below kMinConnections). At the cap the server
+//   stops accepting, and new connections wait in the kernel's backlog until one closes.
+// * Warnings about peers that never authenticated are rate-limited (kWarningsPerWindow
+//   per kWarningWindow, then one line counting the rest), and a peer that closes
+//   without sending a byte (a port probe) is logged at debug level only, so that no one
+//   without the token can flood the launcher's stderr. An "accept failed" is said once
+//   per episode.
 #include <netinet/in.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -45,6 +65,21 @@ constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 constexpr size_t kReadChunkBytes = 64 * 1024;
 // Per poll round and connection, so one fast sender cannot starve the others.
 constexpr size_t kReadBudgetBytes = 1024 * 1024;
+// Note [Store connection limits].
+constexpr size_t kMaxPendingHandshakes = 128;
+constexpr size_t kReservedDescriptors = 256;
+constexpr size_t kMinConnections = 64;
+constexpr auto kWarningWindow = std::chrono::seconds(10);
+constexpr int kWarningsPerWindow = 10;
+
+size_t max_connections() {
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur == RLIM_INFINITY) {
+    return std::numeric_limits<size_t>::max();
+  }
+  const auto soft = static_cast<size_t>(files.rlim_cur);
+  return std::max(kMinConnections, soft > kReservedDescriptors ? soft - kReservedDescriptors : 0);
+}
 
 // Compares in time that depends only on the length of `expected`, so a peer learns
 // nothing from how long a wrong guess takes. noinline keeps the optimiser from merging
@@ -105,6 +140,12 @@ struct TcpStoreServer::Impl {
   WaiterId next_id = 1;
   StoreTable table;
   Clock::time_point accept_paused_until{};
+  bool accept_failing = false;  // an "accept failed" was said and no accept succeeded since
+  size_t pending = 0;           // open connections that have not authenticated
+  // Rate limit of warnings about unauthenticated peers (Note [Store connection limits]).
+  Clock::time_point warning_window_start{};
+  int warnings_in_window = 0;
+  uint64_t warnings_suppressed = 0;
   // Answered waiters whose input may hold a request that arrived with the WAIT; they
   // are processed after the current event instead of re-entering process_frames().
   std::vector<WaiterId> resumed;
@@ -124,6 +165,9 @@ struct TcpStoreServer::Impl {
   void flush(Connection& c);
   void expire_handshakes();
   void reject(Connection& c, const std::string& why);
+  void warn_unauthenticated(const std::string& message);
+  void end_warning_window();  // says how many were suppressed once the window is over
+  void close_oldest_pending();
   void close(Connection& c, const char* why);
 };
 
@@ -265,6 +309,10 @@ int TcpStoreServer::Impl::next_poll_timeout() const {
   if (accept_paused_until > Clock::now() && (!deadline || accept_paused_until < *deadline)) {
     deadline = accept_paused_until;
   }
+  if (warnings_suppressed > 0) {
+    const auto window_end = warning_window_start + kWarningWindow;
+    if (!deadline || window_end < *deadline) deadline = window_end;
+  }
   return deadline ? poll_timeout_ms(*deadline) : -1;
 }
 
@@ -275,7 +323,8 @@ void TcpStoreServer::Impl::serve() {
     fds.clear();
     ids.clear();
     fds.push_back({wake.get(), POLLIN, 0});
-    const bool accepting = Clock::now() >= accept_paused_until;
+    const bool accepting =
+        Clock::now() >= accept_paused_until && connections.size() < max_connections();
     for (const auto& l : listeners) fds.push_back({l.get(), short(accepting ? POLLIN : 0), 0});
     for (const auto& [id, c] : connections) {
       fds.push_back({c->fd.get(), short(c->has_output() ? POLLOUT : POLLIN), 0});
@@ -314,6 +363,7 @@ void TcpStoreServer::Impl::serve() {
       process_resumed();
     }
     expire_handshakes();
+    if (warnings_suppressed > 0) end_warning_window();
     std::erase_if(connections, [](const auto& kv) { return kv.second->closed; });
   }
 }
@@ -330,11 +380,17 @@ void TcpStoreServer::Impl::accept_from(int listener) {
       if (err == EAGAIN || err == EWOULDBLOCK) return;
       // Out of descriptors: the pending connection stays in the backlog and the
       // listener stays readable, so pause accepting instead of spinning.
-      spdlog::warn("store at {}: accept failed: {}; pausing new connections for {} ms",
-                   endpoint(host, port), errno_text(err), kAcceptPause.count());
+      if (!accept_failing) {
+        spdlog::warn("store at {}: accept failed: {}; pausing new connections for {} ms at a "
+                     "time until it succeeds",
+                     endpoint(host, port), errno_text(err), kAcceptPause.count());
+      }
+      accept_failing = true;
       accept_paused_until = Clock::now() + kAcceptPause;
       return;
     }
+    accept_failing = false;
+    if (pending >= kMaxPendingHandshakes) close_oldest_pending();
     auto c = std::make_unique<Connection>();
     c->fd.reset(fd);
     c->peer = describe(peer);
@@ -346,6 +402,23 @@ void TcpStoreServer::Impl::accept_from(int listener) {
       spdlog::warn("{}", e.what());
     }
     connections.emplace(c->id, std::move(c));
+    ++pending;
+    if (connections.size() >= max_connections()) return;  // serve() stops polling the listener
+  }
+}
+
+void TcpStoreServer::Impl::close_oldest_pending() {
+  Connection* oldest = nullptr;
+  for (auto& [id, c] : connections) {
+    // Ids grow in accept order, so the smallest is the oldest.
+    if (!c->closed && !c->authenticated && (oldest == nullptr || c->id < oldest->id)) {
+      oldest = c.get();
+    }
+  }
+  if (oldest != nullptr) {
+    reject(*oldest, fmt::format("{} connections are waiting to present the job token; the "
+                                "oldest is closed to make room",
+                                kMaxPendingHandshakes));
   }
 }
 
@@ -371,7 +444,13 @@ void TcpStoreServer::Impl::read_from(Connection& c) {
     // peer has gone and cannot read a reply.
     const std::string how =
         got == 0 ? "connection closed" : fmt::format("connection failed ({})", errno_text(errno));
-    if (!c.authenticated) {
+    if (!c.authenticated && c.in.empty() && got == 0) {
+      // Connected and left without a byte: a port probe or a health check, not an error.
+      spdlog::debug("store at {}: connection from {} closed without a byte", endpoint(host, port),
+                    c.peer);
+      rejected.fetch_add(1, std::memory_order_relaxed);
+      close(c, "closed before the handshake");
+    } else if (!c.authenticated) {
       reject(c, fmt::format("{} before presenting the job token", how));
     } else if (c.unread() > 0) {
       reject(c, fmt::format("{} in the middle of a frame ({} bytes of it received)", how,
@@ -503,7 +582,7 @@ void TcpStoreServer::Impl::handle_frame(Connection& c, FrameReader& r) {
     case Opcode::kHello:
       throw ProtocolError("second HELLO on an authenticated connection");
     default:
-      throw ProtocolError(fmt::format("unknown opcode 0x{:02x}", opcode));
+      throw ProtocolError(fmt::format("unknown opcode 0x{:02x} (expected 0x02 to 0x09)", opcode));
   }
   answer_waiters(ready);
 }
@@ -531,6 +610,7 @@ void TcpStoreServer::Impl::handle_hello(Connection& c, FrameReader& r) {
     return;
   }
   c.authenticated = true;
+  --pending;
   reply(c, ok_reply());
 }
 
@@ -600,15 +680,45 @@ void TcpStoreServer::Impl::expire_handshakes() {
 }
 
 void TcpStoreServer::Impl::reject(Connection& c, const std::string& why) {
-  spdlog::warn("store at {}: closing the connection from {}: {}", endpoint(host, port), c.peer,
-               why);
+  const std::string message =
+      fmt::format("store at {}: closing the connection from {}: {}", endpoint(host, port), c.peer, why);
+  if (c.authenticated) {
+    spdlog::warn("{}", message);
+  } else {
+    warn_unauthenticated(message);
+  }
   rejected.fetch_add(1, std::memory_order_relaxed);
   close(c, "rejected");
+}
+
+void TcpStoreServer::Impl::end_warning_window() {
+  const auto now = Clock::now();
+  if (now - warning_window_start < kWarningWindow) return;
+  if (warnings_suppressed > 0) {
+    spdlog::warn("store at {}: {} more connection(s) without the job token were closed (not "
+                 "shown: at most {} such warnings per {} s)",
+                 endpoint(host, port), warnings_suppressed, kWarningsPerWindow,
+                 std::chrono::seconds(kWarningWindow).count());
+  }
+  warning_window_start = now;
+  warnings_in_window = 0;
+  warnings_suppressed = 0;
+}
+
+void TcpStoreServer::Impl::warn_unauthenticated(const std::string& message) {
+  end_warning_window();
+  if (warnings_in_window < kWarningsPerWindow) {
+    ++warnings_in_window;
+    spdlog::warn("{}", message);
+  } else {
+    ++warnings_suppressed;
+  }
 }
 
 void TcpStoreServer::Impl::close(Connection& c, const char* why) {
   if (c.closed) return;
   spdlog::debug("store at {}: connection from {} closed ({})", endpoint(host, port), c.peer, why);
+  if (!c.authenticated) --pending;
   if (c.waiting) table.unpark(c.id);
   c.waiting = false;
   c.closed = true;

@@ -12,6 +12,7 @@
 #include <future>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "collectives/store.h"
@@ -196,6 +197,73 @@ TEST_CASE("a wrong or missing token is rejected with a clear message", "[store]"
   // The wrong tokens learned nothing and stored nothing.
   auto good = f.client();
   CHECK(good->num_keys() == 0);
+}
+
+namespace {
+
+// Something that is not an mtrain store on a loopback port: it reads whatever the client
+// sends, answers every connection with `reply` and closes.
+class FakeServer {
+ public:
+  explicit FakeServer(Bytes reply) : reply_(std::move(reply)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(fd_, 8) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] {
+      while (true) {
+        const int c = ::accept(fd_, nullptr, nullptr);
+        if (c < 0) return;  // shutdown() below
+        uint8_t request[256];
+        (void)::recv(c, request, sizeof request, 0);
+        (void)::send(c, reply_.data(), reply_.size(), MSG_NOSIGNAL);
+        ::close(c);
+      }
+    });
+  }
+  ~FakeServer() {
+    ::shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(fd_);
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  Bytes reply_;
+  int fd_ = -1;
+  uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("a server that is not an mtrain store is not blamed on the token", "[store]") {
+  SECTION("an HTTP server") {
+    const std::string http = "HTTP/1.0 400 Bad Request\r\n\r\n";
+    FakeServer fake(Bytes(http.begin(), http.end()));
+    // Catch2 v2 combined matchers keep pointers to their parts, so the parts are named.
+    const auto rejected = Contains("rejected the job token");
+    const auto not_rejected = !rejected;
+    const auto bad_frame = Contains("sent a reply frame of");
+    const auto hint = Contains("is something other than an mtrain store listening at 127.0.0.1:" +
+                               std::to_string(fake.port()));
+    CHECK_THROWS_WITH(TcpStore("127.0.0.1", fake.port(), "token", Millis{2000}, Millis{2000}),
+                      bad_frame && hint && not_rejected);
+  }
+  SECTION("a frame whose status is not OK") {
+    // A well-formed one-byte frame with status KEY_MISSING (0x02).
+    FakeServer fake(Bytes{1, 0, 0, 0, 2});
+    const auto malformed = Contains("malformed reply to the handshake");
+    const auto status = Contains("KEY_MISSING");
+    CHECK_THROWS_WITH(TcpStore("127.0.0.1", fake.port(), "token", Millis{2000}, Millis{2000}),
+                      malformed && status);
+  }
 }
 
 TEST_CASE("a reconnect inside a call ends by that call's deadline", "[store]") {

@@ -2,8 +2,15 @@
 // and stalled connections, clients that never read, and shutdown with clients attached.
 #include <catch2/catch.hpp>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <csignal>
 #include <future>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -235,4 +242,94 @@ TEST_CASE("a client whose server vanished gets a CommError, not a hang or SIGPIP
   // The next call tries to reconnect for connect_timeout and names the address.
   CHECK_THROWS_WITH(store.get("k"), Contains("could not reach the store at 127.0.0.1:" +
                                              std::to_string(port)));
+}
+
+// Note [Store connection limits]: connecting needs no token, so connections are bounded.
+TEST_CASE("connections waiting for the handshake are capped: the oldest makes room", "[store]") {
+  ServerFixture f;
+  const uint64_t before = f.server.rejected_connections();
+  constexpr int kPendingCap = 128;  // kMaxPendingHandshakes in store_server.cpp
+  std::vector<std::unique_ptr<RawConnection>> idle;
+  for (int i = 0; i <= kPendingCap; ++i) {
+    idle.push_back(std::make_unique<RawConnection>(f.server.port()));
+    REQUIRE(idle.back()->connect_errno() == 0);
+  }
+  // The server accepts in connection order; the 129th closes the first at once, long
+  // before the 5 s handshake deadline would.
+  CHECK(idle.front()->closed_by_peer_within(Millis{2000}));
+  CHECK_FALSE(idle[1]->closed_by_peer_within(Millis{50}));
+  CHECK_FALSE(idle.back()->closed_by_peer_within(Millis{50}));
+  CHECK(f.server.rejected_connections() == before + 1);
+  require_server_still_serves(f);
+}
+
+namespace {
+
+// Lowers the soft RLIMIT_NOFILE for the scope of a test.
+class ScopedFileLimit {
+ public:
+  explicit ScopedFileLimit(rlim_t soft) {
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved_) == 0);
+    rlimit lowered = saved_;
+    lowered.rlim_cur = soft;
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &lowered) == 0);
+  }
+  ~ScopedFileLimit() { ::setrlimit(RLIMIT_NOFILE, &saved_); }
+
+ private:
+  rlimit saved_{};
+};
+
+}  // namespace
+
+TEST_CASE("at the descriptor limit the server stops accepting until a connection closes",
+          "[store]") {
+  ServerFixture f;
+  // 256 descriptors are kept for the rest of the process: 320 leaves room for 64
+  // connections (kReservedDescriptors, kMinConnections in store_server.cpp).
+  constexpr int kCap = 64;
+  ScopedFileLimit limit(320);
+  std::vector<std::unique_ptr<RawConnection>> held;
+  for (int i = 0; i < kCap; ++i) {
+    held.push_back(std::make_unique<RawConnection>(f.server.port()));
+    held.back()->authenticate(f.token);
+  }
+  // One more connects (the kernel's backlog takes it) but is not served...
+  RawConnection late(f.server.port());
+  REQUIRE(late.connect_errno() == 0);
+  late.send(FrameWriter().op(Opcode::kHello).u32(kHelloMagic).u32(kProtocolVersion).bytes(f.token).finish());
+  CHECK_FALSE(late.read_frame(Millis{300}).has_value());
+  // ...until one of the others leaves.
+  held.front().reset();
+  const auto reply = late.read_frame(Millis{3000});
+  REQUIRE(reply.has_value());
+  CHECK((*reply)[0] == static_cast<uint8_t>(Status::kOk));
+}
+
+TEST_CASE("peers without the token cannot flood the log", "[store]") {
+  std::ostringstream captured;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
+  const auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  struct Restore {
+    std::shared_ptr<spdlog::logger> logger;
+    ~Restore() { spdlog::set_default_logger(logger); }
+  } restore{previous};
+
+  ServerFixture f;
+  const uint64_t before = f.server.rejected_connections();
+  // Port probes: connect and leave without a byte. Not worth a warning.
+  for (int i = 0; i < 20; ++i) RawConnection probe(f.server.port());
+  // Garbage: each one is a warning, but only the first 10 in 10 s are written.
+  for (int i = 0; i < 30; ++i) {
+    RawConnection junk(f.server.port());
+    junk.send(raw_bytes("GET / HTTP/1.1\r\n\r\n"));
+    CHECK(junk.closed_by_peer_within(Millis{2000}));
+  }
+  REQUIRE(eventually([&] { return f.server.rejected_connections() == before + 50; }));
+  const std::string log = captured.str();
+  INFO(log);
+  CHECK(std::count(log.begin(), log.end(), '\n') == 10);
+  CHECK_THAT(log, Contains("closing the connection from 127.0.0.1"));
+  CHECK_THAT(log, !Contains("without a byte"));
 }
