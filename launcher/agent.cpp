@@ -176,7 +176,9 @@ struct Agent::Impl {
   AgentStore store;
   std::string store_address;
   int nodes_lost = 0;  // found by their heartbeats (this agent hosts the store): they never leave it
-  bool set_omp_threads = false;
+  bool set_omp_threads = false;  // OMP_NUM_THREADS is the launcher's to choose
+  // --cpu_bind cores: each local rank's CPUs (Note [Binding workers to CPUs]).
+  std::vector<std::vector<int>> worker_cpus;
 };
 
 Agent::Agent(const LaunchOptions& options, OrphanGuard& guard)
@@ -247,7 +249,9 @@ std::vector<LocalWorker> Agent::Impl::spawn_workers(const World& world, int atte
     in.error_file = error_file.string();
     in.store_token = token;
     in.store_prefix = fmt::format("job/{}/attempt_{}", run_id, attempt);
-    in.set_omp_num_threads = set_omp_threads;
+    const std::vector<int> cpus =
+        worker_cpus.empty() ? std::vector<int>{} : worker_cpus[static_cast<size_t>(local)];
+    if (set_omp_threads) in.omp_num_threads = cpus.empty() ? 1 : static_cast<int>(cpus.size());
 
     WorkerSpec spec;
     spec.executable = program_path;
@@ -257,6 +261,7 @@ std::vector<LocalWorker> Agent::Impl::spawn_workers(const World& world, int atte
     const ChildStreams streams = logs.open_for_worker(local, global, rank_dir);
     spec.stdout_fd = streams.stdout_fd;
     spec.stderr_fd = streams.stderr_fd;
+    spec.cpus = cpus;
     try {
       workers.push_back(LocalWorker{local, global, WorkerProcess::spawn(spec), error_file, false, std::nullopt});
     } catch (...) {
@@ -697,11 +702,25 @@ int Agent::Impl::run() {
   }
   run_id = options.standalone ? generate_store_token().substr(0, 12) : options.rdzv_id;
 
-  if (!env::get("OMP_NUM_THREADS") && options.nproc_per_node > 1) {
+  if (options.cpu_bind == CpuBind::kCores) {
+    worker_cpus = split_cpus(usable_cpus(), options.nproc_per_node);
+    std::string shares;
+    for (size_t local = 0; local < worker_cpus.size(); ++local) {
+      shares += fmt::format("{}local rank {}: {}", local == 0 ? "" : ", ", local,
+                            format_cpu_list(worker_cpus[local]));
+    }
+    spdlog::info("binding workers to CPUs ({})", shares);
+  }
+  if (!env::get("OMP_NUM_THREADS") && (options.nproc_per_node > 1 || !worker_cpus.empty())) {
     set_omp_threads = true;
-    spdlog::info("OMP_NUM_THREADS is not set; setting it to 1 for each of the {} workers so "
-                 "they do not oversubscribe the CPUs (set it yourself to override)",
-                 options.nproc_per_node);
+    if (worker_cpus.empty()) {
+      spdlog::info("OMP_NUM_THREADS is not set; setting it to 1 for each of the {} workers so "
+                   "they do not oversubscribe the CPUs (set it yourself to override)",
+                   options.nproc_per_node);
+    } else {
+      spdlog::info("OMP_NUM_THREADS is not set; setting it to {} for each worker, the size of "
+                   "its CPU share (set it yourself to override)", worker_cpus.front().size());
+    }
   }
   prepare_run_dir();
 

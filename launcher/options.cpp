@@ -30,7 +30,8 @@ constexpr FlagInfo kFlags[] = {
     {"monitor_interval", true}, {"term_timeout", true}, {"heartbeat_timeout", true},
     {"log_dir", true},
     {"redirects", true},      {"tee", true},            {"local_ranks_filter", true},
-    {"role", true},           {"no_python", false},     {"help", false},
+    {"role", true},           {"cpu_bind", true},       {"no_python", false},
+    {"help", false},
 };
 
 const FlagInfo* find_flag(const std::string& name) {
@@ -298,6 +299,10 @@ options:
                                    [rank<N>]: prefix
   --local_ranks_filter R,...       only these local ranks print to the console
   --role NAME                      ROLE_NAME for the workers (default "default")
+  --cpu_bind none|cores            cores: each worker runs on its own equal share of
+                                   this launcher's CPUs, and OMP_NUM_THREADS defaults to
+                                   the share's size (like mpirun --bind-to core).
+                                   Default none
   --no_python                      accepted for torchrun compatibility (always true)
   -h, --help                       this text
 
@@ -331,6 +336,7 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args) {
       ("tee", "", cxxopts::value<std::string>()->default_value("0"))
       ("local_ranks_filter", "", cxxopts::value<std::string>())
       ("role", "", cxxopts::value<std::string>()->default_value("default"))
+      ("cpu_bind", "", cxxopts::value<std::string>()->default_value("none"))
       ("no_python", "")
       ("help", "");
 
@@ -363,6 +369,11 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args) {
   o.role = str("role");
   if (o.role.empty()) throw InvalidArgument("--role: expected a non-empty name");
   o.standalone = r.count("standalone") > 0;
+  if (const std::string bind = str("cpu_bind"); bind == "cores") {
+    o.cpu_bind = CpuBind::kCores;
+  } else if (bind != "none") {
+    throw InvalidArgument(fmt::format("--cpu_bind: expected 'none' or 'cores', found '{}'", bind));
+  }
 
   // Rendezvous mode: an endpoint (or --rdzv_backend c10d) means dynamic.
   std::string backend = r.count("rdzv_backend") ? str("rdzv_backend") : "";

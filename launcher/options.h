@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "launcher/cpu_binding.h"
+
 namespace mtrain::launch {
 
 using Seconds = std::chrono::duration<double>;
@@ -76,6 +78,7 @@ struct LaunchOptions {
   StreamSelection tee;
   std::optional<std::set<int>> local_ranks_filter;  // nullopt = every local rank
   std::string role = "default";
+  CpuBind cpu_bind = CpuBind::kNone;  // Note [Binding workers to CPUs] (cpu_binding.h)
 
   std::string program;                    // as given: "train", "./a.out", "sh"
   std::vector<std::string> program_args;  // passed through untouched

@@ -45,7 +45,7 @@ std::vector<std::string> build_worker_environment(const std::vector<std::string>
   put("TORCHELASTIC_MAX_RESTARTS", num(in.max_restarts));
   put("TORCHELASTIC_RUN_ID", in.run_id);
   put("TORCHELASTIC_ERROR_FILE", in.error_file);
-  if (in.set_omp_num_threads) put("OMP_NUM_THREADS", "1");
+  if (in.omp_num_threads > 0) put("OMP_NUM_THREADS", std::to_string(in.omp_num_threads));
 
   std::vector<std::string> out;
   out.reserve(base.size() + set.size());

@@ -23,7 +23,7 @@ struct WorkerEnvInputs {
   std::string error_file;
   std::string store_token;
   std::string store_prefix;
-  bool set_omp_num_threads = false;  // OMP_NUM_THREADS=1 (unset and several workers)
+  int omp_num_threads = 0;  // OMP_NUM_THREADS for the worker; 0 = inherit the launcher's
 };
 
 // `base` is "KEY=VALUE" entries (the launcher's environ); variables the launcher sets

@@ -1,6 +1,7 @@
 #include "launcher/worker_process.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -17,6 +18,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "launcher/cpu_binding.h"
 
 namespace mtrain::launch {
 namespace {
@@ -32,9 +34,24 @@ std::vector<char*> as_c_strings(const std::vector<std::string>& v) {
   return out;
 }
 
+// What the child reports through its close-on-exec pipe when it cannot become the
+// worker: the step that failed and its errno.
+struct SpawnFailure {
+  enum Step : int { kExec, kAffinity } step = kExec;
+  int error = 0;
+};
+
+[[noreturn]] void report_and_exit(int report_fd, SpawnFailure::Step step, int error) {
+  const SpawnFailure failure{step, error};
+  ssize_t ignored = write(report_fd, &failure, sizeof(failure));
+  (void)ignored;
+  _exit(kExecFailedCode);
+}
+
 // Runs in the forked child: async-signal-safe calls only (the launcher has threads).
 [[noreturn]] void exec_child(const char* path, char* const* argv, char* const* envp,
-                             int stdout_fd, int stderr_fd, pid_t launcher_pid, int report_fd) {
+                             int stdout_fd, int stderr_fd, const cpu_set_t* cpus,
+                             pid_t launcher_pid, int report_fd) {
   setpgid(0, 0);
   // Default dispositions before unblocking (Note [Worker process hygiene]); exec keeps
   // SIG_IGN, so the launcher's ignored SIGPIPE must not leak into the worker either.
@@ -43,6 +60,10 @@ std::vector<char*> as_c_strings(const std::vector<std::string>& v) {
   }
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != launcher_pid) _exit(kExecFailedCode);  // the launcher is already gone
+  // Before exec, so every thread the worker starts inherits it.
+  if (cpus != nullptr && sched_setaffinity(0, sizeof(*cpus), cpus) != 0) {
+    report_and_exit(report_fd, SpawnFailure::kAffinity, errno);
+  }
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -54,10 +75,7 @@ std::vector<char*> as_c_strings(const std::vector<std::string>& v) {
     close(no_input);
   }
   execve(path, argv, envp);
-  const int err = errno;
-  ssize_t ignored = write(report_fd, &err, sizeof(err));
-  (void)ignored;
-  _exit(kExecFailedCode);
+  report_and_exit(report_fd, SpawnFailure::kExec, errno);
 }
 
 bool is_executable_file(const std::string& path) {
@@ -94,6 +112,14 @@ WorkerProcess WorkerProcess::spawn(const WorkerSpec& spec) {
   // Everything the child needs is built before fork: it may not allocate.
   std::vector<char*> argv = as_c_strings(spec.argv);
   std::vector<char*> envp = as_c_strings(spec.environment);
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int cpu : spec.cpus) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE) {
+      throw InvalidArgument(fmt::format("CPU {} is outside 0..{}", cpu, CPU_SETSIZE - 1));
+    }
+    CPU_SET(cpu, &cpus);
+  }
 
   int report[2];
   if (pipe2(report, O_CLOEXEC) != 0) {
@@ -108,7 +134,7 @@ WorkerProcess WorkerProcess::spawn(const WorkerSpec& spec) {
   if (pid == 0) {
     close(report[0]);
     exec_child(spec.executable.c_str(), argv.data(), envp.data(), spec.stdout_fd,
-               spec.stderr_fd, launcher_pid, report[1]);
+               spec.stderr_fd, spec.cpus.empty() ? nullptr : &cpus, launcher_pid, report[1]);
   }
   const int fork_errno = errno;
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
@@ -119,18 +145,22 @@ WorkerProcess WorkerProcess::spawn(const WorkerSpec& spec) {
   }
   setpgid(pid, pid);  // also here: the group must exist before we signal it
 
-  int child_errno = 0;
+  SpawnFailure failure;
   ssize_t n;
   do {
-    n = read(report[0], &child_errno, sizeof(child_errno));
+    n = read(report[0], &failure, sizeof(failure));
   } while (n < 0 && errno == EINTR);
   close(report[0]);
-  if (n == static_cast<ssize_t>(sizeof(child_errno))) {
+  if (n == static_cast<ssize_t>(sizeof(failure))) {
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
+    if (failure.step == SpawnFailure::kAffinity) {
+      throw IoError(fmt::format("cannot bind a worker of '{}' to CPUs {}: {}", spec.executable,
+                                format_cpu_list(spec.cpus), std::strerror(failure.error)));
+    }
     throw IoError(fmt::format("cannot execute '{}': {}", spec.executable,
-                              std::strerror(child_errno)));
+                              std::strerror(failure.error)));
   }
   return WorkerProcess(pid);
 }

@@ -20,8 +20,9 @@
 //   terminal, so a read from the terminal (a debugger prompt, input()) would stop it
 //   with SIGTTIN, and a stopped worker is neither running nor reaped: the job would hang
 //   without a word. With /dev/null the read returns end-of-file.
-// * A failed exec is reported back through a close-on-exec pipe (errno), so "no such
-//   program" is one clear error instead of a worker that exits 127.
+// * A failed exec (or CPU binding, --cpu_bind) is reported back through a close-on-exec
+//   pipe (which step, errno), so "no such program" is one clear error instead of a worker
+//   that exits 127.
 // * Workers are reaped by pid (waitpid(pid, WNOHANG)), never waitpid(-1), so the
 //   launcher's other children (the orphan guard) are left to their owners.
 // * The launcher is a child subreaper (PR_SET_CHILD_SUBREAPER): a worker's children
@@ -66,6 +67,7 @@ struct WorkerSpec {
   std::vector<std::string> environment;  // complete "KEY=VALUE" list
   int stdout_fd = -1;                    // dup2'd onto 1 in the child; -1 = inherit
   int stderr_fd = -1;                    // dup2'd onto 2 in the child; -1 = inherit
+  std::vector<int> cpus;                 // CPU affinity set in the child; empty = inherit
 };
 
 // Note [Signalling a reaped worker's group]

@@ -5,7 +5,7 @@
 #
 #   scripts/bench-ddp.sh [--runs N] [--models "lenet resnet18"] [--nprocs "1 2"]
 #                        [--bin-dir DIR] [--data-dir DIR] [--no-torch] [--no-sync-bn]
-#                        [--amp bf16]
+#                        [--amp bf16] [--cpu-bind]
 #
 # Per model: lenet batch 256 per rank, 5 warm-up + 25 timed steps; resnet18 batch 64
 # per rank, 2 warm-up + 4 timed steps. mtrain's figure is read from rank 0's metrics:
@@ -17,8 +17,9 @@
 # --sync-bn against without, from --runs interleaved pairs of runs, and the share of its
 # step rank 0 spent blocked in SyncBatchNorm's collectives (the metrics' syncbn_wait_sec).
 # --amp bf16 runs both sides in mixed precision: mtrain-train --amp bf16, PyTorch under
-# torch.autocast("cpu", dtype=torch.bfloat16). Results and the command go in
-# docs/benchmarks.md.
+# torch.autocast("cpu", dtype=torch.bfloat16). --cpu-bind starts mtrain's workers with
+# mtrain-launch --cpu_bind=cores (each rank on its own core); torchrun has no such option.
+# Results and the command go in docs/benchmarks.md.
 set -euo pipefail
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -33,6 +34,7 @@ data_dir=""
 torch=1
 sync_bn=1
 amp=off
+launch_args=()
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -44,6 +46,7 @@ while [[ $# -gt 0 ]]; do
     --no-torch) torch=0; shift ;;
     --no-sync-bn) sync_bn=0; shift ;;
     --amp) need_value "$@"; amp=$2; shift 2 ;;
+    --cpu-bind) launch_args+=(--cpu_bind=cores); shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench-ddp.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -129,7 +132,7 @@ run_mtrain() {
               --max-steps "$steps" --epochs 1000000 --log-every "$w" --momentum 0 --no-shuffle
               --metrics "$tmp/$tag.jsonl" --log-level warn --amp "$amp" "$@")
   [[ -n $data_dir ]] && args+=(--data-dir "$data_dir")
-  if ! OMP_NUM_THREADS=1 "$bin_dir/mtrain-launch" --nproc_per_node="$n" \
+  if ! OMP_NUM_THREADS=1 "$bin_dir/mtrain-launch" --nproc_per_node="$n" "${launch_args[@]}" \
       "${rss_wrap_cmd[@]}" "$tmp/$tag.rss" "$bin_dir/mtrain-train" "${args[@]}" > "$tmp/$tag.log" 2>&1; then
     echo "bench-ddp.sh: mtrain $tag failed:" >&2; cat "$tmp/$tag.log" >&2; exit 1
   fi
@@ -154,7 +157,7 @@ run_torch() {
 }
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //' || echo unknown)
-echo "data-parallel throughput, 1 thread per rank, median of $runs run(s), --amp $amp"
+echo "data-parallel throughput, 1 thread per rank, median of $runs run(s), --amp $amp${launch_args[*]:+, mtrain-launch ${launch_args[*]}}"
 echo "machine: $(nproc) cores ($cpu); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 declare -A rate rss wait
 for model in $models; do

@@ -3,9 +3,11 @@
 // running tests/launcher/launch_test_worker.
 #include <catch2/catch.hpp>
 
+#include <sched.h>
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "tests/launcher/launch_harness.h"
@@ -465,6 +467,93 @@ TEST_CASE("a node whose launcher dies without a word is found by its missing hea
       require_all_reaped(recorded_pids(node0_dir));
       require_all_dead(recorded_pids(node1_dir));
     }
+  }
+}
+
+namespace {
+
+// mtrain-launch started with this thread's CPU affinity narrowed to `cpus` (the launcher
+// inherits it, like `taskset -c`); the test's own affinity is restored at once.
+LaunchResult run_launcher_on_cpus(const std::vector<int>& cpus, const std::vector<std::string>& args,
+                                  const fs::path& dir) {
+  cpu_set_t original;
+  REQUIRE(sched_getaffinity(0, sizeof original, &original) == 0);
+  cpu_set_t narrow;
+  CPU_ZERO(&narrow);
+  for (int cpu : cpus) CPU_SET(cpu, &narrow);
+  REQUIRE(sched_setaffinity(0, sizeof narrow, &narrow) == 0);
+  std::optional<LauncherProcess> p;
+  try {
+    p.emplace(args, dir);
+  } catch (...) {
+    sched_setaffinity(0, sizeof original, &original);
+    throw;
+  }
+  REQUIRE(sched_setaffinity(0, sizeof original, &original) == 0);
+  return p->wait(30);
+}
+
+std::vector<int> usable_cpu_numbers() {
+  cpu_set_t set;
+  REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+}  // namespace
+
+TEST_CASE("cpu_bind cores gives each worker and its children their own CPUs") {
+  const std::vector<int> usable = usable_cpu_numbers();
+  if (usable.size() < 2) {
+    WARN("skipped: needs two usable CPUs, found " << usable.size());
+    return;
+  }
+  const std::vector<int> two{usable[0], usable[1]};
+  TempDir dir;
+  // grep is the worker's child: what it reads from /proc is the inherited affinity.
+  const std::string report = "grep Cpus_allowed_list /proc/self/status | cut -f2 > " + dir.str() +
+                             "/cpus.$LOCAL_RANK; echo $OMP_NUM_THREADS > " + dir.str() +
+                             "/omp.$LOCAL_RANK";
+  const auto first_line = [&](const std::string& name) {
+    std::string line;
+    std::ifstream in(dir.path() / name);
+    std::getline(in, line);
+    return line;
+  };
+
+  SECTION("two workers on two CPUs: one CPU and one thread each") {
+    const auto r = run_launcher_on_cpus(
+        two, {"--nproc_per_node=2", "--cpu_bind=cores", "/bin/sh", "-c", report}, dir.path());
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.err, Catch::Contains("binding workers to CPUs"));
+    const std::set<std::string> got{first_line("cpus.0"), first_line("cpus.1")};
+    CHECK(got == std::set<std::string>{std::to_string(two[0]), std::to_string(two[1])});
+    CHECK(first_line("omp.0") == "1");
+    CHECK(first_line("omp.1") == "1");
+  }
+  SECTION("one worker on two CPUs: both, and two threads") {
+    const auto r = run_launcher_on_cpus(
+        two, {"--nproc_per_node=1", "--cpu_bind=cores", "/bin/sh", "-c", report}, dir.path());
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const std::string both = std::to_string(two[0]) + (two[1] == two[0] + 1 ? "-" : ",") +
+                             std::to_string(two[1]);
+    CHECK(first_line("cpus.0") == both);
+    CHECK(first_line("omp.0") == "2");
+  }
+  SECTION("two workers on one CPU: refused before anything starts") {
+    const auto r = run_launcher_on_cpus(
+        {usable[0]}, {"--nproc_per_node=2", "--cpu_bind=cores", "/bin/sh", "-c", report},
+        dir.path());
+    INFO(r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("--cpu_bind cores: expected at least one CPU per local "
+                                      "worker, found 2 workers and 1 usable CPU(s)"));
+    CHECK_FALSE(fs::exists(dir.path() / "cpus.0"));
   }
 }
 

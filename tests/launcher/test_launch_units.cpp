@@ -137,6 +137,40 @@ TEST_CASE("--nproc_per_node cpu counts usable CPUs; gpu counts visible GPUs") {
   ::unsetenv("CUDA_VISIBLE_DEVICES");
 }
 
+TEST_CASE("cpu_bind cores splits the CPUs into equal slices, hyperthreads of a core together") {
+  CHECK(parse({"prog"}).cpu_bind == CpuBind::kNone);
+  CHECK(parse({"--cpu-bind=cores", "prog"}).cpu_bind == CpuBind::kCores);
+  CHECK_THROWS_WITH(parse({"--cpu_bind", "socket", "prog"}),
+                    Catch::Contains("--cpu_bind: expected 'none' or 'cores', found 'socket'"));
+
+  // Two packages of two cores with two hyperthreads each, numbered as Linux does
+  // (siblings n and n+4).
+  std::vector<CpuInfo> smt;
+  for (int cpu = 0; cpu < 8; ++cpu) smt.push_back({cpu, (cpu % 4) / 2, cpu % 2});
+  using Slices = std::vector<std::vector<int>>;
+  CHECK(split_cpus(smt, 1) == Slices{{0, 1, 2, 3, 4, 5, 6, 7}});
+  CHECK(split_cpus(smt, 2) == Slices{{0, 1, 4, 5}, {2, 3, 6, 7}});
+  CHECK(split_cpus(smt, 4) == Slices{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+  // 8 CPUs for 3 workers: 2 each, and the last core (3 and 7) is nobody's.
+  CHECK(split_cpus(smt, 3) == Slices{{0, 4}, {1, 5}, {2, 6}});
+
+  // A taskset-restricted launcher: only its own CPUs are shared out.
+  const std::vector<CpuInfo> some{{3, 0, 3}, {5, 0, 5}, {6, 0, 6}};
+  CHECK(split_cpus(some, 2) == Slices{{3}, {5}});
+  CHECK_THROWS_WITH(split_cpus(some, 4),
+                    Catch::Contains("expected at least one CPU per local worker, found 4 "
+                                    "workers and 3 usable CPU(s) (3,5-6)"));
+
+  CHECK(format_cpu_list({}) == "");
+  CHECK(format_cpu_list({7}) == "7");
+  CHECK(format_cpu_list({4, 0, 1, 2, 10, 11, 2}) == "0-2,4,10-11");
+
+  // The machine's own CPUs: each usable one once.
+  const auto here = usable_cpus();
+  REQUIRE_FALSE(here.empty());
+  for (size_t i = 1; i < here.size(); ++i) CHECK(here[i - 1].cpu < here[i].cpu);
+}
+
 TEST_CASE("the worker environment overrides inherited launcher variables") {
   WorkerEnvInputs in{.local_rank = 1,
                      .global_rank = 5,
@@ -169,7 +203,7 @@ TEST_CASE("the worker environment overrides inherited launcher variables") {
   CHECK(has("MTRAIN_STORE_PREFIX=job/r/attempt_1"));
   CHECK(std::none_of(env.begin(), env.end(),
                      [](const std::string& e) { return e.rfind("OMP_NUM_THREADS=", 0) == 0; }));
-  in.set_omp_num_threads = true;
+  in.omp_num_threads = 1;
   const auto with_omp = build_worker_environment({}, in);
   CHECK(std::find(with_omp.begin(), with_omp.end(), "OMP_NUM_THREADS=1") != with_omp.end());
 }

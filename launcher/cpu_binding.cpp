@@ -1,0 +1,80 @@
+#include "launcher/cpu_binding.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace mtrain::launch {
+namespace {
+
+// One integer from a sysfs topology file, or `fallback` where the file is missing or
+// holds something else (containers may hide /sys).
+int read_topology(int cpu, const char* name, int fallback) {
+  std::ifstream in(fmt::format("/sys/devices/system/cpu/cpu{}/topology/{}", cpu, name));
+  int value = 0;
+  if (in >> value && value >= 0) return value;
+  return fallback;
+}
+
+}  // namespace
+
+std::vector<CpuInfo> usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) {
+    throw IoError(fmt::format("--cpu_bind: cannot read the launcher's CPU affinity: {}",
+                              std::strerror(errno)));
+  }
+  std::vector<CpuInfo> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &set)) continue;
+    cpus.push_back({cpu, read_topology(cpu, "physical_package_id", 0),
+                    read_topology(cpu, "core_id", cpu)});
+  }
+  return cpus;
+}
+
+std::vector<std::vector<int>> split_cpus(std::vector<CpuInfo> cpus, int workers) {
+  if (workers < 1 || static_cast<int>(cpus.size()) < workers) {
+    std::vector<int> numbers;
+    for (const auto& c : cpus) numbers.push_back(c.cpu);
+    throw InvalidArgument(fmt::format(
+        "--cpu_bind cores: expected at least one CPU per local worker, found {} workers and "
+        "{} usable CPU(s) ({}); use fewer workers or --cpu_bind none",
+        workers, cpus.size(), numbers.empty() ? "none" : format_cpu_list(numbers)));
+  }
+  std::sort(cpus.begin(), cpus.end(), [](const CpuInfo& a, const CpuInfo& b) {
+    return std::tie(a.package, a.core, a.cpu) < std::tie(b.package, b.core, b.cpu);
+  });
+  const size_t share = cpus.size() / static_cast<size_t>(workers);
+  std::vector<std::vector<int>> out(static_cast<size_t>(workers));
+  for (size_t w = 0; w < out.size(); ++w) {
+    for (size_t k = 0; k < share; ++k) out[w].push_back(cpus[w * share + k].cpu);
+    std::sort(out[w].begin(), out[w].end());
+  }
+  return out;
+}
+
+std::string format_cpu_list(std::vector<int> cpus) {
+  std::sort(cpus.begin(), cpus.end());
+  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
+  std::string out;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += j == i ? fmt::format("{}", cpus[i]) : fmt::format("{}-{}", cpus[i], cpus[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace mtrain::launch
