@@ -8,8 +8,8 @@
 // partials are added per channel in a fixed order. Parallelising over planes rather
 // than channels keeps every thread busy even for C = 1, and the fixed order makes
 // the result independent of the thread count. Variance is two-pass (sum of squared
-// deviations from the mean), which does not cancel catastrophically the way
-// E[x^2] - E[x]^2 does.
+// deviations from the mean, kept in double), which does not cancel catastrophically the
+// way E[x^2] - E[x]^2 does.
 #include <vector>
 
 #include "tensor/cpu/checks.h"
@@ -77,16 +77,22 @@ void batchnorm_stats(const Tensor& x, Tensor& mean, Tensor& var) {
     for (int64_t i = 0; i < g.area; ++i) s += xp[i];
     pp[plane] = s;
   }
+  // The deviations are taken from the double mean: around its float rounding the
+  // variance would gain (rounding error)^2, which is not small next to a tiny variance
+  // of large values (1e6 and its float neighbours: +50 %).
+  std::vector<double> means(static_cast<size_t>(g.c));
   for (int64_t c = 0; c < g.c; ++c) {
     double s = 0.0;
     for (int64_t n = 0; n < g.n; ++n) s += pp[n * g.c + c];
-    pm[c] = static_cast<float>(s / static_cast<double>(count));
+    means[static_cast<size_t>(c)] = s / static_cast<double>(count);
+    pm[c] = static_cast<float>(means[static_cast<size_t>(c)]);
   }
+  const double* pmd = means.data();
 
 #pragma omp parallel for if (parallel)
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float* xp = px + plane * g.area;
-    const double m = pm[plane % g.c];
+    const double m = pmd[plane % g.c];
     double s = 0.0;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < g.area; ++i) {

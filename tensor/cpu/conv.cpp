@@ -9,6 +9,7 @@
 // arguments]) and the argument map, created on first use and kept for the life of
 // the process. The cache lock only covers lookup; an entry's own mutex serialises its
 // executions because its bound memory objects and internal buffers are per entry.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <memory>
@@ -412,6 +413,14 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
   const ConvShape s = conv_shape("conv2d_forward", "x", x, w, "y", y, p);
   if (b.defined()) cpu::check_float_shape("conv2d_forward", "b", b, {s.o});
   if (s.n == 0 || s.o == 0) return;
+  if (s.c == 0) {  // an empty sum: every output is its bias, as linear_forward with in == 0
+    float* py = y.data<float>();
+    const int64_t area = s.oh * s.ow;
+    for (int64_t plane = 0; plane < s.n * s.o; ++plane) {
+      std::fill_n(py + plane * area, area, b.defined() ? b.data<float>()[plane % s.o] : 0.0f);
+    }
+    return;
+  }
   cpu::use_configured_threads();
   if (choose_direct(s, p)) {
     // Note [Own kernels under --amp]

@@ -4,9 +4,11 @@
 // Note [Deterministic batch-norm reductions on the GPU]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A channel's sums run over N*H*W elements, millions in a large batch. As on the CPU
-// (Note [Batch-norm reductions]) they accumulate in double and the variance is two-pass
-// (squared deviations from the already rounded float mean), so nothing cancels
-// catastrophically. Each channel's elements, flattened in (n, h, w) order, are cut into
+// (Note [Batch-norm reductions]) they accumulate in double and the variance is two-pass,
+// so nothing cancels catastrophically. Unlike the CPU, the deviations are taken from
+// the mean already rounded to float: where a channel's spread is near the float
+// resolution of its mean (1e6 and its neighbours) the variance comes out higher by up to
+// (half an ulp of the mean)^2. Each channel's elements, flattened in (n, h, w) order, are cut into
 // `chunks` equal ranges; one block sums a range into a partial (per-thread double
 // sums, then a fixed-order tree), and a second kernel adds a channel's partials in
 // chunk order. No atomics: the result is the same on every run and every GPU model
@@ -148,7 +150,7 @@ struct SumX {
   __device__ void operator()(int64_t offset, int64_t, double* acc) const { acc[0] += x[offset]; }
 };
 
-// (x - mean)^2 with the float mean widened, as the CPU's second pass.
+// (x - mean)^2 with the float mean widened (the CPU widens the double mean).
 struct SquaredDeviation {
   const float* x;
   const float* mean;

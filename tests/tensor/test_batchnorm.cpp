@@ -48,6 +48,15 @@ TEST_CASE("batchnorm_stats gives the mean and biased variance per channel", "[ba
     require_close(mean, ref.mean, 1e-4, 1e-6);
     require_close(var, ref.var, 1e-5, 1e-4);
   }
+  SECTION("a tiny spread around a large mean: deviations from the exact mean") {
+    // 1e6 and its next float, 1e6 + 1/16: the mean 1e6 + 1/48 has no float, and the
+    // variance around its rounding would come out 50 % high.
+    const Tensor x = Tensor::from_vector<float>({1e6f, 1e6f, 1e6f + 0.0625f}, {3, 1});
+    Tensor mean = Tensor::empty({1}), var = Tensor::empty({1});
+    ops::batchnorm_stats(x, mean, var);
+    const double exact = 2.0 * (0.0625 / 3) * (0.0625 / 3) + (0.125 / 3) * (0.125 / 3);
+    CHECK(var.data<float>()[0] == Approx(exact / 3).epsilon(1e-6));
+  }
   SECTION("an empty batch gives zeros, not NaN") {
     const Tensor x = Tensor::empty({0, 3, 4, 4});
     Tensor mean = Tensor::full({3}, 7.0f), var = Tensor::full({3}, 7.0f);

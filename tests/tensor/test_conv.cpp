@@ -522,6 +522,17 @@ TEST_CASE("conv2d steady state creates no primitives and handles empty batches",
   ops::conv2d_backward_weights(x0, y0, dw, db, p, false);
   for (float v : dw.to_vector<float>()) REQUIRE(v == 0.0f);
   for (float v : db.to_vector<float>()) REQUIRE(v == 0.0f);
+
+  // C == 0: an empty sum, so y is the bias (or zero), as for linear with no inputs.
+  const Tensor xc0 = Tensor::empty({2, 0, 5, 5});
+  const Tensor wc0 = Tensor::empty({3, 0, 3, 3});
+  const Tensor b3 = Tensor::from_vector<float>({1.5f, -2.0f, 0.25f}, {3});
+  Tensor yc0 = Tensor::full({2, 3, 3, 3}, 7.0f);
+  ops::conv2d_forward(xc0, wc0, b3, yc0, {});
+  const auto got = yc0.to_vector<float>();
+  for (size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == b3.data<float>()[(i / 9) % 3]);
+  ops::conv2d_forward(xc0, wc0, Tensor(), yc0, {});
+  for (float v : yc0.to_vector<float>()) REQUIRE(v == 0.0f);
 }
 
 TEST_CASE("conv2d rejects mismatched shapes naming the op", "[conv]") {
