@@ -18,8 +18,12 @@
 // shares its process's descriptors (the launcher's pipes to its workers, its own store
 // clients), and a flood of idle connections must not take those away.
 // * At most kMaxPendingHandshakes connections may be waiting to present the token. One
-//   more closes the oldest of them: a real client sends HELLO as soon as it connects,
-//   so the oldest is the likeliest to be idle.
+//   more closes the oldest of them if it has waited kPendingGrace: a real client sends
+//   HELLO as soon as it connects, so one that has said nothing for that long is idle.
+//   Younger ones are not closed (a job's ranks all connect at once, and the accept loop
+//   runs before their HELLOs are read); the server then stops accepting for
+//   kPendingPause and reads what the pending connections sent. So the number waiting
+//   exceeds the cap by at most one per pause within the grace, 50.
 // * At most max_connections() in all: the soft RLIMIT_NOFILE less kReservedDescriptors
 //   for the rest of the process (and never below kMinConnections). At the cap the server
 //   stops accepting, and new connections wait in the kernel's backlog until one closes.
@@ -67,6 +71,8 @@ constexpr size_t kReadChunkBytes = 64 * 1024;
 constexpr size_t kReadBudgetBytes = 1024 * 1024;
 // Note [Store connection limits].
 constexpr size_t kMaxPendingHandshakes = 128;
+constexpr auto kPendingGrace = std::chrono::seconds(1);
+constexpr auto kPendingPause = std::chrono::milliseconds(20);
 constexpr size_t kReservedDescriptors = 256;
 constexpr size_t kMinConnections = 64;
 constexpr auto kWarningWindow = std::chrono::seconds(10);
@@ -167,7 +173,8 @@ struct TcpStoreServer::Impl {
   void reject(Connection& c, const std::string& why);
   void warn_unauthenticated(const std::string& message);
   void end_warning_window();  // says how many were suppressed once the window is over
-  void close_oldest_pending();
+  // Closes the oldest unauthenticated connection if it has waited kPendingGrace.
+  bool close_oldest_pending();
   void close(Connection& c, const char* why);
 };
 
@@ -390,7 +397,6 @@ void TcpStoreServer::Impl::accept_from(int listener) {
       return;
     }
     accept_failing = false;
-    if (pending >= kMaxPendingHandshakes) close_oldest_pending();
     auto c = std::make_unique<Connection>();
     c->fd.reset(fd);
     c->peer = describe(peer);
@@ -403,11 +409,16 @@ void TcpStoreServer::Impl::accept_from(int listener) {
     }
     connections.emplace(c->id, std::move(c));
     ++pending;
+    if (pending > kMaxPendingHandshakes && !close_oldest_pending()) {
+      // Every pending connection is young: read their HELLOs before taking more.
+      accept_paused_until = Clock::now() + kPendingPause;
+      return;
+    }
     if (connections.size() >= max_connections()) return;  // serve() stops polling the listener
   }
 }
 
-void TcpStoreServer::Impl::close_oldest_pending() {
+bool TcpStoreServer::Impl::close_oldest_pending() {
   Connection* oldest = nullptr;
   for (auto& [id, c] : connections) {
     // Ids grow in accept order, so the smallest is the oldest.
@@ -415,11 +426,12 @@ void TcpStoreServer::Impl::close_oldest_pending() {
       oldest = c.get();
     }
   }
-  if (oldest != nullptr) {
-    reject(*oldest, fmt::format("{} connections are waiting to present the job token; the "
-                                "oldest is closed to make room",
-                                kMaxPendingHandshakes));
-  }
+  if (oldest == nullptr || Clock::now() - oldest->accepted_at < kPendingGrace) return false;
+  reject(*oldest, fmt::format("{} connections are waiting to present the job token; the "
+                              "oldest, silent for {} s, is closed to make room",
+                              kMaxPendingHandshakes,
+                              std::chrono::duration<double>(Clock::now() - oldest->accepted_at).count()));
+  return true;
 }
 
 void TcpStoreServer::Impl::read_from(Connection& c) {

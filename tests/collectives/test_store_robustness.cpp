@@ -254,11 +254,14 @@ TEST_CASE("connections waiting for the handshake are capped: the oldest makes ro
     idle.push_back(std::make_unique<RawConnection>(f.server.port()));
     REQUIRE(idle.back()->connect_errno() == 0);
   }
-  // The server accepts in connection order; the 129th closes the first at once, long
-  // before the 5 s handshake deadline would.
-  CHECK(idle.front()->closed_by_peer_within(Millis{2000}));
+  // All young: a burst of real clients looks the same, so nobody is closed yet.
+  CHECK_FALSE(idle.front()->closed_by_peer_within(Millis{1100}));
+  // Once they have been silent for 1 s, a newcomer closes the oldest (the server accepts
+  // in connection order), long before the 5 s handshake deadline would.
+  RawConnection newcomer(f.server.port());
+  CHECK(idle.front()->closed_by_peer_within(Millis{1000}));
   CHECK_FALSE(idle[1]->closed_by_peer_within(Millis{50}));
-  CHECK_FALSE(idle.back()->closed_by_peer_within(Millis{50}));
+  CHECK_FALSE(newcomer.closed_by_peer_within(Millis{50}));
   CHECK(f.server.rejected_connections() == before + 1);
   require_server_still_serves(f);
 }
@@ -281,6 +284,29 @@ class ScopedFileLimit {
 };
 
 }  // namespace
+
+TEST_CASE("a burst of real clients beyond the pending cap all get in", "[store]") {
+  // A job's ranks connect at once: their HELLOs are on the wire before the server has
+  // accepted them all, and none of them may be taken for an idle peer.
+  ServerFixture f;
+  const uint64_t before = f.server.rejected_connections();
+  constexpr int kBurst = 300;  // more than twice the 128 pending places
+  std::vector<std::unique_ptr<RawConnection>> burst;
+  const Bytes hello =
+      FrameWriter().op(Opcode::kHello).u32(kHelloMagic).u32(kProtocolVersion).bytes(f.token).finish();
+  for (int i = 0; i < kBurst; ++i) {
+    burst.push_back(std::make_unique<RawConnection>(f.server.port()));
+    REQUIRE(burst.back()->connect_errno() == 0);
+    burst.back()->send(hello);
+  }
+  for (int i = 0; i < kBurst; ++i) {
+    INFO("connection " << i);
+    const auto reply = burst[static_cast<size_t>(i)]->read_frame(Millis{5000});
+    REQUIRE(reply.has_value());
+    CHECK((*reply)[0] == static_cast<uint8_t>(Status::kOk));
+  }
+  CHECK(f.server.rejected_connections() == before);
+}
 
 TEST_CASE("at the descriptor limit the server stops accepting until a connection closes",
           "[store]") {
