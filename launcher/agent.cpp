@@ -637,7 +637,7 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
     if (watch_store && reason != TeardownReason::kStoreLost) {
       try {
         channel.publish_root_cause(local_root);
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
         spdlog::warn("could not publish the root cause to the other nodes: {}", e.what());
       }
     }

@@ -15,18 +15,31 @@ namespace {
 
 constexpr int kReportWidth = 64;
 
+// A finite number of seconds, or a string holding one (torchrun writes strings). "nan"
+// and "inf" are refused: NaN never compares earlier, so it would keep the root-cause
+// place whatever else failed, and it cannot be printed as a time.
 std::optional<double> as_seconds(const nlohmann::json& j) {
-  if (j.is_number()) return j.get<double>();
+  std::optional<double> v;
+  if (j.is_number()) v = j.get<double>();
   if (j.is_string()) {
     try {
       size_t used = 0;
       const std::string s = j.get<std::string>();
-      const double v = std::stod(s, &used);
-      if (used == s.size()) return v;
+      const double parsed = std::stod(s, &used);
+      if (used == s.size()) v = parsed;
     } catch (const std::exception&) {
     }
   }
-  return std::nullopt;
+  if (v && !std::isfinite(*v)) return std::nullopt;
+  return v;
+}
+
+// At most `bytes` bytes of `text`, not cutting a UTF-8 sequence in half.
+std::string utf8_prefix(const std::string& text, size_t bytes) {
+  if (text.size() <= bytes) return text;
+  size_t end = bytes;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  return text.substr(0, end);
 }
 
 std::string indent_continuation(const std::string& text, const std::string& pad) {
@@ -95,7 +108,7 @@ std::optional<ErrorRecord> read_error_file(const std::filesystem::path& path) {
     j = nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::exception& e) {
     rec.message = fmt::format("(error file is not valid JSON: {}; it starts with '{}')",
-                              e.what(), text.str().substr(0, 200));
+                              e.what(), utf8_prefix(text.str(), 200));
     return rec;
   }
   if (!j.is_object()) {

@@ -265,6 +265,13 @@ std::string AttemptChannel::key(const std::string& name) const { return prefix_ 
 
 namespace {
 
+// Messages come from workers' error files and may hold bytes that are not UTF-8 (a
+// truncated record, a Latin-1 path); nlohmann's strict dump would throw on them and take
+// the launcher down before it reports anything.
+std::string dump_for_store(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 nlohmann::json notice_to_json(const FailureNotice& n) {
   return {{"node_rank", n.node_rank}, {"what", n.what}, {"restartable", n.restartable}};
 }
@@ -283,7 +290,7 @@ FailureNotice notice_from_bytes(const Bytes& b) {
 }  // namespace
 
 FailureNotice AttemptChannel::announce_failure(const FailureNotice& notice) {
-  const Bytes mine = to_bytes(notice_to_json(notice).dump());
+  const Bytes mine = to_bytes(dump_for_store(notice_to_json(notice)));
   const Bytes winner = store_.compare_set(key("failed"), Bytes{}, mine);
   return notice_from_bytes(winner);
 }
@@ -294,7 +301,7 @@ std::optional<FailureNotice> AttemptChannel::failure_notice() {
 }
 
 void AttemptChannel::publish_root_cause(const Failure& root_cause) {
-  store_.compare_set(key("root_cause"), Bytes{}, to_bytes(failure_to_json(root_cause).dump()));
+  store_.compare_set(key("root_cause"), Bytes{}, to_bytes(dump_for_store(failure_to_json(root_cause))));
 }
 
 std::optional<Failure> AttemptChannel::wait_root_cause(Millis timeout, const InterruptCheck& check) {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/env.h"
@@ -41,10 +42,20 @@ void write_error_record(const std::string& message, const nlohmann::json& extra)
     nlohmann::json record = {
         {"rank", best_effort_rank()}, {"host", host}, {"message", message}, {"timestamp", now}};
     for (const auto& [key, value] : extra.items()) record[key] = value;
-    std::ofstream out(*path, std::ios::trunc);
-    out << record.dump() << '\n';
+    // Serialised before the file is touched, with bytes that are not UTF-8 (a Latin-1
+    // path in the message) replaced rather than thrown on; then written beside the
+    // record and renamed over it, so the launcher reads a whole record or none, never an
+    // empty or half-written one.
+    const std::string text =
+        record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + '\n';
+    const std::string temporary = fmt::format("{}.tmp.{}", *path, ::getpid());
+    std::ofstream out(temporary, std::ios::trunc);
+    out << text;
     out.close();
-    if (!out) std::fprintf(stderr, "mtrain-train: could not write the error record to %s\n", path->c_str());
+    if (!out || std::rename(temporary.c_str(), path->c_str()) != 0) {
+      std::remove(temporary.c_str());
+      std::fprintf(stderr, "mtrain-train: could not write the error record to %s\n", path->c_str());
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mtrain-train: could not write the error record: %s\n", e.what());
   }

@@ -39,6 +39,9 @@ struct BenchShape {
   int64_t input_count = 0;
   int64_t output_count = 0;  // allreduce/broadcast: in place, equal to input_count
   int64_t bytes = 0;         // the size the row reports
+  // nccl-tests' "count" column: elements per rank (allgather's input, reduce_scatter's
+  // output), so rows compare with theirs.
+  int64_t count() const { return input_count < output_count ? input_count : output_count; }
 };
 BenchShape bench_shape(BenchOp op, int64_t bytes, int world);
 

@@ -26,6 +26,9 @@
 #ifdef MTRAIN_HAVE_MPI
 #include "collectives/mpi/mpi_process_group.h"
 #endif
+#ifdef MTRAIN_HAVE_CUDA
+#include "tensor/cuda/stream.h"
+#endif
 
 namespace mtrain::bench {
 namespace {
@@ -188,8 +191,14 @@ int run(int argc, char** argv) {
     for (int64_t it = 0; it < o.warmup + o.iters; ++it) {
       const int iteration = static_cast<int>(it);
       fill_input(op, rank, world, iteration, host_input.data<float>(), shape.input_count);
-      // The collective waits for this copy (it is queued on the current stream first).
-      if (!device.is_cpu()) input.copy_(host_input);
+      if (!device.is_cpu()) {
+        input.copy_(host_input);
+#ifdef MTRAIN_HAVE_CUDA
+        // A copy from pageable memory may return before its DMA ends; the collective
+        // would wait for it inside the timed interval.
+        cuda::current_stream(device.index).synchronize();
+#endif
+      }
       const auto start = std::chrono::steady_clock::now();
       issue(*group, op, input, output, iteration)->wait(timeout);
       const auto stop = std::chrono::steady_clock::now();
@@ -211,7 +220,7 @@ int run(int argc, char** argv) {
       const std::string check =
           all_mismatches == 0 ? "OK" : fmt::format("FAIL({} wrong elements)", all_mismatches);
       std::printf("  %12lld %12lld %12.1f %12.3f %12.3f  %s\n", static_cast<long long>(shape.bytes),
-                  static_cast<long long>(shape.output_count), seconds * 1e6, algbw,
+                  static_cast<long long>(shape.count()), seconds * 1e6, algbw,
                   algbw * bus_bandwidth_factor(op, world), check.c_str());
       std::fflush(stdout);
     }

@@ -254,6 +254,30 @@ TEST_CASE("a failure on node 1 brings down node 0's workers within seconds") {
   require_all_reaped(recorded_pids(node0_dir));
 }
 
+TEST_CASE("an error file that is not UTF-8 still reaches the other node") {
+  // A record cut in the middle of a character (a worker killed while writing it): its
+  // excerpt in the report holds bytes nlohmann's strict dump would throw on, which used
+  // to take node 1's launcher down before it published or printed anything.
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  const std::vector<std::string> env{"MTRAIN_STORE_TOKEN=utf8"};
+  LauncherProcess node0({"--nnodes=2", "--node_rank=0", "--master_port=" + port,
+                         "--nproc_per_node=1", W(), "sleep=30"},
+                        dir.path(), env, "node0");
+  LauncherProcess node1({"--nnodes=2", "--node_rank=1", "--master_port=" + port,
+                         "--nproc_per_node=1", W(), "sleep=0.5", "error=caf\xc3 \xff broke",
+                         "exit=3"},
+                        dir.path(), env, "node1");
+  const auto r1 = node1.wait(20);
+  const auto r0 = node0.wait(20);
+  INFO("node0: " << r0.err << "\nnode1: " << r1.err);
+  CHECK(r1.exit_code == 3);
+  CHECK(r0.exit_code == 3);
+  CHECK_THAT(r1.err, Catch::Contains("error file is not valid JSON"));
+  CHECK_THAT(r0.err, Catch::Contains("reported by another node"));
+  CHECK_THAT(r0.err, Catch::Contains("broke"));
+}
+
 TEST_CASE("--max_restarts restarts the gang with an incremented restart count") {
   TempDir dir;
   const auto r = run_launcher({"--nproc_per_node=2", "--max_restarts=2", W(),

@@ -232,6 +232,24 @@ TEST_CASE("error files: mtrain's flat record, torchrun's nested one, and garbage
   REQUIRE(rec);
   CHECK_THAT(rec->message, Catch::Contains("not valid JSON"));
   CHECK_FALSE(rec->timestamp.has_value());
+
+  // A time that is no time is no time: NaN would win no comparison and keep the root
+  // cause's place whatever failed first.
+  for (const char* bad : {R"("nan")", R"("inf")", R"("-inf")"}) {
+    std::ofstream(path) << R"({"message": "m", "timestamp": )" << bad << "}";
+    rec = read_error_file(path);
+    REQUIRE(rec);
+    CHECK_FALSE(rec->timestamp.has_value());
+  }
+
+  // The excerpt of a broken file (its first 200 bytes) stops before a character it
+  // would cut in half: here 0xc3 0xa9 straddles byte 200.
+  std::string long_text = "{\"message\": \"" + std::string(199 - 13, 'x') + "\xc3\xa9 and more";
+  std::ofstream(path) << long_text;
+  rec = read_error_file(path);
+  REQUIRE(rec);
+  CHECK_THAT(rec->message, Catch::Contains("it starts with '{\"message\""));
+  CHECK(rec->message.find("\xc3'") == std::string::npos);
 }
 
 TEST_CASE("the root cause is the earliest failure and the report explains it") {

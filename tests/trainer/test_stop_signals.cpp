@@ -10,10 +10,15 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
 #include "tensor/ops.h"
+#include "tests/support/scoped_env.h"
+#include "trainer/error_file.h"
 #include "trainer/gradient_sync.h"
 #include "trainer/stop_signals.h"
 
@@ -140,4 +145,25 @@ TEST_CASE("stop signals never interrupt a thread inside oneDNN's sgemm") {
   CHECK(wrong == 0);
   CHECK(wait_for_pending(SIGUSR1));
   mtrain::clear_pending_stop_signal();
+}
+
+TEST_CASE("the error record is whole JSON even for a message that is not UTF-8", "[unit]") {
+  // A Latin-1 path in a message made nlohmann's strict dump throw after the file had
+  // been truncated: the launcher then read an empty record, and a clean stop (whose
+  // record says "stopped") was reported as a failure.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("mtrain-error-record-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path file = dir / "error.json";
+  {
+    mtrain::testing::ScopedEnv record("MTRAIN_ERROR_FILE", file.string());
+    mtrain::write_error_record("cannot open /data/caf\xe9.bin", {{"stopped", true}});
+  }
+  std::ifstream in(file);
+  const auto j = nlohmann::json::parse(in);  // throws (and fails) on an empty or broken file
+  CHECK(j.at("message").get<std::string>() == "cannot open /data/caf\xEF\xBF\xBD.bin");
+  CHECK(j.at("stopped") == true);
+  // Written beside the record and renamed: nothing else is left in the directory.
+  CHECK(std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator()) == 1);
+  std::filesystem::remove_all(dir);
 }

@@ -86,12 +86,15 @@ TEST_CASE("bench sizes, shapes and bus bandwidth factors", "[unit]") {
   REQUIRE(gather.input_count == 8);
   REQUIRE(gather.output_count == 24);
   REQUIRE(gather.bytes == 96);
+  REQUIRE(gather.count() == 8);  // per rank, as nccl-tests prints it
   const BenchShape scatter = bench_shape(BenchOp::ReduceScatter, 100, 3);
   REQUIRE(scatter.input_count == 24);
   REQUIRE(scatter.output_count == 8);
+  REQUIRE(scatter.count() == 8);
   const BenchShape reduce = bench_shape(BenchOp::AllReduce, 10, 3);
   REQUIRE(reduce.input_count == 2);
   REQUIRE(reduce.bytes == 8);
+  REQUIRE(reduce.count() == 2);
 }
 
 }  // namespace
