@@ -83,6 +83,11 @@ void read_launcher(const Reader& r, WorkerEnvironment& w) {
   w.local_world_size_source = r.has("LOCAL_WORLD_SIZE") ? "LOCAL_WORLD_SIZE" : "WORLD_SIZE";
   w.local_rank = r.integer("LOCAL_RANK", 0, kMaxWorld).value_or(w.rank);
   check_rank(w.local_rank, "LOCAL_RANK", w.local_world_size, w.local_world_size_source.c_str());
+  if (w.local_world_size > w.world_size) {
+    throw InvalidArgument(fmt::format("environment variable LOCAL_WORLD_SIZE={} exceeds WORLD_SIZE={}: a node "
+                                      "cannot hold more ranks than the world",
+                                      w.local_world_size, w.world_size));
+  }
   w.node_rank = r.integer("GROUP_RANK", 0, kMaxWorld).value_or(0);
 }
 
@@ -148,6 +153,13 @@ void read_store(const Reader& r, const std::string& backend, WorkerEnvironment& 
   if (uses_mpi && w.mpi_launched) return;  // MPI bootstraps itself: no store
   if (w.source == "launcher" && r.has("MTRAIN_RUN_ID")) {
     w.store_mode = StoreMode::kLauncher;  // mtrain-launch hosts it and says where
+  } else if (w.source == "launcher" && r.has("TORCHELASTIC_RUN_ID") &&
+             r.str("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
+    // torchrun's agent already serves PyTorch's TCPStore at MASTER_ADDR:MASTER_PORT: rank 0
+    // could not bind it, and no rank could speak its protocol.
+    throw InvalidArgument(
+        "started by torchrun with its agent's store (TORCHELASTIC_USE_AGENT_STORE=True): that store speaks "
+        "PyTorch's protocol, not mtrain's. Start the workers with mtrain-launch, which takes torchrun's flags");
   } else {
     w.store_mode = StoreMode::kRank0;
   }
@@ -160,7 +172,11 @@ void read_store(const Reader& r, const std::string& backend, WorkerEnvironment& 
       return;
     }
     if (auto nodes = r.str("SLURM_JOB_NODELIST"); nodes && (w.source == "SLURM" || w.source == "PMIx")) {
-      addr = expand_hostlist(*nodes).front();
+      try {
+        addr = expand_hostlist(*nodes).front();
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument(fmt::format("environment variable SLURM_JOB_NODELIST: {}", e.what()));
+      }
       addr_from = "the first host of SLURM_JOB_NODELIST";
     }
   }
@@ -231,7 +247,13 @@ WorkerEnvironment discover_environment(const EnvLookup& lookup, const std::strin
       w.local_world_size_source = "OMPI_COMM_WORLD_LOCAL_SIZE";
     }
   }
-  w.mpi_launched = !launched && (w.under_mpirun || r.has("PMIX_RANK"));
+  // PMIX_RANK makes an MPI process only when it names this worker: a launcher started
+  // inside an srun task (srun torchrun ...) hands every worker the task's PMIX_RANK.
+  const bool pmix_is_ours =
+      r.has("PMIX_RANK") && (w.source != "launcher" || (r.integer("PMIX_RANK", 0, kMaxWorld) == w.rank &&
+                                                         r.integer("SLURM_NTASKS", 1, kMaxWorld).value_or(w.world_size) ==
+                                                             w.world_size));
+  w.mpi_launched = !launched && (w.under_mpirun || pmix_is_ours);
   read_store(r, backend, w);
   return w;
 }
@@ -257,8 +279,10 @@ ThreadChoice resolve_num_threads(std::optional<int> flag, const WorkerEnvironmen
     return {*flag, "--threads"};
   }
   if (auto omp = env::get("OMP_NUM_THREADS")) {
-    const auto n = env::parse_int(*omp, "environment variable OMP_NUM_THREADS", 1, 4096);
-    return {static_cast<int>(n), fmt::format("OMP_NUM_THREADS={}", n)};
+    // OpenMP allows a list, one count per nesting level ("4,2"); the first is ours.
+    const std::string first = omp->substr(0, omp->find(','));
+    const auto n = env::parse_int(first, fmt::format("environment variable OMP_NUM_THREADS ('{}')", *omp), 1, 4096);
+    return {static_cast<int>(n), fmt::format("OMP_NUM_THREADS={}", *omp)};
   }
   if (env.local_world_size > 1) {
     return {1, fmt::format("1 per rank: {}={} ranks share this node", env.local_world_size_source,

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/error.h"
@@ -95,6 +96,15 @@ void expand_expression(std::string_view list, std::string_view expr, std::vector
     const std::vector<std::string> items = expand_group(list, expr.substr(open + 1, close - open - 1));
     if (names.size() * items.size() > kMaxHosts) {
       throw InvalidArgument(fmt::format("host list '{}': '{}' names more than {} hosts", list, expr, kMaxHosts));
+    }
+    // Long names times many hosts: bound the bytes too (a 200-character prefix on a
+    // million hosts would take most of a GiB), counting each name at the longest.
+    size_t longest_item = 0;
+    for (const auto& item : items) longest_item = std::max(longest_item, item.size());
+    const size_t name_bytes = names.front().size() + longest_item + (expr.size() - close);
+    if (names.size() * items.size() * name_bytes > kMaxHostBytes) {
+      throw InvalidArgument(fmt::format("host list '{}': '{}' expands to more than {} MiB of host names", list,
+                                        expr, kMaxHostBytes >> 20));
     }
     std::vector<std::string> product;
     product.reserve(names.size() * items.size());

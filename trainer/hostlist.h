@@ -11,8 +11,8 @@
 // keeps the width of its lower bound as written, so "[08-10]" gives 08 09 10 and
 // "[8-10]" gives 8 9 10. Duplicates are kept, order is as written. Anything else (an
 // empty expression or group, unbalanced or nested brackets, a reversed range, a
-// non-digit in a group, more than kMaxHosts names) is InvalidArgument quoting the list
-// and the offending part.
+// non-digit in a group, more than kMaxHosts names or kMaxHostBytes of them) is
+// InvalidArgument quoting the list and the offending part.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +23,7 @@
 namespace mtrain {
 
 inline constexpr size_t kMaxHosts = 1 << 20;
+inline constexpr size_t kMaxHostBytes = size_t{64} << 20;
 
 std::vector<std::string> expand_hostlist(std::string_view list);
 

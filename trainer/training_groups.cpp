@@ -6,6 +6,28 @@
 
 namespace mtrain {
 
+// Note [Agreeing on the backend first]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The configuration check (rank_consensus.h) runs over a group, and ranks that resolved
+// different backends never get one: a Gloo rank waits for peers that sit in NCCL's
+// set-up, for --timeout (30 min by default). `--device auto` on a node whose GPU is
+// unusable does exactly that. So before any group is made, every rank puts what it
+// resolved on the store and compares it with rank 0's; a rank that differs fails at
+// once, naming both, and the launcher tears the gang down with that as the root cause.
+void require_rank0_backend(Store& store, int rank, const std::string& backend, Device device) {
+  const std::string mine = fmt::format("{} on {}", backend, device.is_cuda() ? "a GPU" : "the CPU");
+  store.set(fmt::format("mtrain/backend/{}", rank), mine);
+  if (rank == 0) return;
+  const std::string rank0 = store.get_string("mtrain/backend/0");
+  if (rank0 != mine) {
+    throw InvalidArgument(fmt::format(
+        "rank {} trains with {} but rank 0 with {}: every rank must use the same backend and kind of device "
+        "(with --device auto, a rank whose GPU is unusable falls back to the CPU: check that rank's GPU, or "
+        "pass --device and --backend explicitly)",
+        rank, mine, rank0));
+  }
+}
+
 TrainingGroups create_training_groups(const std::string& backend, std::shared_ptr<Store> store, int rank,
                                       int size, Device device, const ProcessGroupOptions& options) {
   MTRAIN_CHECK(backend != "auto", "create_training_groups needs a resolved backend, found auto");
@@ -16,6 +38,7 @@ TrainingGroups create_training_groups(const std::string& backend, std::shared_pt
         "(Note [Control-plane collectives]), and this run has none: start the workers with mtrain-launch, or "
         "set MASTER_ADDR and MASTER_PORT");
   }
+  if (store != nullptr && size > 1) require_rank0_backend(*store, rank, backend, device);
   TrainingGroups groups;
   groups.gradients = create_process_group(backend, store, rank, size, device, options);
   if (groups.gradients->backend_name() != "nccl") {

@@ -61,6 +61,11 @@ struct TrainingGroups {
 TrainingGroups create_training_groups(const std::string& backend, std::shared_ptr<Store> store, int rank,
                                       int size, Device device, const ProcessGroupOptions& options);
 
+// Puts this rank's backend and kind of device on the store and, on ranks other than 0,
+// throws InvalidArgument naming both when rank 0's differ (Note [Agreeing on the backend
+// first] in training_groups.cpp). create_training_groups calls it first.
+void require_rank0_backend(Store& store, int rank, const std::string& backend, Device device);
+
 // The one-rank NCCL group of the Note (and its control group) on GPU `device`, over a
 // store this process serves on the loopback interface.
 TrainingGroups create_single_rank_nccl_groups(Device device, const ProcessGroupOptions& options);

@@ -6,7 +6,10 @@
 #include <string>
 
 #include "core/error.h"
+#include "collectives/store.h"
+#include "tensor/tensor.h"
 #include "trainer/environment.h"
+#include "trainer/training_groups.h"
 #include "trainer/hostlist.h"
 
 using Catch::Matchers::Contains;
@@ -189,6 +192,8 @@ TEST_CASE("SLURM host lists expand as scontrol show hostnames does", "[hostlist]
   CHECK_THROWS_WITH(expand_hostlist("n[-3]"), Contains("expected digits"));
   CHECK_THROWS_WITH(expand_hostlist("n[1234567890]"), Contains("at most 9 digits"));
   CHECK_THROWS_WITH(expand_hostlist("a[0-1023]b[0-1023]c[0-1]"), Contains("more than"));
+  // Few enough hosts, but each name long: the bytes are bounded too.
+  CHECK_THROWS_WITH(expand_hostlist(std::string(200, 'x') + "[0-1048575]"), Contains("MiB of host names"));
 }
 
 TEST_CASE("contradictions are errors naming the variable", "[environment]") {
@@ -212,6 +217,30 @@ TEST_CASE("contradictions are errors naming the variable", "[environment]") {
   CHECK_THROWS_AS(discover({{"SLURM_PROCID", "1"}}), InvalidArgument);
   // A world of one needs no store.
   CHECK_NOTHROW(discover({{"RANK", "0"}, {"WORLD_SIZE", "1"}}));
+}
+
+TEST_CASE("layouts that cannot be, and torchrun's agent store, are named", "[environment]") {
+  CHECK_THROWS_WITH(discover(with(kLauncher, {{"LOCAL_WORLD_SIZE", "8"}, {"LOCAL_RANK", "5"}})),
+                    Contains("LOCAL_WORLD_SIZE=8 exceeds WORLD_SIZE=4"));
+  CHECK_THROWS_WITH(discover({{"PMIX_RANK", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_NODELIST", "node[1-"}}, "gloo"),
+                    Contains("environment variable SLURM_JOB_NODELIST: host list 'node[1-'"));
+  // torchrun's static rendezvous: its agent serves PyTorch's store on MASTER_PORT.
+  CHECK_THROWS_WITH(discover(with(kLauncher, {{"TORCHELASTIC_RUN_ID", "none"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}})),
+                    Contains("started by torchrun with its agent's store"));
+  CHECK(discover(with(kLauncher, {{"TORCHELASTIC_RUN_ID", "none"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"}}))
+            .store_mode == StoreMode::kRank0);
+}
+
+TEST_CASE("a launcher inside an srun task: the task's PMIX_RANK is not the worker's", "[environment]") {
+  // srun --mpi=pmix torchrun ...: every worker inherits the task's PMIX_RANK and
+  // SLURM_NTASKS; its own RANK and WORLD_SIZE come from the launcher.
+  const auto w = discover(with(kLauncher, {{"PMIX_RANK", "0"}, {"SLURM_NTASKS", "1"}}));
+  CHECK(w.rank == 3);
+  CHECK_FALSE(w.mpi_launched);
+  CHECK(w.store_mode == StoreMode::kRank0);
+  // Where they agree (a script exporting RANK beside srun's PMIx), it is an MPI process.
+  const auto agreeing = discover({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"PMIX_RANK", "1"}, {"SLURM_NTASKS", "2"}}, "mpi");
+  CHECK(agreeing.mpi_launched);
 }
 
 TEST_CASE("a worker of mtrain-launch ignores the MPI identity its launcher inherited", "[environment]") {
@@ -242,4 +271,18 @@ TEST_CASE("mpirun with an MPI backend needs no MASTER_ADDR", "[environment]") {
   const Vars ompi = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}};
   CHECK(discover(ompi, "mpi").world_size == 2);
   CHECK(discover(ompi, "auto").world_size == 2);
+}
+
+TEST_CASE("a rank whose backend or device differs from rank 0's fails before any group", "[unit]") {
+  // Otherwise a Gloo rank would wait --timeout for peers stuck in NCCL's set-up.
+  const std::string token = mtrain::generate_store_token();
+  mtrain::TcpStoreServer server("127.0.0.1", 0, token);
+  mtrain::TcpStore rank0("127.0.0.1", server.port(), token);
+  mtrain::TcpStore rank1("127.0.0.1", server.port(), token);
+  mtrain::TcpStore rank2("127.0.0.1", server.port(), token);
+  mtrain::require_rank0_backend(rank0, 0, "nccl", mtrain::Device::cuda(0));
+  // Another GPU index is the same kind of device.
+  CHECK_NOTHROW(mtrain::require_rank0_backend(rank1, 1, "nccl", mtrain::Device::cuda(1)));
+  CHECK_THROWS_WITH(mtrain::require_rank0_backend(rank2, 2, "gloo", mtrain::Device::cpu()),
+                    Catch::Contains("rank 2 trains with gloo on the CPU but rank 0 with nccl on a GPU"));
 }
