@@ -101,20 +101,23 @@ void Work::mark_failed(std::exception_ptr error) {
   cv_.notify_all();
 }
 
+void check_group_arguments(int rank, int size, const ProcessGroupOptions& options) {
+  if (size < 1) {
+    throw InvalidArgument(fmt::format("process group '{}': expected a size >= 1, found {}", options.name, size));
+  }
+  if (rank < 0 || rank >= size) {
+    throw InvalidArgument(fmt::format("process group '{}': expected a rank in [0, {}), found {}",
+                                      options.name, size, rank));
+  }
+  if (options.timeout.count() <= 0) {
+    throw InvalidArgument(fmt::format("process group '{}': expected a positive timeout, found {} ms",
+                                      options.name, options.timeout.count()));
+  }
+}
+
 ProcessGroup::ProcessGroup(int rank, int size, ProcessGroupOptions options)
     : rank_(rank), size_(size), options_(std::move(options)) {
-  if (size_ < 1) {
-    throw InvalidArgument(fmt::format("process group '{}': expected a size >= 1, found {}",
-                                      options_.name, size_));
-  }
-  if (rank_ < 0 || rank_ >= size_) {
-    throw InvalidArgument(fmt::format("process group '{}': expected a rank in [0, {}), found {}",
-                                      options_.name, size_, rank_));
-  }
-  if (options_.timeout.count() <= 0) {
-    throw InvalidArgument(fmt::format("process group '{}': expected a positive timeout, found {} ms",
-                                      options_.name, options_.timeout.count()));
-  }
+  check_group_arguments(rank_, size_, options_);
 }
 
 void ProcessGroup::check_root(int root) const {

@@ -95,6 +95,11 @@ struct ProcessGroupOptions {
   Millis timeout = Millis(30 * 60 * 1000); // per operation; 30 min like c10d's default
 };
 
+// InvalidArgument unless 0 <= rank < size and the timeout is positive; every group's
+// constructor checks this, and a backend whose creation already talks to its peers
+// (MPI_Comm_dup) checks it before that.
+void check_group_arguments(int rank, int size, const ProcessGroupOptions& options);
+
 // Tensors: contiguous, on one device; float32 and int64 for every op, float16/bfloat16
 // for allreduce/broadcast/allgather buffers. Shapes are checked on every rank against
 // the documented rule and violations throw InvalidArgument at the call.

@@ -4,11 +4,14 @@
 
 #include "core/main_guard.h"
 #include "trainer/error_file.h"
+#ifdef MTRAIN_HAVE_MPI
+#include "collectives/mpi/mpi_process_group.h"
+#endif
 #include "trainer/options.h"
 #include "trainer/train_command.h"
 
 int main(int argc, char** argv) {
-  return mtrain::run_main("mtrain-train", [&] {
+  const int code = mtrain::run_main("mtrain-train", [&] {
     try {
       const auto parsed = mtrain::parse_train_command_line(argc, argv, mtrain::train_choices());
       if (parsed.help) {
@@ -21,4 +24,9 @@ int main(int argc, char** argv) {
       throw;
     }
   });
+#ifdef MTRAIN_HAVE_MPI
+  // Note [A failing rank under mpirun]. A stop the ranks agreed on (75) finalises normally.
+  if (code != 0 && code != mtrain::kStoppedExitCode) mtrain::abort_mpi_job_on_error("mtrain-train", code);
+#endif
+  return code;
 }

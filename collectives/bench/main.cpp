@@ -241,5 +241,9 @@ int run(int argc, char** argv) {
 }  // namespace mtrain::bench
 
 int main(int argc, char** argv) {
-  return mtrain::run_main("mtrain-bench", [&] { return mtrain::bench::run(argc, argv); });
+  const int code = mtrain::run_main("mtrain-bench", [&] { return mtrain::bench::run(argc, argv); });
+#ifdef MTRAIN_HAVE_MPI
+  if (code != 0) mtrain::abort_mpi_job_on_error("mtrain-bench", code);  // Note [A failing rank under mpirun]
+#endif
+  return code;
 }

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <future>
 
@@ -198,7 +199,8 @@ class MpiProcessGroup final : public ProcessGroup {
     return enqueue(kOp, {input, output},
                    [=, comm = comm_, recv_counts = std::move(recv_counts),
                     displacements = std::move(displacements)] {
-                     MTRAIN_MPI_CHECK(MPI_Allgatherv(input.raw_data(), count, type, output.raw_data(),
+                     const Tensor source = separate_from(input, output);
+                     MTRAIN_MPI_CHECK(MPI_Allgatherv(source.raw_data(), count, type, output.raw_data(),
                                                      recv_counts.data(), displacements.data(), type,
                                                      comm));
                    });
@@ -255,6 +257,9 @@ class MpiProcessGroup final : public ProcessGroup {
 
 std::unique_ptr<ProcessGroup> create_mpi_process_group(int rank, int size,
                                                        ProcessGroupOptions options) {
+  // Before the collective MPI_Comm_dup: a timeout of 0 would expire it at once and leave
+  // the runtime broken for every later group.
+  check_group_arguments(rank, size, options);
   MpiRuntime& runtime = MpiRuntime::instance();
   if (rank != runtime.world_rank() || size != runtime.world_size()) {
     throw InvalidArgument(fmt::format(
@@ -292,6 +297,14 @@ std::unique_ptr<ProcessGroup> create_mpi_process_group(int rank, int size,
 
 bool started_by_mpirun() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+}
+
+void abort_mpi_job_on_error(const char* program, int exit_code) {
+  if (mpi::MpiRuntime::started_world_size() <= 1) return;
+  std::fprintf(stderr, "%s: ending the MPI job (MPI_Abort %d): this rank failed, and MPI_Finalize would wait for "
+               "the others\n", program, exit_code);
+  std::fflush(stderr);
+  abort_mpi_job(exit_code);
 }
 
 void abort_mpi_job(int exit_code) {

@@ -74,4 +74,15 @@ bool started_by_mpirun();
 // initialised.
 [[noreturn]] void abort_mpi_job(int exit_code);
 
+// Note [A failing rank under mpirun]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// MPI_Finalize waits until every rank reaches it (Open MPI: a PMIx fence), so a rank
+// that fails while the others train would hang in its finalisation at exit, mpirun would
+// never see it leave, and the others would wait --timeout (30 min by default) in their
+// next collective. A process leaving with an error calls this first: when it started
+// MPI with more than one rank, it prints why and ends the whole job with
+// MPI_Abort(exit_code), as mpirun's users expect ("when a rank exits non-zero, mpirun
+// aborts the others"); otherwise it returns and the process exits as usual.
+void abort_mpi_job_on_error(const char* program, int exit_code);
+
 }  // namespace mtrain

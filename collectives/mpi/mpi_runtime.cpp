@@ -4,6 +4,7 @@
 
 #include <sched.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -42,6 +43,8 @@ namespace {
 bool batch_threads_from_env() {
   return env::get_choice("MTRAIN_MPI_THREAD_SCHED", {"batch", "normal"}) == "batch";
 }
+
+std::atomic<int> g_started_world_size{0};
 
 }  // namespace
 
@@ -99,7 +102,10 @@ void MpiRuntime::initialise_mpi() {
   }
   MTRAIN_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
   MTRAIN_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size_));
+  g_started_world_size.store(world_size_);
 }
+
+int MpiRuntime::started_world_size() { return g_started_world_size.load(); }
 
 void MpiRuntime::communication_loop(std::exception_ptr* init_error, std::mutex* init_mu,
                                     std::condition_variable* init_cv, bool* init_done) {

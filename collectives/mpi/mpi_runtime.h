@@ -53,6 +53,9 @@ class MpiRuntime {
 
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }
+  // MPI_COMM_WORLD's size once a runtime has initialised MPI, else 0. Never creates the
+  // runtime, and safe from any thread.
+  static int started_world_size();
 
   // Queues `task` behind every earlier one. After a timeout the task fails at once with
   // a CommError instead (Note [MPI timeouts]).
