@@ -78,8 +78,6 @@ std::string format_duration(Millis t) {
   return fmt::format("{} ms", t.count());
 }
 
-std::atomic<uint64_t> g_groups_created{0};
-
 // A Work whose waiter runs the operation itself when it is next in line and nothing is
 // running (Note [Running an operation on the waiting thread]).
 class GlooWork final : public Work {
@@ -112,7 +110,11 @@ class GlooProcessGroup final : public ProcessGroup {
       : ProcessGroup(rank, size, std::move(options)), store_(std::move(store)) {
     // The store is already scoped to this job attempt (connect_store_from_env), so
     // only the group needs naming here.
-    prefix_ = fmt::format("gloo/{}/{}", options_.name, g_groups_created.fetch_add(1));
+    // The k-th group of a name is the same group on every rank: each rank counts its own
+    // on the store, so nothing else the process created shifts the number (and ranks
+    // that share a process, as in tests, agree too).
+    const int64_t created = store_->add(fmt::format("gloo/{}/created/{}", options_.name, rank_), 1);
+    prefix_ = fmt::format("gloo/{}/{}", options_.name, created - 1);
     device_ = create_tcp_device(local_address_reaching(master_host, master_port));
     GlooStoreAdapter rendezvous(*store_, prefix_ + "/rdzv", options_.timeout);
     context_ = std::make_shared<gloo::rendezvous::Context>(rank_, size_);

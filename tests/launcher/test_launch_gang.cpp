@@ -149,31 +149,42 @@ TEST_CASE("dynamic rendezvous assigns node ranks in join order") {
   TempDir dir;
   const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
   const std::vector<std::string> env{"MTRAIN_STORE_TOKEN=dyn"};
-  auto args = [&](int nproc) {
+  const fs::path a_dir = dir.path() / "a", b_dir = dir.path() / "b";
+  fs::create_directories(a_dir);
+  fs::create_directories(b_dir);
+  auto args = [&](int nproc, const fs::path& records) {
     return std::vector<std::string>{"--rdzv_endpoint", endpoint, "--rdzv_id", "dynjob",
                                     "--nnodes", "2:3", "--rdzv_last_call", "0.5",
                                     "--nproc_per_node", std::to_string(nproc), W(),
-                                    "record=" + dir.str(), "barrier"};
+                                    "record=" + records.string(), "barrier"};
   };
-  LauncherProcess a(args(2), dir.path(), env, "a");
-  LauncherProcess b(args(1), dir.path(), env, "b");
+  // a joins first (it takes milliseconds; the round cannot close before b joins, since
+  // MIN is 2), so a is node 0 with ranks 0 and 1, and b node 1 with rank 2.
+  LauncherProcess a(args(2, a_dir), dir.path(), env, "a");
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  LauncherProcess b(args(1, b_dir), dir.path(), env, "b");
   const auto ra = a.wait(30);
   const auto rb = b.wait(30);
   INFO(ra.err << rb.err);
   REQUIRE(ra.exit_code == 0);
   REQUIRE(rb.exit_code == 0);
-  const auto records = read_records(dir.path());
-  REQUIRE(records.size() == 3);
-  std::multiset<std::string> group_ranks;
-  for (const auto& [rank, e] : records) {
+  const auto a_records = read_records(a_dir);
+  const auto b_records = read_records(b_dir);
+  REQUIRE(a_records.size() == 2);
+  REQUIRE(b_records.size() == 1);
+  std::set<std::string> a_ranks;
+  for (const auto& [rank, e] : a_records) {
+    CHECK(e.at("GROUP_RANK") == "0");
     CHECK(e.at("WORLD_SIZE") == "3");
     CHECK(e.at("GROUP_WORLD_SIZE") == "2");
-    group_ranks.insert(e.at("GROUP_RANK"));
+    a_ranks.insert(e.at("RANK"));
   }
-  // One node has two workers, the other one; which joined first is up to the scheduler.
-  CHECK(group_ranks.count("0") + group_ranks.count("1") == 3);
-  CHECK(group_ranks.count("0") >= 1);
-  CHECK(group_ranks.count("1") >= 1);
+  CHECK(a_ranks == std::set<std::string>{"0", "1"});
+  for (const auto& [rank, e] : b_records) {
+    CHECK(e.at("GROUP_RANK") == "1");
+    CHECK(e.at("RANK") == "2");
+    CHECK(e.at("LOCAL_RANK") == "0");
+  }
 }
 
 TEST_CASE("a worker killed with SIGKILL stops the whole gang, children included") {
@@ -491,6 +502,67 @@ TEST_CASE("a node whose launcher dies without a word is found by its missing hea
       require_all_reaped(recorded_pids(node0_dir));
       require_all_dead(recorded_pids(node1_dir));
     }
+  }
+}
+
+TEST_CASE("a node that loses the store's host stops its workers and says so") {
+  // The reverse of the heartbeat case: node 0 hosts the store and is SIGKILLed. Node 1's
+  // next store request fails (the connection resets), so it must stop its workers and
+  // exit non-zero, naming the store, well before its own workers would have finished.
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  const std::vector<std::string> env{"MTRAIN_STORE_TOKEN=storelost"};
+  const std::string node0_dir = (dir.path() / "n0").string();
+  const std::string node1_dir = (dir.path() / "n1").string();
+  fs::create_directories(node0_dir);
+  fs::create_directories(node1_dir);
+  LauncherProcess node0({"--nnodes=2", "--node_rank=0", "--master_port=" + port, "--heartbeat_timeout=2",
+                         "--nproc_per_node=1", W(), "record=" + node0_dir, "sleep=30"},
+                        dir.path(), env, "node0");
+  LauncherProcess node1({"--nnodes=2", "--node_rank=1", "--master_port=" + port, "--heartbeat_timeout=2",
+                         "--nproc_per_node=1", W(), "record=" + node1_dir, "sleep=30"},
+                        dir.path(), env, "node1");
+  REQUIRE(wait_until([&] { return read_records(node0_dir).size() == 1 && read_records(node1_dir).size() == 1; }, 20));
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(node0.pid(), SIGKILL);
+  node0.wait(10);
+  const auto r1 = node1.wait(30);
+  const double after_kill = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  INFO("node1: " << r1.err);
+  REQUIRE_FALSE(r1.timed_out);
+  CHECK(r1.exit_code != 0);
+  CHECK(after_kill < 12.0);
+  CHECK_THAT(r1.err, Catch::Contains("lost the rendezvous store at 127.0.0.1:" + port));
+  require_all_reaped(recorded_pids(node1_dir));
+}
+
+TEST_CASE("a failure on one node restarts every node's gang") {
+  // --max_restarts across nodes: node 1's worker fails in attempt 0 only; both nodes
+  // start attempt 1, which succeeds everywhere.
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  const std::vector<std::string> env{"MTRAIN_STORE_TOKEN=restarts"};
+  const std::string node0_dir = (dir.path() / "n0").string();
+  const std::string node1_dir = (dir.path() / "n1").string();
+  fs::create_directories(node0_dir);
+  fs::create_directories(node1_dir);
+  LauncherProcess node0({"--nnodes=2", "--node_rank=0", "--master_port=" + port, "--max_restarts=1",
+                         "--nproc_per_node=1", W(), "record=" + node0_dir, "sleep=1"},
+                        dir.path(), env, "node0");
+  LauncherProcess node1({"--nnodes=2", "--node_rank=1", "--master_port=" + port, "--max_restarts=1",
+                         "--nproc_per_node=1", W(), "record=" + node1_dir, "fail-attempts=0"},
+                        dir.path(), env, "node1");
+  const auto r1 = node1.wait(40);
+  const auto r0 = node0.wait(40);
+  INFO("node0: " << r0.err << "\nnode1: " << r1.err);
+  CHECK(r0.exit_code == 0);
+  CHECK(r1.exit_code == 0);
+  for (const auto& node_dir : {node0_dir, node1_dir}) {
+    INFO(node_dir);
+    CHECK(read_records(node_dir, 0).size() == 1);
+    const auto second = read_records(node_dir, 1);
+    REQUIRE(second.size() == 1);
+    CHECK(second.begin()->second.at("MTRAIN_RESTART_COUNT") == "1");
   }
 }
 

@@ -4,16 +4,23 @@
 // test_distributed_train.
 #include <catch2/catch.hpp>
 #include <memory>
+#include <cmath>
 #include <random>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "tests/support/solo_group.h"
 #include "tests/trainer/counting_group.h"
 #include "collectives/process_group.h"
 #include "collectives/store.h"
 #include "core/error.h"
+#include "models/init.h"
 #include "models/linear.h"
 #include "models/sequential.h"
+#include "models/zoo.h"
 #include "trainer/lr_schedule.h"
+#include "trainer/rank_consensus.h"
 #include "trainer/reducer.h"
 
 using Catch::Matchers::Contains;
@@ -141,8 +148,19 @@ TEST_CASE("a group of one leaves the gradients exactly as local training does", 
   step(*ddp_model, reducer, true);
   CHECK(gradients(*ddp_model) == gradients(*local_model));
   CHECK(reducer.totals().synced_steps == 2);
-  CHECK(reducer.totals().hidden_fraction() >= 0.0);
-  CHECK(reducer.totals().hidden_fraction() <= 1.0);
+}
+
+TEST_CASE("the hidden share of the all-reduce is 1 - wait / span, clamped", "[reducer]") {
+  const auto hidden = [](double wait, double span) {
+    mtrain::ReducerTotals t;
+    t.wait_seconds = wait;
+    t.comm_span_seconds = span;
+    return t.hidden_fraction();
+  };
+  CHECK(hidden(0.25, 1.0) == Approx(0.75));  // a quarter of the span was waited for
+  CHECK(hidden(0.0, 2.0) == 1.0);            // all of it behind backward
+  CHECK(hidden(3.0, 2.0) == 0.0);            // waited longer than the span: none hidden
+  CHECK(hidden(0.5, 0.0) == 0.0);            // nothing reduced
 }
 
 TEST_CASE("a parameter whose gradient never arrives is named", "[reducer]") {
@@ -204,4 +222,47 @@ TEST_CASE("learning-rate schedules: linear scaling, warm-up, step and cosine", "
   CHECK_THROWS_WITH(parse_lr_schedule("linear"), Contains("valid: constant, step, cosine"));
   o.total_epochs = 0;
   CHECK_THROWS_AS(LrSchedule(o), InvalidArgument);
+}
+
+TEST_CASE("the replica check names the rank whose parameters differ by one element", "[consensus]") {
+  // --check-replicas proves the multi-process tests' replicas identical; here it must
+  // fire. Two ranks over real Gloo groups in threads, each with its own mlp built from
+  // the same seed; rank 1 nudges one weight by one float step.
+  TcpStoreServer server("127.0.0.1", 0, "token");
+  for (const bool nudge : {false, true}) {
+    DYNAMIC_SECTION((nudge ? "one element differs" : "identical")) {
+      std::vector<std::string> errors(2);
+      std::vector<std::thread> ranks;
+      for (int r = 0; r < 2; ++r) {
+        ranks.emplace_back([&, r] {
+          try {
+            auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), "token", Millis(10000));
+            ProcessGroupOptions options;
+            options.name = nudge ? "replicas_nudged" : "replicas_same";
+            options.timeout = Millis(10000);
+            auto group = create_process_group("gloo", store, r, 2, Device::cpu(), options);
+            auto model = models::build_model("mlp", 1, 10, {models::InitScheme::kPyTorchDefault, 7});
+            if (nudge && r == 1) {
+              float& w = model->parameters()[1].param->value.data<float>()[3];
+              w = std::nextafter(w, 1e30f);
+            }
+            const uint64_t h = hash_parameters(*model);
+            require_same_on_all_ranks(*group, {{"the parameters", h, "hash"}}, "replica check after step 5: the model");
+          } catch (const std::exception& e) {
+            errors[static_cast<size_t>(r)] = e.what();
+          }
+        });
+      }
+      for (auto& t : ranks) t.join();
+      for (const std::string& e : errors) {
+        INFO(e);
+        if (nudge) {
+          CHECK_THAT(e, Contains("replica check after step 5: the model differs across ranks") &&
+                            Contains("the parameters on rank 1"));
+        } else {
+          CHECK(e.empty());
+        }
+      }
+    }
+  }
 }
