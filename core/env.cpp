@@ -1,5 +1,6 @@
 #include "core/env.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 
@@ -14,19 +15,21 @@ std::optional<std::string> get(const char* name) {
 }
 
 int64_t parse_int(const std::string& text, const std::string& what, int64_t min, int64_t max) {
+  const auto range = [&] {
+    return max == INT64_MAX ? fmt::format("an integer >= {}", min) : fmt::format("an integer in [{}, {}]", min, max);
+  };
+  // Digits with an optional minus, nothing else: strtoll alone would take " 1" and "+1"
+  // but refuse "1 ".
+  const bool well_formed = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) ||
+                                             (text[0] == '-' && text.size() > 1));
   errno = 0;
   char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || end == text.c_str() || *end != '\0' || errno == ERANGE) {
+  const long long v = well_formed ? std::strtoll(text.c_str(), &end, 10) : 0;
+  if (!well_formed || end == text.c_str() || *end != '\0') {
     throw InvalidArgument(fmt::format("{}: expected an integer, found '{}'", what, text));
   }
-  if (v < min || v > max) {
-    if (max == INT64_MAX) {
-      throw InvalidArgument(fmt::format("{}: expected an integer >= {}, found {}", what, min, v));
-    }
-    throw InvalidArgument(
-        fmt::format("{}: expected an integer in [{}, {}], found {}", what, min, max, v));
-  }
+  if (errno == ERANGE) throw InvalidArgument(fmt::format("{}: expected {}, found '{}'", what, range(), text));
+  if (v < min || v > max) throw InvalidArgument(fmt::format("{}: expected {}, found {}", what, range(), v));
   return v;
 }
 

@@ -45,6 +45,9 @@ double parse_double(const std::string& text, const std::string& flag) {
   return v;
 }
 
+// A switch (--sync-bn): cxxopts also takes --sync-bn=false, which must mean off, not on.
+bool switch_on(const cxxopts::ParseResult& r, const char* name) { return r.count(name) != 0 && r[name].as<bool>(); }
+
 // Numbers are taken as strings and parsed here so every bad value gets the same
 // "flag: expected ..., found ..." message (cxxopts' own conversion errors do not
 // say which flag or what range).
@@ -106,15 +109,18 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
   if (o.batch_size < 1) {
     throw InvalidArgument(fmt::format("--batch-size: expected an integer >= 1, found {}", o.batch_size));
   }
-  if (!(std::isfinite(o.lr) && o.lr > 0)) {
-    throw InvalidArgument(fmt::format("--lr: expected a finite number > 0, found {}", o.lr));
+  // The optimizer works in float32: a larger value would become infinity there.
+  constexpr double kFloatMax = std::numeric_limits<float>::max();
+  if (!(std::isfinite(o.lr) && o.lr > 0 && o.lr <= kFloatMax)) {
+    throw InvalidArgument(fmt::format("--lr: expected a number > 0 and at most {:g} (float32's largest), found {}",
+                                      kFloatMax, o.lr));
   }
   if (!(std::isfinite(o.momentum) && o.momentum >= 0 && o.momentum < 1)) {
     throw InvalidArgument(fmt::format("--momentum: expected a number in [0, 1), found {}", o.momentum));
   }
-  if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0)) {
-    throw InvalidArgument(
-        fmt::format("--weight-decay: expected a finite number >= 0, found {}", o.weight_decay));
+  if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0 && o.weight_decay <= kFloatMax)) {
+    throw InvalidArgument(fmt::format("--weight-decay: expected a number >= 0 and at most {:g}, found {}", kFloatMax,
+                                      o.weight_decay));
   }
   if (o.nesterov && o.momentum == 0) {
     throw InvalidArgument("--nesterov needs a momentum > 0 (as torch.optim.SGD); add --momentum 0.9");
@@ -278,8 +284,8 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   read_double(r, "lr", o.lr);
   read_double(r, "momentum", o.momentum);
   read_double(r, "weight-decay", o.weight_decay);
-  o.nesterov = r.count("nesterov") != 0;
-  o.shuffle = r.count("no-shuffle") == 0;
+  o.nesterov = switch_on(r, "nesterov");
+  o.shuffle = !switch_on(r, "no-shuffle");
   if (r.count("threads") != 0) {
     int threads = 0;
     read_int(r, "threads", threads, 1, 4096);
@@ -289,14 +295,14 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   read_path(r, "metrics", o.metrics);
   read_path(r, "checkpoint-dir", o.checkpoint_dir);
   read_int(r, "checkpoint-every", o.checkpoint_every, 0, kMax);
-  o.eval = r.count("no-eval") == 0;
+  o.eval = !switch_on(r, "no-eval");
   o.log_level = r["log-level"].as<std::string>();
   read_int(r, "log-every", o.log_every, 1, kMax);
 
   o.device = r["device"].as<std::string>();
-  o.cudnn_benchmark = r.count("cudnn-benchmark") != 0;
-  o.deterministic = r.count("deterministic") != 0;
-  o.allow_tf32 = r.count("no-tf32") == 0;
+  o.cudnn_benchmark = switch_on(r, "cudnn-benchmark");
+  o.deterministic = switch_on(r, "deterministic");
+  o.allow_tf32 = !switch_on(r, "no-tf32");
   o.amp = r["amp"].as<std::string>();
   o.loss_scale = r["loss-scale"].as<std::string>();
   read_double(r, "initial-loss-scale", o.initial_loss_scale);
@@ -307,7 +313,7 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   o.grad_compression = r["grad-compression"].as<std::string>();
   read_int(r, "grad-accum", o.grad_accum, 1, 1'000'000);
   read_int(r, "check-replicas", o.check_replicas, 0, kMax);
-  o.sync_bn = r.count("sync-bn") != 0;
+  o.sync_bn = switch_on(r, "sync-bn");
   if (r.count("global-batch-size") != 0) {
     o.global_batch_size = env::parse_int(r["global-batch-size"].as<std::string>(), "--global-batch-size", 1, 1'000'000);
   }

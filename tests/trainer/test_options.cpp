@@ -66,6 +66,11 @@ TEST_CASE("the defaults are valid and flags override them", "[options]") {
   CHECK(o.log_level == "debug");
   CHECK(o.log_every == 7);
   CHECK(parse({"--momentum", "0.9", "--nesterov"}).options.nesterov);
+  // A switch given =false is off (it used to count as given, so on).
+  CHECK_FALSE(parse({"--momentum", "0.9", "--nesterov=false"}).options.nesterov);
+  CHECK_FALSE(parse({"--sync-bn=false"}).options.sync_bn);
+  CHECK(parse({"--no-eval=false"}).options.eval);
+  CHECK(parse({"--sync-bn=true"}).options.sync_bn);
 
   CHECK(defaults.options.backend == "auto");
   CHECK(defaults.options.bucket_cap_mb == 25.0);
@@ -132,14 +137,19 @@ TEST_CASE("bad values are one clear InvalidArgument naming the flag", "[options]
       {{"--batch-size", "12x"}, "--batch-size: expected an integer, found '12x'"},
       {{"--epochs", "0"}, "--epochs: expected an integer in [1, 1000000], found 0"},
       {{"--max-steps", "-1"}, "--max-steps: expected an integer >= 0, found -1"},
-      {{"--lr", "0"}, "--lr: expected a finite number > 0, found 0"},
-      {{"--lr", "-0.1"}, "--lr: expected a finite number > 0"},
+      {{"--lr", "0"}, "--lr: expected a number > 0 and at most 3.40282e+38 (float32's largest), found 0"},
+      {{"--lr", "-0.1"}, "--lr: expected a number > 0 and at most"},
       {{"--lr", "nan"}, "--lr: expected a finite number, found 'nan'"},
       {{"--lr", "inf"}, "--lr: expected a finite number, found 'inf'"},
       {{"--lr", "fast"}, "--lr: expected a finite number, found 'fast'"},
+      {{"--lr", "1e39"}, "--lr: expected a number > 0 and at most 3.40282e+38 (float32's largest), found 1e+39"},
+      {{"--weight-decay", "1e39"}, "--weight-decay: expected a number >= 0 and at most"},
+      {{"--epochs", " 1"}, "--epochs: expected an integer, found ' 1'"},
+      {{"--epochs", "+1"}, "--epochs: expected an integer, found '+1'"},
+      {{"--epochs", "99999999999999999999"}, "--epochs: expected an integer in [1, 1000000], found '99999999999999999999'"},
       {{"--momentum", "1"}, "--momentum: expected a number in [0, 1), found 1"},
       {{"--momentum", "-0.5"}, "--momentum: expected a number in [0, 1)"},
-      {{"--weight-decay", "-1"}, "--weight-decay: expected a finite number >= 0"},
+      {{"--weight-decay", "-1"}, "--weight-decay: expected a number >= 0 and at most"},
       {{"--momentum", "0", "--nesterov"}, "--nesterov needs a momentum > 0"},
       {{"--threads", "0"}, "--threads: expected an integer in [1, 4096], found 0"},
       {{"--log-every", "0"}, "--log-every: expected an integer >= 1, found 0"},

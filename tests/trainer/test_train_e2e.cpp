@@ -229,7 +229,7 @@ TEST_CASE("bad input is one line on stderr and a non-zero exit", "[e2e]") {
       {{"--batch-size", "-4"}, 2, "--batch-size: expected an integer in [1, 1000000], found -4"},
       {{"--model", "vgg"}, 2, "--model: unknown value 'vgg' (valid: "},
       {{"--dataset", "imagenet"}, 2, "--dataset: unknown value 'imagenet'"},
-      {{"--lr", "0"}, 2, "--lr: expected a finite number > 0"},
+      {{"--lr", "0"}, 2, "--lr: expected a number > 0 and at most"},
       {{"--epochs", "zero"}, 2, "--epochs: expected an integer, found 'zero'"},
       {{"--frobnicate"}, 2, "frobnicate"},
       {{"--data-dir", dir.file("no-such-dir")}, 1, "no-such-dir"},
