@@ -18,11 +18,14 @@
 namespace mtrain {
 namespace {
 
-// Rank 0's server binds every IPv4 interface: MASTER_ADDR (or the node list's first
-// name) is how the OTHER ranks reach it, and on a typical node the host's own name
-// resolves locally to a loopback alias (Debian's 127.0.1.1) that no other node could
-// reach. The token keeps strangers out.
-constexpr const char* kAnyAddress = "0.0.0.0";
+// Rank 0's server binds every interface of MASTER_ADDR's family: MASTER_ADDR (or the
+// node list's first name) is how the OTHER ranks reach it, and on a typical node the
+// host's own name resolves locally to a loopback alias (Debian's 127.0.1.1) that no other
+// node could reach. An IPv6 literal (which has a ':') gets every IPv6 interface, anything
+// else every IPv4 one. The token keeps strangers out.
+const char* any_address_like(const std::string& master_addr) {
+  return master_addr.find(':') != std::string::npos ? "::" : "0.0.0.0";
+}
 
 std::string this_host() {
   char name[HOST_NAME_MAX + 1] = {};
@@ -43,9 +46,10 @@ std::shared_ptr<Store> hold_server(std::shared_ptr<TcpStore> client, std::shared
   return std::shared_ptr<Store>(raw, [client, server](Store*) {});
 }
 
-std::shared_ptr<TcpStoreServer> start_server(uint16_t port, const std::string& token, const std::string& why) {
+std::shared_ptr<TcpStoreServer> start_server(const char* bind_address, uint16_t port, const std::string& token,
+                                             const std::string& why) {
   try {
-    return std::make_shared<TcpStoreServer>(kAnyAddress, port, token);
+    return std::make_shared<TcpStoreServer>(bind_address, port, token);
   } catch (const CommError& e) {
     throw CommError(fmt::format("rank 0 cannot host the rendezvous store on port {} ({}): {}{}", port, why,
                                 e.what(), port != 0 ? "; set MASTER_PORT to a free port" : ""));
@@ -72,7 +76,8 @@ std::shared_ptr<Store> open_rank0_store(const WorkerEnvironment& env, Millis tim
   const auto port = static_cast<uint16_t>(env.master_port);
   std::shared_ptr<TcpStoreServer> server;
   if (env.rank == 0) {
-    server = start_server(port, env.store_token, fmt::format("MASTER_ADDR={}", env.master_addr));
+    server = start_server(any_address_like(env.master_addr), port, env.store_token,
+                          fmt::format("MASTER_ADDR={}", env.master_addr));
     spdlog::info("rendezvous store: hosted by rank 0 on port {}, reached as {}:{}", port, env.master_addr, port);
     if (env.store_token_derived) {
       spdlog::warn(
@@ -94,7 +99,7 @@ std::shared_ptr<Store> open_mpi_broadcast_store(const WorkerEnvironment& env, Mi
   std::string announcement;
   if (env.rank == 0) {
     const std::string fresh_token = random_token();
-    server = start_server(0, fresh_token, "a free port chosen for the MPI bootstrap");
+    server = start_server("0.0.0.0", 0, fresh_token, "a free port chosen for the MPI bootstrap");
     announcement = fmt::format("{}\n{}\n{}", this_host(), server->port(), fresh_token);
   }
   announcement = mpi_broadcast_from_rank0(announcement, "the rendezvous store address", timeout);

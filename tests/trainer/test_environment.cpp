@@ -2,6 +2,11 @@
 // contradictory variables, through a lookup over a map so no test touches the real
 // process environment.
 #include <catch2/catch.hpp>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <map>
 #include <string>
 
@@ -9,6 +14,7 @@
 #include "collectives/store.h"
 #include "tensor/tensor.h"
 #include "trainer/environment.h"
+#include "trainer/store_bootstrap.h"
 #include "trainer/training_groups.h"
 #include "trainer/hostlist.h"
 
@@ -285,4 +291,32 @@ TEST_CASE("a rank whose backend or device differs from rank 0's fails before any
   CHECK_NOTHROW(mtrain::require_rank0_backend(rank1, 1, "nccl", mtrain::Device::cuda(1)));
   CHECK_THROWS_WITH(mtrain::require_rank0_backend(rank2, 2, "gloo", mtrain::Device::cpu()),
                     Catch::Contains("rank 2 trains with gloo on the CPU but rank 0 with nccl on a GPU"));
+}
+
+TEST_CASE("rank 0 hosts the store for an IPv6 MASTER_ADDR too", "[environment]") {
+  // It bound every IPv4 interface only, so MASTER_ADDR=::1 could not reach it.
+  const int probe = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in6 loopback{};
+  loopback.sin6_family = AF_INET6;
+  loopback.sin6_addr = in6addr_loopback;
+  const bool has_ipv6 = probe >= 0 && ::bind(probe, reinterpret_cast<sockaddr*>(&loopback), sizeof loopback) == 0;
+  socklen_t length = sizeof loopback;
+  const bool got_port = has_ipv6 && ::getsockname(probe, reinterpret_cast<sockaddr*>(&loopback), &length) == 0;
+  const int port = got_port ? ntohs(loopback.sin6_port) : 0;
+  if (probe >= 0) ::close(probe);  // a free port, released for the store
+  if (!has_ipv6 || !got_port) {
+    WARN("skipped: no IPv6 loopback here");
+    return;
+  }
+  mtrain::WorkerEnvironment env;
+  env.rank = 0;
+  env.world_size = 2;
+  env.master_addr = "::1";
+  env.master_port = port;
+  env.store_mode = StoreMode::kRank0;
+  env.store_token = "ipv6-token";
+  auto store = mtrain::open_worker_store(env, mtrain::Millis(5000));
+  store->set("k", std::string("v"));
+  mtrain::TcpStore other("::1", static_cast<uint16_t>(port), "ipv6-token", mtrain::Millis(5000));
+  CHECK(other.get_string("k") == "v");
 }
