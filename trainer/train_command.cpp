@@ -88,6 +88,13 @@ void log_device(const TrainingDevice& device, const ThreadChoice& threads) {
   spdlog::info("{}; {} intra-op thread{} for host kernels ({})", device.log_line, threads.threads,
                threads.threads == 1 ? "" : "s", threads.reason);
   if (!device.binding.warning.empty()) spdlog::warn("{}", device.binding.warning);
+  // Bound to fewer CPUs (taskset, mtrain-launch --cpu_bind, a cpuset) than threads: they
+  // would take turns on the same cores, every kernel waiting for its slowest thread.
+  if (const int cpus = usable_cpu_count(); threads.threads > cpus) {
+    spdlog::warn("{} intra-op threads but this process may run on {} CPU{} only (its affinity mask): the threads "
+                 "will time-share; use --threads {}",
+                 threads.threads, cpus, cpus == 1 ? "" : "s", cpus);
+  }
 }
 
 void log_environment(const WorkerEnvironment& env) {

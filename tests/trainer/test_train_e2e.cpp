@@ -266,3 +266,15 @@ TEST_CASE("--help prints the flags and exits 0", "[e2e]") {
     CHECK_THAT(r.out, Contains(flag));
   }
 }
+
+TEST_CASE("more threads than the CPUs the process may use is warned about", "[e2e]") {
+  // Under taskset (or mtrain-launch --cpu_bind cores) the threads would take turns.
+  const auto r = mtrain::testing::run_process(
+      "/usr/bin/taskset", {"-c", "0", kBinary, "--model", "mlp", "--max-steps", "1", "--threads", "2", "--no-eval",
+                           "--data-dir", kMiniSet});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out + r.err, Contains("2 intra-op threads but this process may run on 1 CPU only"));
+  const auto fits = train({"--model", "mlp", "--max-steps", "1", "--no-eval"});
+  CHECK_THAT(fits.out + fits.err, !Contains("may run on"));
+}
