@@ -39,8 +39,15 @@ double LrSchedule::at(double epoch) const {
   switch (options_.kind) {
     case LrScheduleKind::Constant:
       return target;
-    case LrScheduleKind::Step:
-      return target * (progress >= 0.75 ? 0.01 : progress >= 0.5 ? 0.1 : 1.0);
+    case LrScheduleKind::Step: {
+      // Milestones at fixed points of the whole run, warm-up included (Goyal et al. keep
+      // theirs at fixed epochs). The position comes in as a fractional epoch computed in
+      // double, so a step that lands exactly on a milestone may read a hair below it
+      // (362 of 724 steps: 0.49999999999999994); kMilestoneSlack counts it as reached.
+      constexpr double kMilestoneSlack = 1e-9;
+      const double run = epoch / options_.total_epochs + kMilestoneSlack;
+      return target * (run >= 0.75 ? 0.01 : run >= 0.5 ? 0.1 : 1.0);
+    }
     case LrScheduleKind::Cosine:
       return target * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
   }

@@ -10,8 +10,9 @@
 // there. A large scaled rate diverges early, so --warmup-epochs ramps the rate
 // linearly from --lr (the unscaled rate, as Goyal et al.) to the target over
 // that many epochs (measured in fractional epochs, so the ramp is smooth per step).
-// After warm-up: constant; step = x0.1 at 50% and 75% of the run (the ImageNet ResNet
-// recipe's 30/60/80 shape, shortened); cosine = 0.5 * (1 + cos(pi * progress)) over the
+// After warm-up: constant; step = x0.1 at 50% and 75% of the whole run, warm-up
+// included (the ImageNet ResNet recipe's 30/60/80 shape, shortened; its milestones
+// stay at fixed epochs when it warms up); cosine = 0.5 * (1 + cos(pi * progress)) over the
 // post-warm-up part of the run, reaching 0 at its end (the rate of a step is set from
 // the progress before it, so the last step still runs at a small rate, as PyTorch's).
 #pragma once

@@ -212,6 +212,21 @@ TEST_CASE("learning-rate schedules: linear scaling, warm-up, step and cosine", "
   CHECK(step_schedule.at(4.9) == Approx(0.4));
   CHECK(step_schedule.at(5) == Approx(0.04));
   CHECK(step_schedule.at(7.5) == Approx(0.004));
+  // A milestone that falls on a step is reached there: --max-steps 724 at 300 steps an
+  // epoch, step 362 is epoch 1 + 62/300 of a 724/300-epoch run, which divides to
+  // 0.4999999999999999 of it.
+  LrScheduleOptions cut = o;
+  cut.total_epochs = 724.0 / 300.0;
+  CHECK(LrSchedule(cut).at(1.0 + 62.0 / 300.0) == Approx(0.04));
+  // With warm-up the milestones stay at 50 % and 75 % of the whole run (epochs 5 and
+  // 7.5 of 10), not of the part after warm-up.
+  o.warmup_epochs = 2;
+  const LrSchedule warm_step(o);
+  CHECK(warm_step.at(1) == Approx(0.25));
+  CHECK(warm_step.at(4.9) == Approx(0.4));
+  CHECK(warm_step.at(5) == Approx(0.04));
+  CHECK(warm_step.at(7.5) == Approx(0.004));
+  o.warmup_epochs = 0;
 
   o.kind = LrScheduleKind::Cosine;
   const LrSchedule cosine(o);
