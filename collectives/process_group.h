@@ -68,6 +68,9 @@ class Work {
   // Blocks until done; rethrows the operation's error if it failed.
   virtual void wait();
   // As wait(), but throws TimeoutError (naming the op and seq) when not done in time.
+  // The operation itself goes on and may still write its output: a caller that catches
+  // the error must not reuse the tensors. Waiting at least the group's timeout gives the
+  // operation's own outcome, its timeout error included (Note [Collective timeouts]).
   virtual void wait(Millis timeout);
   // Device-side wait: see Note [Asynchronous collectives]. Rethrows an error already
   // known; CPU backends: wait().

@@ -73,6 +73,10 @@ bool is_gloo_timeout(const std::exception& e) {
          dynamic_cast<const TimeoutError*>(&e) != nullptr;
 }
 
+// How much longer than the group's timeout a waiter gives an operation to report its
+// own failure (GlooWork::wait).
+constexpr Millis kDiagnosisGrace{30'000};
+
 std::string format_duration(Millis t) {
   if (t.count() % 1000 == 0) return fmt::format("{} s", t.count() / 1000);
   return fmt::format("{} ms", t.count());
@@ -94,8 +98,15 @@ class GlooWork final : public Work {
   void wait(Millis timeout) override {
     // Once started, the operation returns only when done or at the group's timeout;
     // a caller willing to wait less leaves it to the communication thread.
-    if (timeout >= group_timeout_) queue_->run_if_next(this);
-    Work::wait(timeout);
+    if (timeout < group_timeout_) return Work::wait(timeout);
+    queue_->run_if_next(this);
+    // A caller willing to wait the group's timeout gets the operation's own outcome: the
+    // operation may have started just before this call (the one before it ended), and
+    // its timeout error, which names the ranks that never arrived, comes a few store
+    // round trips after its deadline. A bare "did not complete within" from a
+    // deadline of our own would beat it and lose that diagnosis; kDiagnosisGrace only
+    // guards against an operation that never reports at all.
+    Work::wait(timeout + kDiagnosisGrace);
   }
 
  private:

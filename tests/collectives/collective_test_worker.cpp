@@ -7,6 +7,9 @@
 //   collective_test_worker BACKEND large        a 64 MiB float32 allreduce (rank 0 prints ms)
 //   collective_test_worker BACKEND skip=R       timeout 2 s; rank R never calls allreduce #1
 //   collective_test_worker BACKEND skip-rs=R    the same with reduce_scatter #1
+//   collective_test_worker BACKEND skip-queued=R  the same, with #1 issued while a 32 MiB
+//                                               #0 is still running and both waited with
+//                                               wait(group timeout), as the reducer does
 //   collective_test_worker BACKEND large-rs     five 4 MiB-per-rank float32 reduce_scatters
 //
 // Inputs depend on the rank and the element index; each rank computes every rank's
@@ -224,6 +227,25 @@ int run(int argc, char** argv) {
       expect_equal<float>(fmt::format("reduce_scatter 4 MiB/rank #{}", iter), out,
                           [&](int64_t i) { return reduce_all<float>(ReduceOp::Sum, size, rank * n + i + iter); });
     }
+  } else if (scenario.rfind("skip-queued=", 0) == 0) {
+    const int skipper = static_cast<int>(env::parse_int(scenario.substr(12), "skip-queued=", 0, size - 1));
+    Tensor big = make_input<float>(rank, 8 << 20);
+    Tensor t = make_input<float>(rank, 10);
+    WorkPtr first = pg->allreduce(big);  // #0 on every rank
+    if (rank == skipper) {
+      first->wait();
+      std::this_thread::sleep_for(std::chrono::seconds(60));  // the launcher stops us
+      return 0;
+    }
+    WorkPtr second = pg->allreduce(t);  // #1, never joined by `skipper`
+    try {
+      first->wait(options.timeout);
+      second->wait(options.timeout);
+    } catch (const std::exception& e) {
+      write_error_file(e.what());
+      throw;
+    }
+    throw InternalError("operation #1 completed although a rank never called it");
   } else if (scenario.rfind("skip=", 0) == 0 || scenario.rfind("skip-rs=", 0) == 0) {
     const bool rs = scenario.rfind("skip-rs=", 0) == 0;
     const int skipper =
