@@ -16,8 +16,11 @@ struct LocalAddress {
 
 // The address this host uses to reach `master_host:master_port` (the route the kernel
 // picks: a UDP connect() sends nothing, getsockname() reports the source address).
-// Loopback masters give loopback. Throws CommError naming the master when it cannot be
-// resolved or routed.
+// Loopback masters give loopback, except this host's own name, which gives an address
+// other hosts can reach (Note [Gloo on the master's own name] in gloo_device.cpp).
+// GLOO_SOCKET_IFNAME=IFACE[,...] takes the first interface's address instead, as in
+// PyTorch. Throws CommError naming the master when it cannot be resolved or routed,
+// InvalidArgument when GLOO_SOCKET_IFNAME names no interface with an address.
 LocalAddress local_address_reaching(const std::string& master_host, uint16_t master_port);
 
 // How the device's event-loop thread is scheduled (Note [Gloo event-loop priority] in

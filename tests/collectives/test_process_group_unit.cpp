@@ -2,8 +2,12 @@
 // gloo group (its store server runs in this process).
 #include <catch2/catch.hpp>
 
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
 #include <sched.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -181,4 +185,44 @@ TEST_CASE("MTRAIN_GLOO_LOOP_SCHED chooses the loop's scheduling; bad values are 
   testing::ScopedEnv bad("MTRAIN_GLOO_LOOP_SCHED", "realtime");
   CHECK_THROWS_WITH(loop_scheduling_from_env(),
                     Catch::Contains("MTRAIN_GLOO_LOOP_SCHED") && Catch::Contains("'realtime'"));
+}
+
+TEST_CASE("gloo listens where other hosts can reach it, also when the master is this host's own name") {
+  // Note [Gloo on the master's own name]: loopback literals stay loopback (one node)...
+  CHECK(mtrain::local_address_reaching("127.0.0.1", 29500).ip == "127.0.0.1");
+  // ...but this host's own name, which /etc/hosts often maps to 127.0.0.1 or 127.0.1.1,
+  // must give an address of a real interface when there is one.
+  char own[256] = {};
+  REQUIRE(::gethostname(own, sizeof own - 1) == 0);
+  bool has_interface = false;
+  ifaddrs* list = nullptr;
+  REQUIRE(::getifaddrs(&list) == 0);
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
+        !(i->ifa_flags & IFF_LOOPBACK)) {
+      has_interface = true;
+    }
+  }
+  ::freeifaddrs(list);
+  addrinfo* resolved = nullptr;
+  const bool own_resolves = ::getaddrinfo(own, nullptr, nullptr, &resolved) == 0;
+  if (resolved != nullptr) ::freeaddrinfo(resolved);
+  if (!has_interface || !own_resolves) {
+    WARN("skipped the own-name case: " << (own_resolves ? "no IPv4 interface besides loopback"
+                                                        : "this host's name does not resolve"));
+  } else {
+    const auto a = mtrain::local_address_reaching(own, 29500);
+    INFO(own << " -> " << a.ip);
+    CHECK(a.ip.rfind("127.", 0) != 0);
+    CHECK(a.ip != "::1");
+  }
+  // GLOO_SOCKET_IFNAME names the interface outright; a wrong name is a clear error.
+  {
+    mtrain::testing::ScopedEnv ifname("GLOO_SOCKET_IFNAME", "lo");
+    CHECK(mtrain::local_address_reaching("203.0.113.7", 29500).ip == "127.0.0.1");
+  }
+  mtrain::testing::ScopedEnv wrong("GLOO_SOCKET_IFNAME", "nosuchif0,lo");
+  CHECK_THROWS_WITH(mtrain::local_address_reaching("127.0.0.1", 29500),
+                    Catch::Contains("GLOO_SOCKET_IFNAME=nosuchif0,lo: expected an interface of this host") &&
+                        Catch::Contains("found none named 'nosuchif0'"));
 }
