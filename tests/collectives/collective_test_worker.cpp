@@ -7,7 +7,7 @@
 //   collective_test_worker BACKEND large        a 64 MiB float32 allreduce (rank 0 prints ms)
 //   collective_test_worker BACKEND skip=R       timeout 2 s; rank R never calls allreduce #1
 //   collective_test_worker BACKEND skip-rs=R    the same with reduce_scatter #1
-//   collective_test_worker BACKEND skip-queued=R  the same, with #1 issued while a 32 MiB
+//   collective_test_worker BACKEND skip-queued=R  the same, with #1 issued while a 4 MiB
 //                                               #0 is still running and both waited with
 //                                               wait(group timeout), as the reducer does
 //   collective_test_worker BACKEND large-rs     five 4 MiB-per-rank float32 reduce_scatters
@@ -229,7 +229,7 @@ int run(int argc, char** argv) {
     }
   } else if (scenario.rfind("skip-queued=", 0) == 0) {
     const int skipper = static_cast<int>(env::parse_int(scenario.substr(12), "skip-queued=", 0, size - 1));
-    Tensor big = make_input<float>(rank, 8 << 20);
+    Tensor big = make_input<float>(rank, 1 << 20);
     Tensor t = make_input<float>(rank, 10);
     WorkPtr first = pg->allreduce(big);  // #0 on every rank
     if (rank == skipper) {
