@@ -282,9 +282,16 @@ TrainResult TrainLoop::run() {
       s.eval_seconds = seconds_since(eval_start);
     }
     spdlog::info("{}", format_epoch_line(s, config_.devices));
+    // What this event's figures cover: after a resume past an epoch summarised at a
+    // --max-steps cut, only the steps since (Note [Resuming mid-epoch]).
+    const int64_t first_counted = resumed && start.epoch_finished ? start.steps_in_epoch : 0;
+    const bool partial = first_counted > 0 || micro < batches_per_epoch;
     nlohmann::json event = {{"event", "epoch"},
                             {"epoch", epoch},
                             {"step", total_steps_},
+                            {"steps", s.steps - first_counted},
+                            {"images", s.images},
+                            {"partial", partial},
                             {"train_loss", json_number(s.train_loss)},
                             {"train_acc", s.train_acc},
                             {"test_loss", s.test ? json_number(s.test->mean_loss()) : nullptr},

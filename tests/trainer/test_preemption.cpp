@@ -143,13 +143,23 @@ TEST_CASE("one process: a run resumed from its checkpoint ends with the uninterr
   require_identical_weights(dir.file("straight.safetensors"), dir.file("resumed.safetensors"));
 
   // The resumed run continues the metrics file rather than erasing the first run's events.
+  // Epoch events say what they cover: epoch 1 cut at step 10, its other 14 steps after
+  // the resume (the last with the 112 images left of 6000), and 6 steps of epoch 2.
   std::ifstream in(metrics);
   std::vector<int64_t> step_events;
+  std::vector<std::tuple<int64_t, int64_t, int64_t, bool>> epoch_events;  // epoch, steps, images, partial
   for (std::string line; std::getline(in, line);) {
     const auto event = nlohmann::json::parse(line);
     if (event.at("event") == "step") step_events.push_back(event.at("step").get<int64_t>());
+    if (event.at("event") == "epoch") {
+      epoch_events.emplace_back(event.at("epoch").get<int64_t>(), event.at("steps").get<int64_t>(),
+                                event.at("images").get<int64_t>(), event.at("partial").get<bool>());
+    }
   }
   CHECK(step_events == std::vector<int64_t>{5, 10, 15, 20, 25, 30});
+  using Epoch = std::tuple<int64_t, int64_t, int64_t, bool>;
+  CHECK(epoch_events ==
+        std::vector<Epoch>{Epoch{1, 10, 2560, true}, Epoch{1, 14, 13 * 256 + 112, true}, Epoch{2, 6, 1536, true}});
 }
 
 namespace {

@@ -109,6 +109,9 @@ TEST_CASE("mlp learns the shipped Fashion-MNIST subset well above chance", "[e2e
       CHECK(e[key].is_number());
     }
     CHECK(e["devices"] == json::array({"cpu"}));
+    CHECK(e["steps"] == steps_per_epoch);  // whole epochs: every image, not partial
+    CHECK(e["images"] == 6000);
+    CHECK(e["partial"] == false);
     CHECK(e["host_tensor_peak_mib"].get<double>() > 0.0);
     CHECK(e["host_tensor_peak_mib"].get<double>() <= e["host_tensor_held_mib"].get<double>());
     CHECK_FALSE(e.contains("cuda_reserved_mib"));
