@@ -64,6 +64,13 @@ class ConnectionLost : public CommError {
   using CommError::CommError;
 };
 
+// The reply is not a store reply (no frame, or a malformed one): during the handshake, a
+// sign that something else listens at the address.
+class NotAStoreReply : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 std::string seconds_text(Millis m) { return fmt::format("{:g} s", m.count() / 1000.0); }
 
 void check_key(const std::string& key) {
@@ -134,7 +141,7 @@ struct TcpStore::Impl {
       return fn();
     } catch (const ProtocolError& e) {
       fd.reset();
-      throw CommError(fmt::format("store at {} sent a malformed reply to the {}: {}", where,
+      throw NotAStoreReply(fmt::format("store at {} sent a malformed reply to the {}: {}", where,
                                   call.what, e.what()));
     }
   }
@@ -216,27 +223,25 @@ void TcpStore::Impl::handshake(Millis budget, Clock::time_point latest) {
                           .u32(kProtocolVersion)
                           .bytes(token)
                           .finish();
-  Bytes payload;
   try {
-    payload = request(hello, call);
+    const Bytes payload = request(hello, call);
+    parse(call, [&] {
+      FrameReader r(payload.data(), payload.size());
+      read_status(r, call);  // only OK (ERROR throws, KEY_MISSING is malformed here)
+      r.expect_end("HELLO reply");
+    });
   } catch (const ReplyTimeout&) {
     throw TimeoutError(fmt::format(
-        "the store at {} accepted the connection but did not answer the handshake within {}", where,
-        seconds_text(call.budget)));
+        "the store at {} accepted the connection but did not answer the handshake within {} (is it at "
+        "its connection limit, or is something else listening there?)",
+        where, seconds_text(call.budget)));
   } catch (const ConnectionLost&) {
     throw CommError(fmt::format(
         "store at {} rejected the job token (check MTRAIN_STORE_TOKEN)", where));
-  } catch (const CommError& e) {
+  } catch (const NotAStoreReply& e) {
     throw CommError(fmt::format("{} (is something other than an mtrain store listening at {}?)",
                                 e.what(), where));
   }
-  parse(call, [&] {
-    FrameReader r(payload.data(), payload.size());
-    if (read_status(r, call) != Status::kOk) {
-      throw ProtocolError("the HELLO reply's status is KEY_MISSING, expected OK");
-    }
-    r.expect_end("HELLO reply");
-  });
 }
 
 void TcpStore::Impl::ensure_connected(const Call& call) {
@@ -307,7 +312,7 @@ Bytes TcpStore::Impl::receive_frame(const Call& call) {
   const uint32_t length = load_u32_le(prefix);
   if (length == 0 || length > kMaxFrameBytes) {
     fd.reset();
-    throw CommError(fmt::format("store at {} sent a reply frame of {} bytes to {} (expected 1 to {})",
+    throw NotAStoreReply(fmt::format("store at {} sent a reply frame of {} bytes to {} (expected 1 to {})",
                                 where, length, call.what, kMaxFrameBytes));
   }
   Bytes payload(length);

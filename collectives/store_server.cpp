@@ -147,6 +147,7 @@ struct TcpStoreServer::Impl {
   StoreTable table;
   Clock::time_point accept_paused_until{};
   bool accept_failing = false;  // an "accept failed" was said and no accept succeeded since
+  bool said_full = false;       // the connection cap was reported and is still reached
   size_t pending = 0;           // open connections that have not authenticated
   // Rate limit of warnings about unauthenticated peers (Note [Store connection limits]).
   Clock::time_point warning_window_start{};
@@ -330,8 +331,15 @@ void TcpStoreServer::Impl::serve() {
     fds.clear();
     ids.clear();
     fds.push_back({wake.get(), POLLIN, 0});
-    const bool accepting =
-        Clock::now() >= accept_paused_until && connections.size() < max_connections();
+    const bool full = connections.size() >= max_connections();
+    if (full && !said_full) {
+      spdlog::warn("store at {}: {} connections, the most this process's open-file limit allows (soft "
+                   "RLIMIT_NOFILE less {} for everything else): new ones wait until one closes; raise "
+                   "`ulimit -n` for larger jobs",
+                   endpoint(host, port), connections.size(), kReservedDescriptors);
+    }
+    said_full = full;
+    const bool accepting = Clock::now() >= accept_paused_until && !full;
     for (const auto& l : listeners) fds.push_back({l.get(), short(accepting ? POLLIN : 0), 0});
     for (const auto& [id, c] : connections) {
       fds.push_back({c->fd.get(), short(c->has_output() ? POLLOUT : POLLIN), 0});

@@ -54,10 +54,25 @@ std::vector<std::vector<int>> split_cpus(std::vector<CpuInfo> cpus, int workers)
   std::sort(cpus.begin(), cpus.end(), [](const CpuInfo& a, const CpuInfo& b) {
     return std::tie(a.package, a.core, a.cpu) < std::tie(b.package, b.core, b.cpu);
   });
-  const size_t share = cpus.size() / static_cast<size_t>(workers);
+  // Whole cores while there are enough of them, so that no core's hyperthreads go to two
+  // workers; single CPUs only when there are more workers than cores.
+  std::vector<std::vector<int>> cores;
+  for (size_t i = 0; i < cpus.size(); ++i) {
+    const bool same_core = i > 0 && cpus[i].package == cpus[i - 1].package && cpus[i].core == cpus[i - 1].core;
+    if (!same_core) cores.emplace_back();
+    cores.back().push_back(cpus[i].cpu);
+  }
+  if (static_cast<int>(cores.size()) < workers) {
+    cores.clear();
+    for (const auto& c : cpus) cores.push_back({c.cpu});
+  }
+  const size_t share = cores.size() / static_cast<size_t>(workers);
   std::vector<std::vector<int>> out(static_cast<size_t>(workers));
   for (size_t w = 0; w < out.size(); ++w) {
-    for (size_t k = 0; k < share; ++k) out[w].push_back(cpus[w * share + k].cpu);
+    for (size_t k = 0; k < share; ++k) {
+      const auto& core = cores[w * share + k];
+      out[w].insert(out[w].end(), core.begin(), core.end());
+    }
     std::sort(out[w].begin(), out[w].end());
   }
   return out;

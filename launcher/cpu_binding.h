@@ -12,8 +12,10 @@
 // mask, which already reflects taskset, cgroup cpusets and SLURM's binding), orders them
 // by (package, core, CPU number) so that hyperthreads of one core and cores of one socket
 // are neighbours, and gives local rank i the i-th of nproc_per_node equal consecutive
-// slices. CPUs left over by the division are given to nobody (an uneven share would make
-// one rank the slowest at every meeting); fewer CPUs than workers is an error. Every thread
+// slices of whole cores (all of a core's hyperthreads together); only when there are
+// more workers than cores are single CPUs shared out instead. What the division leaves
+// over is given to nobody (an uneven share would make one rank the slowest at every
+// meeting); fewer CPUs than workers is an error. Every thread
 // of a worker, helper threads included, inherits its slice. When the user has not set
 // OMP_NUM_THREADS, workers get the size of their slice instead of 1.
 #pragma once

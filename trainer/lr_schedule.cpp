@@ -1,6 +1,7 @@
 #include "trainer/lr_schedule.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +25,12 @@ LrSchedule::LrSchedule(LrScheduleOptions options) : options_(options) {
   }
   if (options_.warmup_epochs < 0) {
     throw InvalidArgument(fmt::format("--warmup-epochs: expected a number >= 0, found {}", options_.warmup_epochs));
+  }
+  if (options_.kind == LrScheduleKind::Step && options_.warmup_epochs >= 0.5 * options_.total_epochs) {
+    spdlog::warn("--lr-schedule step: the first drop, at half of the {:g}-epoch run, comes before the {:g}-epoch "
+                 "warm-up ends, so the rate falls straight from the ramp and never trains at {:g}; use fewer "
+                 "--warmup-epochs or a longer run",
+                 options_.total_epochs, options_.warmup_epochs, target_lr());
   }
 }
 

@@ -9,9 +9,10 @@
 // env:// does: rank 0 hosts it and the others connect.
 //   - kRank0: the address is known to every rank in advance: MASTER_ADDR/MASTER_PORT
 //     when set, else under SLURM the first host of SLURM_JOB_NODELIST and a port
-//     derived from SLURM_JOB_ID (environment.h). Rank 0 listens on every interface of
-//     that address's family (store_bootstrap.cpp says why) and checks that it reaches
-//     itself there, so the address must be one of rank 0's own. The token is
+//     derived from SLURM_JOB_ID (environment.h). Rank 0 listens on every IPv4
+//     interface, or every IPv6 one for an IPv6 literal (store_bootstrap.cpp says why),
+//     and checks that it reaches itself there, so the address must be one of rank 0's
+//     own (a name that resolves to IPv6 only is not supported: give the literal). The token is
 //     MTRAIN_STORE_TOKEN when set; otherwise one
 //     derived from what every rank sees (the job id and the address), which keeps stray
 //     clients of other jobs out but is no secret: the batch templates export a random

@@ -96,6 +96,12 @@ LocalAddress local_address_reaching(const std::string& master_host, uint16_t mas
     const std::string first = ifname->substr(0, ifname->find(','));
     std::string seen;
     if (auto a = interface_address(first, &seen)) return *a;
+    if ((" " + seen).find(" " + first + " ") != std::string::npos) {
+      throw InvalidArgument(fmt::format(
+          "environment variable GLOO_SOCKET_IFNAME={}: interface '{}' has only link-local IPv6 addresses, which "
+          "other hosts cannot be told without a scope; give it an IPv4 or a global IPv6 address, or name another",
+          *ifname, first));
+    }
     throw InvalidArgument(fmt::format(
         "environment variable GLOO_SOCKET_IFNAME={}: expected an interface of this host with an IPv4 or IPv6 "
         "address, found none named '{}' (interfaces with addresses: {})",

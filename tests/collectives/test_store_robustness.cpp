@@ -310,6 +310,14 @@ TEST_CASE("a burst of real clients beyond the pending cap all get in", "[store]"
 
 TEST_CASE("at the descriptor limit the server stops accepting until a connection closes",
           "[store]") {
+  std::ostringstream captured;
+  const auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(captured)));
+  struct Restore {
+    std::shared_ptr<spdlog::logger> logger;
+    ~Restore() { spdlog::set_default_logger(logger); }
+  } restore{previous};
   ServerFixture f;
   // 256 descriptors are kept for the rest of the process: 320 leaves room for 64
   // connections (kReservedDescriptors, kMinConnections in store_server.cpp).
@@ -325,6 +333,8 @@ TEST_CASE("at the descriptor limit the server stops accepting until a connection
   REQUIRE(late.connect_errno() == 0);
   late.send(FrameWriter().op(Opcode::kHello).u32(kHelloMagic).u32(kProtocolVersion).bytes(f.token).finish());
   CHECK_FALSE(late.read_frame(Millis{300}).has_value());
+  // ...and the server says why, once.
+  CHECK_THAT(captured.str(), Contains("64 connections, the most this process's open-file limit allows"));
   // ...until one of the others leaves.
   held.front().reset();
   const auto reply = late.read_frame(Millis{3000});

@@ -151,8 +151,16 @@ TEST_CASE("cpu_bind cores splits the CPUs into equal slices, hyperthreads of a c
   CHECK(split_cpus(smt, 1) == Slices{{0, 1, 2, 3, 4, 5, 6, 7}});
   CHECK(split_cpus(smt, 2) == Slices{{0, 1, 4, 5}, {2, 3, 6, 7}});
   CHECK(split_cpus(smt, 4) == Slices{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
-  // 8 CPUs for 3 workers: 2 each, and the last core (3 and 7) is nobody's.
+  // 4 cores for 3 workers: one each, and the last core (3 and 7) is nobody's.
   CHECK(split_cpus(smt, 3) == Slices{{0, 4}, {1, 5}, {2, 6}});
+  // More workers than cores: single CPUs, siblings side by side.
+  CHECK(split_cpus(smt, 8) == Slices{{0}, {4}, {1}, {5}, {2}, {6}, {3}, {7}});
+  CHECK(split_cpus(smt, 6) == Slices{{0}, {4}, {1}, {5}, {2}, {6}});
+  // 8 cores of 2 hyperthreads (siblings c and c + 8) for 3 workers: two whole cores each,
+  // never one core's two hyperthreads in two workers (5.33 CPUs a worker would split them).
+  std::vector<CpuInfo> sixteen;
+  for (int cpu = 0; cpu < 16; ++cpu) sixteen.push_back({cpu, 0, cpu % 8});
+  CHECK(split_cpus(sixteen, 3) == Slices{{0, 1, 8, 9}, {2, 3, 10, 11}, {4, 5, 12, 13}});
 
   // A taskset-restricted launcher: only its own CPUs are shared out.
   const std::vector<CpuInfo> some{{3, 0, 3}, {5, 0, 5}, {6, 0, 6}};

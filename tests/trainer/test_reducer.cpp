@@ -3,9 +3,13 @@
 // gradients exactly as local training does. Several ranks are covered end to end by
 // test_distributed_train.
 #include <catch2/catch.hpp>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <memory>
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -280,4 +284,22 @@ TEST_CASE("the replica check names the rank whose parameters differ by one eleme
       }
     }
   }
+}
+
+TEST_CASE("a step schedule whose warm-up outlasts its first drop is warned about", "[lr]") {
+  std::ostringstream captured;
+  const auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(captured)));
+  LrScheduleOptions o;
+  o.kind = LrScheduleKind::Step;
+  o.total_epochs = 4;
+  o.warmup_epochs = 1;  // ends before the drop at epoch 2: fine
+  const LrSchedule fine(o);
+  o.warmup_epochs = 3;  // the drop at epoch 2 comes first
+  const LrSchedule late(o);
+  spdlog::set_default_logger(previous);
+  const std::string log = captured.str();
+  CHECK(std::count(log.begin(), log.end(), '\n') == 1);
+  CHECK_THAT(log, Contains("comes before the 3-epoch warm-up ends"));
 }
