@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <set>
 
@@ -238,6 +239,51 @@ TEST_CASE("SIGKILL to the launcher takes its workers and their children with it"
   require_all_dead(pids);
 }
 
+namespace {
+
+// Two static nodes on loopback with one worker each, recording into n0/ and n1/ under
+// `dir`. `flags` go to both launchers, `worker0`/`worker1` to each worker after record=.
+struct TwoNodes {
+  std::string node0_dir, node1_dir;
+  std::unique_ptr<LauncherProcess> node0, node1;
+};
+
+TwoNodes start_two_nodes(const TempDir& dir, const std::string& token, const std::vector<std::string>& flags,
+                         const std::vector<std::string>& worker0, const std::vector<std::string>& worker1) {
+  const std::string port = std::to_string(free_port());
+  const std::vector<std::string> env{"MTRAIN_STORE_TOKEN=" + token};
+  TwoNodes nodes{(dir.path() / "n0").string(), (dir.path() / "n1").string(), nullptr, nullptr};
+  const auto start = [&](int rank, const std::string& records, const std::vector<std::string>& worker) {
+    fs::create_directories(records);
+    std::vector<std::string> args{"--nnodes=2", "--node_rank=" + std::to_string(rank), "--master_port=" + port,
+                                  "--nproc_per_node=1"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.insert(args.end(), {W(), "record=" + records});
+    args.insert(args.end(), worker.begin(), worker.end());
+    return std::make_unique<LauncherProcess>(args, dir.path(), env, "node" + std::to_string(rank));
+  };
+  nodes.node0 = start(0, nodes.node0_dir, worker0);
+  nodes.node1 = start(1, nodes.node1_dir, worker1);
+  return nodes;
+}
+
+// Once both nodes' workers run, SIGKILLs node `victim`'s launcher (its workers die with
+// it), and returns how the other node's launcher ended and how many seconds after the kill.
+std::pair<LaunchResult, double> kill_one_node(TwoNodes& nodes, int victim) {
+  REQUIRE(wait_until(
+      [&] { return read_records(nodes.node0_dir).size() == 1 && read_records(nodes.node1_dir).size() == 1; }, 20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  LauncherProcess& killed = victim == 0 ? *nodes.node0 : *nodes.node1;
+  LauncherProcess& survivor = victim == 0 ? *nodes.node1 : *nodes.node0;
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(killed.pid(), SIGKILL);
+  killed.wait(10);
+  const LaunchResult r = survivor.wait(30);
+  return {r, std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count()};
+}
+
+}  // namespace
+
 TEST_CASE("a failure on node 1 brings down node 0's workers within seconds") {
   TempDir dir;
   const std::string port = std::to_string(free_port());
@@ -270,15 +316,9 @@ TEST_CASE("an error file that is not UTF-8 still reaches the other node") {
   // excerpt in the report holds bytes nlohmann's strict dump would throw on, which used
   // to take node 1's launcher down before it published or printed anything.
   TempDir dir;
-  const std::string port = std::to_string(free_port());
-  const std::vector<std::string> env{"MTRAIN_STORE_TOKEN=utf8"};
-  LauncherProcess node0({"--nnodes=2", "--node_rank=0", "--master_port=" + port,
-                         "--nproc_per_node=1", W(), "sleep=30"},
-                        dir.path(), env, "node0");
-  LauncherProcess node1({"--nnodes=2", "--node_rank=1", "--master_port=" + port,
-                         "--nproc_per_node=1", W(), "sleep=0.5", "error=caf\xc3 \xff broke",
-                         "exit=3"},
-                        dir.path(), env, "node1");
+  auto nodes = start_two_nodes(dir, "utf8", {}, {"sleep=30"}, {"sleep=0.5", "error=caf\xc3 \xff broke", "exit=3"});
+  auto& node0 = *nodes.node0;
+  auto& node1 = *nodes.node1;
   const auto r1 = node1.wait(20);
   const auto r0 = node0.wait(20);
   INFO("node0: " << r0.err << "\nnode1: " << r1.err);
@@ -467,6 +507,7 @@ TEST_CASE("two workers that fail in the same monitor pass are both failures, not
   CHECK_THAT(r.err, !Catch::Contains("Stopped by the launcher after the root cause"));
 }
 
+
 TEST_CASE("a node whose launcher dies without a word is found by its missing heartbeats") {
   // Note [Agent heartbeats]. Node 1's launcher is SIGKILLed: it announces nothing and its
   // workers die with it. Node 0 must stop within about --heartbeat_timeout, both while
@@ -474,33 +515,16 @@ TEST_CASE("a node whose launcher dies without a word is found by its missing hea
   for (const bool node0_done : {false, true}) {
     DYNAMIC_SECTION((node0_done ? "node 0's workers have succeeded" : "node 0's workers are running")) {
       TempDir dir;
-      const std::string port = std::to_string(free_port());
-      const std::vector<std::string> env{"MTRAIN_STORE_TOKEN=heartbeat"};
-      const std::string node0_dir = (dir.path() / "n0").string();
-      const std::string node1_dir = (dir.path() / "n1").string();
-      fs::create_directories(node0_dir);
-      fs::create_directories(node1_dir);
-      LauncherProcess node0({"--nnodes=2", "--node_rank=0", "--master_port=" + port, "--heartbeat_timeout=2",
-                             "--nproc_per_node=1", W(), "record=" + node0_dir, node0_done ? "exit=0" : "sleep=30"},
-                            dir.path(), env, "node0");
-      LauncherProcess node1({"--nnodes=2", "--node_rank=1", "--master_port=" + port, "--heartbeat_timeout=2",
-                             "--nproc_per_node=1", W(), "record=" + node1_dir, "sleep=30"},
-                            dir.path(), env, "node1");
-      REQUIRE(wait_until([&] { return read_records(node0_dir).size() == 1 && read_records(node1_dir).size() == 1; },
-                         20));
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      const auto killed_at = std::chrono::steady_clock::now();
-      ::kill(node1.pid(), SIGKILL);
-      node1.wait(10);
-      const auto r0 = node0.wait(30);
-      const double after_kill = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+      auto nodes = start_two_nodes(dir, "heartbeat", {"--heartbeat_timeout=2"},
+                                   {node0_done ? "exit=0" : "sleep=30"}, {"sleep=30"});
+      const auto [r0, after_kill] = kill_one_node(nodes, 1);
       INFO("node0: " << r0.err);
       REQUIRE_FALSE(r0.timed_out);
       CHECK(r0.exit_code != 0);
       CHECK(after_kill < 12.0);
       CHECK_THAT(r0.err, Catch::Contains("the launcher on node 1 stopped responding: no heartbeat for"));
-      require_all_reaped(recorded_pids(node0_dir));
-      require_all_dead(recorded_pids(node1_dir));
+      require_all_reaped(recorded_pids(nodes.node0_dir));
+      require_all_dead(recorded_pids(nodes.node1_dir));
     }
   }
 }
@@ -510,48 +534,25 @@ TEST_CASE("a node that loses the store's host stops its workers and says so") {
   // next store request fails (the connection resets), so it must stop its workers and
   // exit non-zero, naming the store, well before its own workers would have finished.
   TempDir dir;
-  const std::string port = std::to_string(free_port());
-  const std::vector<std::string> env{"MTRAIN_STORE_TOKEN=storelost"};
-  const std::string node0_dir = (dir.path() / "n0").string();
-  const std::string node1_dir = (dir.path() / "n1").string();
-  fs::create_directories(node0_dir);
-  fs::create_directories(node1_dir);
-  LauncherProcess node0({"--nnodes=2", "--node_rank=0", "--master_port=" + port, "--heartbeat_timeout=2",
-                         "--nproc_per_node=1", W(), "record=" + node0_dir, "sleep=30"},
-                        dir.path(), env, "node0");
-  LauncherProcess node1({"--nnodes=2", "--node_rank=1", "--master_port=" + port, "--heartbeat_timeout=2",
-                         "--nproc_per_node=1", W(), "record=" + node1_dir, "sleep=30"},
-                        dir.path(), env, "node1");
-  REQUIRE(wait_until([&] { return read_records(node0_dir).size() == 1 && read_records(node1_dir).size() == 1; }, 20));
-  const auto killed_at = std::chrono::steady_clock::now();
-  ::kill(node0.pid(), SIGKILL);
-  node0.wait(10);
-  const auto r1 = node1.wait(30);
-  const double after_kill = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  auto nodes = start_two_nodes(dir, "storelost", {"--heartbeat_timeout=2"}, {"sleep=30"}, {"sleep=30"});
+  const auto [r1, after_kill] = kill_one_node(nodes, 0);
   INFO("node1: " << r1.err);
   REQUIRE_FALSE(r1.timed_out);
   CHECK(r1.exit_code != 0);
   CHECK(after_kill < 12.0);
-  CHECK_THAT(r1.err, Catch::Contains("lost the rendezvous store at 127.0.0.1:" + port));
-  require_all_reaped(recorded_pids(node1_dir));
+  CHECK_THAT(r1.err, Catch::Contains("lost the rendezvous store at 127.0.0.1:"));
+  require_all_reaped(recorded_pids(nodes.node1_dir));
 }
 
 TEST_CASE("a failure on one node restarts every node's gang") {
   // --max_restarts across nodes: node 1's worker fails in attempt 0 only; both nodes
   // start attempt 1, which succeeds everywhere.
   TempDir dir;
-  const std::string port = std::to_string(free_port());
-  const std::vector<std::string> env{"MTRAIN_STORE_TOKEN=restarts"};
-  const std::string node0_dir = (dir.path() / "n0").string();
-  const std::string node1_dir = (dir.path() / "n1").string();
-  fs::create_directories(node0_dir);
-  fs::create_directories(node1_dir);
-  LauncherProcess node0({"--nnodes=2", "--node_rank=0", "--master_port=" + port, "--max_restarts=1",
-                         "--nproc_per_node=1", W(), "record=" + node0_dir, "sleep=1"},
-                        dir.path(), env, "node0");
-  LauncherProcess node1({"--nnodes=2", "--node_rank=1", "--master_port=" + port, "--max_restarts=1",
-                         "--nproc_per_node=1", W(), "record=" + node1_dir, "fail-attempts=0"},
-                        dir.path(), env, "node1");
+  auto nodes = start_two_nodes(dir, "restarts", {"--max_restarts=1"}, {"sleep=1"}, {"fail-attempts=0"});
+  auto& node0 = *nodes.node0;
+  auto& node1 = *nodes.node1;
+  const std::string& node0_dir = nodes.node0_dir;
+  const std::string& node1_dir = nodes.node1_dir;
   const auto r1 = node1.wait(40);
   const auto r0 = node0.wait(40);
   INFO("node0: " << r0.err << "\nnode1: " << r1.err);
