@@ -387,6 +387,11 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(text.size() >> (8 * i));
 
   const std::filesystem::path target(path);
+  // The file is renamed over the target: a device or FIFO there (--save-final /dev/null)
+  // would be replaced by a regular file, which as root destroys the node.
+  if (const auto kind = non_regular_file_kind(path)) {
+    throw IoError(fmt::format("saving {}: expected a regular file or a new name, found {}", path, *kind));
+  }
   const std::string temp = temp_path_for(target);
   FileDescriptor fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
   if (fd.get() < 0) {
@@ -409,7 +414,20 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   fsync_directory(target.parent_path(), path);
 }
 
+std::optional<std::string> non_regular_file_kind(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return std::nullopt;
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISCHR(st.st_mode)) return "a character device";
+  if (S_ISBLK(st.st_mode)) return "a block device";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  return "not a regular file";
+}
+
 SafetensorsFile load_safetensors(const std::string& path) {
+  // Before opening: opening a FIFO for reading blocks until someone writes to it.
+  if (const auto kind = non_regular_file_kind(path)) fail(path, fmt::format("expected a regular file, found {}", *kind));
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) throw IoError(fmt::format("cannot open safetensors file {}: {}", path, errno_text()));
   const std::unique_ptr<std::FILE, int (*)(std::FILE*)> closer(f, &std::fclose);

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -80,6 +81,10 @@ SafetensorsFile load_safetensors(const std::string& path);
 // (".checkpoint.safetensors.tmp-" then the pid and a counter); a save killed before its
 // rename leaves one behind.
 std::string temporary_file_prefix(const std::string& path);
+
+// What an existing path is, for messages ("a FIFO", "a character device", ...), or
+// nullopt when it is a regular file (a symlink is followed) or does not exist.
+std::optional<std::string> non_regular_file_kind(const std::string& path);
 
 // The CRC-32 (zlib polynomial) of `size` bytes, as 8 lowercase hex digits.
 std::string crc32_hex(const void* data, size_t size);

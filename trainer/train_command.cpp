@@ -35,6 +35,7 @@
 #include "trainer/metrics.h"
 #include "trainer/rank_consensus.h"
 #include "trainer/reducer.h"
+#include "trainer/safetensors.h"
 #include "trainer/stop_record.h"
 #include "trainer/stop_signals.h"
 #include "trainer/train_loop.h"
@@ -79,6 +80,10 @@ void check_output_file(const char* flag, const std::string& path) {
   }
   if (std::filesystem::is_directory(path, ec)) {
     throw InvalidArgument(fmt::format("{} {}: expected a file name, found a directory", flag, path));
+  }
+  // A FIFO would block the open; a device would be replaced by the save's rename.
+  if (const auto kind = non_regular_file_kind(path)) {
+    throw InvalidArgument(fmt::format("{} {}: expected a regular file or a new name, found {}", flag, path, *kind));
   }
 }
 

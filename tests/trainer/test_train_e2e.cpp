@@ -2,6 +2,8 @@
 // a 32-image slice of it for resnet18), checked through its exit code, its stderr, its
 // metrics file and the weights it writes.
 #include <catch2/catch.hpp>
+
+#include <sys/stat.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -223,6 +225,14 @@ TEST_CASE("bad input is one line on stderr and a non-zero exit", "[e2e]") {
     out.write(std::string(16 * 32 * 32, '\0').data(), 16 * 32 * 32);
   }
 
+  // A FIFO: opening it would block, and a save renamed over it (or over /dev/null) would
+  // replace the node with a regular file.
+  const std::string fifo = dir.file("fifo");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::string fifo_checkpoints = dir.file("fifo-ckpt");
+  std::filesystem::create_directory(fifo_checkpoints);
+  REQUIRE(::mkfifo((fifo_checkpoints + "/checkpoint.safetensors").c_str(), 0600) == 0);
+
   struct Case {
     std::vector<std::string> args;
     int exit_code;
@@ -242,6 +252,10 @@ TEST_CASE("bad input is one line on stderr and a non-zero exit", "[e2e]") {
       {{"--save-final", dir.file("missing/w.safetensors")}, 2, "does not exist"},
       {{"--save-final", dir.path().string()}, 2, "expected a file name, found a directory"},
       {{"--data-dir", mixed, "--max-steps", "1"}, 1, "the training images are 1x28x28 but the test images 1x32x32"},
+      {{"--save-final", fifo}, 2, "expected a regular file or a new name, found a FIFO"},
+      {{"--metrics", fifo}, 2, "expected a regular file or a new name, found a FIFO"},
+      {{"--model", "mlp", "--init-from", fifo}, 1, "expected a regular file, found a FIFO"},
+      {{"--model", "mlp", "--checkpoint-dir", fifo_checkpoints}, 1, "expected a regular file, found a FIFO"},
   };
   for (const auto& c : cases) {
     INFO("args: " << fmt::format("{}", fmt::join(c.args, " ")));
