@@ -148,6 +148,8 @@ struct TcpStoreServer::Impl {
   Clock::time_point accept_paused_until{};
   bool accept_failing = false;  // an "accept failed" was said and no accept succeeded since
   bool said_full = false;       // the connection cap was reported and is still reached
+  // Note [Store connection limits]: read once, from the open-file limit at start.
+  const size_t connection_cap = max_connections();
   size_t pending = 0;           // open connections that have not authenticated
   // Rate limit of warnings about unauthenticated peers (Note [Store connection limits]).
   Clock::time_point warning_window_start{};
@@ -331,7 +333,7 @@ void TcpStoreServer::Impl::serve() {
     fds.clear();
     ids.clear();
     fds.push_back({wake.get(), POLLIN, 0});
-    const bool full = connections.size() >= max_connections();
+    const bool full = connections.size() >= connection_cap;
     if (full && !said_full) {
       spdlog::warn("store at {}: {} connections, the most this process's open-file limit allows (soft "
                    "RLIMIT_NOFILE less {} for everything else): new ones wait until one closes; raise "
@@ -422,7 +424,7 @@ void TcpStoreServer::Impl::accept_from(int listener) {
       accept_paused_until = Clock::now() + kPendingPause;
       return;
     }
-    if (connections.size() >= max_connections()) return;  // serve() stops polling the listener
+    if (connections.size() >= connection_cap) return;  // serve() stops polling the listener
   }
 }
 

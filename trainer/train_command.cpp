@@ -65,7 +65,7 @@ void configure_logging(const std::string& level, const WorkerEnvironment& env) {
 
 // An output file must be writable before training starts, not after an hour of it: its
 // directory exists and takes new files (the writes go through a temporary file there and
-// a rename), and the path is not a directory itself.
+// a rename), and the path is a regular file or not there yet.
 void check_output_file(const char* flag, const std::string& path) {
   if (path.empty()) return;
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
@@ -78,10 +78,8 @@ void check_output_file(const char* flag, const std::string& path) {
     throw InvalidArgument(fmt::format("{} {}: cannot create files in directory {}: {}", flag, path, dir,
                                       std::strerror(errno)));
   }
-  if (std::filesystem::is_directory(path, ec)) {
-    throw InvalidArgument(fmt::format("{} {}: expected a file name, found a directory", flag, path));
-  }
-  // A FIFO would block the open; a device would be replaced by the save's rename.
+  // A directory cannot be written, a FIFO would block the open, and a device would be
+  // replaced by the save's rename.
   if (const auto kind = non_regular_file_kind(path)) {
     throw InvalidArgument(fmt::format("{} {}: expected a regular file or a new name, found {}", flag, path, *kind));
   }

@@ -318,11 +318,12 @@ TEST_CASE("at the descriptor limit the server stops accepting until a connection
     std::shared_ptr<spdlog::logger> logger;
     ~Restore() { spdlog::set_default_logger(logger); }
   } restore{previous};
-  ServerFixture f;
   // 256 descriptors are kept for the rest of the process: 320 leaves room for 64
-  // connections (kReservedDescriptors, kMinConnections in store_server.cpp).
+  // connections (kReservedDescriptors, kMinConnections in store_server.cpp). The server
+  // reads the limit when it starts.
   constexpr int kCap = 64;
   ScopedFileLimit limit(320);
+  ServerFixture f;
   std::vector<std::unique_ptr<RawConnection>> held;
   for (int i = 0; i < kCap; ++i) {
     held.push_back(std::make_unique<RawConnection>(f.server.port()));

@@ -250,7 +250,7 @@ TEST_CASE("bad input is one line on stderr and a non-zero exit", "[e2e]") {
       {{"--model", "mlp", "--init-from", dir.file("absent.safetensors")}, 1, "absent.safetensors"},
       {{"--model", "lenet", "--init-from", mlp_weights}, 1, "the file holds --model mlp weights"},
       {{"--save-final", dir.file("missing/w.safetensors")}, 2, "does not exist"},
-      {{"--save-final", dir.path().string()}, 2, "expected a file name, found a directory"},
+      {{"--save-final", dir.path().string()}, 2, "expected a regular file or a new name, found a directory"},
       {{"--data-dir", mixed, "--max-steps", "1"}, 1, "the training images are 1x28x28 but the test images 1x32x32"},
       {{"--save-final", fifo}, 2, "expected a regular file or a new name, found a FIFO"},
       {{"--metrics", fifo}, 2, "expected a regular file or a new name, found a FIFO"},
