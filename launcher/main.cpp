@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
       std::fputs(mtrain::launch::usage().c_str(), stdout);
       return 0;
     }
+    for (const std::string& note : parsed.ignored) spdlog::warn("{}", note);
     raise_open_file_limit();
     // Before any thread exists (Note [Workers die with the launcher]).
     mtrain::launch::OrphanGuard guard;

@@ -377,7 +377,7 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args) {
 
   // Rendezvous mode: an endpoint (or --rdzv_backend c10d) means dynamic.
   std::string backend = r.count("rdzv_backend") ? str("rdzv_backend") : "";
-  if (!backend.empty() && backend != "static" && backend != "c10d") {
+  if (r.count("rdzv_backend") && backend != "static" && backend != "c10d") {
     throw InvalidArgument(
         fmt::format("--rdzv_backend: expected 'static' or 'c10d', found '{}'", backend));
   }
@@ -395,6 +395,21 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args) {
     if (o.max_nodes != 1) {
       throw InvalidArgument(fmt::format(
           "--standalone runs a single node, found --nnodes {}", str("nnodes")));
+    }
+    // As torchrun, --standalone overrides the rendezvous flags; they are still checked,
+    // so that a typo is not hidden until the flag is used without --standalone.
+    if (r.count("master_addr") && str("master_addr").empty()) {
+      throw InvalidArgument("--master_addr: expected an address, found ''");
+    }
+    if (r.count("master_port")) env::parse_int(str("master_port"), "--master_port", 0, 65535);
+    if (has_endpoint) parse_endpoint(str("rdzv_endpoint"), "--rdzv_endpoint", kDefaultRdzvPort);
+    for (const char* flag : {"master_addr", "master_port", "rdzv_endpoint", "rdzv_backend", "rdzv_id"}) {
+      if (r.count(flag)) {
+        parsed.ignored.push_back(fmt::format(
+            "--{} {} is ignored: --standalone runs its own store on 127.0.0.1 at a free port with a random "
+            "run id",
+            flag, str(flag)));
+      }
     }
     o.mode = RendezvousMode::kStatic;
     o.store_host = "127.0.0.1";

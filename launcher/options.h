@@ -96,6 +96,9 @@ SplitArgs split_launcher_args(const std::vector<std::string>& args);
 struct ParsedCommandLine {
   bool help = false;  // --help was given: print usage() and exit 0
   LaunchOptions options;
+  // Valid flags the chosen mode overrides (--standalone picks its own store), one
+  // sentence each, for the launcher to log as warnings.
+  std::vector<std::string> ignored;
 };
 
 // `args` excludes argv[0]. Throws InvalidArgument with a one-line message naming the

@@ -60,9 +60,19 @@ TEST_CASE("single-node defaults: a free port on 127.0.0.1, static rendezvous") {
   CHECK(multi.node_rank == 1);
   CHECK(multi.store_host == "10.0.0.1");
 
-  const auto standalone = parse({"--standalone", "--rdzv_id", "ignored", "prog"});
-  CHECK(standalone.store_port == 0);
-  CHECK(standalone.rdzv_id.empty());  // drawn at random by the agent
+  const auto standalone = parse_command_line({"--standalone", "--rdzv_id", "ignored", "--master_port", "29500", "prog"});
+  CHECK(standalone.options.store_port == 0);
+  CHECK(standalone.options.rdzv_id.empty());  // drawn at random by the agent
+  // As torchrun, --standalone overrides them, but says so.
+  REQUIRE(standalone.ignored.size() == 2);
+  CHECK_THAT(standalone.ignored[0], Catch::Contains("--master_port 29500 is ignored: --standalone"));
+  CHECK_THAT(standalone.ignored[1], Catch::Contains("--rdzv_id ignored is ignored"));
+  CHECK(parse_command_line({"--standalone", "prog"}).ignored.empty());
+  // Overridden, yet still checked.
+  CHECK_THROWS_WITH(parse({"--standalone", "--master_port", "abc", "prog"}),
+                    Catch::Contains("--master_port") && Catch::Contains("'abc'"));
+  CHECK_THROWS_WITH(parse({"--standalone", "--rdzv_endpoint", "h:x", "prog"}), Catch::Contains("--rdzv_endpoint"));
+  CHECK_THROWS_WITH(parse({"--standalone", "--master_addr=", "prog"}), Catch::Contains("--master_addr"));
 }
 
 TEST_CASE("dynamic rendezvous options") {
@@ -82,6 +92,9 @@ TEST_CASE("dynamic rendezvous options") {
   CHECK_THROWS_WITH(parse({"--rdzv_endpoint", "h:0", "--nnodes", "2", "prog"}),
                     Catch::Contains("port 0"));
   CHECK_THROWS_WITH(parse({"--rdzv_backend", "etcd", "prog"}), Catch::Contains("'etcd'"));
+  // Given but empty is not "not given".
+  CHECK_THROWS_WITH(parse({"--rdzv_backend", "", "prog"}),
+                    Catch::Contains("--rdzv_backend: expected 'static' or 'c10d', found ''"));
   CHECK_THROWS_WITH(parse({"--rdzv_backend", "c10d", "prog"}), Catch::Contains("--rdzv_endpoint"));
 }
 
