@@ -1,5 +1,6 @@
 #include "trainer/options.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -47,6 +48,29 @@ double parse_double(const std::string& text, const std::string& flag) {
 
 // A switch (--sync-bn): cxxopts also takes --sync-bn=false, which must mean off, not on.
 bool switch_on(const cxxopts::ParseResult& r, const char* name) { return r.count(name) != 0 && r[name].as<bool>(); }
+
+// cxxopts takes --sync-bn=VALUE for a switch and reports a value it cannot read as
+// "Argument 'yes' failed to parse", without the flag; this check comes first and names it.
+void check_switch_values(const cxxopts::Options& spec, int argc, const char* const* argv) {
+  std::vector<std::string> switches;
+  for (const std::string& group : spec.groups()) {
+    for (const auto& option : spec.group_help(group).options) {
+      if (option.is_boolean) switches.insert(switches.end(), option.l.begin(), option.l.end());
+    }
+  }
+  static const char* const kValues[] = {"true", "false", "True", "False", "TRUE", "FALSE", "t", "f", "T", "F", "1", "0"};
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    const size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) != 0 || eq == std::string::npos || !contains(switches, arg.substr(2, eq - 2))) continue;
+    const std::string value = arg.substr(eq + 1);
+    if (std::find(std::begin(kValues), std::end(kValues), value) == std::end(kValues)) {
+      throw InvalidArgument(fmt::format("{}: a switch takes no value, or =true / =false (also 1, 0), found '{}'",
+                                        arg.substr(0, eq), value));
+    }
+  }
+}
 
 // Numbers are taken as strings and parsed here so every bad value gets the same
 // "flag: expected ..., found ..." message (cxxopts' own conversion errors do not
@@ -250,6 +274,7 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
     ("h,help", "print this help");
   // clang-format on
 
+  check_switch_values(spec, argc, argv);
   cxxopts::ParseResult r;
   try {
     r = spec.parse(argc, argv);
@@ -315,6 +340,12 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   read_int(r, "check-replicas", o.check_replicas, 0, kMax);
   o.sync_bn = switch_on(r, "sync-bn");
   if (r.count("global-batch-size") != 0) {
+    if (r.count("batch-size") != 0) {
+      throw InvalidArgument(fmt::format(
+          "--batch-size {} and --global-batch-size {}: give one; --batch-size is per rank, --global-batch-size "
+          "is split across the ranks",
+          r["batch-size"].as<std::string>(), r["global-batch-size"].as<std::string>()));
+    }
     o.global_batch_size = env::parse_int(r["global-batch-size"].as<std::string>(), "--global-batch-size", 1, 1'000'000);
   }
   read_double(r, "timeout", o.timeout_seconds);
