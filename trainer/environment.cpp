@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <cstdint>
+#include <regex>
 #include <thread>
 
 #include "core/env.h"
@@ -54,9 +55,16 @@ void check_agrees(const Reader& r, const char* name, const char* ompi_name) {
   }
 }
 
-// Leading integer of SLURM_NTASKS_PER_NODE ("4(x2)" or "2,1" -> 4 / 2).
+// Leading integer of SLURM_NTASKS_PER_NODE ("4(x2)" or "2,1" -> 4 / 2). The whole
+// value must have SLURM's form, counts with optional repeats joined by commas.
 std::optional<int> leading_count(const std::optional<std::string>& text) {
-  if (!text || text->empty() || !std::isdigit(static_cast<unsigned char>((*text)[0]))) return std::nullopt;
+  if (!text) return std::nullopt;
+  static const std::regex kForm(R"(\d+(\(x\d+\))?(,\d+(\(x\d+\))?)*)");
+  if (!std::regex_match(*text, kForm)) {
+    throw InvalidArgument(fmt::format("environment variable SLURM_NTASKS_PER_NODE: expected tasks per node as SLURM "
+                                      "writes them (4, 2(x3) or 2(x3),1), found '{}'",
+                                      *text));
+  }
   size_t digits = 0;
   while (digits < text->size() && std::isdigit(static_cast<unsigned char>((*text)[digits]))) ++digits;
   return static_cast<int>(env::parse_int(text->substr(0, digits),

@@ -271,6 +271,15 @@ TEST_CASE("a worker of mtrain-launch ignores the MPI identity its launcher inher
 TEST_CASE("SLURM_NTASKS_PER_NODE out of range is named", "[environment]") {
   CHECK_THROWS_WITH(discover({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_NTASKS_PER_NODE", "99999999999(x2)"}}),
                     Contains("SLURM_NTASKS_PER_NODE ('99999999999(x2)')"));
+  // Not a count at all is not "absent".
+  for (const char* bad : {"abc", "", "4x", "2(x3", "2,,1"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(discover({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_NTASKS_PER_NODE", bad}}),
+                      Contains(fmt::format("SLURM_NTASKS_PER_NODE: expected tasks per node as SLURM writes them "
+                                           "(4, 2(x3) or 2(x3),1), found '{}'", bad)));
+  }
+  CHECK(discover({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"},
+                  {"SLURM_NTASKS_PER_NODE", "2(x1),2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}).local_world_size == 2);
 }
 
 TEST_CASE("mpirun with an MPI backend needs no MASTER_ADDR", "[environment]") {
