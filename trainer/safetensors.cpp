@@ -16,6 +16,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/text.h"
 
 namespace mtrain {
 
@@ -146,8 +147,10 @@ struct HeaderEntry {
   uint64_t end = 0;
 };
 
+// `problem` may quote the file's own bytes (a parser's "last read: ...", a name, a
+// dumped value), which are neither text nor short.
 [[noreturn]] void fail(const std::string& path, const std::string& problem) {
-  throw IoError(fmt::format("safetensors file {}: {}", path, problem));
+  throw IoError(fmt::format("safetensors file {}: {}", path, printable_text(problem)));
 }
 
 uint64_t read_u64_le(const unsigned char* b) {

@@ -6,6 +6,8 @@
 #include <zlib.h>
 
 #include <catch2/catch.hpp>
+
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -198,6 +200,18 @@ TEST_CASE("corrupt safetensors files are rejected with a message naming the prob
   SECTION("header is not JSON") {
     write_bytes(path, make_file("{\"a\": [1, 2", ""));
     require_load_fails(path, "not valid JSON");
+  }
+  SECTION("binary bytes in the header are escaped in the message, which stays one line") {
+    // The parser quotes what it last read, here a byte that is not UTF-8.
+    write_bytes(path, make_file("{\"a\xff\x01\": 1}", ""));
+    require_load_fails(path, "not valid JSON");
+    try {
+      mtrain::load_safetensors(path);
+    } catch (const IoError& e) {
+      const std::string m = e.what();
+      CHECK(m.find("\\xff") != std::string::npos);
+      CHECK(std::all_of(m.begin(), m.end(), [](char c) { return c >= 0x20 && c < 0x7f; }));
+    }
   }
   SECTION("header is JSON but not an object") {
     write_bytes(path, make_file("[1, 2, 3]", ""));
