@@ -74,9 +74,12 @@ DataSource resolve_data_dir(const std::string& dataset, const std::string& data_
   if (!data_dir_flag.empty()) {
     const fs::path dir(data_dir_flag);
     if (!fs::is_directory(dir, ec)) {
-      throw IoError(fmt::format("--data-dir {}: expected a directory with the {} IDX files, "
-                                "found no such directory",
-                                data_dir_flag, dataset));
+      const bool exists = fs::exists(dir, ec);
+      throw IoError(fmt::format("--data-dir {}: expected a directory with the {} IDX files, found {}", data_dir_flag,
+                                dataset,
+                                !exists ? "no such directory"
+                                : fs::is_regular_file(dir, ec) ? "a regular file"
+                                                               : "something that is not a directory"));
     }
     const std::vector<std::string> missing = missing_idx_files(dir);
     if (!missing.empty()) {

@@ -67,6 +67,10 @@ TEST_CASE("resolve_data_dir: --data-dir with missing files lists them", "[data][
 
   CHECK_THAT(error_of<IoError>([&] { resolve_data_dir("mnist", (scratch / "nope").string(), {}); }),
              Contains("found no such directory"));
+  // A file where the directory should be is not "no such directory".
+  const fs::path file = scratch / "partial" / "t10k-labels-idx1-ubyte";
+  CHECK_THAT(error_of<IoError>([&] { resolve_data_dir("mnist", file.string(), {}); }),
+             Contains("expected a directory with the mnist IDX files, found a regular file"));
 }
 
 TEST_CASE("resolve_data_dir: fashion-mnist falls back to the shipped mini set",
