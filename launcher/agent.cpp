@@ -404,10 +404,23 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
         if (auto record = read_error_file(w.error_file); record && record->stopped) w.stopped = record->stopped;
       }
       if (w.stopped) {
-        spdlog::info("rank {} stopped on {} after step {} (epoch {})", w.global_rank, w.stopped->signal,
-                     w.stopped->step, w.stopped->epoch);
+        if (w.stopped->during_startup) {
+          spdlog::info("rank {} stopped on {} during its start-up", w.global_rank, w.stopped->signal);
+        } else {
+          spdlog::info("rank {} stopped on {} after step {} (epoch {})", w.global_rank, w.stopped->signal,
+                       w.stopped->step, w.stopped->epoch);
+        }
         if (reason == TeardownReason::kNone && !stop_deadline) {
           stop_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(options.term_timeout);
+          // Ranks that stop after a step agree on it among themselves (Note [Agreeing to
+          // stop]); a rank gone before its first step leaves its peers waiting for it at
+          // the rendezvous, so they get the signal from here (Note [A stop signal during
+          // start-up] in trainer/stop_signals.h).
+          if (w.stopped->during_startup) {
+            for (auto& peer : workers) {
+              if (peer.process.running()) peer.process.signal_group(SIGTERM);
+            }
+          }
         }
         continue;
       }

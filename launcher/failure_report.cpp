@@ -144,6 +144,7 @@ std::optional<ErrorRecord> read_error_file(const std::filesystem::path& path) {
       info.epoch = st->at("epoch").get<int64_t>();
       info.step = st->at("step").get<int64_t>();
       info.checkpoint = st->at("checkpoint").get<std::string>();
+      info.during_startup = st->value("during_startup", false);
       rec.stopped = info;
     } catch (const nlohmann::json::exception&) {
     }
@@ -305,12 +306,16 @@ std::string format_stop_report(const StopReport& r) {
     out += fmt::format("The launcher received {} and forwarded it to the workers.\n",
                        signal_name(*r.launcher_signal));
   }
-  out += "Every worker finished its current step and stopped:\n";
+  const bool any_during_startup = std::any_of(r.stopped.begin(), r.stopped.end(),
+                                              [](const StoppedWorker& w) { return w.info.during_startup; });
+  out += any_during_startup ? "Every worker stopped:\n" : "Every worker finished its current step and stopped:\n";
   std::vector<std::string> checkpoints;
   for (const StoppedWorker& w : r.stopped) {
-    out += fmt::format("  rank {} (local_rank {}, node {}): stopped after step {} (epoch {}) on {} (received by rank {})\n",
-                       w.global_rank, w.local_rank, w.node_rank, w.info.step, w.info.epoch, w.info.signal,
-                       w.info.signal_rank);
+    const std::string when = w.info.during_startup
+                                 ? std::string("during start-up, before its first step,")
+                                 : fmt::format("after step {} (epoch {})", w.info.step, w.info.epoch);
+    out += fmt::format("  rank {} (local_rank {}, node {}): stopped {} on {} (received by rank {})\n", w.global_rank,
+                       w.local_rank, w.node_rank, when, w.info.signal, w.info.signal_rank);
     if (!w.info.checkpoint.empty() &&
         std::find(checkpoints.begin(), checkpoints.end(), w.info.checkpoint) == checkpoints.end()) {
       checkpoints.push_back(w.info.checkpoint);

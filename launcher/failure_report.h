@@ -68,6 +68,9 @@ struct StopInfo {
   int64_t epoch = 0;
   int64_t step = 0;         // the last optimizer step done
   std::string checkpoint;   // written at that step; empty: none
+  // Stopped before its first step (Note [A stop signal during start-up] in
+  // trainer/stop_signals.h): epoch and step are those of the checkpoint it would resume.
+  bool during_startup = false;
 };
 
 // What a worker wrote to MTRAIN_ERROR_FILE. Accepts mtrain's flat record

@@ -10,6 +10,7 @@
 //    "timestamp": 1.7e9,
 //    "stopped": {"signal": "SIGTERM", "signal_rank": 1, "epoch": 1, "step": 7,
 //                "checkpoint": "/ckpt/checkpoint.safetensors"}}     ("" without one)
+// and "during_startup": true in "stopped" for a worker stopped before its first step.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,10 @@ struct StopRecord {
   int64_t epoch = 0;
   int64_t step = 0;      // the last optimizer step done, counted over the run
   std::string checkpoint;  // path of the checkpoint written at that step, or empty
+  // Stopped before its first step (Note [A stop signal during start-up] in
+  // stop_signals.h): `checkpoint` is the one the run would resume from, if any, and
+  // epoch and step are its position (0 when it had not been read yet).
+  bool during_startup = false;
 };
 
 // Writes `record` when either variable names a file; does nothing otherwise. Never

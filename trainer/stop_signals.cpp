@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <mutex>
 #include <thread>
 
@@ -29,17 +30,38 @@ int64_t monotonic_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-// Records `sig` (Note [Stopping on a signal]); on a second SIGINT/SIGTERM, dies of it.
-// Only async-signal-safe calls, because it also serves as the fallback handler: atomics,
-// clock_gettime, write, sigaction, pthread_sigmask, raise.
-void on_stop_signal(int sig) {
+// Note [A stop signal during start-up]: the states of the start-up exit.
+enum StartupState : int { kNotArmed, kArmed, kExiting, kDone };
+std::atomic<int> g_startup{kNotArmed};
+StartupStopAction g_startup_action;  // written before arming; run by the CAS winner only
+
+// Runs the start-up action and ends the process. Only for the thread whose
+// compare-exchange armed -> exiting succeeded.
+[[noreturn]] void exit_during_startup(int sig) {
+  try {
+    if (g_startup_action) g_startup_action(sig);
+  } catch (...) {
+  }
+  std::fflush(nullptr);
+  ::_exit(kStoppedExitCode);
+}
+
+bool begin_startup_exit() {
+  int armed = kArmed;
+  return g_startup.compare_exchange_strong(armed, kExiting);
+}
+
+// Records `sig` if it is the first stop signal; returns whether it was. On a second
+// SIGINT/SIGTERM, dies of it. Only async-signal-safe calls, because it also serves as
+// the fallback handler: atomics, clock_gettime, write, sigaction, pthread_sigmask, raise.
+bool record_stop_signal(int sig) {
   const int saved_errno = errno;
   const int64_t now = monotonic_ns();
   int expected = 0;
   if (g_pending_sig.compare_exchange_strong(expected, sig)) {
     g_pending_ns.store(now);
     errno = saved_errno;
-    return;
+    return true;
   }
   if (classify_stop_signal(expected, g_pending_ns.load(), sig, now) == StopSignalAction::kExitImmediately) {
     static const char kMessage[] =
@@ -57,7 +79,10 @@ void on_stop_signal(int sig) {
     raise(sig);  // delivered to this thread, with the default action: the process ends
   }
   errno = saved_errno;
+  return false;
 }
+
+void on_stop_signal(int sig) { record_stop_signal(sig); }
 
 sigset_t stop_signal_set() {
   sigset_t set;
@@ -76,7 +101,8 @@ void unblock_in_child() {
 [[noreturn]] void signal_thread_main(sigset_t set) {
   for (;;) {
     int sig = 0;
-    if (sigwait(&set, &sig) == 0) on_stop_signal(sig);
+    // Recorded first, then the start-up state read (Note [A stop signal during start-up]).
+    if (sigwait(&set, &sig) == 0 && record_stop_signal(sig) && begin_startup_exit()) exit_during_startup(sig);
   }
 }
 
@@ -109,6 +135,19 @@ void install_stop_signal_handlers() {
     pthread_atfork(nullptr, nullptr, unblock_in_child);
     std::thread(signal_thread_main, set).detach();
   });
+}
+
+void arm_startup_stop(StartupStopAction action) {
+  g_startup_action = std::move(action);
+  g_startup.store(kArmed);
+  // Armed, then the pending signal read: the mirror of the signal thread's order.
+  if (const int sig = g_pending_sig.load(); sig != 0 && begin_startup_exit()) exit_during_startup(sig);
+}
+
+void disarm_startup_stop() {
+  int armed = kArmed;
+  if (g_startup.compare_exchange_strong(armed, kDone) || armed != kExiting) return;
+  for (;;) ::pause();  // the signal thread is ending the process
 }
 
 int pending_stop_signal() { return g_pending_sig.load(); }

@@ -40,6 +40,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "core/main_guard.h"
@@ -66,6 +67,37 @@ StopSignalAction classify_stop_signal(int pending_sig, int64_t pending_ns, int s
 // calling thread and starts the thread that receives them (Note [Signals never
 // interrupt kernels]). Call from the main thread before it starts any other thread.
 void install_stop_signal_handlers();
+
+// Note [A stop signal during start-up]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Before its first step a worker has no step to finish and nothing new to save, but it
+// can wait a long time: for its peers at the rendezvous and in the first collectives
+// (up to --timeout), for the store. Recording the signal for "after the step" left a
+// job stuck at start-up deaf to the first SIGTERM, so SLURM's preemption of it ended
+// in SIGKILL and a user had to send a second signal. So from arm_startup_stop() until
+// disarm_startup_stop(), the first stop signal ends the worker at once: the signal
+// thread runs the start-up action (the stop record, a log line), flushes, and calls
+// _exit(kStoppedExitCode), without destructors, since the main thread may be anywhere
+// (inside Gloo, MPI or a store wait). Any checkpoint on disk is untouched, so the same
+// command resumes from it, exactly as after a stop at a step boundary.
+//
+// Who handles the signal is decided by one compare-exchange on a shared state, after
+// the signal is recorded: the signal thread records, then tries armed -> exiting;
+// disarm tries armed -> done. Exactly one wins: either the process exits now, or the
+// training loop takes the recorded signal at its first step boundary. A signal that
+// arrived before arm_startup_stop() is pending when it arms, and arming exits at once.
+
+// Called on the signal thread with the signal, just before the process exits with
+// kStoppedExitCode. Must not throw (an exception is caught and ignored).
+using StartupStopAction = std::function<void(int sig)>;
+
+// Arms the start-up exit (see the Note). Call after install_stop_signal_handlers().
+// Exits with kStoppedExitCode at once if a stop signal is already pending.
+void arm_startup_stop(StartupStopAction action);
+
+// Ends start-up: from here on a stop signal stops the run after a step. When the signal
+// thread has already begun exiting, this does not return.
+void disarm_startup_stop();
 
 // The first stop signal received since install_stop_signal_handlers, or 0.
 int pending_stop_signal();

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 
 #include "trainer/store_bootstrap.h"
 #include "collectives/process_group.h"
@@ -284,16 +285,52 @@ int finish_stopped_run(const WorkerEnvironment& env, ProcessGroup* control, cons
   return kStoppedExitCode;
 }
 
+// How far start-up got, for the record of a stop before the first step (Note [A stop
+// signal during start-up] in stop_signals.h); read on the signal thread.
+struct StartupProgress {
+  std::mutex mu;
+  std::string checkpoint;  // the checkpoint a rerun resumes from; empty: none
+  int64_t epoch = 0;       // its position, once read
+  int64_t step = 0;
+};
+
+StartupStopAction startup_stop_action(int rank, std::shared_ptr<StartupProgress> progress) {
+  return [rank, progress](int sig) {
+    StopRecord record;
+    {
+      std::lock_guard<std::mutex> lock(progress->mu);
+      record.checkpoint = progress->checkpoint;
+      record.epoch = progress->epoch;
+      record.step = progress->step;
+    }
+    record.rank = rank;
+    record.signal = stop_signal_name(sig);
+    record.signal_rank = rank;
+    record.during_startup = true;
+    record.message = fmt::format(
+        "received {} during start-up, before the first step: stopped at once; {}", record.signal,
+        record.checkpoint.empty()
+            ? std::string("no checkpoint to resume from, so running the command again starts from the beginning")
+            : fmt::format("the checkpoint {} is untouched and running the same command again resumes from it",
+                          record.checkpoint));
+    spdlog::warn("{}", record.message);
+    spdlog::default_logger()->flush();
+    write_stop_record(record);
+  };
+}
+
 }  // namespace
 
 TrainChoices train_choices() { return {models::model_names(), data::known_datasets()}; }
 
 int run_train_command(const TrainOptions& o) {
-  // First, so that a stop signal during set-up is honoured after the first step
-  // rather than killing the worker (Note [Stopping on a signal]).
+  // First, so that a stop signal during set-up stops the worker cleanly rather than
+  // killing it (Note [Stopping on a signal]).
   install_stop_signal_handlers();
   WorkerEnvironment env = discover_environment(o.backend);
   configure_logging(o.log_level, env);
+  auto startup = std::make_shared<StartupProgress>();
+  arm_startup_stop(startup_stop_action(env.rank, startup));
   // Before anything is loaded, so that --device cuda without a GPU fails at once.
   const TrainingDevice training_device = set_up_training_device(o, env);
   const Device device = training_device.compute;
@@ -311,6 +348,10 @@ int run_train_command(const TrainOptions& o) {
   std::error_code exists_error;
   const bool resuming =
       !o.checkpoint_dir.empty() && std::filesystem::exists(checkpoint_path(o.checkpoint_dir), exists_error);
+  if (resuming) {
+    std::lock_guard<std::mutex> lock(startup->mu);
+    startup->checkpoint = checkpoint_path(o.checkpoint_dir);
+  }
   MetricsWriter metrics =
       o.metrics.empty() || !lead
           ? MetricsWriter()
@@ -432,6 +473,11 @@ int run_train_command(const TrainOptions& o) {
                                                   control);
     resumed = checkpointer->resume();
     if (resumed) {
+      std::lock_guard<std::mutex> lock(startup->mu);
+      startup->epoch = resumed->epoch;
+      startup->step = resumed->total_steps;
+    }
+    if (resumed) {
       spdlog::info("resuming from {}: epoch {}, {} steps done in it, {} in total{}", checkpointer->path(),
                    resumed->epoch, resumed->steps_in_epoch, resumed->total_steps,
                    resumed->epoch_finished ? " (epoch finished)" : "");
@@ -525,6 +571,8 @@ int run_train_command(const TrainOptions& o) {
   spdlog::info("learning rate: {}", schedule.describe());
 
   int64_t steps = resumed ? resumed->total_steps : 0;
+  // From here a stop signal stops the run after a step, with a checkpoint.
+  disarm_startup_stop();
   if (o.max_steps && *o.max_steps == 0) {
     spdlog::info("--max-steps 0: no training step");
     if (test_loader) {

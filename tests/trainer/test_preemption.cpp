@@ -3,7 +3,11 @@
 // or SIGUSR1 to the launcher, stops every rank after the same step with a checkpoint,
 // the message and the launcher's stop report; a restarted gang resumes; checkpoints
 // that must not be resumed are refused with the exit status of their kind.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
@@ -14,6 +18,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <thread>
 
 #include "core/main_guard.h"
 #include "tests/trainer/background_process.h"
@@ -297,6 +302,112 @@ TEST_CASE("SIGTERM to one of two workers: both stop after the same step; resumin
   CHECK(resumed.at("train_acc") == straight.at("train_acc"));
   const double a = resumed.at("train_loss").get<double>(), b = straight.at("train_loss").get<double>();
   CHECK(std::abs(a - b) <= 1e-12 * std::abs(b));
+}
+
+namespace {
+
+// A loopback port bound (not listening) while the object lives: nobody can serve it,
+// and once released it is free for a process that binds it.
+class HeldPort {
+ public:
+  HeldPort() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port_ = ntohs(a.sin_port);
+  }
+  ~HeldPort() { release(); }
+  void release() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int port() const { return port_; }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+}  // namespace
+
+// Note [A stop signal during start-up] (trainer/stop_signals.h): before its first step a
+// worker may wait for its peers for --timeout; the first signal must end that wait.
+TEST_CASE("one worker waiting for its peers at start-up stops at once on the first SIGTERM", "[multiproc]") {
+  TempDir dir;
+  HeldPort port;
+  const auto ckpt = dir.file("ckpt");
+  // Rank 1 dials a store nobody serves; rank 0 serves it and waits for rank 1 to join.
+  for (const int rank : {1, 0}) {
+    INFO("rank " << rank << " alone in a world of 2");
+    if (rank == 0) port.release();
+    const std::string error_file = dir.file(fmt::format("error.{}.json", rank));
+    BackgroundProcess worker(
+        "/usr/bin/env",
+        concat({fmt::format("RANK={}", rank), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                fmt::format("MASTER_PORT={}", port.port()), "MTRAIN_STORE_TOKEN=t", "MTRAIN_ERROR_FILE=" + error_file,
+                kTrainer},
+               train_args({"--timeout", "600", "--checkpoint-dir", ckpt})));
+    // Long enough to be past start-up's first milliseconds; nothing else ends the wait.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    REQUIRE(worker.running());
+    const auto signalled = std::chrono::steady_clock::now();
+    worker.signal(SIGTERM);
+    const ProcessResult r = worker.wait();
+    require_exit(r, mtrain::kStoppedExitCode);
+    CHECK(std::chrono::steady_clock::now() - signalled < std::chrono::seconds(10));
+    CHECK_THAT(r.out + r.err, Contains("received SIGTERM during start-up, before the first step: stopped at once; no "
+                               "checkpoint to resume from"));
+    const auto record = read_json(error_file);
+    INFO(record.dump());
+    CHECK(record.at("rank") == rank);
+    CHECK(record.at("stopped").at("signal") == "SIGTERM");
+    CHECK(record.at("stopped").at("during_startup") == true);
+    CHECK(record.at("stopped").at("checkpoint") == "");
+  }
+}
+
+// The launcher passes a start-up stop on to the other workers, which would wait for the
+// stopped one until --timeout; the report says where every rank stopped.
+TEST_CASE("SIGTERM to one worker stuck at start-up: the launcher stops its peers, the report says so",
+          "[multiproc]") {
+  TempDir dir;
+  HeldPort port;
+  // Rank 1 dials a store nobody serves instead of the launcher's, so neither rank gets
+  // past start-up.
+  const std::string wrapper = dir.file("stuck.sh");
+  {
+    std::ofstream out(wrapper);
+    out << "#!/bin/sh\necho $$ > " << dir.file("pid.") << "$RANK\n"
+        << "if [ \"$RANK\" = 1 ]; then unset MTRAIN_RUN_ID; export MASTER_PORT=" << port.port() << "; fi\n"
+        << "exec " << kTrainer << " \"$@\"\n";
+  }
+  std::filesystem::permissions(wrapper, std::filesystem::perms::owner_all);
+  BackgroundProcess launcher(kLauncher, launch_args(2, wrapper, {"--timeout", "600"}));
+  REQUIRE(mtrain::testing::wait_until([&] { return std::filesystem::exists(dir.file("pid.1")); },
+                                      std::chrono::seconds(30)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const auto signalled = std::chrono::steady_clock::now();
+  REQUIRE(::kill(read_pid(dir.file("pid.1")), SIGTERM) == 0);
+  const ProcessResult r = launcher.wait();
+  require_exit(r, mtrain::kStoppedExitCode);
+  // Well inside --term_timeout (20 s), after which the launcher would call it a failure.
+  CHECK(std::chrono::steady_clock::now() - signalled < std::chrono::seconds(15));
+  INFO(r.err);
+  CHECK_THAT(r.err, Contains("STOPPED on a signal"));
+  CHECK_THAT(r.err, Contains("Every worker stopped:"));
+  CHECK_THAT(r.err, Contains("rank 0 (local_rank 0, node 0): stopped during start-up, before its first step, on "
+                             "SIGTERM (received by rank 0)"));
+  CHECK_THAT(r.err, Contains("rank 1 (local_rank 1, node 0): stopped during start-up, before its first step, on "
+                             "SIGTERM (received by rank 1)"));
+  CHECK_THAT(r.err, !Contains("FAILED"));
 }
 
 TEST_CASE("SIGUSR1 to the launcher: forwarded, every rank stops after the same step, the report says so",
