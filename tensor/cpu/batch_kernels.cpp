@@ -45,6 +45,11 @@ bool cpu_has_avx512() {
   return has;
 }
 
+bool cpu_has_avx2_fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+
 int threads_for(int64_t items) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), items)));
 }

@@ -31,10 +31,13 @@ typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 // of it before their parallel region.
 float* thread_scratch(size_t floats);
 
-// Whether the CPU has AVX-512 (F). The own kernels were measured against oneDNN on
-// AVX-512 cores only, so their applicability rules require it: on other CPUs their
-// AVX2 or baseline clones would run, correct but unmeasured, and oneDNN does instead.
+// Whether the CPU has AVX-512 (F), and AVX2 with FMA (the haswell clone). The own
+// kernels' applicability rules name the instruction sets they were measured on against
+// oneDNN: every kernel on AVX-512; on AVX2 only the single-channel weight gradient with
+// images in the vector lanes (Note [Images in the vector lanes] in conv_lanes.cpp),
+// the one that measured faster there. Elsewhere oneDNN runs these layers.
 bool cpu_has_avx512();
+bool cpu_has_avx2_fma();
 
 // How many OpenMP threads to use for `items` independent items (at least one).
 int threads_for(int64_t items);

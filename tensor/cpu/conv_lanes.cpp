@@ -48,8 +48,22 @@
 // vector loaded feeds enough FMAs, and for single-channel inputs with at most eight
 // outputs. The zero-padded map (and so the gradient map) may hold at most 48x48
 // pixels: the per-thread buffers grow with it, and padding wider than that is not
-// something a network does. The kernels are measured on AVX-512 only, so the rules
-// also require it (cpu_has_avx512()); elsewhere oneDNN runs these layers.
+// something a network does. These figures are AVX-512's, so the rules require it
+// (cpu_has_avx512()), with one exception. On a Zen 3 EPYC with AVX2 and FMA and no
+// AVX-512 (the same measurement, 2026-11-26, four alternating runs of
+// `bench_kernels 1 256 64 cpu` with the rules forced on and off), the single-channel
+// weight gradient runs there too:
+//
+//                              backward-data          backward-weights
+//                              oneDNN   these         oneDNN     these
+//   1 -> 6 5x5 pad 2 @28, 256       -       -         9.9-15.4   6.9-9.3
+//   1 -> 4 7x7 pad 3 @28, 256       -       -         16.7-17.2  7.6-7.7
+//   1 -> 8 3x3 pad 1 @28, 256       -       -         5.8-6.0    5.4-5.6
+//   6 -> 16 5x5 @14, 256         3.5-3.6  11.6-15.2   3.2-3.4    9.1-12.9
+//
+// The other shapes lose there (last row), as do the direct forward kernel and
+// Winograd (Notes [Single-channel convolution], [Winograd convolution]), so oneDNN
+// keeps them on such CPUs.
 #include "tensor/cpu/conv_lanes.h"
 
 #include <omp.h>
@@ -220,9 +234,10 @@ void reduce_weight_grads(const float* base, size_t stride, int threads, size_t o
 }
 
 // The shapes both directions handle: stride 1, kernels at most kMaxKernelWidth wide,
-// maps and padded maps within the measured reach, on an AVX-512 core.
+// maps and padded maps within the measured reach (the instruction set is the caller's
+// rule).
 bool lanes_reach(const ConvGeometry& s) {
-  return cpu_has_avx512() && s.stride_h == 1 && s.stride_w == 1 && s.kh >= 1 && s.kw >= 1 &&
+  return s.stride_h == 1 && s.stride_w == 1 && s.kh >= 1 && s.kw >= 1 &&
          s.kw <= kMaxKernelWidth && s.o >= 1 && s.h * s.w <= kMaxPixels &&
          (s.h + 2 * s.pad_h) * (s.w + 2 * s.pad_w) <= kMaxPaddedPixels;
 }
@@ -230,14 +245,14 @@ bool lanes_reach(const ConvGeometry& s) {
 }  // namespace
 
 bool lanes_backward_data_applies(const ConvGeometry& s) {
-  return lanes_reach(s) && s.c >= 2 && s.c <= kMaxInChannels && s.o <= kMaxOutChannels;
+  return cpu_has_avx512() && lanes_reach(s) && s.c >= 2 && s.c <= kMaxInChannels && s.o <= kMaxOutChannels;
 }
 
 bool lanes_backward_weights_applies(const ConvGeometry& s) {
-  const bool fits = lanes_reach(s);
-  return fits && ((s.c == 1 && s.o <= kMaxSingleChannelOutputs) ||
-                  (s.c >= 2 && s.c <= kMaxInChannels && s.o <= kMaxOutChannels &&
-                   s.kw >= kMinWeightsKernelWidth));
+  if (!lanes_reach(s)) return false;
+  // Single-channel inputs on AVX2 too (the table above); the rest on AVX-512 only.
+  if (s.c == 1) return s.o <= kMaxSingleChannelOutputs && (cpu_has_avx512() || cpu_has_avx2_fma());
+  return cpu_has_avx512() && s.c <= kMaxInChannels && s.o <= kMaxOutChannels && s.kw >= kMinWeightsKernelWidth;
 }
 
 void lanes_conv_backward_data(const float* dy, const float* w, float* dx, const ConvGeometry& s) {

@@ -186,7 +186,8 @@ TEST_CASE("single-channel convolutions take the direct kernels and match the ref
   // Auto sends one-input-channel, <= 8-output, stride-1 convolutions forward to the
   // direct kernel (Note [Single-channel convolution]) and their weight gradient to the
   // kernels with images in the vector lanes (Note [Images in the vector lanes]): no
-  // oneDNN primitive is created for either (on AVX-512 cores, where the rules apply).
+  // oneDNN primitive is created for either on AVX-512 cores, and none for the weight
+  // gradient on AVX2 cores, where only that rule applies.
   // Shapes cover 1 to 8 output channels and kernels 1 to 7 wide, rows narrower than,
   // equal to and wider than one 16-float tile,
   // padding wider than the kernel, and 1 to 3 threads splitting an odd batch.
@@ -213,9 +214,13 @@ TEST_CASE("single-channel convolutions take the direct kernels and match the ref
     const Tensor y = conv(x, w, b, p);
     require_close(y, testing::conv2d_ref(x, w, b, p), 1e-4, 1e-4);
     require_close(conv(x, w, Tensor(), p), testing::conv2d_ref(x, w, Tensor(), p), 1e-4, 1e-4);
-
-    check_weight_gradients(x, w, random_tensor(y.shape(), seed++), p);
     if (ops::cpu::cpu_has_avx512()) CHECK(ops::cpu::conv_primitives_created() == created);
+
+    const long before_gradients = ops::cpu::conv_primitives_created();
+    check_weight_gradients(x, w, random_tensor(y.shape(), seed++), p);
+    if (ops::cpu::cpu_has_avx512() || ops::cpu::cpu_has_avx2_fma()) {
+      CHECK(ops::cpu::conv_primitives_created() == before_gradients);
+    }
   }
 }
 
@@ -407,6 +412,17 @@ TEST_CASE("the few-channel kernels' rule bounds the padded map", "[conv]") {
   };
   CHECK(ops::cpu::lanes_backward_data_applies(geometry(20)) == ops::cpu::cpu_has_avx512());
   CHECK_FALSE(ops::cpu::lanes_backward_data_applies(geometry(21)));
+}
+
+TEST_CASE("the few-channel kernels' rules name the instruction sets they were measured on", "[conv]") {
+  // Note [Images in the vector lanes]: everything on AVX-512; on AVX2 with FMA only the
+  // single-channel weight gradient (LeNet's first layer), which measured faster there.
+  const ops::cpu::ConvGeometry first{256, 1, 28, 28, 6, 5, 5, 28, 28, 1, 1, 2, 2};
+  const ops::cpu::ConvGeometry second{256, 6, 14, 14, 16, 5, 5, 10, 10, 1, 1, 0, 0};
+  const bool avx512 = ops::cpu::cpu_has_avx512();
+  CHECK(ops::cpu::lanes_backward_weights_applies(first) == (avx512 || ops::cpu::cpu_has_avx2_fma()));
+  CHECK(ops::cpu::lanes_backward_weights_applies(second) == avx512);
+  CHECK(ops::cpu::lanes_backward_data_applies(second) == avx512);
 }
 
 TEST_CASE("weight gradients over few output positions are one GEMM and match the reference",
