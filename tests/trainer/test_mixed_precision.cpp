@@ -229,6 +229,14 @@ TEST_CASE("mixed precision without the CPU's support, and bad loss-scale flags, 
     CHECK_THAT(r.err, Contains("--amp fp16: cpu has no float16 convolutions (oneDNN needs AVX512_FP16"));
     CHECK_THAT(r.out, !Contains("train set"));
   }
+  if (!mtrain::ops::compute_dtype_supported(DType::BFloat16, mtrain::Device::cpu())) {  // e.g. AVX2 only
+    const auto r = train({"--amp", "bf16", "--max-steps", "1"});
+    INFO("stderr:\n" << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Contains("--amp bf16: cpu has no bfloat16 convolutions (oneDNN needs AVX512_BF16, or at least "
+                               "AVX-512, for them); run without --amp"));
+    CHECK_THAT(r.out, !Contains("train set"));
+  }
   for (const auto& [flags, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--amp", "fp8"}, "--amp: unknown value 'fp8' (valid: off, bf16, fp16)"},
            {{"--loss-scale", "static"}, "--loss-scale: unknown value 'static' (valid: auto, dynamic, none)"},
