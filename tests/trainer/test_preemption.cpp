@@ -331,6 +331,16 @@ class HeldPort {
   int port_ = 0;
 };
 
+// Whether process `pid` blocks SIGTERM in its main thread, as mtrain-train does from its
+// first lines on (install_stop_signal_handlers): from then on a SIGTERM is its to handle.
+bool handles_stop_signals(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("SigBlk:", 0) == 0) return (std::stoull(line.substr(7), nullptr, 16) >> (SIGTERM - 1)) & 1;
+  }
+  return false;
+}
+
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   return nlohmann::json::parse(in);
@@ -355,8 +365,9 @@ TEST_CASE("one worker waiting for its peers at start-up stops at once on the fir
                 fmt::format("MASTER_PORT={}", port.port()), "MTRAIN_STORE_TOKEN=t", "MTRAIN_ERROR_FILE=" + error_file,
                 kTrainer},
                train_args({"--timeout", "600", "--checkpoint-dir", ckpt})));
-    // Long enough to be past start-up's first milliseconds; nothing else ends the wait.
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    REQUIRE(mtrain::testing::wait_until([&] { return handles_stop_signals(worker.pid()); }, std::chrono::seconds(30)));
+    // Into the wait (a signal before it would be taken at once too); nothing else ends it.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
     REQUIRE(worker.running());
     const auto signalled = std::chrono::steady_clock::now();
     worker.signal(SIGTERM);
@@ -391,9 +402,14 @@ TEST_CASE("SIGTERM to one worker stuck at start-up: the launcher stops its peers
   }
   std::filesystem::permissions(wrapper, std::filesystem::perms::owner_all);
   BackgroundProcess launcher(kLauncher, launch_args(2, wrapper, {"--timeout", "600"}));
-  REQUIRE(mtrain::testing::wait_until([&] { return std::filesystem::exists(dir.file("pid.1")); },
-                                      std::chrono::seconds(30)));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Both ranks must be the trainer, not yet the wrapper, when the signals come.
+  REQUIRE(mtrain::testing::wait_until(
+      [&] {
+        return std::filesystem::exists(dir.file("pid.0")) && std::filesystem::exists(dir.file("pid.1")) &&
+               handles_stop_signals(read_pid(dir.file("pid.0"))) && handles_stop_signals(read_pid(dir.file("pid.1")));
+      },
+      std::chrono::seconds(30)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const auto signalled = std::chrono::steady_clock::now();
   REQUIRE(::kill(read_pid(dir.file("pid.1")), SIGTERM) == 0);
   const ProcessResult r = launcher.wait();
