@@ -85,7 +85,11 @@ void run_step(const std::string& step) {
     const std::string path = value + "/child_" + tag() + ".pid";
     const pid_t pid = fork();
     if (pid == 0) {
-      std::ofstream(path) << getpid() << "\n";
+      // Written aside and renamed, like the record: a teardown may kill the child
+      // between creating the file and writing it, and the test reads every such file.
+      const std::string aside = value + "/pending_child_" + tag();
+      { std::ofstream(aside) << getpid() << "\n"; }
+      std::rename(aside.c_str(), path.c_str());
       for (int i = 0; i < 600; ++i) usleep(100'000);
       _exit(0);
     }
