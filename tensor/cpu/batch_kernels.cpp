@@ -45,8 +45,9 @@ bool cpu_has_avx512() {
   return has;
 }
 
-bool cpu_has_avx2_fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+bool cpu_has_x86_64_v3() {
+  // The same test as the clones' resolver (MTRAIN_CLONES).
+  static const bool has = __builtin_cpu_supports("x86-64-v3");
   return has;
 }
 

@@ -18,10 +18,12 @@ constexpr int64_t kLanes = 16;
 // GCC's vector extension: one AVX-512 register, two AVX2 registers, or four SSE ones.
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 
-// Compiles a kernel for AVX-512, AVX2 with FMA (Haswell's set; "avx2" alone would
+// Compiles a kernel for AVX-512, the x86-64-v3 level (AVX2 with FMA; "avx2" alone would
 // leave out FMA) and the baseline; the loader picks the best one the CPU has (the
-// project builds without -march).
-#define MTRAIN_CLONES __attribute__((target_clones("avx512f", "arch=haswell", "default")))
+// project builds without -march). Not "arch=haswell": GCC dispatches an arch= clone by
+// CPU model, so that clone ran on Intel Haswell only, and every AMD or later Intel CPU
+// without AVX-512 got the SSE2 baseline; x86-64-v3 is dispatched by CPU features.
+#define MTRAIN_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 
 [[gnu::always_inline]] inline void load(Vec& v, const float* p) { std::memcpy(&v, p, sizeof v); }
 [[gnu::always_inline]] inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
@@ -31,13 +33,11 @@ typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 // of it before their parallel region.
 float* thread_scratch(size_t floats);
 
-// Whether the CPU has AVX-512 (F), and AVX2 with FMA (the haswell clone). The own
-// kernels' applicability rules name the instruction sets they were measured on against
-// oneDNN: every kernel on AVX-512; on AVX2 only the single-channel weight gradient with
-// images in the vector lanes (Note [Images in the vector lanes] in conv_lanes.cpp),
-// the one that measured faster there. Elsewhere oneDNN runs these layers.
+// Whether the CPU runs the avx512f clone, and whether it runs the x86-64-v3 one (AVX2
+// with FMA) when it has no AVX-512. The own kernels' applicability rules name the
+// clones they were measured with against oneDNN; elsewhere oneDNN runs those layers.
 bool cpu_has_avx512();
-bool cpu_has_avx2_fma();
+bool cpu_has_x86_64_v3();
 
 // How many OpenMP threads to use for `items` independent items (at least one).
 int threads_for(int64_t items);

@@ -50,20 +50,24 @@
 // pixels: the per-thread buffers grow with it, and padding wider than that is not
 // something a network does. These figures are AVX-512's, so the rules require it
 // (cpu_has_avx512()), with one exception. On a Zen 3 EPYC with AVX2 and FMA and no
-// AVX-512 (the same measurement, 2026-11-26, four alternating runs of
-// `bench_kernels 1 256 64 cpu` with the rules forced on and off), the single-channel
-// weight gradient runs there too:
+// AVX-512, which runs the x86-64-v3 clones (batch_kernels.h), the single-channel
+// weight gradient runs too (2026-11-26, `bench_kernels 1 256 64 cpu`, six alternating
+// runs with the rules on and off; that VM's spread between runs is wide):
 //
 //                              backward-data          backward-weights
 //                              oneDNN   these         oneDNN     these
-//   1 -> 6 5x5 pad 2 @28, 256       -       -         9.9-15.4   6.9-9.3
-//   1 -> 4 7x7 pad 3 @28, 256       -       -         16.7-17.2  7.6-7.7
-//   1 -> 8 3x3 pad 1 @28, 256       -       -         5.8-6.0    5.4-5.6
-//   6 -> 16 5x5 @14, 256         3.5-3.6  11.6-15.2   3.2-3.4    9.1-12.9
+//   1 -> 6 5x5 pad 2 @28, 256       -       -         10.0-15.8  7.6-9.4
+//   1 -> 4 7x7 pad 3 @28, 256       -       -         17.3-24.1  7.9-9.2
+//   1 -> 8 3x3 pad 1 @28, 256       -       -         6.1-10.0   6.1-7.6
+//   6 -> 16 5x5 @14, 256         3.2-4.7  16.7-17.4   2.9-4.4    8.3-8.7
+//   8 -> 16 5x5 pad 2 @28, 256   22-28    164-194     21-27      83-98
 //
-// The other shapes lose there (last row), as do the direct forward kernel and
-// Winograd (Notes [Single-channel convolution], [Winograd convolution]), so oneDNN
-// keeps them on such CPUs.
+// The few-channel shapes lose there by 2-7x (the last rows; sixteen lanes take two of
+// AVX2's sixteen registers, so their accumulators likely spill, not checked), as does the
+// direct forward kernel (1 -> 6 5x5: 11-15 against 3-5 ms), so oneDNN keeps them on such
+// CPUs. Winograd measured 20 % slower than oneDNN at 64 -> 64 @28 and about 30 % faster
+// at 128 -> 128 @14 there (six alternating runs each, medians of forward 57 / 48 and
+// 46 / 63 ms); it stays AVX-512 only until a network-level run can show the difference.
 #include "tensor/cpu/conv_lanes.h"
 
 #include <omp.h>
@@ -251,8 +255,8 @@ bool lanes_backward_data_applies(const ConvGeometry& s) {
 bool lanes_backward_weights_applies(const ConvGeometry& s) {
   if (!lanes_reach(s)) return false;
   // Single-channel inputs on AVX2 too (the table above); the rest on AVX-512 only.
-  if (s.c == 1) return s.o <= kMaxSingleChannelOutputs && (cpu_has_avx512() || cpu_has_avx2_fma());
-  return cpu_has_avx512() && s.c <= kMaxInChannels && s.o <= kMaxOutChannels && s.kw >= kMinWeightsKernelWidth;
+  if (s.c == 1) return s.o <= kMaxSingleChannelOutputs && (cpu_has_avx512() || cpu_has_x86_64_v3());
+  return cpu_has_avx512() && s.c >= 2 && s.c <= kMaxInChannels && s.o <= kMaxOutChannels && s.kw >= kMinWeightsKernelWidth;
 }
 
 void lanes_conv_backward_data(const float* dy, const float* w, float* dx, const ConvGeometry& s) {

@@ -218,7 +218,7 @@ TEST_CASE("single-channel convolutions take the direct kernels and match the ref
 
     const long before_gradients = ops::cpu::conv_primitives_created();
     check_weight_gradients(x, w, random_tensor(y.shape(), seed++), p);
-    if (ops::cpu::cpu_has_avx512() || ops::cpu::cpu_has_avx2_fma()) {
+    if (ops::cpu::cpu_has_avx512() || ops::cpu::cpu_has_x86_64_v3()) {
       CHECK(ops::cpu::conv_primitives_created() == before_gradients);
     }
   }
@@ -420,7 +420,7 @@ TEST_CASE("the few-channel kernels' rules name the instruction sets they were me
   const ops::cpu::ConvGeometry first{256, 1, 28, 28, 6, 5, 5, 28, 28, 1, 1, 2, 2};
   const ops::cpu::ConvGeometry second{256, 6, 14, 14, 16, 5, 5, 10, 10, 1, 1, 0, 0};
   const bool avx512 = ops::cpu::cpu_has_avx512();
-  CHECK(ops::cpu::lanes_backward_weights_applies(first) == (avx512 || ops::cpu::cpu_has_avx2_fma()));
+  CHECK(ops::cpu::lanes_backward_weights_applies(first) == (avx512 || ops::cpu::cpu_has_x86_64_v3()));
   CHECK(ops::cpu::lanes_backward_weights_applies(second) == avx512);
   CHECK(ops::cpu::lanes_backward_data_applies(second) == avx512);
 }
