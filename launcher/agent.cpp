@@ -307,6 +307,9 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
   bool warned_unkillable = false;
   // Set when the first worker stopped on a signal: its peers must follow by then.
   std::optional<Clock::time_point> stop_deadline;
+  // The stop of the first worker that stopped during start-up, once its peers were sent
+  // SIGTERM for it.
+  std::optional<StopInfo> startup_stop_sent;
   std::optional<FailureNotice> winner;  // the attempt's first failure notice
   std::optional<int> received_signal;
   std::optional<int> forwarded_signal;
@@ -403,6 +406,17 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
       if (!st.signaled && st.code == kStoppedExitCode) {
         if (auto record = read_error_file(w.error_file); record && record->stopped) w.stopped = record->stopped;
       }
+      // A peer that died of the SIGTERM sent for a start-up stop (below) had not yet
+      // installed its handlers, so it was at its very start: stopped alongside, not a
+      // failure of its own.
+      if (startup_stop_sent && st.signaled && st.signal == SIGTERM && !w.stopped) {
+        StopInfo alongside;
+        alongside.signal = "SIGTERM";
+        alongside.signal_rank = startup_stop_sent->signal_rank;
+        alongside.checkpoint = startup_stop_sent->checkpoint;
+        alongside.during_startup = true;
+        w.stopped = alongside;
+      }
       if (w.stopped) {
         if (w.stopped->during_startup) {
           spdlog::info("rank {} stopped on {} during its start-up", w.global_rank, w.stopped->signal);
@@ -417,6 +431,7 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
           // the rendezvous, so they get the signal from here (Note [A stop signal during
           // start-up] in trainer/stop_signals.h).
           if (w.stopped->during_startup) {
+            startup_stop_sent = *w.stopped;
             for (auto& peer : workers) {
               if (peer.process.running()) peer.process.signal_group(SIGTERM);
             }

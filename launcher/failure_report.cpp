@@ -321,11 +321,19 @@ std::string format_stop_report(const StopReport& r) {
       checkpoints.push_back(w.info.checkpoint);
     }
   }
-  if (checkpoints.empty()) {
+  const bool all_during_startup = std::all_of(r.stopped.begin(), r.stopped.end(),
+                                              [](const StoppedWorker& w) { return w.info.during_startup; });
+  if (checkpoints.empty() && all_during_startup) {
+    // Whether --checkpoint-dir was given is not in the stop record; nothing was written.
+    out += "Checkpoint : none yet (the workers stopped before their first step); running the same command again "
+           "starts from the beginning\n";
+  } else if (checkpoints.empty()) {
     out += "Checkpoint : none (the workers ran without --checkpoint-dir); this run cannot be resumed\n";
   } else {
     out += fmt::format("Checkpoint : {}\n", fmt::join(checkpoints, ", "));
-    out += "Resume     : run the same command again; the workers continue after that step\n";
+    out += all_during_startup
+               ? "Resume     : run the same command again; the workers continue from that checkpoint, untouched\n"
+               : "Resume     : run the same command again; the workers continue after that step\n";
   }
   out += fmt::format("Exit status: {} (stopped before the end, resumable), as the workers'\n",
                      kStoppedExitCode);

@@ -18,8 +18,9 @@
 // Except within kDuplicateSignalWindow of the first: under SLURM the same SIGTERM
 // reaches a worker twice, from slurmstepd (which signals every process of the step)
 // and from mtrain-launch forwarding its own copy, and that must not turn a clean stop
-// into a kill. SIGUSR1 never forces an exit: it is a warning, and repeats of it are
-// harmless.
+// into a kill. SIGUSR1 never forces an exit after the first step: it is a warning, and
+// repeats of it are harmless. (Before the first step every stop signal ends the worker:
+// Note [A stop signal during start-up].)
 //
 // Note [Signals never interrupt kernels]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -76,10 +77,17 @@ void install_stop_signal_handlers();
 // job stuck at start-up deaf to the first SIGTERM, so SLURM's preemption of it ended
 // in SIGKILL and a user had to send a second signal. So from arm_startup_stop() until
 // disarm_startup_stop(), the first stop signal ends the worker at once: the signal
-// thread runs the start-up action (the stop record, a log line), flushes, and calls
-// _exit(kStoppedExitCode), without destructors, since the main thread may be anywhere
-// (inside Gloo, MPI or a store wait). Any checkpoint on disk is untouched, so the same
-// command resumes from it, exactly as after a stop at a step boundary.
+// thread runs the start-up action (the stop record, then a log line), flushes, and
+// calls _exit(kStoppedExitCode), without destructors, since the main thread may be
+// anywhere (inside Gloo or a store wait). Any checkpoint on disk is untouched, so the
+// same command resumes from it, exactly as after a stop at a step boundary. A second
+// signal meanwhile stays pending: the exit is a file write and a log line away.
+//
+// The trainer disarms before anything that calls MPI_Init (the MPI backend, a store
+// address broadcast over MPI): ending without MPI_Finalize would make mpirun report a
+// crash, so under MPI a stop signal still waits for the first step. It also disarms
+// when start-up throws, before the error record is written, so that the two records
+// never race for the error file.
 //
 // Who handles the signal is decided by one compare-exchange on a shared state, after
 // the signal is recorded: the signal thread records, then tries armed -> exiting;
@@ -87,16 +95,17 @@ void install_stop_signal_handlers();
 // training loop takes the recorded signal at its first step boundary. A signal that
 // arrived before arm_startup_stop() is pending when it arms, and arming exits at once.
 
-// Called on the signal thread with the signal, just before the process exits with
-// kStoppedExitCode. Must not throw (an exception is caught and ignored).
+// Called with the signal just before the process exits with kStoppedExitCode: on the
+// signal thread, or on the arming thread when a signal was already pending. Must not
+// throw (an exception is caught and ignored).
 using StartupStopAction = std::function<void(int sig)>;
 
 // Arms the start-up exit (see the Note). Call after install_stop_signal_handlers().
 // Exits with kStoppedExitCode at once if a stop signal is already pending.
 void arm_startup_stop(StartupStopAction action);
 
-// Ends start-up: from here on a stop signal stops the run after a step. When the signal
-// thread has already begun exiting, this does not return.
+// Ends start-up: from here on a stop signal stops the run after a step. Idempotent. When
+// the signal thread has already begun exiting, this does not return.
 void disarm_startup_stop();
 
 // The first stop signal received since install_stop_signal_handlers, or 0.

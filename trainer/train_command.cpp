@@ -313,9 +313,11 @@ StartupStopAction startup_stop_action(int rank, std::shared_ptr<StartupProgress>
             ? std::string("no checkpoint to resume from, so running the command again starts from the beginning")
             : fmt::format("the checkpoint {} is untouched and running the same command again resumes from it",
                           record.checkpoint));
+    // The record first: it is what the launcher reads, and a log line can block on a
+    // full pipe.
+    write_stop_record(record);
     spdlog::warn("{}", record.message);
     spdlog::default_logger()->flush();
-    write_stop_record(record);
   };
 }
 
@@ -331,6 +333,11 @@ int run_train_command(const TrainOptions& o) {
   configure_logging(o.log_level, env);
   auto startup = std::make_shared<StartupProgress>();
   arm_startup_stop(startup_stop_action(env.rank, startup));
+  // Start-up may also end in an error; its record must not race the start-up exit's
+  // (both write the error file), so leaving this function disarms first.
+  struct Disarm {
+    ~Disarm() { disarm_startup_stop(); }
+  } disarm_on_exit;
   // Before anything is loaded, so that --device cuda without a GPU fails at once.
   const TrainingDevice training_device = set_up_training_device(o, env);
   const Device device = training_device.compute;
@@ -368,6 +375,10 @@ int run_train_command(const TrainOptions& o) {
 
   // Note [Control-plane collectives] (training_groups.h): `group` carries tensors on
   // the training device, `control` host values; one object unless the backend is NCCL.
+  // Note [A stop signal during start-up]: a process that called MPI_Init must not end
+  // without MPI_Finalize (mpirun would take the stop for a crash), so under MPI the
+  // first stop signal waits for the first step, as every stop signal once did.
+  if (backend == "mpi" || env.store_mode == StoreMode::kMpiBroadcast) disarm_startup_stop();
   TrainingGroups groups;
   ProcessGroupOptions pg_options;
   pg_options.timeout = Millis(static_cast<int64_t>(o.timeout_seconds * 1000.0));
