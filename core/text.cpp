@@ -33,6 +33,13 @@ size_t utf8_length(std::string_view text, size_t i) {
   return n;
 }
 
+// C1 controls (U+0080-U+009F, such as NEL) and the line and paragraph separators
+// (U+2028, U+2029): well-formed, but they break a line as a newline does.
+bool is_control_or_separator(std::string_view c) {
+  return (c.size() == 2 && static_cast<unsigned char>(c[0]) == 0xc2 && static_cast<unsigned char>(c[1]) < 0xa0) ||
+         c == "\xe2\x80\xa8" || c == "\xe2\x80\xa9";
+}
+
 }  // namespace
 
 std::string printable_text(std::string_view text, size_t limit) {
@@ -47,8 +54,10 @@ std::string printable_text(std::string_view text, size_t limit) {
       out += "\\\\";
     } else if (c >= 0x20 && c < 0x7f) {
       out.push_back(static_cast<char>(c));
-    } else if (n >= 2) {
+    } else if (n >= 2 && !is_control_or_separator(text.substr(i, n))) {
       out.append(text.substr(i, n));
+    } else if (n >= 2) {
+      for (size_t k = 0; k < n; ++k) out += fmt::format("\\x{:02x}", static_cast<unsigned char>(text[i + k]));
     } else {
       out += fmt::format("\\x{:02x}", c);
       n = 1;

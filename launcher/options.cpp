@@ -403,6 +403,7 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args) {
     }
     if (r.count("master_port")) env::parse_int(str("master_port"), "--master_port", 0, 65535);
     if (has_endpoint) parse_endpoint(str("rdzv_endpoint"), "--rdzv_endpoint", kDefaultRdzvPort);
+    if (r.count("rdzv_id") && str("rdzv_id").empty()) throw InvalidArgument("--rdzv_id: expected a non-empty job id");
     for (const char* flag : {"master_addr", "master_port", "rdzv_endpoint", "rdzv_backend", "rdzv_id"}) {
       if (r.count(flag)) {
         parsed.ignored.push_back(fmt::format(

@@ -4,11 +4,11 @@
 
 #include <cctype>
 #include <cstdint>
-#include <regex>
 #include <thread>
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "trainer/hostlist.h"
 
 namespace mtrain {
@@ -59,17 +59,35 @@ void check_agrees(const Reader& r, const char* name, const char* ompi_name) {
 // value must have SLURM's form, counts with optional repeats joined by commas.
 std::optional<int> leading_count(const std::optional<std::string>& text) {
   if (!text) return std::nullopt;
-  static const std::regex kForm(R"(\d+(\(x\d+\))?(,\d+(\(x\d+\))?)*)");
-  if (!std::regex_match(*text, kForm)) {
+  // N or N(xM), joined by commas (a scan: std::regex recurses per repeat and a long
+  // value would overflow the stack).
+  const auto digits_at = [&](size_t i) {
+    size_t j = i;
+    while (j < text->size() && std::isdigit(static_cast<unsigned char>((*text)[j]))) ++j;
+    return j - i;
+  };
+  bool well_formed = true;
+  for (size_t i = 0; well_formed;) {
+    const size_t count = digits_at(i);
+    well_formed = count > 0;
+    i += count;
+    if (well_formed && text->compare(i, 2, "(x") == 0) {
+      const size_t repeat = digits_at(i + 2);
+      well_formed = repeat > 0 && i + 2 + repeat < text->size() && (*text)[i + 2 + repeat] == ')';
+      i += 3 + repeat;
+    }
+    if (i == text->size()) break;
+    well_formed = well_formed && (*text)[i] == ',';
+    ++i;
+  }
+  if (!well_formed) {
     throw InvalidArgument(fmt::format("environment variable SLURM_NTASKS_PER_NODE: expected tasks per node as SLURM "
                                       "writes them (4, 2(x3) or 2(x3),1), found '{}'",
-                                      *text));
+                                      printable_text(*text, 200)));
   }
-  size_t digits = 0;
-  while (digits < text->size() && std::isdigit(static_cast<unsigned char>((*text)[digits]))) ++digits;
-  return static_cast<int>(env::parse_int(text->substr(0, digits),
-                                         fmt::format("environment variable SLURM_NTASKS_PER_NODE ('{}')", *text),
-                                         1, kMaxWorld));
+  return static_cast<int>(env::parse_int(
+      text->substr(0, digits_at(0)),
+      fmt::format("environment variable SLURM_NTASKS_PER_NODE ('{}')", printable_text(*text, 200)), 1, kMaxWorld));
 }
 
 // mtrain-launch sets MTRAIN_RUN_ID beside RANK. A worker it started is not an MPI

@@ -58,7 +58,8 @@ void check_switch_values(const cxxopts::Options& spec, int argc, const char* con
       if (option.is_boolean) switches.insert(switches.end(), option.l.begin(), option.l.end());
     }
   }
-  static const char* const kValues[] = {"true", "false", "True", "False", "TRUE", "FALSE", "t", "f", "T", "F", "1", "0"};
+  // What cxxopts reads: (t|T)(rue)?|1 and (f|F)(alse)?|0.
+  static const char* const kValues[] = {"true", "True", "t", "T", "1", "false", "False", "f", "F", "0"};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--") break;

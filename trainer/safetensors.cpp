@@ -150,7 +150,7 @@ struct HeaderEntry {
 // `problem` may quote the file's own bytes (a parser's "last read: ...", a name, a
 // dumped value), which are neither text nor short.
 [[noreturn]] void fail(const std::string& path, const std::string& problem) {
-  throw IoError(fmt::format("safetensors file {}: {}", path, printable_text(problem)));
+  throw IoError(fmt::format("safetensors file {}: {}", path, printable_text(problem, 1000)));
 }
 
 uint64_t read_u64_le(const unsigned char* b) {

@@ -13,6 +13,9 @@ TEST_CASE("printable ASCII and well-formed UTF-8 pass; everything else is escape
         "poids \xc3\xa9t\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
   CHECK(printable_text(std::string("a\0b\nc\x7f", 6)) == "a\\x00b\\x0ac\\x7f");
   CHECK(printable_text("back\\slash") == "back\\\\slash");
+  // Well-formed, but line breaks all the same: NEL (U+0085), U+2028, U+2029.
+  CHECK(printable_text("a\xc2\x85" "b\xe2\x80\xa8" "c\xe2\x80\xa9") == "a\\xc2\\x85b\\xe2\\x80\\xa8c\\xe2\\x80\\xa9");
+  CHECK(printable_text("\xc2\xa0") == "\xc2\xa0");  // NO-BREAK SPACE is text
   // A lone continuation byte, a cut-off sequence, an overlong '/', a surrogate, above U+10FFFF.
   CHECK(printable_text("\x80") == "\\x80");
   CHECK(printable_text("\xe2\x82") == "\\xe2\\x82");

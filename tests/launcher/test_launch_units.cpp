@@ -73,6 +73,7 @@ TEST_CASE("single-node defaults: a free port on 127.0.0.1, static rendezvous") {
                     Catch::Contains("--master_port") && Catch::Contains("'abc'"));
   CHECK_THROWS_WITH(parse({"--standalone", "--rdzv_endpoint", "h:x", "prog"}), Catch::Contains("--rdzv_endpoint"));
   CHECK_THROWS_WITH(parse({"--standalone", "--master_addr=", "prog"}), Catch::Contains("--master_addr"));
+  CHECK_THROWS_WITH(parse({"--standalone", "--rdzv_id=", "prog"}), Catch::Contains("--rdzv_id: expected a non-empty"));
 }
 
 TEST_CASE("dynamic rendezvous options") {

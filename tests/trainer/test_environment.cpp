@@ -272,12 +272,17 @@ TEST_CASE("SLURM_NTASKS_PER_NODE out of range is named", "[environment]") {
   CHECK_THROWS_WITH(discover({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_NTASKS_PER_NODE", "99999999999(x2)"}}),
                     Contains("SLURM_NTASKS_PER_NODE ('99999999999(x2)')"));
   // Not a count at all is not "absent".
-  for (const char* bad : {"abc", "", "4x", "2(x3", "2,,1"}) {
+  for (const std::string bad : {"abc", "", "4x", "2(x3", "2,,1", "2,", "(x2)", "2(x)", "2(x3)x"}) {
     INFO(bad);
     CHECK_THROWS_WITH(discover({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_NTASKS_PER_NODE", bad}}),
                       Contains(fmt::format("SLURM_NTASKS_PER_NODE: expected tasks per node as SLURM writes them "
                                            "(4, 2(x3) or 2(x3),1), found '{}'", bad)));
   }
+  // A long value is scanned, not matched by a recursive regex (which overflowed the
+  // stack near 40 kB), and shown cut.
+  CHECK_THROWS_WITH(
+      discover({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_NTASKS_PER_NODE", std::string(100'000, '1') + ",x"}}),
+      Contains("SLURM_NTASKS_PER_NODE: expected tasks per node") && Contains("(100002 bytes in all)"));
   CHECK(discover({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"},
                   {"SLURM_NTASKS_PER_NODE", "2(x1),2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}).local_world_size == 2);
 }

@@ -182,6 +182,7 @@ TEST_CASE("bad values are one clear InvalidArgument naming the flag", "[options]
       {{"--batch-size", "8", "--global-batch-size", "30"}, "--batch-size 8 and --global-batch-size 30: give one"},
       {{"--nesterov=yes"}, "--nesterov: a switch takes no value, or =true / =false (also 1, 0), found 'yes'"},
       {{"--sync-bn="}, "--sync-bn: a switch takes no value, or =true / =false (also 1, 0), found ''"},
+      {{"--no-eval=TRUE"}, "--no-eval: a switch takes no value, or =true / =false (also 1, 0), found 'TRUE'"},
       {{"--timeout", "0"}, "--timeout: expected a number of seconds from 0.001 to 1e7, found 0"},
       {{"--timeout", "1e16"}, "--timeout: expected a number of seconds from 0.001 to 1e7, found 1e+16"},
       {{"--timeout", "0.0001"}, "--timeout: expected a number of seconds from 0.001 to 1e7, found 0.0001"},
