@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace mtrain {
 
 namespace {
@@ -56,11 +58,9 @@ std::string printable_text(std::string_view text, size_t limit) {
       out.push_back(static_cast<char>(c));
     } else if (n >= 2 && !is_control_or_separator(text.substr(i, n))) {
       out.append(text.substr(i, n));
-    } else if (n >= 2) {
-      for (size_t k = 0; k < n; ++k) out += fmt::format("\\x{:02x}", static_cast<unsigned char>(text[i + k]));
     } else {
-      out += fmt::format("\\x{:02x}", c);
-      n = 1;
+      n = std::max<size_t>(n, 1);  // a stray byte, or every byte of a line-breaking character
+      for (size_t k = 0; k < n; ++k) out += fmt::format("\\x{:02x}", static_cast<unsigned char>(text[i + k]));
     }
     i += n;
   }

@@ -410,12 +410,8 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
       // installed its handlers, so it was at its very start: stopped alongside, not a
       // failure of its own.
       if (startup_stop_sent && st.signaled && st.signal == SIGTERM && !w.stopped) {
-        StopInfo alongside;
-        alongside.signal = "SIGTERM";
-        alongside.signal_rank = startup_stop_sent->signal_rank;
-        alongside.checkpoint = startup_stop_sent->checkpoint;
-        alongside.during_startup = true;
-        w.stopped = alongside;
+        w.stopped = *startup_stop_sent;
+        w.stopped->signal = "SIGTERM";
       }
       if (w.stopped) {
         if (w.stopped->during_startup) {

@@ -306,8 +306,9 @@ std::string format_stop_report(const StopReport& r) {
     out += fmt::format("The launcher received {} and forwarded it to the workers.\n",
                        signal_name(*r.launcher_signal));
   }
-  const bool any_during_startup = std::any_of(r.stopped.begin(), r.stopped.end(),
-                                              [](const StoppedWorker& w) { return w.info.during_startup; });
+  const auto during_startup = [](const StoppedWorker& w) { return w.info.during_startup; };
+  const bool any_during_startup = std::any_of(r.stopped.begin(), r.stopped.end(), during_startup);
+  const bool all_during_startup = std::all_of(r.stopped.begin(), r.stopped.end(), during_startup);
   out += any_during_startup ? "Every worker stopped:\n" : "Every worker finished its current step and stopped:\n";
   std::vector<std::string> checkpoints;
   for (const StoppedWorker& w : r.stopped) {
@@ -321,8 +322,6 @@ std::string format_stop_report(const StopReport& r) {
       checkpoints.push_back(w.info.checkpoint);
     }
   }
-  const bool all_during_startup = std::all_of(r.stopped.begin(), r.stopped.end(),
-                                              [](const StoppedWorker& w) { return w.info.during_startup; });
   if (checkpoints.empty() && all_during_startup) {
     // Whether --checkpoint-dir was given is not in the stop record; nothing was written.
     out += "Checkpoint : none yet (the workers stopped before their first step); running the same command again "

@@ -373,12 +373,12 @@ int run_train_command(const TrainOptions& o) {
                  dtype_name(amp), uses_loss_scaler(o) ? "; dynamic loss scaling" : "");
   }
 
-  // Note [Control-plane collectives] (training_groups.h): `group` carries tensors on
-  // the training device, `control` host values; one object unless the backend is NCCL.
   // Note [A stop signal during start-up]: a process that called MPI_Init must not end
   // without MPI_Finalize (mpirun would take the stop for a crash), so under MPI the
   // first stop signal waits for the first step, as every stop signal once did.
   if (backend == "mpi" || env.store_mode == StoreMode::kMpiBroadcast) disarm_startup_stop();
+  // Note [Control-plane collectives] (training_groups.h): `group` carries tensors on
+  // the training device, `control` host values; one object unless the backend is NCCL.
   TrainingGroups groups;
   ProcessGroupOptions pg_options;
   pg_options.timeout = Millis(static_cast<int64_t>(o.timeout_seconds * 1000.0));
@@ -484,11 +484,11 @@ int run_train_command(const TrainOptions& o) {
                                                   control);
     resumed = checkpointer->resume();
     if (resumed) {
-      std::lock_guard<std::mutex> lock(startup->mu);
-      startup->epoch = resumed->epoch;
-      startup->step = resumed->total_steps;
-    }
-    if (resumed) {
+      {
+        std::lock_guard<std::mutex> lock(startup->mu);
+        startup->epoch = resumed->epoch;
+        startup->step = resumed->total_steps;
+      }
       spdlog::info("resuming from {}: epoch {}, {} steps done in it, {} in total{}", checkpointer->path(),
                    resumed->epoch, resumed->steps_in_epoch, resumed->total_steps,
                    resumed->epoch_finished ? " (epoch finished)" : "");
