@@ -439,7 +439,9 @@ int run_train_command(const TrainOptions& o) {
   }
   if (o.sync_bn) {
     if (group) {
-      const int converted = models::convert_sync_batchnorm(*model, group);
+      // Note [SyncBatchNorm's own group] (training_groups.h); after the configuration
+      // check above, so every rank opens it.
+      const int converted = models::convert_sync_batchnorm(*model, create_batch_stats_group(groups));
       spdlog::info("--sync-bn: {} BatchNorm2d layers now synchronise their statistics over {} ranks", converted,
                    group->size());
     } else {

@@ -51,6 +51,14 @@ struct TrainingGroups {
   // Host tensors (Note [Control-plane collectives]); the same object as `gradients`
   // unless that is NCCL.
   std::shared_ptr<ProcessGroup> control;
+  // What the groups were made over, for groups made later (create_batch_stats_group):
+  // the rendezvous store (null for MPI under an MPI starter), this rank, the world size,
+  // the training device and the options of `gradients`.
+  std::shared_ptr<Store> store;
+  int rank = 0;
+  int size = 1;
+  Device device = Device::cpu();
+  ProcessGroupOptions options;
 
   explicit operator bool() const { return gradients != nullptr; }
 };
@@ -60,6 +68,27 @@ struct TrainingGroups {
 // without a store.
 TrainingGroups create_training_groups(const std::string& backend, std::shared_ptr<Store> store, int rank,
                                       int size, Device device, const ProcessGroupOptions& options);
+
+// Note [SyncBatchNorm's own group]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A group runs its operations one at a time in issue order (Note [Gloo backend]). On
+// the gradient group, every SyncBatchNorm all-reduce of backward queued behind the
+// bucket all-reduce the reducer had just started (25 MiB for ResNet-18's last layers)
+// and waited for it, so backward stopped until that bucket was done: the overlap the
+// reducer exists for was lost for every bucket launched before a BatchNorm layer's
+// backward. With Gloo, SyncBatchNorm therefore gets a group of its own, "batch-stats",
+// opened over the same store once the configuration check has shown that every rank
+// runs --sync-bn (before it, a rank with the flag would wait for the group while the
+// others wait in the check). Its small collectives then run at once, on the waiting
+// thread, beside the bucket in flight. Every rank issues each group's operations in
+// the same order, so neither group waits for the other. The cost is one more
+// rendezvous at start-up and a few loopback connections per rank. With MPI and NCCL
+// SyncBatchNorm stays on the gradient group: a second communicator there is not
+// measured yet.
+//
+// The group for SyncBatchNorm: a new Gloo group when `groups.gradients` is Gloo, else
+// `groups.gradients` itself.
+std::shared_ptr<ProcessGroup> create_batch_stats_group(const TrainingGroups& groups);
 
 // Puts this rank's backend and kind of device on the store and, on ranks other than 0,
 // throws InvalidArgument naming both when rank 0's differ (Note [Agreeing on the backend

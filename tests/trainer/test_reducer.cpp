@@ -26,6 +26,7 @@
 #include "trainer/lr_schedule.h"
 #include "trainer/rank_consensus.h"
 #include "trainer/reducer.h"
+#include "trainer/training_groups.h"
 
 using Catch::Matchers::Contains;
 using namespace mtrain;
@@ -283,6 +284,54 @@ TEST_CASE("the replica check names the rank whose parameters differ by one eleme
         }
       }
     }
+  }
+}
+
+TEST_CASE("SyncBatchNorm's Gloo group does not queue behind a gradient bucket in flight", "[groups]") {
+  // Note [SyncBatchNorm's own group] in trainer/training_groups.h. Rank 0 starts a bucket
+  // all-reduce and, before waiting for it, the statistics all-reduce of a BatchNorm
+  // layer; rank 1 joins the statistics first and the bucket after. Only on separate
+  // groups is each operation's completion independent of the other group's queue. On
+  // one group the sequence numbers would pair rank 0's bucket with rank 1's statistics
+  // (Gloo aborts the process on the size mismatch; with equal sizes the values would mix).
+  TcpStoreServer server("127.0.0.1", 0, "token");
+  std::vector<std::string> errors(2);
+  std::vector<float> stats_sum(2, 0.0f), bucket_sum(2, 0.0f);
+  std::vector<bool> separate(2, false);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), "token", Millis(10000));
+        ProcessGroupOptions options;
+        options.timeout = Millis(5000);
+        const TrainingGroups groups = create_training_groups("gloo", store, r, 2, Device::cpu(), options);
+        const std::shared_ptr<ProcessGroup> stats_group = create_batch_stats_group(groups);
+        separate[static_cast<size_t>(r)] = stats_group != groups.gradients;
+        Tensor bucket = Tensor::full({1 << 20}, static_cast<float>(r + 1));
+        Tensor stats = Tensor::full({8}, static_cast<float>(10 * (r + 1)));
+        if (r == 0) {
+          const WorkPtr in_flight = groups.gradients->allreduce(bucket, ReduceOp::Sum);
+          stats_group->allreduce(stats, ReduceOp::Sum)->wait();
+          in_flight->wait();
+        } else {
+          stats_group->allreduce(stats, ReduceOp::Sum)->wait();
+          groups.gradients->allreduce(bucket, ReduceOp::Sum)->wait();
+        }
+        stats_sum[static_cast<size_t>(r)] = stats.data<float>()[7];
+        bucket_sum[static_cast<size_t>(r)] = bucket.data<float>()[(1 << 20) - 1];
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK(errors[r].empty());
+    CHECK(separate[r]);
+    CHECK(stats_sum[r] == 30.0f);
+    CHECK(bucket_sum[r] == 3.0f);
   }
 }
 
