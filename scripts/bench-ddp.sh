@@ -7,15 +7,26 @@
 #                        [--bin-dir DIR] [--data-dir DIR] [--no-torch] [--no-sync-bn]
 #                        [--amp bf16] [--cpu-bind]
 #
-# Per model: lenet batch 256 per rank, 5 warm-up + 25 timed steps; resnet18 batch 64
-# per rank, 2 warm-up + 4 timed steps. mtrain's figure is read from rank 0's metrics:
-# its step events carry the window's per-rank "images" and "sec", so global images/s is
-# WORLD_SIZE x images / sec over the windows after the warm-up ones. Peak RSS per rank is
+# Per model: lenet batch 256 per rank, 5 warm-up + 25 timed steps in windows of 5;
+# resnet18 batch 64 per rank, 2 warm-up + 8 timed steps in windows of 1. mtrain's figure
+# is read from rank 0's metrics: its step events carry the window's per-rank "images" and
+# "sec"; PyTorch's from rank 0's step times, summed into windows of the same size. Two
+# global images/s figures per run: "median", WORLD_SIZE x images / sec of the median
+# window, and "all", WORLD_SIZE x images / sec over all the timed windows. The median is
+# the robust one on a shared VM, where a neighbour's burst can slow a few steps of one
+# run by tens of percent; "all" is kept to show when that happened. Peak RSS per rank is
 # GNU time's %M (VmHWM at exit) around each worker. Prints the median over --runs runs
-# of images/s, scaling efficiency (N ranks / (N x 1 rank)), the largest peak RSS of any
-# rank, and mtrain / PyTorch; then, for resnet18 at the largest N, the step time with
-# --sync-bn against without, from --runs interleaved pairs of runs, and the share of its
-# step rank 0 spent blocked in SyncBatchNorm's collectives (the metrics' syncbn_wait_sec).
+# of both figures, the scaling efficiency of each (N ranks / (N x 1 rank)), the largest
+# peak RSS of any rank, and mtrain / PyTorch (median figures); then, for resnet18 at the
+# largest N, the step time with --sync-bn against without, from --runs interleaved pairs
+# of runs (median windows), and the share of its step rank 0 spent blocked in
+# SyncBatchNorm's collectives (the metrics' syncbn_wait_sec).
+# Beside every mtrain run of N > 1 ranks the script also runs N independent 1-rank
+# trainings at once ("side by side"): no communication, the same machine load. Their
+# summed images/s over N x the 1-rank figure is how much the machine itself lets N
+# processes scale (on a shared VM often well below 1, even for pure arithmetic), and
+# the N-rank figure over the side-by-side sum of the same run is what data parallelism
+# itself costs (median of those per-run ratios).
 # --amp bf16 runs both sides in mixed precision: mtrain-train --amp bf16, PyTorch under
 # torch.autocast("cpu", dtype=torch.bfloat16). --cpu-bind starts mtrain's workers with
 # mtrain-launch --cpu_bind=cores (each rank on its own core); torchrun has no such option.
@@ -83,7 +94,7 @@ fi
 
 batch_of() { case "$1" in resnet18) echo 64 ;; *) echo 256 ;; esac; }
 warmup_of() { case "$1" in resnet18) echo 2 ;; *) echo 5 ;; esac; }
-timed_of() { case "$1" in resnet18) echo 4 ;; *) echo 25 ;; esac; }
+timed_of() { case "$1" in resnet18) echo 8 ;; *) echo 25 ;; esac; }
 # mtrain logs one step event per window; warm-up and timed step counts are multiples of it.
 window_of() { case "$1" in resnet18) echo 1 ;; *) echo 5 ;; esac; }
 
@@ -95,11 +106,19 @@ trap 'rm -rf "$tmp"' EXIT
 # shellcheck disable=SC2016  # $0, $RANK and $@ belong to the inner shell
 rss_wrap_cmd=(/bin/sh -c 'exec /usr/bin/time -f %M -o "$0.$RANK" "$@"')
 
-# Global images/s from rank 0's metrics: skip the warm-up windows, then world x per-rank
-# images / seconds over the rest, the share of that time rank 0 waited for gradients, and
-# the share it spent blocked in SyncBatchNorm's collectives.
+# The median of an awk array v[1..n] (sorted in place; n is small).
+awk_median='
+    function median(v, n,    i, j, x) {
+      for (i = 2; i <= n; i++) { x = v[i]; for (j = i - 1; j >= 1 && v[j] > x; j--) v[j + 1] = v[j]; v[j + 1] = x }
+      return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+    }'
+
+# From rank 0's metrics, skipping the warm-up windows: global images/s over all the
+# timed windows (world x per-rank images / seconds), the share of that time rank 0
+# waited for gradients, the share it spent blocked in SyncBatchNorm's collectives, and
+# the global images/s of the median window.
 mtrain_rate() {
-  awk -v skip="$2" -v world="$3" '
+  awk -v skip="$2" -v world="$3" "$awk_median"'
     function field(name,    m) {
       if (!match($0, "\"" name "\":[-0-9.eE+]+")) return 0
       m = substr($0, RSTART, RLENGTH); sub(/^[^:]*:/, "", m); return m + 0
@@ -111,19 +130,29 @@ mtrain_rate() {
       wait = field("comm_wait_sec"); bn_wait = field("syncbn_wait_sec")
       if (++n <= skip) { wait_before = wait; bn_wait_before = bn_wait; next }
       images += field("images"); seconds += field("sec")
+      if (field("sec") > 0) window_rate[++windows] = world * field("images") / field("sec")
     }
     END {
-      if (seconds > 0) printf "%.1f %.4f %.4f\n", world * images / seconds, (wait - wait_before) / seconds,
-                              (bn_wait - bn_wait_before) / seconds
-      else print "nan nan nan"
+      if (seconds > 0) printf "%.1f %.4f %.4f %.1f\n", world * images / seconds, (wait - wait_before) / seconds,
+                              (bn_wait - bn_wait_before) / seconds, median(window_rate, windows)
+      else print "nan nan nan nan"
     }' "$1"
+}
+
+# Global images/s of the median window from step times (one per line): windows of $3
+# consecutive steps, each worth world x batch x $3 images.
+steps_median_rate() {
+  awk -v world="$1" -v batch="$2" -v w="$3" "$awk_median"'
+    { sum += $1 } NR % w == 0 { window_rate[++windows] = world * batch * w / sum; sum = 0 }
+    END { if (windows) printf "%.1f\n", median(window_rate, windows); else print "nan" }'
 }
 
 max_rss_mib() { cat "$1".* | sort -g | tail -1 | awk '{printf "%.0f\n", $1 / 1024}'; }
 
 median_of() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 
-# One mtrain run; prints "<global img/s> <comm wait fraction> <SyncBN wait fraction> <max rss MiB>".
+# One mtrain run; prints "<global img/s, all windows> <comm wait fraction> <SyncBN wait
+# fraction> <global img/s, median window> <max rss MiB>".
 run_mtrain() {
   local model=$1 n=$2 tag=$3; shift 3
   local w; w=$(window_of "$model")
@@ -139,7 +168,15 @@ run_mtrain() {
   echo "$(mtrain_rate "$tmp/$tag.jsonl" $(( $(warmup_of "$model") / w )) "$n") $(max_rss_mib "$tmp/$tag.rss")"
 }
 
-# One torchrun run; prints "<global img/s> <max rss MiB>".
+# N independent 1-rank mtrain runs at once; prints the sum of their median-window img/s.
+run_side_by_side() {
+  local model=$1 n=$2 tag=$3 i
+  for ((i = 1; i <= n; i++)); do run_mtrain "$model" 1 "$tag.$i" > "$tmp/$tag.$i.out" & done
+  wait
+  for ((i = 1; i <= n; i++)); do cat "$tmp/$tag.$i.out"; done | awk '{ s += $4 } END { printf "%.1f\n", s }'
+}
+
+# One torchrun run; prints "<global img/s, all steps> <max rss MiB> <global img/s, median window>".
 run_torch() {
   local model=$1 n=$2 tag=$3
   local args=(--model "$model" --batch-size "$(batch_of "$model")" --threads 1
@@ -153,55 +190,77 @@ run_torch() {
     echo "bench-ddp.sh: torchrun $tag failed:" >&2; cat "$tmp/$tag.log" >&2; exit 1
   fi
   local rate; rate=$(sed -n 's/.*"img_per_s": \([0-9.]*\).*/\1/p' "$tmp/$tag.log")
-  echo "${rate:-nan} $(max_rss_mib "$tmp/$tag.rss")"
+  local median; median=$(sed -n 's/.*"step_s": \[\([^]]*\)\].*/\1/p' "$tmp/$tag.log" | tr ',' '\n' |
+    steps_median_rate "$n" "$(batch_of "$model")" "$(window_of "$model")")
+  echo "${rate:-nan} $(max_rss_mib "$tmp/$tag.rss") ${median:-nan}"
 }
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //' || echo unknown)
 echo "data-parallel throughput, 1 thread per rank, median of $runs run(s), --amp $amp${launch_args[*]:+, mtrain-launch ${launch_args[*]}}"
 echo "machine: $(nproc) cores ($cpu); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-declare -A rate rss wait
+# rate: median window; whole: all the timed windows (see the header).
+declare -A rate whole rss wait side side_ratio
 for model in $models; do
   for n in $nprocs; do
-    mr=(); mw=(); mm=(); tr=(); tm=()
+    mr=(); mx=(); mw=(); mm=(); tr=(); tx=(); tm=(); sr=(); sq=()
     for ((r = 1; r <= runs; r++)); do
-      read -r a b _ c < <(run_mtrain "$model" "$n" "mtrain.$model.$n.$r")
-      mr+=("$a"); mw+=("$b"); mm+=("$c")
+      read -r a b _ d c < <(run_mtrain "$model" "$n" "mtrain.$model.$n.$r")
+      mx+=("$a"); mw+=("$b"); mr+=("$d"); mm+=("$c")
+      if ((n > 1)); then
+        s=$(run_side_by_side "$model" "$n" "side.$model.$n.$r")
+        sr+=("$s"); sq+=("$(awk -v a="$d" -v s="$s" 'BEGIN { printf "%.4f", a / s }')")
+      fi
       if ((torch)); then
-        read -r a b < <(run_torch "$model" "$n" "torch.$model.$n.$r")
-        tr+=("$a"); tm+=("$b")
+        read -r a b d < <(run_torch "$model" "$n" "torch.$model.$n.$r")
+        tx+=("$a"); tm+=("$b"); tr+=("$d")
       fi
     done
-    rate[mtrain.$model.$n]=$(median_of "${mr[@]}"); wait[$model.$n]=$(median_of "${mw[@]}")
+    rate[mtrain.$model.$n]=$(median_of "${mr[@]}"); whole[mtrain.$model.$n]=$(median_of "${mx[@]}")
+    wait[$model.$n]=$(median_of "${mw[@]}")
+    if ((n > 1)); then side[$model.$n]=$(median_of "${sr[@]}"); side_ratio[$model.$n]=$(median_of "${sq[@]}"); fi
     rss[mtrain.$model.$n]=$(printf '%s\n' "${mm[@]}" | sort -g | tail -1)
     if ((torch)); then
-      rate[torch.$model.$n]=$(median_of "${tr[@]}")
+      rate[torch.$model.$n]=$(median_of "${tr[@]}"); whole[torch.$model.$n]=$(median_of "${tx[@]}")
       rss[torch.$model.$n]=$(printf '%s\n' "${tm[@]}" | sort -g | tail -1)
     fi
   done
 done
 
 first_n=${nprocs%% *}
-printf '\n%-9s %6s %5s %-8s %10s %8s %12s %9s %10s\n' model batch/r ranks engine "img/s" scaling \
-  "peak RSS/r" "vs torch" "comm wait"
+printf '\n%-9s %6s %5s %-8s %10s %8s %10s %8s %12s %9s %10s\n' model batch/r ranks engine "img/s med" \
+  scaling "img/s all" scaling "peak RSS/r" "vs torch" "comm wait"
 for model in $models; do
   for n in $nprocs; do
     for engine in mtrain torch; do
       [[ $engine == torch ]] && ! ((torch)) && continue
-      v=${rate[$engine.$model.$n]}
+      v=${rate[$engine.$model.$n]}; x=${whole[$engine.$model.$n]}
       scaling=$(awk -v v="$v" -v b="${rate[$engine.$model.$first_n]}" -v n="$n" -v n1="$first_n" \
+        'BEGIN { printf "%.2f", (v / n) / (b / n1) }')
+      scaling_all=$(awk -v v="$x" -v b="${whole[$engine.$model.$first_n]}" -v n="$n" -v n1="$first_n" \
         'BEGIN { printf "%.2f", (v / n) / (b / n1) }')
       ratio="-"; cw="-"
       if [[ $engine == mtrain ]]; then
         ((torch)) && ratio=$(awk -v a="$v" -v b="${rate[torch.$model.$n]}" 'BEGIN { printf "%.2fx", a / b }')
         cw=$(awk -v f="${wait[$model.$n]}" 'BEGIN { printf "%.1f%%", 100 * f }')
       fi
-      printf '%-9s %6s %5s %-8s %10s %8s %8s MiB %9s %10s\n' "$model" "$(batch_of "$model")" "$n" \
-        "$engine" "$v" "$scaling" "${rss[$engine.$model.$n]}" "$ratio" "$cw"
+      printf '%-9s %6s %5s %-8s %10s %8s %10s %8s %8s MiB %9s %10s\n' "$model" "$(batch_of "$model")" "$n" \
+        "$engine" "$v" "$scaling" "$x" "$scaling_all" "${rss[$engine.$model.$n]}" "$ratio" "$cw"
     done
   done
 done
-echo "(scaling: per-rank img/s over the $first_n-rank run's; comm wait: share of mtrain's step time"
-echo " rank 0 spent waiting for gradient all-reduces; PyTorch runs plain DDP, no SyncBN on CPU)"
+echo "(img/s med: the median window's; img/s all: over all the timed windows; scaling: per-rank img/s"
+echo " over the $first_n-rank run's; vs torch: of the median figures; comm wait: share of mtrain's step"
+echo " time rank 0 spent waiting for gradient all-reduces; PyTorch runs plain DDP, no SyncBN on CPU)"
+for model in $models; do
+  for n in $nprocs; do
+    ((n > 1)) || continue
+    awk -v m="$model" -v n="$n" -v s="${side[$model.$n]}" -v one="${rate[mtrain.$model.$first_n]}" \
+        -v n1="$first_n" -v q="${side_ratio[$model.$n]}" 'BEGIN {
+      printf "%s: %d independent 1-rank runs side by side: %.1f img/s together, %.2f of %d x the %d-rank run'"'"'s;\n",
+        m, n, s, (s / n) / (one / n1), n, n1
+      printf "  %d ranks of mtrain reach %.2f of the side-by-side sum (median of the per-run ratios)\n", n, q }'
+  done
+done
 
 last_n=${nprocs##* }
 if ((sync_bn)) && [[ " $models " == *" resnet18 "* ]] && ((last_n > 1)); then
@@ -209,16 +268,16 @@ if ((sync_bn)) && [[ " $models " == *" resnet18 "* ]] && ((last_n > 1)); then
   # of the table above were taken minutes earlier.
   sr=(); pr=(); ratios=(); waits=()
   for ((r = 1; r <= runs; r++)); do
-    read -r a _ _ _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn-off.$r")
-    read -r b _ w _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn.$r" --sync-bn)
+    read -r _ _ _ a _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn-off.$r")
+    read -r _ _ w b _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn.$r" --sync-bn)
     pr+=("$a"); sr+=("$b"); waits+=("$w")
     ratios+=("$(awk -v p="$a" -v s="$b" 'BEGIN { printf "%.4f", 100 * (p / s - 1) }')")
   done
   awk -v plain="$(median_of "${pr[@]}")" -v sync="$(median_of "${sr[@]}")" -v n="$last_n" \
       -v r="$(median_of "${ratios[@]}")" -v all="${ratios[*]}" -v w="$(median_of "${waits[@]}")" 'BEGIN {
-    printf "\nresnet18, %d ranks, mtrain, %s interleaved pairs: %.1f img/s with --sync-bn vs %.1f without;\n",
+    printf "\nresnet18, %d ranks, mtrain, %s interleaved pairs: %.1f img/s with --sync-bn vs %.1f without (median windows);\n",
       n, split(all, a, " "), sync, plain
-    printf "step time with --sync-bn %+.1f%% (median of the pairs; each pair:", r
+    printf "median step time with --sync-bn %+.1f%% (median of the pairs; each pair:", r
     for (i = 1; i <= length(a); i++) printf " %+.1f%%", a[i]
     printf ")\n"
     printf "rank 0 blocked in SyncBatchNorm'"'"'s collectives: %.1f%% of its step (median of the --sync-bn runs)\n",

@@ -10,7 +10,8 @@ Backend gloo, --threads intra-op threads per rank, DistributedDataParallel, plai
 (lr 0.1, no momentum). Rank r trains on the r-th of each group of WORLD_SIZE consecutive
 batches of the shipped Fashion-MNIST subset in file order, so the ranks see disjoint data
 as mtrain's sampler gives them. Rank 0 prints one JSON line with the GLOBAL images per
-second over the timed steps: WORLD_SIZE x batch x steps / (sum of rank 0's step times).
+second over the timed steps: WORLD_SIZE x batch x steps / (sum of rank 0's step times),
+and each of rank 0's step times (step_s), from which scripts/bench-ddp.sh takes medians.
 A step is forward, loss, zero_grad, backward (with DDP's gradient all-reduce) and the
 SGD update, as in mtrain-train.
 """
@@ -87,7 +88,8 @@ def main():
         print(json.dumps({"framework": "pytorch-ddp", "version": torch.__version__, "model": args.model,
                           "world_size": world, "batch_size_per_rank": b, "threads": args.threads, "amp": args.amp,
                           "steps": args.steps, "median_step_s": round(statistics.median(times), 5),
-                          "img_per_s": round(world * b * args.steps / total, 1)}), flush=True)
+                          "img_per_s": round(world * b * args.steps / total, 1),
+                          "step_s": [round(t, 5) for t in times]}), flush=True)
     dist.destroy_process_group()
 
 
