@@ -1,7 +1,9 @@
 // The worker's stop machinery in-process: which signal does what (Note [Stopping on a
-// signal]), how the ranks' votes combine under all-reduce(max) (Note [Stop votes]), and
-// that a real signal reaches the flag the training loop reads, and that it never runs on
-// a thread inside a oneDNN kernel (Note [Signals never interrupt kernels]).
+// signal]), how the ranks' votes combine under all-reduce(max) (Note [Stop votes]),
+// that a real signal reaches the flag the training loop reads, that it never runs on a
+// thread inside a oneDNN kernel (Note [Signals never interrupt kernels]), and the
+// start-up exit's armed and disarmed states, in child processes (Note [A stop signal
+// during start-up]).
 #include <signal.h>
 #include <unistd.h>
 
@@ -10,14 +12,22 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include "core/main_guard.h"
 #include "tensor/ops.h"
 #include "tests/support/scoped_env.h"
+#include "tests/trainer/run_process.h"
+#include "tests/trainer/temp_dir.h"
 #include "trainer/error_file.h"
 #include "trainer/gradient_sync.h"
 #include "trainer/stop_signals.h"
@@ -166,4 +176,85 @@ TEST_CASE("the error record is whole JSON even for a message that is not UTF-8",
   // Written beside the record and renamed: nothing else is left in the directory.
   CHECK(std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator()) == 1);
   std::filesystem::remove_all(dir);
+}
+
+// Note [A stop signal during start-up]: the arm/disarm state machine, each case in a
+// child process (the start-up exit ends the process it runs in). The children are the
+// hidden cases below, run by name from this same binary; each writes what its start-up
+// action saw to the file MTRAIN_TEST_STARTUP_MARKER names.
+namespace {
+
+void write_marker(const std::string& text) {
+  std::ofstream(std::getenv("MTRAIN_TEST_STARTUP_MARKER")) << text;
+}
+
+// Runs the hidden case `name` of this binary; returns its exit code and the marker.
+std::pair<int, std::string> run_startup_child(const std::string& name) {
+  mtrain::testing::TempDir dir;
+  const std::string marker = dir.file("marker");
+  mtrain::testing::ScopedEnv env("MTRAIN_TEST_STARTUP_MARKER", marker);
+  const auto result = mtrain::testing::run_process(std::filesystem::read_symlink("/proc/self/exe").string(), {name});
+  INFO(name << ": " << result.out << result.err);
+  return {result.exit_code, mtrain::testing::slurp(marker)};
+}
+
+}  // namespace
+
+TEST_CASE("startup child: armed then a stop signal", "[.startup-child]") {
+  mtrain::install_stop_signal_handlers();
+  mtrain::arm_startup_stop([](int sig) { write_marker("action " + mtrain::stop_signal_name(sig)); });
+  ::kill(::getpid(), SIGTERM);
+  std::this_thread::sleep_for(std::chrono::seconds(10));  // the signal thread ends the process first
+}
+
+TEST_CASE("startup child: a stop signal before arming", "[.startup-child]") {
+  mtrain::install_stop_signal_handlers();
+  ::kill(::getpid(), SIGINT);
+  if (!wait_for_pending(SIGINT)) return;
+  const auto main_thread = std::this_thread::get_id();
+  mtrain::arm_startup_stop([main_thread](int sig) {
+    write_marker("action " + mtrain::stop_signal_name(sig) +
+                 (std::this_thread::get_id() == main_thread ? " on the arming thread" : " elsewhere"));
+  });
+}
+
+TEST_CASE("startup child: disarmed then a stop signal", "[.startup-child]") {
+  mtrain::install_stop_signal_handlers();
+  mtrain::arm_startup_stop([](int) { write_marker("action"); });
+  mtrain::disarm_startup_stop();
+  mtrain::disarm_startup_stop();  // idempotent
+  ::kill(::getpid(), SIGTERM);
+  REQUIRE(wait_for_pending(SIGTERM));  // recorded for the first step boundary instead
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  write_marker("still running, pending " + mtrain::stop_signal_name(mtrain::pending_stop_signal()));
+}
+
+TEST_CASE("startup child: an action that throws", "[.startup-child]") {
+  mtrain::install_stop_signal_handlers();
+  mtrain::arm_startup_stop([](int) {
+    write_marker("thrown");
+    throw std::runtime_error("the stop record could not be written");
+  });
+  ::kill(::getpid(), SIGTERM);
+  std::this_thread::sleep_for(std::chrono::seconds(10));
+}
+
+TEST_CASE("the start-up exit: armed it exits 75 after its action, disarmed it leaves the signal to the step",
+          "[unit]") {
+  using Catch::Matchers::Equals;
+  auto [code, marker] = run_startup_child("startup child: armed then a stop signal");
+  CHECK(code == mtrain::kStoppedExitCode);
+  CHECK_THAT(marker, Equals("action SIGTERM"));
+
+  std::tie(code, marker) = run_startup_child("startup child: a stop signal before arming");
+  CHECK(code == mtrain::kStoppedExitCode);
+  CHECK_THAT(marker, Equals("action SIGINT on the arming thread"));
+
+  std::tie(code, marker) = run_startup_child("startup child: disarmed then a stop signal");
+  CHECK(code == 0);
+  CHECK_THAT(marker, Equals("still running, pending SIGTERM"));
+
+  std::tie(code, marker) = run_startup_child("startup child: an action that throws");
+  CHECK(code == mtrain::kStoppedExitCode);
+  CHECK_THAT(marker, Equals("thrown"));
 }
