@@ -15,18 +15,19 @@
 # window, and "all", WORLD_SIZE x images / sec over all the timed windows. The median is
 # the robust one on a shared VM, where a neighbour's burst can slow a few steps of one
 # run by tens of percent; "all" is kept to show when that happened. Peak RSS per rank is
-# GNU time's %M (VmHWM at exit) around each worker. Prints the median over --runs runs
-# of both figures, the scaling efficiency of each (N ranks / (N x 1 rank)), the largest
-# peak RSS of any rank, and mtrain / PyTorch (median figures); then, for resnet18 at the
-# largest N, the step time with --sync-bn against without, from --runs interleaved pairs
-# of runs (median windows), and the share of its step rank 0 spent blocked in
-# SyncBatchNorm's collectives (the metrics' syncbn_wait_sec).
+# GNU time's %M (VmHWM at exit) around each worker. --runs rounds, each running every
+# rank count back to back. Prints the median over the rounds of both figures, the
+# scaling efficiency of each (N ranks / (N x 1 rank) within a round, median over the
+# rounds), the largest peak RSS of any rank, and mtrain / PyTorch (median figures);
+# then, for resnet18 at the largest N, the step time with --sync-bn against without,
+# from --runs interleaved pairs of runs (median windows), and the share of its step
+# rank 0 spent blocked in SyncBatchNorm's collectives (the metrics' syncbn_wait_sec).
 # Beside every mtrain run of N > 1 ranks the script also runs N independent 1-rank
 # trainings at once ("side by side"): no communication, the same machine load. Their
-# summed images/s over N x the 1-rank figure is how much the machine itself lets N
-# processes scale (on a shared VM often well below 1, even for pure arithmetic), and
-# the N-rank figure over the side-by-side sum of the same run is what data parallelism
-# itself costs (median of those per-run ratios).
+# summed images/s over N x the round's 1-rank figure is how much the machine itself
+# lets N processes scale (on a shared VM often well below 1, even for pure
+# arithmetic), and the N-rank figure over the side-by-side sum of the same round is
+# what data parallelism itself costs (medians of those per-round ratios).
 # --amp bf16 runs both sides in mixed precision: mtrain-train --amp bf16, PyTorch under
 # torch.autocast("cpu", dtype=torch.bfloat16). --cpu-bind starts mtrain's workers with
 # mtrain-launch --cpu_bind=cores (each rank on its own core); torchrun has no such option.
@@ -198,33 +199,42 @@ run_torch() {
 cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //' || echo unknown)
 echo "data-parallel throughput, 1 thread per rank, median of $runs run(s), --amp $amp${launch_args[*]:+, mtrain-launch ${launch_args[*]}}"
 echo "machine: $(nproc) cores ($cpu); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-# rate: median window; whole: all the timed windows (see the header).
-declare -A rate whole rss wait side side_ratio
+# Every round r runs each rank count back to back, mtrain then PyTorch, so that a
+# round's N-rank and 1-rank runs see the same machine: a shared VM's speed drifts over
+# minutes. Figures are medians over the rounds; scaling is the median of the per-round
+# ratios. Keys: engine.model.n.r (med: median window, all: all the timed windows).
+declare -A med all rss_r wait_r side_r
 for model in $models; do
-  for n in $nprocs; do
-    mr=(); mx=(); mw=(); mm=(); tr=(); tx=(); tm=(); sr=(); sq=()
-    for ((r = 1; r <= runs; r++)); do
+  for ((r = 1; r <= runs; r++)); do
+    for n in $nprocs; do
       read -r a b _ d c < <(run_mtrain "$model" "$n" "mtrain.$model.$n.$r")
-      mx+=("$a"); mw+=("$b"); mr+=("$d"); mm+=("$c")
-      if ((n > 1)); then
-        s=$(run_side_by_side "$model" "$n" "side.$model.$n.$r")
-        sr+=("$s"); sq+=("$(awk -v a="$d" -v s="$s" 'BEGIN { printf "%.4f", a / s }')")
-      fi
+      all[mtrain.$model.$n.$r]=$a; wait_r[mtrain.$model.$n.$r]=$b; med[mtrain.$model.$n.$r]=$d
+      rss_r[mtrain.$model.$n.$r]=$c
+      if ((n > 1)); then side_r[mtrain.$model.$n.$r]=$(run_side_by_side "$model" "$n" "side.$model.$n.$r"); fi
       if ((torch)); then
         read -r a b d < <(run_torch "$model" "$n" "torch.$model.$n.$r")
-        tx+=("$a"); tm+=("$b"); tr+=("$d")
+        all[torch.$model.$n.$r]=$a; rss_r[torch.$model.$n.$r]=$b; med[torch.$model.$n.$r]=$d
       fi
     done
-    rate[mtrain.$model.$n]=$(median_of "${mr[@]}"); whole[mtrain.$model.$n]=$(median_of "${mx[@]}")
-    wait[$model.$n]=$(median_of "${mw[@]}")
-    if ((n > 1)); then side[$model.$n]=$(median_of "${sr[@]}"); side_ratio[$model.$n]=$(median_of "${sq[@]}"); fi
-    rss[mtrain.$model.$n]=$(printf '%s\n' "${mm[@]}" | sort -g | tail -1)
-    if ((torch)); then
-      rate[torch.$model.$n]=$(median_of "${tr[@]}"); whole[torch.$model.$n]=$(median_of "${tx[@]}")
-      rss[torch.$model.$n]=$(printf '%s\n' "${tm[@]}" | sort -g | tail -1)
-    fi
   done
 done
+
+# The values of array $1 for key $2 over the rounds, one per line.
+per_round() {
+  local -n values=$1
+  local r
+  for ((r = 1; r <= runs; r++)); do echo "${values[$2.$r]}"; done
+}
+# The median over the rounds of f(round's value of $1 at key $2, of $3 at key $4) for
+# the awk expression f in terms of a and b.
+median_ratio() {
+  local -n left=$1 right=$3
+  local r out=()
+  for ((r = 1; r <= runs; r++)); do
+    out+=("$(awk -v a="${left[$2.$r]}" -v b="${right[$4.$r]}" "BEGIN { printf \"%.4f\", $5 }")")
+  done
+  median_of "${out[@]}"
+}
 
 first_n=${nprocs%% *}
 printf '\n%-9s %6s %5s %-8s %10s %8s %10s %8s %12s %9s %10s\n' model batch/r ranks engine "img/s med" \
@@ -233,32 +243,35 @@ for model in $models; do
   for n in $nprocs; do
     for engine in mtrain torch; do
       [[ $engine == torch ]] && ! ((torch)) && continue
-      v=${rate[$engine.$model.$n]}; x=${whole[$engine.$model.$n]}
-      scaling=$(awk -v v="$v" -v b="${rate[$engine.$model.$first_n]}" -v n="$n" -v n1="$first_n" \
-        'BEGIN { printf "%.2f", (v / n) / (b / n1) }')
-      scaling_all=$(awk -v v="$x" -v b="${whole[$engine.$model.$first_n]}" -v n="$n" -v n1="$first_n" \
-        'BEGIN { printf "%.2f", (v / n) / (b / n1) }')
+      key=$engine.$model.$n; base=$engine.$model.$first_n
+      v=$(median_of $(per_round med "$key")); x=$(median_of $(per_round all "$key"))
+      scaling=$(median_ratio med "$key" med "$base" "(a / $n) / (b / $first_n)")
+      scaling_all=$(median_ratio all "$key" all "$base" "(a / $n) / (b / $first_n)")
+      rss=$(per_round rss_r "$key" | sort -g | tail -1)
       ratio="-"; cw="-"
       if [[ $engine == mtrain ]]; then
-        ((torch)) && ratio=$(awk -v a="$v" -v b="${rate[torch.$model.$n]}" 'BEGIN { printf "%.2fx", a / b }')
-        cw=$(awk -v f="${wait[$model.$n]}" 'BEGIN { printf "%.1f%%", 100 * f }')
+        ((torch)) && ratio=$(awk -v a="$v" -v b="$(median_of $(per_round med "torch.$model.$n"))" \
+          'BEGIN { printf "%.2fx", a / b }')
+        cw=$(awk -v f="$(median_of $(per_round wait_r "$key"))" 'BEGIN { printf "%.1f%%", 100 * f }')
       fi
-      printf '%-9s %6s %5s %-8s %10s %8s %10s %8s %8s MiB %9s %10s\n' "$model" "$(batch_of "$model")" "$n" \
-        "$engine" "$v" "$scaling" "$x" "$scaling_all" "${rss[$engine.$model.$n]}" "$ratio" "$cw"
+      printf '%-9s %6s %5s %-8s %10s %8.2f %10s %8.2f %8s MiB %9s %10s\n' "$model" "$(batch_of "$model")" "$n" \
+        "$engine" "$v" "$scaling" "$x" "$scaling_all" "$rss" "$ratio" "$cw"
     done
   done
 done
 echo "(img/s med: the median window's; img/s all: over all the timed windows; scaling: per-rank img/s"
-echo " over the $first_n-rank run's; vs torch: of the median figures; comm wait: share of mtrain's step"
-echo " time rank 0 spent waiting for gradient all-reduces; PyTorch runs plain DDP, no SyncBN on CPU)"
+echo " over the same round's $first_n-rank run's; vs torch: of the median figures; comm wait: share of"
+echo " mtrain's step time rank 0 spent waiting for gradient all-reduces; PyTorch runs plain DDP, no SyncBN on CPU)"
 for model in $models; do
   for n in $nprocs; do
     ((n > 1)) || continue
-    awk -v m="$model" -v n="$n" -v s="${side[$model.$n]}" -v one="${rate[mtrain.$model.$first_n]}" \
-        -v n1="$first_n" -v q="${side_ratio[$model.$n]}" 'BEGIN {
+    key=mtrain.$model.$n
+    awk -v m="$model" -v n="$n" -v s="$(median_of $(per_round side_r "$key"))" -v n1="$first_n" \
+        -v e="$(median_ratio side_r "$key" med "mtrain.$model.$first_n" "(a / $n) / (b / $first_n)")" \
+        -v q="$(median_ratio med "$key" side_r "$key" "a / b")" 'BEGIN {
       printf "%s: %d independent 1-rank runs side by side: %.1f img/s together, %.2f of %d x the %d-rank run'"'"'s;\n",
-        m, n, s, (s / n) / (one / n1), n, n1
-      printf "  %d ranks of mtrain reach %.2f of the side-by-side sum (median of the per-run ratios)\n", n, q }'
+        m, n, s, e, n, n1
+      printf "  %d ranks of mtrain reach %.2f of the side-by-side sum (medians of the per-round ratios)\n", n, q }'
   done
 done
 
