@@ -20,14 +20,19 @@
 # scaling efficiency of each (N ranks / (N x 1 rank) within a round, median over the
 # rounds), the largest peak RSS of any rank, and mtrain / PyTorch (median figures);
 # then, for resnet18 at the largest N, the step time with --sync-bn against without,
-# from --runs interleaved pairs of runs (median windows), and the share of its step
-# rank 0 spent blocked in SyncBatchNorm's collectives (the metrics' syncbn_wait_sec).
+# from --runs pairs of back-to-back runs, alternately plain and --sync-bn first (median
+# windows), and the share of its step rank 0 spent blocked in SyncBatchNorm's
+# collectives (the metrics' syncbn_wait_sec).
 # Beside every mtrain run of N > 1 ranks the script also runs N independent 1-rank
-# trainings at once ("side by side"): no communication, the same machine load. Their
+# trainings at once ("side by side", with three times the timed steps so that their
+# median window falls where all N train): no communication, the same machine load. Their
 # summed images/s over N x the round's 1-rank figure is how much the machine itself
 # lets N processes scale (on a shared VM often well below 1, even for pure
 # arithmetic), and the N-rank figure over the side-by-side sum of the same round is
-# what data parallelism itself costs (medians of those per-round ratios).
+# what data parallelism itself costs (medians of those per-round ratios). Per round,
+# scaling is the product of the two; medians over the rounds need not multiply to the
+# median scaling. Not with --cpu-bind (the 1-rank runs would be unbound) or without a
+# 1-rank column.
 # --amp bf16 runs both sides in mixed precision: mtrain-train --amp bf16, PyTorch under
 # torch.autocast("cpu", dtype=torch.bfloat16). --cpu-bind starts mtrain's workers with
 # mtrain-launch --cpu_bind=cores (each rank on its own core); torchrun has no such option.
@@ -150,31 +155,53 @@ steps_median_rate() {
 
 max_rss_mib() { cat "$1".* | sort -g | tail -1 | awk '{printf "%.0f\n", $1 / 1024}'; }
 
-median_of() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+# Ends the whole script from any subshell (a failed run inside $(...) or <(...) would
+# otherwise only end that subshell and leave an empty figure behind).
+die() { echo "bench-ddp.sh: $*" >&2; kill -TERM $$; exit 1; }
+
+# The median of the arguments (the mean of the two middle ones for an even count); a
+# value that is not a number (a run that measured nothing prints nan) ends the script.
+median_of() {
+  local v
+  (($# > 0)) || die "no values to take the median of"
+  for v in "$@"; do [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "expected a measured figure, found '$v'"; done
+  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
 
 # One mtrain run; prints "<global img/s, all windows> <comm wait fraction> <SyncBN wait
 # fraction> <global img/s, median window> <max rss MiB>".
 run_mtrain() {
   local model=$1 n=$2 tag=$3; shift 3
   local w; w=$(window_of "$model")
-  local steps=$(( $(warmup_of "$model") + $(timed_of "$model") ))
+  # extra_timed: more timed steps for the side-by-side runs (see run_side_by_side).
+  local steps=$(( $(warmup_of "$model") + $(timed_of "$model") + ${extra_timed:-0} ))
   local args=(--model "$model" --batch-size "$(batch_of "$model")" --threads 1 --no-eval
               --max-steps "$steps" --epochs 1000000 --log-every "$w" --momentum 0 --no-shuffle
               --metrics "$tmp/$tag.jsonl" --log-level warn --amp "$amp" "$@")
   [[ -n $data_dir ]] && args+=(--data-dir "$data_dir")
   if ! OMP_NUM_THREADS=1 "$bin_dir/mtrain-launch" --nproc_per_node="$n" "${launch_args[@]}" \
       "${rss_wrap_cmd[@]}" "$tmp/$tag.rss" "$bin_dir/mtrain-train" "${args[@]}" > "$tmp/$tag.log" 2>&1; then
-    echo "bench-ddp.sh: mtrain $tag failed:" >&2; cat "$tmp/$tag.log" >&2; exit 1
+    cat "$tmp/$tag.log" >&2; die "mtrain $tag failed (its output is above)"
   fi
   echo "$(mtrain_rate "$tmp/$tag.jsonl" $(( $(warmup_of "$model") / w )) "$n") $(max_rss_mib "$tmp/$tag.rss")"
 }
 
 # N independent 1-rank mtrain runs at once; prints the sum of their median-window img/s.
+# Their starts differ by up to a second or so (LeNet times only about one second of
+# steps), so each runs three times the timed steps: the median window then falls where
+# all N are training.
 run_side_by_side() {
-  local model=$1 n=$2 tag=$3 i
-  for ((i = 1; i <= n; i++)); do run_mtrain "$model" 1 "$tag.$i" > "$tmp/$tag.$i.out" & done
-  wait
-  for ((i = 1; i <= n; i++)); do cat "$tmp/$tag.$i.out"; done | awk '{ s += $4 } END { printf "%.1f\n", s }'
+  local model=$1 n=$2 tag=$3 i pids=()
+  for ((i = 1; i <= n; i++)); do
+    extra_timed=$(( 2 * $(timed_of "$model") )) run_mtrain "$model" 1 "$tag.$i" > "$tmp/$tag.$i.out" &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || die "side-by-side run $tag failed"; done
+  local rates=()
+  for ((i = 1; i <= n; i++)); do rates+=("$(awk '{ print $4 }' "$tmp/$tag.$i.out")"); done
+  printf '%s\n' "${rates[@]}" | awk -v n="$n" '
+    $1 ~ /^[0-9.]+$/ { s += $1; k++ }
+    END { if (k == n) printf "%.1f\n", s; else print "nan" }'
 }
 
 # One torchrun run; prints "<global img/s, all steps> <max rss MiB> <global img/s, median window>".
@@ -188,13 +215,19 @@ run_torch() {
       --log_dir "$tmp/$tag.torchlogs" --nproc_per_node "$n" --master_port "$port" --no_python \
       "${rss_wrap_cmd[@]}" "$tmp/$tag.rss" /usr/bin/python3 "$root/scripts/bench_torch_ddp.py" "${args[@]}" \
       > "$tmp/$tag.log" 2>&1; then
-    echo "bench-ddp.sh: torchrun $tag failed:" >&2; cat "$tmp/$tag.log" >&2; exit 1
+    cat "$tmp/$tag.log" >&2; die "torchrun $tag failed (its output is above)"
   fi
   local rate; rate=$(sed -n 's/.*"img_per_s": \([0-9.]*\).*/\1/p' "$tmp/$tag.log")
   local median; median=$(sed -n 's/.*"step_s": \[\([^]]*\)\].*/\1/p' "$tmp/$tag.log" | tr ',' '\n' |
     steps_median_rate "$n" "$(batch_of "$model")" "$(window_of "$model")")
   echo "${rate:-nan} $(max_rss_mib "$tmp/$tag.rss") ${median:-nan}"
 }
+
+# The side-by-side reference compares with 1-rank runs that mtrain-launch starts
+# unbound, so it needs a 1-rank column and no --cpu-bind.
+side_by_side=1; side_by_side_why=""
+if [[ ${nprocs%% *} != 1 ]]; then side_by_side=0; side_by_side_why="--nprocs does not start with 1"; fi
+if ((${#launch_args[@]})); then side_by_side=0; side_by_side_why="--cpu-bind pins the N-rank runs only"; fi
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //' || echo unknown)
 echo "data-parallel throughput, 1 thread per rank, median of $runs run(s), --amp $amp${launch_args[*]:+, mtrain-launch ${launch_args[*]}}"
@@ -210,7 +243,9 @@ for model in $models; do
       read -r a b _ d c < <(run_mtrain "$model" "$n" "mtrain.$model.$n.$r")
       all[mtrain.$model.$n.$r]=$a; wait_r[mtrain.$model.$n.$r]=$b; med[mtrain.$model.$n.$r]=$d
       rss_r[mtrain.$model.$n.$r]=$c
-      if ((n > 1)); then side_r[mtrain.$model.$n.$r]=$(run_side_by_side "$model" "$n" "side.$model.$n.$r"); fi
+      if ((n > 1 && side_by_side)); then
+        side_r[mtrain.$model.$n.$r]=$(run_side_by_side "$model" "$n" "side.$model.$n.$r")
+      fi
       if ((torch)); then
         read -r a b d < <(run_torch "$model" "$n" "torch.$model.$n.$r")
         all[torch.$model.$n.$r]=$a; rss_r[torch.$model.$n.$r]=$b; med[torch.$model.$n.$r]=$d
@@ -262,9 +297,10 @@ done
 echo "(img/s med: the median window's; img/s all: over all the timed windows; scaling: per-rank img/s"
 echo " over the same round's $first_n-rank run's; vs torch: of the median figures; comm wait: share of"
 echo " mtrain's step time rank 0 spent waiting for gradient all-reduces; PyTorch runs plain DDP, no SyncBN on CPU)"
+((side_by_side)) || echo "(no side-by-side runs: $side_by_side_why)"
 for model in $models; do
   for n in $nprocs; do
-    ((n > 1)) || continue
+    ((n > 1 && side_by_side)) || continue
     key=mtrain.$model.$n
     awk -v m="$model" -v n="$n" -v s="$(median_of $(per_round side_r "$key"))" -v n1="$first_n" \
         -v e="$(median_ratio side_r "$key" med "mtrain.$model.$first_n" "(a / $n) / (b / $first_n)")" \
@@ -277,18 +313,24 @@ done
 
 last_n=${nprocs##* }
 if ((sync_bn)) && [[ " $models " == *" resnet18 "* ]] && ((last_n > 1)); then
-  # Interleaved pairs, so that both runs of a pair see the same machine: the plain runs
-  # of the table above were taken minutes earlier.
+  # Pairs of runs back to back, so that both runs of a pair see the same machine: the
+  # plain runs of the table above were taken minutes earlier.
   sr=(); pr=(); ratios=(); waits=()
   for ((r = 1; r <= runs; r++)); do
-    read -r _ _ _ a _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn-off.$r")
-    read -r _ _ w b _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn.$r" --sync-bn)
+    # Which of the pair runs first alternates, so that a drifting machine favours neither.
+    if ((r % 2)); then
+      read -r _ _ _ a _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn-off.$r")
+      read -r _ _ w b _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn.$r" --sync-bn)
+    else
+      read -r _ _ w b _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn.$r" --sync-bn)
+      read -r _ _ _ a _ < <(run_mtrain resnet18 "$last_n" "mtrain.syncbn-off.$r")
+    fi
     pr+=("$a"); sr+=("$b"); waits+=("$w")
     ratios+=("$(awk -v p="$a" -v s="$b" 'BEGIN { printf "%.4f", 100 * (p / s - 1) }')")
   done
   awk -v plain="$(median_of "${pr[@]}")" -v sync="$(median_of "${sr[@]}")" -v n="$last_n" \
       -v r="$(median_of "${ratios[@]}")" -v all="${ratios[*]}" -v w="$(median_of "${waits[@]}")" 'BEGIN {
-    printf "\nresnet18, %d ranks, mtrain, %s interleaved pairs: %.1f img/s with --sync-bn vs %.1f without (median windows);\n",
+    printf "\nresnet18, %d ranks, mtrain, %s back-to-back pairs: %.1f img/s with --sync-bn vs %.1f without (median windows);\n",
       n, split(all, a, " "), sync, plain
     printf "median step time with --sync-bn %+.1f%% (median of the pairs; each pair:", r
     for (i = 1; i <= length(a); i++) printf " %+.1f%%", a[i]

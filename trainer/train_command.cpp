@@ -424,6 +424,12 @@ int run_train_command(const TrainOptions& o) {
     require_same_on_all_ranks(*control, training_configuration(o, train_set->size(), fingerprint, device),
                               "the training configuration");
   }
+  // Note [SyncBatchNorm's own group] (training_groups.h): opened right after the
+  // configuration check, which proved that every rank runs --sync-bn, and before
+  // anything one rank alone could fail at (a weights file) while the others waited in
+  // this rendezvous.
+  const std::shared_ptr<ProcessGroup> batch_stats_group =
+      o.sync_bn && group ? create_batch_stats_group(groups) : nullptr;
 
   models::InitOptions init;
   init.scheme = models::parse_init_scheme(o.init);
@@ -439,9 +445,7 @@ int run_train_command(const TrainOptions& o) {
   }
   if (o.sync_bn) {
     if (group) {
-      // Note [SyncBatchNorm's own group] (training_groups.h); after the configuration
-      // check above, so every rank opens it.
-      const int converted = models::convert_sync_batchnorm(*model, create_batch_stats_group(groups));
+      const int converted = models::convert_sync_batchnorm(*model, batch_stats_group);
       spdlog::info("--sync-bn: {} BatchNorm2d layers now synchronise their statistics over {} ranks", converted,
                    group->size());
     } else {

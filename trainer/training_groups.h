@@ -77,12 +77,13 @@ TrainingGroups create_training_groups(const std::string& backend, std::shared_pt
 // and waited for it, so backward stopped until that bucket was done: the overlap the
 // reducer exists for was lost for every bucket launched before a BatchNorm layer's
 // backward. With Gloo, SyncBatchNorm therefore gets a group of its own, "batch-stats",
-// opened over the same store once the configuration check has shown that every rank
-// runs --sync-bn (before it, a rank with the flag would wait for the group while the
-// others wait in the check). Its small collectives then run at once, on the waiting
-// thread, beside the bucket in flight. Every rank issues each group's operations in
-// the same order, so neither group waits for the other. The cost is one more
-// rendezvous at start-up and a few loopback connections per rank. With MPI and NCCL
+// opened over the same store right after the configuration check has shown that every
+// rank runs --sync-bn (before it, a rank with the flag would wait for the group while
+// the others wait in the check). Its small collectives then start at once, beside the
+// bucket in flight (on the CPU on the waiting thread itself). Every rank issues each
+// group's operations in the same order, so neither group waits for the other. The cost
+// is one more rendezvous at start-up and one more connection per pair of ranks, and on
+// a GPU with Gloo a second host-staging thread. With MPI and NCCL
 // SyncBatchNorm stays on the gradient group: a second communicator there is not
 // measured yet.
 //
