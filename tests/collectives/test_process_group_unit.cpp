@@ -6,14 +6,17 @@
 #include <net/if.h>
 #include <netdb.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "collectives/gloo/gloo_device.h"
 #include "collectives/process_group.h"
@@ -153,29 +156,43 @@ std::set<pid_t> thread_ids() {
   return ids;
 }
 
-// The scheduling policy of each thread the device started (Gloo starts one: its loop).
-std::vector<int> policies_of_new_threads(LoopScheduling loop) {
+// The scheduling policy and nice value of each thread the device started (Gloo starts
+// one: its loop).
+std::vector<std::pair<int, int>> policies_of_new_threads(LoopScheduling loop) {
   const std::set<pid_t> before = thread_ids();
   auto device = create_tcp_device(LocalAddress{"127.0.0.1", AF_INET}, loop);
-  std::vector<int> policies;
+  std::vector<std::pair<int, int>> policies;
   for (pid_t tid : thread_ids()) {
-    if (!before.count(tid)) policies.push_back(sched_getscheduler(tid));
+    if (!before.count(tid)) {
+      errno = 0;
+      const int nice = getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
+      policies.emplace_back(sched_getscheduler(tid), errno == 0 ? nice : -100);
+    }
   }
   return policies;
 }
 
 }  // namespace
 
-TEST_CASE("Gloo's event-loop thread runs under SCHED_IDLE; its creator keeps its policy") {
+TEST_CASE("Gloo's event-loop thread runs at nice 10, or as chosen; its creator keeps its own") {
   // Note [Gloo event-loop priority].
-  CHECK(policies_of_new_threads(LoopScheduling::Idle) == std::vector<int>{SCHED_IDLE});
+  using Policies = std::vector<std::pair<int, int>>;
+  const int own_nice = getpriority(PRIO_PROCESS, 0);
+  CHECK(policies_of_new_threads(LoopScheduling::Nice) == Policies{{SCHED_OTHER, std::max(own_nice, kGlooLoopNice)}});
+  CHECK(policies_of_new_threads(LoopScheduling::Idle).size() == 1);
+  CHECK(policies_of_new_threads(LoopScheduling::Idle)[0].first == SCHED_IDLE);
+  CHECK(policies_of_new_threads(LoopScheduling::Normal) == Policies{{SCHED_OTHER, own_nice}});
   CHECK(sched_getscheduler(0) == SCHED_OTHER);
-  CHECK(policies_of_new_threads(LoopScheduling::Normal) == std::vector<int>{SCHED_OTHER});
+  CHECK(getpriority(PRIO_PROCESS, 0) == own_nice);
 }
 
 TEST_CASE("MTRAIN_GLOO_LOOP_SCHED chooses the loop's scheduling; bad values are named") {
   {
     testing::ScopedEnv unset("MTRAIN_GLOO_LOOP_SCHED", std::nullopt);
+    CHECK(loop_scheduling_from_env() == LoopScheduling::Nice);
+  }
+  {
+    testing::ScopedEnv idle("MTRAIN_GLOO_LOOP_SCHED", "idle");
     CHECK(loop_scheduling_from_env() == LoopScheduling::Idle);
   }
   {
