@@ -164,7 +164,7 @@ die() { echo "bench-ddp.sh: $*" >&2; kill -TERM $$; exit 1; }
 median_of() {
   local v
   (($# > 0)) || die "no values to take the median of"
-  for v in "$@"; do [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "expected a measured figure, found '$v'"; done
+  for v in "$@"; do [[ $v =~ ^-?[0-9]+(\.[0-9]+)?$ ]] || die "expected a measured figure, found '$v'"; done
   printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
