@@ -4,7 +4,6 @@
 #include <sched.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -20,11 +19,16 @@ bool set_this_thread_policy(int policy, const char* what) {
   return true;
 }
 
-int own_nice() { return getpriority(PRIO_PROCESS, static_cast<id_t>(gettid())); }
+// On Linux the nice value belongs to the thread, and PRIO_PROCESS with who = 0 means
+// the calling thread.
+int own_nice() {
+  errno = 0;
+  const int nice = getpriority(PRIO_PROCESS, 0);
+  return errno == 0 ? nice : 0;  // -1 is a valid nice value; an error reads as 0
+}
 
 bool set_this_thread_nice(int nice, const char* what) {
-  // On Linux the nice value belongs to the thread: PRIO_PROCESS with a thread id.
-  if (setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), nice) != 0) {
+  if (setpriority(PRIO_PROCESS, 0, nice) != 0) {
     spdlog::debug("nice {} for {} refused: {}", nice, what, std::strerror(errno));
     return false;
   }

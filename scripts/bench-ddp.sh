@@ -157,7 +157,8 @@ max_rss_mib() { cat "$1".* | sort -g | tail -1 | awk '{printf "%.0f\n", $1 / 102
 
 # Ends the whole script from any subshell (a failed run inside $(...) or <(...) would
 # otherwise only end that subshell and leave an empty figure behind).
-die() { echo "bench-ddp.sh: $*" >&2; kill -TERM $$; exit 1; }
+# A run already going in the background (the other side-by-side runs) is not stopped.
+die() { echo "bench-ddp.sh: $*" >&2; kill -TERM $$ 2>/dev/null; exit 1; }
 
 # The median of the arguments (the mean of the two middle ones for an even count); a
 # value that is not a number (a run that measured nothing prints nan) ends the script.

@@ -179,16 +179,19 @@ LocalAddress local_address_reaching(const std::string& master_host, uint16_t mas
 // SCHED_IDLE loop then moves the gradients only when that process pauses. On the
 // 2-core VM with a build beside it, or with two busy shell loops, 2-rank LeNet fell to
 // 1.5-1.6k img/s with 77-83 % of the step waiting for gradients, against 6.9-8.5k at
-// normal priority. So the loop now runs at normal policy with nice 10 (kGlooLoopNice):
+// normal priority. So the loop now runs at nice 10 (kGlooLoopNice):
 // the scheduler favours the training threads (a weight of 110 against their 1024)
 // but no longer leaves the loop waiting behind every other program. Alternating
 // 60-step 2-rank LeNet runs on the same VM (img/s, two or three rounds):
 //
-//   loop          | idle machine  | two busy loops beside
-//   SCHED_IDLE    | 13.0k-13.8k   | 1.5k-1.6k
-//   nice 10       | 13.4k-13.5k   | 5.6k-7.0k
+//   loop          | idle machine  | two busy shell loops beside
+//   SCHED_IDLE    | 12.8k-13.8k   | 1.5k-1.6k
+//   nice 10       | 11.6k-13.5k   | 5.6k-7.0k
 //   nice 19       | 13.3k-13.4k   | 4.5k-6.5k
-//   normal        | 12.3k-13.3k   | 7.6k-8.5k
+//   normal        | 10.7k-13.3k   | 7.6k-8.5k
+//
+// (docs/benchmarks.md has the command; on the idle machine the four are within the
+// run-to-run spread.)
 //
 // The thread inherits policy and nice value from the thread that creates the device,
 // so a short-lived helper thread takes them and creates it; the caller's scheduling is

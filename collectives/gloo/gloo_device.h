@@ -24,9 +24,10 @@ struct LocalAddress {
 LocalAddress local_address_reaching(const std::string& master_host, uint16_t master_port);
 
 // How the device's event-loop thread is scheduled (Note [Gloo event-loop priority] in
-// gloo_device.cpp). From MTRAIN_GLOO_LOOP_SCHED: "nice" (the default: normal policy,
-// nice kGlooLoopNice, or the creator's own if that is higher), "idle" (SCHED_IDLE) or
-// "normal" (as the creator); any other value is an InvalidArgument naming the variable.
+// gloo_device.cpp). From MTRAIN_GLOO_LOOP_SCHED: "nice" (the default: the creator's
+// policy at nice kGlooLoopNice, or the creator's own nice value if that is higher),
+// "idle" (SCHED_IDLE) or "normal" (as the creator); any other value is an
+// InvalidArgument naming the variable.
 enum class LoopScheduling { Nice, Idle, Normal };
 inline constexpr int kGlooLoopNice = 10;
 LoopScheduling loop_scheduling_from_env();

@@ -297,7 +297,7 @@ TEST_CASE("SyncBatchNorm's Gloo group does not queue behind a gradient bucket in
   TcpStoreServer server("127.0.0.1", 0, "token");
   std::vector<std::string> errors(2);
   std::vector<float> stats_sum(2, 0.0f), bucket_sum(2, 0.0f);
-  std::vector<bool> separate(2, false);
+  std::vector<char> separate(2, 0);  // not vector<bool>: each thread writes its own element
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.emplace_back([&, r] {
@@ -307,9 +307,10 @@ TEST_CASE("SyncBatchNorm's Gloo group does not queue behind a gradient bucket in
         options.timeout = Millis(10000);
         const TrainingGroups groups = create_training_groups("gloo", store, r, 2, Device::cpu(), options);
         const std::shared_ptr<ProcessGroup> stats_group = create_batch_stats_group(groups);
-        separate[static_cast<size_t>(r)] = stats_group != groups.gradients;
+        const bool own_group = stats_group != groups.gradients;
+        separate[static_cast<size_t>(r)] = own_group;
         // One group would mispair the operations below and take the test binary down.
-        if (!separate[static_cast<size_t>(r)]) return;
+        if (!own_group) return;
         Tensor bucket = Tensor::full({1 << 20}, static_cast<float>(r + 1));
         Tensor stats = Tensor::full({8}, static_cast<float>(10 * (r + 1)));
         if (r == 0) {

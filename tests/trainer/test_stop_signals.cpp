@@ -19,8 +19,6 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
-#include <tuple>
-#include <utility>
 #include <vector>
 
 #include "core/main_guard.h"
@@ -192,14 +190,19 @@ bool in_startup_child() { return std::getenv(kMarkerVariable) != nullptr; }
 
 void write_marker(const std::string& text) { std::ofstream(std::getenv(kMarkerVariable)) << text; }
 
-// Runs the hidden case `name` of this binary; returns its exit code and the marker.
-std::pair<int, std::string> run_startup_child(const std::string& name) {
+// What a hidden case of this binary did, run in a child process.
+struct ChildOutcome {
+  int exit_code = -1;
+  std::string marker;  // what its start-up action (or the case itself) wrote
+  std::string output;  // its stdout and stderr, for the failure messages
+};
+
+ChildOutcome run_startup_child(const std::string& name) {
   mtrain::testing::TempDir dir;
   const std::string marker = dir.file("marker");
   mtrain::testing::ScopedEnv env(kMarkerVariable, marker);
   const auto result = mtrain::testing::run_process(std::filesystem::read_symlink("/proc/self/exe").string(), {name});
-  UNSCOPED_INFO(name << ": exit code " << result.exit_code << "\n" << result.out << result.err);
-  return {result.exit_code, mtrain::testing::slurp(marker)};
+  return {result.exit_code, mtrain::testing::slurp(marker), name + ":\n" + result.out + result.err};
 }
 
 }  // namespace
@@ -251,19 +254,18 @@ TEST_CASE("startup child: an action that throws", "[.startup-child]") {
 TEST_CASE("the start-up exit: armed it exits 75 after its action, disarmed it leaves the signal to the step",
           "[unit]") {
   using Catch::Matchers::Equals;
-  auto [code, marker] = run_startup_child("startup child: armed then a stop signal");
-  CHECK(code == mtrain::kStoppedExitCode);
-  CHECK_THAT(marker, Equals("action SIGTERM"));
-
-  std::tie(code, marker) = run_startup_child("startup child: a stop signal before arming");
-  CHECK(code == mtrain::kStoppedExitCode);
-  CHECK_THAT(marker, Equals("action SIGINT"));
-
-  std::tie(code, marker) = run_startup_child("startup child: disarmed then a stop signal");
-  CHECK(code == 0);
-  CHECK_THAT(marker, Equals("still running, pending SIGTERM"));
-
-  std::tie(code, marker) = run_startup_child("startup child: an action that throws");
-  CHECK(code == mtrain::kStoppedExitCode);
-  CHECK_THAT(marker, Equals("thrown"));
+  struct Expected {
+    const char* child;
+    int exit_code;
+    const char* marker;
+  };
+  for (const Expected& e : {Expected{"startup child: armed then a stop signal", mtrain::kStoppedExitCode, "action SIGTERM"},
+                            Expected{"startup child: a stop signal before arming", mtrain::kStoppedExitCode, "action SIGINT"},
+                            Expected{"startup child: disarmed then a stop signal", 0, "still running, pending SIGTERM"},
+                            Expected{"startup child: an action that throws", mtrain::kStoppedExitCode, "thrown"}}) {
+    const ChildOutcome outcome = run_startup_child(e.child);
+    INFO(outcome.output);
+    CHECK(outcome.exit_code == e.exit_code);
+    CHECK_THAT(outcome.marker, Equals(e.marker));
+  }
 }
