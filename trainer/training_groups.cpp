@@ -41,10 +41,7 @@ TrainingGroups create_training_groups(const std::string& backend, std::shared_pt
   if (store != nullptr && size > 1) require_rank0_backend(*store, rank, backend, device);
   TrainingGroups groups;
   groups.store = store;
-  groups.rank = rank;
-  groups.size = size;
   groups.device = device;
-  groups.options = options;
   groups.gradients = create_process_group(backend, store, rank, size, device, options);
   if (groups.gradients->backend_name() != "nccl") {
     groups.control = groups.gradients;
@@ -59,9 +56,10 @@ TrainingGroups create_training_groups(const std::string& backend, std::shared_pt
 std::shared_ptr<ProcessGroup> create_batch_stats_group(const TrainingGroups& groups) {
   MTRAIN_CHECK(groups.gradients != nullptr, "create_batch_stats_group needs the training groups, found none");
   if (groups.gradients->backend_name() != "gloo") return groups.gradients;
-  ProcessGroupOptions options = groups.options;
+  const ProcessGroup& gradients = *groups.gradients;
+  ProcessGroupOptions options = gradients.options();
   options.name = "batch-stats";
-  return create_process_group("gloo", groups.store, groups.rank, groups.size, groups.device, options);
+  return create_process_group("gloo", groups.store, gradients.rank(), gradients.size(), groups.device, options);
 }
 
 TrainingGroups create_single_rank_nccl_groups(Device device, const ProcessGroupOptions& options) {

@@ -46,19 +46,17 @@ struct TrainingGroups {
   // is destroyed after the groups that talk to it.
   std::shared_ptr<TcpStoreServer> local_store_server;
   // Device tensors: gradient buckets, the start-up broadcast of the model and of
-  // restored momentum, SyncBatchNorm. Null in a world of one without a group.
+  // restored momentum, SyncBatchNorm unless it has a group of its own (Note
+  // [SyncBatchNorm's own group]). Null in a world of one without a group.
   std::shared_ptr<ProcessGroup> gradients;
   // Host tensors (Note [Control-plane collectives]); the same object as `gradients`
   // unless that is NCCL.
   std::shared_ptr<ProcessGroup> control;
-  // What the groups were made over, for groups made later (create_batch_stats_group):
-  // the rendezvous store (null for MPI under an MPI starter), this rank, the world size,
-  // the training device and the options of `gradients`.
+  // What `gradients` was made over, for groups made later (create_batch_stats_group;
+  // rank, size and options come from `gradients` itself): the rendezvous store (null
+  // for MPI under an MPI starter) and the training device.
   std::shared_ptr<Store> store;
-  int rank = 0;
-  int size = 1;
   Device device = Device::cpu();
-  ProcessGroupOptions options;
 
   explicit operator bool() const { return gradients != nullptr; }
 };

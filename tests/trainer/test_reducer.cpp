@@ -8,6 +8,7 @@
 #include <memory>
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -70,6 +71,26 @@ void step(models::Module& m, GradientSynchronizer& sync, bool synchronize) {
   sync.before_backward({4, synchronize});
   m.backward(Tensor::full(y.shape(), 0.25f));
   sync.after_backward();
+}
+
+// Runs body(rank, store) for ranks 0 and 1 on two threads, each with its own client of
+// one store server (10 s timeouts), as two processes would; returns what each rank
+// threw ("" when it returned).
+std::vector<std::string> on_two_ranks(const std::function<void(int, std::shared_ptr<Store>)>& body) {
+  TcpStoreServer server("127.0.0.1", 0, "token");
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        body(r, std::make_shared<TcpStore>("127.0.0.1", server.port(), "token", Millis(10000)));
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  return errors;
 }
 
 }  // namespace
@@ -248,32 +269,20 @@ TEST_CASE("the replica check names the rank whose parameters differ by one eleme
   // --check-replicas proves the multi-process tests' replicas identical; here it must
   // fire. Two ranks over real Gloo groups in threads, each with its own mlp built from
   // the same seed; rank 1 nudges one weight by one float step.
-  TcpStoreServer server("127.0.0.1", 0, "token");
   for (const bool nudge : {false, true}) {
     DYNAMIC_SECTION((nudge ? "one element differs" : "identical")) {
-      std::vector<std::string> errors(2);
-      std::vector<std::thread> ranks;
-      for (int r = 0; r < 2; ++r) {
-        ranks.emplace_back([&, r] {
-          try {
-            auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), "token", Millis(10000));
-            ProcessGroupOptions options;
-            options.name = nudge ? "replicas_nudged" : "replicas_same";
-            options.timeout = Millis(10000);
-            auto group = create_process_group("gloo", store, r, 2, Device::cpu(), options);
-            auto model = models::build_model("mlp", 1, 10, {models::InitScheme::kPyTorchDefault, 7});
-            if (nudge && r == 1) {
-              float& w = model->parameters()[1].param->value.data<float>()[3];
-              w = std::nextafter(w, 1e30f);
-            }
-            const uint64_t h = hash_parameters(*model);
-            require_same_on_all_ranks(*group, {{"the parameters", h, "hash"}}, "replica check after step 5: the model");
-          } catch (const std::exception& e) {
-            errors[static_cast<size_t>(r)] = e.what();
-          }
-        });
-      }
-      for (auto& t : ranks) t.join();
+      const std::vector<std::string> errors = on_two_ranks([&](int r, std::shared_ptr<Store> store) {
+        ProcessGroupOptions options;
+        options.timeout = Millis(10000);
+        auto group = create_process_group("gloo", store, r, 2, Device::cpu(), options);
+        auto model = models::build_model("mlp", 1, 10, {models::InitScheme::kPyTorchDefault, 7});
+        if (nudge && r == 1) {
+          float& w = model->parameters()[1].param->value.data<float>()[3];
+          w = std::nextafter(w, 1e30f);
+        }
+        const uint64_t h = hash_parameters(*model);
+        require_same_on_all_ranks(*group, {{"the parameters", h, "hash"}}, "replica check after step 5: the model");
+      });
       for (const std::string& e : errors) {
         INFO(e);
         if (nudge) {
@@ -294,41 +303,30 @@ TEST_CASE("SyncBatchNorm's Gloo group does not queue behind a gradient bucket in
   // groups is each operation's completion independent of the other group's queue. On
   // one group the sequence numbers would pair rank 0's bucket with rank 1's statistics
   // (Gloo aborts the process on the size mismatch; with equal sizes the values would mix).
-  TcpStoreServer server("127.0.0.1", 0, "token");
-  std::vector<std::string> errors(2);
   std::vector<float> stats_sum(2, 0.0f), bucket_sum(2, 0.0f);
   std::vector<char> separate(2, 0);  // not vector<bool>: each thread writes its own element
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), "token", Millis(10000));
-        ProcessGroupOptions options;
-        options.timeout = Millis(10000);
-        const TrainingGroups groups = create_training_groups("gloo", store, r, 2, Device::cpu(), options);
-        const std::shared_ptr<ProcessGroup> stats_group = create_batch_stats_group(groups);
-        const bool own_group = stats_group != groups.gradients;
-        separate[static_cast<size_t>(r)] = own_group;
-        // One group would mispair the operations below and take the test binary down.
-        if (!own_group) return;
-        Tensor bucket = Tensor::full({1 << 20}, static_cast<float>(r + 1));
-        Tensor stats = Tensor::full({8}, static_cast<float>(10 * (r + 1)));
-        if (r == 0) {
-          const WorkPtr in_flight = groups.gradients->allreduce(bucket, ReduceOp::Sum);
-          stats_group->allreduce(stats, ReduceOp::Sum)->wait();
-          in_flight->wait();
-        } else {
-          stats_group->allreduce(stats, ReduceOp::Sum)->wait();
-          groups.gradients->allreduce(bucket, ReduceOp::Sum)->wait();
-        }
-        stats_sum[static_cast<size_t>(r)] = stats.data<float>()[7];
-        bucket_sum[static_cast<size_t>(r)] = bucket.data<float>()[(1 << 20) - 1];
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
+  const std::vector<std::string> errors = on_two_ranks([&](int r, std::shared_ptr<Store> store) {
+    ProcessGroupOptions options;
+    options.timeout = Millis(10000);
+    const TrainingGroups groups = create_training_groups("gloo", store, r, 2, Device::cpu(), options);
+    const std::shared_ptr<ProcessGroup> stats_group = create_batch_stats_group(groups);
+    const bool own_group = stats_group != groups.gradients;
+    separate[static_cast<size_t>(r)] = own_group;
+    // One group would mispair the operations below and take the test binary down.
+    if (!own_group) return;
+    Tensor bucket = Tensor::full({1 << 20}, static_cast<float>(r + 1));
+    Tensor stats = Tensor::full({8}, static_cast<float>(10 * (r + 1)));
+    if (r == 0) {
+      const WorkPtr in_flight = groups.gradients->allreduce(bucket, ReduceOp::Sum);
+      stats_group->allreduce(stats, ReduceOp::Sum)->wait();
+      in_flight->wait();
+    } else {
+      stats_group->allreduce(stats, ReduceOp::Sum)->wait();
+      groups.gradients->allreduce(bucket, ReduceOp::Sum)->wait();
+    }
+    stats_sum[static_cast<size_t>(r)] = stats.data<float>()[7];
+    bucket_sum[static_cast<size_t>(r)] = bucket.data<float>()[(1 << 20) - 1];
+  });
   for (size_t r = 0; r < 2; ++r) {
     INFO("rank " << r << ": " << errors[r]);
     CHECK(errors[r].empty());
