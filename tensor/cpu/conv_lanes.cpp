@@ -65,9 +65,7 @@
 // The few-channel shapes lose there by 2-7x (the last rows; sixteen lanes take two of
 // AVX2's sixteen registers, so their accumulators likely spill, not checked), as does the
 // direct forward kernel (1 -> 6 5x5: 11-15 against 3-5 ms), so oneDNN keeps them on such
-// CPUs. Winograd measured 20 % slower than oneDNN at 64 -> 64 @28 and about 30 % faster
-// at 128 -> 128 @14 there (six alternating runs each, medians of forward 57 / 48 and
-// 46 / 63 ms); it stays AVX-512 only until a network-level run can show the difference.
+// CPUs. (Winograd has a rule of its own for such CPUs: Note [Winograd convolution].)
 #include "tensor/cpu/conv_lanes.h"
 
 #include <omp.h>

@@ -43,14 +43,41 @@
 //   32 -> 32 @28         9.6-10.7  8.9-10.2    11.1-11.3 9.2
 //   32 -> 48 @16         4.5-4.8   3.7-4.2     4.4-5.2   3.8-4.7
 //
-// At 7x7 a fourth of the tiles' area lies outside the map and the win is gone, so
+// At 7x7 a fourth of the tiles' area lies outside the map and the win is gone, so on
+// AVX-512 cores (where the table above was measured; cpu_has_avx512())
 // winograd_applies() takes maps of at least 14 pixels each way and 32 channels either
-// side, on AVX-512 cores (where it was measured; cpu_has_avx512()). The kernel itself
-// handles any map; the tests also run narrow ones through it directly.
-// ResNet-18 on 28x28 images, 1 rank, batch 64: 34.4-37.0 img/s before, 38.9-39.6
+// side. ResNet-18 on 28x28 images, 1 rank, batch 64: 34.4-37.0 img/s before, 38.9-39.6
 // after, +7 to +13 % in three interleaved pairs of scripts/bench-ddp.sh --models
 // resnet18 --nprocs 1 --runs 1 --no-torch --no-sync-bn --bin-dir DIR; peak RSS 426 ->
-// 430-431 MiB.
+// 430-431 MiB. The kernel itself handles any map; the tests also run narrow ones
+// through it directly.
+//
+// CPUs with AVX2 and FMA but no AVX-512 run the x86-64-v3 clones, and there the rule
+// differs: at least 128 channels either side, maps of 4 to 16 pixels each way. Measured
+// on a Zen 3 EPYC on 2026-11-26 with `bench_kernels 1 256 64 cpu` (batch 64, process
+// CPU ms per call, three or four runs, each row's two columns from the same run; that
+// VM's spread between runs is wide):
+//
+//                        forward               backward-data
+//                        oneDNN    Winograd    oneDNN    Winograd
+//   512 -> 512 @4        67-69     49-52       85-108    49-53
+//   256 -> 256 @7        49-80     38-51       43-65     38-51
+//   128 -> 128 @14       47-63     34-42       44-56     34-42
+//   128 -> 128 @16       81-82     47-78       57-71     48-66
+//   128 -> 128 @28       180-214   163-240     172-197   161-223
+//   64 -> 64 @28         47-63     46-75       47-55     46-68
+//   64 -> 64 @14         13-15     15-17       13-16     12-17
+//   32 -> 32 @14         3.5-4.8   4.0-7.3     3.0-4.3   4.2-6.8
+//
+// Fewer channels and larger maps stay with oneDNN there. ResNet-18 on 28x28 images
+// (its 128-, 256- and 512-channel layers at 14, 7 and 4 pixels), 1 rank, batch 64,
+// median of steps 3-10 (`mtrain-train --model resnet18 --batch-size 64 --threads 1
+// --no-eval --max-steps 10 --log-every 1 --momentum 0 --no-shuffle --metrics FILE`):
+// without Winograd against Winograd on every 3x3 layer of 32 or more channels,
+// alternating, 3.06 / 2.89, 3.08 / 2.89, 3.13 / 2.59, 3.63 / 3.17, 3.32 / 2.83 s
+// (faster in all five pairs, median -13 %); that against this rule, 2.61 / 3.16,
+// 2.96 / 2.77, 2.74 / 2.58, 2.94 / 3.05 s, a difference the VM cannot show, so the rule
+// keeps to what the kernels measured. Without AVX2 and FMA, oneDNN runs them all.
 //
 // Numerics: the transforms scale by 1/2 and add. Against a double-precision reference
 // the relative RMS error measured 2.6e-7 / 3.6e-7 (64 / 128 channels) against oneDNN's
@@ -75,8 +102,12 @@ namespace {
 
 constexpr int64_t kPositions = 16;      // 4x4 transformed tile
 constexpr int64_t kTargetColumns = 128;  // (tile, lane) columns per chunk
-constexpr int64_t kMinChannels = 32;
-constexpr int64_t kMinSide = 14;
+// winograd_applies()'s reach, per instruction set (Note [Winograd convolution]).
+constexpr int64_t kMinChannelsAvx512 = 32;
+constexpr int64_t kMinSideAvx512 = 14;
+constexpr int64_t kMinChannelsAvx2 = 128;
+constexpr int64_t kMinSideAvx2 = 4;
+constexpr int64_t kMaxSideAvx2 = 16;
 
 // Sets the calling thread's OpenMP thread count to one for its lifetime. Parallel
 // regions that ask for a number of threads (for_each_part) still get them, but oneDNN's
@@ -267,8 +298,15 @@ void convolve(const float* in, const float* w, const float* bias, float* out, co
 }  // namespace
 
 bool winograd_applies(const ConvGeometry& s) {
-  return cpu_has_avx512() && s.kh == 3 && s.kw == 3 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 1 &&
-         s.pad_w == 1 && s.c >= kMinChannels && s.o >= kMinChannels && s.h >= kMinSide && s.w >= kMinSide;
+  if (s.kh != 3 || s.kw != 3 || s.stride_h != 1 || s.stride_w != 1 || s.pad_h != 1 || s.pad_w != 1) {
+    return false;
+  }
+  const int64_t channels = std::min(s.c, s.o), side = std::min(s.h, s.w);
+  if (cpu_has_avx512()) return channels >= kMinChannelsAvx512 && side >= kMinSideAvx512;
+  if (cpu_has_x86_64_v3()) {
+    return channels >= kMinChannelsAvx2 && side >= kMinSideAvx2 && std::max(s.h, s.w) <= kMaxSideAvx2;
+  }
+  return false;
 }
 
 void winograd_conv_forward(const float* x, const float* w, const float* b, float* y,

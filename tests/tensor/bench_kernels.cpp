@@ -149,6 +149,11 @@ int main(int argc, char** argv) {
       {"resnet 256->256 3x3 @7", nr, 256, 7, 256, 3, {1, 1, 1, 1}},
       {"resnet 256->512 3x3 s2 @7", nr, 256, 7, 512, 3, {2, 2, 1, 1}},
       {"resnet 512->512 3x3 @4", nr, 512, 4, 512, 3, {1, 1, 1, 1}},
+      // Shapes beside ResNet-18's, for the reach of Note [Winograd convolution].
+      {"reach 128->128 3x3 @28", nr, 128, 28, 128, 3, {1, 1, 1, 1}},
+      {"reach 128->128 3x3 @16", nr, 128, 16, 128, 3, {1, 1, 1, 1}},
+      {"reach 64->64 3x3 @14", nr, 64, 14, 64, 3, {1, 1, 1, 1}},
+      {"reach 32->32 3x3 @14", nr, 32, 14, 32, 3, {1, 1, 1, 1}},
   };
   const std::string only = argc > 5 ? argv[5] : "";
   for (const ConvCase& cc : convs) {

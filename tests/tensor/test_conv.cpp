@@ -269,10 +269,12 @@ TEST_CASE("gradients of few-channel convolutions run with images in the vector l
 
 TEST_CASE("3x3 convolutions with many channels run as Winograd F(2x2, 3x3) and match the "
           "reference", "[conv]") {
-  // Auto computes forward and backward-data of stride-1, padding-1 3x3 convolutions with
-  // at least 32 input and output channels on maps of at least 14x14 as Winograd
-  // F(2x2, 3x3) (Note [Winograd convolution]): no oneDNN primitive is created for them
-  // on AVX-512 cores. Odd and even map sides (a last tile row or column half outside the
+  // Auto computes forward and backward-data of stride-1, padding-1 3x3 convolutions as
+  // Winograd F(2x2, 3x3) where winograd_applies() says so (Note [Winograd convolution]:
+  // 32+ channels on maps of 14x14 and more with AVX-512, 128+ channels on maps of 4x4 to
+  // 16x16 with AVX2 and FMA only), and then no oneDNN primitive is created for them.
+  // The cases below cover both rules; each runs on whichever path this CPU takes, and
+  // must match the reference either way. Odd and even map sides (a last tile row or column half outside the
   // map), non-square maps, more output than input channels and the reverse, a partial
   // last block of sixteen images, bias or not, 1 to 3 threads. The kernel handles maps
   // the rule leaves to oneDNN too; those run through it directly: several tile rows per
@@ -284,6 +286,8 @@ TEST_CASE("3x3 convolutions with many channels run as Winograd F(2x2, 3x3) and m
   const std::vector<Case> chosen = {
       {{17, 32, 15, 15}, {32, 32, 3, 3}, true},  {{3, 32, 14, 14}, {48, 32, 3, 3}, false},
       {{2, 40, 17, 14}, {32, 40, 3, 3}, true},   {{1, 33, 14, 21}, {35, 33, 3, 3}, false},
+      {{17, 128, 4, 4}, {128, 128, 3, 3}, true}, {{3, 130, 7, 5}, {128, 130, 3, 3}, false},
+      {{2, 512, 4, 4}, {512, 512, 3, 3}, false},  // ResNet-18's last layers: sums of 4608 products
   };
   const std::vector<Case> direct = {
       {{2, 32, 25, 8}, {32, 32, 3, 3}, true},  // two tile rows per chunk, a last chunk of one
@@ -307,7 +311,8 @@ TEST_CASE("3x3 convolutions with many channels run as Winograd F(2x2, 3x3) and m
     Tensor dx = Tensor::full(x.shape(), 7.0f);  // overwritten, whatever it held
     ops::conv2d_backward_data(dy, w, dx, p);
     require_close(dx, testing::conv2d_backward_ref(x, w, dy, p).dx, 1e-4, 1e-4);
-    if (ops::cpu::cpu_has_avx512()) CHECK(ops::cpu::conv_primitives_created() == created);
+    const ops::cpu::ConvGeometry g{c.x[0], c.x[1], c.x[2], c.x[3], c.w[0], 3, 3, c.x[2], c.x[3], 1, 1, 1, 1};
+    if (ops::cpu::winograd_applies(g)) CHECK(ops::cpu::conv_primitives_created() == created);
   }
   for (const Case& c : direct) {
     INFO(describe(c.x, c.w, 1, 1, threads) << ", through the kernel directly");
@@ -423,6 +428,31 @@ TEST_CASE("the few-channel kernels' rules name the instruction sets they were me
   CHECK(ops::cpu::lanes_backward_weights_applies(first) == (avx512 || ops::cpu::cpu_has_x86_64_v3()));
   CHECK(ops::cpu::lanes_backward_weights_applies(second) == avx512);
   CHECK(ops::cpu::lanes_backward_data_applies(second) == avx512);
+}
+
+TEST_CASE("the Winograd rule names the instruction sets it was measured on", "[conv]") {
+  // Note [Winograd convolution]: with AVX-512, 32+ channels on maps of at least 14x14;
+  // with AVX2 and FMA only, 128+ channels on maps of 4x4 to 16x16; otherwise never.
+  // ResNet-18's stride-1 3x3 layers on 28x28 images, then the edges of both rules.
+  auto g = [](int64_t channels, int64_t h, int64_t w) {
+    return ops::cpu::ConvGeometry{64, channels, h, w, channels, 3, 3, h, w, 1, 1, 1, 1};
+  };
+  const bool avx512 = ops::cpu::cpu_has_avx512();
+  const bool avx2 = !avx512 && ops::cpu::cpu_has_x86_64_v3();
+  CHECK(ops::cpu::winograd_applies(g(64, 28, 28)) == avx512);
+  CHECK(ops::cpu::winograd_applies(g(128, 14, 14)) == (avx512 || avx2));
+  CHECK(ops::cpu::winograd_applies(g(256, 7, 7)) == avx2);
+  CHECK(ops::cpu::winograd_applies(g(512, 4, 4)) == avx2);
+  CHECK(ops::cpu::winograd_applies(g(32, 14, 14)) == avx512);
+  CHECK_FALSE(ops::cpu::winograd_applies(g(31, 28, 28)));
+  CHECK(ops::cpu::winograd_applies(g(128, 16, 16)) == (avx512 || avx2));
+  CHECK(ops::cpu::winograd_applies(g(128, 16, 17)) == avx512);
+  CHECK_FALSE(ops::cpu::winograd_applies(g(127, 8, 8)));
+  CHECK_FALSE(ops::cpu::winograd_applies(g(128, 3, 8)));
+  // Only stride 1, padding 1, 3x3.
+  CHECK_FALSE(ops::cpu::winograd_applies({64, 128, 14, 14, 128, 3, 3, 7, 7, 2, 2, 1, 1}));
+  CHECK_FALSE(ops::cpu::winograd_applies({64, 128, 14, 14, 128, 3, 3, 12, 12, 1, 1, 0, 0}));
+  CHECK_FALSE(ops::cpu::winograd_applies({64, 128, 14, 14, 128, 5, 5, 14, 14, 1, 1, 2, 2}));
 }
 
 TEST_CASE("weight gradients over few output positions are one GEMM and match the reference",
