@@ -99,8 +99,9 @@ std::atomic<long> primitives_created{0};
 // few channels, such as both of LeNet's, with images in the vector lanes (Note [Images
 // in the vector lanes] in conv_lanes.cpp); weight gradients over at most 16 output
 // positions as one sgemm (Note [Weight gradients as a GEMM] in conv_gemm_weights.cpp);
-// and forward and backward-data of 3x3 convolutions with many channels as Winograd
-// F(2x2, 3x3) (Note [Winograd convolution] in conv_winograd.cpp).
+// and forward and backward-data of 3x3 convolutions with many channels (on AVX2 CPUs
+// their weight gradients too) as Winograd F(2x2, 3x3) (Note [Winograd convolution] in
+// conv_winograd.cpp).
 bool choose_blocked(ConvDirection direction, const ConvShape& s, DType compute) {
   // oneDNN's 16-bit convolutions are the blocked ones (Note [Reduced-precision compute]).
   if (compute != DType::Float32) return true;
@@ -339,6 +340,13 @@ bool choose_winograd(const ConvShape& s, const Conv2dParams& p) {
          cpu::winograd_applies(geometry(s, p));
 }
 
+// The Auto policy's choice for weight gradients of 3x3 convolutions with many channels
+// (Note [Winograd convolution] in conv_winograd.cpp).
+bool choose_winograd_weights(const ConvShape& s, const Conv2dParams& p) {
+  return p.compute == DType::Float32 && layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
+         cpu::winograd_weights_applies(geometry(s, p));
+}
+
 // The Auto policy's choice for the gradients of convolutions with few channels (Note
 // [Images in the vector lanes] in conv_lanes.cpp).
 bool choose_lanes(ConvDirection direction, const ConvShape& s, const Conv2dParams& p) {
@@ -482,6 +490,12 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tens
   // [Reduced-precision compute]); the kernels below would sum the rounded one.
   const bool separate_bias = p.compute != DType::Float32 && db.defined();
   float* const kernel_db = db.defined() && !separate_bias ? db.data<float>() : nullptr;
+  if (choose_winograd_weights(s, p)) {
+    cpu::winograd_conv_backward_weights(x.data<float>(), dy.data<float>(), dw.data<float>(), accumulate,
+                                        geometry(s, p));
+    if (db.defined()) bias_gradient(dy.data<float>(), s, db.data<float>(), accumulate);
+    return;
+  }
   const bool lanes = choose_lanes(ConvDirection::BackwardWeights, s, p);
   if (lanes || choose_gemm_weights(s, p)) {
     // Note [Own kernels under --amp]

@@ -19,7 +19,18 @@
 //
 // Backward-data of a stride-1, padding-1 3x3 convolution is itself such a convolution of
 // dy, with the kernel rotated by 180 degrees and its input and output channels swapped,
-// so both directions share the code below. Weight gradients stay with oneDNN.
+// so both directions share the code below.
+//
+// The weight gradient follows from the same formula. For one tile, the gradient of the
+// element-wise product Z = U .* V is A dY A^T (a 4x4 tile from the 2x2 output
+// gradient, zero where the tile leaves the map), so that of U is (A dY A^T) .* V, and
+// that of the kernel G^T dU G. Summed over every tile of every image, again one matrix
+// product per position:
+//   dU[xi] (out x in) = Mdy[xi] (out x tiles) @ V[xi]^T (tiles x in),
+// with V the forward's input transform. run_weights() goes through the same chunks as
+// run(), adding each chunk's product into dU; a thread's share of the batch sums into
+// a dU of its own, added to the others in a fixed order at the end, so the result
+// depends on the thread count only through that grouping (as oneDNN's does).
 //
 // Layout: blocks of sixteen images go through the lanes layout of batch_kernels.h
 // (Note [Images in the vector lanes] in conv_lanes.cpp), zero-padded, so the
@@ -77,7 +88,27 @@
 // alternating, 3.06 / 2.89, 3.08 / 2.89, 3.13 / 2.59, 3.63 / 3.17, 3.32 / 2.83 s
 // (faster in all five pairs, median -13 %); that against this rule, 2.61 / 3.16,
 // 2.96 / 2.77, 2.74 / 2.58, 2.94 / 3.05 s, a difference the VM cannot show, so the rule
-// keeps to what the kernels measured. Without AVX2 and FMA, oneDNN runs them all.
+// keeps to what the kernels measured.
+//
+// The weight gradient, measured the same way (Winograd on every 3x3 layer of 32 or
+// more channels; oneDNN in its blocked layout, or for 4x4 maps the GEMM of Note
+// [Weight gradients as a GEMM], whose figures are the Auto column of earlier runs):
+//
+//                        oneDNN / GEMM    Winograd
+//   512 -> 512 @4        GEMM 71-96       45-63
+//   256 -> 256 @7        59-83            44-62
+//   128 -> 128 @14       62-74            39-65
+//   128 -> 128 @16       88-108           70-108
+//   128 -> 128 @28       238-261          268-341
+//   64 -> 64 @28         61-78            54-93
+//   64 -> 64 @14         20-22            14-20
+//
+// So winograd_weights_applies() takes the same shapes as winograd_applies() on such
+// CPUs; with AVX-512 (not measured) weight gradients stay with oneDNN and the GEMM.
+// ResNet-18, the command above, without and with Winograd weight gradients (forward
+// and backward-data on Winograd in both), alternating: 2.86 / 2.34, 2.77 / 2.26,
+// 2.76 / 2.30, 2.98 / 2.60, 3.24 / 3.12 s (faster in all five pairs, median -18 %).
+// Without AVX2 and FMA, oneDNN runs all of them.
 //
 // Numerics: the transforms scale by 1/2 and add. Against a double-precision reference
 // the relative RMS error measured 2.6e-7 / 3.6e-7 (64 / 128 channels) against oneDNN's
@@ -231,6 +262,66 @@ MTRAIN_CLONES void output_transform(const Geometry& g, const float* m, int64_t n
   }
 }
 
+// Mdy[xi][co][col] = A dy A^T for the chunk's n tile rows, dyl the chunk's output
+// gradient [cout][2 chunk_rows][2 tw][16], zero outside the map: the gradient of the
+// element-wise product in Y = A^T (U .* V) A with respect to that product.
+MTRAIN_CLONES void gradient_transform(const Geometry& g, const float* dyl, int64_t n, int64_t cols, float* mdy) {
+  const int64_t step = g.cout * cols;
+  const int64_t row = 2 * g.tw;
+  const int64_t plane = 2 * g.chunk_rows * row;
+  for (int64_t co = 0; co < g.cout; ++co) {
+    for (int64_t r = 0; r < n; ++r) {
+      const float* top = dyl + (co * plane + 2 * r * row) * kLanes;
+      for (int64_t t = 0; t < g.tw; ++t) {
+        Vec d[2][2];
+        for (int a = 0; a < 2; ++a) {
+          for (int b = 0; b < 2; ++b) load(d[a][b], top + (a * row + 2 * t + b) * kLanes);
+        }
+        Vec e[4][2];  // A d, A = [1 0; 1 1; 1 -1; 0 -1]
+        for (int b = 0; b < 2; ++b) {
+          e[0][b] = d[0][b];
+          e[1][b] = d[0][b] + d[1][b];
+          e[2][b] = d[0][b] - d[1][b];
+          e[3][b] = -d[1][b];
+        }
+        float* out = mdy + co * cols + (r * g.tw + t) * kLanes;
+        for (int i = 0; i < 4; ++i) {  // (A d) A^T
+          store(out + (i * 4 + 0) * step, e[i][0]);
+          store(out + (i * 4 + 1) * step, e[i][0] + e[i][1]);
+          store(out + (i * 4 + 2) * step, e[i][0] - e[i][1]);
+          store(out + (i * 4 + 3) * step, -e[i][1]);
+        }
+      }
+    }
+  }
+}
+
+// dw[co][ci] (+)= G^T dU[.][co][ci] G, the kernel gradient from the gradient of its
+// transform U = G g G^T.
+void weights_from_transformed(const float* du, int64_t cout, int64_t cin, bool accumulate, float* dw) {
+#pragma omp parallel for if (cout * cin > 4096)
+  for (int64_t co = 0; co < cout; ++co) {
+    for (int64_t ci = 0; ci < cin; ++ci) {
+      float u[4][4];
+      for (int i = 0; i < 4; ++i) {
+        for (int j = 0; j < 4; ++j) u[i][j] = du[((i * 4 + j) * cout + co) * cin + ci];
+      }
+      float t[3][4];  // G^T dU
+      for (int j = 0; j < 4; ++j) {
+        t[0][j] = u[0][j] + 0.5f * (u[1][j] + u[2][j]);
+        t[1][j] = 0.5f * (u[1][j] - u[2][j]);
+        t[2][j] = 0.5f * (u[1][j] + u[2][j]) + u[3][j];
+      }
+      float* k = dw + (co * cin + ci) * 9;
+      for (int i = 0; i < 3; ++i) {  // (G^T dU) G
+        const float r[3] = {t[i][0] + 0.5f * (t[i][1] + t[i][2]), 0.5f * (t[i][1] - t[i][2]),
+                            0.5f * (t[i][1] + t[i][2]) + t[i][3]};
+        for (int j = 0; j < 3; ++j) k[i * 3 + j] = accumulate ? k[i * 3 + j] + r[j] : r[j];
+      }
+    }
+  }
+}
+
 // out[n, cout, h, w] = the stride-1, padding-1 3x3 convolution of in[n, cin, h, w]
 // whose transformed kernels are u (+ bias). Each block of sixteen images goes through
 // in chunks of tile rows: the chunk's input rows (with the rows above and below it that
@@ -284,6 +375,74 @@ void run(const float* in, int64_t n, const float* u, const float* bias, float* o
   });
 }
 
+// dU[xi][co][ci] = sum over every tile of every image of Mdy[xi][co][.] V[xi][ci][.]:
+// the chunks of each block of sixteen images as in run(), with the output gradient
+// transformed instead of the output, and one sgemm per position adding the chunk's
+// columns. Each part of the batch sums into its own dU; the parts are then added in
+// order, so the result depends on the thread count only through that grouping.
+void run_weights(const float* x, const float* dy, int64_t n, const Geometry& g, float* du) {
+  const int64_t blocks = blocks_of(n);
+  const int nthreads = threads_for(blocks);
+  const size_t xl_floats = static_cast<size_t>(g.cin * g.in_rows() * g.row * kLanes);
+  const int64_t dy_row = 2 * g.tw;
+  const size_t dyl_plane = static_cast<size_t>(2 * g.chunk_rows * dy_row * kLanes);
+  const size_t dyl_floats = static_cast<size_t>(g.cout) * dyl_plane;
+  const size_t v_floats = static_cast<size_t>(kPositions * g.cin * g.max_cols());
+  const size_t m_floats = static_cast<size_t>(kPositions * g.cout * g.max_cols());
+  const size_t per_thread = xl_floats + dyl_floats + v_floats + m_floats;
+  float* const base = thread_scratch(per_thread * nthreads);
+  const size_t du_floats = static_cast<size_t>(kPositions * g.cout * g.cin);
+  // Part 0 sums into du itself, the others into parts of their own.
+  Tensor partials = Tensor::empty({static_cast<int64_t>(du_floats) * std::max(0, nthreads - 1)});
+  const size_t plane = static_cast<size_t>(g.in_rows() * g.row * kLanes);
+  const size_t line = static_cast<size_t>(g.row * kLanes);
+  const SequentialSgemm sequential;
+  for_each_part(blocks, nthreads, [&](int part, int64_t first_block, int64_t last_block) {
+    float* xl = base + per_thread * static_cast<size_t>(part);
+    float* dyl = xl + xl_floats;
+    float* v = dyl + dyl_floats;
+    float* m = v + v_floats;
+    float* sum = part == 0 ? du : partials.data<float>() + du_floats * static_cast<size_t>(part - 1);
+    bool first_product = true;
+    std::fill(xl, xl + xl_floats, 0.0f);
+    std::fill(dyl, dyl + dyl_floats, 0.0f);  // the column past an odd width stays zero
+    for (int64_t b = first_block; b < last_block; ++b) {
+      for (int64_t r0 = 0; r0 < g.th; r0 += g.chunk_rows) {
+        const int64_t rows = std::min(g.chunk_rows, g.th - r0);
+        const int64_t cols = rows * g.tw * kLanes;
+        const int64_t first = std::max<int64_t>(0, 2 * r0 - 1);
+        const int64_t last = std::min(g.h, 2 * (r0 + rows) + 1);
+        const int64_t top = first - (2 * r0 - 1);
+        for (int64_t ci = 0; ci < g.cin; ++ci) {
+          float* p = xl + ci * plane;
+          std::fill(p, p + top * line, 0.0f);
+          std::fill(p + (top + last - first) * line, p + (2 * rows + 2) * line, 0.0f);
+        }
+        to_lanes(x, n, b * kLanes, g.cin, {g.h, g.w, first, last - first}, {g.in_rows(), g.row, top, 1}, xl);
+        input_transform(g, xl, rows, v, cols);
+        // The chunk's output-gradient rows; below an odd-sized map's last row, zeros.
+        const int64_t out_rows = std::min(2 * rows, g.h - 2 * r0);
+        for (int64_t co = 0; co < g.cout; ++co) {
+          float* p = dyl + static_cast<size_t>(co) * dyl_plane;
+          std::fill(p + out_rows * dy_row * kLanes, p + 2 * rows * dy_row * kLanes, 0.0f);
+        }
+        to_lanes(dy, n, b * kLanes, g.cout, {g.h, g.w, 2 * r0, out_rows}, {2 * g.chunk_rows, dy_row, 0, 0}, dyl);
+        gradient_transform(g, dyl, rows, cols, m);
+        for (int64_t xi = 0; xi < kPositions; ++xi) {
+          sgemm(false, true, g.cout, g.cin, cols, 1.0f, m + xi * g.cout * cols, v + xi * g.cin * cols,
+                first_product ? 0.0f : 1.0f, sum + xi * g.cout * g.cin);
+        }
+        first_product = false;
+      }
+    }
+    if (first_product) std::fill(sum, sum + du_floats, 0.0f);  // a part without images
+  });
+  for (int part = 1; part < nthreads; ++part) {
+    const float* p = partials.data<float>() + du_floats * static_cast<size_t>(part - 1);
+    for (size_t i = 0; i < du_floats; ++i) du[i] += p[i];
+  }
+}
+
 // Forward (y from x) or backward-data (dx from dy) of the convolution with weights w.
 // The transformed kernels live in a tensor from the caching allocator; thread_scratch
 // holds run()'s buffers.
@@ -297,21 +456,37 @@ void convolve(const float* in, const float* w, const float* bias, float* out, co
 
 }  // namespace
 
+namespace {
+bool is_3x3_same(const ConvGeometry& s) {
+  return s.kh == 3 && s.kw == 3 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 1 && s.pad_w == 1;
+}
+
+bool avx2_rule(const ConvGeometry& s) {
+  return std::min(s.c, s.o) >= kMinChannelsAvx2 && std::min(s.h, s.w) >= kMinSideAvx2 &&
+         std::max(s.h, s.w) <= kMaxSideAvx2;
+}
+}  // namespace
+
 bool winograd_applies(const ConvGeometry& s) {
-  if (s.kh != 3 || s.kw != 3 || s.stride_h != 1 || s.stride_w != 1 || s.pad_h != 1 || s.pad_w != 1) {
-    return false;
-  }
-  const int64_t channels = std::min(s.c, s.o), side = std::min(s.h, s.w);
-  if (cpu_has_avx512()) return channels >= kMinChannelsAvx512 && side >= kMinSideAvx512;
-  if (cpu_has_x86_64_v3()) {
-    return channels >= kMinChannelsAvx2 && side >= kMinSideAvx2 && std::max(s.h, s.w) <= kMaxSideAvx2;
-  }
-  return false;
+  if (!is_3x3_same(s)) return false;
+  if (cpu_has_avx512()) return std::min(s.c, s.o) >= kMinChannelsAvx512 && std::min(s.h, s.w) >= kMinSideAvx512;
+  return cpu_has_x86_64_v3() && avx2_rule(s);
+}
+
+bool winograd_weights_applies(const ConvGeometry& s) {
+  return is_3x3_same(s) && !cpu_has_avx512() && cpu_has_x86_64_v3() && avx2_rule(s);
 }
 
 void winograd_conv_forward(const float* x, const float* w, const float* b, float* y,
                            const ConvGeometry& s) {
   convolve(x, w, b, y, s, /*backward=*/false);
+}
+
+void winograd_conv_backward_weights(const float* x, const float* dy, float* dw, bool accumulate,
+                                    const ConvGeometry& s) {
+  Tensor du = Tensor::empty({kPositions * s.o * s.c});
+  run_weights(x, dy, s.n, geometry_of(s.c, s.o, s.h, s.w), du.data<float>());
+  weights_from_transformed(du.data<float>(), s.o, s.c, accumulate, dw);
 }
 
 void winograd_conv_backward_data(const float* dy, const float* w, float* dx, const ConvGeometry& s) {

@@ -10,11 +10,18 @@ namespace mtrain::ops::cpu {
 // padding 1, and the channel counts and map sizes where it measured faster than oneDNN.
 bool winograd_applies(const ConvGeometry& s);
 
+// Whether the weight gradient of this convolution runs here.
+bool winograd_weights_applies(const ConvGeometry& s);
+
 // y = conv(x, w) + b; b may be null. NCHW / OIHW, contiguous.
 void winograd_conv_forward(const float* x, const float* w, const float* b, float* y,
                            const ConvGeometry& s);
 
 // dx = the gradient of conv(x, w) with respect to x, given dy.
 void winograd_conv_backward_data(const float* dy, const float* w, float* dx, const ConvGeometry& s);
+
+// dw (+)= the gradient of conv(x, w) with respect to w, given dy (no bias gradient).
+void winograd_conv_backward_weights(const float* x, const float* dy, float* dw, bool accumulate,
+                                    const ConvGeometry& s);
 
 }  // namespace mtrain::ops::cpu

@@ -313,6 +313,15 @@ TEST_CASE("3x3 convolutions with many channels run as Winograd F(2x2, 3x3) and m
     require_close(dx, testing::conv2d_backward_ref(x, w, dy, p).dx, 1e-4, 1e-4);
     const ops::cpu::ConvGeometry g{c.x[0], c.x[1], c.x[2], c.x[3], c.w[0], 3, 3, c.x[2], c.x[3], 1, 1, 1, 1};
     if (ops::cpu::winograd_applies(g)) CHECK(ops::cpu::conv_primitives_created() == created);
+    // The weight gradient, with its own rule; the bias gradient is summed beside it.
+    const long before_weights = ops::cpu::conv_primitives_created();
+    Tensor dw = Tensor::full(c.w, 7.0f);
+    Tensor db = c.bias ? Tensor::full({c.w[0]}, 7.0f) : Tensor();
+    ops::conv2d_backward_weights(x, dy, dw, db, p, false);
+    const testing::ConvGradRef ref = testing::conv2d_backward_ref(x, w, dy, p);
+    require_close(dw, ref.dw, 1e-4, 1e-4);
+    if (c.bias) require_close(db, ref.db, 1e-4, 1e-4);
+    if (ops::cpu::winograd_weights_applies(g)) CHECK(ops::cpu::conv_primitives_created() == before_weights);
   }
   for (const Case& c : direct) {
     INFO(describe(c.x, c.w, 1, 1, threads) << ", through the kernel directly");
@@ -328,6 +337,44 @@ TEST_CASE("3x3 convolutions with many channels run as Winograd F(2x2, 3x3) and m
     Tensor dx = Tensor::full(x.shape(), 7.0f);
     ops::cpu::winograd_conv_backward_data(dy.data<float>(), w.data<float>(), dx.data<float>(), g);
     require_close(dx, testing::conv2d_backward_ref(x, w, dy, p).dx, 1e-4, 1e-4);
+  }
+}
+
+TEST_CASE("Winograd weight gradients match the reference", "[conv]") {
+  // Note [Winograd convolution]: dw = G^T (sum over tiles of (A dy A^T) .* (B^T x B)) G,
+  // run through the kernel directly whatever the rule says for this CPU: odd and even
+  // map sides (an output-gradient tile half outside the map), several tile rows per
+  // chunk with a short last one, a single row or column, a partial last block of
+  // sixteen images, more than one block per thread, overwriting and accumulating,
+  // 1 to 3 threads.
+  struct Case {
+    Shape x;
+    int64_t o;
+  };
+  const std::vector<Case> cases = {
+      {{17, 32, 15, 15}, 32}, {{3, 32, 14, 14}, 48}, {{2, 40, 17, 14}, 32},
+      {{2, 32, 25, 8}, 33},   {{3, 32, 1, 20}, 32},  {{2, 34, 9, 1}, 32},
+      {{40, 16, 4, 4}, 24},   {{18, 32, 5, 6}, 32},
+  };
+  const int threads = GENERATE(1, 2, 3);
+  const ThreadsScope scope(threads);
+  const Conv2dParams p{1, 1, 1, 1};
+  uint32_t seed = 700;
+  for (const Case& c : cases) {
+    const Shape ws{c.o, c.x[1], 3, 3};
+    INFO(describe(c.x, ws, 1, 1, threads));
+    const Tensor x = random_tensor(c.x, seed++);
+    const Tensor w = random_tensor(ws, seed++);
+    const Tensor dy = random_tensor({c.x[0], c.o, c.x[2], c.x[3]}, seed++);
+    const ops::cpu::ConvGeometry g{c.x[0], c.x[1], c.x[2], c.x[3], c.o, 3, 3, c.x[2], c.x[3], 1, 1, 1, 1};
+    const testing::ConvGradRef ref = testing::conv2d_backward_ref(x, w, dy, p);
+    Tensor dw = Tensor::full(ws, 7.0f);  // overwritten, whatever it held
+    ops::cpu::winograd_conv_backward_weights(x.data<float>(), dy.data<float>(), dw.data<float>(), false, g);
+    require_close(dw, ref.dw, 1e-4, 1e-4);
+    ops::cpu::winograd_conv_backward_weights(x.data<float>(), dy.data<float>(), dw.data<float>(), true, g);
+    std::vector<double> twice = ref.dw;
+    for (double& v : twice) v *= 2.0;
+    require_close(dw, twice, 1e-4, 1e-4);
   }
 }
 
@@ -432,7 +479,8 @@ TEST_CASE("the few-channel kernels' rules name the instruction sets they were me
 
 TEST_CASE("the Winograd rule names the instruction sets it was measured on", "[conv]") {
   // Note [Winograd convolution]: with AVX-512, 32+ channels on maps of at least 14x14;
-  // with AVX2 and FMA only, 128+ channels on maps of 4x4 to 16x16; otherwise never.
+  // with AVX2 and FMA only, 128+ channels on maps of 4x4 to 16x16, for weight gradients
+  // too; otherwise never.
   // ResNet-18's stride-1 3x3 layers on 28x28 images, then the edges of both rules.
   auto g = [](int64_t channels, int64_t h, int64_t w) {
     return ops::cpu::ConvGeometry{64, channels, h, w, channels, 3, 3, h, w, 1, 1, 1, 1};
@@ -449,6 +497,13 @@ TEST_CASE("the Winograd rule names the instruction sets it was measured on", "[c
   CHECK(ops::cpu::winograd_applies(g(128, 16, 17)) == avx512);
   CHECK_FALSE(ops::cpu::winograd_applies(g(127, 8, 8)));
   CHECK_FALSE(ops::cpu::winograd_applies(g(128, 3, 8)));
+  // Weight gradients: the AVX2 rule, on AVX2 CPUs only (not measured with AVX-512).
+  CHECK_FALSE(ops::cpu::winograd_weights_applies(g(64, 28, 28)));
+  CHECK(ops::cpu::winograd_weights_applies(g(128, 14, 14)) == avx2);
+  CHECK(ops::cpu::winograd_weights_applies(g(512, 4, 4)) == avx2);
+  CHECK_FALSE(ops::cpu::winograd_weights_applies(g(128, 16, 17)));
+  CHECK_FALSE(ops::cpu::winograd_weights_applies(g(127, 8, 8)));
+  CHECK_FALSE(ops::cpu::winograd_weights_applies({64, 128, 14, 14, 128, 3, 3, 7, 7, 2, 2, 1, 1}));
   // Only stride 1, padding 1, 3x3.
   CHECK_FALSE(ops::cpu::winograd_applies({64, 128, 14, 14, 128, 3, 3, 7, 7, 2, 2, 1, 1}));
   CHECK_FALSE(ops::cpu::winograd_applies({64, 128, 14, 14, 128, 3, 3, 12, 12, 1, 1, 0, 0}));
