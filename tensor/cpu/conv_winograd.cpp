@@ -86,7 +86,7 @@
 // --no-eval --max-steps 10 --log-every 1 --momentum 0 --no-shuffle --metrics FILE`):
 // without Winograd against Winograd on every 3x3 layer of 32 or more channels,
 // alternating, 3.06 / 2.89, 3.08 / 2.89, 3.13 / 2.59, 3.63 / 3.17, 3.32 / 2.83 s
-// (faster in all five pairs, median -13 %); that against this rule, 2.61 / 3.16,
+// (faster in all five pairs; median of the pairs' changes -13 %); that against this rule, 2.61 / 3.16,
 // 2.96 / 2.77, 2.74 / 2.58, 2.94 / 3.05 s, a difference the VM cannot show, so the rule
 // keeps to what the kernels measured.
 //
@@ -103,11 +103,17 @@
 //   64 -> 64 @28         61-78            54-93
 //   64 -> 64 @14         20-22            14-20
 //
-// So winograd_weights_applies() takes the same shapes as winograd_applies() on such
-// CPUs; with AVX-512 (not measured) weight gradients stay with oneDNN and the GEMM.
-// ResNet-18, the command above, without and with Winograd weight gradients (forward
-// and backward-data on Winograd in both), alternating: 2.86 / 2.34, 2.77 / 2.26,
-// 2.76 / 2.30, 2.98 / 2.60, 3.24 / 3.12 s (faster in all five pairs, median -18 %).
+// It wins clearly from 128 channels at 4 to 14 pixels, loses at 28, and is even at
+// 128 @16 and 64 @28 (64 @14 may win, but that shape is in no network measured here).
+// winograd_weights_applies() takes the same shapes as winograd_applies() on such CPUs,
+// a choice that keeps one rule for the three directions; with AVX-512 (not measured)
+// weight gradients stay with oneDNN and the GEMM. ResNet-18, the command above, with
+// the forward and backward-data rule above in both builds, without and with Winograd
+// weight gradients under this rule, alternating: 2.86 / 2.34, 2.77 / 2.26,
+// 2.76 / 2.30, 2.98 / 2.60, 3.24 / 3.12 s (faster in all five pairs; median of the
+// pairs' changes -17 %). Peak RSS did not grow: 406 MiB in the pass of
+// scripts/bench-ddp.sh after it against 414 MiB in the passes before, the GEMM's
+// buffers for the 4x4 layers being gone (docs/benchmarks.md).
 // Without AVX2 and FMA, oneDNN runs all of them.
 //
 // Numerics: the transforms scale by 1/2 and add. Against a double-precision reference
@@ -117,7 +123,10 @@
 // depends only on that image (not on its lane, the batch or the thread count): run()
 // keeps oneDNN's sgemm on one thread (SequentialSgemm), which outside an active
 // parallel region, with a batch of at most sixteen, could otherwise take all threads
-// and split its sums differently.
+// and split its sums differently. Weight gradients against the same reference (ResNet's
+// 128 @14, 256 @7 and 512 @4 layers, batches of 16, 16 and 32): relative RMS error
+// 3.5e-7 / 3.5e-7 / 2.8e-7 against oneDNN's 9.6e-7 / 4.6e-7 / 3.4e-7, the largest
+// 3.4e-5 / 2.2e-5 / 1.3e-5 against 1.7e-4 / 4.6e-5 / 2.8e-5.
 #include "tensor/cpu/conv_winograd.h"
 
 #include <omp.h>
@@ -435,7 +444,7 @@ void run_weights(const float* x, const float* dy, int64_t n, const Geometry& g, 
         first_product = false;
       }
     }
-    if (first_product) std::fill(sum, sum + du_floats, 0.0f);  // a part without images
+    if (first_product) std::fill(sum, sum + du_floats, 0.0f);  // no chunk ran (an empty map)
   });
   for (int part = 1; part < nthreads; ++part) {
     const float* p = partials.data<float>() + du_floats * static_cast<size_t>(part - 1);
@@ -445,7 +454,7 @@ void run_weights(const float* x, const float* dy, int64_t n, const Geometry& g, 
 
 // Forward (y from x) or backward-data (dx from dy) of the convolution with weights w.
 // The transformed kernels live in a tensor from the caching allocator; thread_scratch
-// holds run()'s buffers.
+// holds run()'s buffers (and run_weights()'s).
 void convolve(const float* in, const float* w, const float* bias, float* out, const ConvGeometry& s,
               bool backward) {
   Tensor u = Tensor::empty({kPositions * s.o * s.c});
