@@ -114,6 +114,18 @@ class GlooWork final : public Work {
   const Millis group_timeout_;
 };
 
+// Note [Connected on every rank]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// connectFullMesh can return on one rank while a peer is still completing its side of
+// their connection. A group that this rank then destroys at once (a short-lived group,
+// or a rank that fails right after creating it) closes the socket under that peer, whose
+// connect then fails with a closed connection instead of succeeding. So creation ends
+// with a barrier: a rank passes it only once every peer has sent its part, which each
+// does only after its own connect returned, so no rank leaves the constructor before
+// every rank is connected. Its tag has the high bit set, outside the operations' tags
+// (sequence numbers masked to 31 bits), so it never pairs with an operation.
+constexpr uint32_t kConnectedTag = 0x80000000u;
+
 class GlooProcessGroup final : public ProcessGroup {
  public:
   GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options,
@@ -132,6 +144,11 @@ class GlooProcessGroup final : public ProcessGroup {
     context_->setTimeout(options_.timeout);
     try {
       context_->connectFullMesh(rendezvous, device_);
+      // Note [Connected on every rank]
+      gloo::BarrierOptions connected(context_);
+      connected.setTag(kConnectedTag);
+      connected.setTimeout(options_.timeout);
+      gloo::barrier(connected);
     } catch (const TimeoutError& e) {
       throw TimeoutError(fmt::format("gloo group '{}': rank {} of {} could not connect to its "
                                      "peers within {}: {}",

@@ -1,6 +1,7 @@
 // Work, reduce-op names, the backend factory, and call-time validation on a one-rank
 // gloo group (its store server runs in this process).
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -105,6 +106,34 @@ struct OneRankGloo {
 };
 
 }  // namespace
+
+TEST_CASE("gloo: a group destroyed as soon as it is created fails no peer") {
+  // Note [Connected on every rank]: each of two ranks creates a group and drops it at
+  // once, many times over; a rank whose connect returned before its peer's must not
+  // close the connection under the peer still connecting.
+  TcpStoreServer server("127.0.0.1", 0, "unit-token");
+  constexpr int kRounds = 40;
+  std::string errors[2];
+  auto rank_body = [&](int rank) {
+    auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), "unit-token", Millis(10000));
+    ProcessGroupOptions options;
+    options.timeout = Millis(10000);
+    for (int round = 0; round < kRounds && errors[rank].empty(); ++round) {
+      options.name = fmt::format("short-lived-{}", round);
+      try {
+        create_process_group("gloo", store, rank, 2, Device::cpu(), options).reset();
+      } catch (const std::exception& e) {
+        errors[rank] = fmt::format("round {}: {}", round, e.what());
+      }
+    }
+  };
+  std::thread peer(rank_body, 1);
+  rank_body(0);
+  peer.join();
+  INFO("rank 0: " << errors[0] << " | rank 1: " << errors[1]);
+  CHECK(errors[0].empty());
+  CHECK(errors[1].empty());
+}
 
 TEST_CASE("gloo: bad ranks and shapes are rejected at the call") {
   TcpStoreServer server("127.0.0.1", 0, "unit-token");
