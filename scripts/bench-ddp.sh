@@ -156,9 +156,20 @@ steps_median_rate() {
 max_rss_mib() { cat "$1".* | sort -g | tail -1 | awk '{printf "%.0f\n", $1 / 1024}'; }
 
 # Ends the whole script from any subshell (a failed run inside $(...) or <(...) would
-# otherwise only end that subshell and leave an empty figure behind).
-# A run already going in the background (the other side-by-side runs) is not stopped.
-die() { echo "bench-ddp.sh: $*" >&2; kill -TERM $$ 2>/dev/null; exit 1; }
+# otherwise only end that subshell and leave an empty figure behind), and the runs
+# going in the background (side by side) with it: each is listed in
+# $tmp/background.pids, and its launcher is sent SIGTERM, which stops its workers.
+die() {
+  echo "bench-ddp.sh: $*" >&2
+  local pid
+  if [[ -f $tmp/background.pids ]]; then
+    while read -r pid; do
+      [[ $pid == "$BASHPID" ]] && continue
+      pkill -TERM -P "$pid" 2>/dev/null; kill -TERM "$pid" 2>/dev/null
+    done < "$tmp/background.pids"
+  fi
+  kill -TERM $$ 2>/dev/null; exit 1
+}
 
 # The median of the arguments (the mean of the two middle ones for an even count); a
 # value that is not a number (a run that measured nothing prints nan) ends the script.
@@ -196,8 +207,10 @@ run_side_by_side() {
   for ((i = 1; i <= n; i++)); do
     extra_timed=$(( 2 * $(timed_of "$model") )) run_mtrain "$model" 1 "$tag.$i" > "$tmp/$tag.$i.out" &
     pids+=($!)
+    echo $! >> "$tmp/background.pids"
   done
   for i in "${pids[@]}"; do wait "$i" || die "side-by-side run $tag failed"; done
+  : > "$tmp/background.pids"  # all ended: none of their numbers may be signalled later
   local rates=()
   for ((i = 1; i <= n; i++)); do rates+=("$(awk '{ print $4 }' "$tmp/$tag.$i.out")"); done
   printf '%s\n' "${rates[@]}" | awk -v n="$n" '
