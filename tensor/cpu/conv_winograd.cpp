@@ -103,8 +103,9 @@
 //   64 -> 64 @28         61-78            54-93
 //   64 -> 64 @14         20-22            14-20
 //
-// It wins clearly from 128 channels at 4 to 14 pixels, loses at 28, and is even at
-// 128 @16 and 64 @28 (64 @14 may win, but that shape is in no network measured here).
+// It wins from 128 channels at 4 to 14 pixels (clearly at 4 and 7, in two runs of three
+// at 14), loses at 28, and is even at 128 @16 and 64 @28 (64 @14 may win, but that
+// shape is in no network measured here).
 // winograd_weights_applies() takes the same shapes as winograd_applies() on such CPUs,
 // a choice that keeps one rule for the three directions; with AVX-512 (not measured)
 // weight gradients stay with oneDNN and the GEMM. ResNet-18, the command above, with
