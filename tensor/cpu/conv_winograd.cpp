@@ -332,6 +332,27 @@ void weights_from_transformed(const float* du, int64_t cout, int64_t cin, bool a
   }
 }
 
+// V for tile rows [r0, r0 + rows) of block b of in[n, cin, h, w]: the chunk's input
+// rows go into xl (the padded lanes layout of input_transform, whose left and right
+// padding columns the caller has zeroed once), then through the input transform.
+void transform_input_chunk(const Geometry& g, const float* in, int64_t n, int64_t b, int64_t r0, int64_t rows,
+                           float* xl, float* v) {
+  const size_t plane = static_cast<size_t>(g.in_rows() * g.row * kLanes);
+  const size_t line = static_cast<size_t>(g.row * kLanes);
+  // Padded rows 2 r0 .. 2 (r0 + rows) + 1 are image rows 2 r0 - 1 .. 2 (r0 + rows);
+  // those outside the image are the zero padding.
+  const int64_t first = std::max<int64_t>(0, 2 * r0 - 1);
+  const int64_t last = std::min(g.h, 2 * (r0 + rows) + 1);
+  const int64_t top = first - (2 * r0 - 1);
+  for (int64_t ci = 0; ci < g.cin; ++ci) {
+    float* p = xl + ci * plane;
+    std::fill(p, p + top * line, 0.0f);
+    std::fill(p + (top + last - first) * line, p + (2 * rows + 2) * line, 0.0f);
+  }
+  to_lanes(in, n, b * kLanes, g.cin, {g.h, g.w, first, last - first}, {g.in_rows(), g.row, top, 1}, xl);
+  input_transform(g, xl, rows, v, rows * g.tw * kLanes);
+}
+
 // out[n, cout, h, w] = the stride-1, padding-1 3x3 convolution of in[n, cin, h, w]
 // whose transformed kernels are u (+ bias). Each block of sixteen images goes through
 // in chunks of tile rows: the chunk's input rows (with the rows above and below it that
@@ -347,8 +368,6 @@ void run(const float* in, int64_t n, const float* u, const float* bias, float* o
   const size_t m_floats = static_cast<size_t>(kPositions * g.cout * g.max_cols());
   const size_t per_thread = xl_floats + yl_floats + v_floats + m_floats;
   float* const base = thread_scratch(per_thread * nthreads);
-  const size_t plane = static_cast<size_t>(g.in_rows() * g.row * kLanes);
-  const size_t line = static_cast<size_t>(g.row * kLanes);
   const SequentialSgemm sequential;
   for_each_part(blocks, nthreads, [&](int part, int64_t first_block, int64_t last_block) {
     float* xl = base + per_thread * static_cast<size_t>(part);
@@ -361,18 +380,7 @@ void run(const float* in, int64_t n, const float* u, const float* bias, float* o
       for (int64_t r0 = 0; r0 < g.th; r0 += g.chunk_rows) {
         const int64_t rows = std::min(g.chunk_rows, g.th - r0);
         const int64_t cols = rows * g.tw * kLanes;
-        // Padded rows 2 r0 .. 2 (r0 + rows) + 1 are image rows 2 r0 - 1 .. 2 (r0 + rows);
-        // those outside the image are the zero padding.
-        const int64_t first = std::max<int64_t>(0, 2 * r0 - 1);
-        const int64_t last = std::min(g.h, 2 * (r0 + rows) + 1);
-        const int64_t top = first - (2 * r0 - 1);
-        for (int64_t ci = 0; ci < g.cin; ++ci) {
-          float* p = xl + ci * plane;
-          std::fill(p, p + top * line, 0.0f);
-          std::fill(p + (top + last - first) * line, p + (2 * rows + 2) * line, 0.0f);
-        }
-        to_lanes(in, n, b * kLanes, g.cin, {g.h, g.w, first, last - first}, {g.in_rows(), g.row, top, 1}, xl);
-        input_transform(g, xl, rows, v, cols);
+        transform_input_chunk(g, in, n, b, r0, rows, xl, v);
         for (int64_t xi = 0; xi < kPositions; ++xi) {
           sgemm(false, false, g.cout, cols, g.cin, 1.0f, u + xi * g.cout * g.cin, v + xi * g.cin * cols,
                 0.0f, m + xi * g.cout * cols);
@@ -404,8 +412,6 @@ void run_weights(const float* x, const float* dy, int64_t n, const Geometry& g, 
   const size_t du_floats = static_cast<size_t>(kPositions * g.cout * g.cin);
   // Part 0 sums into du itself, the others into parts of their own.
   Tensor partials = Tensor::empty({static_cast<int64_t>(du_floats) * std::max(0, nthreads - 1)});
-  const size_t plane = static_cast<size_t>(g.in_rows() * g.row * kLanes);
-  const size_t line = static_cast<size_t>(g.row * kLanes);
   const SequentialSgemm sequential;
   for_each_part(blocks, nthreads, [&](int part, int64_t first_block, int64_t last_block) {
     float* xl = base + per_thread * static_cast<size_t>(part);
@@ -420,16 +426,7 @@ void run_weights(const float* x, const float* dy, int64_t n, const Geometry& g, 
       for (int64_t r0 = 0; r0 < g.th; r0 += g.chunk_rows) {
         const int64_t rows = std::min(g.chunk_rows, g.th - r0);
         const int64_t cols = rows * g.tw * kLanes;
-        const int64_t first = std::max<int64_t>(0, 2 * r0 - 1);
-        const int64_t last = std::min(g.h, 2 * (r0 + rows) + 1);
-        const int64_t top = first - (2 * r0 - 1);
-        for (int64_t ci = 0; ci < g.cin; ++ci) {
-          float* p = xl + ci * plane;
-          std::fill(p, p + top * line, 0.0f);
-          std::fill(p + (top + last - first) * line, p + (2 * rows + 2) * line, 0.0f);
-        }
-        to_lanes(x, n, b * kLanes, g.cin, {g.h, g.w, first, last - first}, {g.in_rows(), g.row, top, 1}, xl);
-        input_transform(g, xl, rows, v, cols);
+        transform_input_chunk(g, x, n, b, r0, rows, xl, v);
         // The chunk's output-gradient rows; below an odd-sized map's last row, zeros.
         const int64_t out_rows = std::min(2 * rows, g.h - 2 * r0);
         for (int64_t co = 0; co < g.cout; ++co) {
