@@ -333,18 +333,15 @@ cpu::ConvGeometry geometry(const ConvShape& s, const Conv2dParams& p) {
   return {s.n, s.c, s.h, s.w, s.o, s.kh, s.kw, s.oh, s.ow, p.stride_h, p.stride_w, p.pad_h, p.pad_w};
 }
 
-// The Auto policy's choice for 3x3 convolutions with many channels, forward and
-// backward-data (Note [Winograd convolution] in conv_winograd.cpp).
-bool choose_winograd(const ConvShape& s, const Conv2dParams& p) {
-  return p.compute == DType::Float32 && layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
-         cpu::winograd_applies(geometry(s, p));
-}
-
-// The Auto policy's choice for weight gradients of 3x3 convolutions with many channels
-// (Note [Winograd convolution] in conv_winograd.cpp).
-bool choose_winograd_weights(const ConvShape& s, const Conv2dParams& p) {
-  return p.compute == DType::Float32 && layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
-         cpu::winograd_weights_applies(geometry(s, p));
+// The Auto policy's choice for 3x3 convolutions with many channels: forward and
+// backward-data, and with their own rule weight gradients (Note [Winograd convolution]
+// in conv_winograd.cpp).
+bool choose_winograd(ConvDirection direction, const ConvShape& s, const Conv2dParams& p) {
+  if (p.compute != DType::Float32 || layout_setting().load(std::memory_order_relaxed) != ConvLayout::Auto) {
+    return false;
+  }
+  const cpu::ConvGeometry g = geometry(s, p);
+  return direction == ConvDirection::BackwardWeights ? cpu::winograd_weights_applies(g) : cpu::winograd_applies(g);
 }
 
 // The Auto policy's choice for the gradients of convolutions with few channels (Note
@@ -437,7 +434,7 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
                                     b.defined() ? b.data<float>() : nullptr, y.data<float>(),
                                     direct_shape(s, p));
   }
-  if (choose_winograd(s, p)) {
+  if (choose_winograd(ConvDirection::Forward, s, p)) {
     return cpu::winograd_conv_forward(x.data<float>(), w.data<float>(),
                                       b.defined() ? b.data<float>() : nullptr, y.data<float>(),
                                       geometry(s, p));
@@ -459,7 +456,7 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const C
     dx.zero_();
     return;
   }
-  if (choose_winograd(s, p)) {
+  if (choose_winograd(ConvDirection::BackwardData, s, p)) {
     return cpu::winograd_conv_backward_data(dy.data<float>(), w.data<float>(), dx.data<float>(),
                                             geometry(s, p));
   }
@@ -490,7 +487,7 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tens
   // [Reduced-precision compute]); the kernels below would sum the rounded one.
   const bool separate_bias = p.compute != DType::Float32 && db.defined();
   float* const kernel_db = db.defined() && !separate_bias ? db.data<float>() : nullptr;
-  if (choose_winograd_weights(s, p)) {
+  if (choose_winograd(ConvDirection::BackwardWeights, s, p)) {
     cpu::winograd_conv_backward_weights(x.data<float>(), dy.data<float>(), dw.data<float>(), accumulate,
                                         geometry(s, p));
     if (db.defined()) bias_gradient(dy.data<float>(), s, db.data<float>(), accumulate);
