@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "tensor/ops.h"
@@ -25,6 +26,58 @@ double hidden_fraction(double wait_seconds, double span_seconds) {
 }
 
 }  // namespace
+
+void RankWaits::add_step(const std::vector<double>& waits) {
+  MTRAIN_CHECK(!waits.empty(), "a step's waits name no rank");
+  if (steps == 0) {
+    wait_seconds.assign(waits.size(), 0.0);
+    slowest_steps.assign(waits.size(), 0);
+  }
+  MTRAIN_CHECK(waits.size() == wait_seconds.size(), "a step's waits name {} ranks, earlier steps {}", waits.size(),
+               wait_seconds.size());
+  size_t slowest = 0;
+  for (size_t r = 0; r < waits.size(); ++r) {
+    wait_seconds[r] += waits[r];
+    if (waits[r] < waits[slowest]) slowest = r;
+  }
+  ++slowest_steps[slowest];
+  exposed_seconds += waits[slowest];
+  ++steps;
+}
+
+double RankWaits::mean_wait_seconds() const {
+  if (steps == 0) return 0.0;
+  double sum = 0.0;
+  for (double w : wait_seconds) sum += w;
+  return sum / static_cast<double>(wait_seconds.size()) / static_cast<double>(steps);
+}
+
+std::string describe_rank_waits(const RankWaits& waits) {
+  if (waits.steps == 0) return "after backward: no step's waits were reported by every rank yet";
+  const double mean = waits.mean_wait_seconds();
+  const double exposed = waits.exposed_seconds / static_cast<double>(waits.steps);
+  std::vector<size_t> ranks;
+  for (size_t r = 0; r < waits.slowest_steps.size(); ++r) {
+    if (waits.slowest_steps[r] > 0) ranks.push_back(r);
+  }
+  std::stable_sort(ranks.begin(), ranks.end(),
+                   [&](size_t a, size_t b) { return waits.slowest_steps[a] > waits.slowest_steps[b]; });
+  constexpr size_t kNamed = 3;
+  std::string slowest;
+  for (size_t k = 0; k < std::min(ranks.size(), kNamed); ++k) {
+    slowest += fmt::format("{}rank {} in {}", k == 0 ? "" : ", ", ranks[k], waits.slowest_steps[ranks[k]]);
+  }
+  if (ranks.size() > kNamed) {
+    int64_t rest = 0;
+    for (size_t k = kNamed; k < ranks.size(); ++k) rest += waits.slowest_steps[ranks[k]];
+    slowest += fmt::format(", {} more ranks in {}", ranks.size() - kNamed, rest);
+  }
+  return fmt::format(
+      "after backward the {} ranks waited {:.3f} s per step on average over {} steps: {:.3f} s for communication "
+      "that no rank hid, {:.3f} s for the slowest rank to finish its backward (slowest: {} {})",
+      waits.wait_seconds.size(), mean, waits.steps, exposed, std::max(mean - exposed, 0.0), slowest,
+      waits.steps == 1 ? "step" : "steps");
+}
 
 double ReducerTotals::hidden_fraction() const { return mtrain::hidden_fraction(wait_seconds, comm_span_seconds); }
 
@@ -134,9 +187,10 @@ void Reducer::before_backward(const MicroBatchInfo& micro_batch) {
                "the reducer weights gradients by sample count, which needs every micro-batch synchronized");
   if (!sync_) return;
   // Issued first, so it travels ahead of the buckets and is done by the time they are.
-  stop_vote_ = Tensor::from_vector<int64_t>({micro_batch.stop_vote}, {1});
-  stop_vote_work_ = control_->allreduce(stop_vote_, ReduceOp::Max);
   const int world = group_->size();
+  exchange_mine_ = Tensor::from_vector<int64_t>({micro_batch.stop_vote, previous_wait_ns_}, {2});
+  exchange_all_ = Tensor::empty({2 * static_cast<int64_t>(world)}, DType::Int64);
+  exchange_work_ = control_->allgather(exchange_mine_, exchange_all_);
   scale_ = 1.0f / static_cast<float>(world);
   loss_scale_ = 1.0f;
   if (options_.weight_by_sample_count) {
@@ -215,10 +269,10 @@ void Reducer::after_backward() {
     // On a GPU queued after the wait on the current stream, like the optimizer step.
     if (b.wire.defined()) ops::convert(b.wire, b.flat);
   }
-  stop_vote_work_->wait(control_->options().timeout);
-  agreed_stop_vote_ = stop_vote_.data<int64_t>()[0];
-  stop_vote_work_.reset();
+  exchange_work_->wait(control_->options().timeout);
+  exchange_work_.reset();
   const auto all_done = Clock::now();
+  take_exchange();
   last_step_.wait_seconds = seconds_between(backward_end, all_done);
   last_step_.comm_span_seconds = seconds_between(first_launch_, all_done);
   last_step_.hidden_fraction = last_step_.waited_on_device
@@ -227,6 +281,23 @@ void Reducer::after_backward() {
   ++totals_.synced_steps;
   totals_.wait_seconds += last_step_.wait_seconds;
   totals_.comm_span_seconds += last_step_.comm_span_seconds;
+  previous_wait_ns_ =
+      last_step_.waited_on_device ? -1 : static_cast<int64_t>(std::llround(last_step_.wait_seconds * 1e9));
+}
+
+void Reducer::take_exchange() {
+  const int64_t* all = exchange_all_.data<int64_t>();
+  const size_t world = static_cast<size_t>(exchange_all_.numel() / 2);
+  agreed_stop_vote_ = all[0];
+  std::vector<double> waits(world);
+  bool every_rank_measured = true;
+  for (size_t r = 0; r < world; ++r) {
+    agreed_stop_vote_ = std::max(agreed_stop_vote_, all[2 * r]);
+    every_rank_measured = every_rank_measured && all[2 * r + 1] >= 0;
+    waits[r] = static_cast<double>(all[2 * r + 1]) * 1e-9;
+  }
+  // Note [Every rank's wait]: none before the first step, none on a GPU.
+  if (every_rank_measured) rank_waits_.add_step(waits);
 }
 
 std::string Reducer::describe() const {

@@ -65,15 +65,33 @@
 //
 // On a GPU (Note [Reducer on a GPU]) the buckets are awaited on the GPU stream, not on
 // the host, so wait_seconds is only the host's own blocking in after_backward (the
-// stop vote) and hidden_fraction is not measured: ReducerStepStats::waited_on_device
+// exchange of stop votes) and hidden_fraction is not measured: ReducerStepStats::waited_on_device
 // says so, and the metrics report the fraction as null rather than a flattering 1.
 // The launch order and params_pending stay exact.
 //
-// On every synchronized micro-batch the reducer also carries the ranks' stop votes: an
-// all-reduce(max) of one int64, issued in before_backward ahead of the buckets and
-// waited for with them (Note [Agreeing to stop] in gradient_sync.h). The vote and the
-// per-rank sample counts are host values and travel on the control group (Note
-// [Control-plane collectives] in training_groups.h).
+// On every synchronized micro-batch the reducer also carries the ranks' stop votes
+// (Note [Agreeing to stop] in gradient_sync.h) and their waits of the step before
+// (Note [Every rank's wait]): an all-gather of two int64 per rank, issued in
+// before_backward ahead of the buckets and waited for with them. The agreed vote is
+// the largest. The votes, the waits and the per-rank sample counts are host values and
+// travel on the control group (Note [Control-plane collectives] in training_groups.h).
+//
+// Note [Every rank's wait]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Rank 0's wait after backward mixes two costs: communication that backward did not
+// hide, and time spent while a slower rank was still in its backward (the all-reduce
+// of the last bucket cannot finish before the last rank launches it). The two call
+// for different remedies (bigger or smaller buckets, a faster link; or finding out
+// what slows that rank), and one rank cannot tell them apart. The rank that finishes
+// backward last can: its peers are done, so all it waits for is communication. So
+// each step's exchange also carries every rank's wait of the step before, and rank 0
+// sums them (RankWaits): per rank the wait, per rank the steps in which it waited
+// least (it finished backward last: the step's slowest rank), and the per-step
+// minimum over the ranks, the communication no rank hid. The mean wait less that
+// minimum is the time ranks spent waiting for the slowest. The figures run one step
+// behind the run (the last step's waits travel with a next step that never comes),
+// cost 8 bytes per rank on an exchange that happens anyway, and are not measured when
+// the buckets are awaited on a GPU (there the host's wait is not the communication's).
 //
 // Note [Reducer on a GPU]
 // ~~~~~~~~~~~~~~~~~~~~~~~
@@ -143,6 +161,24 @@ struct ReducerStepStats {
   bool waited_on_device = false;
 };
 
+// Note [Every rank's wait]: sums over the synchronized steps whose waits every rank
+// has reported.
+struct RankWaits {
+  int64_t steps = 0;
+  std::vector<double> wait_seconds;    // by rank, summed over the steps
+  std::vector<int64_t> slowest_steps;  // by rank: steps in which it waited least (ties: the lowest rank)
+  double exposed_seconds = 0.0;        // summed per-step minimum over the ranks
+
+  // One step's waits, one per rank; every step must name the same number of ranks.
+  void add_step(const std::vector<double>& waits);
+  // Mean over ranks and steps (0 before the first step).
+  double mean_wait_seconds() const;
+};
+
+// One line for the log: the mean wait per step split into communication and waiting
+// for the slowest rank, and which ranks were slowest how often.
+std::string describe_rank_waits(const RankWaits& waits);
+
 struct ReducerTotals {
   int64_t synced_steps = 0;
   double wait_seconds = 0.0;
@@ -171,6 +207,8 @@ class Reducer final : public GradientSynchronizer {
   const std::vector<std::vector<int>>& bucket_parameters() const { return bucket_params_; }
   const ReducerStepStats& last_step() const { return last_step_; }
   const ReducerTotals& totals() const { return totals_; }
+  // Every rank's waits (Note [Every rank's wait]); steps stays 0 on a GPU.
+  const RankWaits& rank_waits() const { return rank_waits_; }
 
  private:
   struct Bucket {
@@ -186,6 +224,8 @@ class Reducer final : public GradientSynchronizer {
   void on_gradient_ready(models::Parameter& param);
   void launch_ready_buckets();
   void launch(Bucket& bucket);
+  // Reads the finished exchange: the agreed stop vote, every rank's previous wait.
+  void take_exchange();
 
   std::shared_ptr<ProcessGroup> group_;
   ReducerOptions options_;
@@ -207,9 +247,15 @@ class Reducer final : public GradientSynchronizer {
   Clock::time_point first_launch_;
   ReducerStepStats last_step_;
   ReducerTotals totals_;
-  Tensor stop_vote_;  // int64 [1], the all-reduce(max) buffer
-  WorkPtr stop_vote_work_;
+  // The per-step exchange: {stop vote, previous wait in ns} of this rank, and of all.
+  Tensor exchange_mine_;  // int64 [2]
+  Tensor exchange_all_;   // int64 [2 * world]
+  WorkPtr exchange_work_;
   int64_t agreed_stop_vote_ = 0;
+  // This rank's wait in the last synchronized step, in ns; -1 before the first and
+  // when it was not measured (Note [Every rank's wait]).
+  int64_t previous_wait_ns_ = -1;
+  RankWaits rank_waits_;
 };
 
 }  // namespace mtrain

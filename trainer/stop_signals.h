@@ -117,7 +117,7 @@ void clear_pending_stop_signal();
 // Note [Stop votes]
 // ~~~~~~~~~~~~~~~~~
 // What each rank contributes to the stop agreement: 0 for "carry on", else the signal
-// it received and its rank packed into one int64 so that an all-reduce(max) picks the
+// it received and its rank packed into one int64 so that the largest vote picks the
 // highest signal number and, among the ranks that received it, the lowest rank. Every
 // rank then names the same signal and rank in its message.
 int64_t encode_stop_vote(int sig, int rank);

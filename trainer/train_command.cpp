@@ -662,12 +662,23 @@ int run_train_command(const TrainOptions& o) {
         event["comm_hidden_fraction"] =
             last.waited_on_device ? nlohmann::json(nullptr) : nlohmann::json(reducer->totals().hidden_fraction());
         event["bucket_launches"] = std::move(launches);
+        // Note [Every rank's wait] in reducer.h; running totals like comm_wait_sec.
+        const RankWaits& waits = reducer->rank_waits();
+        event["rank_waits"] = last.waited_on_device
+                                  ? nlohmann::json(nullptr)
+                                  : nlohmann::json{{"steps", waits.steps},
+                                                   {"wait_sec", waits.wait_seconds},
+                                                   {"slowest_steps", waits.slowest_steps},
+                                                   {"exposed_sec", waits.exposed_seconds}};
         if (sync_bn) event["syncbn_wait_sec"] = models::sync_batchnorm_wait_seconds(m);
       };
     }
     TrainLoop loop(*model, optimizer, *sync, *train_loader, test_loader.get(), metrics, config);
     const TrainResult result = loop.run();
     steps = result.end.total_steps;
+    if (reducer != nullptr && reducer->rank_waits().steps > 0) {
+      spdlog::info("{}", describe_rank_waits(reducer->rank_waits()));
+    }
     if (result.stop_vote != 0) {
       return finish_stopped_run(env, control, result, checkpointer ? checkpointer->path() : std::string());
     }

@@ -249,6 +249,36 @@ TEST_CASE("the reducer launches a bucket's all-reduce while backward is still ru
   CHECK(steps[0]["comm_hidden_fraction"].is_number());
 }
 
+TEST_CASE("every rank's wait: the rank without images never finishes backward last, and rank 0 says who did",
+          "[multiproc]") {
+  // Note [Every rank's wait] in trainer/reducer.h. --global-batch-size 4 on 3 ranks
+  // gives shares 2, 2, 0 (torch.chunk): rank 2 runs no forward or backward, so it waits
+  // the whole of its peers' (a resnet18 step on 2 images, tens of ms) every step.
+  TempDir dir;
+  const auto metrics = dir.file("m.jsonl");
+  const auto r = launch(3, {"--model", "resnet18", "--dataset", "synthetic", "--global-batch-size", "4",
+                            "--max-steps", "4", "--no-eval", "--metrics", metrics, "--log-every", "4",
+                            "--log-level", "info"});
+  require_success(r);
+  const auto steps = read_events(metrics, "step");
+  REQUIRE(steps.size() == 1);
+  const auto& waits = steps[0]["rank_waits"];
+  INFO(waits.dump());
+  CHECK(waits["steps"] == 3);  // one step behind: the fourth step's waits never travel
+  const auto wait = waits["wait_sec"].get<std::vector<double>>();
+  const auto slowest = waits["slowest_steps"].get<std::vector<int64_t>>();
+  REQUIRE(wait.size() == 3);
+  CHECK(slowest[0] + slowest[1] == 3);
+  CHECK(slowest[2] == 0);
+  CHECK(wait[2] > wait[0]);
+  CHECK(wait[2] > wait[1]);
+  CHECK(waits["exposed_sec"].get<double>() <= std::min(wait[0], wait[1]));
+  // Rank 0's own figure covers the same steps and one more.
+  CHECK(steps[0]["comm_wait_sec"].get<double>() >= wait[0]);
+  CHECK_THAT(r.out + r.err, Contains("after backward the 3 ranks waited"));
+  CHECK_THAT(r.out + r.err, Contains("for the slowest rank to finish its backward (slowest: rank "));
+}
+
 namespace {
 
 // The "tensor memory: peak X MiB in use" figure rank 0 logs at the end of a run.

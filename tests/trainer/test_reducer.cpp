@@ -120,7 +120,8 @@ TEST_CASE("host values travel on the control group, gradient buckets on the grad
   step(*model, reducer, true);
   CHECK(gradients(*model) == gradients(*reference));
   CHECK(gradients_group->allreduces == 4);  // one per bucket
-  CHECK(control_group->allreduces == 2);    // the stop vote and the sample count
+  CHECK(control_group->allreduces == 1);    // the sample count
+  CHECK(control_group->allgathers == 3);    // and the stop votes with the waits
   CHECK(gradients_group->broadcasts + control_group->broadcasts == 0);
   CHECK(gradients_group->others + control_group->others == 0);
   CHECK_FALSE(reducer.last_step().waited_on_device);  // host buckets are awaited on the host
@@ -187,6 +188,85 @@ TEST_CASE("the hidden share of the all-reduce is 1 - wait / span, clamped", "[re
   CHECK(hidden(0.0, 2.0) == 1.0);            // all of it behind backward
   CHECK(hidden(3.0, 2.0) == 0.0);            // waited longer than the span: none hidden
   CHECK(hidden(0.5, 0.0) == 0.0);            // nothing reduced
+}
+
+TEST_CASE("every rank's wait: per-rank sums, the slowest rank of each step, the communication none hid",
+          "[reducer]") {
+  // Note [Every rank's wait] in trainer/reducer.h.
+  RankWaits w;
+  CHECK(w.mean_wait_seconds() == 0.0);
+  CHECK_THAT(describe_rank_waits(w), Contains("no step's waits"));
+  w.add_step({0.30, 0.02, 0.10});  // rank 1 finished backward last
+  w.add_step({0.05, 0.25, 0.01});  // rank 2
+  w.add_step({0.20, 0.03, 0.40});  // rank 1 again
+  CHECK(w.steps == 3);
+  CHECK(w.wait_seconds[0] == Approx(0.55));
+  CHECK(w.wait_seconds[1] == Approx(0.30));
+  CHECK(w.wait_seconds[2] == Approx(0.51));
+  CHECK(w.slowest_steps == std::vector<int64_t>{0, 2, 1});
+  CHECK(w.exposed_seconds == Approx(0.06));
+  CHECK(w.mean_wait_seconds() == Approx(1.36 / 9));
+  // 0.151 s per step: 0.020 s of it communication, 0.131 s the slowest rank.
+  CHECK(describe_rank_waits(w) ==
+        "after backward the 3 ranks waited 0.151 s per step on average over 3 steps: 0.020 s for communication "
+        "that no rank hid, 0.131 s for the slowest rank to finish its backward (slowest: rank 1 in 2, rank 2 in 1 "
+        "steps)");
+  // Ties go to the lowest rank; a step with another world size is a bug.
+  w.add_step({0.0, 0.0, 0.0});
+  CHECK(w.slowest_steps == std::vector<int64_t>{1, 2, 1});
+  CHECK_THROWS_WITH(w.add_step({0.1, 0.2}), Contains("2 ranks, earlier steps 3"));
+
+  RankWaits many;
+  for (int r = 0; r < 5; ++r) {
+    std::vector<double> waits(5, 1.0);
+    waits[static_cast<size_t>(r)] = 0.0;
+    for (int k = 0; k <= r; ++k) many.add_step(waits);
+  }
+  CHECK_THAT(describe_rank_waits(many), Contains("(slowest: rank 4 in 5, rank 3 in 4, rank 2 in 3, 2 more ranks in 3 steps)"));
+}
+
+TEST_CASE("two ranks: the one that sleeps before its backward is the slowest, and its peer waits for it",
+          "[reducer]") {
+  // Real Gloo groups on two threads. Rank 1 sleeps 100 ms before each backward, so rank 0
+  // waits at least that long after its own, every step; rank 1 waits only for the
+  // transfers. The first step's waits travel with the second step's exchange, so four
+  // steps report three.
+  constexpr int kSteps = 4;
+  constexpr auto kSleep = std::chrono::milliseconds(100);
+  std::vector<RankWaits> seen(2);
+  std::vector<double> own_wait(2, 0.0);
+  const std::vector<std::string> errors = on_two_ranks([&](int r, std::shared_ptr<Store> store) {
+    ProcessGroupOptions options;
+    options.timeout = Millis(10000);
+    const TrainingGroups groups = create_training_groups("gloo", store, r, 2, Device::cpu(), options);
+    auto model = three_linears();
+    Reducer reducer(groups.gradients, ReducerOptions{}, groups.control);
+    reducer.attach(*model);
+    for (int s = 0; s < kSteps; ++s) {
+      const Tensor x = random_input(4);
+      const Tensor y = model->forward(x);
+      reducer.before_backward({4, true});
+      if (r == 1) std::this_thread::sleep_for(kSleep);
+      model->backward(Tensor::full(y.shape(), 0.25f));
+      reducer.after_backward();
+      if (s < kSteps - 1) own_wait[static_cast<size_t>(r)] += reducer.last_step().wait_seconds;
+    }
+    seen[static_cast<size_t>(r)] = reducer.rank_waits();
+  });
+  for (size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    REQUIRE(errors[r].empty());
+    const RankWaits& w = seen[r];
+    CHECK(w.steps == kSteps - 1);
+    CHECK(w.slowest_steps == std::vector<int64_t>{0, kSteps - 1});
+    // Every rank holds the same figures, and each rank's figure is what it measured.
+    CHECK(w.wait_seconds == seen[0].wait_seconds);
+    CHECK(w.wait_seconds[r] == Approx(own_wait[r]).margin(1e-8));
+  }
+  const RankWaits& w = seen[0];
+  CHECK(w.wait_seconds[0] >= 0.09 * (kSteps - 1));
+  CHECK(w.exposed_seconds == Approx(w.wait_seconds[1]));
+  CHECK(w.wait_seconds[1] < w.wait_seconds[0]);
 }
 
 TEST_CASE("a parameter whose gradient never arrives is named", "[reducer]") {
