@@ -18,7 +18,10 @@
 # GNU time's %M (VmHWM at exit) around each worker. --runs rounds, each running every
 # rank count back to back. Prints the median over the rounds of both figures, the
 # scaling efficiency of each (N ranks / (N x 1 rank) within a round, median over the
-# rounds), the largest peak RSS of any rank, and mtrain / PyTorch (median figures);
+# rounds), the largest peak RSS of any rank, mtrain / PyTorch (median figures), and
+# for mtrain's N-rank runs the ranks' mean wait after backward split into
+# communication no rank hid and waiting for the slowest rank (rank_waits in the
+# metrics), as shares of the step;
 # then, for resnet18 at the largest N, the step time with --sync-bn against without,
 # from --runs pairs of back-to-back runs, alternately plain and --sync-bn first (median
 # windows), and the share of its step rank 0 spent blocked in SyncBatchNorm's
@@ -121,27 +124,48 @@ awk_median='
 
 # From rank 0's metrics, skipping the warm-up windows: global images/s over all the
 # timed windows (world x per-rank images / seconds), the share of that time rank 0
-# waited for gradients, the share it spent blocked in SyncBatchNorm's collectives, and
-# the global images/s of the median window.
+# waited for gradients, the share it spent blocked in SyncBatchNorm's collectives, the
+# global images/s of the median window, and what the ranks' mean wait after backward
+# was made of, as shares of the mean step time: communication no rank hid, and waiting
+# for the slowest rank (the metrics' rank_waits, Note [Every rank's wait] in
+# trainer/reducer.h; 0 0 in a world of one).
 mtrain_rate() {
-  awk -v skip="$2" -v world="$3" "$awk_median"'
+  awk -v skip="$2" -v world="$3" -v w="$4" "$awk_median"'
     function field(name,    m) {
       if (!match($0, "\"" name "\":[-0-9.eE+]+")) return 0
       m = substr($0, RSTART, RLENGTH); sub(/^[^:]*:/, "", m); return m + 0
     }
+    # rank_waits.wait_sec summed over the ranks, over their count.
+    function mean_rank_wait(    m, k, v, i, s) {
+      if (!match($0, /"wait_sec":\[[^]]*\]/)) return 0
+      m = substr($0, RSTART + 12, RLENGTH - 13); k = split(m, v, ",")
+      for (i = 1; i <= k; i++) s += v[i]
+      return k ? s / k : 0
+    }
     # comm_wait_sec is the reducer'"'"'s running total since the start, so the timed windows'"'"'
     # share is the difference from its value at the end of the warm-up.
     # syncbn_wait_sec (only with --sync-bn) is a running total the same way.
+    # rank_waits runs one step behind and covers its own count of steps ("steps").
     /"event":"step"/ {
       wait = field("comm_wait_sec"); bn_wait = field("syncbn_wait_sec")
-      if (++n <= skip) { wait_before = wait; bn_wait_before = bn_wait; next }
+      rw = mean_rank_wait(); exposed = field("exposed_sec"); rw_steps = field("steps")
+      if (++n <= skip) {
+        wait_before = wait; bn_wait_before = bn_wait
+        rw_before = rw; exposed_before = exposed; rw_steps_before = rw_steps; next
+      }
       images += field("images"); seconds += field("sec")
       if (field("sec") > 0) window_rate[++windows] = world * field("images") / field("sec")
     }
     END {
-      if (seconds > 0) printf "%.1f %.4f %.4f %.1f\n", world * images / seconds, (wait - wait_before) / seconds,
-                              (bn_wait - bn_wait_before) / seconds, median(window_rate, windows)
-      else print "nan nan nan nan"
+      if (seconds <= 0) { print "nan nan nan nan nan nan"; exit }
+      split("0 0", share)
+      if (rw_steps > rw_steps_before) {
+        step_sec = seconds / (windows * w); covered = rw_steps - rw_steps_before
+        share[1] = (exposed - exposed_before) / covered / step_sec
+        share[2] = ((rw - rw_before) - (exposed - exposed_before)) / covered / step_sec
+      }
+      printf "%.1f %.4f %.4f %.1f %.4f %.4f\n", world * images / seconds, (wait - wait_before) / seconds,
+             (bn_wait - bn_wait_before) / seconds, median(window_rate, windows), share[1], share[2]
     }' "$1"
 }
 
@@ -181,7 +205,8 @@ median_of() {
 }
 
 # One mtrain run; prints "<global img/s, all windows> <comm wait fraction> <SyncBN wait
-# fraction> <global img/s, median window> <max rss MiB>".
+# fraction> <global img/s, median window> <exposed communication fraction> <waiting for
+# the slowest rank fraction> <max rss MiB>".
 run_mtrain() {
   local model=$1 n=$2 tag=$3; shift 3
   local w; w=$(window_of "$model")
@@ -195,7 +220,7 @@ run_mtrain() {
       "${rss_wrap_cmd[@]}" "$tmp/$tag.rss" "$bin_dir/mtrain-train" "${args[@]}" > "$tmp/$tag.log" 2>&1; then
     cat "$tmp/$tag.log" >&2; die "mtrain $tag failed (its output is above)"
   fi
-  echo "$(mtrain_rate "$tmp/$tag.jsonl" $(( $(warmup_of "$model") / w )) "$n") $(max_rss_mib "$tmp/$tag.rss")"
+  echo "$(mtrain_rate "$tmp/$tag.jsonl" $(( $(warmup_of "$model") / w )) "$n" "$w") $(max_rss_mib "$tmp/$tag.rss")"
 }
 
 # N independent 1-rank mtrain runs at once; prints the sum of their median-window img/s.
@@ -250,13 +275,13 @@ echo "machine: $(nproc) cores ($cpu); load average before: $(cut -d' ' -f1-3 /pr
 # round's N-rank and 1-rank runs see the same machine: a shared VM's speed drifts over
 # minutes. Figures are medians over the rounds; scaling is the median of the per-round
 # ratios. Keys: engine.model.n.r (med: median window, all: all the timed windows).
-declare -A med all rss_r wait_r side_r
+declare -A med all rss_r wait_r exposed_r slowest_r side_r
 for model in $models; do
   for ((r = 1; r <= runs; r++)); do
     for n in $nprocs; do
-      read -r a b _ d c < <(run_mtrain "$model" "$n" "mtrain.$model.$n.$r")
+      read -r a b _ d e s c < <(run_mtrain "$model" "$n" "mtrain.$model.$n.$r")
       all[mtrain.$model.$n.$r]=$a; wait_r[mtrain.$model.$n.$r]=$b; med[mtrain.$model.$n.$r]=$d
-      rss_r[mtrain.$model.$n.$r]=$c
+      exposed_r[mtrain.$model.$n.$r]=$e; slowest_r[mtrain.$model.$n.$r]=$s; rss_r[mtrain.$model.$n.$r]=$c
       if ((n > 1 && side_by_side)); then
         side_r[mtrain.$model.$n.$r]=$(run_side_by_side "$model" "$n" "side.$model.$n.$r")
       fi
@@ -286,8 +311,8 @@ median_ratio() {
 }
 
 first_n=${nprocs%% *}
-printf '\n%-9s %6s %5s %-8s %10s %8s %10s %8s %12s %9s %10s\n' model batch/r ranks engine "img/s med" \
-  scaling "img/s all" scaling "peak RSS/r" "vs torch" "comm wait"
+printf '\n%-9s %6s %5s %-8s %10s %8s %10s %8s %12s %9s %10s %16s\n' model batch/r ranks engine "img/s med" \
+  scaling "img/s all" scaling "peak RSS/r" "vs torch" "comm wait" "exposed+slowest"
 for model in $models; do
   for n in $nprocs; do
     for engine in mtrain torch; do
@@ -297,20 +322,24 @@ for model in $models; do
       scaling=$(median_ratio med "$key" med "$base" "(a / $n) / (b / $first_n)")
       scaling_all=$(median_ratio all "$key" all "$base" "(a / $n) / (b / $first_n)")
       rss=$(per_round rss_r "$key" | sort -g | tail -1)
-      ratio="-"; cw="-"
+      ratio="-"; cw="-"; split="-"
       if [[ $engine == mtrain ]]; then
         ((torch)) && ratio=$(awk -v a="$v" -v b="$(median_of $(per_round med "torch.$model.$n"))" \
           'BEGIN { printf "%.2fx", a / b }')
         cw=$(awk -v f="$(median_of $(per_round wait_r "$key"))" 'BEGIN { printf "%.1f%%", 100 * f }')
+        ((n > 1)) && split=$(awk -v e="$(median_of $(per_round exposed_r "$key"))" \
+          -v s="$(median_of $(per_round slowest_r "$key"))" 'BEGIN { printf "%.1f%% + %.1f%%", 100 * e, 100 * s }')
       fi
-      printf '%-9s %6s %5s %-8s %10s %8.2f %10s %8.2f %8s MiB %9s %10s\n' "$model" "$(batch_of "$model")" "$n" \
-        "$engine" "$v" "$scaling" "$x" "$scaling_all" "$rss" "$ratio" "$cw"
+      printf '%-9s %6s %5s %-8s %10s %8.2f %10s %8.2f %8s MiB %9s %10s %16s\n' "$model" "$(batch_of "$model")" "$n" \
+        "$engine" "$v" "$scaling" "$x" "$scaling_all" "$rss" "$ratio" "$cw" "$split"
     done
   done
 done
 echo "(img/s med: the median window's; img/s all: over all the timed windows; scaling: per-rank img/s"
 echo " over the same round's $first_n-rank run's; vs torch: of the median figures; comm wait: share of"
-echo " mtrain's step time rank 0 spent waiting for gradient all-reduces; PyTorch runs plain DDP, no SyncBN on CPU)"
+echo " mtrain's step time rank 0 spent waiting for gradient all-reduces; exposed+slowest: the ranks' mean wait"
+echo " split into communication no rank hid and waiting for the slowest rank's backward, shares of the step,"
+echo " medians over the rounds; PyTorch runs plain DDP, no SyncBN on CPU)"
 ((side_by_side)) || echo "(no side-by-side runs: $side_by_side_why)"
 for model in $models; do
   for n in $nprocs; do
