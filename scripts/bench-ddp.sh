@@ -145,7 +145,8 @@ mtrain_rate() {
     # comm_wait_sec is the reducer'"'"'s running total since the start, so the timed windows'"'"'
     # share is the difference from its value at the end of the warm-up.
     # syncbn_wait_sec (only with --sync-bn) is a running total the same way.
-    # rank_waits runs one step behind and covers its own count of steps ("steps").
+    # rank_waits runs one step behind and covers its own count of steps ("steps"): its
+    # timed share spans the last warm-up step to the last timed step but one.
     /"event":"step"/ {
       wait = field("comm_wait_sec"); bn_wait = field("syncbn_wait_sec")
       rw = mean_rank_wait(); exposed = field("exposed_sec"); rw_steps = field("steps")
@@ -322,24 +323,27 @@ for model in $models; do
       scaling=$(median_ratio med "$key" med "$base" "(a / $n) / (b / $first_n)")
       scaling_all=$(median_ratio all "$key" all "$base" "(a / $n) / (b / $first_n)")
       rss=$(per_round rss_r "$key" | sort -g | tail -1)
-      ratio="-"; cw="-"; split="-"
+      ratio="-"; cw="-"; wait_split="-"
       if [[ $engine == mtrain ]]; then
         ((torch)) && ratio=$(awk -v a="$v" -v b="$(median_of $(per_round med "torch.$model.$n"))" \
           'BEGIN { printf "%.2fx", a / b }')
         cw=$(awk -v f="$(median_of $(per_round wait_r "$key"))" 'BEGIN { printf "%.1f%%", 100 * f }')
-        ((n > 1)) && split=$(awk -v e="$(median_of $(per_round exposed_r "$key"))" \
-          -v s="$(median_of $(per_round slowest_r "$key"))" 'BEGIN { printf "%.1f%% + %.1f%%", 100 * e, 100 * s }')
+        if ((n > 1)); then
+          wait_split=$(awk -v e="$(median_of $(per_round exposed_r "$key"))" \
+            -v s="$(median_of $(per_round slowest_r "$key"))" 'BEGIN { printf "%.1f%% + %.1f%%", 100 * e, 100 * s }')
+        fi
       fi
       printf '%-9s %6s %5s %-8s %10s %8.2f %10s %8.2f %8s MiB %9s %10s %16s\n' "$model" "$(batch_of "$model")" "$n" \
-        "$engine" "$v" "$scaling" "$x" "$scaling_all" "$rss" "$ratio" "$cw" "$split"
+        "$engine" "$v" "$scaling" "$x" "$scaling_all" "$rss" "$ratio" "$cw" "$wait_split"
     done
   done
 done
 echo "(img/s med: the median window's; img/s all: over all the timed windows; scaling: per-rank img/s"
 echo " over the same round's $first_n-rank run's; vs torch: of the median figures; comm wait: share of"
-echo " mtrain's step time rank 0 spent waiting for gradient all-reduces; exposed+slowest: the ranks' mean wait"
-echo " split into communication no rank hid and waiting for the slowest rank's backward, shares of the step,"
-echo " medians over the rounds; PyTorch runs plain DDP, no SyncBN on CPU)"
+echo " mtrain's step time rank 0 spent waiting for gradient all-reduces; exposed+slowest: every rank's mean"
+echo " wait split into communication no rank hid and waiting for the slowest rank's backward, shares of the"
+echo " step, each the median over the rounds (so they need not add up to rank 0's comm wait); PyTorch runs"
+echo " plain DDP, no SyncBN on CPU)"
 ((side_by_side)) || echo "(no side-by-side runs: $side_by_side_why)"
 for model in $models; do
   for n in $nprocs; do

@@ -19,12 +19,13 @@
 // slightly different moments, or only one of them, yet every rank must stop after the
 // same optimizer step, or the ones that carry on wait forever in the next all-reduce.
 // The last micro-batch of every step carries this rank's stop vote (Note [Stop votes]);
-// the Reducer all-gathers the votes (8 bytes per rank, with each rank's previous wait,
-// Note [Every rank's wait] in reducer.h) together with the gradient buckets,
-// asynchronously, and waits for them with the buckets in after_backward, so the
-// agreement costs no extra round trip: after the step every rank reads the same
-// agreed_stop_vote(), the largest vote, and either carries on or stops. A vote cast at step N is honoured
-// after step N on every rank. With one process the agreed vote is the local one.
+// the Reducer all-gathers the votes (16 bytes per rank: the vote and the rank's
+// previous wait, Note [Every rank's wait] in reducer.h) together with the gradient
+// buckets, asynchronously, and waits for them with the buckets in after_backward, so
+// the agreement costs no extra round trip: after the step every rank reads the same
+// agreed_stop_vote(), the largest vote, and either carries on or stops. A vote cast at
+// step N is honoured after step N on every rank. With one process the agreed vote is
+// the local one.
 #pragma once
 
 #include <cstdint>

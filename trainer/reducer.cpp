@@ -19,6 +19,8 @@ double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::ste
 
 double mib(size_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
+std::string steps_text(int64_t n) { return fmt::format("{} {}", n, n == 1 ? "step" : "steps"); }
+
 // Share of the all-reduce span that did not show up as waiting after backward.
 double hidden_fraction(double wait_seconds, double span_seconds) {
   if (span_seconds <= 0.0) return 0.0;
@@ -65,7 +67,9 @@ std::string describe_rank_waits(const RankWaits& waits) {
   constexpr size_t kNamed = 3;
   std::string slowest;
   for (size_t k = 0; k < std::min(ranks.size(), kNamed); ++k) {
-    slowest += fmt::format("{}rank {} in {}", k == 0 ? "" : ", ", ranks[k], waits.slowest_steps[ranks[k]]);
+    const int64_t n = waits.slowest_steps[ranks[k]];
+    slowest += k == 0 ? fmt::format("rank {} in {}", ranks[k], steps_text(n))
+                      : fmt::format(", rank {} in {}", ranks[k], n);
   }
   if (ranks.size() > kNamed) {
     int64_t rest = 0;
@@ -73,10 +77,9 @@ std::string describe_rank_waits(const RankWaits& waits) {
     slowest += fmt::format(", {} more ranks in {}", ranks.size() - kNamed, rest);
   }
   return fmt::format(
-      "after backward the {} ranks waited {:.3f} s per step on average over {} steps: {:.3f} s for communication "
-      "that no rank hid, {:.3f} s for the slowest rank to finish its backward (slowest: {} {})",
-      waits.wait_seconds.size(), mean, waits.steps, exposed, std::max(mean - exposed, 0.0), slowest,
-      waits.steps == 1 ? "step" : "steps");
+      "after backward the {} ranks waited {:.3f} s per step on average over {}: {:.3f} s for communication "
+      "that no rank hid, {:.3f} s for the slowest rank to finish its backward (slowest: {})",
+      waits.wait_seconds.size(), mean, steps_text(waits.steps), exposed, std::max(mean - exposed, 0.0), slowest);
 }
 
 double ReducerTotals::hidden_fraction() const { return mtrain::hidden_fraction(wait_seconds, comm_span_seconds); }

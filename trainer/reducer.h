@@ -65,9 +65,9 @@
 //
 // On a GPU (Note [Reducer on a GPU]) the buckets are awaited on the GPU stream, not on
 // the host, so wait_seconds is only the host's own blocking in after_backward (the
-// exchange of stop votes) and hidden_fraction is not measured: ReducerStepStats::waited_on_device
-// says so, and the metrics report the fraction as null rather than a flattering 1.
-// The launch order and params_pending stay exact.
+// exchange of stop votes) and hidden_fraction is not measured:
+// ReducerStepStats::waited_on_device says so, and the metrics report the fraction as
+// null rather than a flattering 1. The launch order and params_pending stay exact.
 //
 // On every synchronized micro-batch the reducer also carries the ranks' stop votes
 // (Note [Agreeing to stop] in gradient_sync.h) and their waits of the step before
@@ -92,6 +92,14 @@
 // behind the run (the last step's waits travel with a next step that never comes),
 // cost 8 bytes per rank on an exchange that happens anyway, and are not measured when
 // the buckets are awaited on a GPU (there the host's wait is not the communication's).
+//
+// What the split does not see: waiting anywhere else. With --global-batch-size the
+// blocking sample-count all-reduce in before_backward (and, without --sync-bn, the
+// buffer broadcast before forward) lines the ranks up again, so an imbalance in
+// forward or data loading is spent there and only backward's shows up here; so is
+// SyncBatchNorm's per-layer waiting (its own metric). With --grad-compression the
+// conversion of the buckets back to float32 counts as communication. And with many
+// noisy ranks the per-step minimum tends low: some rank is usually lucky.
 //
 // Note [Reducer on a GPU]
 // ~~~~~~~~~~~~~~~~~~~~~~~

@@ -268,12 +268,11 @@ TEST_CASE("every rank's wait: the rank without images never finishes backward la
   const auto wait = waits["wait_sec"].get<std::vector<double>>();
   const auto slowest = waits["slowest_steps"].get<std::vector<int64_t>>();
   REQUIRE(wait.size() == 3);
-  CHECK(slowest[0] + slowest[1] == 3);
   CHECK(slowest[2] == 0);
   CHECK(wait[2] > wait[0]);
   CHECK(wait[2] > wait[1]);
-  CHECK(waits["exposed_sec"].get<double>() <= std::min(wait[0], wait[1]));
-  // Rank 0's own figure covers the same steps and one more.
+  // In rank order: rank 0's own total covers the same steps and one more, so it cannot
+  // be below its entry (rank 2's entry is far above it).
   CHECK(steps[0]["comm_wait_sec"].get<double>() >= wait[0]);
   CHECK_THAT(r.out + r.err, Contains("after backward the 3 ranks waited"));
   CHECK_THAT(r.out + r.err, Contains("for the slowest rank to finish its backward (slowest: rank "));

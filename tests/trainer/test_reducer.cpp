@@ -209,8 +209,8 @@ TEST_CASE("every rank's wait: per-rank sums, the slowest rank of each step, the 
   // 0.151 s per step: 0.020 s of it communication, 0.131 s the slowest rank.
   CHECK(describe_rank_waits(w) ==
         "after backward the 3 ranks waited 0.151 s per step on average over 3 steps: 0.020 s for communication "
-        "that no rank hid, 0.131 s for the slowest rank to finish its backward (slowest: rank 1 in 2, rank 2 in 1 "
-        "steps)");
+        "that no rank hid, 0.131 s for the slowest rank to finish its backward (slowest: rank 1 in 2 steps, rank 2 "
+        "in 1)");
   // Ties go to the lowest rank; a step with another world size is a bug.
   w.add_step({0.0, 0.0, 0.0});
   CHECK(w.slowest_steps == std::vector<int64_t>{1, 2, 1});
@@ -222,14 +222,18 @@ TEST_CASE("every rank's wait: per-rank sums, the slowest rank of each step, the 
     waits[static_cast<size_t>(r)] = 0.0;
     for (int k = 0; k <= r; ++k) many.add_step(waits);
   }
-  CHECK_THAT(describe_rank_waits(many), Contains("(slowest: rank 4 in 5, rank 3 in 4, rank 2 in 3, 2 more ranks in 3 steps)"));
+  CHECK_THAT(describe_rank_waits(many),
+             Contains("(slowest: rank 4 in 5 steps, rank 3 in 4, rank 2 in 3, 2 more ranks in 3)"));
+  RankWaits one;
+  one.add_step({0.2, 0.1});
+  CHECK_THAT(describe_rank_waits(one), Contains("over 1 step: ") && Contains("(slowest: rank 1 in 1 step)"));
 }
 
 TEST_CASE("two ranks: the one that sleeps before its backward is the slowest, and its peer waits for it",
           "[reducer]") {
   // Real Gloo groups on two threads. Rank 1 sleeps 100 ms before each backward, so rank 0
-  // waits at least that long after its own, every step; rank 1 waits only for the
-  // transfers. The first step's waits travel with the second step's exchange, so four
+  // waits about that long after its own, every step (less whatever delays rank 0's own
+  // backward: the check allows half); rank 1 waits only for the transfers. The first step's waits travel with the second step's exchange, so four
   // steps report three.
   constexpr int kSteps = 4;
   constexpr auto kSleep = std::chrono::milliseconds(100);
@@ -264,7 +268,7 @@ TEST_CASE("two ranks: the one that sleeps before its backward is the slowest, an
     CHECK(w.wait_seconds[r] == Approx(own_wait[r]).margin(1e-8));
   }
   const RankWaits& w = seen[0];
-  CHECK(w.wait_seconds[0] >= 0.09 * (kSteps - 1));
+  CHECK(w.wait_seconds[0] >= 0.5 * 0.1 * (kSteps - 1));
   CHECK(w.exposed_seconds == Approx(w.wait_seconds[1]));
   CHECK(w.wait_seconds[1] < w.wait_seconds[0]);
 }

@@ -1,5 +1,5 @@
 // The worker's stop machinery in-process: which signal does what (Note [Stopping on a
-// signal]), how the ranks' votes combine under all-reduce(max) (Note [Stop votes]),
+// signal]), how the ranks' votes combine, the largest winning (Note [Stop votes]),
 // that a real signal reaches the flag the training loop reads, that it never runs on a
 // thread inside a oneDNN kernel (Note [Signals never interrupt kernels]), and the
 // start-up exit's armed and disarmed states, in child processes (Note [A stop signal
@@ -81,7 +81,7 @@ TEST_CASE("the maximum of the ranks' votes names the highest signal and the lowe
     CHECK(v.signal == SIGUSR1);
     CHECK(v.rank == rank);
   }
-  // What all-reduce(max) computes over ranks 0..3 when ranks 1 and 3 got SIGTERM and
+  // What the largest vote is over ranks 0..3 when ranks 1 and 3 got SIGTERM and
   // rank 2 SIGUSR1.
   const std::vector<int64_t> votes = {encode_stop_vote(0, 0), encode_stop_vote(SIGTERM, 1),
                                       encode_stop_vote(SIGUSR1, 2), encode_stop_vote(SIGTERM, 3)};
