@@ -26,13 +26,15 @@
 # from --runs pairs of back-to-back runs, alternately plain and --sync-bn first (median
 # windows), and the share of its step rank 0 spent blocked in SyncBatchNorm's
 # collectives (the metrics' syncbn_wait_sec).
-# Beside every mtrain run of N > 1 ranks the script also runs N independent 1-rank
-# trainings at once ("side by side", with three times the timed steps so that their
-# median window falls where all N train): no communication, the same machine load. Their
-# summed images/s over N x the round's 1-rank figure is how much the machine itself
-# lets N processes scale (on a shared VM often well below 1, even for pure
-# arithmetic), and the N-rank figure over the side-by-side sum of the same round is
-# what data parallelism itself costs (medians of those per-round ratios). Per round,
+# Beside every run of N > 1 ranks, mtrain's and PyTorch's, the script also runs N
+# independent 1-rank trainings of the same engine at once ("side by side", with three
+# times the timed steps so that their median window falls where all N train): no
+# communication, the same machine load. Their summed images/s over N x the round's
+# 1-rank figure is how much the machine itself lets N processes of that engine scale
+# (on a shared VM often well below 1, even for pure arithmetic; faster kernels lean
+# harder on what the cores share), and the N-rank figure over the side-by-side sum of
+# the same round is what data parallelism itself costs (medians of those per-round
+# ratios). Per round,
 # scaling is the product of the two; medians over the rounds need not multiply to the
 # median scaling. Not with --cpu-bind (the 1-rank runs would be unbound) or without a
 # 1-rank column.
@@ -224,21 +226,23 @@ run_mtrain() {
   echo "$(mtrain_rate "$tmp/$tag.jsonl" $(( $(warmup_of "$model") / w )) "$n" "$w") $(max_rss_mib "$tmp/$tag.rss")"
 }
 
-# N independent 1-rank mtrain runs at once; prints the sum of their median-window img/s.
-# Their starts differ by up to a second or so (LeNet times only about one second of
-# steps), so each runs three times the timed steps: the median window then falls where
-# all N are training.
+# N independent 1-rank runs of engine $1 (mtrain or torch) at once; prints the sum of
+# their median-window img/s. Their starts differ by up to a second or so (LeNet times
+# only about one second of steps), so each runs three times the timed steps: the median
+# window then falls where all N are training.
 run_side_by_side() {
-  local model=$1 n=$2 tag=$3 i pids=()
+  local engine=$1 model=$2 n=$3 tag=$4 i pids=() field
   for ((i = 1; i <= n; i++)); do
-    extra_timed=$(( 2 * $(timed_of "$model") )) run_mtrain "$model" 1 "$tag.$i" > "$tmp/$tag.$i.out" &
+    extra_timed=$(( 2 * $(timed_of "$model") )) "run_$engine" "$model" 1 "$tag.$i" > "$tmp/$tag.$i.out" &
     pids+=($!)
     echo $! >> "$tmp/background.pids"
   done
   for i in "${pids[@]}"; do wait "$i" || die "side-by-side run $tag failed"; done
   : > "$tmp/background.pids"  # all ended: none of their numbers may be signalled later
+  # Where each engine's line has its median-window rate (run_mtrain, run_torch).
+  if [[ $engine == mtrain ]]; then field=4; else field=3; fi
   local rates=()
-  for ((i = 1; i <= n; i++)); do rates+=("$(awk '{ print $4 }' "$tmp/$tag.$i.out")"); done
+  for ((i = 1; i <= n; i++)); do rates+=("$(awk -v f="$field" '{ print $f }' "$tmp/$tag.$i.out")"); done
   printf '%s\n' "${rates[@]}" | awk -v n="$n" '
     $1 ~ /^[0-9.]+$/ { s += $1; k++ }
     END { if (k == n) printf "%.1f\n", s; else print "nan" }'
@@ -247,8 +251,8 @@ run_side_by_side() {
 # One torchrun run; prints "<global img/s, all steps> <max rss MiB> <global img/s, median window>".
 run_torch() {
   local model=$1 n=$2 tag=$3
-  local args=(--model "$model" --batch-size "$(batch_of "$model")" --threads 1
-              --warmup "$(warmup_of "$model")" --steps "$(timed_of "$model")" --amp "$amp")
+  local args=(--model "$model" --batch-size "$(batch_of "$model")" --threads 1 --warmup "$(warmup_of "$model")"
+              --steps "$(( $(timed_of "$model") + ${extra_timed:-0} ))" --amp "$amp")
   [[ -n $data_dir ]] && args+=(--data-dir "$data_dir")
   local port=$(( 20000 + RANDOM % 20000 ))
   if ! OMP_NUM_THREADS=1 /usr/bin/python3 -m torch.distributed.run --redirects 1 --tee 1 \
@@ -284,11 +288,14 @@ for model in $models; do
       all[mtrain.$model.$n.$r]=$a; wait_r[mtrain.$model.$n.$r]=$b; med[mtrain.$model.$n.$r]=$d
       exposed_r[mtrain.$model.$n.$r]=$e; slowest_r[mtrain.$model.$n.$r]=$s; rss_r[mtrain.$model.$n.$r]=$c
       if ((n > 1 && side_by_side)); then
-        side_r[mtrain.$model.$n.$r]=$(run_side_by_side "$model" "$n" "side.$model.$n.$r")
+        side_r[mtrain.$model.$n.$r]=$(run_side_by_side mtrain "$model" "$n" "side.$model.$n.$r")
       fi
       if ((torch)); then
         read -r a b d < <(run_torch "$model" "$n" "torch.$model.$n.$r")
         all[torch.$model.$n.$r]=$a; rss_r[torch.$model.$n.$r]=$b; med[torch.$model.$n.$r]=$d
+        if ((n > 1 && side_by_side)); then
+          side_r[torch.$model.$n.$r]=$(run_side_by_side torch "$model" "$n" "torch-side.$model.$n.$r")
+        fi
       fi
     done
   done
@@ -348,13 +355,16 @@ echo " plain DDP, no SyncBN on CPU)"
 for model in $models; do
   for n in $nprocs; do
     ((n > 1 && side_by_side)) || continue
-    key=mtrain.$model.$n
-    awk -v m="$model" -v n="$n" -v s="$(median_of $(per_round side_r "$key"))" -v n1="$first_n" \
-        -v e="$(median_ratio side_r "$key" med "mtrain.$model.$first_n" "(a / $n) / (b / $first_n)")" \
-        -v q="$(median_ratio med "$key" side_r "$key" "a / b")" 'BEGIN {
-      printf "%s: %d independent 1-rank runs side by side: %.1f img/s together, %.2f of %d x the %d-rank run'"'"'s;\n",
-        m, n, s, e, n, n1
-      printf "  %d ranks of mtrain reach %.2f of the side-by-side sum (medians of the per-round ratios)\n", n, q }'
+    for engine in mtrain torch; do
+      [[ $engine == torch ]] && ! ((torch)) && continue
+      key=$engine.$model.$n
+      awk -v m="$model" -v n="$n" -v s="$(median_of $(per_round side_r "$key"))" -v n1="$first_n" -v engine="$engine" \
+          -v e="$(median_ratio side_r "$key" med "$engine.$model.$first_n" "(a / $n) / (b / $first_n)")" \
+          -v q="$(median_ratio med "$key" side_r "$key" "a / b")" 'BEGIN {
+        printf "%s, %s: %d independent 1-rank runs side by side: %.1f img/s together, %.2f of %d x the %d-rank run'"'"'s;\n",
+          m, engine, n, s, e, n, n1
+        printf "  %d ranks reach %.2f of the side-by-side sum (medians of the per-round ratios)\n", n, q }'
+    done
   done
 done
 
