@@ -353,6 +353,40 @@ void transform_input_chunk(const Geometry& g, const float* in, int64_t n, int64_
   input_transform(g, xl, rows, v, rows * g.tw * kLanes);
 }
 
+// One part's buffers for a chunk: the input rows in lanes (`xl`), the output or
+// output-gradient rows in lanes (`rows`, of `rows_floats` floats), and the transformed
+// V and M. ChunkScratch lays out every part's in one thread_scratch buffer, taken by
+// the calling thread before the parts start; run() and run_weights() share the layout.
+struct ChunkBuffers {
+  float* xl;
+  float* rows;
+  float* v;
+  float* m;
+  size_t xl_floats;
+  size_t rows_floats;
+};
+
+class ChunkScratch {
+ public:
+  ChunkScratch(const Geometry& g, size_t rows_floats, int parts)
+      : xl_floats_(static_cast<size_t>(g.cin * g.in_rows() * g.row * kLanes)),
+        rows_floats_(rows_floats),
+        v_floats_(static_cast<size_t>(kPositions * g.cin * g.max_cols())),
+        per_part_(xl_floats_ + rows_floats_ + v_floats_ + static_cast<size_t>(kPositions * g.cout * g.max_cols())),
+        base_(thread_scratch(per_part_ * static_cast<size_t>(parts))) {}
+
+  ChunkBuffers part(int p) const {
+    float* xl = base_ + per_part_ * static_cast<size_t>(p);
+    float* rows = xl + xl_floats_;
+    float* v = rows + rows_floats_;
+    return {xl, rows, v, v + v_floats_, xl_floats_, rows_floats_};
+  }
+
+ private:
+  size_t xl_floats_, rows_floats_, v_floats_, per_part_;
+  float* base_;
+};
+
 // out[n, cout, h, w] = the stride-1, padding-1 3x3 convolution of in[n, cin, h, w]
 // whose transformed kernels are u (+ bias). Each block of sixteen images goes through
 // in chunks of tile rows: the chunk's input rows (with the rows above and below it that
@@ -362,20 +396,16 @@ void transform_input_chunk(const Geometry& g, const float* in, int64_t n, int64_
 void run(const float* in, int64_t n, const float* u, const float* bias, float* out, const Geometry& g) {
   const int64_t blocks = blocks_of(n);
   const int nthreads = threads_for(blocks);
-  const size_t xl_floats = static_cast<size_t>(g.cin * g.in_rows() * g.row * kLanes);
-  const size_t yl_floats = static_cast<size_t>(g.cout * 2 * g.chunk_rows * g.w * kLanes);
-  const size_t v_floats = static_cast<size_t>(kPositions * g.cin * g.max_cols());
-  const size_t m_floats = static_cast<size_t>(kPositions * g.cout * g.max_cols());
-  const size_t per_thread = xl_floats + yl_floats + v_floats + m_floats;
-  float* const base = thread_scratch(per_thread * nthreads);
+  const ChunkScratch scratch(g, static_cast<size_t>(g.cout * 2 * g.chunk_rows * g.w * kLanes), nthreads);
   const SequentialSgemm sequential;
   for_each_part(blocks, nthreads, [&](int part, int64_t first_block, int64_t last_block) {
-    float* xl = base + per_thread * static_cast<size_t>(part);
-    float* yl = xl + xl_floats;
-    float* v = yl + yl_floats;
-    float* m = v + v_floats;
+    const ChunkBuffers buf = scratch.part(part);
+    float* xl = buf.xl;
+    float* yl = buf.rows;
+    float* v = buf.v;
+    float* m = buf.m;
     // The left and right padding columns (and the extra one of an odd width) stay zero.
-    std::fill(xl, xl + xl_floats, 0.0f);
+    std::fill(xl, xl + buf.xl_floats, 0.0f);
     for (int64_t b = first_block; b < last_block; ++b) {
       for (int64_t r0 = 0; r0 < g.th; r0 += g.chunk_rows) {
         const int64_t rows = std::min(g.chunk_rows, g.th - r0);
@@ -401,27 +431,23 @@ void run(const float* in, int64_t n, const float* u, const float* bias, float* o
 void run_weights(const float* x, const float* dy, int64_t n, const Geometry& g, float* du) {
   const int64_t blocks = blocks_of(n);
   const int nthreads = threads_for(blocks);
-  const size_t xl_floats = static_cast<size_t>(g.cin * g.in_rows() * g.row * kLanes);
   const int64_t dy_row = 2 * g.tw;
   const size_t dyl_plane = static_cast<size_t>(2 * g.chunk_rows * dy_row * kLanes);
-  const size_t dyl_floats = static_cast<size_t>(g.cout) * dyl_plane;
-  const size_t v_floats = static_cast<size_t>(kPositions * g.cin * g.max_cols());
-  const size_t m_floats = static_cast<size_t>(kPositions * g.cout * g.max_cols());
-  const size_t per_thread = xl_floats + dyl_floats + v_floats + m_floats;
-  float* const base = thread_scratch(per_thread * nthreads);
+  const ChunkScratch scratch(g, static_cast<size_t>(g.cout) * dyl_plane, nthreads);
   const size_t du_floats = static_cast<size_t>(kPositions * g.cout * g.cin);
   // Part 0 sums into du itself, the others into parts of their own.
   Tensor partials = Tensor::empty({static_cast<int64_t>(du_floats) * std::max(0, nthreads - 1)});
   const SequentialSgemm sequential;
   for_each_part(blocks, nthreads, [&](int part, int64_t first_block, int64_t last_block) {
-    float* xl = base + per_thread * static_cast<size_t>(part);
-    float* dyl = xl + xl_floats;
-    float* v = dyl + dyl_floats;
-    float* m = v + v_floats;
+    const ChunkBuffers buf = scratch.part(part);
+    float* xl = buf.xl;
+    float* dyl = buf.rows;
+    float* v = buf.v;
+    float* m = buf.m;
     float* sum = part == 0 ? du : partials.data<float>() + du_floats * static_cast<size_t>(part - 1);
     bool first_product = true;
-    std::fill(xl, xl + xl_floats, 0.0f);
-    std::fill(dyl, dyl + dyl_floats, 0.0f);  // the column past an odd width stays zero
+    std::fill(xl, xl + buf.xl_floats, 0.0f);
+    std::fill(dyl, dyl + buf.rows_floats, 0.0f);  // the column past an odd width stays zero
     for (int64_t b = first_block; b < last_block; ++b) {
       for (int64_t r0 = 0; r0 < g.th; r0 += g.chunk_rows) {
         const int64_t rows = std::min(g.chunk_rows, g.th - r0);
