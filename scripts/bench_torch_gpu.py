@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch reference for the GPU training benchmark (scripts/gpu-session.sh bench):
+"""PyTorch reference for the GPU training benchmark (scripts/gpu-kit.sh, stage d2l):
 d2l's ResNet-18 with a 3x3 stem (the model of scripts/bench_torch_train.py, the same as
 mtrain's resnet18) on Fashion-MNIST, batch 256, plain SGD with lr 0.1, one process per
 GPU under torchrun with DistributedDataParallel.

@@ -75,10 +75,7 @@ class CudaBlockBackend final : public BlockBackend {
 
   bool event_completed(EventRef event) override {
     adopt_process_device();
-    const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event.handle));
-    if (err == cudaErrorNotReady) return false;
-    MTRAIN_CUDA_CHECK(err);
-    return true;
+    return MTRAIN_CUDA_QUERY(cudaEventQuery(static_cast<cudaEvent_t>(event.handle)));
   }
 
   void synchronize_event(EventRef event) override {

@@ -88,11 +88,7 @@ void Event::record(Stream stream) {
 
 bool Event::completed() const {
   adopt_process_device();
-  const cudaError_t err = cudaEventQuery(event_);
-  if (err == cudaSuccess) return true;
-  if (err == cudaErrorNotReady) return false;
-  MTRAIN_CUDA_CHECK(err);
-  return false;
+  return MTRAIN_CUDA_QUERY(cudaEventQuery(event_));
 }
 
 void Event::synchronize() const {

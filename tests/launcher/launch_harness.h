@@ -22,13 +22,15 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/test_paths.h"
+
 extern char** environ;
 
 namespace mtrain::testing {
 
 namespace fs = std::filesystem;
 
-inline std::string launcher_path() { return std::string(MTRAIN_BIN_DIR) + "/mtrain-launch"; }
+inline std::string launcher_path() { return bin_dir() + "/mtrain-launch"; }
 #ifdef LAUNCH_TEST_WORKER
 // The test worker of the including test (set per target in its CMakeLists.txt).
 inline std::string worker_path() { return LAUNCH_TEST_WORKER; }

@@ -32,6 +32,7 @@
 #ifdef MTRAIN_HAVE_CUDA
 #include "tensor/cuda/cublas_loader.h"
 #include "tensor/cuda/stream.h"
+#include "tests/support/stream_gate.h"
 #endif
 
 using namespace mtrain;
@@ -433,6 +434,9 @@ TEST_CASE("matmul with TF32 allowed stays within TF32 rounding of the CPU result
   require_close(host(gpu), cpu, 5e-2, 1e-2);
 }
 
+// The caller's stream is held at a gate while the library calls are queued: if cuDNN's
+// or cuBLAS's handle stayed on another stream, their kernels would run at once and the
+// poisoned outputs, read on a third stream before the gate opens, would have changed.
 TEST_CASE("library calls queue on the caller's current stream") {
   require_gpu();
   NumericsScope scope(exact_float32());
@@ -443,21 +447,40 @@ TEST_CASE("library calls queue on the caller's current stream") {
   Tensor c_cpu = Tensor::empty({9, 13});
   ops::matmul(a, false, b, false, c_cpu);
 
-  // The inputs are copied on the side stream too, so everything is ordered on it alone;
-  // the handles must move to it (and cuBLAS to a workspace of its own).
+  const Tensor x = in.x.to(kGpu), w = in.w.to(kGpu), bias = in.b.to(kGpu), dy = in.dy.to(kGpu);
+  const Tensor ag = a.to(kGpu), bg = b.to(kGpu);
+  Tensor y = poisoned(output_shape(k), kGpu), dw = poisoned(in.w.shape(), kGpu);
+  Tensor db = poisoned({k.o}, kGpu), c = poisoned({9, 13}, kGpu);
+  cuda::current_stream(0).synchronize();
+
   cuda::OwnedStream side(0);
-  ConvOutputs gpu;
-  Tensor c_gpu;
+  testing::StreamGate gate(side.stream().handle());
   {
     cuda::StreamGuard guard(side.stream());
-    gpu = run_conv(k, in, kGpu);
-    c_gpu = Tensor::empty({9, 13}, DType::Float32, kGpu);
-    ops::matmul(a.to(kGpu), false, b.to(kGpu), false, c_gpu);
+    ops::conv2d_forward(x, w, bias, y, k.p);
+    ops::conv2d_backward_weights(x, dy, dw, db, k.p, /*accumulate=*/false);
+    ops::matmul(ag, false, bg, false, c);
   }
+  const auto all_nan = [](const Tensor& t) {
+    for (const float v : t.to_vector<float>()) {
+      if (!std::isnan(v)) return false;
+    }
+    return true;
+  };
+  {
+    cuda::OwnedStream reader(0);
+    cuda::StreamGuard guard(reader.stream());
+    CHECK(all_nan(y));
+    CHECK(all_nan(dw));
+    CHECK(all_nan(c));
+  }
+  gate.open();
   side.stream().synchronize();
-  require_close(host(gpu.y), cpu.y, kAtol, kRtol);
-  require_close(host(gpu.dw_acc), cpu.dw_acc, kAtol, kRtol);
-  require_close(host(c_gpu), c_cpu, kAtol, kRtol);
+  CHECK_FALSE(gate.timed_out());
+  require_close(host(y), cpu.y, kAtol, kRtol);
+  require_close(host(dw), cpu.dw, kAtol, kRtol);
+  require_close(host(db), cpu.db, kAtol, kRtol);
+  require_close(host(c), c_cpu, kAtol, kRtol);
 }
 
 // Note [16-bit kernels on the GPU]: cuDNN gets 16-bit x, w and dy and writes a 16-bit

@@ -13,6 +13,7 @@
 
 #ifdef MTRAIN_HAVE_CUDA
 #include "tensor/cuda/stream.h"
+#include "tests/support/stream_gate.h"
 #endif
 
 using namespace mtrain;
@@ -133,6 +134,39 @@ TEST_CASE("work on a side stream is ordered through events and record_stream") {
   CHECK(cuda::current_stream(0).handle() == nullptr);
   side.stream().synchronize();
   CHECK(out.to_vector<float>() == std::vector<float>(1 << 20, 3.f));
+}
+
+// Note [Not-ready queries] (tensor/cuda/cuda_check.h): a query that finds work still
+// running must not leave cudaErrorNotReady behind for the next launch's check. The gate
+// keeps the work running for as long as the test needs, on every GPU.
+TEST_CASE("an event or block still pending leaves no error behind for the next kernel") {
+  require_gpu();
+  const Device gpu = Device::cuda(0);
+  cuda::OwnedStream side(0);
+  testing::StreamGate gate(side.stream().handle());
+
+  cuda::Event pending(0);
+  pending.record(side.stream());
+  CHECK_FALSE(pending.completed());
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  Tensor t = Tensor::empty({4096}, DType::Float32, gpu);
+  CHECK_NOTHROW(t.fill_(1.f));  // a kernel launch on the default stream, checked
+
+  // The allocator polls the event of a block still used on the gated stream.
+  {
+    Tensor used = Tensor::empty({1 << 16}, DType::Float32, gpu);
+    record_stream(used, 0, side.stream().handle());
+  }
+  Tensor again = Tensor::empty({1 << 16}, DType::Float32, gpu);  // must not take that block
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK_NOTHROW(again.fill_(2.f));
+  CHECK(again.to_vector<float>() == std::vector<float>(1 << 16, 2.f));
+
+  gate.open();
+  pending.synchronize();
+  CHECK(pending.completed());
+  CHECK_FALSE(gate.timed_out());
+  CHECK(t.to_vector<float>() == std::vector<float>(4096, 1.f));
 }
 
 TEST_CASE("an OwnedStream that ends hands its stream to the next one; blocks freed later find it alive") {

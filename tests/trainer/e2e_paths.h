@@ -5,11 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/test_paths.h"
+
 namespace mtrain::testing {
 
-inline const std::string kLauncher = MTRAIN_BIN_DIR "/mtrain-launch";
-inline const std::string kTrainer = MTRAIN_BIN_DIR "/mtrain-train";
-inline const std::string kMiniSet = MTRAIN_SOURCE_DIR "/data/fashion-mnist-mini";
+inline const std::string kLauncher = bin_dir() + "/mtrain-launch";
+inline const std::string kTrainer = bin_dir() + "/mtrain-train";
+inline const std::string kMiniSet = source_dir() + "/data/fashion-mnist-mini";
 
 inline std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());

@@ -1,9 +1,9 @@
 // gpu: mtrain-train on a GPU end to end, through the real binaries as a user runs them:
 // NCCL in a world of one through mtrain-launch, two ranks sharing one GPU over Gloo
 // (host staging) against one rank with the doubled batch, resnet18 on the GPU against
-// the CPU step by step, and compute-sanitizer's memcheck over a short run. Skips the
-// whole binary without a usable GPU; in a build without CUDA it checks the error
-// instead.
+// the CPU step by step (compute-sanitizer's memcheck has a binary of its own,
+// test_train_cuda_sanitizer.cpp). Skips the whole binary without a usable GPU; in a build
+// without CUDA it checks the error instead.
 //
 // Note [GPU against CPU tolerances]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -283,7 +283,7 @@ TEST_CASE("resnet18 with --amp bf16 and --amp fp16 on the GPU follows the float3
   }
 }
 
-TEST_CASE("three epochs with evaluation on the GPU hold the same device memory after the first", "[gpu]") {
+TEST_CASE("five epochs with evaluation on the GPU hold the same device memory after the first", "[gpu]") {
   // Every evaluation copies its batches on a prefetcher stream of its own, and the last
   // of them stays saved in the first layer until the next training step frees it, after
   // that prefetcher is gone (Note [Streams outlive their blocks] in
@@ -295,49 +295,29 @@ TEST_CASE("three epochs with evaluation on the GPU hold the same device memory a
   std::filesystem::create_directory(slice);
   mtrain::testing::write_idx_slice(kMiniSet, slice, 512);
   const std::string metrics = dir.file("metrics.jsonl");
-  const auto r = train({"--device", "cuda", "--model", "lenet", "--data-dir", slice, "--epochs", "3",
+  const auto r = train({"--device", "cuda", "--model", "lenet", "--data-dir", slice, "--epochs", "5",
                         "--batch-size", "64", "--lr", "0.1", "--metrics", metrics});
   require_success(r);
   const auto epochs = read_events(metrics, "epoch");
-  REQUIRE(epochs.size() == 3);
+  REQUIRE(epochs.size() == 5);
   for (const auto& e : epochs) {
     INFO(e.dump());
     REQUIRE(e["test_acc"].is_number());
     REQUIRE(e["cuda_reserved_mib"].is_number());
     CHECK(e["cuda_in_use_mib"].get<double>() <= e["cuda_reserved_mib"].get<double>());
   }
-  CHECK(epochs[2]["cuda_reserved_mib"] == epochs[1]["cuda_reserved_mib"]);
-  CHECK(epochs[2]["cuda_in_use_mib"] == epochs[1]["cuda_in_use_mib"]);
-}
-
-TEST_CASE("compute-sanitizer memcheck finds no error in a short GPU run", "[gpu]") {
-  require_gpu();
-  std::string sanitizer;
-  for (const char* candidate :
-       {"/usr/local/cuda/bin/compute-sanitizer", "/usr/local/cuda/compute-sanitizer/compute-sanitizer"}) {
-    if (std::filesystem::exists(candidate)) sanitizer = candidate;
+  // What tensors hold at an epoch's end is the same every epoch. What the cache keeps
+  // may differ a little: whether a freed block can serve the next request depends on
+  // whether its stream's events have completed by then, which is timing. A leak grows
+  // by a batch every epoch; timing does not grow it steadily, so the check is that the
+  // reservation stops growing: the last two epochs add nothing over the second.
+  for (size_t e = 2; e < epochs.size(); ++e) {
+    CHECK(epochs[e]["cuda_in_use_mib"] == epochs[1]["cuda_in_use_mib"]);
   }
-  if (sanitizer.empty()) {
-    WARN("compute-sanitizer not found under /usr/local/cuda: memcheck not run");
-    return;
-  }
-  TempDir dir;
-  const std::string slice = dir.file("slice");
-  std::filesystem::create_directory(slice);
-  mtrain::testing::write_idx_slice(kMiniSet, slice, 16);
-  // resnet18 covers convolution (with --cudnn-benchmark, cuDNN's trial runs and their
-  // workspaces), batch norm, max and global average pooling, residual adds, linear, the
-  // loss, SGD and the evaluation. memcheck sees the caching allocator's blocks, not the
-  // tensors carved out of them, so it catches accesses outside any allocation,
-  // misaligned accesses and failed API calls, not an overrun into a neighbouring
-  // tensor of the same block.
-  const std::vector<std::string> args = {"--tool", "memcheck", "--error-exitcode", "99", "--print-limit", "20",
-                                         kTrainer, "--device", "cuda", "--model", "resnet18", "--data-dir", slice,
-                                         "--batch-size", "8", "--max-steps", "2", "--cudnn-benchmark",
-                                         "--threads", "1"};
-  const auto r = mtrain::testing::run_process(sanitizer, args);
-  require_success(r);
-  CHECK_THAT(r.out + r.err, Contains("ERROR SUMMARY: 0 errors"));
+  const double second = epochs[1]["cuda_reserved_mib"].get<double>();
+  const double most_later = std::max(epochs[3]["cuda_reserved_mib"].get<double>(),
+                                     epochs[4]["cuda_reserved_mib"].get<double>());
+  CHECK(most_later <= std::max(second, epochs[2]["cuda_reserved_mib"].get<double>()));
 }
 
 #else

@@ -15,7 +15,11 @@
 
 #ifdef MTRAIN_HAVE_CUDA
 #include "tensor/cuda/stream.h"
+#include "tests/support/stream_gate.h"
 #endif
+
+#include <limits>
+#include <thread>
 
 using namespace mtrain;
 
@@ -106,19 +110,51 @@ TEST_CASE("nccl, one rank: every operation and dtype leaves the data as one rank
   pg.barrier()->wait();
 }
 
+// With one rank an in-place allreduce or broadcast is a no-op whether or not it waited
+// for anything, so the ordering is checked two ways. Every operation, in place or not,
+// must not complete while the caller's stream is held at a gate (the group's stream
+// waits for it). An out-of-place allgather must read the input the held stream writes
+// after the gate, and the caller's next work (queued after wait_on_current_stream) must
+// read its output: the output starts as NaN, so reading it early shows.
 TEST_CASE("nccl, one rank: the operation runs after the caller's stream and before its next work") {
   SoloNccl solo;
+  ProcessGroup& pg = *solo.group;
   cuda::OwnedStream side(0);
   cuda::StreamGuard guard(side.stream());  // the caller works on a non-default stream
-  Tensor t = Tensor::empty({1 << 22}, DType::Float32, kGpu);
-  t.fill_(2.f);  // queued on the side stream; the allreduce must see it
-  auto work = solo.group->allreduce(t, ReduceOp::Max);
+  const auto held_while_gated = [&](const char* what, auto issue) {
+    INFO(what);
+    testing::StreamGate gate(side.stream().handle());
+    WorkPtr work = issue();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK_FALSE(work->is_completed());
+    gate.open();
+    work->wait(Millis(30000));
+    CHECK(work->is_completed());
+    CHECK_FALSE(gate.timed_out());
+  };
+  Tensor t = Tensor::full({4096}, 1.f).to(kGpu);
+  Tensor out = Tensor::empty({4096}, DType::Float32, kGpu);
+  held_while_gated("allreduce", [&] { return pg.allreduce(t, ReduceOp::Sum); });
+  held_while_gated("broadcast", [&] { return pg.broadcast(t, 0); });
+  held_while_gated("allgather", [&] { return pg.allgather(t, out); });
+  held_while_gated("reduce_scatter", [&] { return pg.reduce_scatter(t, out, ReduceOp::Sum); });
+  held_while_gated("barrier", [&] { return pg.barrier(); });
+
+  const int64_t n = int64_t{1} << 26;  // 256 MiB: long enough that an early reader overlaps
+  Tensor input = Tensor::empty({n}, DType::Float32, kGpu);
+  Tensor output = Tensor::full({n}, std::numeric_limits<float>::quiet_NaN()).to(kGpu);
+  Tensor copy = Tensor::empty({n}, DType::Float32, kGpu);
+  side.stream().synchronize();
+  testing::StreamGate gate(side.stream().handle());
+  input.fill_(2.f);  // queued behind the gate; the allgather must see it
+  auto work = pg.allgather(input, output);
   work->wait_on_current_stream();  // no host wait
-  Tensor copy = Tensor::empty({1 << 22}, DType::Float32, kGpu);
-  copy.copy_(t);  // queued after the allreduce on the side stream
-  CHECK(copy.to_vector<float>() == std::vector<float>(1 << 22, 2.f));
+  copy.copy_(output);              // queued after the allgather on the side stream
+  gate.open();
+  CHECK(copy.to_vector<float>() == std::vector<float>(static_cast<size_t>(n), 2.f));
   work->wait();
   CHECK(work->is_completed());
+  CHECK_FALSE(gate.timed_out());
 }
 
 TEST_CASE("nccl, one rank: many operations in flight complete in order") {
