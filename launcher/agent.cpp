@@ -425,7 +425,7 @@ AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
           // Ranks that stop after a step agree on it among themselves (Note [Agreeing to
           // stop]); a rank gone before its first step leaves its peers waiting for it at
           // the rendezvous, so they get the signal from here (Note [A stop signal during
-          // start-up] in trainer/stop_signals.h).
+          // start-up] in trainer/stopping/stop_signals.h).
           if (w.stopped->during_startup) {
             startup_stop_sent = *w.stopped;
             for (auto& peer : workers) {

@@ -61,7 +61,7 @@ Failure failure_from_json(const nlohmann::json& j);
 // stop; the scheduler wants the resources back) and exits with 75 too, whether the
 // signal reached the launcher or the workers.
 
-// The "stopped" object of a worker's record (trainer/stop_record.h).
+// The "stopped" object of a worker's record (trainer/stopping/stop_record.h).
 struct StopInfo {
   std::string signal;       // "SIGTERM"
   int signal_rank = -1;     // a rank that received it
@@ -69,7 +69,7 @@ struct StopInfo {
   int64_t step = 0;         // the last optimizer step done
   std::string checkpoint;   // written at that step; empty: none
   // Stopped before its first step (Note [A stop signal during start-up] in
-  // trainer/stop_signals.h): epoch and step are those of the checkpoint it would resume.
+  // trainer/stopping/stop_signals.h): epoch and step are those of the checkpoint it would resume.
   bool during_startup = false;
 };
 

@@ -21,7 +21,7 @@
 // bfloat16 has float32's exponent range, so gradients neither underflow nor overflow
 // and need no loss scaling. float16 has 5 exponent bits: small gradients flush to zero
 // unless the loss is scaled up first (Note [Dynamic loss scaling] in
-// trainer/loss_scaler.h), which --amp fp16 turns on by default.
+// trainer/loop/loss_scaler.h), which --amp fp16 turns on by default.
 #pragma once
 
 #include "models/module.h"

@@ -69,7 +69,7 @@ bool compute_dtype_supported(DType compute, Device device);
 void round_to_dtype(const Tensor& x, DType to, Tensor& y);
 // dst = src converted elementwise between float32 and a 16-bit type (either way; same
 // numel, same device), rounding to nearest even as round_to_dtype does. For gradient
-// compression (Note [Gradient compression] in trainer/reducer.h).
+// compression (Note [Gradient compression] in trainer/ddp/reducer.h).
 void convert(const Tensor& src, Tensor& dst);
 
 // ---- matrix multiply -------------------------------------------------------------
@@ -193,7 +193,7 @@ struct SgdParamRef {
 void sgd_step_all(const std::vector<SgdParamRef>& params, float lr, float momentum,
                   float dampening, float weight_decay, bool nesterov, bool first_step);
 
-// Loss scaling (Note [Dynamic loss scaling] in trainer/loss_scaler.h): multiplies every
+// Loss scaling (Note [Dynamic loss scaling] in trainer/loop/loss_scaler.h): multiplies every
 // element of every gradient by inv_scale and returns whether any element was infinite
 // or NaN before (PyTorch's _amp_foreach_non_finite_check_and_unscale_). The gradients
 // are then garbage and the caller skips the step. All on one device; on a GPU one flag

@@ -3,7 +3,7 @@
 #include <exception>
 
 #include "core/main_guard.h"
-#include "trainer/error_file.h"
+#include "trainer/stopping/error_file.h"
 #ifdef MTRAIN_HAVE_MPI
 #include "collectives/mpi/mpi_process_group.h"
 #endif

@@ -12,7 +12,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
-#include "trainer/training_checkpoint.h"
+#include "trainer/checkpoint/checkpoint_file.h"
 
 namespace mtrain {
 

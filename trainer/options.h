@@ -47,7 +47,7 @@ struct TrainOptions {
   bool allow_tf32 = true;               // TF32 tensor cores for convolutions (--no-tf32 turns off)
 
   // Mixed precision (Note [Mixed precision] in models/mixed_precision.h) and loss
-  // scaling (Note [Dynamic loss scaling] in trainer/loss_scaler.h).
+  // scaling (Note [Dynamic loss scaling] in trainer/loop/loss_scaler.h).
   std::string amp = "off";              // off|bf16|fp16
   std::string loss_scale = "auto";      // auto (dynamic with fp16, else none)|dynamic|none
   double initial_loss_scale = 65536.0;

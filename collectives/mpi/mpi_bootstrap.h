@@ -1,6 +1,6 @@
 // Bytes from MPI_COMM_WORLD's rank 0 to every rank, for bootstrapping what MPI can carry
 // before any process group exists (the store address under mpirun, see
-// trainer/store_bootstrap.h). Defined only in builds with MPI (MTRAIN_HAVE_MPI).
+// trainer/setup/worker_store.h). Defined only in builds with MPI (MTRAIN_HAVE_MPI).
 #pragma once
 
 #include <string>

@@ -1,6 +1,6 @@
 // mtrain-train started by Open MPI's mpirun instead of mtrain-launch (docs/mpirun.md):
 // the ranks come from OMPI_COMM_WORLD_*, the MPI backend needs no store, and the Gloo
-// backend gets its store from rank 0 through an MPI broadcast (trainer/store_bootstrap.h).
+// backend gets its store from rank 0 through an MPI broadcast (trainer/setup/worker_store.h).
 // Each run is compared with the same training started by mtrain-launch, through the
 // weights both save with --save-final, element by element.
 //
@@ -36,7 +36,7 @@
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
 #include "tests/trainer/weights_compare.h"
-#include "trainer/safetensors.h"
+#include "trainer/checkpoint/safetensors.h"
 
 using Catch::Matchers::Contains;
 using mtrain::testing::ProcessResult;

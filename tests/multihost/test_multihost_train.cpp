@@ -35,7 +35,7 @@
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
 #include "tests/trainer/weights_compare.h"
-#include "trainer/safetensors.h"
+#include "trainer/checkpoint/safetensors.h"
 
 using Catch::Matchers::Contains;
 using mtrain::testing::NetnsPair;

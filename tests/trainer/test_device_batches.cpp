@@ -1,5 +1,5 @@
-// DeviceBatches (trainer/device_batches.h) and the device list of the epoch line
-// (trainer/device_setup.h) on the CPU; the GPU copies run in test_train_cuda.
+// DeviceBatches (trainer/loop/device_batches.h) and the device list of the epoch line
+// (trainer/setup/device_setup.h) on the CPU; the GPU copies run in test_train_cuda.
 #include <catch2/catch.hpp>
 
 #include <memory>
@@ -8,8 +8,8 @@
 #include "data/sampler.h"
 #include "data/synthetic.h"
 #include "tests/support/solo_group.h"
-#include "trainer/device_batches.h"
-#include "trainer/device_setup.h"
+#include "trainer/loop/device_batches.h"
+#include "trainer/setup/device_setup.h"
 
 using namespace mtrain;
 

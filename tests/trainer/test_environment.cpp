@@ -1,4 +1,4 @@
-// Environment discovery (trainer/environment.h): source precedence and the errors for
+// Environment discovery (trainer/setup/environment.h): source precedence and the errors for
 // contradictory variables, through a lookup over a map so no test touches the real
 // process environment.
 #include <catch2/catch.hpp>
@@ -13,10 +13,10 @@
 #include "core/error.h"
 #include "collectives/store.h"
 #include "tensor/tensor.h"
-#include "trainer/environment.h"
-#include "trainer/store_bootstrap.h"
-#include "trainer/training_groups.h"
-#include "trainer/hostlist.h"
+#include "trainer/setup/environment.h"
+#include "trainer/setup/worker_store.h"
+#include "trainer/ddp/training_groups.h"
+#include "trainer/setup/hostlist.h"
 
 using Catch::Matchers::Contains;
 using mtrain::InvalidArgument;

@@ -1,6 +1,6 @@
 // --amp and loss scaling: the LossScaler's rules in-process, then real mtrain-train runs
 // on the shipped subset (Note [Mixed precision] in models/mixed_precision.h, Note
-// [Dynamic loss scaling] in trainer/loss_scaler.h). The children hide every GPU, so the
+// [Dynamic loss scaling] in trainer/loop/loss_scaler.h). The children hide every GPU, so the
 // runs mean the same on a machine with one.
 #include <catch2/catch.hpp>
 
@@ -18,8 +18,8 @@
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
 #include "tests/trainer/weights_compare.h"
-#include "trainer/loss_scaler.h"
-#include "trainer/safetensors.h"
+#include "trainer/loop/loss_scaler.h"
+#include "trainer/checkpoint/safetensors.h"
 
 using Catch::Matchers::Contains;
 using mtrain::DType;

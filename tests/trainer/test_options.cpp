@@ -9,8 +9,8 @@
 #include "tests/support/scoped_env.h"
 #include "core/error.h"
 #include "tests/trainer/temp_dir.h"
-#include "trainer/environment.h"
-#include "trainer/metrics.h"
+#include "trainer/setup/environment.h"
+#include "trainer/loop/metrics.h"
 #include "trainer/options.h"
 
 using Catch::Matchers::Contains;

@@ -26,8 +26,8 @@
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
 #include "tests/trainer/weights_compare.h"
-#include "trainer/lr_schedule.h"
-#include "trainer/safetensors.h"
+#include "trainer/loop/lr_schedule.h"
+#include "trainer/checkpoint/safetensors.h"
 
 using Catch::Matchers::Contains;
 using mtrain::testing::BackgroundProcess;
@@ -348,7 +348,7 @@ nlohmann::json read_json(const std::string& path) {
 
 }  // namespace
 
-// Note [A stop signal during start-up] (trainer/stop_signals.h): before its first step a
+// Note [A stop signal during start-up] (trainer/stopping/stop_signals.h): before its first step a
 // worker may wait for its peers for --timeout; the first signal must end that wait.
 TEST_CASE("one worker waiting for its peers at start-up stops at once on the first SIGTERM", "[multiproc]") {
   TempDir dir;

@@ -1,4 +1,4 @@
-// Reducer (trainer/reducer.h) and learning-rate schedules in one process: bucket
+// Reducer (trainer/ddp/reducer.h) and learning-rate schedules in one process: bucket
 // layout, the no_sync path, the hook contract, and that a group of one leaves the
 // gradients exactly as local training does. Several ranks are covered end to end by
 // test_distributed_train.
@@ -24,10 +24,10 @@
 #include "models/linear.h"
 #include "models/sequential.h"
 #include "models/zoo.h"
-#include "trainer/lr_schedule.h"
-#include "trainer/rank_consensus.h"
-#include "trainer/reducer.h"
-#include "trainer/training_groups.h"
+#include "trainer/loop/lr_schedule.h"
+#include "trainer/ddp/rank_consensus.h"
+#include "trainer/ddp/reducer.h"
+#include "trainer/ddp/training_groups.h"
 
 using Catch::Matchers::Contains;
 using namespace mtrain;
@@ -96,7 +96,7 @@ std::vector<std::string> on_two_ranks(const std::function<void(int, std::shared_
 }  // namespace
 
 TEST_CASE("host values travel on the control group, gradient buckets on the gradient group", "[reducer]") {
-  // Note [Control-plane collectives] in trainer/training_groups.h: with NCCL the two
+  // Note [Control-plane collectives] in trainer/ddp/training_groups.h: with NCCL the two
   // are different groups, and NCCL would refuse the host tensors.
   SoloGroup solo_gradients;
   SoloGroup solo_control;
@@ -192,7 +192,7 @@ TEST_CASE("the hidden share of the all-reduce is 1 - wait / span, clamped", "[re
 
 TEST_CASE("every rank's wait: per-rank sums, the slowest rank of each step, the communication none hid",
           "[reducer]") {
-  // Note [Every rank's wait] in trainer/reducer.h.
+  // Note [Every rank's wait] in trainer/ddp/reducer.h.
   RankWaits w;
   CHECK(w.mean_wait_seconds() == 0.0);
   CHECK_THAT(describe_rank_waits(w), Contains("no step's waits"));
@@ -381,7 +381,7 @@ TEST_CASE("the replica check names the rank whose parameters differ by one eleme
 }
 
 TEST_CASE("SyncBatchNorm's Gloo group does not queue behind a gradient bucket in flight", "[groups]") {
-  // Note [SyncBatchNorm's own group] in trainer/training_groups.h. Rank 0 starts a bucket
+  // Note [SyncBatchNorm's own group] in trainer/ddp/training_groups.h. Rank 0 starts a bucket
   // all-reduce and, before waiting for it, the statistics all-reduce of a BatchNorm
   // layer; rank 1 joins the statistics first and the bucket after. Only on separate
   // groups is each operation's completion independent of the other group's queue. On

@@ -14,8 +14,8 @@
 
 #include "core/error.h"
 #include "tests/trainer/temp_dir.h"
-#include "trainer/checkpoint.h"
-#include "trainer/safetensors.h"
+#include "trainer/checkpoint/weights.h"
+#include "trainer/checkpoint/safetensors.h"
 
 using mtrain::DType;
 using mtrain::IoError;

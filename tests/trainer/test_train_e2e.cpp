@@ -16,8 +16,8 @@
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
 #include "tests/trainer/weights_compare.h"
-#include "trainer/checkpoint.h"
-#include "trainer/safetensors.h"
+#include "trainer/checkpoint/weights.h"
+#include "trainer/checkpoint/safetensors.h"
 
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;

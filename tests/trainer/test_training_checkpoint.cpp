@@ -15,9 +15,9 @@
 #include "tests/support/solo_group.h"
 #include "tests/trainer/counting_group.h"
 #include "tests/trainer/temp_dir.h"
-#include "trainer/checkpoint.h"
-#include "trainer/checkpointer.h"
-#include "trainer/training_checkpoint.h"
+#include "trainer/checkpoint/weights.h"
+#include "trainer/checkpoint/checkpointer.h"
+#include "trainer/checkpoint/checkpoint_file.h"
 
 using Catch::Matchers::Contains;
 using mtrain::IoError;
@@ -290,7 +290,7 @@ TEST_CASE("resume refuses a checkpoint it cannot look at and clears interrupted 
   auto model = make_mlp(1);
   mtrain::models::Sgd sgd(*model, sgd_options());
   const std::string path = mtrain::checkpoint_path(dir.path().string());
-  // A save killed before its rename left this behind (Note in trainer/checkpointer.cpp).
+  // A save killed before its rename left this behind (Note in trainer/checkpoint/checkpointer.cpp).
   const std::string stale = dir.file(".checkpoint.safetensors.tmp-4242-0");
   std::ofstream(stale) << "partial";
   const std::string unrelated = dir.file("notes.txt");
@@ -324,7 +324,7 @@ TEST_CASE("a weights file, or a checkpoint with missing momentum, is not resumed
 }
 
 TEST_CASE("a checkpointer sends host values on the control group, model state on the gradient group") {
-  // Note [Control-plane collectives] in trainer/training_groups.h: under NCCL the model
+  // Note [Control-plane collectives] in trainer/ddp/training_groups.h: under NCCL the model
   // state is on the GPU and the headers are host tensors, so they need different groups.
   TempDir dir;
   mtrain::testing::SoloGroup solo_gradients;

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <string>
 
-#include "trainer/safetensors.h"
+#include "trainer/checkpoint/safetensors.h"
 
 namespace mtrain::testing {
 

@@ -1,0 +1,221 @@
+#include "trainer/checkpoint/checkpointer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+#include <exception>
+#include <filesystem>
+
+#include "core/error.h"
+#include "trainer/ddp/rank_consensus.h"
+
+namespace mtrain {
+
+namespace {
+
+// A save killed between writing its temporary file and renaming it (SIGKILL after the
+// launcher's --term_timeout, a node lost) leaves `.checkpoint.safetensors.tmp-PID-N`
+// behind, as large as a checkpoint; every such run would add one. Rank 0, the only
+// writer, removes them before it saves again. Failing to remove one is only worth a
+// warning.
+void remove_interrupted_saves(const std::string& dir, const std::string& path) {
+  const std::string prefix = temporary_file_prefix(path);
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    std::error_code removed;
+    std::filesystem::remove(entry.path(), removed);
+    if (removed) {
+      spdlog::warn("--checkpoint-dir {}: cannot remove {}, left by an interrupted save: {}", dir, name,
+                   removed.message());
+    } else {
+      spdlog::info("removed {}, left in --checkpoint-dir by an interrupted save", name);
+    }
+  }
+}
+
+// The resume header: whether rank 0 found a checkpoint, the position's counters and
+// whether momentum buffers follow.
+// The loss scale travels as the bits of its double: every rank must unscale the reduced
+// gradients by the same factor (Note [Dynamic loss scaling]).
+enum HeaderField {
+  kFound,
+  kEpoch,
+  kStepsInEpoch,
+  kTotalSteps,
+  kEpochFinished,
+  kHasMomentum,
+  kLossScaleBits,
+  kLossScaleGoodSteps,
+  kSkippedSteps,
+  kConsecutiveSkips,
+  kHeaderSize
+};
+
+const char* reason_name(CheckpointReason reason) {
+  switch (reason) {
+    case CheckpointReason::kEvery: return "--checkpoint-every";
+    case CheckpointReason::kEpochEnd: return "end of epoch";
+    case CheckpointReason::kStop: return "stop signal";
+  }
+  return "?";
+}
+
+// How rank 0's operation ended, as broadcast by share_outcome.
+enum OutcomeKind : int64_t { kSucceeded = 0, kInvalidArgument = 1, kIoError = 2, kOtherError = 3 };
+
+}  // namespace
+
+void share_outcome(ProcessGroup* group, int rank, std::exception_ptr failure) {
+  if (group == nullptr) {
+    if (failure) std::rethrow_exception(failure);
+    return;
+  }
+  std::string message;
+  Tensor header = Tensor::zeros({2}, DType::Int64);
+  if (rank == 0 && failure) {
+    int64_t kind = kOtherError;
+    try {
+      std::rethrow_exception(failure);
+    } catch (const InvalidArgument& e) {
+      kind = kInvalidArgument;
+      message = e.what();
+    } catch (const IoError& e) {
+      kind = kIoError;
+      message = e.what();
+    } catch (const std::exception& e) {
+      message = e.what();
+    } catch (...) {
+      message = "unknown error";
+    }
+    header.data<int64_t>()[0] = kind;
+    header.data<int64_t>()[1] = static_cast<int64_t>(message.size());
+  }
+  group->broadcast(header, 0)->wait();
+  const int64_t kind = header.data<int64_t>()[0];
+  if (kind == kSucceeded) return;
+  // The text travels as int64 words, the one integer type every backend broadcasts.
+  const int64_t length = header.data<int64_t>()[1];
+  Tensor words = Tensor::zeros({(length + 7) / 8}, DType::Int64);
+  if (rank == 0) std::memcpy(words.raw_data(), message.data(), message.size());
+  group->broadcast(words, 0)->wait();
+  if (rank == 0) std::rethrow_exception(failure);
+  message.assign(static_cast<const char*>(words.raw_data()), static_cast<size_t>(length));
+  message = fmt::format("rank 0: {}", message);
+  if (kind == kInvalidArgument) throw InvalidArgument(message);
+  if (kind == kIoError) throw IoError(message);
+  throw InternalError(message);
+}
+
+Checkpointer::Checkpointer(std::string dir, ProcessGroup* group, int rank, models::Module& model,
+                           models::Sgd& optimizer, RunConfiguration configuration, ProcessGroup* control)
+    : dir_(std::move(dir)),
+      path_(checkpoint_path(dir_)),
+      group_(group),
+      control_(control != nullptr ? control : group),
+      rank_(rank),
+      model_(model),
+      optimizer_(optimizer),
+      configuration_(std::move(configuration)) {}
+
+std::optional<TrainPosition> Checkpointer::resume() {
+  Tensor header = Tensor::zeros({kHeaderSize}, DType::Int64);
+  std::optional<TrainPosition> position;
+  std::exception_ptr failure;
+  if (rank_ == 0) {
+    try {
+      std::error_code ec;
+      std::filesystem::create_directories(dir_, ec);
+      if (ec) throw IoError(fmt::format("--checkpoint-dir {}: cannot create it: {}", dir_, ec.message()));
+      remove_interrupted_saves(dir_, path_);
+      // Only a checkpoint that is certainly absent starts the run afresh: one that cannot
+      // be looked at (EACCES, EIO, a symlink loop) would be overwritten by the first save.
+      const auto status = std::filesystem::symlink_status(path_, ec);
+      if (ec && status.type() != std::filesystem::file_type::not_found) {
+        throw IoError(fmt::format("--checkpoint-dir {}: cannot check for {}: {}", dir_, path_, ec.message()));
+      }
+      if (status.type() != std::filesystem::file_type::not_found) {
+        position = load_training_checkpoint(path_, model_, optimizer_, configuration_);
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    int64_t* h = header.data<int64_t>();
+    h[kFound] = position ? 1 : 0;
+    if (position) {
+      h[kEpoch] = position->epoch;
+      h[kStepsInEpoch] = position->steps_in_epoch;
+      h[kTotalSteps] = position->total_steps;
+      h[kEpochFinished] = position->epoch_finished ? 1 : 0;
+      h[kHasMomentum] = optimizer_.momentum_buffers().empty() || !optimizer_.momentum_buffers()[0].defined() ? 0 : 1;
+      std::memcpy(&h[kLossScaleBits], &position->loss_scaler.scale, sizeof(double));
+      h[kLossScaleGoodSteps] = position->loss_scaler.good_steps;
+      h[kSkippedSteps] = position->loss_scaler.skipped_steps;
+      h[kConsecutiveSkips] = position->loss_scaler.consecutive_skips;
+    }
+  }
+  share_outcome(control_, rank_, failure);
+  if (group_ == nullptr) return position;
+  control_->broadcast(header, 0)->wait();
+  const int64_t* h = header.data<int64_t>();
+  if (h[kFound] == 0) {
+    // Only rank 0 reads the directory, so a rank on another node may see a checkpoint
+    // that rank 0 does not (node-local storage, a requeue that moved rank 0): say so
+    // instead of starting afresh without a word.
+    std::error_code ec;
+    if (rank_ != 0 && std::filesystem::exists(path_, ec)) {
+      spdlog::warn("rank 0 found no checkpoint in --checkpoint-dir {}, but this rank sees {}: the run starts "
+                   "afresh. The directory must be one rank 0 sees (shared storage)",
+                   dir_, path_);
+    }
+    return std::nullopt;
+  }
+
+  // Rank 0's model and momentum become everyone's.
+  broadcast_module_state(*group_, model_);
+  if (h[kHasMomentum] != 0) {
+    auto params = model_.parameters();
+    std::vector<Tensor>& momentum = optimizer_.momentum_buffers();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Tensor& value = params[i].param->value;
+      if (rank_ != 0) momentum[i] = Tensor::empty(value.shape(), value.dtype(), value.device());
+      group_->broadcast(momentum[i], 0)->wait();
+    }
+  }
+  if (rank_ == 0) return position;
+  TrainPosition p;  // the epoch's totals stay on rank 0 (Note [Resuming mid-epoch])
+  p.epoch = h[kEpoch];
+  p.steps_in_epoch = h[kStepsInEpoch];
+  p.total_steps = h[kTotalSteps];
+  p.epoch_finished = h[kEpochFinished] != 0;
+  std::memcpy(&p.loss_scaler.scale, &h[kLossScaleBits], sizeof(double));
+  p.loss_scaler.good_steps = h[kLossScaleGoodSteps];
+  p.loss_scaler.skipped_steps = h[kSkippedSteps];
+  p.loss_scaler.consecutive_skips = h[kConsecutiveSkips];
+  return p;
+}
+
+void Checkpointer::save(const TrainPosition& position, CheckpointReason reason) {
+  TrainPosition p = position;
+  if (control_ != nullptr && !p.epoch_finished) {
+    Tensor counts = Tensor::from_vector<int64_t>({p.correct, p.images}, {2});
+    control_->allreduce(counts, ReduceOp::Sum)->wait();
+    p.correct = counts.data<int64_t>()[0];
+    p.images = counts.data<int64_t>()[1];
+    p.loss_sum = sum_over_ranks(*control_, p.loss_sum);
+  }
+  std::exception_ptr failure;
+  if (rank_ == 0) {
+    try {
+      save_training_checkpoint(path_, model_, optimizer_, p, configuration_);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  share_outcome(control_, rank_, failure);
+  spdlog::info("checkpoint ({}): step {} (epoch {}) written to {}", reason_name(reason), p.total_steps, p.epoch,
+               path_);
+}
+
+}  // namespace mtrain

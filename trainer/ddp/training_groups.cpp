@@ -1,0 +1,74 @@
+#include "trainer/ddp/training_groups.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace mtrain {
+
+// Note [Agreeing on the backend first]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The configuration check (rank_consensus.h) runs over a group, and ranks that resolved
+// different backends never get one: a Gloo rank waits for peers that sit in NCCL's
+// set-up, for --timeout (30 min by default). `--device auto` on a node whose GPU is
+// unusable does exactly that. So before any group is made, every rank puts what it
+// resolved on the store and compares it with rank 0's; a rank that differs fails at
+// once, naming both, and the launcher tears the gang down with that as the root cause.
+void require_rank0_backend(Store& store, int rank, const std::string& backend, Device device) {
+  const std::string mine = fmt::format("{} on {}", backend, device.is_cuda() ? "a GPU" : "the CPU");
+  store.set(fmt::format("mtrain/backend/{}", rank), mine);
+  if (rank == 0) return;
+  const std::string rank0 = store.get_string("mtrain/backend/0");
+  if (rank0 != mine) {
+    throw InvalidArgument(fmt::format(
+        "rank {} trains with {} but rank 0 with {}: every rank must use the same backend and kind of device "
+        "(with --device auto, a rank whose GPU is unusable falls back to the CPU: check that rank's GPU, or "
+        "pass --device and --backend explicitly)",
+        rank, mine, rank0));
+  }
+}
+
+TrainingGroups create_training_groups(const std::string& backend, std::shared_ptr<Store> store, int rank,
+                                      int size, Device device, const ProcessGroupOptions& options) {
+  MTRAIN_CHECK(backend != "auto", "create_training_groups needs a resolved backend, found auto");
+  if (backend == "nccl" && store == nullptr) {
+    // The control group is Gloo, which needs the store even where NCCL could do without.
+    throw InvalidArgument(
+        "--backend nccl needs a rendezvous store for its NCCL id and for the Gloo control group "
+        "(Note [Control-plane collectives]), and this run has none: start the workers with mtrain-launch, or "
+        "set MASTER_ADDR and MASTER_PORT");
+  }
+  if (store != nullptr && size > 1) require_rank0_backend(*store, rank, backend, device);
+  TrainingGroups groups;
+  groups.store = store;
+  groups.device = device;
+  groups.gradients = create_process_group(backend, store, rank, size, device, options);
+  if (groups.gradients->backend_name() != "nccl") {
+    groups.control = groups.gradients;
+    return groups;
+  }
+  ProcessGroupOptions control_options = options;
+  control_options.name = "control";
+  groups.control = create_process_group("gloo", std::move(store), rank, size, Device::cpu(), control_options);
+  return groups;
+}
+
+std::shared_ptr<ProcessGroup> create_batch_stats_group(const TrainingGroups& groups) {
+  MTRAIN_CHECK(groups.gradients != nullptr, "create_batch_stats_group needs the training groups, found none");
+  if (groups.gradients->backend_name() != "gloo") return groups.gradients;
+  const ProcessGroup& gradients = *groups.gradients;
+  ProcessGroupOptions options = gradients.options();
+  options.name = "batch-stats";
+  return create_process_group("gloo", groups.store, gradients.rank(), gradients.size(), groups.device, options);
+}
+
+TrainingGroups create_single_rank_nccl_groups(Device device, const ProcessGroupOptions& options) {
+  const std::string token = generate_store_token();
+  auto server = std::make_shared<TcpStoreServer>("127.0.0.1", 0, token);
+  auto store = std::make_shared<TcpStore>("127.0.0.1", server->port(), token);
+  TrainingGroups groups = create_training_groups("nccl", std::move(store), 0, 1, device, options);
+  groups.local_store_server = std::move(server);
+  return groups;
+}
+
+}  // namespace mtrain

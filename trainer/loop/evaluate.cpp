@@ -1,0 +1,43 @@
+#include "trainer/loop/evaluate.h"
+
+#include "models/loss.h"
+#include "trainer/loop/device_batches.h"
+
+namespace mtrain {
+
+namespace {
+
+// Puts a module in eval mode for one scope, restoring its mode even on an exception.
+class EvalModeGuard {
+ public:
+  explicit EvalModeGuard(models::Module& model) : model_(model), was_training_(model.is_training()) {
+    model_.eval();
+  }
+  ~EvalModeGuard() { model_.train(was_training_); }
+  EvalModeGuard(const EvalModeGuard&) = delete;
+  EvalModeGuard& operator=(const EvalModeGuard&) = delete;
+
+ private:
+  models::Module& model_;
+  bool was_training_;
+};
+
+}  // namespace
+
+EvalResult evaluate(models::Module& model, data::DataLoader& loader, Device device) {
+  EvalModeGuard guard(model);
+  models::CrossEntropyLoss loss;
+  EvalResult result;
+  DeviceBatches batches(loader, device);
+  batches.start_epoch(0);
+  while (auto batch = batches.next()) {
+    const Tensor logits = model.forward(batch->images);
+    const models::LossResult r = loss.value(logits, batch->labels);  // no gradient to compute
+    result.loss_sum += r.loss * static_cast<double>(r.count);
+    result.correct += r.correct;
+    result.count += r.count;
+  }
+  return result;
+}
+
+}  // namespace mtrain

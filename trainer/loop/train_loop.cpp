@@ -1,0 +1,313 @@
+#include "trainer/loop/train_loop.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+#include "models/loss.h"
+#include "tensor/cuda_memory.h"
+#include "tensor/ops.h"
+#include "trainer/loop/device_batches.h"
+#include "trainer/stopping/stop_signals.h"
+
+namespace mtrain {
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// The epoch event's memory figures (docs/training.md, "Metrics"): the host tensor
+// allocator's peak and what it holds, and on a GPU the device allocator's current use
+// and reservation, so that growth from one epoch to the next shows.
+void add_memory_fields(nlohmann::json& event, Device device) {
+  const AllocatorStats host = host_allocator_stats();
+  event["host_tensor_peak_mib"] = static_cast<double>(host.peak_in_use_bytes) / kMiB;
+  event["host_tensor_held_mib"] = static_cast<double>(host.peak_reserved_bytes) / kMiB;
+  if (device.is_cuda()) {
+    const BlockAllocatorStats gpu = cuda_memory_stats(device.index);
+    event["cuda_in_use_mib"] = static_cast<double>(gpu.in_use_bytes) / kMiB;
+    event["cuda_reserved_mib"] = static_cast<double>(gpu.reserved_bytes) / kMiB;
+  }
+}
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double rate(double amount, double seconds) { return seconds > 0 ? amount / seconds : 0.0; }
+
+// Loss and throughput since the previous progress line.
+struct ProgressWindow {
+  double loss_sum = 0.0;  // sum of per-step mean losses
+  int64_t steps = 0;
+  int64_t images = 0;
+  double seconds = 0.0;
+
+  void reset() { *this = ProgressWindow{}; }
+};
+
+}  // namespace
+
+std::string format_epoch_line(const EpochSummary& s, const std::vector<std::string>& devices) {
+  std::string line = fmt::format("epoch {}, loss {:.3f}, train acc {:.3f}", s.epoch, s.train_loss, s.train_acc);
+  if (s.test) line += fmt::format(", test acc {:.3f}", s.test->accuracy());
+  line += fmt::format(", {:.1f} sec/epoch, {:.0f} img/s on [{}]", s.train_seconds, s.images_per_second,
+                      fmt::join(devices, ", "));
+  return line;
+}
+
+TrainLoop::TrainLoop(models::Module& model, models::Sgd& optimizer, GradientSynchronizer& sync,
+                     data::DataLoader& train_loader, data::DataLoader* test_loader,
+                     MetricsWriter& metrics, TrainLoopConfig config)
+    : model_(model),
+      optimizer_(optimizer),
+      sync_(sync),
+      train_loader_(train_loader),
+      test_loader_(test_loader),
+      metrics_(metrics),
+      config_(std::move(config)) {}
+
+bool TrainLoop::step_limit_reached() const {
+  return config_.max_steps && total_steps_ >= *config_.max_steps;
+}
+
+void TrainLoop::checkpoint(const TrainPosition& position, CheckpointReason reason) const {
+  if (config_.hooks.checkpoint) config_.hooks.checkpoint(position, reason);
+}
+
+TrainResult TrainLoop::run() {
+  TrainResult result;
+  models::CrossEntropyLoss loss_fn;
+  DeviceBatches batches(train_loader_, config_.device);
+  const int64_t batches_per_epoch = batches.num_batches();
+
+  // Time is summed per step (waiting for the batch included, evaluation and logging
+  // excluded), so a progress window may span an epoch boundary without counting the
+  // evaluation in between as training time.
+  ProgressWindow window;
+  const int64_t accum = config_.grad_accum;
+  MTRAIN_CHECK(accum >= 1, "grad_accum {} < 1", accum);
+  const int64_t steps_per_epoch = (batches_per_epoch + accum - 1) / accum;
+  const TrainPosition& start = config_.start;
+  MTRAIN_CHECK(start.epoch >= 1 && start.steps_in_epoch >= 0 && start.steps_in_epoch <= steps_per_epoch &&
+                   start.total_steps >= start.steps_in_epoch,
+               "start position epoch {} step {} of {} (total {})", start.epoch, start.steps_in_epoch,
+               steps_per_epoch, start.total_steps);
+  total_steps_ = start.total_steps;
+  result.end = start;
+  LossScaler* const scaler = config_.loss_scaler;
+  std::vector<Tensor*> grads;  // what the scaler unscales
+  if (scaler != nullptr) {
+    if (start.loss_scaler.scale > 0.0) scaler->restore(start.loss_scaler);
+    for (const models::NamedParameter& p : model_.parameters()) grads.push_back(&p.param->grad);
+  }
+  for (int64_t epoch = start.epoch; epoch <= config_.epochs; ++epoch) {
+    // Note [Resuming mid-epoch]
+    const bool resumed = epoch == start.epoch && (start.steps_in_epoch > 0 || start.epoch_finished);
+    if (resumed && start.epoch_finished && start.steps_in_epoch >= steps_per_epoch) continue;
+    if (!resumed && step_limit_reached()) break;
+    model_.train();
+    // The sampler's epoch is 0-based (seed + epoch, as PyTorch); the printed one 1-based.
+    batches.start_epoch(epoch - 1);
+    EpochSummary s;
+    s.epoch = epoch;
+    int64_t micro = 0;  // micro-batches taken this epoch
+    if (resumed) {
+      s.steps = start.steps_in_epoch;
+      if (!start.epoch_finished) {
+        s.loss_sum = start.loss_sum;
+        s.correct = start.correct;
+        s.images = start.images;
+        s.train_seconds = start.train_seconds;
+      }
+      const int64_t done = std::min(start.steps_in_epoch * accum, batches_per_epoch);
+      for (; micro < done; ++micro) {
+        // Through `batches` too, so the prefetcher stays in step with the loader (a copy
+        // to the device per skipped batch, once per resumed run).
+        MTRAIN_CHECK(batches.next().has_value(), "epoch {} ended after {} of the {} batches to skip",
+                     epoch, micro, done);
+      }
+    }
+    const auto position = [&](bool finished) {
+      TrainPosition p;
+      p.epoch = epoch;
+      p.steps_in_epoch = s.steps;
+      p.total_steps = total_steps_;
+      p.epoch_finished = finished;
+      if (scaler != nullptr) p.loss_scaler = scaler->state();
+      if (!finished) {
+        p.loss_sum = s.loss_sum;
+        p.correct = s.correct;
+        p.images = s.images;
+        p.train_seconds = s.train_seconds;
+      }
+      return p;
+    };
+    double step_seconds = 0.0;
+    std::string divergence;      // this rank's non-finite loss (Note [Agreeing to diverge])
+    double step_loss_sum = 0.0;  // per-image losses of this step's micro-batches
+    int64_t step_images = 0;
+
+    while (!step_limit_reached()) {
+      const auto micro_start = Clock::now();
+      auto batch = batches.next();
+      if (!batch) break;
+      const bool first_of_step = micro % accum == 0;
+      const bool last_of_step = (micro + 1) % accum == 0 || micro + 1 == batches_per_epoch;
+      ++micro;
+      if (first_of_step) {
+        optimizer_.zero_grad();
+        if (config_.lr_schedule != nullptr) {
+          const double progress = static_cast<double>(epoch - 1) + static_cast<double>(s.steps) /
+                                  static_cast<double>(std::max<int64_t>(steps_per_epoch, 1));
+          optimizer_.set_lr(static_cast<float>(config_.lr_schedule->at(progress)));
+        }
+      }
+      MicroBatchInfo info{batch->size(), last_of_step};
+      // Note [Buffers follow rank 0]: every rank, its micro-batch empty or not.
+      if (last_of_step && config_.hooks.sync_buffers) config_.hooks.sync_buffers();
+      if (last_of_step && config_.hooks.stop_vote) info.stop_vote = config_.hooks.stop_vote();
+      if (batch->size() == 0) {
+        // An empty shard (see Note [Gradients are views into the buckets] in reducer.h): nothing
+        // to compute, but the synchronizer still takes part in the exchange.
+        sync_.before_backward(info);
+        sync_.after_backward();
+      } else {
+        const Tensor logits = model_.forward(batch->images);
+        const models::LossResult r = loss_fn.forward(logits, batch->labels);
+        // Note [Agreeing to diverge]
+        if (!std::isfinite(r.loss) && divergence.empty()) {
+          divergence = fmt::format("the loss is {} at epoch {} step {}", r.loss, epoch, total_steps_ + 1);
+        }
+        if (last_of_step && !divergence.empty()) info.stop_vote = encode_stop_vote(kDivergedVote, config_.rank);
+        Tensor dlogits = loss_fn.backward();
+        if (accum > 1) ops::scale_(dlogits, 1.0f / static_cast<float>(accum));
+        sync_.before_backward(info);
+        float k = sync_.loss_gradient_scale();
+        if (scaler != nullptr) k *= scaler->scale();
+        if (k != 1.0f) ops::scale_(dlogits, k);
+        model_.backward(dlogits);
+        sync_.after_backward();
+        s.images += r.count;
+        s.loss_sum += r.loss * static_cast<double>(r.count);
+        s.correct += r.correct;
+        step_loss_sum += r.loss * static_cast<double>(r.count);
+        step_images += r.count;
+      }
+      if (!last_of_step) {
+        step_seconds += seconds_since(micro_start);
+        continue;
+      }
+      if (const StopVote vote = decode_stop_vote(sync_.agreed_stop_vote()); vote.signal == kDivergedVote) {
+        // Note [Agreeing to diverge]
+        throw InvalidArgument(
+            !divergence.empty()
+                ? fmt::format("training diverged: {} (try a smaller --lr than {})", divergence, optimizer_.lr())
+                : fmt::format("training diverged on rank {} at epoch {} step {}: its loss was not finite, so "
+                              "every rank stops (try a smaller --lr than {})",
+                              vote.rank, epoch, total_steps_ + 1, optimizer_.lr()));
+      }
+      // Note [Dynamic loss scaling]: every rank holds the same reduced gradients, so
+      // every rank skips the same steps.
+      const bool skip = scaler != nullptr && scaler->unscale_and_update(grads);
+      if (!skip) optimizer_.step();
+      step_seconds += seconds_since(micro_start);
+
+      ++total_steps_;
+      ++s.steps;
+      s.train_seconds += step_seconds;
+      window.loss_sum += step_images > 0 ? step_loss_sum / static_cast<double>(step_images) : 0.0;
+      ++window.steps;
+      window.images += step_images;
+      window.seconds += step_seconds;
+      step_seconds = 0.0;
+      step_loss_sum = 0.0;
+      step_images = 0;
+      if (config_.hooks.after_step) config_.hooks.after_step(total_steps_);
+
+      if (total_steps_ % config_.log_every == 0) {
+        const double mean_loss = window.loss_sum / static_cast<double>(window.steps);
+        const double img_per_s = rate(static_cast<double>(window.images), window.seconds);
+        spdlog::info("epoch {} step {}/{} (total {}): loss {:.4f}, {:.0f} img/s", epoch, s.steps,
+                     steps_per_epoch, total_steps_, mean_loss, img_per_s);
+        nlohmann::json event = {{"event", "step"},
+                                {"epoch", epoch},
+                                {"step", total_steps_},
+                                {"loss", json_number(mean_loss)},
+                                {"lr", optimizer_.lr()},
+                                {"img_per_s", json_number(img_per_s)},
+                                {"images", window.images},
+                                {"sec", window.seconds}};
+        if (scaler != nullptr) {
+          event["loss_scale"] = scaler->state().scale;
+          event["skipped_steps"] = scaler->state().skipped_steps;
+        }
+        if (config_.hooks.extend_metrics) config_.hooks.extend_metrics(event);
+        metrics_.write(event);
+        window.reset();
+      }
+
+      // Every rank read the same agreed vote after this step (Note [Agreeing to stop]).
+      if (const int64_t vote = sync_.agreed_stop_vote(); vote != 0) {
+        result.end = position(false);
+        result.stop_vote = vote;
+        checkpoint(result.end, CheckpointReason::kStop);
+        return result;
+      }
+      // The epoch's last step is followed by its own checkpoint, after the evaluation.
+      const bool epoch_ends = micro == batches_per_epoch || step_limit_reached();
+      if (config_.checkpoint_every > 0 && total_steps_ % config_.checkpoint_every == 0 && !epoch_ends) {
+        checkpoint(position(false), CheckpointReason::kEvery);
+      }
+    }
+    s.total_steps = total_steps_;
+    if (s.steps == 0) break;  // max_steps hit exactly at the previous epoch's end
+    result.end = position(false);
+    if (config_.hooks.combine_epoch) config_.hooks.combine_epoch(s);
+    if (s.images == 0) break;
+    s.train_loss = s.loss_sum / static_cast<double>(s.images);
+    s.train_acc = static_cast<double>(s.correct) / static_cast<double>(s.images);
+    s.images_per_second = rate(static_cast<double>(s.images), s.train_seconds);
+
+    if (test_loader_ != nullptr) {
+      const auto eval_start = Clock::now();
+      if (config_.hooks.sync_buffers) config_.hooks.sync_buffers();  // Note [Buffers follow rank 0]
+      s.test = evaluate(model_, *test_loader_, config_.device);
+      if (config_.hooks.combine_eval) s.test = config_.hooks.combine_eval(*s.test);
+      s.eval_seconds = seconds_since(eval_start);
+    }
+    spdlog::info("{}", format_epoch_line(s, config_.devices));
+    // What this event's figures cover: after a resume past an epoch summarised at a
+    // --max-steps cut, only the steps since (Note [Resuming mid-epoch]).
+    const int64_t first_counted = resumed && start.epoch_finished ? start.steps_in_epoch : 0;
+    const bool partial = first_counted > 0 || micro < batches_per_epoch;
+    nlohmann::json event = {{"event", "epoch"},
+                            {"epoch", epoch},
+                            {"step", total_steps_},
+                            {"steps", s.steps - first_counted},
+                            {"images", s.images},
+                            {"partial", partial},
+                            {"train_loss", json_number(s.train_loss)},
+                            {"train_acc", s.train_acc},
+                            {"test_loss", s.test ? json_number(s.test->mean_loss()) : nullptr},
+                            {"test_acc", s.test ? nlohmann::json(s.test->accuracy()) : nullptr},
+                            {"sec", s.train_seconds},
+                            {"eval_sec", s.eval_seconds},
+                            {"img_per_s", json_number(s.images_per_second)},
+                            {"devices", config_.devices}};
+    add_memory_fields(event, config_.device);
+    if (config_.hooks.extend_metrics) config_.hooks.extend_metrics(event);
+    metrics_.write(event);
+    result.epochs.push_back(s);
+    result.end = position(true);
+    checkpoint(result.end, CheckpointReason::kEpochEnd);
+  }
+  return result;
+}
+
+}  // namespace mtrain

@@ -1,0 +1,195 @@
+// The training loop: epochs of forward, loss, backward, gradient synchronization and
+// SGD steps, progress lines every few steps and the d2l-style line after each epoch.
+// It owns nothing: the caller builds the model, optimizer, loaders, synchronizer and
+// metrics writer, so the distributed run swaps in a DistributedSampler and a Reducer
+// without touching this file.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/dataloader.h"
+#include "models/module.h"
+#include "models/optim.h"
+#include "trainer/loop/evaluate.h"
+#include "trainer/ddp/gradient_sync.h"
+#include "trainer/loop/loss_scaler.h"
+#include "trainer/loop/lr_schedule.h"
+#include "trainer/loop/metrics.h"
+
+namespace mtrain {
+
+struct EpochSummary;
+struct TrainPosition;
+
+// Why the loop asks for a checkpoint.
+enum class CheckpointReason {
+  kEvery,     // --checkpoint-every N steps
+  kEpochEnd,  // after an epoch's summary and evaluation
+  kStop,      // the ranks agreed to stop (Note [Agreeing to stop] in gradient_sync.h)
+};
+
+// Hooks through which a distributed run joins the loop without the loop knowing about
+// process groups; each is optional.
+struct TrainLoopHooks {
+  // After every optimizer step (1-based step count), e.g. the replica check.
+  std::function<void(int64_t step)> after_step;
+  // Turns this rank's epoch totals into the whole world's (an all-reduce).
+  std::function<void(EpochSummary& summary)> combine_epoch;
+  // Turns this rank's evaluation sums into the whole world's.
+  std::function<EvalResult(const EvalResult& local)> combine_eval;
+  // Adds fields to each step and epoch metrics event (e.g. communication statistics).
+  std::function<void(nlohmann::json& event)> extend_metrics;
+  // This rank's stop vote (Note [Stop votes] in stop_signals.h), asked right before the
+  // synchronizing backward of every step. Unset: never stops early.
+  std::function<int64_t()> stop_vote;
+  // Saves the run at `position` (a collective in a distributed run: every rank calls
+  // it at the same step). Unset: no checkpoints.
+  std::function<void(const TrainPosition& position, CheckpointReason reason)> checkpoint;
+  // Overwrites this rank's buffers with rank 0's (Note [Buffers follow rank 0]); called
+  // by every rank at the same points. Unset: buffers stay as each rank computes them.
+  std::function<void()> sync_buffers;
+};
+
+// Note [Buffers follow rank 0]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Without SyncBatchNorm each rank updates BatchNorm's running statistics from its own
+// batches, so the replicas' buffers drift apart while their parameters stay equal. As
+// PyTorch's DDP with broadcast_buffers=True, rank 0's buffers are broadcast to every
+// rank before the forward of each micro-batch whose gradients are synchronized (with
+// --grad-accum K, the K-th), and, beyond DDP, once more before the distributed
+// evaluation, so every rank scores its share of the test set with the model rank 0
+// saves (--save-final, checkpoints) and the printed accuracy is that model's. With
+// --sync-bn the buffers are equal on every rank already and nothing is sent. One
+// broadcast per dtype per step (the float statistics, the int64 batch counters): 31 KiB
+// for resnet18.
+
+// Note [Resuming mid-epoch]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A checkpoint records the epoch, the optimizer steps done in it and in total, and the
+// epoch's training totals so far. The samplers are deterministic given seed and epoch,
+// so a resumed run starts that epoch's loader again and discards the micro-batches of
+// the steps already done (assembling a batch costs far less than a step, and the data
+// layer needs no seek for it); the learning-rate schedule depends only on the
+// position. With the model, buffers and momentum restored, every later step computes
+// exactly what the uninterrupted run computed. The totals are the whole world's (the
+// checkpoint hook all-reduces them before saving), restored on rank 0 only, so the
+// epoch's combine_epoch sum, and its summary line, cover the whole epoch. A checkpoint
+// taken after the epoch's last step but before its summary (a stop) resumes into that
+// summary and evaluation without training. An epoch that --max-steps cut short was
+// summarised, yet has steps left: a run resumed with a larger --max-steps (or
+// --epochs) continues it, and its next summary covers the steps run since.
+
+// Where a run stands: what a checkpoint records and a resumed run starts from.
+struct TrainPosition {
+  int64_t epoch = 1;            // 1-based epoch in progress (or just finished)
+  int64_t steps_in_epoch = 0;   // optimizer steps done in that epoch
+  int64_t total_steps = 0;      // optimizer steps since the start of the run
+  bool epoch_finished = false;  // the epoch's summary and evaluation happened too
+  // The epoch's training totals so far (Note [Resuming mid-epoch]).
+  double loss_sum = 0.0;
+  int64_t correct = 0;
+  int64_t images = 0;
+  double train_seconds = 0.0;
+  // The loss scaler's state (scale 0 without one; Note [Dynamic loss scaling]).
+  LossScalerState loss_scaler;
+};
+
+struct TrainLoopConfig {
+  int64_t epochs = 1;
+  std::optional<int64_t> max_steps;  // optimizer steps over the whole run; unset = no limit
+  int64_t log_every = 20;            // steps between progress lines and step events
+  std::vector<std::string> devices{"cpu"};  // for the epoch line and metrics
+  // Where the model lives: every batch goes there before forward (Note [Batches to
+  // the device] in device_batches.h).
+  Device device = Device::cpu();
+  // Micro-batches per optimizer step (--grad-accum); see Note [Gradient accumulation].
+  int64_t grad_accum = 1;
+  const LrSchedule* lr_schedule = nullptr;  // null: the optimizer's rate throughout
+  TrainLoopHooks hooks;
+  TrainPosition start;           // where to begin: the default is the very beginning
+  int64_t checkpoint_every = 0;  // steps between kEvery checkpoints; 0 = none
+  int rank = 0;                  // this process's rank, named in a divergence vote
+  // Scales the loss gradient and unscales the gradients, skipping steps that overflow
+  // (Note [Dynamic loss scaling]); null: no loss scaling.
+  LossScaler* loss_scaler = nullptr;
+};
+
+// Note [Agreeing to diverge]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A loss that is not finite ends the run with "training diverged". One rank's loss can
+// go first (its batch), or a rank may have no batch at all, so a rank that stopped on
+// its own would leave the others waiting in the step's collectives until the timeout
+// or the launcher's teardown. Instead the rank finishes the step's backward (its
+// gradients are NaN, harmlessly: nothing is applied) and casts kDivergedVote in the
+// step's stop vote (Note [Agreeing to stop] in gradient_sync.h); after the exchange and
+// before the optimizer step every rank raises the divergence, naming the lowest rank
+// whose loss was not finite, and the weights stay those of the step before.
+
+// Note [Gradient accumulation]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With --grad-accum K, one optimizer step consumes K micro-batches: gradients are
+// zeroed before the first, accumulate over all K (communication only on the K-th,
+// no_sync semantics), and the loss gradient of each is scaled by 1/K so the step
+// equals one on the K micro-batches combined (the mean of K means of equal size). An
+// epoch whose batch count is not a multiple of K ends with a shorter group, still
+// scaled by 1/K (as a plain PyTorch accumulation loop does). Progress, max_steps and
+// the lr schedule count optimizer steps; images count every micro-batch.
+
+struct EpochSummary {
+  int64_t epoch = 0;           // 1-based, as printed
+  int64_t steps = 0;           // optimizer steps in this epoch
+  int64_t total_steps = 0;     // optimizer steps since the start of the run
+  int64_t images = 0;          // training images seen in this epoch
+  double train_loss = 0.0;     // mean per-image loss over the epoch
+  double train_acc = 0.0;
+  std::optional<EvalResult> test;  // absent when there is no test loader
+  double train_seconds = 0.0;  // sum of step times (batch wait, forward, backward, step)
+  double eval_seconds = 0.0;
+  double images_per_second = 0.0;  // images / train_seconds
+  double loss_sum = 0.0;           // sum of per-image losses (train_loss * images)
+  int64_t correct = 0;             // correctly classified training images
+};
+
+struct TrainResult {
+  std::vector<EpochSummary> epochs;  // the epochs summarised by this run
+  TrainPosition end;                 // where it stopped
+  int64_t stop_vote = 0;             // the agreed stop vote; 0 when it ran to the end
+};
+
+// "epoch 1, loss 0.452, train acc 0.838, test acc 0.871, 13.3 sec/epoch, 4521 img/s on [cpu]"
+// (without "test acc" when there was no evaluation).
+std::string format_epoch_line(const EpochSummary& s, const std::vector<std::string>& devices);
+
+class TrainLoop {
+ public:
+  // `test_loader` may be null (no evaluation). Everything must outlive the loop.
+  TrainLoop(models::Module& model, models::Sgd& optimizer, GradientSynchronizer& sync,
+            data::DataLoader& train_loader, data::DataLoader* test_loader, MetricsWriter& metrics,
+            TrainLoopConfig config);
+
+  // Runs from config.start until config.epochs epochs or config.max_steps steps,
+  // whichever comes first (an epoch cut short by max_steps is still evaluated and
+  // summarised), or until the ranks agree to stop (right after that step, without the
+  // epoch's evaluation). Throws InvalidArgument when the loss stops being finite
+  // (diverged; the message suggests a smaller --lr).
+  TrainResult run();
+
+ private:
+  bool step_limit_reached() const;
+  void checkpoint(const TrainPosition& position, CheckpointReason reason) const;
+
+  models::Module& model_;
+  models::Sgd& optimizer_;
+  GradientSynchronizer& sync_;
+  data::DataLoader& train_loader_;
+  data::DataLoader* test_loader_;
+  MetricsWriter& metrics_;
+  TrainLoopConfig config_;
+  int64_t total_steps_ = 0;
+};
+
+}  // namespace mtrain

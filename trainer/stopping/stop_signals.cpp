@@ -1,0 +1,183 @@
+#include "trainer/stopping/stop_signals.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+namespace mtrain {
+
+namespace {
+
+std::atomic<int> g_pending_sig{0};
+std::atomic<int64_t> g_pending_ns{0};
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<int64_t>::is_always_lock_free,
+              "the signal handler needs lock-free atomics");
+
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1};
+
+int64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// Note [A stop signal during start-up]: the states of the start-up exit.
+enum StartupState : int { kNotArmed, kArmed, kExiting, kDone };
+std::atomic<int> g_startup{kNotArmed};
+StartupStopAction g_startup_action;  // written before arming; run by the CAS winner only
+
+// Runs the start-up action and ends the process. Only for the thread whose
+// compare-exchange armed -> exiting succeeded.
+[[noreturn]] void exit_during_startup(int sig) {
+  try {
+    if (g_startup_action) g_startup_action(sig);
+  } catch (...) {
+  }
+  std::fflush(nullptr);
+  ::_exit(kStoppedExitCode);
+}
+
+bool begin_startup_exit() {
+  int armed = kArmed;
+  return g_startup.compare_exchange_strong(armed, kExiting);
+}
+
+// Records `sig` if it is the first stop signal; returns whether it was. On a second
+// SIGINT/SIGTERM, dies of it. Only async-signal-safe calls, because it also serves as
+// the fallback handler: atomics, clock_gettime, write, sigaction, pthread_sigmask, raise.
+bool record_stop_signal(int sig) {
+  const int saved_errno = errno;
+  const int64_t now = monotonic_ns();
+  int expected = 0;
+  if (g_pending_sig.compare_exchange_strong(expected, sig)) {
+    g_pending_ns.store(now);
+    errno = saved_errno;
+    return true;
+  }
+  if (classify_stop_signal(expected, g_pending_ns.load(), sig, now) == StopSignalAction::kExitImmediately) {
+    static const char kMessage[] =
+        "mtrain-train: a second stop signal while stopping: exiting now, without finishing the step\n";
+    ssize_t ignored = ::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
+    (void)ignored;
+    struct sigaction dfl{};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, nullptr);
+    sigset_t just_this;
+    sigemptyset(&just_this);
+    sigaddset(&just_this, sig);
+    pthread_sigmask(SIG_UNBLOCK, &just_this, nullptr);
+    raise(sig);  // delivered to this thread, with the default action: the process ends
+  }
+  errno = saved_errno;
+  return false;
+}
+
+void on_stop_signal(int sig) { record_stop_signal(sig); }
+
+sigset_t stop_signal_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : kStopSignals) sigaddset(&set, sig);
+  return set;
+}
+
+// A child forked from a thread with the stop signals blocked would keep them blocked
+// across exec; it gets the default disposition back instead.
+void unblock_in_child() {
+  const sigset_t set = stop_signal_set();
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+}
+
+[[noreturn]] void signal_thread_main(sigset_t set) {
+  for (;;) {
+    int sig = 0;
+    // Recorded first, then the start-up state read (Note [A stop signal during start-up]).
+    if (sigwait(&set, &sig) == 0 && record_stop_signal(sig) && begin_startup_exit()) exit_during_startup(sig);
+  }
+}
+
+}  // namespace
+
+StopSignalAction classify_stop_signal(int pending_sig, int64_t pending_ns, int sig, int64_t now_ns) {
+  if (pending_sig == 0) return StopSignalAction::kRequestStop;
+  if (sig != SIGTERM && sig != SIGINT) return StopSignalAction::kIgnoreRepeat;
+  // The handler publishes the signal before its time, so a copy delivered to another
+  // thread at the same moment can see the signal with no time yet (0): it is the
+  // duplicate the window is for, not a second request 'now - 0' ns later.
+  if (pending_ns == 0) return StopSignalAction::kIgnoreRepeat;
+  if (now_ns - pending_ns < kDuplicateSignalWindowNs) return StopSignalAction::kIgnoreRepeat;
+  return StopSignalAction::kExitImmediately;
+}
+
+void install_stop_signal_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // The fallback for a thread started before this call, which does not block them.
+    struct sigaction sa{};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (int sig : kStopSignals) sigaction(sig, &sa, nullptr);
+    // Note [Signals never interrupt kernels]: blocked here, so in every thread this one
+    // starts from now on, and taken by a thread of their own.
+    const sigset_t set = stop_signal_set();
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    pthread_atfork(nullptr, nullptr, unblock_in_child);
+    std::thread(signal_thread_main, set).detach();
+  });
+}
+
+void arm_startup_stop(StartupStopAction action) {
+  g_startup_action = std::move(action);
+  g_startup.store(kArmed);
+  // Armed, then the pending signal read: the mirror of the signal thread's order.
+  if (const int sig = g_pending_sig.load(); sig != 0 && begin_startup_exit()) exit_during_startup(sig);
+}
+
+void disarm_startup_stop() {
+  int armed = kArmed;
+  if (g_startup.compare_exchange_strong(armed, kDone) || armed != kExiting) return;
+  for (;;) ::pause();  // the signal thread is ending the process
+}
+
+int pending_stop_signal() { return g_pending_sig.load(); }
+
+void clear_pending_stop_signal() {
+  g_pending_sig.store(0);
+  g_pending_ns.store(0);
+}
+
+int64_t encode_stop_vote(int sig, int rank) {
+  if (sig <= 0) return 0;
+  constexpr int64_t kRankField = 0xFFFFFFFFLL;
+  return (static_cast<int64_t>(sig) << 32) | (kRankField - static_cast<int64_t>(static_cast<uint32_t>(rank)));
+}
+
+StopVote decode_stop_vote(int64_t vote) {
+  if (vote <= 0) return {};
+  constexpr int64_t kRankField = 0xFFFFFFFFLL;
+  return {static_cast<int>(vote >> 32), static_cast<int>(kRankField - (vote & kRankField))};
+}
+
+std::string stop_signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGHUP: return "SIGHUP";
+    default: return fmt::format("signal {}", sig);
+  }
+}
+
+}  // namespace mtrain
