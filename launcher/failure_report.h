@@ -61,7 +61,7 @@ Failure failure_from_json(const nlohmann::json& j);
 // stop; the scheduler wants the resources back) and exits with 75 too, whether the
 // signal reached the launcher or the workers.
 
-// The "stopped" object of a worker's record (trainer/stopping/stop_record.h).
+// The "stopped" object of a worker's record (trainer/stopping/error_file.h).
 struct StopInfo {
   std::string signal;       // "SIGTERM"
   int signal_rank = -1;     // a rank that received it

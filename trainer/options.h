@@ -38,7 +38,7 @@ struct TrainOptions {
   std::string log_level = "info";
   int64_t log_every = 20;               // optimizer steps between progress lines
 
-  // Where the replica trains (docs/gpu.md; Note [Device binding] in device_binding.h)
+  // Where the replica trains (docs/gpu.md; Note [Device binding] in setup/device.h)
   // and the GPU numerics (Note [Convolution algorithm choice] in tensor/cuda_ops.h; all
   // three are accepted and ignored on the CPU, so one command line serves both).
   std::string device = "auto";          // auto|cuda|cpu

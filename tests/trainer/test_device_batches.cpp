@@ -1,5 +1,5 @@
 // DeviceBatches (trainer/loop/device_batches.h) and the device list of the epoch line
-// (trainer/setup/device_setup.h) on the CPU; the GPU copies run in test_train_cuda.
+// (trainer/setup/device.h) on the CPU; the GPU copies run in test_train_cuda.
 #include <catch2/catch.hpp>
 
 #include <memory>
@@ -9,7 +9,7 @@
 #include "data/synthetic.h"
 #include "tests/support/solo_group.h"
 #include "trainer/loop/device_batches.h"
-#include "trainer/setup/device_setup.h"
+#include "trainer/setup/device.h"
 
 using namespace mtrain;
 

@@ -1,10 +1,10 @@
-// Device binding (trainer/setup/device_binding.h): the device and backend each local rank gets,
+// Device binding (trainer/setup/device.h): the device and backend each local rank gets,
 // and the errors for configurations that cannot work. Pure logic: the GPU count is an
 // input, so every branch runs on machines without a GPU.
 #include <catch2/catch.hpp>
 
 #include "core/error.h"
-#include "trainer/setup/device_binding.h"
+#include "trainer/setup/device.h"
 
 using Catch::Matchers::Contains;
 using mtrain::bind_device;

@@ -1,9 +1,19 @@
-// The worker's side of the launcher's failure report (docs/launcher.md "Error file"):
-// a worker that knows why it is dying writes {"rank", "host", "message", "timestamp"}
-// to $MTRAIN_ERROR_FILE (or torchrun's $TORCHELASTIC_ERROR_FILE) before it exits, so
-// the launcher can name the root cause rather than the ranks that died of it.
+// The records a worker leaves for its launcher in $MTRAIN_ERROR_FILE (or torchrun's
+// $TORCHELASTIC_ERROR_FILE), which mtrain-launch reads for every worker that did not
+// succeed (docs/launcher.md "Error file"):
+//   - an error record, written by a worker that knows why it is dying, so the launcher
+//     names the root cause rather than the ranks that died of it:
+//       {"rank": 1, "host": "n1", "message": "...", "timestamp": 1.7e9}
+//   - a stop record, written by a worker that stopped cleanly on a signal, so the report
+//     says "stopped on SIGTERM after step N, checkpoint in X" rather than counting exit
+//     status 75 as a crash. It is an error record with a "stopped" object (an older
+//     launcher still shows the message):
+//       "stopped": {"signal": "SIGTERM", "signal_rank": 1, "epoch": 1, "step": 7,
+//                   "checkpoint": "/ckpt/checkpoint.safetensors"}   ("" without one)
+//     with "during_startup": true for a worker stopped before its first step.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -16,5 +26,24 @@ namespace mtrain {
 // instead).
 void write_error_record(const std::string& message,
                         const nlohmann::json& extra = nlohmann::json::object()) noexcept;
+
+struct StopRecord {
+  int rank = 0;
+  std::string message;
+  std::string signal;    // "SIGTERM"
+  int signal_rank = 0;   // a rank that received it
+  int64_t epoch = 0;
+  int64_t step = 0;      // the last optimizer step done, counted over the run
+  std::string checkpoint;  // path of the checkpoint written at that step, or empty
+  // Stopped before its first step (Note [A stop signal during start-up] in
+  // stop_signals.h): `checkpoint` is the one the run would resume from, if any, and
+  // epoch and step are its position (0 when it had not been read yet).
+  bool during_startup = false;
+};
+
+// Writes `record` when either variable names a file; does nothing otherwise. Never
+// throws (a failure to write is reported on stderr): the run has stopped cleanly and
+// its exit status must still say so.
+void write_stop_record(const StopRecord& record) noexcept;
 
 }  // namespace mtrain
