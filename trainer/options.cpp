@@ -358,4 +358,8 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   return out;
 }
 
+bool uses_loss_scaler(const TrainOptions& o) {
+  return o.loss_scale == "dynamic" || (o.loss_scale == "auto" && o.amp == "fp16");
+}
+
 }  // namespace mtrain

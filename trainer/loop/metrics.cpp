@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "tensor/cuda_memory.h"
+#include "trainer/ddp/reducer.h"
 
 namespace mtrain {
 
@@ -29,6 +31,50 @@ void MetricsWriter::write(const nlohmann::json& event) {
 nlohmann::json json_number(double v) {
   if (!std::isfinite(v)) return nullptr;
   return v;
+}
+
+namespace {
+constexpr double kMiB = 1024.0 * 1024.0;
+}  // namespace
+
+void add_memory_fields(nlohmann::json& event, Device device) {
+  const AllocatorStats host = host_allocator_stats();
+  event["host_tensor_peak_mib"] = static_cast<double>(host.peak_in_use_bytes) / kMiB;
+  event["host_tensor_held_mib"] = static_cast<double>(host.peak_reserved_bytes) / kMiB;
+  if (device.is_cuda()) {
+    const BlockAllocatorStats gpu = cuda_memory_stats(device.index);
+    event["cuda_in_use_mib"] = static_cast<double>(gpu.in_use_bytes) / kMiB;
+    event["cuda_reserved_mib"] = static_cast<double>(gpu.reserved_bytes) / kMiB;
+  }
+}
+
+void add_reducer_fields(nlohmann::json& event, const Reducer& reducer, double syncbn_wait_seconds) {
+  const ReducerStepStats& last = reducer.last_step();
+  nlohmann::json launches = nlohmann::json::array();
+  for (const auto& l : last.launches) {
+    launches.push_back({{"bucket", l.bucket}, {"params_pending", l.params_pending}});
+  }
+  event["comm_wait_sec"] = reducer.totals().wait_seconds;
+  // Not measured when the buckets are awaited on the GPU (Note [Reducer statistics]).
+  event["comm_hidden_fraction"] =
+      last.waited_on_device ? nlohmann::json(nullptr) : nlohmann::json(reducer.totals().hidden_fraction());
+  event["bucket_launches"] = std::move(launches);
+  // Note [Every rank's wait]; running totals like comm_wait_sec.
+  const RankWaits& waits = reducer.rank_waits();
+  event["rank_waits"] = last.waited_on_device ? nlohmann::json(nullptr)
+                                              : nlohmann::json{{"steps", waits.steps},
+                                                               {"wait_sec", waits.wait_seconds},
+                                                               {"slowest_steps", waits.slowest_steps},
+                                                               {"exposed_sec", waits.exposed_seconds}};
+  if (syncbn_wait_seconds >= 0) event["syncbn_wait_sec"] = syncbn_wait_seconds;
+}
+
+nlohmann::json initial_eval_event(const EvalResult& r) {
+  return {{"event", "eval"},
+          {"epoch", 0},
+          {"step", 0},
+          {"test_loss", json_number(r.mean_loss())},
+          {"test_acc", r.accuracy()}};
 }
 
 }  // namespace mtrain

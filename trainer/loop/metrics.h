@@ -22,7 +22,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tensor/tensor.h"
+#include "trainer/loop/evaluate.h"
+
 namespace mtrain {
+
+class Reducer;
 
 class MetricsWriter {
  public:
@@ -46,5 +51,18 @@ class MetricsWriter {
 
 // A JSON number, or null when `v` is NaN or infinite.
 nlohmann::json json_number(double v);
+
+// Adds the memory figures of epoch events: the host tensor allocator's peak and what it
+// holds, and on a GPU the device allocator's current use and reservation, so that
+// growth from one epoch to the next shows.
+void add_memory_fields(nlohmann::json& event, Device device);
+
+// Adds the data-parallel figures of step and epoch events (docs/training.md,
+// "Metrics"): comm_wait_sec, comm_hidden_fraction, bucket_launches and rank_waits of
+// `reducer`, and syncbn_wait_sec when SyncBatchNorm runs (`syncbn_wait_seconds` >= 0).
+void add_reducer_fields(nlohmann::json& event, const Reducer& reducer, double syncbn_wait_seconds);
+
+// The evaluation of the initial weights when a run trains no step (--max-steps 0).
+nlohmann::json initial_eval_event(const EvalResult& result);
 
 }  // namespace mtrain

@@ -8,30 +8,14 @@
 
 #include "core/error.h"
 #include "models/loss.h"
-#include "tensor/cuda_memory.h"
 #include "tensor/ops.h"
 #include "trainer/loop/device_batches.h"
+#include "trainer/loop/metrics.h"
 #include "trainer/stopping/stop_signals.h"
 
 namespace mtrain {
 
 namespace {
-
-constexpr double kMiB = 1024.0 * 1024.0;
-
-// The epoch event's memory figures (docs/training.md, "Metrics"): the host tensor
-// allocator's peak and what it holds, and on a GPU the device allocator's current use
-// and reservation, so that growth from one epoch to the next shows.
-void add_memory_fields(nlohmann::json& event, Device device) {
-  const AllocatorStats host = host_allocator_stats();
-  event["host_tensor_peak_mib"] = static_cast<double>(host.peak_in_use_bytes) / kMiB;
-  event["host_tensor_held_mib"] = static_cast<double>(host.peak_reserved_bytes) / kMiB;
-  if (device.is_cuda()) {
-    const BlockAllocatorStats gpu = cuda_memory_stats(device.index);
-    event["cuda_in_use_mib"] = static_cast<double>(gpu.in_use_bytes) / kMiB;
-    event["cuda_reserved_mib"] = static_cast<double>(gpu.reserved_bytes) / kMiB;
-  }
-}
 
 using Clock = std::chrono::steady_clock;
 

@@ -12,6 +12,9 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "trainer/stopping/error_file.h"
 
 namespace mtrain {
 
@@ -179,5 +182,56 @@ std::string stop_signal_name(int sig) {
     default: return fmt::format("signal {}", sig);
   }
 }
+
+struct StartupStop::Progress {
+  std::mutex mu;
+  std::string checkpoint;  // empty: none
+  int64_t epoch = 0;
+  int64_t step = 0;
+};
+
+StartupStop::StartupStop(int rank) : progress_(std::make_shared<Progress>()) {
+  arm_startup_stop([rank, progress = progress_](int sig) {
+    StopRecord record;
+    {
+      std::lock_guard<std::mutex> lock(progress->mu);
+      record.checkpoint = progress->checkpoint;
+      record.epoch = progress->epoch;
+      record.step = progress->step;
+    }
+    record.rank = rank;
+    record.signal = stop_signal_name(sig);
+    record.signal_rank = rank;
+    record.during_startup = true;
+    record.message = fmt::format(
+        "received {} during start-up, before the first step: stopped at once; {}", record.signal,
+        record.checkpoint.empty()
+            ? std::string("no checkpoint to resume from, so running the command again starts from the beginning")
+            : fmt::format("the checkpoint {} is untouched and running the same command again resumes from it",
+                          record.checkpoint));
+    // The record first: it is what the launcher reads, and a log line can block on a
+    // full pipe.
+    write_stop_record(record);
+    spdlog::warn("{}", record.message);
+    spdlog::default_logger()->flush();
+  });
+}
+
+// Start-up may also end in an error; its record must not race the start-up exit's
+// (both write the error file), so leaving start-up disarms first.
+StartupStop::~StartupStop() { disarm(); }
+
+void StartupStop::resumes_from(const std::string& checkpoint) {
+  std::lock_guard<std::mutex> lock(progress_->mu);
+  progress_->checkpoint = checkpoint;
+}
+
+void StartupStop::at_position(int64_t epoch, int64_t step) {
+  std::lock_guard<std::mutex> lock(progress_->mu);
+  progress_->epoch = epoch;
+  progress_->step = step;
+}
+
+void StartupStop::disarm() { disarm_startup_stop(); }
 
 }  // namespace mtrain

@@ -42,6 +42,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "core/main_guard.h"
@@ -107,6 +108,27 @@ void arm_startup_stop(StartupStopAction action);
 // Ends start-up: from here on a stop signal stops the run after a step. Idempotent. When
 // the signal thread has already begun exiting, this does not return.
 void disarm_startup_stop();
+
+// The start-up exit of one worker, armed for the life of the object (arm_startup_stop
+// and disarm_startup_stop): a stop signal meanwhile writes a stop record saying how far
+// start-up got (the checkpoint a rerun resumes from and its position, once known), logs
+// it and exits with kStoppedExitCode. Thread-safe: the record is built on the signal
+// thread.
+class StartupStop {
+ public:
+  explicit StartupStop(int rank);
+  ~StartupStop();  // disarms
+  StartupStop(const StartupStop&) = delete;
+  StartupStop& operator=(const StartupStop&) = delete;
+
+  void resumes_from(const std::string& checkpoint);  // the checkpoint a rerun resumes from
+  void at_position(int64_t epoch, int64_t step);     // that checkpoint's position, once read
+  void disarm();                                     // start-up is over (idempotent)
+
+ private:
+  struct Progress;
+  std::shared_ptr<Progress> progress_;
+};
 
 // The first stop signal received since install_stop_signal_handlers, or 0.
 int pending_stop_signal();

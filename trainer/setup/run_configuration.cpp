@@ -1,0 +1,101 @@
+#include "trainer/setup/run_configuration.h"
+
+#include <fmt/format.h>
+
+namespace mtrain {
+
+std::string dataset_fingerprint(const data::Dataset& d) {
+  uint64_t h = fnv1a(d.labels().data(), d.labels().size() * sizeof(int64_t));
+  h = fnv1a(d.pixels().data(), d.pixels().size(), h);
+  return fmt::format("{:016x}", h);
+}
+
+std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t train_size, const std::string& fingerprint,
+                                              const Device& device) {
+  std::vector<NamedHash> items;
+  const auto add = [&](const char* name, const std::string& value) {
+    items.push_back({name, fnv1a(value), value});
+  };
+  add("--model", o.model);
+  add("--dataset", o.dataset);
+  add("training set size", std::to_string(train_size));
+  add("training set fingerprint", fingerprint);
+  add("--epochs", std::to_string(o.epochs));
+  add("--max-steps", o.max_steps ? std::to_string(*o.max_steps) : "unset");
+  add("--batch-size", std::to_string(o.batch_size));
+  add("--global-batch-size", o.global_batch_size ? std::to_string(*o.global_batch_size) : "unset");
+  add("--lr", fmt::format("{}", o.lr));
+  add("--momentum", fmt::format("{}", o.momentum));
+  add("--weight-decay", fmt::format("{}", o.weight_decay));
+  add("--nesterov", o.nesterov ? "on" : "off");
+  add("--seed", std::to_string(o.seed));
+  add("--init", o.init_from.empty() ? o.init : "file");
+  add("--no-shuffle", o.shuffle ? "off" : "on");
+  add("--no-eval", o.eval ? "off" : "on");
+  add("--backend", o.backend);
+  // Replicas on different kinds of device would round differently and drift apart.
+  add("the training device (--device)", device.is_cuda() ? "cuda" : "cpu");
+  add("--bucket-cap-mb", fmt::format("{}", o.bucket_cap_mb));
+  add("--grad-compression", o.grad_compression);
+  // A rank scaling its loss (or rounding its operands) differently would send gradients
+  // of another size into the average.
+  add("--amp", o.amp);
+  add("--loss-scale", uses_loss_scaler(o) ? "dynamic" : "none");
+  add("--initial-loss-scale", fmt::format("{}", o.initial_loss_scale));
+  add("--loss-scale-growth-interval", std::to_string(o.loss_scale_growth_interval));
+  add("--grad-accum", std::to_string(o.grad_accum));
+  add("--check-replicas", std::to_string(o.check_replicas));
+  add("--sync-bn", o.sync_bn ? "on" : "off");
+  add("--timeout", fmt::format("{}", o.timeout_seconds));
+  add("--lr-scaling", o.lr_scaling);
+  add("--warmup-epochs", fmt::format("{}", o.warmup_epochs));
+  add("--lr-schedule", o.lr_schedule);
+  add("--checkpoint-every", std::to_string(o.checkpoint_every));
+  add("--checkpoint-dir", o.checkpoint_dir.empty() ? "unset" : "set");
+  return items;
+}
+
+// Note [What a resume must match]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Unlike training_configuration, the world size is in (each rank's shard depends on
+// it) and the backend, bucket cap and timeouts are not (they change how the sums
+// travel, not what they are). The length of the run (--epochs, --max-steps) only
+// matters when the learning-rate schedule depends on it: with a constant rate a
+// finished run can be extended by resuming it with a larger --epochs or --max-steps.
+RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size, const std::string& fingerprint,
+                                      int world_size) {
+  RunConfiguration items = {
+      {"--model", o.model},
+      {"--dataset", o.dataset},
+      {"training set size", std::to_string(train_size)},
+      {"training set fingerprint", fingerprint},
+      {"world size", std::to_string(world_size)},
+      {"--batch-size", o.global_batch_size ? "unused" : std::to_string(o.batch_size)},
+      {"--global-batch-size", o.global_batch_size ? std::to_string(*o.global_batch_size) : "unset"},
+      {"--grad-accum", std::to_string(o.grad_accum)},
+      {"--lr", fmt::format("{}", o.lr)},
+      {"--momentum", fmt::format("{}", o.momentum)},
+      {"--weight-decay", fmt::format("{}", o.weight_decay)},
+      {"--nesterov", o.nesterov ? "on" : "off"},
+      {"--seed", std::to_string(o.seed)},
+      {"--no-shuffle", o.shuffle ? "off" : "on"},
+      {"--sync-bn", o.sync_bn ? "on" : "off"},
+      {"--lr-scaling", o.lr_scaling},
+      {"--warmup-epochs", fmt::format("{}", o.warmup_epochs)},
+      {"--lr-schedule", o.lr_schedule},
+      {"--amp", o.amp},
+      {"--loss-scale", uses_loss_scaler(o) ? "dynamic" : "none"},
+      {"--grad-compression", world_size > 1 ? o.grad_compression : "none"},
+  };
+  // When the scale grows decides which later steps overflow and are skipped.
+  if (uses_loss_scaler(o)) {
+    items.emplace_back("--loss-scale-growth-interval", std::to_string(o.loss_scale_growth_interval));
+  }
+  if (o.lr_schedule != "constant") {
+    items.emplace_back("--epochs", std::to_string(o.epochs));
+    items.emplace_back("--max-steps", o.max_steps ? std::to_string(*o.max_steps) : "unset");
+  }
+  return items;
+}
+
+}  // namespace mtrain

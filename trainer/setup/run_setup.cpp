@@ -1,0 +1,374 @@
+#include "trainer/setup/run_setup.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "data/data_source.h"
+#include "data/distributed_sampler.h"
+#include "data/sampler.h"
+#include "models/init.h"
+#include "models/mixed_precision.h"
+#include "models/sync_batchnorm.h"
+#include "models/zoo.h"
+#include "tensor/ops.h"
+#include "trainer/checkpoint/checkpoint_file.h"
+#include "trainer/checkpoint/weights.h"
+#include "trainer/ddp/rank_consensus.h"
+#include "trainer/setup/run_configuration.h"
+#include "trainer/setup/worker_store.h"
+
+namespace mtrain {
+
+namespace {
+
+// Batch assembly (uint8 -> float through a table) is far cheaper than a training step,
+// so one worker keeps ahead of the loop without taking a core from the kernels.
+constexpr int kLoaderWorkers = 1;
+constexpr int kPrefetchDepth = 2;
+
+// An output file must be writable before training starts, not after an hour of it: its
+// directory exists and takes new files (the writes go through a temporary file there and
+// a rename), and the path is a regular file or not there yet.
+void check_output_file(const char* flag, const std::string& path) {
+  if (path.empty()) return;
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string dir = parent.empty() ? "." : parent.string();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    throw InvalidArgument(fmt::format("{} {}: directory {} does not exist", flag, path, dir));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    throw InvalidArgument(fmt::format("{} {}: cannot create files in directory {}: {}", flag, path, dir,
+                                      std::strerror(errno)));
+  }
+  // A directory cannot be written, a FIFO would block the open, and a device would be
+  // replaced by the save's rename.
+  if (const auto kind = non_regular_file_kind(path)) {
+    throw InvalidArgument(fmt::format("{} {}: expected a regular file or a new name, found {}", flag, path, *kind));
+  }
+}
+
+// The compute type --amp asks for, once it is known to exist on `device`.
+DType amp_compute_dtype(const TrainOptions& o, const Device& device) {
+  if (o.amp == "off") return DType::Float32;
+  const DType t = o.amp == "bf16" ? DType::BFloat16 : DType::Float16;
+  if (!ops::compute_dtype_supported(t, device)) {
+    throw InvalidArgument(fmt::format(
+        "--amp {}: {} has no {} convolutions ({}); run without --amp", o.amp, device.str(), dtype_name(t),
+        device.is_cuda() ? (t == DType::BFloat16 ? "bfloat16 needs compute capability 8.0 or newer"
+                                                 : "float16 needs compute capability 7.0 or newer")
+                         : (t == DType::BFloat16 ? "oneDNN needs AVX512_BF16, or at least AVX-512, for them"
+                                                 : "oneDNN needs AVX512_FP16 for them")));
+  }
+  return t;
+}
+
+// `pinned`: batches assembled in pinned host memory, so that their copies to a GPU
+// overlap the step before them (Note [Batches to the device] in loop/device_batches.h).
+std::shared_ptr<data::DataLoader> make_loader(std::shared_ptr<const data::Dataset> dataset,
+                                              std::shared_ptr<data::Sampler> sampler, int64_t batch_size,
+                                              bool pinned, std::vector<int64_t> batch_sizes = {}) {
+  data::DataLoaderOptions o;
+  o.pin_memory = pinned;
+  o.batch_size = batch_size;
+  o.batch_sizes = std::move(batch_sizes);
+  o.drop_last = false;
+  o.num_workers = kLoaderWorkers;
+  o.prefetch_depth = kPrefetchDepth;
+  return std::make_shared<data::DataLoader>(std::move(dataset), std::move(sampler), o);
+}
+
+// ---- the phases, in the order set_up_run runs them ----------------------------------
+
+// The device (before anything is loaded, so that --device cuda without a GPU fails at
+// once), the compute type, and the worker environment again when "auto" named another
+// backend than the flag: whether the run needs a store depends on the backend, which
+// "auto" only names once the device is known (nccl on a GPU even under mpirun).
+void bind_training_device(const TrainOptions& o, TrainingRun& run) {
+  run.device = set_up_training_device(o, run.env);
+  run.amp = amp_compute_dtype(o, run.compute());
+  const std::string& backend = run.device.binding.backend;
+  if (backend != o.backend && run.env.distributed()) run.env = discover_environment(backend);
+}
+
+// Output files are checked before any work; a run that will resume from a checkpoint
+// continues the metrics of the run it resumes instead of erasing them. (A checkpoint
+// that cannot be looked at counts as absent here; Checkpointer::resume names it.)
+void open_outputs(const TrainOptions& o, TrainingRun& run, StartupStop& startup) {
+  check_output_file("--save-final", o.save_final);
+  check_output_file("--metrics", o.metrics);
+  std::error_code exists_error;
+  const bool resuming =
+      !o.checkpoint_dir.empty() && std::filesystem::exists(checkpoint_path(o.checkpoint_dir), exists_error);
+  if (resuming) startup.resumes_from(checkpoint_path(o.checkpoint_dir));
+  if (!o.metrics.empty() && run.lead()) {
+    run.metrics = MetricsWriter(o.metrics, resuming ? MetricsWriter::Mode::kAppend : MetricsWriter::Mode::kTruncate);
+  }
+}
+
+// The intra-op threads, and one line each for the world, the device (ARCHITECTURE.md:
+// "No GPU -> CPU, said once in the log") and --amp.
+void configure_threads_and_report(const TrainOptions& o, const TrainingRun& run) {
+  const WorkerEnvironment& env = run.env;
+  if (env.distributed()) {
+    spdlog::info("world: {} ranks from {} variables, this is rank {} (local rank {} of {}, node {})", env.world_size,
+                 env.source, env.rank, env.local_rank, env.local_world_size, env.node_rank);
+  } else {
+    spdlog::info("world: one process (no launcher variables found)");
+  }
+  const ThreadChoice threads = resolve_num_threads(o.threads, env);
+  ops::set_num_threads(threads.threads);
+  spdlog::info("{}; {} intra-op thread{} for host kernels ({})", run.device.log_line, threads.threads,
+               threads.threads == 1 ? "" : "s", threads.reason);
+  if (!run.device.binding.warning.empty()) spdlog::warn("{}", run.device.binding.warning);
+  // Bound to fewer CPUs (taskset, mtrain-launch --cpu_bind, a cpuset) than threads: they
+  // would take turns on the same cores, every kernel waiting for its slowest thread.
+  if (const int cpus = usable_cpu_count(); threads.threads > cpus) {
+    spdlog::warn("{} intra-op threads but this process may run on {} CPU{} only (its affinity mask): the threads "
+                 "will time-share; use --threads {}",
+                 threads.threads, cpus, cpus == 1 ? "" : "s", cpus);
+  }
+  if (run.amp != DType::Float32) {
+    spdlog::info("--amp {}: convolutions and linear layers multiply in {}, everything else stays float32{}", o.amp,
+                 dtype_name(run.amp), uses_loss_scaler(o) ? "; dynamic loss scaling" : "");
+  }
+}
+
+// Note [A stop signal during start-up]: a process that called MPI_Init must not end
+// without MPI_Finalize (mpirun would take the stop for a crash), so under MPI the first
+// stop signal waits for the first step, as every stop signal once did. Note
+// [Control-plane collectives] (ddp/training_groups.h): `gradients` carries tensors on
+// the training device, `control` host values; one object unless the backend is NCCL.
+void join_process_groups(const TrainOptions& o, TrainingRun& run, StartupStop& startup) {
+  const std::string& backend = run.device.binding.backend;
+  if (backend == "mpi" || run.env.store_mode == StoreMode::kMpiBroadcast) startup.disarm();
+  ProcessGroupOptions pg_options;
+  pg_options.timeout = Millis(static_cast<int64_t>(o.timeout_seconds * 1000.0));
+  if (run.env.distributed()) {
+    // Null for the MPI backend under an MPI starter, which bootstraps itself.
+    std::shared_ptr<Store> store = open_worker_store(run.env);
+    run.groups = create_training_groups(backend, store, run.env.rank, run.env.world_size,
+                                        run.device.binding.device, pg_options);
+  } else if (backend == "nccl") {
+    run.groups = create_single_rank_nccl_groups(run.compute(), pg_options);
+  }
+  if (const TrainingGroups& g = run.groups) {
+    spdlog::info("process group: {} backend, {} ranks, collective timeout {} s{}", g.gradients->backend_name(),
+                 g.gradients->size(), o.timeout_seconds,
+                 g.control != g.gradients ? fmt::format("; host values on a separate {} group", g.control->backend_name())
+                                          : std::string());
+  }
+}
+
+// The datasets, then the check that every rank trains the same configuration on the
+// same data, then SyncBatchNorm's group (Note [SyncBatchNorm's own group]: right after
+// the check, which proved that every rank runs --sync-bn, and before anything one rank
+// alone could fail at, such as a weights file, while the others waited in its
+// rendezvous).
+void load_data(const TrainOptions& o, TrainingRun& run) {
+  const data::DataSource source = data::resolve_data_dir(o.dataset, o.data_dir);
+  spdlog::info("data: {}", source.description);
+  data::SyntheticOptions synthetic;
+  synthetic.seed = o.seed;
+  data::DatasetSplits splits = data::load_splits(source, synthetic);
+  run.train_set = std::make_shared<const data::Dataset>(std::move(splits.train));
+  run.test_set = std::make_shared<const data::Dataset>(std::move(splits.test));
+  spdlog::info("train set: {}", run.train_set->describe());
+  spdlog::info("test set: {}", run.test_set->describe());
+  // Found now rather than at the first evaluation, an epoch later.
+  if (const data::ImageShape a = run.train_set->shape(), b = run.test_set->shape(); !(a == b)) {
+    throw IoError(fmt::format("{}: the training images are {}x{}x{} but the test images {}x{}x{}; both "
+                              "splits must come from one dataset",
+                              source.description, a.channels, a.height, a.width, b.channels, b.height, b.width));
+  }
+  // With --no-eval nothing reads the test images again (Fashion-MNIST's: 7.5 MiB).
+  if (!o.eval) run.test_set.reset();
+  ProcessGroup* control = run.control();
+  if (control != nullptr || !o.checkpoint_dir.empty()) run.fingerprint = dataset_fingerprint(*run.train_set);
+  if (control != nullptr) {
+    require_same_on_all_ranks(
+        *control, training_configuration(o, run.train_set->size(), run.fingerprint, run.compute()),
+        "the training configuration");
+  }
+  if (o.sync_bn && run.groups) run.batch_stats_group = create_batch_stats_group(run.groups);
+}
+
+// Built and initialised on the host (the seeded generators fill host tensors, so every
+// device starts from the same weights), moved before anything holds views of its
+// gradients (the reducer's buckets) or state derived from it (momentum), then every
+// replica takes rank 0's weights and buffers, whatever its seed or file.
+void build_model(const TrainOptions& o, TrainingRun& run) {
+  models::InitOptions init;
+  init.scheme = models::parse_init_scheme(o.init);
+  init.seed = o.seed;
+  run.model = models::build_model(o.model, static_cast<int>(run.train_set->channels()),
+                                  static_cast<int>(run.train_set->num_classes()), init);
+  models::Module& model = *run.model;
+  if (!o.init_from.empty()) {
+    load_model_weights(o.init_from, model);
+    spdlog::info("model {}: weights from {}", o.model, o.init_from);
+  } else {
+    spdlog::info("model {}: {} initialisation, seed {}", o.model, o.init, o.seed);
+  }
+  if (o.sync_bn && run.groups) {
+    const int converted = models::convert_sync_batchnorm(model, run.batch_stats_group);
+    spdlog::info("--sync-bn: {} BatchNorm2d layers now synchronise their statistics over {} ranks", converted,
+                 run.groups.gradients->size());
+  } else if (o.sync_bn) {
+    spdlog::info("--sync-bn: a world of one, so BatchNorm2d already sees the whole batch; nothing converted");
+  }
+  if (run.amp != DType::Float32) models::set_compute_dtype(model, run.amp);
+  // Nothing uses the gradient of the images: the first layer skips computing it.
+  model.set_input_grad_needed(false);
+  model.to(run.compute());
+  if (run.groups) broadcast_module_state(*run.groups.gradients, model);
+  spdlog::info("model {}: {} parameters in {} tensors, {} buffers", o.model, model.num_parameter_elements(),
+               model.parameters().size(), model.buffers().size());
+}
+
+void make_optimizer(const TrainOptions& o, TrainingRun& run) {
+  const int world = run.env.world_size;
+  run.world_scale = o.lr_scaling == "linear" && !o.global_batch_size ? static_cast<double>(world) : 1.0;
+  if (o.warmup_epochs > 0 && run.world_scale == 1.0) {
+    spdlog::warn("--warmup-epochs {}: the warm-up ramps from --lr to the scaled rate, which is --lr itself here "
+                 "(--lr-scaling {}, {} rank{}), so the rate stays at {} until the schedule starts",
+                 o.warmup_epochs, o.lr_scaling, world, world == 1 ? "" : "s", o.lr);
+  }
+  models::SgdOptions sgd;
+  sgd.lr = static_cast<float>(o.lr * run.world_scale);
+  sgd.momentum = static_cast<float>(o.momentum);
+  sgd.weight_decay = static_cast<float>(o.weight_decay);
+  sgd.nesterov = o.nesterov;
+  run.optimizer = std::make_unique<models::Sgd>(*run.model, sgd);
+  spdlog::info("optimizer: SGD lr {} momentum {} weight decay {}{}", sgd.lr, o.momentum, o.weight_decay,
+               o.nesterov ? " nesterov" : "");
+}
+
+void resume_from_checkpoint(const TrainOptions& o, TrainingRun& run, StartupStop& startup) {
+  if (o.checkpoint_dir.empty()) return;
+  run.checkpointer = std::make_unique<Checkpointer>(
+      o.checkpoint_dir, run.groups.gradients.get(), run.env.rank, *run.model, *run.optimizer,
+      resume_configuration(o, run.train_set->size(), run.fingerprint, run.env.world_size), run.control());
+  run.resumed = run.checkpointer->resume();
+  if (const auto& r = run.resumed) {
+    startup.at_position(r->epoch, r->total_steps);
+    spdlog::info("resuming from {}: epoch {}, {} steps done in it, {} in total{}", run.checkpointer->path(), r->epoch,
+                 r->steps_in_epoch, r->total_steps, r->epoch_finished ? " (epoch finished)" : "");
+  } else {
+    spdlog::info("checkpoints: none in {} yet; this run starts from the beginning and writes {}", o.checkpoint_dir,
+                 run.checkpointer->path());
+  }
+}
+
+// A rank with an empty share skips forward (Note [Gradients are views into the
+// buckets]), but SyncBatchNorm's forward is a collective every rank must join.
+void require_every_rank_a_share(const TrainOptions& o, int64_t train_size, int world) {
+  const int64_t g = *o.global_batch_size;
+  for (const int64_t batch : {g, train_size % g}) {
+    if (batch == 0) continue;
+    const auto shares = data::split_global_batch(batch, world);
+    if (std::find(shares.begin(), shares.end(), 0) != shares.end()) {
+      throw InvalidArgument(fmt::format(
+          "--sync-bn with --global-batch-size {}: a global batch of {} images leaves some of the {} ranks with "
+          "none, and SyncBatchNorm needs every rank in every forward; choose a global batch size whose split "
+          "(and that of the epoch's last batch, {} images) gives every rank at least one image",
+          g, batch, world, train_size % g));
+    }
+  }
+}
+
+// The distributed samplers in a world of one are the plain shuffled (or sequential)
+// order, so one rank with batch N*B reads exactly what N ranks with batch B read.
+void make_loaders(const TrainOptions& o, TrainingRun& run) {
+  const int rank = run.env.rank, world = run.env.world_size;
+  const int64_t train_size = run.train_set->size();
+  const bool pinned = run.compute().is_cuda();
+  if (o.global_batch_size && o.sync_bn && run.groups) require_every_rank_a_share(o, train_size, world);
+  if (o.global_batch_size) {
+    auto sampler = std::make_shared<data::GlobalBatchShardSampler>(train_size, rank, world, *o.global_batch_size,
+                                                                   o.shuffle, o.seed, false);
+    run.train_loader = make_loader(run.train_set, sampler, *o.global_batch_size, pinned, sampler->batch_sizes());
+  } else {
+    auto sampler = std::make_shared<data::DistributedSampler>(train_size, rank, world, o.shuffle, o.seed, false);
+    run.train_loader = make_loader(run.train_set, sampler, o.batch_size, pinned);
+  }
+  if (o.eval) {
+    // Per rank, the largest training share (a global batch's first chunk), not G itself.
+    const int64_t eval_batch = o.global_batch_size ? (*o.global_batch_size + world - 1) / world : o.batch_size;
+    run.test_loader = make_loader(
+        run.test_set, std::make_shared<data::EvalShardSampler>(run.test_set->size(), rank, world), eval_batch, pinned);
+  }
+  spdlog::info("train loader: {}", run.train_loader->describe());
+}
+
+void attach_gradient_sync(const TrainOptions& o, TrainingRun& run) {
+  if (run.groups) {
+    ReducerOptions ro;
+    ro.bucket_cap_bytes = static_cast<size_t>(o.bucket_cap_mb * 1024.0 * 1024.0);
+    ro.compression = o.grad_compression == "bf16"   ? DType::BFloat16
+                     : o.grad_compression == "fp16" ? DType::Float16
+                                                    : DType::Float32;
+    ro.weight_by_sample_count = o.global_batch_size.has_value();
+    auto reducer = std::make_unique<Reducer>(run.groups.gradients, ro, run.groups.control);
+    run.reducer = reducer.get();
+    run.sync = std::move(reducer);
+  } else {
+    run.sync = std::make_unique<LocalGradients>();
+  }
+  // Note [Set-up memory]
+  // ~~~~~~~~~~~~~~~~~~~~
+  // Set-up leaves large blocks in the host allocator's cache: the flat buffer that
+  // broadcast the model state (as large as the model) and, once the reducer has
+  // re-seated the gradients into its buckets, the old gradients (as large again). A
+  // cached block serves any request up to half its size (Note [Host caching
+  // allocator]), so a bucket would take the broadcast buffer and hold the difference
+  // idle for the whole run. Returning the cache to the system before and after
+  // attaching leaves the buckets in blocks of their own size (docs/benchmarks.md).
+  host_allocator_release_cache();
+  run.sync->attach(*run.model);
+  host_allocator_release_cache();
+  spdlog::info("gradients: {}", run.sync->describe());
+}
+
+void plan_learning_rate(const TrainOptions& o, TrainingRun& run) {
+  const int64_t steps_per_epoch = (run.train_loader->num_batches() + o.grad_accum - 1) / o.grad_accum;
+  double run_epochs = static_cast<double>(o.epochs);
+  if (o.max_steps && steps_per_epoch > 0) {
+    run_epochs = std::min(run_epochs, static_cast<double>(*o.max_steps) / static_cast<double>(steps_per_epoch));
+  }
+  LrScheduleOptions lr;
+  lr.base_lr = o.lr;
+  lr.world_scale = run.world_scale;
+  lr.warmup_epochs = o.warmup_epochs;
+  lr.total_epochs = std::max(run_epochs, 1e-9);
+  lr.kind = parse_lr_schedule(o.lr_schedule);
+  run.schedule = std::make_unique<LrSchedule>(lr);
+  spdlog::info("learning rate: {}", run.schedule->describe());
+}
+
+}  // namespace
+
+TrainingRun set_up_run(const TrainOptions& options, WorkerEnvironment env, StartupStop& startup) {
+  TrainingRun run;
+  run.env = std::move(env);
+  bind_training_device(options, run);
+  open_outputs(options, run, startup);
+  configure_threads_and_report(options, run);
+  join_process_groups(options, run, startup);
+  load_data(options, run);
+  build_model(options, run);
+  make_optimizer(options, run);
+  resume_from_checkpoint(options, run, startup);
+  make_loaders(options, run);
+  attach_gradient_sync(options, run);
+  plan_learning_rate(options, run);
+  return run;
+}
+
+}  // namespace mtrain

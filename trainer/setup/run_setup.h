@@ -1,0 +1,65 @@
+// The start-up of a training run: named phases, in order, that build one plain struct
+// holding everything the run needs (who this worker is, its device and groups, data,
+// model, optimizer, checkpoints, loaders, gradient synchronisation, schedule).
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "collectives/process_group.h"
+#include "data/dataloader.h"
+#include "data/dataset.h"
+#include "models/module.h"
+#include "models/optim.h"
+#include "trainer/checkpoint/checkpointer.h"
+#include "trainer/ddp/gradient_sync.h"
+#include "trainer/ddp/reducer.h"
+#include "trainer/ddp/training_groups.h"
+#include "trainer/loop/lr_schedule.h"
+#include "trainer/loop/metrics.h"
+#include "trainer/loop/train_loop.h"
+#include "trainer/options.h"
+#include "trainer/setup/device.h"
+#include "trainer/setup/environment.h"
+#include "trainer/stopping/stop_signals.h"
+
+namespace mtrain {
+
+struct TrainingRun {
+  // Who this worker is and where it trains.
+  WorkerEnvironment env;
+  TrainingDevice device;
+  DType amp = DType::Float32;  // the compute type of convolutions and linear layers
+  MetricsWriter metrics;       // enabled on rank 0 with --metrics
+  // The process groups; empty in a world of one (except a one-rank NCCL group).
+  TrainingGroups groups;
+  std::shared_ptr<ProcessGroup> batch_stats_group;  // --sync-bn's (Note [SyncBatchNorm's own group])
+  // Data: the test set is null under --no-eval.
+  std::shared_ptr<const data::Dataset> train_set;
+  std::shared_ptr<const data::Dataset> test_set;
+  std::string fingerprint;  // of the training set, where a check needs it
+  // What is trained.
+  std::unique_ptr<models::Module> model;
+  std::unique_ptr<models::Sgd> optimizer;
+  double world_scale = 1.0;  // the learning rate's factor from --lr-scaling
+  std::unique_ptr<Checkpointer> checkpointer;  // with --checkpoint-dir
+  std::optional<TrainPosition> resumed;        // where a resumed run continues
+  // How it is trained.
+  std::shared_ptr<data::DataLoader> train_loader;
+  std::shared_ptr<data::DataLoader> test_loader;  // null under --no-eval
+  std::unique_ptr<GradientSynchronizer> sync;
+  Reducer* reducer = nullptr;  // `sync` when the run is data-parallel
+  std::unique_ptr<LrSchedule> schedule;
+
+  bool lead() const { return env.rank == 0; }  // logs, writes metrics and final weights
+  Device compute() const { return device.compute; }
+  ProcessGroup* control() const { return groups.control.get(); }  // host values; null: none
+};
+
+// Runs the start-up phases for `options` on the worker `env` describes. `startup` is
+// armed (a stop signal ends the worker at once) and learns the checkpoint a rerun would
+// resume from. Throws the typed errors of the phases (InvalidArgument for a run that
+// cannot start as asked, IoError for files, CommError for peers).
+TrainingRun set_up_run(const TrainOptions& options, WorkerEnvironment env, StartupStop& startup);
+
+}  // namespace mtrain
