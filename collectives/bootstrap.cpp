@@ -7,7 +7,7 @@
 
 namespace mtrain {
 
-std::shared_ptr<Store> connect_store_from_env(Millis timeout) {
+StoreConnection connect_store_from_env(Millis timeout) {
   auto require = [](const char* name) {
     auto v = env::get(name);
     if (!v || v->empty()) {
@@ -24,11 +24,11 @@ std::shared_ptr<Store> connect_store_from_env(Millis timeout) {
   const std::string token = require("MTRAIN_STORE_TOKEN");
   auto tcp = std::make_shared<TcpStore>(host, port, token, timeout, timeout);
   const std::string prefix = env::get("MTRAIN_STORE_PREFIX").value_or("");
-  if (prefix.empty()) return tcp;
+  if (prefix.empty()) return {tcp, host, port};
   auto scoped = std::make_shared<PrefixStore>(prefix, *tcp);
   scoped->set_timeout(timeout);
   // The PrefixStore refers to the TcpStore: the handle keeps both alive.
-  return std::shared_ptr<Store>(scoped.get(), [tcp, scoped](Store*) {});
+  return {std::shared_ptr<Store>(scoped.get(), [tcp, scoped](Store*) {}), host, port};
 }
 
 }  // namespace mtrain

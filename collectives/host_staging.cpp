@@ -163,11 +163,11 @@ HostStagingProcessGroup::HostStagingProcessGroup(std::unique_ptr<ProcessGroup> w
   if (!wrapped_) {
     throw InvalidArgument("host staging: expected a process group to wrap, found none");
   }
-  if (wrapped_->backend_name() == "nccl") {
+  if (backend_info(wrapped_->backend_name()).device_tensors_only) {
     throw InvalidArgument(fmt::format(
         "host staging of group '{}': expected a group working on host memory (gloo or mpi), "
-        "found nccl, which takes GPU tensors itself",
-        options_.name));
+        "found {}, which takes GPU tensors itself",
+        options_.name, wrapped_->backend_name()));
   }
   if (!device_.is_cuda()) {
     throw InvalidArgument(fmt::format(

@@ -187,87 +187,88 @@ void ProcessGroup::check_reduce_scatter_sizes(const Tensor& input, const Tensor&
   }
 }
 
-std::vector<std::string> available_backends() {
-  std::vector<std::string> names{"gloo"};
+const std::vector<BackendInfo>& known_backends() {
+  static const std::vector<BackendInfo> backends = [] {
+    BackendInfo gloo{"gloo", true, "", false, false, true};
+    BackendInfo mpi{"mpi", false, "Open MPI was not found at configure time", false, true, false};
+    BackendInfo nccl{"nccl", false,
+                     "configured with -DMTRAIN_CUDA=OFF, or the CUDA toolkit or NCCL was not found", true, false,
+                     false};
 #ifdef MTRAIN_HAVE_MPI
-  names.push_back("mpi");
+    mpi.built = true;
 #endif
 #ifdef MTRAIN_HAVE_CUDA
-  names.push_back("nccl");
+    nccl.built = true;
 #endif
+    return std::vector<BackendInfo>{gloo, mpi, nccl};
+  }();
+  return backends;
+}
+
+const BackendInfo& backend_info(const std::string& name) {
+  for (const BackendInfo& b : known_backends()) {
+    if (b.name == name) return b;
+  }
+  throw InvalidArgument(fmt::format("unknown process group backend '{}': expected auto or one of {}", name,
+                                    fmt::join(available_backends(), ", ")));
+}
+
+std::vector<std::string> available_backends() {
+  std::vector<std::string> names;
+  for (const BackendInfo& b : known_backends()) {
+    if (b.built) names.push_back(b.name);
+  }
   return names;
 }
 
-namespace {
-
-bool backend_built(const std::string& name) {
-  const auto names = available_backends();
-  return std::find(names.begin(), names.end(), name) != names.end();
+std::string resolve_backend(const std::string& requested, bool on_gpu, bool mpi_launched) {
+  if (requested != "auto") return requested;
+  if (on_gpu) return "nccl";
+  return mpi_launched && backend_info("mpi").built ? "mpi" : "gloo";
 }
-
-std::string resolve_auto_backend(Device device) {
-  if (device.is_cuda()) return "nccl";
-#ifdef MTRAIN_HAVE_MPI
-  if (started_by_mpirun()) return "mpi";
-#endif
-  return "gloo";
-}
-
-}  // namespace
 
 std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
                                                    std::shared_ptr<Store> store, int rank,
                                                    int size, Device device,
                                                    ProcessGroupOptions options) {
-  const std::string built = fmt::format("{}", fmt::join(available_backends(), ", "));
-  const std::string chosen = backend == "auto" ? resolve_auto_backend(device) : backend;
+#ifdef MTRAIN_HAVE_MPI
+  const bool mpi_launched = started_by_mpirun();
+#else
+  const bool mpi_launched = false;
+#endif
+  const std::string chosen = resolve_backend(backend, device.is_cuda(), mpi_launched);
+  const BackendInfo& info = backend_info(chosen);
+  if (!info.built) {
+    throw InvalidArgument(fmt::format("the {} backend is not built in ({}); available backends: {}", chosen,
+                                      info.not_built, fmt::join(available_backends(), ", ")));
+  }
+  if (info.device_tensors_only && !device.is_cuda()) {
+    throw InvalidArgument(fmt::format("the {} backend works on GPU tensors; found device {} (use gloo or mpi on CPUs)",
+                                      chosen, device.str()));
+  }
+  if (store == nullptr && !info.bootstraps_without_store) {
+    throw InvalidArgument(fmt::format("the {} backend needs a rendezvous store; none was given", chosen));
+  }
   // gloo and mpi work on host memory; on a GPU they stage its tensors through it (Note
   // [Host staging]), checked before the group connects to its peers.
+  const bool staged = device.is_cuda() && !info.device_tensors_only;
+  if (staged) check_host_staging_device(chosen, device);
+  std::unique_ptr<ProcessGroup> group;
   if (chosen == "gloo") {
-    if (store == nullptr) {
-      throw InvalidArgument("the gloo backend needs a rendezvous store; none was given");
-    }
-    if (device.is_cuda()) check_host_staging_device(chosen, device);
-    auto group = create_gloo_process_group(std::move(store), rank, size, std::move(options));
-    if (device.is_cuda()) return std::make_unique<HostStagingProcessGroup>(std::move(group), device);
-    return group;
-  }
-  if (chosen == "mpi") {
+    group = create_gloo_process_group(std::move(store), rank, size, std::move(options));
 #ifdef MTRAIN_HAVE_MPI
-    if (device.is_cuda()) check_host_staging_device(chosen, device);
-    auto group = create_mpi_process_group(rank, size, std::move(options));
-    if (device.is_cuda()) return std::make_unique<HostStagingProcessGroup>(std::move(group), device);
-    return group;
-#else
-    throw InvalidArgument(fmt::format(
-        "the mpi backend is not built in (Open MPI was not found at configure time); "
-        "available backends: {}",
-        built));
+  } else if (chosen == "mpi") {
+    group = create_mpi_process_group(rank, size, std::move(options));
 #endif
-  }
-  if (chosen == "nccl") {
 #ifdef MTRAIN_HAVE_CUDA
-    if (!device.is_cuda()) {
-      throw InvalidArgument(fmt::format(
-          "the nccl backend works on GPU tensors; found device {} (use gloo or mpi on CPUs)",
-          device.str()));
-    }
-    if (store == nullptr) {
-      throw InvalidArgument("the nccl backend needs a rendezvous store; none was given");
-    }
+  } else if (chosen == "nccl") {
     return create_nccl_process_group(std::move(store), rank, size, device, std::move(options));
-#else
-    throw InvalidArgument(fmt::format(
-        "the nccl backend is not built in (configured with -DMTRAIN_CUDA=OFF, or the CUDA "
-        "toolkit or NCCL was not found); available backends: {}",
-        built));
 #endif
-  }
-  if (backend_built(chosen)) {
+  } else {
     throw InternalError(fmt::format("backend '{}' is listed as built but has no factory", chosen));
   }
-  throw InvalidArgument(fmt::format("unknown process group backend '{}': expected auto or one of {}",
-                                    backend, built));
+  if (staged) return std::make_unique<HostStagingProcessGroup>(std::move(group), device);
+  return group;
 }
 
 }  // namespace mtrain

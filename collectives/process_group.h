@@ -96,6 +96,11 @@ using WorkPtr = std::shared_ptr<Work>;
 struct ProcessGroupOptions {
   std::string name = "world";             // appears in errors and store keys
   Millis timeout = Millis(30 * 60 * 1000); // per operation; 30 min like c10d's default
+  // Where the ranks rendezvous (the store's host and port): a backend that opens
+  // sockets of its own (gloo) listens on the local address that routes there. Empty:
+  // the loopback interface.
+  std::string rendezvous_host;
+  uint16_t rendezvous_port = 0;
 };
 
 // InvalidArgument unless 0 <= rank < size and the timeout is positive; every group's
@@ -152,17 +157,37 @@ class ProcessGroup {
   const ProcessGroupOptions options_;
 };
 
+// What the rest of mtrain may ask about a backend without naming it: one entry per
+// backend mtrain knows, built into this build or not.
+struct BackendInfo {
+  std::string name;                     // "gloo", "mpi", "nccl"
+  bool built = false;                   // compiled into this build
+  std::string not_built;                // why not, when it is not
+  bool device_tensors_only = false;     // collectives on GPU tensors only: host values need another group
+  bool bootstraps_without_store = false;  // under its own starter (mpi under mpirun) needs no store
+  bool batch_stats_group = false;       // SyncBatchNorm gets a group of its own (Note [SyncBatchNorm's own group])
+};
+
+// Every backend mtrain knows, in a fixed order (gloo, mpi, nccl).
+const std::vector<BackendInfo>& known_backends();
+// The entry for `name`; InvalidArgument naming the known backends for any other name.
+const BackendInfo& backend_info(const std::string& name);
+// The names of the backends compiled into this build, e.g. {"gloo", "mpi"}.
+std::vector<std::string> available_backends();
+
+// The one resolver of "auto": nccl for a rank on a GPU, else mpi for a process an MPI
+// starter started (when mpi is built in), else gloo. Other names are returned as given.
+std::string resolve_backend(const std::string& requested, bool on_gpu, bool mpi_launched);
+
 // Creates a group of `size` ranks; every rank calls this with the same backend and
-// options. `store` is the rendezvous store (may be null for "mpi", which bootstraps
-// through MPI itself). For "nccl", `device` is this rank's GPU (one GPU per rank). backend: "gloo", "mpi", "nccl", or "auto" = "nccl" when
-// `device` is a GPU, else "mpi" when the process was started by mpirun, else "gloo".
-// Unknown or unavailable backends throw InvalidArgument saying which are built in.
+// options. `backend` is a known name or "auto" (resolve_backend, with `device` and
+// whether mpirun started this process). `store` is the rendezvous store (null only for
+// a backend that bootstraps without one). For "nccl", `device` is this rank's GPU (one
+// GPU per rank); gloo and mpi on a GPU stage its tensors through host memory. Unknown or
+// unbuilt backends throw InvalidArgument saying which are built in.
 std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
                                                    std::shared_ptr<Store> store, int rank,
                                                    int size, Device device,
                                                    ProcessGroupOptions options = {});
-
-// Backends compiled into this build, e.g. {"gloo", "mpi"} or {"gloo", "mpi", "nccl"}.
-std::vector<std::string> available_backends();
 
 }  // namespace mtrain

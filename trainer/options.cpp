@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "collectives/process_group.h"
 #include "core/error.h"
 #include "trainer/checkpoint/checkpoint_file.h"
 
@@ -26,6 +27,20 @@ bool contains(const std::vector<std::string>& names, const std::string& name) {
     if (n == name) return true;
   }
   return false;
+}
+
+// "auto" and every backend mtrain knows (collectives' registry): one not built in is
+// refused later, when the group is made, with the reason.
+std::vector<std::string> backend_choices() {
+  std::vector<std::string> names{"auto"};
+  for (const BackendInfo& b : known_backends()) names.push_back(b.name);
+  return names;
+}
+
+std::string backend_help() {
+  std::vector<std::string> names = backend_choices();
+  names.front() = "auto (nccl on GPUs, mpi under mpirun, else gloo)";
+  return fmt::format("collectives: {}", fmt::join(names, " | "));
 }
 
 void check_choice(const std::string& flag, const std::string& value,
@@ -156,10 +171,11 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
   if (o.log_every < 1) {
     throw InvalidArgument(fmt::format("--log-every: expected an integer >= 1, found {}", o.log_every));
   }
-  check_choice("--backend", o.backend, {"auto", "gloo", "mpi", "nccl"});
+  check_choice("--backend", o.backend, backend_choices());
   check_choice("--device", o.device, {"auto", "cuda", "cpu"});
-  if (o.device == "cpu" && o.backend == "nccl") {
-    throw InvalidArgument("--backend nccl needs GPUs, but --device cpu trains on the CPU: use --backend gloo or mpi");
+  if (o.device == "cpu" && o.backend != "auto" && backend_info(o.backend).device_tensors_only) {
+    throw InvalidArgument(fmt::format(
+        "--backend {} needs GPUs, but --device cpu trains on the CPU: use --backend gloo or mpi", o.backend));
   }
   check_choice("--amp", o.amp, {"off", "bf16", "fp16"});
   check_choice("--grad-compression", o.grad_compression, {"none", "bf16", "fp16"});
@@ -253,7 +269,7 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
     ("initial-loss-scale", "the dynamic loss scale's starting value", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.initial_loss_scale)))
     ("loss-scale-growth-interval", "steps with finite gradients after which the dynamic loss scale doubles", cxxopts::value<std::string>()->default_value(std::to_string(d.loss_scale_growth_interval)));
   spec.add_options("Distributed")
-    ("backend", "collectives: auto (nccl on GPUs, mpi under mpirun, else gloo) | gloo | mpi | nccl", cxxopts::value<std::string>()->default_value(d.backend))
+    ("backend", backend_help(), cxxopts::value<std::string>()->default_value(d.backend))
     ("bucket-cap-mb", "gradient bucket size cap in MiB (the first bucket is 1 MiB)", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.bucket_cap_mb)))
     ("grad-compression", "none | bf16 | fp16: all-reduce the gradient buckets in 16 bits (DDP's bf16/fp16 compress hooks)", cxxopts::value<std::string>()->default_value(d.grad_compression))
     ("grad-accum", "micro-batches per optimizer step; gradients are exchanged on the last only", cxxopts::value<std::string>()->default_value(std::to_string(d.grad_accum)))

@@ -141,8 +141,10 @@ std::unique_ptr<ProcessGroup> create_group(const std::string& backend, Device de
       env::parse_int(require_env("WORLD_SIZE", backend), "WORLD_SIZE", 1, INT32_MAX));
   const int rank = static_cast<int>(
       env::parse_int(require_env("RANK", backend), "RANK", 0, world - 1));
-  return create_process_group(backend, connect_store_from_env(timeout), rank, world, device,
-                              options);
+  StoreConnection connection = connect_store_from_env(timeout);
+  options.rendezvous_host = connection.host;
+  options.rendezvous_port = connection.port;
+  return create_process_group(backend, std::move(connection.store), rank, world, device, options);
 }
 
 WorkPtr issue(ProcessGroup& group, BenchOp op, Tensor& input, Tensor& output, int iteration) {

@@ -16,7 +16,7 @@
 #include <limits>
 #include <thread>
 
-#include "collectives/gloo/collective_progress.h"
+#include "collectives/collective_progress.h"
 #include "collectives/gloo/gloo_device.h"
 #include "collectives/gloo/gloo_store_adapter.h"
 #include "collectives/gloo/operation_queue.h"
@@ -379,16 +379,9 @@ class GlooProcessGroup final : public ProcessGroup {
 
 std::unique_ptr<ProcessGroup> create_gloo_process_group(std::shared_ptr<Store> store, int rank,
                                                         int size, ProcessGroupOptions options) {
-  std::string host = "127.0.0.1";
-  uint16_t port = 0;
-  if (const auto* tcp = dynamic_cast<const TcpStore*>(store.get())) {
-    host = tcp->host();
-    port = tcp->port();
-  } else if (const auto addr = env::get("MASTER_ADDR"); addr && !addr->empty()) {
-    host = *addr;
-    port = static_cast<uint16_t>(env::get_int("MASTER_PORT", 1, 65535).value_or(29500));
-  }
-  if (port == 0) port = 29500;  // only used to pick a route; nothing is sent
+  // Only used to pick the local interface that routes to the rendezvous; nothing is sent.
+  const std::string host = options.rendezvous_host.empty() ? "127.0.0.1" : options.rendezvous_host;
+  const uint16_t port = options.rendezvous_port == 0 ? 29500 : options.rendezvous_port;
   return std::make_unique<GlooProcessGroup>(std::move(store), rank, size, std::move(options), host,
                                             port);
 }

@@ -11,7 +11,7 @@
 #include <optional>
 #include <thread>
 
-#include "collectives/gloo/collective_progress.h"
+#include "collectives/collective_progress.h"
 #include "collectives/nccl/device_identity.h"
 #include "collectives/nccl/nccl_check.h"
 #include "core/error.h"

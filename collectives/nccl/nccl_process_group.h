@@ -24,7 +24,7 @@
 // Past it, or on an asynchronous NCCL error, it aborts the communicator (ncclCommAbort),
 // which stops its kernels, and fails every pending operation: a TimeoutError names the
 // operation, its sequence number, the group and, from the store's progress keys
-// (collectives/gloo/collective_progress.h), the ranks that never reached it. The group is
+// (collectives/collective_progress.h), the ranks that never reached it. The group is
 // unusable afterwards: every later operation fails with the same error. Work::wait()
 // polls the events itself (with a short backoff) instead of waiting for the watchdog, so
 // a small collective is not delayed by the watchdog's period.

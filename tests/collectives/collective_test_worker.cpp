@@ -192,7 +192,7 @@ int run(int argc, char** argv) {
   const std::string backend = argv[1], scenario = argv[2];
   const int rank = static_cast<int>(env::get_int("RANK", 0).value_or(0));
   const int size = static_cast<int>(env::get_int("WORLD_SIZE", 1).value_or(1));
-  auto store = connect_store_from_env();
+  auto store = connect_store_from_env().store;
   ProcessGroupOptions options;
   options.timeout = Millis(scenario.rfind("skip", 0) == 0 ? 2000 : 20000);
   auto pg = create_process_group(backend, store, rank, size, Device::cpu(), options);

@@ -502,7 +502,7 @@ TEST_CASE("host staging rank: every collective on GPU tensors", "[.][staging-ran
   ProcessGroupOptions options;
   options.timeout = Millis(30000);
   std::unique_ptr<ProcessGroup> pg =
-      create_process_group("gloo", connect_store_from_env(), rank, size, kGpu, options);
+      create_process_group("gloo", connect_store_from_env().store, rank, size, kGpu, options);
   REQUIRE(pg->backend_name() == "gloo");
   check_every_collective<float>(*pg);
   check_every_collective<int64_t>(*pg);

@@ -213,7 +213,7 @@ int run(int argc, char** argv) {
   ProcessGroupOptions options;
   options.timeout = Millis(20000);
   std::shared_ptr<ProcessGroup> group(
-      create_process_group("gloo", connect_store_from_env(), rank, world, Device::cpu(), options));
+      create_process_group("gloo", connect_store_from_env().store, rank, world, Device::cpu(), options));
   // Report while the group is still alive: unwinding destroys it, which closes the
   // connections, and a peer failing on the closed connection could otherwise reach the
   // launcher first and have this rank stopped before it prints the real cause.

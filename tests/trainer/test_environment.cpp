@@ -329,7 +329,7 @@ TEST_CASE("rank 0 hosts the store for an IPv6 MASTER_ADDR too", "[environment]")
   env.master_port = port;
   env.store_mode = StoreMode::kRank0;
   env.store_token = "ipv6-token";
-  auto store = mtrain::open_worker_store(env, mtrain::Millis(5000));
+  auto store = mtrain::open_worker_store(env, mtrain::Millis(5000)).store;
   store->set("k", std::string("v"));
   mtrain::TcpStore other("::1", static_cast<uint16_t>(port), "ipv6-token", mtrain::Millis(5000));
   CHECK(other.get_string("k") == "v");

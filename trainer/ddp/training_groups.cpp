@@ -31,7 +31,8 @@ void require_rank0_backend(Store& store, int rank, const std::string& backend, D
 TrainingGroups create_training_groups(const std::string& backend, std::shared_ptr<Store> store, int rank,
                                       int size, Device device, const ProcessGroupOptions& options) {
   MTRAIN_CHECK(backend != "auto", "create_training_groups needs a resolved backend, found auto");
-  if (backend == "nccl" && store == nullptr) {
+  const BackendInfo& info = backend_info(backend);
+  if (info.device_tensors_only && store == nullptr) {
     // The control group is Gloo, which needs the store even where NCCL could do without.
     throw InvalidArgument(
         "--backend nccl needs a rendezvous store for its NCCL id and for the Gloo control group "
@@ -43,7 +44,7 @@ TrainingGroups create_training_groups(const std::string& backend, std::shared_pt
   groups.store = store;
   groups.device = device;
   groups.gradients = create_process_group(backend, store, rank, size, device, options);
-  if (groups.gradients->backend_name() != "nccl") {
+  if (!info.device_tensors_only) {
     groups.control = groups.gradients;
     return groups;
   }
@@ -55,7 +56,7 @@ TrainingGroups create_training_groups(const std::string& backend, std::shared_pt
 
 std::shared_ptr<ProcessGroup> create_batch_stats_group(const TrainingGroups& groups) {
   MTRAIN_CHECK(groups.gradients != nullptr, "create_batch_stats_group needs the training groups, found none");
-  if (groups.gradients->backend_name() != "gloo") return groups.gradients;
+  if (!backend_info(groups.gradients->backend_name()).batch_stats_group) return groups.gradients;
   const ProcessGroup& gradients = *groups.gradients;
   ProcessGroupOptions options = gradients.options();
   options.name = "batch-stats";

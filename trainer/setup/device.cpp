@@ -34,12 +34,6 @@ std::string visible_text(const DeviceRequest& r) {
   return r.visible_devices ? fmt::format("CUDA_VISIBLE_DEVICES={}", *r.visible_devices) : "CUDA_VISIBLE_DEVICES unset";
 }
 
-std::string resolve_backend(const std::string& backend, bool on_gpu, bool mpi_launched) {
-  if (backend != "auto") return backend;
-  if (on_gpu) return "nccl";
-  return mpi_launched ? "mpi" : "gloo";
-}
-
 }  // namespace
 
 DeviceBinding bind_device(const DeviceRequest& r, bool mpi_launched) {
@@ -53,8 +47,9 @@ DeviceBinding bind_device(const DeviceRequest& r, bool mpi_launched) {
     b.backend = resolve_backend(r.backend, false, mpi_launched);
     b.reason = r.device == "cpu" ? "--device cpu"
                                  : fmt::format("--device auto and no usable GPU ({})", r.no_gpu_reason);
-    if (b.backend == "nccl") {
-      throw InvalidArgument("--backend nccl needs GPUs, but this rank trains on the CPU: use --backend gloo or mpi");
+    if (backend_info(b.backend).device_tensors_only) {
+      throw InvalidArgument(fmt::format(
+          "--backend {} needs GPUs, but this rank trains on the CPU: use --backend gloo or mpi", b.backend));
     }
     return b;
   }
@@ -64,7 +59,7 @@ DeviceBinding bind_device(const DeviceRequest& r, bool mpi_launched) {
   }
   b.backend = resolve_backend(r.backend, true, mpi_launched);
   int index = r.local_rank;
-  if (r.local_rank >= r.visible_gpus && r.visible_gpus == 1 && b.backend == "nccl") {
+  if (r.local_rank >= r.visible_gpus && r.visible_gpus == 1 && backend_info(b.backend).device_tensors_only) {
     // Note [Device binding]: one GPU per task, as SLURM's --gpus-per-task=1 gives.
     b.device = Device::cuda(0);
     b.reason = fmt::format("local rank {} -> cuda:0, the one GPU this process sees ({}); ranks that "
@@ -73,7 +68,7 @@ DeviceBinding bind_device(const DeviceRequest& r, bool mpi_launched) {
     return b;
   }
   if (r.local_rank >= r.visible_gpus) {
-    if (b.backend == "nccl") {
+    if (backend_info(b.backend).device_tensors_only) {
       throw InvalidArgument(fmt::format(
           "local rank {} of {} needs its own GPU for NCCL, but only {} are visible ({}); NCCL refuses two ranks on "
           "one device: start at most {} processes per node (--nproc_per_node {}), or use --backend gloo to let ranks "

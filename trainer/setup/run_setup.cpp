@@ -151,9 +151,11 @@ void join_process_groups(const TrainOptions& o, TrainingRun& run, StartupStop& s
   ProcessGroupOptions pg_options;
   pg_options.timeout = Millis(static_cast<int64_t>(o.timeout_seconds * 1000.0));
   if (run.env.distributed()) {
-    // Null for the MPI backend under an MPI starter, which bootstraps itself.
-    std::shared_ptr<Store> store = open_worker_store(run.env);
-    run.groups = create_training_groups(backend, store, run.env.rank, run.env.world_size,
+    // No store for the MPI backend under an MPI starter, which bootstraps itself.
+    StoreConnection store = open_worker_store(run.env);
+    pg_options.rendezvous_host = store.host;
+    pg_options.rendezvous_port = store.port;
+    run.groups = create_training_groups(backend, std::move(store.store), run.env.rank, run.env.world_size,
                                         run.device.binding.device, pg_options);
   } else if (backend == "nccl") {
     run.groups = create_single_rank_nccl_groups(run.compute(), pg_options);

@@ -72,7 +72,7 @@ std::shared_ptr<TcpStore> connect(const std::string& host, uint16_t port, const 
   }
 }
 
-std::shared_ptr<Store> open_rank0_store(const WorkerEnvironment& env, Millis timeout) {
+StoreConnection open_rank0_store(const WorkerEnvironment& env, Millis timeout) {
   const auto port = static_cast<uint16_t>(env.master_port);
   std::shared_ptr<TcpStoreServer> server;
   if (env.rank == 0) {
@@ -86,11 +86,11 @@ std::shared_ptr<Store> open_rank0_store(const WorkerEnvironment& env, Millis tim
     }
   }
   auto client = connect(env.master_addr, port, env.store_token, timeout, server != nullptr);
-  return server ? hold_server(client, server) : client;
+  return {server ? hold_server(client, server) : client, env.master_addr, port};
 }
 
 #ifdef MTRAIN_HAVE_MPI
-std::shared_ptr<Store> open_mpi_broadcast_store(const WorkerEnvironment& env, Millis timeout) {
+StoreConnection open_mpi_broadcast_store(const WorkerEnvironment& env, Millis timeout) {
   if (mpi_world_rank() != env.rank || mpi_world_size() != env.world_size) {
     throw InternalError(fmt::format("MPI_COMM_WORLD says rank {} of {}, the environment rank {} of {}",
                                     mpi_world_rank(), mpi_world_size(), env.rank, env.world_size));
@@ -111,16 +111,16 @@ std::shared_ptr<Store> open_mpi_broadcast_store(const WorkerEnvironment& env, Mi
   const auto port = static_cast<uint16_t>(std::stoi(port_text));
   if (server) spdlog::info("rendezvous store: hosted by rank 0 at {}:{}, announced over MPI", host, port);
   auto client = connect(host, port, token, timeout, server != nullptr);
-  return server ? hold_server(client, server) : client;
+  return {server ? hold_server(client, server) : client, host, port};
 }
 #endif
 
 }  // namespace
 
-std::shared_ptr<Store> open_worker_store(const WorkerEnvironment& env, Millis timeout) {
+StoreConnection open_worker_store(const WorkerEnvironment& env, Millis timeout) {
   switch (env.store_mode) {
     case StoreMode::kNone:
-      return nullptr;
+      return {};
     case StoreMode::kLauncher:
       return connect_store_from_env(timeout);
     case StoreMode::kRank0:

@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 
+#include "collectives/bootstrap.h"
 #include "collectives/store.h"
 #include "trainer/setup/environment.h"
 
@@ -34,9 +35,9 @@ namespace mtrain {
 
 // Connects this worker to its store (see Note [Who hosts the store]); on rank 0 in the
 // modes that need it, first starts the server, which lives as long as the returned
-// handle. nullptr for StoreMode::kNone. Throws InvalidArgument for a configuration that
+// store. A null store for StoreMode::kNone. Throws InvalidArgument for a configuration that
 // cannot work (e.g. rank 0 asked to bind an address that is not its own) and CommError
 // when the store cannot be reached within `timeout`.
-std::shared_ptr<Store> open_worker_store(const WorkerEnvironment& env, Millis timeout = kDefaultStoreTimeout);
+StoreConnection open_worker_store(const WorkerEnvironment& env, Millis timeout = kDefaultStoreTimeout);
 
 }  // namespace mtrain

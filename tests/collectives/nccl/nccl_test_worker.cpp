@@ -26,7 +26,7 @@ int run(int argc, char** argv) {
   ProcessGroupOptions options;
   options.timeout = timeout;
   const Device device = Device::cuda(mode == "same-device" ? 0 : local);
-  auto group = create_process_group("nccl", connect_store_from_env(timeout), rank, world, device,
+  auto group = create_process_group("nccl", connect_store_from_env(timeout).store, rank, world, device,
                                     options);
   Tensor t = Tensor::full({1024}, static_cast<float>(rank + 1)).to(device);
   group->allreduce(t, ReduceOp::Sum)->wait(timeout);

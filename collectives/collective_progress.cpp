@@ -1,4 +1,4 @@
-#include "collectives/gloo/collective_progress.h"
+#include "collectives/collective_progress.h"
 
 #include <fmt/format.h>
 
