@@ -80,9 +80,15 @@ std::optional<BenchOptions> parse_options(int argc, char** argv) {
   BenchOptions o;
   o.op = parse_bench_op(parsed["op"].as<std::string>());
   o.backend = parsed["backend"].as<std::string>();
-  if (o.backend != "gloo" && o.backend != "mpi" && o.backend != "nccl" && o.backend != "auto") {
-    throw InvalidArgument(
-        fmt::format("--backend: expected gloo, mpi, nccl or auto, found '{}'", o.backend));
+  if (o.backend != "auto") {
+    bool known = false;
+    for (const BackendInfo& b : known_backends()) known = known || b.name == o.backend;
+    if (!known) {
+      std::vector<std::string> names;
+      for (const BackendInfo& b : known_backends()) names.push_back(b.name);
+      throw InvalidArgument(fmt::format("--backend: expected {} or auto, found '{}'", fmt::join(names, ", "),
+                                        o.backend));
+    }
   }
   o.min_bytes = parse_byte_size(parsed["min-bytes"].as<std::string>(), "--min-bytes");
   o.max_bytes = parse_byte_size(parsed["max-bytes"].as<std::string>(), "--max-bytes");
@@ -101,14 +107,6 @@ std::optional<BenchOptions> parse_options(int argc, char** argv) {
   return o;
 }
 
-std::string resolve_backend(const std::string& requested) {
-  if (requested != "auto") return requested;
-#ifdef MTRAIN_HAVE_MPI
-  if (started_by_mpirun()) return "mpi";
-#endif
-  return "gloo";
-}
-
 std::string require_env(const char* name, const std::string& backend) {
   auto value = env::get(name);
   if (!value) {
@@ -120,9 +118,10 @@ std::string require_env(const char* name, const std::string& backend) {
   return *value;
 }
 
-// nccl: the GPU of this local rank, as the trainer binds it; CPU otherwise.
+// A backend of GPU tensors (nccl): the GPU of this local rank, as the trainer binds it;
+// the CPU otherwise.
 Device bench_device(const std::string& backend) {
-  if (backend != "nccl") return Device::cpu();
+  if (!backend_info(backend).device_tensors_only) return Device::cpu();
   return Device::cuda(static_cast<int>(env::get_int("LOCAL_RANK", 0, INT32_MAX).value_or(0)));
 }
 
@@ -162,7 +161,14 @@ int run(int argc, char** argv) {
   if (!parsed) return 0;
   const BenchOptions& o = *parsed;
   const Millis timeout{o.timeout_s * 1000};
-  const std::string backend = resolve_backend(o.backend);
+  // Buffers live on the host unless the backend takes GPU tensors only (then the rank's
+  // GPU, as the trainer binds it): auto resolves as for a CPU rank.
+#ifdef MTRAIN_HAVE_MPI
+  const bool mpi_launched = started_by_mpirun();
+#else
+  const bool mpi_launched = false;
+#endif
+  const std::string backend = resolve_backend(o.backend, /*on_gpu=*/false, mpi_launched);
   const Device device = bench_device(backend);
   auto group = create_group(backend, device, timeout);
   const int rank = group->rank();
