@@ -236,8 +236,9 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
   check_distinct_files(o);
 }
 
-ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* argv,
-                                                const TrainChoices& choices) {
+namespace {
+
+cxxopts::Options train_command_spec(const TrainChoices& choices) {
   const TrainOptions d;  // defaults, shown in --help
   cxxopts::Options spec("mtrain-train", "Train an image classifier with data-parallel SGD (one replica per process; see docs/training.md).");
   spec.set_width(100);
@@ -290,7 +291,27 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
     ("log-every", "optimizer steps between progress lines", cxxopts::value<std::string>()->default_value(std::to_string(d.log_every)))
     ("h,help", "print this help");
   // clang-format on
+  return spec;
+}
 
+}  // namespace
+
+std::vector<std::string> train_flag_names() {
+  const cxxopts::Options spec = train_command_spec(TrainChoices{});
+  std::vector<std::string> names;
+  for (const std::string& group : spec.groups()) {
+    for (const auto& option : spec.group_help(group).options) {
+      for (const std::string& name : option.l) {
+        if (name != "help") names.push_back("--" + name);
+      }
+    }
+  }
+  return names;
+}
+
+ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* argv,
+                                                const TrainChoices& choices) {
+  cxxopts::Options spec = train_command_spec(choices);
   check_switch_values(spec, argc, argv);
   cxxopts::ParseResult r;
   try {

@@ -94,6 +94,9 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
 // and for callers that fill TrainOptions themselves). Throws InvalidArgument.
 void validate_train_options(const TrainOptions& options, const TrainChoices& choices);
 
+// Every flag mtrain-train accepts, as "--name" (--help left out).
+std::vector<std::string> train_flag_names();
+
 // Whether the run scales its loss dynamically: --loss-scale dynamic, or auto with
 // --amp fp16, which needs it (Note [Dynamic loss scaling] in loop/loss_scaler.h).
 bool uses_loss_scaler(const TrainOptions& options);

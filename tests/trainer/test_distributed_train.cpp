@@ -37,6 +37,8 @@
 // step at lr 0.01 element by element against kTolerance (measured 9e-6; without
 // --sync-bn 1.3e-2).
 #include <catch2/catch.hpp>
+
+#include <chrono>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -461,6 +463,19 @@ TEST_CASE("a flag given to one rank only is named in the error, and reaches the 
   CHECK_THAT(r.err, Contains(expected + " (rank 0 has off)") || Contains(expected + " (rank 1 has on)"));
   // Written to MTRAIN_ERROR_FILE, so the launcher's root cause carries the message.
   CHECK_THAT(r.err, Contains("(from its error file)") && Contains("message    : " + expected));
+}
+
+TEST_CASE("--save-final on one rank only is refused at start-up, not at the final barrier", "[multiproc]") {
+  // Rank 0 would broadcast the save's outcome while rank 1 waited in the last barrier,
+  // both until --timeout (Note [Which flags must agree]).
+  TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = launch_with_rank1_extra(dir, "--save-final " + dir.file("rank1.safetensors"));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Contains("--save-final on rank 1 differs from rank 0"));
+  CHECK(seconds < 20);  // a generous bound on a loaded machine; the hang it replaces lasts --timeout
 }
 
 TEST_CASE("a rank that compresses its gradients while the others do not is named", "[multiproc]") {

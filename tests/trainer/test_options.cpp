@@ -1,5 +1,6 @@
 // mtrain-train's command line, thread defaults and metrics lines.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include "trainer/setup/environment.h"
 #include "trainer/loop/metrics.h"
 #include "trainer/options.h"
+#include "trainer/setup/run_configuration.h"
 
 using Catch::Matchers::Contains;
 using mtrain::InvalidArgument;
@@ -274,4 +276,26 @@ TEST_CASE("metrics are one flushed JSON object per line, non-finite numbers as n
   CHECK_FALSE(disabled.enabled());
   CHECK_NOTHROW(disabled.write({{"event", "x"}}));
   CHECK_THROWS_WITH(mtrain::MetricsWriter(dir.file("no/dir/m.jsonl")), Contains("no/dir/m.jsonl"));
+}
+
+// Note [Which flags must agree]: a flag missing from both lists would be neither
+// compared nor known to be harmless, and a rank given it alone could hang its peers.
+TEST_CASE("every flag is compared across ranks or known to be harmless per rank", "[options]") {
+  const mtrain::TrainOptions defaults;
+  std::vector<std::string> compared;
+  for (const auto& item : mtrain::training_configuration(defaults, 100, "fingerprint", mtrain::Device::cpu())) {
+    compared.push_back(item.name);
+  }
+  const auto has = [](const std::vector<std::string>& list, const std::string& name) {
+    return std::find(list.begin(), list.end(), name) != list.end();
+  };
+  const std::vector<std::string> flags = mtrain::train_flag_names();
+  REQUIRE(flags.size() > 40);
+  for (const std::string& flag : flags) {
+    INFO(flag);
+    // --device's item names the resolved device kind.
+    const bool in_compared = has(compared, flag) || (flag == "--device" && has(compared, "the training device (--device)"));
+    CHECK(in_compared != has(mtrain::per_rank_flags(), flag));
+  }
+  for (const std::string& flag : mtrain::per_rank_flags()) CHECK(has(flags, flag));
 }

@@ -52,6 +52,8 @@ std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t tra
   add("--lr-schedule", o.lr_schedule);
   add("--checkpoint-every", std::to_string(o.checkpoint_every));
   add("--checkpoint-dir", o.checkpoint_dir.empty() ? "unset" : "set");
+  // Rank 0 writes the file and every rank learns the outcome in a collective.
+  add("--save-final", o.save_final.empty() ? "unset" : "set");
   return items;
 }
 
@@ -96,6 +98,28 @@ RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size,
     items.emplace_back("--max-steps", o.max_steps ? std::to_string(*o.max_steps) : "unset");
   }
   return items;
+}
+
+// Note [Which flags must agree]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A flag given to some ranks only either changes what is trained (the replicas drift
+// apart) or the sequence of collectives (a rank waits in an operation its peers never
+// start, until --timeout). Both kinds are compared at start-up. The flags below change
+// neither and may differ from rank to rank; test_train_options checks that every flag
+// is in exactly one of the two lists, so a new flag cannot be forgotten.
+const std::vector<std::string>& per_rank_flags() {
+  static const std::vector<std::string> flags = {
+      "--data-dir",         // the training set's fingerprint is compared instead
+      "--init-from",        // rank 0's weights are broadcast; whether it is set: --init
+      "--threads",          // host kernel threads
+      "--log-level",        // rank 0 alone logs at info level
+      "--log-every",        // progress lines and step events: rank 0, no collective
+      "--metrics",          // written by rank 0 alone
+      "--cudnn-benchmark",  // a GPU's own algorithm choice: the gradients are averaged
+      "--deterministic",
+      "--no-tf32",
+  };
+  return flags;
 }
 
 }  // namespace mtrain
