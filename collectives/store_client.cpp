@@ -37,6 +37,7 @@ using namespace store_wire;
 
 constexpr auto kFirstBackoff = std::chrono::milliseconds(10);
 constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
+constexpr auto kWaitReportEvery = std::chrono::seconds(5);
 constexpr auto kDiagnoseBudget = std::chrono::milliseconds(2000);
 
 // One request's description and deadline, for messages and for every poll().
@@ -151,12 +152,14 @@ void TcpStore::Impl::connect(Clock::time_point deadline, Millis budget, Millis h
                              Clock::time_point latest) {
   auto backoff = kFirstBackoff;
   std::string last_error = "no attempt made";
+  const auto started = Clock::now();
+  auto next_report = started + kWaitReportEvery;
   while (true) {
     std::vector<SocketAddress> addresses;
     try {
       addresses = resolve(host, port);
     } catch (const CommError& e) {
-      last_error = e.what();  // a name may appear in DNS later, as peers come up
+      last_error = e.what();  // a temporary resolver failure; a name that does not exist throws at once
     }
     for (const auto& address : addresses) {
       if (try_address(address, deadline, last_error)) {
@@ -168,6 +171,12 @@ void TcpStore::Impl::connect(Clock::time_point deadline, Millis budget, Millis h
     if (now >= deadline) {
       throw CommError(fmt::format("could not reach the store at {} after {}: {}", where,
                                   seconds_text(budget), last_error));
+    }
+    if (now >= next_report) {
+      // A worker waiting for a store that is not there says so, with what it has seen.
+      spdlog::warn("still waiting for the store at {} ({:.0f} s of {}): {}", where,
+                   std::chrono::duration<double>(now - started).count(), seconds_text(budget), last_error);
+      next_report = now + kWaitReportEvery;
     }
     std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, kMaxBackoff);

@@ -35,6 +35,12 @@ std::vector<SocketAddress> resolve(const std::string& host, uint16_t port) {
   const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &list);
   if (rc != 0) {
     const std::string why = rc == EAI_SYSTEM ? errno_text(errno) : ::gai_strerror(rc);
+    // Only a temporary failure (EAI_AGAIN: no answer from the resolver yet) is worth
+    // retrying; a name the resolver says does not exist will not start to exist while
+    // a worker waits for it, so that is a configuration error, said at once.
+    if (rc == EAI_NONAME || rc == EAI_FAIL || rc == EAI_SERVICE) {
+      throw InvalidArgument(fmt::format("cannot resolve the store host '{}': {}", host, why));
+    }
     throw CommError(fmt::format("cannot resolve the store host '{}': {}", host, why));
   }
   std::vector<SocketAddress> out;

@@ -3,8 +3,14 @@
 // metrics file and the weights it writes.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
+#include <chrono>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -12,6 +18,7 @@
 #include <fmt/ranges.h>
 
 #include "models/zoo.h"
+#include "tests/support/scoped_env.h"
 #include "tests/trainer/idx_slice.h"
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
@@ -294,4 +301,58 @@ TEST_CASE("more threads than the CPUs the process may use is warned about", "[e2
   CHECK_THAT(r.out + r.err, Contains("2 intra-op threads but this process may run on 1 CPU only"));
   const auto fits = train({"--model", "mlp", "--max-steps", "1", "--no-eval"});
   CHECK_THAT(fits.out + fits.err, !Contains("may run on"));
+}
+
+namespace {
+
+// A port nothing listens on: bound, then closed.
+int unused_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Sets several variables for the life of the object.
+struct ScopedVars {
+  std::vector<std::unique_ptr<mtrain::testing::ScopedEnv>> vars;
+  explicit ScopedVars(const std::vector<std::pair<const char*, std::string>>& values) {
+    for (const auto& [name, value] : values) vars.push_back(std::make_unique<mtrain::testing::ScopedEnv>(name, value));
+  }
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+TEST_CASE("a worker whose store never appears obeys --timeout and says what it waits for", "[e2e]") {
+  // Rank 1 of 2 with torch-style variables: rank 0, which would host the store, never starts.
+  const ScopedVars env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"},
+                        {"MASTER_PORT", std::to_string(unused_port())}, {"MTRAIN_STORE_TOKEN", "t"}});
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = train({"--model", "mlp", "--max-steps", "1", "--timeout", "6"});
+  const double seconds = seconds_since(start);
+  INFO("stderr:\n" << r.err);
+  CHECK(r.exit_code != 0);
+  CHECK(seconds < 12);  // --timeout 6 plus start-up; it was a fixed 300 s
+  CHECK_THAT(r.out + r.err, Catch::Contains("still waiting for the store at 127.0.0.1:"));
+  CHECK_THAT(r.err, Catch::Contains("could not reach the store"));
+}
+
+TEST_CASE("a store host name that does not resolve fails at once", "[e2e]") {
+  const ScopedVars env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"},
+                        {"MASTER_ADDR", "no-such-host.invalid"}, {"MASTER_PORT", "29511"}, {"MTRAIN_STORE_TOKEN", "t"}});
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = train({"--model", "mlp", "--max-steps", "1", "--timeout", "60"});
+  INFO("stderr:\n" << r.err);
+  CHECK(r.exit_code == 2);
+  CHECK(seconds_since(start) < 10);
+  CHECK_THAT(r.err, Catch::Contains("cannot resolve the store host 'no-such-host.invalid'"));
 }

@@ -152,7 +152,9 @@ void join_process_groups(const TrainOptions& o, TrainingRun& run, StartupStop& s
   pg_options.timeout = Millis(static_cast<int64_t>(o.timeout_seconds * 1000.0));
   if (run.env.distributed()) {
     // No store for the MPI backend under an MPI starter, which bootstraps itself.
-    StoreConnection store = open_worker_store(run.env);
+    // The store is waited for no longer than a collective would be (--timeout), nor than
+    // the store's own default.
+    StoreConnection store = open_worker_store(run.env, std::min(kDefaultStoreTimeout, pg_options.timeout));
     pg_options.rendezvous_host = store.host;
     pg_options.rendezvous_port = store.port;
     run.groups = create_training_groups(backend, std::move(store.store), run.env.rank, run.env.world_size,
