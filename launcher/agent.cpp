@@ -24,7 +24,6 @@
 #include "launcher/signal_pipe.h"
 #include "launcher/worker_env.h"
 #include "launcher/worker_process.h"
-
 namespace mtrain::launch {
 namespace {
 
@@ -59,6 +58,25 @@ struct LocalWorker {
 
 enum class TeardownReason { kNone, kLocalFailure, kRemoteFailure, kSignal, kStoreLost, kStopIncomplete, kNodeLost };
 
+// The job as each of its attempts on this node sees it; the agent sets it up once.
+struct Job {
+  Job(const LaunchOptions& o, OrphanGuard& g) : options(o), guard(g) {}
+
+  const LaunchOptions& options;
+  OrphanGuard& guard;
+  SignalPipe* signals = nullptr;
+  std::string program_path;
+  std::string host;
+  std::string run_id;
+  std::string token;
+  fs::path run_dir;
+  AgentStore store;
+  std::string store_address;
+  bool set_omp_threads = false;  // OMP_NUM_THREADS is the launcher's to choose
+  // --cpu_bind cores: each local rank's CPUs (Note [Binding workers to CPUs]).
+  std::vector<std::vector<int>> worker_cpus;
+};
+
 struct AttemptResult {
   bool succeeded = false;
   Failure root_cause;
@@ -74,6 +92,8 @@ struct AttemptResult {
   // Workers that stopped on a signal after a step; all_stopped when that is every one.
   std::vector<StoppedWorker> stopped_on_signal;
   bool all_stopped = false;
+  // Nodes this agent (the store's host) found silent: they never leave the store.
+  int nodes_lost = 0;
 };
 
 double epoch_seconds(WallClock::time_point t) {
@@ -146,84 +166,128 @@ class Heartbeats {
   Clock::time_point next_;
 };
 
-}  // namespace
 
-struct Agent::Impl {
-  Impl(const LaunchOptions& o, OrphanGuard& g) : options(o), guard(g) {}
-  ~Impl() {
-    if (remove_run_dir) {
-      std::error_code ec;
-      fs::remove_all(run_dir, ec);
-    }
-  }
+// One attempt of the gang on this node (Note [Gang supervision]).
+class Attempt {
+ public:
+  Attempt(const Job& job, const World& world, int index)
+      : job_(job),
+        options_(job.options),
+        world_(world),
+        index_(index),
+        watch_store_(world.num_nodes > 1),
+        channel_(*job.store.client, job.run_id, index),
+        logs_(job.options) {}
 
-  int run();
-  AttemptResult run_attempt(const World& world, int attempt);
-  void prepare_run_dir();
-  std::vector<LocalWorker> spawn_workers(const World& world, int attempt, LogStreams& logs);
-  void check_interrupt();
-  void leave_store(int num_nodes, bool hosting);
+  AttemptResult run();
 
-  const LaunchOptions& options;
-  OrphanGuard& guard;
-  SignalPipe* signals = nullptr;
-  std::string program_path;
-  std::string host = local_hostname();
-  std::string run_id;
-  std::string token;
-  fs::path run_dir;
-  bool remove_run_dir = false;
-  AgentStore store;
-  std::string store_address;
-  int nodes_lost = 0;  // found by their heartbeats (this agent hosts the store): they never leave it
-  bool set_omp_threads = false;  // OMP_NUM_THREADS is the launcher's to choose
-  // --cpu_bind cores: each local rank's CPUs (Note [Binding workers to CPUs]).
-  std::vector<std::vector<int>> worker_cpus;
+ private:
+  void start_workers();
+  void spawn_workers();
+  WorkerSpec worker_spec(int local_rank, int global_rank, const fs::path& error_file,
+                         const std::vector<std::string>& base_env) const;
+  void kill_spawned_workers();
+  // One pass of the supervision loop.
+  void wait_for_event();
+  void handle_signals();
+  void on_terminating_signal(int sig);
+  void reap_workers();
+  void recognise_stop(LocalWorker& w) const;
+  void on_worker_stopped(const LocalWorker& w);
+  void watch_store();
+  void beat_and_watch_nodes();
+  void check_failure_notice();
+  void enforce_stop_deadline();
+  void advance_teardown();
+  void warn_if_unkillable();
+  // What a pass does to the gang and the store.
+  long running_count() const;
+  void signal_running(int sig);
+  void begin_teardown(TeardownReason why, int sig);
+  void announce(const FailureNotice& notice);
+  FailureNotice signal_notice(int sig) const;
+  void lose_node(std::string what);
+  // Once every worker has ended.
+  void reap_groups();
+  bool all_nodes_succeeded();
+  void watch_while_others_finish();
+  AttemptResult result(bool succeeded);
+  std::vector<Failure> classify_workers(AttemptResult& result) const;
+  Failure worker_failure(const LocalWorker& w, const std::optional<ErrorRecord>& record,
+                         double when) const;
+  Failure agent_failure() const;
+  void settle_root_cause(AttemptResult& result, const std::vector<Failure>& failures);
+  Failure remote_root_cause();
+
+  const Job& job_;
+  const LaunchOptions& options_;
+  const World world_;
+  const int index_;
+  const bool watch_store_;  // several nodes: the store carries failures and heartbeats
+  AttemptChannel channel_;
+  LogStreams logs_;
+  std::vector<LocalWorker> workers_;
+  std::optional<Heartbeats> heartbeats_;  // with watch_store_, once the workers run
+
+  TeardownReason reason_ = TeardownReason::kNone;
+  WallClock::time_point teardown_wall_{};
+  std::optional<Clock::time_point> kill_deadline_;
+  std::optional<Clock::time_point> sigkilled_at_;  // when the teardown sent SIGKILL
+  bool warned_unkillable_ = false;
+  // Set when the first worker stopped on a signal: its peers must follow by then.
+  std::optional<Clock::time_point> stop_deadline_;
+  // The stop of the first worker that stopped during start-up, once its peers were sent
+  // SIGTERM for it.
+  std::optional<StopInfo> startup_stop_sent_;
+  std::optional<FailureNotice> winner_;  // the attempt's first failure notice
+  std::optional<int> received_signal_;
+  std::optional<int> forwarded_signal_;
+  std::string store_error_;
+  Clock::time_point next_store_check_{};
+  std::string lost_node_;  // kNodeLost: which, and how long it was silent
+  int nodes_lost_ = 0;
 };
 
-Agent::Agent(const LaunchOptions& options, OrphanGuard& guard)
-    : impl_(std::make_unique<Impl>(options, guard)) {}
-Agent::~Agent() = default;
-int Agent::run() { return impl_->run(); }
-
-void Agent::Impl::check_interrupt() {
-  for (int sig : signals->drain()) {
-    if (SignalPipe::is_terminating(sig)) throw Interrupted{sig};
+AttemptResult Attempt::run() {
+  start_workers();
+  while (running_count() > 0) {
+    wait_for_event();
+    handle_signals();
+    reap_workers();
+    watch_store();
+    enforce_stop_deadline();
+    advance_teardown();
   }
+  reap_groups();
+  const bool succeeded = reason_ == TeardownReason::kNone && all_nodes_succeeded();
+  return result(succeeded);
 }
 
-void Agent::Impl::prepare_run_dir() {
-  if (options.log_dir) {
-    run_dir = *options.log_dir;
-    std::error_code ec;
-    fs::create_directories(run_dir, ec);
-    if (ec) {
-      throw IoError(fmt::format("--log_dir {}: cannot create it: {}", run_dir.string(),
-                                ec.message()));
+void Attempt::start_workers() {
+  try {
+    spawn_workers();
+  } catch (const Error& e) {
+    // Every node would fail the same way; make them stop instead of waiting for us.
+    try {
+      channel_.announce_failure(FailureNotice{world_.node_rank,
+                                              fmt::format("node {}: {}", world_.node_rank, e.what()),
+                                              false});
+    } catch (const Error&) {
     }
-    return;
+    throw;
   }
-  std::string tmpl = (fs::temp_directory_path() / "mtrain-launch-XXXXXX").string();
-  if (mkdtemp(tmpl.data()) == nullptr) {
-    throw IoError(fmt::format("cannot create a run directory {}: {}", tmpl, std::strerror(errno)));
-  }
-  run_dir = tmpl;
-  // Error files are read before the launcher exits; redirected logs are the user's and
-  // must survive, so the directory is only removed when nothing goes to a file.
-  remove_run_dir = !LogStreams::needs_files(options);
-  if (!remove_run_dir) {
-    spdlog::info("worker logs go to {} (pass --log_dir to choose the place)", run_dir.string());
+  logs_.start();
+  if (watch_store_) {
+    heartbeats_.emplace(channel_, world_, job_.store.is_host(), options_.heartbeat_timeout);
   }
 }
 
-std::vector<LocalWorker> Agent::Impl::spawn_workers(const World& world, int attempt,
-                                                    LogStreams& logs) {
-  const fs::path attempt_dir = run_dir / fmt::format("attempt_{}", attempt);
+void Attempt::spawn_workers() {
+  const fs::path attempt_dir = job_.run_dir / fmt::format("attempt_{}", index_);
   const std::vector<std::string> base_env = current_environment();
-  std::vector<LocalWorker> workers;
-  workers.reserve(static_cast<size_t>(options.nproc_per_node));
-  for (int local = 0; local < options.nproc_per_node; ++local) {
-    const int global = world.rank_offset + local;
+  workers_.reserve(static_cast<size_t>(options_.nproc_per_node));
+  for (int local = 0; local < options_.nproc_per_node; ++local) {
+    const int global = world_.rank_offset + local;
     const fs::path rank_dir = attempt_dir / std::to_string(global);
     std::error_code ec;
     fs::create_directories(rank_dir, ec);
@@ -233,464 +297,562 @@ std::vector<LocalWorker> Agent::Impl::spawn_workers(const World& world, int atte
     const fs::path error_file = rank_dir / "error.json";
     fs::remove(error_file, ec);  // a stale record from an earlier run would mislead
 
-    WorkerEnvInputs in;
-    in.local_rank = local;
-    in.global_rank = global;
-    in.local_world_size = options.nproc_per_node;
-    in.world_size = world.world_size;
-    in.group_rank = world.node_rank;
-    in.group_world_size = world.num_nodes;
-    in.role = options.role;
-    in.master_addr = store.host;
-    in.master_port = store.port;
-    in.restart_count = attempt;
-    in.max_restarts = options.max_restarts;
-    in.run_id = run_id;
-    in.error_file = error_file.string();
-    in.store_token = token;
-    in.store_prefix = fmt::format("job/{}/attempt_{}", run_id, attempt);
-    const std::vector<int> cpus =
-        worker_cpus.empty() ? std::vector<int>{} : worker_cpus[static_cast<size_t>(local)];
-    if (set_omp_threads) in.omp_num_threads = cpus.empty() ? 1 : static_cast<int>(cpus.size());
-
-    WorkerSpec spec;
-    spec.executable = program_path;
-    spec.argv.push_back(options.program);
-    spec.argv.insert(spec.argv.end(), options.program_args.begin(), options.program_args.end());
-    spec.environment = build_worker_environment(base_env, in);
-    const ChildStreams streams = logs.open_for_worker(local, global, rank_dir);
+    WorkerSpec spec = worker_spec(local, global, error_file, base_env);
+    const ChildStreams streams = logs_.open_for_worker(local, global, rank_dir);
     spec.stdout_fd = streams.stdout_fd;
     spec.stderr_fd = streams.stderr_fd;
-    spec.cpus = cpus;
     try {
-      workers.push_back(LocalWorker{local, global, WorkerProcess::spawn(spec), error_file, false, std::nullopt});
+      workers_.push_back(LocalWorker{local, global, WorkerProcess::spawn(spec), error_file, false, std::nullopt});
     } catch (...) {
-      logs.close_child_ends(streams);
-      for (auto& w : workers) {
-        w.process.signal_group(SIGKILL);
-        while (w.process.running()) {
-          w.process.try_reap();
-          if (w.process.running()) usleep(1000);
-        }
-        guard.release(w.process.pid());
-      }
+      logs_.close_child_ends(streams);
+      kill_spawned_workers();
       throw;
     }
-    guard.watch(workers.back().process.pid());
-    logs.close_child_ends(streams);
+    job_.guard.watch(workers_.back().process.pid());
+    logs_.close_child_ends(streams);
   }
-  return workers;
 }
 
-AttemptResult Agent::Impl::run_attempt(const World& world, int attempt) {
-  AttemptChannel channel(*store.client, run_id, attempt);
-  LogStreams logs(options);
-  std::vector<LocalWorker> workers;
+WorkerSpec Attempt::worker_spec(int local_rank, int global_rank, const fs::path& error_file,
+                                const std::vector<std::string>& base_env) const {
+  WorkerEnvInputs in;
+  in.local_rank = local_rank;
+  in.global_rank = global_rank;
+  in.local_world_size = options_.nproc_per_node;
+  in.world_size = world_.world_size;
+  in.group_rank = world_.node_rank;
+  in.group_world_size = world_.num_nodes;
+  in.role = options_.role;
+  in.master_addr = job_.store.host;
+  in.master_port = job_.store.port;
+  in.restart_count = index_;
+  in.max_restarts = options_.max_restarts;
+  in.run_id = job_.run_id;
+  in.error_file = error_file.string();
+  in.store_token = job_.token;
+  in.store_prefix = fmt::format("job/{}/attempt_{}", job_.run_id, index_);
+  const std::vector<int> cpus = job_.worker_cpus.empty()
+                                    ? std::vector<int>{}
+                                    : job_.worker_cpus[static_cast<size_t>(local_rank)];
+  if (job_.set_omp_threads) in.omp_num_threads = cpus.empty() ? 1 : static_cast<int>(cpus.size());
+
+  WorkerSpec spec;
+  spec.executable = job_.program_path;
+  spec.argv.push_back(options_.program);
+  spec.argv.insert(spec.argv.end(), options_.program_args.begin(), options_.program_args.end());
+  spec.environment = build_worker_environment(base_env, in);
+  spec.cpus = cpus;
+  return spec;
+}
+
+// A worker failed to start: the ones already running go with it.
+void Attempt::kill_spawned_workers() {
+  for (auto& w : workers_) {
+    w.process.signal_group(SIGKILL);
+    while (w.process.running()) {
+      w.process.try_reap();
+      if (w.process.running()) usleep(1000);
+    }
+    job_.guard.release(w.process.pid());
+  }
+}
+
+// Sleeps until a signal arrives (SIGCHLD too: a worker ended), the store is due for a
+// look, or a deadline passes.
+void Attempt::wait_for_event() {
+  auto timeout = std::max(std::chrono::milliseconds(1),
+                          std::chrono::duration_cast<std::chrono::milliseconds>(
+                              options_.monitor_interval));
+  const std::optional<Clock::time_point> beat =
+      heartbeats_ ? std::optional(heartbeats_->next_due()) : std::nullopt;
+  for (const auto& deadline : {kill_deadline_, stop_deadline_, beat}) {
+    if (!deadline) continue;
+    timeout = std::min(timeout, std::max(std::chrono::milliseconds(0),
+                                         std::chrono::duration_cast<std::chrono::milliseconds>(
+                                             *deadline - Clock::now())));
+  }
+  pollfd pfd{job_.signals->read_fd(), POLLIN, 0};
+  ::poll(&pfd, 1, static_cast<int>(timeout.count()));
+}
+
+void Attempt::handle_signals() {
+  for (int sig : job_.signals->drain()) {
+    if (SignalPipe::is_forwarded_only(sig)) {
+      forwarded_signal_ = sig;
+      spdlog::info("received {}; forwarding it to {} worker(s)", signal_name(sig), running_count());
+      signal_running(sig);
+    } else if (SignalPipe::is_terminating(sig)) {
+      on_terminating_signal(sig);
+    }
+  }
+}
+
+void Attempt::on_terminating_signal(int sig) {
+  if (reason_ == TeardownReason::kNone) {
+    received_signal_ = sig;
+    spdlog::info("received {}; forwarding it to {} worker(s)", signal_name(sig),
+                 running_count());
+    begin_teardown(TeardownReason::kSignal, sig);
+    if (watch_store_) announce(signal_notice(sig));
+  } else if (!received_signal_) {
+    // A teardown for a failure is under way. The signal still ends the job (no
+    // restart follows a signal to a launcher), and the workers get it too.
+    received_signal_ = sig;
+    spdlog::info("received {} while stopping the workers; the job ends after this attempt",
+                 signal_name(sig));
+    signal_running(sig);
+  } else {
+    spdlog::info("received {} after {}; killing the workers now", signal_name(sig),
+                 signal_name(*received_signal_));
+    kill_deadline_ = Clock::now();
+  }
+}
+
+// Reaps the whole pass before starting a teardown: a worker that ended in the same pass
+// as the first failure ended on its own too, and must not be counted among those the
+// teardown stopped (Note [Root cause] compares exit times with the teardown's start).
+void Attempt::reap_workers() {
+  std::optional<FailureNotice> local_failure;
+  for (auto& w : workers_) {
+    if (!w.process.try_reap()) continue;
+    const ExitStatus& st = *w.process.status();
+    spdlog::debug("rank {} (pid {}) ended: {}", w.global_rank, w.process.pid(), st.describe());
+    recognise_stop(w);
+    if (w.stopped) {
+      on_worker_stopped(w);
+      continue;
+    }
+    if (!st.success() && reason_ == TeardownReason::kNone && !local_failure) {
+      local_failure = FailureNotice{world_.node_rank,
+                                    fmt::format("rank {} (node {}, {}): {}", w.global_rank,
+                                                world_.node_rank, job_.host, st.describe()),
+                                    true};
+    }
+  }
+  if (local_failure) {
+    begin_teardown(TeardownReason::kLocalFailure, SIGTERM);
+    announce(*local_failure);
+  }
+}
+
+// Note [Workers stopped on a signal]: a reaped worker that stopped rather than failed.
+void Attempt::recognise_stop(LocalWorker& w) const {
+  const ExitStatus& st = *w.process.status();
+  if (!st.signaled && st.code == kStoppedExitCode) {
+    if (auto record = read_error_file(w.error_file); record && record->stopped) w.stopped = record->stopped;
+  }
+  // A peer that died of the SIGTERM sent for a start-up stop (on_worker_stopped) had not
+  // yet installed its handlers, so it was at its very start: stopped alongside, not a
+  // failure of its own.
+  if (startup_stop_sent_ && st.signaled && st.signal == SIGTERM && !w.stopped) {
+    w.stopped = *startup_stop_sent_;
+    w.stopped->signal = "SIGTERM";
+  }
+}
+
+void Attempt::on_worker_stopped(const LocalWorker& w) {
+  if (w.stopped->during_startup) {
+    spdlog::info("rank {} stopped on {} during its start-up", w.global_rank, w.stopped->signal);
+  } else {
+    spdlog::info("rank {} stopped on {} after step {} (epoch {})", w.global_rank, w.stopped->signal,
+                 w.stopped->step, w.stopped->epoch);
+  }
+  if (reason_ != TeardownReason::kNone || stop_deadline_) return;
+  stop_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.term_timeout);
+  // Ranks that stop after a step agree on it among themselves (Note [Agreeing to
+  // stop]); a rank gone before its first step leaves its peers waiting for it at
+  // the rendezvous, so they get the signal from here (Note [A stop signal during
+  // start-up] in trainer/stopping/stop_signals.h).
+  if (w.stopped->during_startup) {
+    startup_stop_sent_ = *w.stopped;
+    signal_running(SIGTERM);
+  }
+}
+
+void Attempt::watch_store() {
+  if (!watch_store_) return;
+  beat_and_watch_nodes();
+  check_failure_notice();
+}
+
+// Beats go on through a teardown, so the host does not take a node that is still
+// stopping its workers for a lost one.
+void Attempt::beat_and_watch_nodes() {
   try {
-    workers = spawn_workers(world, attempt, logs);
+    if (auto lost = heartbeats_->tick(/*watch=*/reason_ == TeardownReason::kNone)) {
+      begin_teardown(TeardownReason::kNodeLost, SIGTERM);
+      lose_node(std::move(*lost));
+    }
   } catch (const Error& e) {
-    // Every node would fail the same way; make them stop instead of waiting for us.
-    try {
-      channel.announce_failure(FailureNotice{world.node_rank,
-                                             fmt::format("node {}: {}", world.node_rank, e.what()),
-                                             false});
-    } catch (const Error&) {
-    }
-    throw;
-  }
-  logs.start();
-
-  TeardownReason reason = TeardownReason::kNone;
-  WallClock::time_point teardown_wall{};
-  std::optional<Clock::time_point> kill_deadline;
-  std::optional<Clock::time_point> sigkilled_at;  // when the teardown sent SIGKILL
-  bool warned_unkillable = false;
-  // Set when the first worker stopped on a signal: its peers must follow by then.
-  std::optional<Clock::time_point> stop_deadline;
-  // The stop of the first worker that stopped during start-up, once its peers were sent
-  // SIGTERM for it.
-  std::optional<StopInfo> startup_stop_sent;
-  std::optional<FailureNotice> winner;  // the attempt's first failure notice
-  std::optional<int> received_signal;
-  std::optional<int> forwarded_signal;
-  std::string store_error;
-  const bool watch_store = world.num_nodes > 1;
-  auto next_store_check = Clock::now();
-  Heartbeats heartbeats(channel, world, store.is_host(), options.heartbeat_timeout);
-  std::string lost_node;  // kNodeLost: which, and how long it was silent
-
-  const auto running_count = [&] {
-    return std::count_if(workers.begin(), workers.end(),
-                         [](const LocalWorker& w) { return w.process.running(); });
-  };
-  const auto begin_teardown = [&](TeardownReason why, int sig) {
-    reason = why;
-    teardown_wall = WallClock::now();
-    for (auto& w : workers) w.process.signal_group(sig);
-    kill_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(options.term_timeout);
-  };
-  const auto announce = [&](const FailureNotice& notice) {
-    try {
-      winner = channel.announce_failure(notice);
-    } catch (const Error& e) {
-      store_error = e.what();
-    }
-  };
-  // The host found a silent node (Note [Agent heartbeats]): the attempt's failure.
-  const auto node_lost = [&](std::string what) {
-    lost_node = std::move(what);
-    ++nodes_lost;
-    spdlog::error("stopping the job: {}", lost_node);
-    announce(FailureNotice{world.node_rank, lost_node, false});
-  };
-
-  while (running_count() > 0) {
-    auto timeout = std::max(std::chrono::milliseconds(1),
-                            std::chrono::duration_cast<std::chrono::milliseconds>(
-                                options.monitor_interval));
-    const std::optional<Clock::time_point> beat =
-        watch_store ? std::optional(heartbeats.next_due()) : std::nullopt;
-    for (const auto& deadline : {kill_deadline, stop_deadline, beat}) {
-      if (!deadline) continue;
-      timeout = std::min(timeout, std::max(std::chrono::milliseconds(0),
-                                           std::chrono::duration_cast<std::chrono::milliseconds>(
-                                               *deadline - Clock::now())));
-    }
-    pollfd pfd{signals->read_fd(), POLLIN, 0};
-    ::poll(&pfd, 1, static_cast<int>(timeout.count()));
-
-    for (int sig : signals->drain()) {
-      if (SignalPipe::is_forwarded_only(sig)) {
-        forwarded_signal = sig;
-        spdlog::info("received {}; forwarding it to {} worker(s)", signal_name(sig), running_count());
-        for (auto& w : workers) {
-          if (w.process.running()) w.process.signal_group(sig);
-        }
-      } else if (SignalPipe::is_terminating(sig)) {
-        if (reason == TeardownReason::kNone) {
-          received_signal = sig;
-          spdlog::info("received {}; forwarding it to {} worker(s)", signal_name(sig),
-                       running_count());
-          begin_teardown(TeardownReason::kSignal, sig);
-          if (watch_store) {
-            announce(FailureNotice{world.node_rank,
-                                   fmt::format("the launcher on node {} ({}) received {}",
-                                               world.node_rank, host, signal_name(sig)),
-                                   false});
-          }
-        } else if (!received_signal) {
-          // A teardown for a failure is under way. The signal still ends the job (no
-          // restart follows a signal to a launcher), and the workers get it too.
-          received_signal = sig;
-          spdlog::info("received {} while stopping the workers; the job ends after this attempt",
-                       signal_name(sig));
-          for (auto& w : workers) {
-            if (w.process.running()) w.process.signal_group(sig);
-          }
-        } else {
-          spdlog::info("received {} after {}; killing the workers now", signal_name(sig),
-                       signal_name(*received_signal));
-          kill_deadline = Clock::now();
-        }
-      }
-    }
-
-    // Reap the whole pass before starting a teardown: a worker that ended in the same pass
-    // as the first failure ended on its own too, and must not be counted among those the
-    // teardown stopped (Note [Root cause] compares exit times with the teardown's start).
-    std::optional<FailureNotice> local_failure;
-    for (auto& w : workers) {
-      if (!w.process.try_reap()) continue;
-      const ExitStatus& st = *w.process.status();
-      spdlog::debug("rank {} (pid {}) ended: {}", w.global_rank, w.process.pid(), st.describe());
-      if (!st.signaled && st.code == kStoppedExitCode) {
-        if (auto record = read_error_file(w.error_file); record && record->stopped) w.stopped = record->stopped;
-      }
-      // A peer that died of the SIGTERM sent for a start-up stop (below) had not yet
-      // installed its handlers, so it was at its very start: stopped alongside, not a
-      // failure of its own.
-      if (startup_stop_sent && st.signaled && st.signal == SIGTERM && !w.stopped) {
-        w.stopped = *startup_stop_sent;
-        w.stopped->signal = "SIGTERM";
-      }
-      if (w.stopped) {
-        if (w.stopped->during_startup) {
-          spdlog::info("rank {} stopped on {} during its start-up", w.global_rank, w.stopped->signal);
-        } else {
-          spdlog::info("rank {} stopped on {} after step {} (epoch {})", w.global_rank, w.stopped->signal,
-                       w.stopped->step, w.stopped->epoch);
-        }
-        if (reason == TeardownReason::kNone && !stop_deadline) {
-          stop_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(options.term_timeout);
-          // Ranks that stop after a step agree on it among themselves (Note [Agreeing to
-          // stop]); a rank gone before its first step leaves its peers waiting for it at
-          // the rendezvous, so they get the signal from here (Note [A stop signal during
-          // start-up] in trainer/stopping/stop_signals.h).
-          if (w.stopped->during_startup) {
-            startup_stop_sent = *w.stopped;
-            for (auto& peer : workers) {
-              if (peer.process.running()) peer.process.signal_group(SIGTERM);
-            }
-          }
-        }
-        continue;
-      }
-      if (!st.success() && reason == TeardownReason::kNone && !local_failure) {
-        local_failure = FailureNotice{world.node_rank,
-                                      fmt::format("rank {} (node {}, {}): {}", w.global_rank,
-                                                  world.node_rank, host, st.describe()),
-                                      true};
-      }
-    }
-    if (local_failure) {
-      begin_teardown(TeardownReason::kLocalFailure, SIGTERM);
-      announce(*local_failure);
-    }
-
-    // Beats go on through a teardown, so the host does not take a node that is still
-    // stopping its workers for a lost one.
-    if (watch_store) {
-      try {
-        if (auto lost = heartbeats.tick(/*watch=*/reason == TeardownReason::kNone)) {
-          begin_teardown(TeardownReason::kNodeLost, SIGTERM);
-          node_lost(std::move(*lost));
-        }
-      } catch (const Error& e) {
-        if (reason == TeardownReason::kNone) {
-          store_error = e.what();
-          begin_teardown(TeardownReason::kStoreLost, SIGTERM);
-        }
-      }
-    }
-
-    if (watch_store && reason == TeardownReason::kNone && Clock::now() >= next_store_check) {
-      next_store_check = Clock::now() +
-                         std::chrono::duration_cast<Clock::duration>(options.monitor_interval);
-      try {
-        if (auto notice = channel.failure_notice()) {
-          winner = notice;
-          spdlog::info("stopping the workers: {}", notice->what);
-          begin_teardown(TeardownReason::kRemoteFailure, SIGTERM);
-        }
-      } catch (const Error& e) {
-        store_error = e.what();
-        begin_teardown(TeardownReason::kStoreLost, SIGTERM);
-      }
-    }
-
-    if (stop_deadline && reason == TeardownReason::kNone && Clock::now() >= *stop_deadline) {
-      spdlog::warn("{} worker(s) still running --term_timeout {} s after the first stopped on a signal; "
-                   "stopping them",
-                   running_count(), options.term_timeout.count());
-      begin_teardown(TeardownReason::kStopIncomplete, SIGTERM);
-      if (watch_store) {
-        announce(FailureNotice{world.node_rank,
-                               fmt::format("workers on node {} ({}) did not stop with their peers", world.node_rank,
-                                           host),
-                               false});
-      }
-    }
-
-    if (kill_deadline && Clock::now() >= *kill_deadline) {
-      for (auto& w : workers) {
-        if (w.process.running()) {
-          w.process.signal_group(SIGKILL);
-          w.sigkilled = true;
-        }
-      }
-      kill_deadline.reset();
-      sigkilled_at = Clock::now();
-    }
-    // SIGKILL cannot be ignored, but a process in uninterruptible sleep (a hung NFS
-    // mount, a GPU driver) only dies when the kernel call returns: say why we wait.
-    if (sigkilled_at && !warned_unkillable && Clock::now() - *sigkilled_at >= kUnkillableWarning) {
-      warned_unkillable = true;
-      std::vector<std::string> stuck;
-      for (const auto& w : workers) {
-        if (w.process.running()) stuck.push_back(fmt::format("rank {} (pid {})", w.global_rank, w.process.pid()));
-      }
-      if (!stuck.empty()) {
-        spdlog::warn("{} still running {} s after SIGKILL: stuck in the kernel (uninterruptible sleep, e.g. a "
-                     "hung network file system or device driver); waiting for it to exit",
-                     fmt::join(stuck, ", "), std::chrono::duration_cast<std::chrono::seconds>(kUnkillableWarning).count());
-      }
+    if (reason_ == TeardownReason::kNone) {
+      store_error_ = e.what();
+      begin_teardown(TeardownReason::kStoreLost, SIGTERM);
     }
   }
+}
 
-  // Leaders are reaped; members they left in their groups would be orphans.
-  for (auto& w : workers) {
+// Another node's failure, every --monitor_interval.
+void Attempt::check_failure_notice() {
+  if (reason_ != TeardownReason::kNone || Clock::now() < next_store_check_) return;
+  next_store_check_ = Clock::now() +
+                      std::chrono::duration_cast<Clock::duration>(options_.monitor_interval);
+  try {
+    if (auto notice = channel_.failure_notice()) {
+      winner_ = notice;
+      spdlog::info("stopping the workers: {}", notice->what);
+      begin_teardown(TeardownReason::kRemoteFailure, SIGTERM);
+    }
+  } catch (const Error& e) {
+    store_error_ = e.what();
+    begin_teardown(TeardownReason::kStoreLost, SIGTERM);
+  }
+}
+
+// Note [Workers stopped on a signal]: the peers of a stopped worker follow it within
+// --term_timeout, or are stopped.
+void Attempt::enforce_stop_deadline() {
+  if (!stop_deadline_ || reason_ != TeardownReason::kNone || Clock::now() < *stop_deadline_) return;
+  spdlog::warn("{} worker(s) still running --term_timeout {} s after the first stopped on a signal; "
+               "stopping them",
+               running_count(), options_.term_timeout.count());
+  begin_teardown(TeardownReason::kStopIncomplete, SIGTERM);
+  if (watch_store_) {
+    announce(FailureNotice{world_.node_rank,
+                           fmt::format("workers on node {} ({}) did not stop with their peers", world_.node_rank,
+                                       job_.host),
+                           false});
+  }
+}
+
+// SIGKILL for what outlived --term_timeout.
+void Attempt::advance_teardown() {
+  if (kill_deadline_ && Clock::now() >= *kill_deadline_) {
+    for (auto& w : workers_) {
+      if (w.process.running()) {
+        w.process.signal_group(SIGKILL);
+        w.sigkilled = true;
+      }
+    }
+    kill_deadline_.reset();
+    sigkilled_at_ = Clock::now();
+  }
+  warn_if_unkillable();
+}
+
+// SIGKILL cannot be ignored, but a process in uninterruptible sleep (a hung NFS
+// mount, a GPU driver) only dies when the kernel call returns: say why we wait.
+void Attempt::warn_if_unkillable() {
+  if (!sigkilled_at_ || warned_unkillable_ || Clock::now() - *sigkilled_at_ < kUnkillableWarning) return;
+  warned_unkillable_ = true;
+  std::vector<std::string> stuck;
+  for (const auto& w : workers_) {
+    if (w.process.running()) stuck.push_back(fmt::format("rank {} (pid {})", w.global_rank, w.process.pid()));
+  }
+  if (!stuck.empty()) {
+    spdlog::warn("{} still running {} s after SIGKILL: stuck in the kernel (uninterruptible sleep, e.g. a "
+                 "hung network file system or device driver); waiting for it to exit",
+                 fmt::join(stuck, ", "), std::chrono::duration_cast<std::chrono::seconds>(kUnkillableWarning).count());
+  }
+}
+
+long Attempt::running_count() const {
+  return std::count_if(workers_.begin(), workers_.end(),
+                       [](const LocalWorker& w) { return w.process.running(); });
+}
+
+void Attempt::signal_running(int sig) {
+  for (auto& w : workers_) {
+    if (w.process.running()) w.process.signal_group(sig);
+  }
+}
+
+void Attempt::begin_teardown(TeardownReason why, int sig) {
+  reason_ = why;
+  teardown_wall_ = WallClock::now();
+  for (auto& w : workers_) w.process.signal_group(sig);
+  kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.term_timeout);
+}
+
+void Attempt::announce(const FailureNotice& notice) {
+  try {
+    winner_ = channel_.announce_failure(notice);
+  } catch (const Error& e) {
+    store_error_ = e.what();
+  }
+}
+
+FailureNotice Attempt::signal_notice(int sig) const {
+  return FailureNotice{world_.node_rank,
+                       fmt::format("the launcher on node {} ({}) received {}", world_.node_rank,
+                                   job_.host, signal_name(sig)),
+                       false};
+}
+
+// The host found a silent node (Note [Agent heartbeats]): the attempt's failure.
+void Attempt::lose_node(std::string what) {
+  lost_node_ = std::move(what);
+  ++nodes_lost_;
+  spdlog::error("stopping the job: {}", lost_node_);
+  announce(FailureNotice{world_.node_rank, lost_node_, false});
+}
+
+// Leaders are reaped; members they left in their groups would be orphans.
+void Attempt::reap_groups() {
+  for (auto& w : workers_) {
     w.process.kill_and_reap_group(kGroupReapBudget);
-    guard.release(w.process.pid());
+    job_.guard.release(w.process.pid());
   }
-  logs.finish(kLogDrainTimeout);
+  logs_.finish(kLogDrainTimeout);
+}
 
+// Note [Gang supervision]: this node's workers all succeeded; so must every node's.
+// False when a failure elsewhere, a lost node or store, or a signal ended the wait.
+bool Attempt::all_nodes_succeeded() {
+  if (!watch_store_) return true;
+  try {
+    channel_.mark_succeeded();
+    while (reason_ == TeardownReason::kNone) {
+      if (channel_.all_succeeded(world_.num_nodes)) return true;
+      watch_while_others_finish();
+    }
+  } catch (const Error& e) {
+    store_error_ = e.what();
+    reason_ = TeardownReason::kStoreLost;
+  }
+  if (teardown_wall_ == WallClock::time_point{}) teardown_wall_ = WallClock::now();
+  return false;
+}
+
+// One look at the other nodes' failures, their heartbeats and this launcher's signals.
+void Attempt::watch_while_others_finish() {
+  if (auto notice = channel_.failure_notice()) {
+    winner_ = notice;
+    reason_ = TeardownReason::kRemoteFailure;
+    return;
+  }
+  if (auto lost = heartbeats_->tick(/*watch=*/true)) {
+    lose_node(std::move(*lost));
+    reason_ = TeardownReason::kNodeLost;
+    teardown_wall_ = WallClock::now();
+    return;
+  }
+  pollfd pfd{job_.signals->read_fd(), POLLIN, 0};
+  const auto until_beat = std::chrono::duration_cast<std::chrono::milliseconds>(heartbeats_->next_due() - Clock::now());
+  ::poll(&pfd, 1,
+         static_cast<int>(std::clamp<int64_t>(
+             std::min(std::chrono::duration_cast<std::chrono::milliseconds>(options_.monitor_interval),
+                      until_beat).count(),
+             1, 1000)));
+  for (int sig : job_.signals->drain()) {
+    if (!SignalPipe::is_terminating(sig)) continue;
+    received_signal_ = sig;
+    announce(signal_notice(sig));
+    reason_ = TeardownReason::kSignal;
+    teardown_wall_ = WallClock::now();
+  }
+}
+
+AttemptResult Attempt::result(bool succeeded) {
   AttemptResult result;
-  result.received_signal = received_signal;
-  result.forwarded_signal = forwarded_signal;
-  for (const auto& w : workers) {
-    if (w.stopped) result.stopped_on_signal.push_back({w.global_rank, w.local_rank, world.node_rank, *w.stopped});
+  result.received_signal = received_signal_;
+  result.forwarded_signal = forwarded_signal_;
+  result.nodes_lost = nodes_lost_;
+  for (const auto& w : workers_) {
+    if (w.stopped) result.stopped_on_signal.push_back({w.global_rank, w.local_rank, world_.node_rank, *w.stopped});
   }
-  result.all_stopped = result.stopped_on_signal.size() == workers.size();
-  if (reason == TeardownReason::kNone) {
-    if (!watch_store) {
-      result.succeeded = true;
-      return result;
-    }
-    // Note [Gang supervision]: wait for the other nodes, watching for their failures.
-    try {
-      channel.mark_succeeded();
-      while (true) {
-        if (channel.all_succeeded(world.num_nodes)) {
-          result.succeeded = true;
-          return result;
-        }
-        if (auto notice = channel.failure_notice()) {
-          winner = notice;
-          reason = TeardownReason::kRemoteFailure;
-          break;
-        }
-        if (auto lost = heartbeats.tick(/*watch=*/true)) {
-          node_lost(std::move(*lost));
-          reason = TeardownReason::kNodeLost;
-          teardown_wall = WallClock::now();
-          break;
-        }
-        pollfd pfd{signals->read_fd(), POLLIN, 0};
-        const auto until_beat = std::chrono::duration_cast<std::chrono::milliseconds>(heartbeats.next_due() - Clock::now());
-        ::poll(&pfd, 1,
-               static_cast<int>(std::clamp<int64_t>(
-                   std::min(std::chrono::duration_cast<std::chrono::milliseconds>(options.monitor_interval),
-                            until_beat).count(),
-                   1, 1000)));
-        for (int sig : signals->drain()) {
-          if (!SignalPipe::is_terminating(sig)) continue;
-          received_signal = sig;
-          announce(FailureNotice{world.node_rank,
-                                 fmt::format("the launcher on node {} ({}) received {}",
-                                             world.node_rank, host, signal_name(sig)),
-                                 false});
-          reason = TeardownReason::kSignal;
-          teardown_wall = WallClock::now();
-        }
-        if (reason != TeardownReason::kNone) break;
-      }
-    } catch (const Error& e) {
-      store_error = e.what();
-      reason = TeardownReason::kStoreLost;
-    }
-    result.received_signal = received_signal;
-    if (reason == TeardownReason::kNone) reason = TeardownReason::kRemoteFailure;
-    if (teardown_wall == WallClock::time_point{}) teardown_wall = WallClock::now();
+  result.all_stopped = result.stopped_on_signal.size() == workers_.size();
+  if (succeeded) {
+    result.succeeded = true;
+    return result;
   }
+  settle_root_cause(result, classify_workers(result));
+  return result;
+}
 
-  // Classify every worker (Note [Root cause]).
+// Note [Root cause]: the workers that failed on their own; those the teardown stopped,
+// and those that exited 0 before it, go into `result`.
+std::vector<Failure> Attempt::classify_workers(AttemptResult& result) const {
   std::vector<Failure> failures;
-  for (const auto& w : workers) {
+  for (const auto& w : workers_) {
     if (w.stopped) continue;  // Note [Workers stopped on a signal]: not a failure
     const ExitStatus& st = *w.process.status();
     const auto record = read_error_file(w.error_file);
     const double exit_time = epoch_seconds(w.process.exit_time());
-    const double started_teardown = epoch_seconds(teardown_wall);
+    const double started_teardown = epoch_seconds(teardown_wall_);
     const double when = record && record->timestamp ? *record->timestamp : exit_time;
     const bool failed_on_its_own =
         (!st.success() && exit_time < started_teardown) || (record && when < started_teardown);
     if (failed_on_its_own) {
-      Failure f;
-      f.global_rank = w.global_rank;
-      f.local_rank = w.local_rank;
-      f.node_rank = world.node_rank;
-      f.host = host;
-      f.pid = w.process.pid();
-      f.status = st;
-      f.timestamp = when;
-      f.timestamp_from_error_file = record && record->timestamp.has_value();
-      f.sigkilled_by_launcher = w.sigkilled;
-      if (record) {
-        f.error_file = w.error_file.string();
-        f.message = record->message;
-        f.traceback = record->traceback;
-      }
-      failures.push_back(std::move(f));
-    } else if (w.process.exit_time() >= teardown_wall && teardown_wall != WallClock::time_point{}) {
+      failures.push_back(worker_failure(w, record, when));
+    } else if (w.process.exit_time() >= teardown_wall_ && teardown_wall_ != WallClock::time_point{}) {
       result.stopped_ranks.push_back(w.global_rank);
       if (w.sigkilled) result.sigkilled_ranks.push_back(w.global_rank);
     } else if (st.success()) {
       result.exited_early_ranks.push_back(w.global_rank);
     }
   }
+  return failures;
+}
 
-  Failure agent_failure;
-  agent_failure.node_rank = world.node_rank;
-  agent_failure.host = host;
-  agent_failure.timestamp = epoch_seconds(teardown_wall);
-  if (reason == TeardownReason::kSignal) {
-    agent_failure.status.signaled = true;
-    agent_failure.status.signal = *received_signal;
-    agent_failure.message = fmt::format("received {}", signal_name(*received_signal));
-  } else if (reason == TeardownReason::kStopIncomplete) {
+Failure Attempt::worker_failure(const LocalWorker& w, const std::optional<ErrorRecord>& record,
+                                double when) const {
+  Failure f;
+  f.global_rank = w.global_rank;
+  f.local_rank = w.local_rank;
+  f.node_rank = world_.node_rank;
+  f.host = job_.host;
+  f.pid = w.process.pid();
+  f.status = *w.process.status();
+  f.timestamp = when;
+  f.timestamp_from_error_file = record && record->timestamp.has_value();
+  f.sigkilled_by_launcher = w.sigkilled;
+  if (record) {
+    f.error_file = w.error_file.string();
+    f.message = record->message;
+    f.traceback = record->traceback;
+  }
+  return f;
+}
+
+// The failure of this agent itself, when the teardown was not for a worker's failure.
+Failure Attempt::agent_failure() const {
+  Failure f;
+  f.node_rank = world_.node_rank;
+  f.host = job_.host;
+  f.timestamp = epoch_seconds(teardown_wall_);
+  if (reason_ == TeardownReason::kSignal) {
+    f.status.signaled = true;
+    f.status.signal = *received_signal_;
+    f.message = fmt::format("received {}", signal_name(*received_signal_));
+  } else if (reason_ == TeardownReason::kStopIncomplete) {
     std::vector<int> stopped, running;
-    for (const auto& w : workers) (w.stopped ? stopped : running).push_back(w.global_rank);
-    agent_failure.status.code = 1;
-    agent_failure.message = fmt::format(
+    for (const auto& w : workers_) (w.stopped ? stopped : running).push_back(w.global_rank);
+    f.status.code = 1;
+    f.message = fmt::format(
         "rank{} {} stopped on a signal, but rank{} {} did not stop within --term_timeout {} s and had to be "
         "stopped by the launcher (a worker without mtrain-train's stop handling, or one stuck in a collective)",
         stopped.size() == 1 ? "" : "s", fmt::join(stopped, ", "), running.size() == 1 ? "" : "s",
-        fmt::join(running, ", "), options.term_timeout.count());
-  } else if (reason == TeardownReason::kNodeLost) {
-    agent_failure.status.code = 1;
-    agent_failure.message = lost_node;
-  } else if (reason == TeardownReason::kStoreLost) {
-    agent_failure.status.code = 1;
-    agent_failure.message =
-        fmt::format("lost the rendezvous store at {}: {}", store_address, store_error);
+        fmt::join(running, ", "), options_.term_timeout.count());
+  } else if (reason_ == TeardownReason::kNodeLost) {
+    f.status.code = 1;
+    f.message = lost_node_;
+  } else if (reason_ == TeardownReason::kStoreLost) {
+    f.status.code = 1;
+    f.message = fmt::format("lost the rendezvous store at {}: {}", job_.store_address, store_error_);
   }
+  return f;
+}
 
-  // This node's candidate root cause.
-  Failure local_root = agent_failure;
-  if (reason == TeardownReason::kLocalFailure && !failures.empty()) {
-    local_root = failures[pick_root_cause(failures)];
-  }
+// The node whose notice won publishes its root cause; every other node takes that one.
+void Attempt::settle_root_cause(AttemptResult& result, const std::vector<Failure>& failures) {
+  const Failure local_root = reason_ == TeardownReason::kLocalFailure && !failures.empty()
+                                 ? failures[pick_root_cause(failures)]
+                                 : agent_failure();
   // Without a notice in the store (single node, or announcing failed) this node's view
   // is the only one there is.
-  const bool this_node_won = !watch_store || !winner || winner->node_rank == world.node_rank ||
-                             reason == TeardownReason::kStoreLost;
-  result.restartable = reason == TeardownReason::kLocalFailure;
-  result.signal_after_failure = received_signal.has_value() && reason != TeardownReason::kSignal;
+  const bool this_node_won = !watch_store_ || !winner_ || winner_->node_rank == world_.node_rank ||
+                             reason_ == TeardownReason::kStoreLost;
+  result.restartable = reason_ == TeardownReason::kLocalFailure;
+  result.signal_after_failure = received_signal_.has_value() && reason_ != TeardownReason::kSignal;
   if (this_node_won) {
     result.root_cause = local_root;
-    if (watch_store && reason != TeardownReason::kStoreLost) {
+    if (watch_store_ && reason_ != TeardownReason::kStoreLost) {
       try {
-        channel.publish_root_cause(local_root);
+        channel_.publish_root_cause(local_root);
       } catch (const std::exception& e) {
         spdlog::warn("could not publish the root cause to the other nodes: {}", e.what());
       }
     }
   } else {
-    result.restartable = winner && winner->restartable;
-    std::optional<Failure> remote;
-    try {
-      remote = channel.wait_root_cause(
-          std::chrono::duration_cast<Millis>(options.term_timeout + kRootCauseSlack),
-          [] {});
-    } catch (const Error& e) {
-      spdlog::warn("could not read the root cause from the store: {}", e.what());
-    }
-    if (remote) {
-      result.root_cause = *remote;
-    } else {
-      result.root_cause.node_rank = winner ? winner->node_rank : -1;
-      result.root_cause.status.code = 1;
-      result.root_cause.timestamp = epoch_seconds(teardown_wall);
-      result.root_cause.message =
-          fmt::format("{} (its agent never published the details)", winner ? winner->what : "?");
-    }
+    result.restartable = winner_ && winner_->restartable;
+    result.root_cause = remote_root_cause();
     result.root_cause_remote = true;
   }
   for (const auto& f : failures) {
     const bool is_root = !result.root_cause_remote && f.global_rank == result.root_cause.global_rank;
     if (!is_root) result.other_failures.push_back(f);
   }
-  return result;
+}
+
+// The winning node's root cause from the store, or what its notice said.
+Failure Attempt::remote_root_cause() {
+  std::optional<Failure> remote;
+  try {
+    remote = channel_.wait_root_cause(
+        std::chrono::duration_cast<Millis>(options_.term_timeout + kRootCauseSlack), [] {});
+  } catch (const Error& e) {
+    spdlog::warn("could not read the root cause from the store: {}", e.what());
+  }
+  if (remote) return *remote;
+  Failure f;
+  f.node_rank = winner_ ? winner_->node_rank : -1;
+  f.status.code = 1;
+  f.timestamp = epoch_seconds(teardown_wall_);
+  f.message = fmt::format("{} (its agent never published the details)", winner_ ? winner_->what : "?");
+  return f;
+}
+
+AttemptResult run_attempt(const Job& job, const World& world, int index) {
+  return Attempt(job, world, index).run();
+}
+
+}  // namespace
+
+struct Agent::Impl {
+  Impl(const LaunchOptions& o, OrphanGuard& g) : options(o), job{o, g} {
+    job.host = local_hostname();
+  }
+  ~Impl() {
+    if (remove_run_dir) {
+      std::error_code ec;
+      fs::remove_all(job.run_dir, ec);
+    }
+  }
+
+  int run();
+  void prepare_run_dir();
+  void check_interrupt();
+  void leave_store(int num_nodes, bool hosting);
+
+  const LaunchOptions& options;
+  Job job;
+  bool remove_run_dir = false;
+  int nodes_lost = 0;  // found by their heartbeats (this agent hosts the store): they never leave it
+};
+
+Agent::Agent(const LaunchOptions& options, OrphanGuard& guard)
+    : impl_(std::make_unique<Impl>(options, guard)) {}
+Agent::~Agent() = default;
+int Agent::run() { return impl_->run(); }
+
+void Agent::Impl::check_interrupt() {
+  for (int sig : job.signals->drain()) {
+    if (SignalPipe::is_terminating(sig)) throw Interrupted{sig};
+  }
+}
+
+void Agent::Impl::prepare_run_dir() {
+  if (options.log_dir) {
+    job.run_dir = *options.log_dir;
+    std::error_code ec;
+    fs::create_directories(job.run_dir, ec);
+    if (ec) {
+      throw IoError(fmt::format("--log_dir {}: cannot create it: {}", job.run_dir.string(),
+                                ec.message()));
+    }
+    return;
+  }
+  std::string tmpl = (fs::temp_directory_path() / "mtrain-launch-XXXXXX").string();
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    throw IoError(fmt::format("cannot create a run directory {}: {}", tmpl, std::strerror(errno)));
+  }
+  job.run_dir = tmpl;
+  // Error files are read before the launcher exits; redirected logs are the user's and
+  // must survive, so the directory is only removed when nothing goes to a file.
+  remove_run_dir = !LogStreams::needs_files(options);
+  if (!remove_run_dir) {
+    spdlog::info("worker logs go to {} (pass --log_dir to choose the place)", job.run_dir.string());
+  }
 }
 
 void Agent::Impl::leave_store(int num_nodes, bool hosting) {
@@ -699,12 +861,12 @@ void Agent::Impl::leave_store(int num_nodes, bool hosting) {
   const auto noop = [] {};
   try {
     if (hosting) {
-      wait_for_others_to_leave(*store.client, run_id, num_nodes - 1,
+      wait_for_others_to_leave(*job.store.client, job.run_id, num_nodes - 1,
                                std::chrono::duration_cast<Millis>(options.term_timeout +
                                                                   kRootCauseSlack),
                                noop);
     } else {
-      announce_leaving(*store.client, run_id);
+      announce_leaving(*job.store.client, job.run_id);
     }
   } catch (const Error& e) {
     spdlog::debug("leaving the store: {}", e.what());
@@ -712,57 +874,57 @@ void Agent::Impl::leave_store(int num_nodes, bool hosting) {
 }
 
 int Agent::Impl::run() {
-  program_path = resolve_program(options.program);
+  job.program_path = resolve_program(options.program);
 
   if (const auto t = env::get("MTRAIN_STORE_TOKEN"); t && !t->empty()) {
-    token = *t;
+    job.token = *t;
   } else if (options.multi_node()) {
     throw InvalidArgument(
         "MTRAIN_STORE_TOKEN is not set; a job on several nodes needs the same secret token "
         "on every node, e.g. `export MTRAIN_STORE_TOKEN=$(openssl rand -hex 32)` (or a value "
         "from your scheduler) before starting each node's launcher");
   } else {
-    token = generate_store_token();
+    job.token = generate_store_token();
   }
-  run_id = options.standalone ? generate_store_token().substr(0, 12) : options.rdzv_id;
+  job.run_id = options.standalone ? generate_store_token().substr(0, 12) : options.rdzv_id;
 
   if (options.cpu_bind == CpuBind::kCores) {
-    worker_cpus = split_cpus(usable_cpus(), options.nproc_per_node);
+    job.worker_cpus = split_cpus(usable_cpus(), options.nproc_per_node);
     std::string shares;
-    for (size_t local = 0; local < worker_cpus.size(); ++local) {
+    for (size_t local = 0; local < job.worker_cpus.size(); ++local) {
       shares += fmt::format("{}local rank {}: {}", local == 0 ? "" : ", ", local,
-                            format_cpu_list(worker_cpus[local]));
+                            format_cpu_list(job.worker_cpus[local]));
     }
     spdlog::info("binding workers to CPUs ({})", shares);
   }
-  if (!env::get("OMP_NUM_THREADS") && (options.nproc_per_node > 1 || !worker_cpus.empty())) {
-    set_omp_threads = true;
-    if (worker_cpus.empty()) {
+  if (!env::get("OMP_NUM_THREADS") && (options.nproc_per_node > 1 || !job.worker_cpus.empty())) {
+    job.set_omp_threads = true;
+    if (job.worker_cpus.empty()) {
       spdlog::info("OMP_NUM_THREADS is not set; setting it to 1 for each of the {} workers so "
                    "they do not oversubscribe the CPUs (set it yourself to override)",
                    options.nproc_per_node);
     } else {
       spdlog::info("OMP_NUM_THREADS is not set; setting it to {} for each worker, the size of "
-                   "its CPU share (set it yourself to override)", worker_cpus.front().size());
+                   "its CPU share (set it yourself to override)", job.worker_cpus.front().size());
     }
   }
   prepare_run_dir();
 
   // Note [Worker process hygiene]: orphaned descendants come to us, not to init.
   prctl(PR_SET_CHILD_SUBREAPER, 1);
-  store = open_agent_store(options, token);
+  job.store = open_agent_store(options, job.token);
   // The agents' requests are short and never wait for a key (rendezvous polls): a store
   // that does not answer within --heartbeat_timeout is lost (its host died without a
   // connection reset), not slow, and the agent must get back to its workers.
-  store.client->set_timeout(std::chrono::duration_cast<Millis>(options.heartbeat_timeout));
-  store_address = fmt::format("{}:{}", store.host, store.port);
-  signals = &SignalPipe::install();
+  job.store.client->set_timeout(std::chrono::duration_cast<Millis>(options.heartbeat_timeout));
+  job.store_address = fmt::format("{}:{}", job.store.host, job.store.port);
+  job.signals = &SignalPipe::install();
 
   int previous_nodes = 0;
   for (int attempt = 0;; ++attempt) {
     World world;
     try {
-      world = rendezvous(*store.client, options, run_id, attempt, previous_nodes, store_address,
+      world = rendezvous(*job.store.client, options, job.run_id, attempt, previous_nodes, job.store_address,
                          [this] { check_interrupt(); });
     } catch (const Interrupted& i) {
       spdlog::info("received {} while waiting for the other nodes; exiting",
@@ -774,7 +936,8 @@ int Agent::Impl::run() {
                   world.num_nodes, world.rank_offset,
                   world.rank_offset + options.nproc_per_node - 1, world.world_size);
 
-    const AttemptResult r = run_attempt(world, attempt);
+    const AttemptResult r = run_attempt(job, world, attempt);
+    nodes_lost += r.nodes_lost;
     // Before anything else: a gang that stopped on a signal is neither a success nor a
     // failure to restart (Note [Workers stopped on a signal]).
     if (r.all_stopped) {
@@ -786,11 +949,11 @@ int Agent::Impl::run() {
       const std::string text = format_stop_report(report);
       std::fwrite(text.data(), 1, text.size(), stderr);
       std::fflush(stderr);
-      leave_store(world.num_nodes, store.is_host());
+      leave_store(world.num_nodes, job.store.is_host());
       return kStoppedExitCode;
     }
     if (r.succeeded) {
-      leave_store(world.num_nodes, store.is_host());
+      leave_store(world.num_nodes, job.store.is_host());
       return 0;
     }
     // A signal to this launcher ends the job here whatever else happened: the user (or
@@ -802,7 +965,7 @@ int Agent::Impl::run() {
       }
       spdlog::info("stopped {} worker(s) after {}", options.nproc_per_node,
                    signal_name(*r.received_signal));
-      leave_store(world.num_nodes, store.is_host());
+      leave_store(world.num_nodes, job.store.is_host());
       return 128 + *r.received_signal;
     }
     if (r.restartable && attempt < options.max_restarts) {
@@ -824,7 +987,7 @@ int Agent::Impl::run() {
     const std::string text = format_failure_report(report);
     std::fwrite(text.data(), 1, text.size(), stderr);
     std::fflush(stderr);
-    leave_store(world.num_nodes, store.is_host());
+    leave_store(world.num_nodes, job.store.is_host());
     const int status = r.root_cause.status.shell_status();
     return status == 0 ? 1 : status;
   }
