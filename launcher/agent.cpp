@@ -61,8 +61,18 @@ struct Agent::Impl {
   }
 
   int run();
+  // Set-up, once per job.
+  void prepare_job();
+  std::string store_token() const;
+  void bind_cpus();
+  void choose_omp_threads();
   void prepare_run_dir();
+  void open_store();
+  // Between attempts.
   void check_interrupt();
+  std::optional<int> conclude(const AttemptResult& r, int attempt) const;
+  void print_stop_report(const AttemptResult& r, int attempt) const;
+  void print_failure_report(const AttemptResult& r, int attempt) const;
   void leave_store(int num_nodes, bool hosting);
 
   const LaunchOptions& options;
@@ -125,52 +135,7 @@ void Agent::Impl::leave_store(int num_nodes, bool hosting) {
 }
 
 int Agent::Impl::run() {
-  job.program_path = resolve_program(options.program);
-
-  if (const auto t = env::get("MTRAIN_STORE_TOKEN"); t && !t->empty()) {
-    job.token = *t;
-  } else if (options.multi_node()) {
-    throw InvalidArgument(
-        "MTRAIN_STORE_TOKEN is not set; a job on several nodes needs the same secret token "
-        "on every node, e.g. `export MTRAIN_STORE_TOKEN=$(openssl rand -hex 32)` (or a value "
-        "from your scheduler) before starting each node's launcher");
-  } else {
-    job.token = generate_store_token();
-  }
-  job.run_id = options.standalone ? generate_store_token().substr(0, 12) : options.rdzv_id;
-
-  if (options.cpu_bind == CpuBind::kCores) {
-    job.worker_cpus = split_cpus(usable_cpus(), options.nproc_per_node);
-    std::string shares;
-    for (size_t local = 0; local < job.worker_cpus.size(); ++local) {
-      shares += fmt::format("{}local rank {}: {}", local == 0 ? "" : ", ", local,
-                            format_cpu_list(job.worker_cpus[local]));
-    }
-    spdlog::info("binding workers to CPUs ({})", shares);
-  }
-  if (!env::get("OMP_NUM_THREADS") && (options.nproc_per_node > 1 || !job.worker_cpus.empty())) {
-    job.set_omp_threads = true;
-    if (job.worker_cpus.empty()) {
-      spdlog::info("OMP_NUM_THREADS is not set; setting it to 1 for each of the {} workers so "
-                   "they do not oversubscribe the CPUs (set it yourself to override)",
-                   options.nproc_per_node);
-    } else {
-      spdlog::info("OMP_NUM_THREADS is not set; setting it to {} for each worker, the size of "
-                   "its CPU share (set it yourself to override)", job.worker_cpus.front().size());
-    }
-  }
-  prepare_run_dir();
-
-  // Note [Worker process hygiene]: orphaned descendants come to us, not to init.
-  prctl(PR_SET_CHILD_SUBREAPER, 1);
-  job.store = open_agent_store(options, job.token);
-  // The agents' requests are short and never wait for a key (rendezvous polls): a store
-  // that does not answer within --heartbeat_timeout is lost (its host died without a
-  // connection reset), not slow, and the agent must get back to its workers.
-  job.store.client->set_timeout(std::chrono::duration_cast<Millis>(options.heartbeat_timeout));
-  job.store_address = fmt::format("{}:{}", job.store.host, job.store.port);
-  job.signals = &SignalPipe::install();
-
+  prepare_job();
   int previous_nodes = 0;
   for (int attempt = 0;; ++attempt) {
     World world;
@@ -189,59 +154,128 @@ int Agent::Impl::run() {
 
     const AttemptResult r = run_attempt(job, world, attempt);
     nodes_lost += r.nodes_lost;
-    // Before anything else: a gang that stopped on a signal is neither a success nor a
-    // failure to restart (Note [Workers stopped on a signal]).
-    if (r.all_stopped) {
-      StopReport report;
-      report.program = options.program;
-      report.attempt = attempt;
-      report.launcher_signal = r.received_signal ? r.received_signal : r.forwarded_signal;
-      report.stopped = r.stopped_on_signal;
-      const std::string text = format_stop_report(report);
-      std::fwrite(text.data(), 1, text.size(), stderr);
-      std::fflush(stderr);
+    if (const std::optional<int> status = conclude(r, attempt)) {
       leave_store(world.num_nodes, job.store.is_host());
-      return kStoppedExitCode;
+      return *status;
     }
-    if (r.succeeded) {
-      leave_store(world.num_nodes, job.store.is_host());
-      return 0;
-    }
-    // A signal to this launcher ends the job here whatever else happened: the user (or
-    // the scheduler) asked for it.
-    if (r.received_signal) {
-      if (r.signal_after_failure) {
-        spdlog::warn("attempt {} failed: {}; no restart: {} arrived while the workers were being stopped",
-                     attempt, describe(r.root_cause), signal_name(*r.received_signal));
-      }
-      spdlog::info("stopped {} worker(s) after {}", options.nproc_per_node,
-                   signal_name(*r.received_signal));
-      leave_store(world.num_nodes, job.store.is_host());
-      return 128 + *r.received_signal;
-    }
-    if (r.restartable && attempt < options.max_restarts) {
-      spdlog::warn("attempt {} failed: {}; restarting the gang ({} of {} restarts)", attempt,
-                   describe(r.root_cause), attempt + 1, options.max_restarts);
-      continue;
-    }
-    FailureReport report;
-    report.program = options.program;
-    report.attempt = attempt;
-    report.max_restarts = options.max_restarts;
-    report.root_cause = r.root_cause;
-    report.root_cause_remote = r.root_cause_remote;
-    report.other_failures = r.other_failures;
-    report.stopped_ranks = r.stopped_ranks;
-    report.sigkilled_ranks = r.sigkilled_ranks;
-    report.exited_early_ranks = r.exited_early_ranks;
-    report.term_timeout_s = options.term_timeout.count();
-    const std::string text = format_failure_report(report);
-    std::fwrite(text.data(), 1, text.size(), stderr);
-    std::fflush(stderr);
-    leave_store(world.num_nodes, job.store.is_host());
-    const int status = r.root_cause.status.shell_status();
-    return status == 0 ? 1 : status;
   }
+}
+
+// What every attempt shares, in the order its mistakes are best reported.
+void Agent::Impl::prepare_job() {
+  job.program_path = resolve_program(options.program);
+  job.token = store_token();
+  job.run_id = options.standalone ? generate_store_token().substr(0, 12) : options.rdzv_id;
+  bind_cpus();
+  choose_omp_threads();
+  prepare_run_dir();
+  // Note [Worker process hygiene]: orphaned descendants come to us, not to init.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  open_store();
+  job.signals = &SignalPipe::install();
+}
+
+std::string Agent::Impl::store_token() const {
+  if (const auto t = env::get("MTRAIN_STORE_TOKEN"); t && !t->empty()) return *t;
+  if (options.multi_node()) {
+    throw InvalidArgument(
+        "MTRAIN_STORE_TOKEN is not set; a job on several nodes needs the same secret token "
+        "on every node, e.g. `export MTRAIN_STORE_TOKEN=$(openssl rand -hex 32)` (or a value "
+        "from your scheduler) before starting each node's launcher");
+  }
+  return generate_store_token();
+}
+
+void Agent::Impl::bind_cpus() {
+  if (options.cpu_bind != CpuBind::kCores) return;
+  job.worker_cpus = split_cpus(usable_cpus(), options.nproc_per_node);
+  std::string shares;
+  for (size_t local = 0; local < job.worker_cpus.size(); ++local) {
+    shares += fmt::format("{}local rank {}: {}", local == 0 ? "" : ", ", local,
+                          format_cpu_list(job.worker_cpus[local]));
+  }
+  spdlog::info("binding workers to CPUs ({})", shares);
+}
+
+void Agent::Impl::choose_omp_threads() {
+  if (env::get("OMP_NUM_THREADS") || (options.nproc_per_node <= 1 && job.worker_cpus.empty())) return;
+  job.set_omp_threads = true;
+  if (job.worker_cpus.empty()) {
+    spdlog::info("OMP_NUM_THREADS is not set; setting it to 1 for each of the {} workers so "
+                 "they do not oversubscribe the CPUs (set it yourself to override)",
+                 options.nproc_per_node);
+  } else {
+    spdlog::info("OMP_NUM_THREADS is not set; setting it to {} for each worker, the size of "
+                 "its CPU share (set it yourself to override)", job.worker_cpus.front().size());
+  }
+}
+
+void Agent::Impl::open_store() {
+  job.store = open_agent_store(options, job.token);
+  // The agents' requests are short and never wait for a key (rendezvous polls): a store
+  // that does not answer within --heartbeat_timeout is lost (its host died without a
+  // connection reset), not slow, and the agent must get back to its workers.
+  job.store.client->set_timeout(std::chrono::duration_cast<Millis>(options.heartbeat_timeout));
+  job.store_address = fmt::format("{}:{}", job.store.host, job.store.port);
+}
+
+// After attempt `attempt`: the launcher's exit status, its report printed; nullopt when
+// the gang restarts instead.
+std::optional<int> Agent::Impl::conclude(const AttemptResult& r, int attempt) const {
+  // Before anything else: a gang that stopped on a signal is neither a success nor a
+  // failure to restart (Note [Workers stopped on a signal]).
+  if (r.all_stopped) {
+    print_stop_report(r, attempt);
+    return kStoppedExitCode;
+  }
+  if (r.succeeded) return 0;
+  // A signal to this launcher ends the job here whatever else happened: the user (or
+  // the scheduler) asked for it.
+  if (r.received_signal) {
+    if (r.signal_after_failure) {
+      spdlog::warn("attempt {} failed: {}; no restart: {} arrived while the workers were being stopped",
+                   attempt, describe(r.root_cause), signal_name(*r.received_signal));
+    }
+    spdlog::info("stopped {} worker(s) after {}", options.nproc_per_node,
+                 signal_name(*r.received_signal));
+    return 128 + *r.received_signal;
+  }
+  if (r.restartable && attempt < options.max_restarts) {
+    spdlog::warn("attempt {} failed: {}; restarting the gang ({} of {} restarts)", attempt,
+                 describe(r.root_cause), attempt + 1, options.max_restarts);
+    return std::nullopt;
+  }
+  print_failure_report(r, attempt);
+  const int status = r.root_cause.status.shell_status();
+  return status == 0 ? 1 : status;
+}
+
+void Agent::Impl::print_stop_report(const AttemptResult& r, int attempt) const {
+  StopReport report;
+  report.program = options.program;
+  report.attempt = attempt;
+  report.launcher_signal = r.received_signal ? r.received_signal : r.forwarded_signal;
+  report.stopped = r.stopped_on_signal;
+  const std::string text = format_stop_report(report);
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
+}
+
+void Agent::Impl::print_failure_report(const AttemptResult& r, int attempt) const {
+  FailureReport report;
+  report.program = options.program;
+  report.attempt = attempt;
+  report.max_restarts = options.max_restarts;
+  report.root_cause = r.root_cause;
+  report.root_cause_remote = r.root_cause_remote;
+  report.other_failures = r.other_failures;
+  report.stopped_ranks = r.stopped_ranks;
+  report.sigkilled_ranks = r.sigkilled_ranks;
+  report.exited_early_ranks = r.exited_early_ranks;
+  report.term_timeout_s = options.term_timeout.count();
+  const std::string text = format_failure_report(report);
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
 }
 
 }  // namespace mtrain::launch
