@@ -36,6 +36,7 @@ struct StreamSelection {
 
   int for_local_rank(int local_rank) const;
   bool any() const;
+  bool operator==(const StreamSelection&) const = default;
 };
 
 inline constexpr int kStdoutBit = 1;
@@ -84,6 +85,7 @@ struct LaunchOptions {
   std::vector<std::string> program_args;  // passed through untouched
 
   bool multi_node() const { return max_nodes > 1; }
+  bool operator==(const LaunchOptions&) const = default;
 };
 
 // The launcher's own arguments and the program with its arguments.

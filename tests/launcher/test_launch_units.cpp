@@ -129,6 +129,24 @@ TEST_CASE("invalid values name the flag and what was found") {
   CHECK_THROWS_WITH(parse({"--standalone=1", "prog"}), Catch::Contains("takes no value"));
 }
 
+TEST_CASE("without flags the options are LaunchOptions' own defaults") {
+  // The flag table's defaults (options.cpp) are what a command line gets; the struct's
+  // initialisers must say the same.
+  LaunchOptions defaults;
+  defaults.program = "prog";
+  CHECK(parse({"prog"}) == defaults);
+}
+
+TEST_CASE("--help lists each flag from its table row: spellings, value, help, default") {
+  const std::string text = usage();
+  CHECK_THAT(text, Catch::Contains("\n  --nproc_per_node N|cpu|gpu|auto  workers on this node (default 1)\n"));
+  CHECK_THAT(text, Catch::Contains("\n  -t, --tee 0-3|R:V,...            like --redirects and also to the console, with a\n"
+                                   "                                   [rank<N>]: prefix\n"));
+  CHECK_THAT(text, Catch::Contains("\n  --standalone                     one node,"));
+  CHECK_THAT(text, Catch::Contains("(like mpirun --bind-to core).\n                                   Default none\n"));
+  CHECK_THAT(text, Catch::Contains("\n  -h, --help                       this text\n"));
+}
+
 TEST_CASE("stream selections follow torchrun's encoding") {
   const auto all = parse_stream_selection("3", "--tee");
   CHECK(all.for_local_rank(0) == 3);
