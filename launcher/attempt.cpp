@@ -128,6 +128,28 @@ class Attempt {
   int nodes_lost_ = 0;
 };
 
+// Note [Gang supervision]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// One attempt, on each node:
+//   1. rendezvous (rendezvous.h) -> this node's rank offset and the world size;
+//   2. spawn the local workers (worker_process.h), each in its own process group;
+//   3. loop on poll(signal pipe, monitor_interval): reap exited workers at once, forward
+//      signals, and (several nodes) check the attempt's "failed" key in the store;
+//   4. on the first local failure: announce it in the store (the first announcement of
+//      the attempt wins), SIGTERM every worker group, SIGKILL what is left after
+//      --term_timeout, reap everything; on a notice from another node: the same
+//      teardown without announcing;
+//   5. the winning node publishes its root cause; the others wait for it (bounded), so
+//      every node prints the same root cause and exits with the same status;
+//   6. if the failure was a worker's and restarts remain, every node goes to attempt
+//      k+1 with fresh keys; an agent-level failure (a signal to a launcher, a lost store)
+//      ends the job everywhere.
+//
+// A node whose workers all succeeded still waits, watching the "failed" key, until
+// every node's workers succeeded: a later failure elsewhere restarts (or fails) the
+// whole job, this node included. The hosting agent keeps the store up until the others
+// have left (see Note [Launcher store keys]).
+
 AttemptResult Attempt::run() {
   start_workers();
   while (running_count() > 0) {
@@ -314,6 +336,19 @@ void Attempt::reap_workers() {
     announce(*local_failure);
   }
 }
+
+// Note [Workers stopped on a signal]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// mtrain-train stops after the current step on SIGTERM, SIGINT or SIGUSR1, writes its
+// checkpoint, leaves a record with a "stopped" object in its error file and exits with
+// kStoppedExitCode (core/main_guard.h: 75, EX_TEMPFAIL, unfinished and resumable). The launcher takes
+// a worker for stopped, not failed, only when both are there (75 alone could be any
+// program's). A stopped worker starts no teardown: its peers stop after the same step
+// (the ranks agree on it), so the launcher waits for them, up to --term_timeout before
+// it SIGTERMs the stragglers. When every worker stopped, the launcher prints the stop
+// report instead of a failure report, does not restart the gang (a signal asked it to
+// stop; the scheduler wants the resources back) and exits with 75 too, whether the
+// signal reached the launcher or the workers.
 
 // Note [Workers stopped on a signal]: a reaped worker that stopped rather than failed.
 void Attempt::recognise_stop(LocalWorker& w) const {

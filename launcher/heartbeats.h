@@ -1,5 +1,5 @@
 // This node's heartbeat in the store and, on the store's host, the watch over the other
-// nodes' heartbeats (Note [Agent heartbeats] in agent.h).
+// nodes' heartbeats (Note [Agent heartbeats] in heartbeats.cpp).
 #pragma once
 
 #include <chrono>
@@ -13,7 +13,7 @@
 
 namespace mtrain::launch {
 
-// Note [Agent heartbeats] (agent.h): this node's beats, and on the store's host the
+// Note [Agent heartbeats] (heartbeats.cpp): this node's beats, and on the store's host the
 // watch over the other nodes' counters.
 class Heartbeats {
  public:
