@@ -1,6 +1,10 @@
 // The agent: one per node. Hosts or joins the store, runs the rendezvous, spawns this
 // node's workers, supervises them, stops the gang on the first failure anywhere,
 // restarts it up to --max_restarts times and prints the failure report.
+//
+// Every node of a job prints the same root cause and exits with the same status. Only a
+// worker's failure restarts the gang; a signal to any launcher, a lost store or a lost
+// node ends the job on every node (Note [Gang supervision] in attempt.cpp).
 #pragma once
 
 #include <memory>

@@ -130,25 +130,22 @@ class Attempt {
 
 // Note [Gang supervision]
 // ~~~~~~~~~~~~~~~~~~~~~~~
-// One attempt, on each node:
-//   1. rendezvous (rendezvous.h) -> this node's rank offset and the world size;
-//   2. spawn the local workers (worker_process.h), each in its own process group;
-//   3. loop on poll(signal pipe, monitor_interval): reap exited workers at once, forward
-//      signals, and (several nodes) check the attempt's "failed" key in the store;
-//   4. on the first local failure: announce it in the store (the first announcement of
-//      the attempt wins), SIGTERM every worker group, SIGKILL what is left after
-//      --term_timeout, reap everything; on a notice from another node: the same
-//      teardown without announcing;
-//   5. the winning node publishes its root cause; the others wait for it (bounded), so
-//      every node prints the same root cause and exits with the same status;
-//   6. if the failure was a worker's and restarts remain, every node goes to attempt
-//      k+1 with fresh keys; an agent-level failure (a signal to a launcher, a lost store)
-//      ends the job everywhere.
-//
-// A node whose workers all succeeded still waits, watching the "failed" key, until
-// every node's workers succeeded: a later failure elsewhere restarts (or fails) the
-// whole job, this node included. The hosting agent keeps the store up until the others
-// have left (see Note [Launcher store keys]).
+// After the rendezvous (rendezvous.h), each node runs one Attempt:
+//   - spawn the local workers, each in its own process group;
+//   - poll the signal pipe, so that an exited worker is reaped at once (SIGCHLD), forward
+//     signals, and with several nodes beat and look at the attempt's "failed" key every
+//     --monitor_interval;
+//   - on the first local failure, announce it (compare_set: the attempt's first notice
+//     wins), SIGTERM every worker group and SIGKILL what is left after --term_timeout; a
+//     notice from another node brings the same teardown without announcing;
+//   - the winning node publishes its root cause after its teardown and the others wait
+//     for it (bounded), so every node prints the same report and exits with one status.
+// A worker's failure restarts the gang on every node, with fresh keys, while restarts
+// remain. The agents' own failures (a signal to a launcher, a lost store or node) end the
+// job everywhere: a signal asks the job to stop, and a lost node cannot come back.
+// A node whose workers all succeeded keeps watching until every node's did: a later
+// failure elsewhere restarts (or fails) the whole job, this node included. The store's
+// host keeps it up until the others have left (Note [Launcher store keys]).
 
 AttemptResult Attempt::run() {
   start_workers();
@@ -339,15 +336,14 @@ void Attempt::reap_workers() {
 
 // Note [Workers stopped on a signal]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// mtrain-train stops after the current step on SIGTERM, SIGINT or SIGUSR1, writes its
-// checkpoint, leaves a record with a "stopped" object in its error file and exits with
-// kStoppedExitCode (core/main_guard.h: 75, EX_TEMPFAIL, unfinished and resumable). The launcher takes
-// a worker for stopped, not failed, only when both are there (75 alone could be any
-// program's). A stopped worker starts no teardown: its peers stop after the same step
-// (the ranks agree on it), so the launcher waits for them, up to --term_timeout before
-// it SIGTERMs the stragglers. When every worker stopped, the launcher prints the stop
-// report instead of a failure report, does not restart the gang (a signal asked it to
-// stop; the scheduler wants the resources back) and exits with 75 too, whether the
+// mtrain-train stops after the current step on SIGTERM, SIGINT or SIGUSR1, checkpoints,
+// leaves a record with a "stopped" object in its error file and exits with
+// kStoppedExitCode (75, EX_TEMPFAIL: unfinished, resumable). A worker counts as stopped,
+// not failed, only with both: 75 alone could be any program's. A stopped worker starts no
+// teardown, because its peers stop after the same step (the ranks agree on it); they get
+// --term_timeout before the stragglers are SIGTERMed. When every worker stopped, the agent
+// prints the stop report instead of a failure report, does not restart (a signal asked the
+// job to stop; the scheduler wants the resources back) and exits 75 too, whether the
 // signal reached the launcher or the workers.
 
 // Note [Workers stopped on a signal]: a reaped worker that stopped rather than failed.

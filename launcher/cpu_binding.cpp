@@ -45,21 +45,15 @@ std::vector<CpuInfo> usable_cpus() {
 // Note [Binding workers to CPUs]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Unbound, the kernel moves a worker's threads between cores as load shifts, and two
-// workers' threads meet on one core now and then. For data-parallel training that costs
-// more than the lost cycles: the ranks meet at every collective (twice per BatchNorm layer
-// under SyncBatchNorm), and whichever rank was delayed makes the others wait. mpirun binds
-// its processes to cores for the same reason (`--bind-to core`); torchrun does not.
-//
-// With --cpu_bind cores the launcher takes the CPUs it may itself run on (its affinity
-// mask, which already reflects taskset, cgroup cpusets and SLURM's binding), orders them
-// by (package, core, CPU number) so that hyperthreads of one core and cores of one socket
-// are neighbours, and gives local rank i the i-th of nproc_per_node equal consecutive
-// slices of whole cores (all of a core's hyperthreads together); only when there are
-// more workers than cores are single CPUs shared out instead. What the division leaves
-// over is given to nobody (an uneven share would make one rank the slowest at every
-// meeting); fewer CPUs than workers is an error. Every thread
-// of a worker, helper threads included, inherits its slice. When the user has not set
-// OMP_NUM_THREADS, workers get the size of their slice instead of 1.
+// workers' threads meet on one core now and then. Data-parallel ranks wait for each other
+// at every collective (twice per BatchNorm layer under SyncBatchNorm), so one rank's delay
+// becomes everyone's; mpirun binds to cores for this reason (`--bind-to core`), torchrun
+// does not. The launcher's own affinity mask already reflects taskset, cgroup cpusets and
+// SLURM's binding. Ordering by (package, core, CPU number) keeps a core's hyperthreads and
+// a socket's cores together, and slices are of whole cores unless workers outnumber cores.
+// What the division leaves over goes to nobody: an uneven share would make one rank the
+// slowest at every meeting. A worker's threads, helpers included, inherit its slice, so
+// OMP_NUM_THREADS defaults to the slice's size rather than 1.
 
 std::vector<std::vector<int>> split_cpus(std::vector<CpuInfo> cpus, int workers) {
   if (workers < 1 || static_cast<int>(cpus.size()) < workers) {

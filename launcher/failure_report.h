@@ -1,5 +1,6 @@
 // Worker failures, their error files, the choice of root cause, and the report printed
-// on stderr when a gang fails (or stops on a signal, Note [Workers stopped on a signal]).
+// on stderr when a gang fails, or stops on a signal (Note [Workers stopped on a signal]
+// in attempt.cpp).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -66,7 +67,8 @@ std::string signal_hint(int sig, bool sent_by_launcher);
 // Advice for the failure as a whole (signals, and shell-style exit codes 129..192).
 std::string failure_hint(const Failure& f);
 
-// Index of the earliest failure (Note [Root cause]); `failures` must not be empty.
+// Index of the earliest failure: by the error file's timestamp where there is one, else by
+// the exit time (Note [Root cause] in failure_report.cpp). `failures` must not be empty.
 size_t pick_root_cause(const std::vector<Failure>& failures);
 
 struct FailureReport {

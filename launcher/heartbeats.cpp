@@ -8,19 +8,16 @@ namespace mtrain::launch {
 
 // Note [Agent heartbeats]
 // ~~~~~~~~~~~~~~~~~~~~~~~
-// An agent that dies without a word (SIGKILL, an OOM kill, a machine or network lost)
-// announces no failure, and its workers die with it (PR_SET_PDEATHSIG): without more,
-// the other nodes' workers would hang in their next collective until its timeout, and
-// a node whose workers had all succeeded would wait for that node's success forever.
-// So with several nodes every agent adds 1 to `alive/<node>` about once a second (every
-// --heartbeat_timeout / 4 when that is shorter) for as long as it supervises an
-// attempt, through teardowns too, and the agent hosting the store reads every node's
-// counter as often: a node whose counter has not moved for --heartbeat_timeout (30 s)
-// is lost. The host announces it as the attempt's failure, naming the node, and every
-// node stops; a lost node cannot rejoin, so there is no restart. The watch is the
-// host's alone, one read per node per beat; the host's own death is a lost store,
-// which every agent sees when a request fails, and a request that gets no answer for
-// --heartbeat_timeout fails (the store client's timeout).
+// A launcher that dies without a word (SIGKILL, an OOM kill, a lost machine or network)
+// announces no failure, and its workers die with it: the other nodes' workers would hang
+// in their next collective, and a node whose workers all succeeded would wait for that
+// node's success forever. So with several nodes each agent adds 1 to `alive/<node>` about
+// once a second (every --heartbeat_timeout / 4 when that is shorter), through teardowns
+// too, and the agent hosting the store alone reads the counters, one read per node per
+// beat: a node whose counter has not moved for --heartbeat_timeout is lost, and the host
+// announces it as the attempt's failure. A lost node cannot rejoin, so no restart follows.
+// The host's own death is a lost store, which every agent sees when a request fails or
+// gets no answer for --heartbeat_timeout (the store client's timeout).
 
 Heartbeats::Heartbeats(AttemptChannel& channel, const World& world, bool watch_others, Seconds timeout)
     : channel_(channel),

@@ -1,5 +1,6 @@
-// This node's heartbeat in the store and, on the store's host, the watch over the other
-// nodes' heartbeats (Note [Agent heartbeats] in heartbeats.cpp).
+// With several nodes: this node's heartbeat in the store and, on the store's host, the
+// watch that finds a node whose launcher fell silent for --heartbeat_timeout
+// (Note [Agent heartbeats] in heartbeats.cpp).
 #pragma once
 
 #include <chrono>
@@ -13,8 +14,7 @@
 
 namespace mtrain::launch {
 
-// Note [Agent heartbeats] (heartbeats.cpp): this node's beats, and on the store's host the
-// watch over the other nodes' counters.
+// This node's beats, and on the store's host the watch over the other nodes' counters.
 class Heartbeats {
  public:
   using Clock = std::chrono::steady_clock;

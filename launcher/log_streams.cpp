@@ -45,16 +45,15 @@ bool LogStreams::needs_files(const LaunchOptions& options) {
 
 // Note [Worker output routing]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// For each worker stream, from --redirects, --tee and --local_ranks_filter:
-//   console  - the worker inherits the launcher's stream (no copying at all);
+// Each stream of a worker, from --redirects, --tee and --local_ranks_filter, is one of
+//   console  - the launcher's own stream, inherited: nothing is copied;
 //   file     - the worker writes straight into <attempt dir>/<rank>/<stream>.log;
-//   tee      - the worker writes into a pipe; one pump thread copies every chunk to the
-//              file and every complete line to the console prefixed "[rank<N>]:";
+//   tee      - a pipe; one pump thread copies every chunk to the file and every complete
+//              line to the console prefixed "[rank<N>]:";
 //   discard  - /dev/null (a filtered-out rank that is not redirected).
-// A rank outside --local_ranks_filter keeps its files but never reaches the console,
-// so `tee` degrades to `file` for it. The pump copies bytes, so a worker that floods its
-// output is slowed by the console, as it would be without the launcher; it never makes
-// the launcher miss a worker's exit, which the main thread watches.
+// Outside --local_ranks_filter, `tee` degrades to `file`. The pump copies bytes, so a
+// worker that floods its output is slowed by the console as it would be without the
+// launcher, and the main thread, which watches the workers' exits, never waits for it.
 
 LogStreams::Route LogStreams::route_for(int local_rank, int bit) const {
   const bool shown = !options_.local_ranks_filter || options_.local_ranks_filter->count(local_rank);

@@ -1,5 +1,8 @@
-// Where each worker's stdout and stderr go: the console, a log file, both (tee), or
-// nowhere (--local_ranks_filter).
+// Where each worker's stdout and stderr go, from --redirects, --tee and
+// --local_ranks_filter: the console, <attempt dir>/<rank>/<stream>.log, both (tee: each
+// console line prefixed "[rank<N>]:"), or nowhere. Files keep every byte; a worker's
+// output never delays the launcher's supervision (Note [Worker output routing] in
+// log_streams.cpp).
 #pragma once
 
 #include <atomic>

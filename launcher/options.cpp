@@ -436,14 +436,10 @@ bool StreamSelection::any() const {
 
 // Note [Launcher command line]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Everything before the program belongs to the launcher; the program and everything
-// after it are passed to the workers untouched, even when they look like flags
-// (`mtrain-launch --nproc_per_node=3 sh -c '...'`). cxxopts cannot stop at the first
-// positional argument, so split_launcher_args() finds that boundary first, using the
-// table of which flags take a value; `--` ends the launcher's flags explicitly.
-// Both spellings of every flag are accepted (`--nproc_per_node`, `--nproc-per-node`),
-// as torchrun does: the launcher's part is normalised to underscores before cxxopts
-// sees it.
+// cxxopts cannot stop at the first positional argument, so split_launcher_args() first
+// finds where the program starts, knowing from kFlags which flags take a value, and
+// normalises the launcher's part to underscores (both spellings are accepted, as torchrun
+// does) before cxxopts reads it.
 
 SplitArgs split_launcher_args(const std::vector<std::string>& args) {
   SplitArgs out;

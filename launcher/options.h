@@ -1,4 +1,11 @@
 // mtrain-launch's command line: parsing and validation into LaunchOptions.
+//
+// Everything before the program belongs to the launcher; the program and everything
+// after it reach the workers untouched, even when they look like flags
+// (`mtrain-launch --nproc_per_node=3 sh -c '...'`), and `--` ends the launcher's part
+// explicitly. Every flag has an underscore and a dash spelling (`--nproc_per_node`,
+// `--nproc-per-node`). The flags are the rows of kFlags in options.cpp: --help, the
+// parser and the defaults all come from there (Note [Launcher command line]).
 #pragma once
 
 #include <chrono>

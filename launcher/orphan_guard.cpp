@@ -47,18 +47,15 @@ struct Message {
 
 // Note [Workers die with the launcher]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// PR_SET_PDEATHSIG (worker_process.cpp) kills each worker when the launcher dies, but
-// not the worker's own children, which would become orphans holding memory, ports and
-// GPUs (the zombie complaints of reference-semantics §6). So the launcher forks a
-// sentinel first, before any thread or worker exists, and tells it the process group
-// of every worker through a pipe. The launcher holds the only write end (close-on-exec,
-// so no worker inherits it across exec); when the launcher dies for any reason the
-// kernel closes it, the sentinel reads end-of-file and SIGKILLs every group it still
-// knows. The sentinel sits in its own process group and ignores the usual termination
-// signals, so a Ctrl-C or `kill -- -<launcher pgid>` that takes the launcher does not
-// take the sentinel before it has done its job. On a normal exit the launcher has
-// already reaped its workers and released their groups, so the sentinel finds nothing
-// left to kill.
+// PR_SET_PDEATHSIG kills each worker when the launcher dies, but not the worker's own
+// children, which would become orphans holding memory, ports and GPUs (reference-semantics
+// §6). So the launcher forks a sentinel before any thread or worker exists and tells it
+// every worker's process group through a pipe whose only write end it holds
+// (close-on-exec, so no worker inherits it): when the launcher dies for any reason the
+// kernel closes it, and the sentinel SIGKILLs every group it still knows. The sentinel has
+// its own process group and ignores the usual termination signals, so a Ctrl-C or
+// `kill -- -<launcher pgid>` that takes the launcher does not take the sentinel first.
+// After a normal exit every group was released: the sentinel finds nothing to kill.
 
 OrphanGuard::OrphanGuard() {
   int fds[2];

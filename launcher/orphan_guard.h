@@ -1,5 +1,6 @@
-// OrphanGuard: a tiny sentinel process that kills the workers' process groups when the
-// launcher dies without cleaning up (SIGKILL, OOM kill, crash).
+// OrphanGuard: a tiny sentinel process that SIGKILLs every registered worker process
+// group, children included, when the launcher dies without cleaning up (SIGKILL, OOM
+// kill, crash) (Note [Workers die with the launcher] in orphan_guard.cpp).
 #pragma once
 
 #include <sys/types.h>

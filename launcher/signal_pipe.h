@@ -1,4 +1,11 @@
-// The launcher's signals, turned into bytes on a pipe that the supervision loop polls.
+// The launcher's signals, turned into bytes on a pipe that the supervision loop polls,
+// so that a signal wakes it at once (Note [Launcher signals] in signal_pipe.cpp):
+//   SIGCHLD                           a worker ended: reap it
+//   SIGUSR1, SIGUSR2                  is_forwarded_only(): passed on to the workers,
+//                                     supervision goes on
+//   SIGINT, SIGTERM, SIGHUP, SIGQUIT  is_terminating(): the gang is stopped and the job
+//                                     ends (docs/launcher.md, "Signals")
+// SIGPIPE is ignored.
 #pragma once
 
 #include <vector>

@@ -110,35 +110,27 @@ std::string signal_name(int sig) {
 
 // Note [Worker process hygiene]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// * Each worker leads its own process group (setpgid in both parent and child, so the
-//   group exists before either side runs on), and every signal goes to the group with
-//   killpg: a worker's own children (data-loader processes, `sh -c` pipelines) are
-//   stopped with it. A terminal's Ctrl-C reaches only the launcher's group; the
-//   launcher forwards it (attempt.cpp).
-// * In the child, before exec: prctl(PR_SET_PDEATHSIG, SIGKILL), then getppid() is
-//   compared with the launcher's pid, because the launcher may have died between fork
-//   and prctl (the signal would then never come). PDEATHSIG fires when the *thread*
-//   that forked exits, so workers are spawned only from the launcher's main thread,
-//   which lives as long as the process. The group's other members are covered by
-//   OrphanGuard (orphan_guard.h).
-// * Signals are blocked around fork and the child restores default dispositions before
-//   unblocking: otherwise a signal landing between fork and exec would run the
-//   launcher's handler inside the child and write into the launcher's self-pipe.
-// * Standard input is /dev/null. A worker's group is in the background of the launcher's
-//   terminal, so a read from the terminal (a debugger prompt, input()) would stop it
-//   with SIGTTIN, and a stopped worker is neither running nor reaped: the job would hang
-//   without a word. With /dev/null the read returns end-of-file.
-// * A failed exec (or CPU binding, --cpu_bind) is reported back through a close-on-exec
-//   pipe (which step, errno), so "no such program" is one clear error instead of a worker
-//   that exits 127.
-// * Workers are reaped by pid (waitpid(pid, WNOHANG)), never waitpid(-1), so the
-//   launcher's other children (the orphan guard) are left to their owners.
-// * The launcher is a child subreaper (PR_SET_CHILD_SUBREAPER): a worker's children
-//   that outlive it are re-parented to the launcher rather than to init (which, in a
-//   container, may never reap them). At the end of an attempt each worker's group is
-//   SIGKILLed and its members reaped with waitpid(-group), so no zombie is left behind.
-//   A descendant that left its group (setsid) is beyond killpg; it is re-parented to
-//   init when the launcher exits.
+// * Each worker leads its own process group (setpgid in parent and child, so the group
+//   exists before either runs on) and every signal goes to the group: a worker's own
+//   children (data-loader processes, `sh -c` pipelines) stop with it. A terminal's Ctrl-C
+//   reaches only the launcher's group, which forwards it.
+// * The child sets PR_SET_PDEATHSIG, then compares getppid() with the launcher's pid: the
+//   launcher may have died before prctl, and the signal would never come. PDEATHSIG fires
+//   when the *thread* that forked exits, so workers are spawned only from the main thread.
+//   OrphanGuard covers the group's other members.
+// * Signals are blocked around fork and reset to their defaults in the child before it
+//   unblocks them: a signal between fork and exec would otherwise run the launcher's
+//   handler in the child and write into the launcher's self-pipe.
+// * Standard input is /dev/null. The worker's group is in the background of the
+//   launcher's terminal, so a read from it (a debugger prompt, input()) would stop the
+//   worker with SIGTTIN, neither running nor reaped, and the job would hang without a word.
+// * A failed exec (or CPU binding) comes back through a close-on-exec pipe (which step,
+//   errno): one clear error instead of a worker that exits 127.
+// * Workers are reaped by pid, never with waitpid(-1), which would reap the orphan guard.
+// * The launcher is a child subreaper: a worker's children that outlive it come to the
+//   launcher rather than to init (which, in a container, may never reap them), and at the
+//   end of an attempt each worker's group is SIGKILLed and reaped. A descendant that left
+//   its group (setsid) is beyond killpg; it goes to init when the launcher exits.
 
 WorkerProcess WorkerProcess::spawn(const WorkerSpec& spec) {
   // Everything the child needs is built before fork: it may not allocate.

@@ -1,4 +1,7 @@
 // One worker process: spawn it in its own process group, signal the group, reap it.
+// A worker dies with the launcher, reads end-of-file from standard input, and one that
+// cannot be started is an IoError from spawn(), not a worker that exits 127
+// (Note [Worker process hygiene] in worker_process.cpp).
 #pragma once
 
 #include <sys/types.h>

@@ -105,7 +105,7 @@ TEST_CASE("invalid values name the flag and what was found") {
   CHECK_THROWS_WITH(parse({"--node_rank", "3", "--nnodes", "3", "prog"}),
                     Catch::Contains("[0, 3)"));
   CHECK_THROWS_WITH(parse({"--term_timeout", "-1", "prog"}), Catch::Contains("--term_timeout"));
-  // Past 1e6 s the deadlines would overflow (a "never kill" 1e10 used to SIGKILL at once).
+  // Past 1e6 s the deadlines would overflow (a "never kill" 1e10 would SIGKILL at once).
   CHECK_THROWS_WITH(parse({"--term_timeout", "1e10", "prog"}),
                     Catch::Contains("--term_timeout: expected a number of seconds >= 0 and at most 1e6, found '1e10'"));
   CHECK_THROWS_WITH(parse({"--monitor_interval", "3e6", "prog"}), Catch::Contains("at most 1e6, found '3e6'"));
