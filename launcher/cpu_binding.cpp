@@ -42,6 +42,19 @@ std::vector<CpuInfo> usable_cpus() {
   return cpus;
 }
 
+// Note [Binding workers to CPUs]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Unbound, the kernel moves a worker's threads between cores as load shifts, and two
+// workers' threads meet on one core now and then. Data-parallel ranks wait for each other
+// at every collective (twice per BatchNorm layer under SyncBatchNorm), so one rank's delay
+// becomes everyone's; mpirun binds to cores for this reason (`--bind-to core`), torchrun
+// does not. The launcher's own affinity mask already reflects taskset, cgroup cpusets and
+// SLURM's binding. Ordering by (package, core, CPU number) keeps a core's hyperthreads and
+// a socket's cores together, and slices are of whole cores unless workers outnumber cores.
+// What the division leaves over goes to nobody: an uneven share would make one rank the
+// slowest at every meeting. A worker's threads, helpers included, inherit its slice, so
+// OMP_NUM_THREADS defaults to the slice's size rather than 1.
+
 std::vector<std::vector<int>> split_cpus(std::vector<CpuInfo> cpus, int workers) {
   if (workers < 1 || static_cast<int>(cpus.size()) < workers) {
     std::vector<int> numbers;

@@ -212,6 +212,17 @@ std::string failure_hint(const Failure& f) {
   return {};
 }
 
+// Note [Root cause]
+// ~~~~~~~~~~~~~~~~~
+// When one rank dies, the others usually fail soon after (a broken collective, our own
+// SIGTERM), and only the first failure explains anything. A failure's time is the
+// timestamp in its error file when it wrote one (the moment it hit the error, which may be
+// well before it exited), else the moment the launcher saw it exit; the earliest is the
+// root cause, and the launcher exits with its status. Workers that ended only because the
+// launcher stopped them, without an error file, are not failures: the report names them on
+// one line. Across nodes the first agent to announce a failure (compare_set on the
+// attempt's "failed" key) publishes its root cause, and every node prints that one.
+
 size_t pick_root_cause(const std::vector<Failure>& failures) {
   MTRAIN_CHECK(!failures.empty(), "no failures to choose a root cause from");
   size_t best = 0;

@@ -1,17 +1,6 @@
 // Worker failures, their error files, the choice of root cause, and the report printed
-// on stderr when a gang fails (or stops on a signal, Note [Workers stopped on a signal]).
-//
-// Note [Root cause]
-// ~~~~~~~~~~~~~~~~~
-// When one rank dies, the others usually fail soon after (a broken collective, our own
-// SIGTERM), and only the first failure explains anything. Each failure gets a time:
-// the timestamp from the worker's error file when it wrote one (the moment it hit the
-// error, which may be well before it exited), else the moment the launcher saw it exit.
-// The earliest is the root cause; the launcher exits with its status. Workers that
-// ended only because the launcher stopped them, without writing an error file, are not
-// failures: the report lists them in one summary line. Across nodes, the first agent to
-// publish its root cause in the store (compare_set on the attempt's "failed" key) wins,
-// and every node prints and exits with that one.
+// on stderr when a gang fails, or stops on a signal (Note [Workers stopped on a signal]
+// in attempt.cpp).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -48,19 +37,6 @@ nlohmann::json failure_to_json(const Failure& f);
 // Throws InvalidArgument when `j` is not a Failure written by failure_to_json.
 Failure failure_from_json(const nlohmann::json& j);
 
-// Note [Workers stopped on a signal]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// mtrain-train stops after the current step on SIGTERM, SIGINT or SIGUSR1, writes its
-// checkpoint, leaves a record with a "stopped" object in its error file and exits with
-// kStoppedExitCode (core/main_guard.h: 75, EX_TEMPFAIL, unfinished and resumable). The launcher takes
-// a worker for stopped, not failed, only when both are there (75 alone could be any
-// program's). A stopped worker starts no teardown: its peers stop after the same step
-// (the ranks agree on it), so the launcher waits for them, up to --term_timeout before
-// it SIGTERMs the stragglers. When every worker stopped, the launcher prints the stop
-// report instead of a failure report, does not restart the gang (a signal asked it to
-// stop; the scheduler wants the resources back) and exits with 75 too, whether the
-// signal reached the launcher or the workers.
-
 // The "stopped" object of a worker's record (trainer/stopping/error_file.h).
 struct StopInfo {
   std::string signal;       // "SIGTERM"
@@ -91,7 +67,8 @@ std::string signal_hint(int sig, bool sent_by_launcher);
 // Advice for the failure as a whole (signals, and shell-style exit codes 129..192).
 std::string failure_hint(const Failure& f);
 
-// Index of the earliest failure (Note [Root cause]); `failures` must not be empty.
+// Index of the earliest failure: by the error file's timestamp where there is one, else by
+// the exit time (Note [Root cause] in failure_report.cpp). `failures` must not be empty.
 size_t pick_root_cause(const std::vector<Failure>& failures);
 
 struct FailureReport {

@@ -43,6 +43,18 @@ bool LogStreams::needs_files(const LaunchOptions& options) {
   return options.redirects.any() || options.tee.any();
 }
 
+// Note [Worker output routing]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Each stream of a worker, from --redirects, --tee and --local_ranks_filter, is one of
+//   console  - the launcher's own stream, inherited: nothing is copied;
+//   file     - the worker writes straight into <attempt dir>/<rank>/<stream>.log;
+//   tee      - a pipe; one pump thread copies every chunk to the file and every complete
+//              line to the console prefixed "[rank<N>]:";
+//   discard  - /dev/null (a filtered-out rank that is not redirected).
+// Outside --local_ranks_filter, `tee` degrades to `file`. The pump copies bytes, so a
+// worker that floods its output is slowed by the console as it would be without the
+// launcher, and the main thread, which watches the workers' exits, never waits for it.
+
 LogStreams::Route LogStreams::route_for(int local_rank, int bit) const {
   const bool shown = !options_.local_ranks_filter || options_.local_ranks_filter->count(local_rank);
   const bool tee = options_.tee.for_local_rank(local_rank) & bit;

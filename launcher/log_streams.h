@@ -1,18 +1,8 @@
-// Where each worker's stdout and stderr go: the console, a log file, both (tee), or
-// nowhere (--local_ranks_filter).
-//
-// Note [Worker output routing]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// For each worker stream, from --redirects, --tee and --local_ranks_filter:
-//   console  - the worker inherits the launcher's stream (no copying at all);
-//   file     - the worker writes straight into <attempt dir>/<rank>/<stream>.log;
-//   tee      - the worker writes into a pipe; one pump thread copies every chunk to the
-//              file and every complete line to the console prefixed "[rank<N>]:";
-//   discard  - /dev/null (a filtered-out rank that is not redirected).
-// A rank outside --local_ranks_filter keeps its files but never reaches the console,
-// so `tee` degrades to `file` for it. The pump copies bytes, so a worker that floods its
-// output is slowed by the console, as it would be without the launcher; it never makes
-// the launcher miss a worker's exit, which the main thread watches.
+// Where each worker's stdout and stderr go, from --redirects, --tee and
+// --local_ranks_filter: the console, <attempt dir>/<rank>/<stream>.log, both (tee: each
+// console line prefixed "[rank<N>]:"), or nowhere. Files keep every byte; a worker's
+// output never delays the launcher's supervision (Note [Worker output routing] in
+// log_streams.cpp).
 #pragma once
 
 #include <atomic>

@@ -1,6 +1,7 @@
 #include "launcher/options.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -8,47 +9,13 @@
 #include <cstdlib>
 #include <cxxopts.hpp>
 #include <filesystem>
+#include <string_view>
 
 #include "core/env.h"
 #include "core/error.h"
 
 namespace mtrain::launch {
 namespace {
-
-struct FlagInfo {
-  const char* name;  // underscore spelling
-  bool takes_value;
-};
-
-// Every launcher flag; split_launcher_args() needs to know which ones take a value to
-// find where the program starts (Note [Launcher command line]).
-constexpr FlagInfo kFlags[] = {
-    {"nproc_per_node", true}, {"nnodes", true},         {"node_rank", true},
-    {"master_addr", true},    {"master_port", true},    {"rdzv_endpoint", true},
-    {"rdzv_id", true},        {"rdzv_backend", true},   {"rdzv_timeout", true},
-    {"rdzv_last_call", true}, {"standalone", false},    {"max_restarts", true},
-    {"monitor_interval", true}, {"term_timeout", true}, {"heartbeat_timeout", true},
-    {"log_dir", true},
-    {"redirects", true},      {"tee", true},            {"local_ranks_filter", true},
-    {"role", true},           {"cpu_bind", true},       {"no_python", false},
-    {"help", false},
-};
-
-const FlagInfo* find_flag(const std::string& name) {
-  for (const auto& f : kFlags) {
-    if (name == f.name) return &f;
-  }
-  return nullptr;
-}
-
-std::string short_to_long(char c) {
-  switch (c) {
-    case 'r': return "redirects";
-    case 't': return "tee";
-    case 'h': return "help";
-    default: return {};
-  }
-}
 
 // Durations become clock deadlines and poll() timeouts in milliseconds: 1e6 s (11.5
 // days) keeps both far from overflow and is longer than any scheduler's time limit.
@@ -87,6 +54,372 @@ int count_usable_cpus() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
+// The flags whose meaning depends on other flags, kept as given (nullopt: absent) until
+// every flag is read: --standalone overrides the rendezvous flags, an endpoint makes the
+// rendezvous dynamic, and node and local ranks are checked against the counts.
+struct DependentFlags {
+  std::string nnodes;  // as given, for messages
+  std::optional<std::string> node_rank;
+  std::optional<std::string> master_addr;
+  std::optional<std::string> master_port;
+  std::optional<std::string> rdzv_endpoint;
+  std::optional<std::string> rdzv_id;
+  std::optional<std::string> rdzv_backend;
+  std::optional<std::string> local_ranks_filter;
+};
+
+// What the flag table's readers fill in.
+struct CommandLine {
+  LaunchOptions options;
+  DependentFlags dependent;
+};
+
+// Checks a flag's value and stores it; `flag` is "--name", for messages.
+using ReadFlag = void (*)(CommandLine& line, const std::string& flag, const std::string& value);
+
+// One launcher flag: all that --help, cxxopts and the parser know about it.
+struct Flag {
+  const char* name;           // underscore spelling; the dashed one is accepted too
+  char alias;                 // torchrun's one-letter spelling (-r for --redirects), or 0
+  const char* value;          // the value as --help names it; nullptr: a switch
+  const char* default_value;  // read when the flag is absent; nullptr: absent stays absent
+  const char* help;           // "{default}" shows default_value; '\n' starts a line
+  ReadFlag read;
+};
+
+enum class Zero { kRefused, kAllowed };
+
+template <Seconds LaunchOptions::*kField, Zero kZero>
+void read_seconds(CommandLine& line, const std::string& flag, const std::string& value) {
+  line.options.*kField = Seconds(parse_seconds(value, flag, kZero == Zero::kAllowed));
+}
+
+template <StreamSelection LaunchOptions::*kField>
+void read_streams(CommandLine& line, const std::string& flag, const std::string& value) {
+  line.options.*kField = parse_stream_selection(value, flag);
+}
+
+template <std::optional<std::string> DependentFlags::*kField>
+void read_later(CommandLine& line, const std::string&, const std::string& value) {
+  line.dependent.*kField = value;
+}
+
+void read_nothing(CommandLine&, const std::string&, const std::string&) {}
+
+// Every launcher flag, in the order of --help and of reading: when several values are
+// wrong, the first one here is reported. The dependent flags are resolved after all.
+constexpr Flag kFlags[] = {
+    {"nproc_per_node", 0, "N|cpu|gpu|auto", "1", "workers on this node (default {default})",
+     [](CommandLine& line, const std::string&, const std::string& value) {
+       line.options.nproc_per_node = parse_nproc_per_node(value);
+     }},
+    {"nnodes", 0, "N|MIN:MAX", "1", "nodes in the job (MIN:MAX needs --rdzv_endpoint)",
+     [](CommandLine& line, const std::string&, const std::string& value) {
+       std::tie(line.options.min_nodes, line.options.max_nodes) = parse_nnodes(value);
+       line.dependent.nnodes = value;
+     }},
+    {"node_rank", 0, "R", nullptr, "this node's rank, static rendezvous (default 0)",
+     read_later<&DependentFlags::node_rank>},
+    {"master_addr", 0, "ADDR", nullptr,
+     "static: address node 0's store binds and every node\n"
+     "dials (default 127.0.0.1)",
+     read_later<&DependentFlags::master_addr>},
+    {"master_port", 0, "PORT", nullptr,
+     "static: store port; 0 = a free port (single node\n"
+     "only). Default: free port on one node, 29500 on many",
+     read_later<&DependentFlags::master_port>},
+    {"rdzv_endpoint", 0, "HOST[:PORT]", nullptr,
+     "dynamic rendezvous store (default port 29400); the\n"
+     "agent that can bind it hosts the store",
+     read_later<&DependentFlags::rdzv_endpoint>},
+    {"rdzv_id", 0, "ID", nullptr, "job id shared by every node (default \"none\")",
+     read_later<&DependentFlags::rdzv_id>},
+    {"rdzv_backend", 0, "static|c10d", nullptr, "torchrun compatibility; c10d = dynamic",
+     read_later<&DependentFlags::rdzv_backend>},
+    {"rdzv_timeout", 0, "S", "120", "seconds to wait for the other nodes (default {default})",
+     read_seconds<&LaunchOptions::rdzv_timeout, Zero::kRefused>},
+    {"rdzv_last_call", 0, "S", "3",
+     "dynamic, MIN < MAX: seconds to wait for more nodes\n"
+     "once MIN have joined (default {default})",
+     read_seconds<&LaunchOptions::rdzv_last_call, Zero::kAllowed>},
+    {"standalone", 0, nullptr, nullptr, "one node, a free port on 127.0.0.1, a random run id",
+     [](CommandLine& line, const std::string&, const std::string&) { line.options.standalone = true; }},
+    {"max_restarts", 0, "K", "0", "restart the whole gang up to K times (default {default})",
+     [](CommandLine& line, const std::string& flag, const std::string& value) {
+       line.options.max_restarts = static_cast<int>(env::parse_int(value, flag, 0, 1 << 20));
+     }},
+    {"monitor_interval", 0, "S", "0.1", "how often to look for other nodes' failures ({default})",
+     read_seconds<&LaunchOptions::monitor_interval, Zero::kRefused>},
+    {"term_timeout", 0, "S", "30", "grace between SIGTERM and SIGKILL (default {default})",
+     read_seconds<&LaunchOptions::term_timeout, Zero::kAllowed>},
+    {"heartbeat_timeout", 0, "S", "30",
+     "several nodes: a launcher silent this long is lost,\n"
+     "and its job stops (default {default})",
+     read_seconds<&LaunchOptions::heartbeat_timeout, Zero::kRefused>},
+    {"log_dir", 0, "DIR", nullptr, "DIR/attempt_<k>/<rank>/{stdout,stderr}.log",
+     [](CommandLine& line, const std::string& flag, const std::string& value) {
+       if (value.empty()) throw InvalidArgument(fmt::format("{}: expected a directory, found ''", flag));
+       line.options.log_dir = value;
+     }},
+    {"redirects", 'r', "0-3|R:V,...", "0", "streams to files: 1 stdout, 2 stderr, 3 both",
+     read_streams<&LaunchOptions::redirects>},
+    {"tee", 't', "0-3|R:V,...", "0",
+     "like --redirects and also to the console, with a\n"
+     "[rank<N>]: prefix",
+     read_streams<&LaunchOptions::tee>},
+    {"local_ranks_filter", 0, "R,...", nullptr, "only these local ranks print to the console",
+     read_later<&DependentFlags::local_ranks_filter>},
+    {"role", 0, "NAME", "default", "ROLE_NAME for the workers (default \"{default}\")",
+     [](CommandLine& line, const std::string& flag, const std::string& value) {
+       if (value.empty()) throw InvalidArgument(fmt::format("{}: expected a non-empty name", flag));
+       line.options.role = value;
+     }},
+    {"cpu_bind", 0, "none|cores", "none",
+     "cores: each worker runs on its own equal share of\n"
+     "this launcher's CPUs, and OMP_NUM_THREADS defaults to\n"
+     "the share's size (like mpirun --bind-to core).\n"
+     "Default {default}",
+     [](CommandLine& line, const std::string& flag, const std::string& value) {
+       if (value == "cores") {
+         line.options.cpu_bind = CpuBind::kCores;
+       } else if (value != "none") {
+         throw InvalidArgument(fmt::format("{}: expected 'none' or 'cores', found '{}'", flag, value));
+       }
+     }},
+    {"no_python", 0, nullptr, nullptr, "accepted for torchrun compatibility (always true)",
+     read_nothing},
+    {"help", 'h', nullptr, nullptr, "this text", read_nothing},
+};
+
+const Flag* find_flag(const std::string& name) {
+  for (const Flag& flag : kFlags) {
+    if (name == flag.name) return &flag;
+  }
+  return nullptr;
+}
+
+std::string name_of_alias(char alias) {
+  for (const Flag& flag : kFlags) {
+    if (flag.alias != 0 && flag.alias == alias) return flag.name;
+  }
+  return {};
+}
+
+bool takes_value(const Flag& flag) { return flag.value != nullptr; }
+
+std::string help_of(const Flag& flag) {
+  std::string text = flag.help;
+  constexpr std::string_view kDefault = "{default}";
+  if (const size_t at = text.find(kDefault); at != std::string::npos) {
+    MTRAIN_CHECK(flag.default_value != nullptr, "--{} shows a default it does not have", flag.name);
+    text.replace(at, kDefault.size(), flag.default_value);
+  }
+  return text;
+}
+
+// "  --name VALUE  help", the help in a column of its own. The flag and its value must
+// fit in kHelpColumn - 4 characters.
+constexpr size_t kHelpColumn = 35;
+
+std::string usage_entry(const Flag& flag) {
+  std::string spelling = flag.alias != 0 ? fmt::format("-{}, --{}", flag.alias, flag.name)
+                                         : fmt::format("--{}", flag.name);
+  if (takes_value(flag)) spelling += fmt::format(" {}", flag.value);
+  std::string entry;
+  for (const std::string& line : split(help_of(flag), '\n')) {
+    entry += fmt::format("  {:<{}}{}\n", entry.empty() ? spelling : "", kHelpColumn - 2, line);
+  }
+  return entry;
+}
+
+// split_launcher_args() has checked the names and which flags take a value; cxxopts
+// reads the values, and the table's defaults for flags that are absent.
+cxxopts::Options flag_spec() {
+  cxxopts::Options spec("mtrain-launch");
+  auto add = spec.add_options();
+  for (const Flag& flag : kFlags) {
+    if (!takes_value(flag)) {
+      add(flag.name, help_of(flag));
+    } else if (flag.default_value == nullptr) {
+      add(flag.name, help_of(flag), cxxopts::value<std::string>());
+    } else {
+      add(flag.name, help_of(flag), cxxopts::value<std::string>()->default_value(flag.default_value));
+    }
+  }
+  return spec;
+}
+
+cxxopts::ParseResult parse_flags(cxxopts::Options& spec, const std::vector<std::string>& launcher_args) {
+  std::vector<const char*> argv{"mtrain-launch"};
+  for (const auto& a : launcher_args) argv.push_back(a.c_str());
+  try {
+    return spec.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw InvalidArgument(e.what());
+  }
+}
+
+CommandLine read_flags(const cxxopts::ParseResult& given) {
+  CommandLine line;
+  for (const Flag& flag : kFlags) {
+    if (given.count(flag.name) == 0 && flag.default_value == nullptr) continue;
+    const std::string value = takes_value(flag) ? given[flag.name].as<std::string>() : "";
+    flag.read(line, fmt::format("--{}", flag.name), value);
+  }
+  return line;
+}
+
+// An endpoint, or --rdzv_backend c10d, means the dynamic rendezvous.
+void check_backend(const DependentFlags& given, bool standalone) {
+  const std::string backend = given.rdzv_backend.value_or("");
+  if (given.rdzv_backend && backend != "static" && backend != "c10d") {
+    throw InvalidArgument(
+        fmt::format("--rdzv_backend: expected 'static' or 'c10d', found '{}'", backend));
+  }
+  if (backend == "static" && given.rdzv_endpoint) {
+    throw InvalidArgument("--rdzv_endpoint belongs to the dynamic rendezvous "
+                          "(--rdzv_backend c10d); the static one uses --master_addr and "
+                          "--master_port");
+  }
+  if (backend == "c10d" && !given.rdzv_endpoint && !standalone) {
+    throw InvalidArgument("--rdzv_backend c10d: expected --rdzv_endpoint HOST:PORT, found none");
+  }
+}
+
+void resolve_standalone(const DependentFlags& given, LaunchOptions& o,
+                        std::vector<std::string>& ignored) {
+  if (o.max_nodes != 1) {
+    throw InvalidArgument(fmt::format(
+        "--standalone runs a single node, found --nnodes {}", given.nnodes));
+  }
+  // As torchrun, --standalone overrides the rendezvous flags; they are still checked,
+  // so that a typo is not hidden until the flag is used without --standalone.
+  if (given.master_addr && given.master_addr->empty()) {
+    throw InvalidArgument("--master_addr: expected an address, found ''");
+  }
+  if (given.master_port) env::parse_int(*given.master_port, "--master_port", 0, 65535);
+  if (given.rdzv_endpoint) parse_endpoint(*given.rdzv_endpoint, "--rdzv_endpoint", kDefaultRdzvPort);
+  if (given.rdzv_id && given.rdzv_id->empty()) throw InvalidArgument("--rdzv_id: expected a non-empty job id");
+  const std::pair<const char*, const std::optional<std::string>*> overridden[] = {
+      {"master_addr", &given.master_addr},     {"master_port", &given.master_port},
+      {"rdzv_endpoint", &given.rdzv_endpoint}, {"rdzv_backend", &given.rdzv_backend},
+      {"rdzv_id", &given.rdzv_id}};
+  for (const auto& [flag, value] : overridden) {
+    if (*value) {
+      ignored.push_back(fmt::format(
+          "--{} {} is ignored: --standalone runs its own store on 127.0.0.1 at a free port with a random "
+          "run id",
+          flag, **value));
+    }
+  }
+  o.mode = RendezvousMode::kStatic;
+  o.store_host = "127.0.0.1";
+  o.store_port = 0;
+  o.rdzv_id.clear();  // the agent draws a random one
+}
+
+void resolve_dynamic(const DependentFlags& given, LaunchOptions& o) {
+  o.mode = RendezvousMode::kDynamic;
+  std::tie(o.store_host, o.store_port) =
+      parse_endpoint(*given.rdzv_endpoint, "--rdzv_endpoint", kDefaultRdzvPort);
+  if (o.multi_node() && o.store_port == 0) {
+    throw InvalidArgument("--rdzv_endpoint: port 0 cannot be used with several nodes "
+                          "(every node must know the port in advance); give a fixed port");
+  }
+  if (given.master_addr || given.master_port) {
+    throw InvalidArgument("--master_addr/--master_port belong to the static rendezvous; "
+                          "with --rdzv_endpoint the store lives at the endpoint");
+  }
+}
+
+void resolve_static(const DependentFlags& given, LaunchOptions& o) {
+  if (o.min_nodes != o.max_nodes) {
+    throw InvalidArgument(fmt::format(
+        "--nnodes {}: MIN:MAX needs the dynamic rendezvous (--rdzv_endpoint HOST:PORT "
+        "--rdzv_id ID); the static one needs a fixed node count",
+        given.nnodes));
+  }
+  o.mode = RendezvousMode::kStatic;
+  if (given.master_addr) o.store_host = *given.master_addr;
+  if (o.store_host.empty()) throw InvalidArgument("--master_addr: expected an address, found ''");
+  if (given.master_port) {
+    o.store_port = static_cast<uint16_t>(
+        env::parse_int(*given.master_port, "--master_port", 0, 65535));
+    if (o.multi_node() && o.store_port == 0) {
+      throw InvalidArgument("--master_port 0 (a free port) works only on a single node: "
+                            "the other nodes could not know the port; give a fixed port");
+    }
+  } else {
+    o.store_port = o.multi_node() ? kDefaultMasterPort : 0;
+  }
+}
+
+void resolve_node_rank(const DependentFlags& given, LaunchOptions& o) {
+  if (!given.node_rank) return;
+  const int64_t node_rank = env::parse_int(*given.node_rank, "--node_rank", 0);
+  // Dynamic: ranks come from join order; a --node_rank left in a script is ignored
+  // (the agent says so).
+  if (o.mode != RendezvousMode::kStatic) return;
+  if (node_rank >= o.max_nodes) {
+    throw InvalidArgument(fmt::format(
+        "--node_rank: expected a rank in [0, {}) for --nnodes {}, found {}", o.max_nodes,
+        o.max_nodes, node_rank));
+  }
+  o.node_rank = static_cast<int>(node_rank);
+}
+
+// Where the store is, whose it is, and this node's rank in it.
+void resolve_rendezvous(CommandLine& line, std::vector<std::string>& ignored) {
+  const DependentFlags& given = line.dependent;
+  LaunchOptions& o = line.options;
+  check_backend(given, o.standalone);
+  if (o.standalone) {
+    resolve_standalone(given, o, ignored);
+  } else if (given.rdzv_endpoint) {
+    resolve_dynamic(given, o);
+  } else {
+    resolve_static(given, o);
+  }
+  if (given.rdzv_id && !o.standalone) o.rdzv_id = *given.rdzv_id;
+  if (!o.standalone && o.rdzv_id.empty()) {
+    throw InvalidArgument("--rdzv_id: expected a non-empty job id");
+  }
+  resolve_node_rank(given, o);
+}
+
+// --redirects, --tee and --local_ranks_filter name local ranks: each below --nproc_per_node.
+void check_local_ranks(CommandLine& line) {
+  LaunchOptions& o = line.options;
+  for (const auto* sel : {&o.redirects, &o.tee}) {
+    for (const auto& [rank, bits] : sel->per_local_rank) {
+      if (rank >= o.nproc_per_node) {
+        throw InvalidArgument(fmt::format(
+            "{}: local rank {} is not below --nproc_per_node {}",
+            sel == &o.tee ? "--tee" : "--redirects", rank, o.nproc_per_node));
+      }
+    }
+  }
+  if (line.dependent.local_ranks_filter) {
+    std::set<int> ranks;
+    for (const std::string& item : split(*line.dependent.local_ranks_filter, ',')) {
+      ranks.insert(static_cast<int>(env::parse_int(
+          item, fmt::format("--local_ranks_filter (local ranks below {})", o.nproc_per_node), 0,
+          o.nproc_per_node - 1)));
+    }
+    o.local_ranks_filter = std::move(ranks);
+  }
+}
+
+void take_program(const std::vector<std::string>& program_and_args, LaunchOptions& o) {
+  if (program_and_args.empty()) {
+    throw InvalidArgument("expected a program to run after the options, found none "
+                          "(e.g. mtrain-launch --nproc_per_node=2 train --model mlp)");
+  }
+  o.program = program_and_args.front();
+  if (o.program.empty()) throw InvalidArgument("expected a program to run, found ''");
+  o.program_args.assign(program_and_args.begin() + 1, program_and_args.end());
+}
+
 }  // namespace
 
 int StreamSelection::for_local_rank(int local_rank) const {
@@ -100,6 +433,13 @@ bool StreamSelection::any() const {
   return std::any_of(per_local_rank.begin(), per_local_rank.end(),
                      [](const auto& kv) { return kv.second != 0; });
 }
+
+// Note [Launcher command line]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// cxxopts cannot stop at the first positional argument, so split_launcher_args() first
+// finds where the program starts, knowing from kFlags which flags take a value, and
+// normalises the launcher's part to underscores (both spellings are accepted, as torchrun
+// does) before cxxopts reads it.
 
 SplitArgs split_launcher_args(const std::vector<std::string>& args) {
   SplitArgs out;
@@ -120,24 +460,24 @@ SplitArgs split_launcher_args(const std::vector<std::string>& args) {
       std::replace(name.begin(), name.end(), '-', '_');
       if (eq != std::string::npos) value = arg.substr(eq + 1);
     } else {
-      name = short_to_long(arg[1]);
+      name = name_of_alias(arg[1]);
       if (arg.size() > 2) value = arg.substr(arg[2] == '=' ? 3 : 2);
     }
-    const FlagInfo* flag = name.empty() ? nullptr : find_flag(name);
+    const Flag* flag = name.empty() ? nullptr : find_flag(name);
     if (flag == nullptr) {
       throw InvalidArgument(fmt::format(
           "unknown option '{}' (launcher options go before the program; put '--' before a "
           "program whose name starts with '-'; see --help)",
           arg));
     }
-    if (flag->takes_value && !value) {
+    if (takes_value(*flag) && !value) {
       if (i + 1 >= args.size()) {
         throw InvalidArgument(fmt::format("--{}: expected a value, found the end of the "
                                           "command line", name));
       }
       value = args[++i];
     }
-    if (!flag->takes_value && value) {
+    if (!takes_value(*flag) && value) {
       throw InvalidArgument(fmt::format("--{} takes no value, found '{}'", name, *value));
     }
     out.launcher_args.push_back(value ? fmt::format("--{}={}", name, *value)
@@ -263,7 +603,7 @@ int parse_nproc_per_node(const std::string& text) {
 }
 
 std::string usage() {
-  return R"(usage: mtrain-launch [options] PROGRAM [ARGS...]
+  std::string text = R"(usage: mtrain-launch [options] PROGRAM [ARGS...]
 
 Starts --nproc_per_node workers of PROGRAM on this node (and joins other nodes), gives
 each one torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...),
@@ -273,234 +613,29 @@ executable path or name on PATH; ARGS are passed through untouched. Every option
 also accepts the dashed spelling (--nproc-per-node). Full guide: docs/launcher.md.
 
 options:
-  --nproc_per_node N|cpu|gpu|auto  workers on this node (default 1)
-  --nnodes N|MIN:MAX               nodes in the job (MIN:MAX needs --rdzv_endpoint)
-  --node_rank R                    this node's rank, static rendezvous (default 0)
-  --master_addr ADDR               static: address node 0's store binds and every node
-                                   dials (default 127.0.0.1)
-  --master_port PORT               static: store port; 0 = a free port (single node
-                                   only). Default: free port on one node, 29500 on many
-  --rdzv_endpoint HOST[:PORT]      dynamic rendezvous store (default port 29400); the
-                                   agent that can bind it hosts the store
-  --rdzv_id ID                     job id shared by every node (default "none")
-  --rdzv_backend static|c10d       torchrun compatibility; c10d = dynamic
-  --rdzv_timeout S                 seconds to wait for the other nodes (default 120)
-  --rdzv_last_call S               dynamic, MIN < MAX: seconds to wait for more nodes
-                                   once MIN have joined (default 3)
-  --standalone                     one node, a free port on 127.0.0.1, a random run id
-  --max_restarts K                 restart the whole gang up to K times (default 0)
-  --monitor_interval S             how often to look for other nodes' failures (0.1)
-  --term_timeout S                 grace between SIGTERM and SIGKILL (default 30)
-  --heartbeat_timeout S            several nodes: a launcher silent this long is lost,
-                                   and its job stops (default 30)
-  --log_dir DIR                    DIR/attempt_<k>/<rank>/{stdout,stderr}.log
-  -r, --redirects 0-3|R:V,...      streams to files: 1 stdout, 2 stderr, 3 both
-  -t, --tee 0-3|R:V,...            like --redirects and also to the console, with a
-                                   [rank<N>]: prefix
-  --local_ranks_filter R,...       only these local ranks print to the console
-  --role NAME                      ROLE_NAME for the workers (default "default")
-  --cpu_bind none|cores            cores: each worker runs on its own equal share of
-                                   this launcher's CPUs, and OMP_NUM_THREADS defaults to
-                                   the share's size (like mpirun --bind-to core).
-                                   Default none
-  --no_python                      accepted for torchrun compatibility (always true)
-  -h, --help                       this text
-
+)";
+  for (const Flag& flag : kFlags) text += usage_entry(flag);
+  text += R"(
 environment: MTRAIN_STORE_TOKEN (the store's job token; required with several
 nodes, generated otherwise).
 )";
+  return text;
 }
 
 ParsedCommandLine parse_command_line(const std::vector<std::string>& args) {
   const SplitArgs split_args = split_launcher_args(args);
-
-  cxxopts::Options spec("mtrain-launch");
-  spec.add_options()
-      ("nproc_per_node", "", cxxopts::value<std::string>()->default_value("1"))
-      ("nnodes", "", cxxopts::value<std::string>()->default_value("1"))
-      ("node_rank", "", cxxopts::value<std::string>())
-      ("master_addr", "", cxxopts::value<std::string>())
-      ("master_port", "", cxxopts::value<std::string>())
-      ("rdzv_endpoint", "", cxxopts::value<std::string>())
-      ("rdzv_id", "", cxxopts::value<std::string>())
-      ("rdzv_backend", "", cxxopts::value<std::string>())
-      ("rdzv_timeout", "", cxxopts::value<std::string>()->default_value("120"))
-      ("rdzv_last_call", "", cxxopts::value<std::string>()->default_value("3"))
-      ("standalone", "")
-      ("max_restarts", "", cxxopts::value<std::string>()->default_value("0"))
-      ("monitor_interval", "", cxxopts::value<std::string>()->default_value("0.1"))
-      ("term_timeout", "", cxxopts::value<std::string>()->default_value("30"))
-      ("heartbeat_timeout", "", cxxopts::value<std::string>()->default_value("30"))
-      ("log_dir", "", cxxopts::value<std::string>())
-      ("redirects", "", cxxopts::value<std::string>()->default_value("0"))
-      ("tee", "", cxxopts::value<std::string>()->default_value("0"))
-      ("local_ranks_filter", "", cxxopts::value<std::string>())
-      ("role", "", cxxopts::value<std::string>()->default_value("default"))
-      ("cpu_bind", "", cxxopts::value<std::string>()->default_value("none"))
-      ("no_python", "")
-      ("help", "");
-
-  std::vector<const char*> argv{"mtrain-launch"};
-  for (const auto& a : split_args.launcher_args) argv.push_back(a.c_str());
-  cxxopts::ParseResult r;
-  try {
-    r = spec.parse(static_cast<int>(argv.size()), argv.data());
-  } catch (const cxxopts::exceptions::exception& e) {
-    throw InvalidArgument(e.what());
-  }
-
+  cxxopts::Options spec = flag_spec();
+  const cxxopts::ParseResult given = parse_flags(spec, split_args.launcher_args);
   ParsedCommandLine parsed;
-  if (r.count("help")) {
+  if (given.count("help")) {
     parsed.help = true;
     return parsed;
   }
-  LaunchOptions& o = parsed.options;
-  const auto str = [&](const char* name) { return r[name].as<std::string>(); };
-
-  o.nproc_per_node = parse_nproc_per_node(str("nproc_per_node"));
-  std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(str("nnodes"));
-  o.max_restarts = static_cast<int>(env::parse_int(str("max_restarts"), "--max_restarts", 0,
-                                                   1 << 20));
-  o.monitor_interval = Seconds(parse_seconds(str("monitor_interval"), "--monitor_interval", false));
-  o.term_timeout = Seconds(parse_seconds(str("term_timeout"), "--term_timeout", true));
-  o.heartbeat_timeout = Seconds(parse_seconds(str("heartbeat_timeout"), "--heartbeat_timeout", false));
-  o.rdzv_timeout = Seconds(parse_seconds(str("rdzv_timeout"), "--rdzv_timeout", false));
-  o.rdzv_last_call = Seconds(parse_seconds(str("rdzv_last_call"), "--rdzv_last_call", true));
-  o.role = str("role");
-  if (o.role.empty()) throw InvalidArgument("--role: expected a non-empty name");
-  o.standalone = r.count("standalone") > 0;
-  if (const std::string bind = str("cpu_bind"); bind == "cores") {
-    o.cpu_bind = CpuBind::kCores;
-  } else if (bind != "none") {
-    throw InvalidArgument(fmt::format("--cpu_bind: expected 'none' or 'cores', found '{}'", bind));
-  }
-
-  // Rendezvous mode: an endpoint (or --rdzv_backend c10d) means dynamic.
-  std::string backend = r.count("rdzv_backend") ? str("rdzv_backend") : "";
-  if (r.count("rdzv_backend") && backend != "static" && backend != "c10d") {
-    throw InvalidArgument(
-        fmt::format("--rdzv_backend: expected 'static' or 'c10d', found '{}'", backend));
-  }
-  const bool has_endpoint = r.count("rdzv_endpoint") > 0;
-  if (backend == "static" && has_endpoint) {
-    throw InvalidArgument("--rdzv_endpoint belongs to the dynamic rendezvous "
-                          "(--rdzv_backend c10d); the static one uses --master_addr and "
-                          "--master_port");
-  }
-  if (backend == "c10d" && !has_endpoint && !o.standalone) {
-    throw InvalidArgument("--rdzv_backend c10d: expected --rdzv_endpoint HOST:PORT, found none");
-  }
-
-  if (o.standalone) {
-    if (o.max_nodes != 1) {
-      throw InvalidArgument(fmt::format(
-          "--standalone runs a single node, found --nnodes {}", str("nnodes")));
-    }
-    // As torchrun, --standalone overrides the rendezvous flags; they are still checked,
-    // so that a typo is not hidden until the flag is used without --standalone.
-    if (r.count("master_addr") && str("master_addr").empty()) {
-      throw InvalidArgument("--master_addr: expected an address, found ''");
-    }
-    if (r.count("master_port")) env::parse_int(str("master_port"), "--master_port", 0, 65535);
-    if (has_endpoint) parse_endpoint(str("rdzv_endpoint"), "--rdzv_endpoint", kDefaultRdzvPort);
-    if (r.count("rdzv_id") && str("rdzv_id").empty()) throw InvalidArgument("--rdzv_id: expected a non-empty job id");
-    for (const char* flag : {"master_addr", "master_port", "rdzv_endpoint", "rdzv_backend", "rdzv_id"}) {
-      if (r.count(flag)) {
-        parsed.ignored.push_back(fmt::format(
-            "--{} {} is ignored: --standalone runs its own store on 127.0.0.1 at a free port with a random "
-            "run id",
-            flag, str(flag)));
-      }
-    }
-    o.mode = RendezvousMode::kStatic;
-    o.store_host = "127.0.0.1";
-    o.store_port = 0;
-    o.rdzv_id.clear();  // the agent draws a random one
-  } else if (has_endpoint) {
-    o.mode = RendezvousMode::kDynamic;
-    std::tie(o.store_host, o.store_port) =
-        parse_endpoint(str("rdzv_endpoint"), "--rdzv_endpoint", kDefaultRdzvPort);
-    if (o.multi_node() && o.store_port == 0) {
-      throw InvalidArgument("--rdzv_endpoint: port 0 cannot be used with several nodes "
-                            "(every node must know the port in advance); give a fixed port");
-    }
-    if (r.count("master_addr") || r.count("master_port")) {
-      throw InvalidArgument("--master_addr/--master_port belong to the static rendezvous; "
-                            "with --rdzv_endpoint the store lives at the endpoint");
-    }
-  } else {
-    if (o.min_nodes != o.max_nodes) {
-      throw InvalidArgument(fmt::format(
-          "--nnodes {}: MIN:MAX needs the dynamic rendezvous (--rdzv_endpoint HOST:PORT "
-          "--rdzv_id ID); the static one needs a fixed node count",
-          str("nnodes")));
-    }
-    o.mode = RendezvousMode::kStatic;
-    if (r.count("master_addr")) o.store_host = str("master_addr");
-    if (o.store_host.empty()) throw InvalidArgument("--master_addr: expected an address, found ''");
-    if (r.count("master_port")) {
-      o.store_port = static_cast<uint16_t>(
-          env::parse_int(str("master_port"), "--master_port", 0, 65535));
-      if (o.multi_node() && o.store_port == 0) {
-        throw InvalidArgument("--master_port 0 (a free port) works only on a single node: "
-                              "the other nodes could not know the port; give a fixed port");
-      }
-    } else {
-      o.store_port = o.multi_node() ? kDefaultMasterPort : 0;
-    }
-  }
-  if (r.count("rdzv_id") && !o.standalone) o.rdzv_id = str("rdzv_id");
-  if (!o.standalone && o.rdzv_id.empty()) {
-    throw InvalidArgument("--rdzv_id: expected a non-empty job id");
-  }
-
-  if (r.count("node_rank")) {
-    const int64_t node_rank = env::parse_int(str("node_rank"), "--node_rank", 0);
-    if (o.mode == RendezvousMode::kStatic) {
-      if (node_rank >= o.max_nodes) {
-        throw InvalidArgument(fmt::format(
-            "--node_rank: expected a rank in [0, {}) for --nnodes {}, found {}", o.max_nodes,
-            o.max_nodes, node_rank));
-      }
-      o.node_rank = static_cast<int>(node_rank);
-    }
-    // Dynamic: ranks come from join order; a --node_rank left in a script is ignored
-    // (the agent says so).
-  }
-
-  if (r.count("log_dir")) {
-    o.log_dir = str("log_dir");
-    if (o.log_dir->empty()) throw InvalidArgument("--log_dir: expected a directory, found ''");
-  }
-  o.redirects = parse_stream_selection(str("redirects"), "--redirects");
-  o.tee = parse_stream_selection(str("tee"), "--tee");
-  for (const auto* sel : {&o.redirects, &o.tee}) {
-    for (const auto& [rank, bits] : sel->per_local_rank) {
-      if (rank >= o.nproc_per_node) {
-        throw InvalidArgument(fmt::format(
-            "{}: local rank {} is not below --nproc_per_node {}",
-            sel == &o.tee ? "--tee" : "--redirects", rank, o.nproc_per_node));
-      }
-    }
-  }
-  if (r.count("local_ranks_filter")) {
-    std::set<int> ranks;
-    for (const std::string& item : split(str("local_ranks_filter"), ',')) {
-      ranks.insert(static_cast<int>(env::parse_int(
-          item, fmt::format("--local_ranks_filter (local ranks below {})", o.nproc_per_node), 0,
-          o.nproc_per_node - 1)));
-    }
-    o.local_ranks_filter = std::move(ranks);
-  }
-
-  if (split_args.program_and_args.empty()) {
-    throw InvalidArgument("expected a program to run after the options, found none "
-                          "(e.g. mtrain-launch --nproc_per_node=2 train --model mlp)");
-  }
-  o.program = split_args.program_and_args.front();
-  if (o.program.empty()) throw InvalidArgument("expected a program to run, found ''");
-  o.program_args.assign(split_args.program_and_args.begin() + 1,
-                        split_args.program_and_args.end());
+  CommandLine line = read_flags(given);
+  resolve_rendezvous(line, parsed.ignored);
+  check_local_ranks(line);
+  parsed.options = std::move(line.options);
+  take_program(split_args.program_and_args, parsed.options);
   return parsed;
 }
 

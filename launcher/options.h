@@ -1,15 +1,11 @@
 // mtrain-launch's command line: parsing and validation into LaunchOptions.
 //
-// Note [Launcher command line]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Everything before the program belongs to the launcher; the program and everything
-// after it are passed to the workers untouched, even when they look like flags
-// (`mtrain-launch --nproc_per_node=3 sh -c '...'`). cxxopts cannot stop at the first
-// positional argument, so split_launcher_args() finds that boundary first, using the
-// table of which flags take a value; `--` ends the launcher's flags explicitly.
-// Both spellings of every flag are accepted (`--nproc_per_node`, `--nproc-per-node`),
-// as torchrun does: the launcher's part is normalised to underscores before cxxopts
-// sees it.
+// after it reach the workers untouched, even when they look like flags
+// (`mtrain-launch --nproc_per_node=3 sh -c '...'`), and `--` ends the launcher's part
+// explicitly. Every flag has an underscore and a dash spelling (`--nproc_per_node`,
+// `--nproc-per-node`). The flags are the rows of kFlags in options.cpp: --help, the
+// parser and the defaults all come from there (Note [Launcher command line]).
 #pragma once
 
 #include <chrono>
@@ -36,6 +32,7 @@ struct StreamSelection {
 
   int for_local_rank(int local_rank) const;
   bool any() const;
+  bool operator==(const StreamSelection&) const = default;
 };
 
 inline constexpr int kStdoutBit = 1;
@@ -68,7 +65,7 @@ struct LaunchOptions {
   Seconds monitor_interval{0.1};
   Seconds term_timeout{30.0};
   // Several nodes: a node whose launcher has not been heard from for this long is lost
-  // (Note [Agent heartbeats] in agent.h); also the longest one store request may take.
+  // (Note [Agent heartbeats] in heartbeats.cpp); also the longest one store request may take.
   Seconds heartbeat_timeout{30.0};
   Seconds rdzv_timeout{120.0};
   Seconds rdzv_last_call{3.0};
@@ -78,12 +75,13 @@ struct LaunchOptions {
   StreamSelection tee;
   std::optional<std::set<int>> local_ranks_filter;  // nullopt = every local rank
   std::string role = "default";
-  CpuBind cpu_bind = CpuBind::kNone;  // Note [Binding workers to CPUs] (cpu_binding.h)
+  CpuBind cpu_bind = CpuBind::kNone;  // Note [Binding workers to CPUs] (cpu_binding.cpp)
 
   std::string program;                    // as given: "train", "./a.out", "sh"
   std::vector<std::string> program_args;  // passed through untouched
 
   bool multi_node() const { return max_nodes > 1; }
+  bool operator==(const LaunchOptions&) const = default;
 };
 
 // The launcher's own arguments and the program with its arguments.

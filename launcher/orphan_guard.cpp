@@ -45,6 +45,18 @@ struct Message {
 
 }  // namespace
 
+// Note [Workers die with the launcher]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// PR_SET_PDEATHSIG kills each worker when the launcher dies, but not the worker's own
+// children, which would become orphans holding memory, ports and GPUs (reference-semantics
+// §6). So the launcher forks a sentinel before any thread or worker exists and tells it
+// every worker's process group through a pipe whose only write end it holds
+// (close-on-exec, so no worker inherits it): when the launcher dies for any reason the
+// kernel closes it, and the sentinel SIGKILLs every group it still knows. The sentinel has
+// its own process group and ignores the usual termination signals, so a Ctrl-C or
+// `kill -- -<launcher pgid>` that takes the launcher does not take the sentinel first.
+// After a normal exit every group was released: the sentinel finds nothing to kill.
+
 OrphanGuard::OrphanGuard() {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {

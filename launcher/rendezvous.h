@@ -19,7 +19,7 @@
 //   failed         the first failure notice (compare_set: the first node wins)
 //   root_cause     the winning node's full root cause, published after its teardown
 //   succeeded      counter of nodes whose workers all exited 0
-//   alive/<node>   that node's heartbeat counter (Note [Agent heartbeats] in agent.h)
+//   alive/<node>   that node's heartbeat counter (Note [Agent heartbeats] in heartbeats.cpp)
 // and "launch/<run id>/left" counts agents that are done with the store, so that the
 // hosting agent keeps it alive until every other agent has read its last key.
 #pragma once

@@ -28,6 +28,14 @@ constexpr int kHandled[] = {SIGCHLD, SIGUSR1, SIGUSR2, SIGINT, SIGTERM, SIGHUP, 
 
 }  // namespace
 
+// Note [Launcher signals]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A self-pipe rather than signalfd: signalfd only sees signals blocked in every thread,
+// and the store library starts threads of its own. The handler writes the signal number
+// (one byte, async-signal-safe), so poll() on the read end wakes the supervision loop at
+// once: a worker's exit (SIGCHLD) is noticed immediately, not at the next monitor tick.
+// SIGPIPE is ignored: a closed console or socket must not kill the supervisor.
+
 SignalPipe::SignalPipe() {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {

@@ -1,24 +1,11 @@
-// The launcher's signals, turned into bytes on a pipe that the supervision loop polls.
-//
-// Note [Launcher signals]
-// ~~~~~~~~~~~~~~~~~~~~~~~
-// A self-pipe rather than signalfd: signalfd only sees signals blocked in every thread,
-// and the store library starts threads of its own. The handler writes the signal number
-// (one byte, async-signal-safe) and poll() on the read end wakes the loop at once, so a
-// worker's exit (SIGCHLD) is noticed immediately, not at the next monitor tick.
-//   SIGCHLD                          wake up and reap
-//   SIGUSR1, SIGUSR2                 forwarded to every worker's process group (SLURM
-//                                    sends these before preemption); supervision goes on.
-//                                    mtrain-train stops after its current step on SIGUSR1
-//                                    (Note [Workers stopped on a signal] in
-//                                    failure_report.h says what the launcher does then)
-//   SIGINT, SIGTERM, SIGHUP, SIGQUIT forwarded, then the gang is stopped as after a
-//                                    failure (grace, SIGKILL); the launcher exits with
-//                                    128 + signal and does not restart, or with 75 when
-//                                    every worker stopped cleanly after a step (mtrain-train
-//                                    does on SIGINT and SIGTERM). The same signal a second
-//                                    time (a second Ctrl-C) SIGKILLs at once.
-// SIGPIPE is ignored: a closed console or socket must not kill the supervisor.
+// The launcher's signals, turned into bytes on a pipe that the supervision loop polls,
+// so that a signal wakes it at once (Note [Launcher signals] in signal_pipe.cpp):
+//   SIGCHLD                           a worker ended: reap it
+//   SIGUSR1, SIGUSR2                  is_forwarded_only(): passed on to the workers,
+//                                     supervision goes on
+//   SIGINT, SIGTERM, SIGHUP, SIGQUIT  is_terminating(): the gang is stopped and the job
+//                                     ends (docs/launcher.md, "Signals")
+// SIGPIPE is ignored.
 #pragma once
 
 #include <vector>

@@ -108,6 +108,30 @@ std::string signal_name(int sig) {
   return fmt::format("SIG{}", abbrev);
 }
 
+// Note [Worker process hygiene]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// * Each worker leads its own process group (setpgid in parent and child, so the group
+//   exists before either runs on) and every signal goes to the group: a worker's own
+//   children (data-loader processes, `sh -c` pipelines) stop with it. A terminal's Ctrl-C
+//   reaches only the launcher's group, which forwards it.
+// * The child sets PR_SET_PDEATHSIG, then compares getppid() with the launcher's pid: the
+//   launcher may have died before prctl, and the signal would never come. PDEATHSIG fires
+//   when the *thread* that forked exits, so workers are spawned only from the main thread.
+//   OrphanGuard covers the group's other members.
+// * Signals are blocked around fork and reset to their defaults in the child before it
+//   unblocks them: a signal between fork and exec would otherwise run the launcher's
+//   handler in the child and write into the launcher's self-pipe.
+// * Standard input is /dev/null. The worker's group is in the background of the
+//   launcher's terminal, so a read from it (a debugger prompt, input()) would stop the
+//   worker with SIGTTIN, neither running nor reaped, and the job would hang without a word.
+// * A failed exec (or CPU binding) comes back through a close-on-exec pipe (which step,
+//   errno): one clear error instead of a worker that exits 127.
+// * Workers are reaped by pid, never with waitpid(-1), which would reap the orphan guard.
+// * The launcher is a child subreaper: a worker's children that outlive it come to the
+//   launcher rather than to init (which, in a container, may never reap them), and at the
+//   end of an attempt each worker's group is SIGKILLed and reaped. A descendant that left
+//   its group (setsid) is beyond killpg; it goes to init when the launcher exits.
+
 WorkerProcess WorkerProcess::spawn(const WorkerSpec& spec) {
   // Everything the child needs is built before fork: it may not allocate.
   std::vector<char*> argv = as_c_strings(spec.argv);
@@ -164,6 +188,16 @@ WorkerProcess WorkerProcess::spawn(const WorkerSpec& spec) {
   }
   return WorkerProcess(pid);
 }
+
+// Note [Signalling a reaped worker's group]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A process group id stays reserved while any member lives, but once the last member is
+// gone the kernel may hand the number to a new process, which may lead a group of its
+// own: killpg on a group emptied long ago could hit a stranger. While its leader is not
+// reaped the group is surely the worker's. After that, any member left has a parent that
+// lives in the group or was re-parented to the launcher (a child subreaper), so the
+// group is still the worker's exactly when one of its members is the launcher's child:
+// has_child_in_group() looks for one in /proc, and only then is the group signalled.
 
 bool has_child_in_group(pid_t pgid) {
   const pid_t self = ::getpid();

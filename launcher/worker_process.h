@@ -1,36 +1,7 @@
 // One worker process: spawn it in its own process group, signal the group, reap it.
-//
-// Note [Worker process hygiene]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// * Each worker leads its own process group (setpgid in both parent and child, so the
-//   group exists before either side runs on), and every signal goes to the group with
-//   killpg: a worker's own children (data-loader processes, `sh -c` pipelines) are
-//   stopped with it. A terminal's Ctrl-C reaches only the launcher's group; the
-//   launcher forwards it (agent.cpp).
-// * In the child, before exec: prctl(PR_SET_PDEATHSIG, SIGKILL), then getppid() is
-//   compared with the launcher's pid, because the launcher may have died between fork
-//   and prctl (the signal would then never come). PDEATHSIG fires when the *thread*
-//   that forked exits, so workers are spawned only from the launcher's main thread,
-//   which lives as long as the process. The group's other members are covered by
-//   OrphanGuard (orphan_guard.h).
-// * Signals are blocked around fork and the child restores default dispositions before
-//   unblocking: otherwise a signal landing between fork and exec would run the
-//   launcher's handler inside the child and write into the launcher's self-pipe.
-// * Standard input is /dev/null. A worker's group is in the background of the launcher's
-//   terminal, so a read from the terminal (a debugger prompt, input()) would stop it
-//   with SIGTTIN, and a stopped worker is neither running nor reaped: the job would hang
-//   without a word. With /dev/null the read returns end-of-file.
-// * A failed exec (or CPU binding, --cpu_bind) is reported back through a close-on-exec
-//   pipe (which step, errno), so "no such program" is one clear error instead of a worker
-//   that exits 127.
-// * Workers are reaped by pid (waitpid(pid, WNOHANG)), never waitpid(-1), so the
-//   launcher's other children (the orphan guard) are left to their owners.
-// * The launcher is a child subreaper (PR_SET_CHILD_SUBREAPER): a worker's children
-//   that outlive it are re-parented to the launcher rather than to init (which, in a
-//   container, may never reap them). At the end of an attempt each worker's group is
-//   SIGKILLed and its members reaped with waitpid(-group), so no zombie is left behind.
-//   A descendant that left its group (setsid) is beyond killpg; it is re-parented to
-//   init when the launcher exits.
+// A worker dies with the launcher, reads end-of-file from standard input, and one that
+// cannot be started is an IoError from spawn(), not a worker that exits 127
+// (Note [Worker process hygiene] in worker_process.cpp).
 #pragma once
 
 #include <sys/types.h>
@@ -70,15 +41,6 @@ struct WorkerSpec {
   std::vector<int> cpus;                 // CPU affinity set in the child; empty = inherit
 };
 
-// Note [Signalling a reaped worker's group]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A process group id stays reserved while any member lives, but once the last member is
-// gone the kernel may hand the number to a new process, which may lead a group of its
-// own: killpg on a group emptied long ago could hit a stranger. While its leader is not
-// reaped the group is surely the worker's. After that, any member left has a parent that
-// lives in the group or was re-parented to the launcher (a child subreaper), so the
-// group is still the worker's exactly when one of its members is the launcher's child:
-// has_child_in_group() looks for one in /proc, and only then is the group signalled.
 bool has_child_in_group(pid_t pgid);
 
 class WorkerProcess {

@@ -105,7 +105,7 @@ TEST_CASE("invalid values name the flag and what was found") {
   CHECK_THROWS_WITH(parse({"--node_rank", "3", "--nnodes", "3", "prog"}),
                     Catch::Contains("[0, 3)"));
   CHECK_THROWS_WITH(parse({"--term_timeout", "-1", "prog"}), Catch::Contains("--term_timeout"));
-  // Past 1e6 s the deadlines would overflow (a "never kill" 1e10 used to SIGKILL at once).
+  // Past 1e6 s the deadlines would overflow (a "never kill" 1e10 would SIGKILL at once).
   CHECK_THROWS_WITH(parse({"--term_timeout", "1e10", "prog"}),
                     Catch::Contains("--term_timeout: expected a number of seconds >= 0 and at most 1e6, found '1e10'"));
   CHECK_THROWS_WITH(parse({"--monitor_interval", "3e6", "prog"}), Catch::Contains("at most 1e6, found '3e6'"));
@@ -127,6 +127,24 @@ TEST_CASE("invalid values name the flag and what was found") {
   CHECK_THROWS_WITH(parse({"--standalone", "--nnodes", "2", "prog"}), Catch::Contains("single"));
   CHECK_THROWS_WITH(parse({"--nproc_per_node"}), Catch::Contains("expected a value"));
   CHECK_THROWS_WITH(parse({"--standalone=1", "prog"}), Catch::Contains("takes no value"));
+}
+
+TEST_CASE("without flags the options are LaunchOptions' own defaults") {
+  // The flag table's defaults (options.cpp) are what a command line gets; the struct's
+  // initialisers must say the same.
+  LaunchOptions defaults;
+  defaults.program = "prog";
+  CHECK(parse({"prog"}) == defaults);
+}
+
+TEST_CASE("--help lists each flag from its table row: spellings, value, help, default") {
+  const std::string text = usage();
+  CHECK_THAT(text, Catch::Contains("\n  --nproc_per_node N|cpu|gpu|auto  workers on this node (default 1)\n"));
+  CHECK_THAT(text, Catch::Contains("\n  -t, --tee 0-3|R:V,...            like --redirects and also to the console, with a\n"
+                                   "                                   [rank<N>]: prefix\n"));
+  CHECK_THAT(text, Catch::Contains("\n  --standalone                     one node,"));
+  CHECK_THAT(text, Catch::Contains("(like mpirun --bind-to core).\n                                   Default none\n"));
+  CHECK_THAT(text, Catch::Contains("\n  -h, --help                       this text\n"));
 }
 
 TEST_CASE("stream selections follow torchrun's encoding") {
