@@ -480,7 +480,12 @@ void Attempt::signal_running(int sig) {
 void Attempt::begin_teardown(TeardownReason why, int sig) {
   reason_ = why;
   teardown_wall_ = WallClock::now();
-  for (auto& w : workers_) w.process.signal_group(sig);
+  for (auto& w : workers_) {
+    // A stopped worker (SIGSTOP, a debugger, a terminal's ^Z) would hold the signal
+    // pending until --term_timeout ran out; continuing it delivers the signal now.
+    w.process.signal_group(sig);
+    w.process.signal_group(SIGCONT);
+  }
   kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.term_timeout);
 }
 

@@ -215,21 +215,69 @@ std::string failure_hint(const Failure& f) {
 // Note [Root cause]
 // ~~~~~~~~~~~~~~~~~
 // When one rank dies, the others usually fail soon after (a broken collective, our own
-// SIGTERM), and only the first failure explains anything. A failure's time is the
-// timestamp in its error file when it wrote one (the moment it hit the error, which may be
-// well before it exited), else the moment the launcher saw it exit; the earliest is the
-// root cause, and the launcher exits with its status. Workers that ended only because the
-// launcher stopped them, without an error file, are not failures: the report names them on
-// one line. Across nodes the first agent to announce a failure (compare_set on the
-// attempt's "failed" key) publishes its root cause, and every node prints that one.
+// SIGTERM), and only the first failure explains anything. Judged by arrival order alone,
+// the answer depends on when the launcher reaps: a launcher held up 50 ms (a loaded node)
+// sees a peer's "connection reset by peer" error file stamped before the exit of the rank
+// that vanished. So the root cause is chosen by causality first, time second:
+//   1. a death by a signal the launcher did not send (the OOM killer, a segfault, kill -9):
+//      it cannot be the consequence of a peer's failure;
+//   2. any other failure whose message does not say a peer vanished;
+//   3. a failure that says a peer vanished (a reset or closed connection, a collective a
+//      rank never reached): the consequence of another.
+// Within a class the earliest wins: the timestamp in its error file when it wrote one (the
+// moment it hit the error, which may be well before it exited), else the moment the
+// launcher saw it exit. The launcher exits with the root cause's status. Workers that ended
+// only because the launcher stopped them, without an error file, are not failures: the
+// report names them on one line. Across nodes the first agent to announce a failure
+// (compare_set on the attempt's "failed" key) publishes its root cause, and every node
+// prints that one.
+
+namespace {
+
+// What a worker's message says when its failure is a peer's doing. Gloo, NCCL, the store
+// and mtrain's own collectives word it these ways.
+bool says_a_peer_vanished(const std::string& message) {
+  static const char* const kSigns[] = {
+      "reset by peer",       "closed by peer",      "Broken pipe",        "closed the connection",
+      "has the server exited", "never reached it",  "remote process exited", "Connection refused",
+  };
+  return std::any_of(std::begin(kSigns), std::end(kSigns),
+                     [&](const char* sign) { return message.find(sign) != std::string::npos; });
+}
+
+int causality_class(const Failure& f) {
+  if (f.sigkilled_by_launcher) return 2;  // ended by the teardown another failure began
+  if (f.global_rank >= 0 && f.status.signaled && f.error_file.empty()) return 0;
+  return says_a_peer_vanished(f.message) ? 2 : 1;
+}
+
+}  // namespace
 
 size_t pick_root_cause(const std::vector<Failure>& failures) {
   MTRAIN_CHECK(!failures.empty(), "no failures to choose a root cause from");
   size_t best = 0;
   for (size_t i = 1; i < failures.size(); ++i) {
-    if (failures[i].timestamp < failures[best].timestamp) best = i;
+    const int ci = causality_class(failures[i]), cb = causality_class(failures[best]);
+    if (ci < cb || (ci == cb && failures[i].timestamp < failures[best].timestamp)) best = i;
   }
   return best;
+}
+
+std::vector<int> ranks_named_missing(const std::string& message) {
+  // collectives/collective_progress.cpp: "rank 3 never reached it (...)" or
+  // "ranks 1, 2 never reached it (...)".
+  std::vector<int> ranks;
+  const size_t end = message.find(" never reached it");
+  if (end == std::string::npos) return ranks;
+  size_t start = message.rfind("rank", end);
+  if (start == std::string::npos) return ranks;
+  start = message.find(' ', start);
+  std::string list = message.substr(start, end - start);
+  for (char& c : list) c = (c == ',') ? ' ' : c;
+  std::istringstream in(list);
+  int r = 0;
+  while (in >> r) ranks.push_back(r);
+  return ranks;
 }
 
 std::string format_utc(double epoch_seconds) {
@@ -254,12 +302,21 @@ std::string format_failure_report(const FailureReport& r) {
                                                 : "no restarts left")
                          : fmt::format("{} restart(s) left", r.max_restarts - r.attempt));
   out += light + "\n";
-  out += fmt::format("Root cause (earliest failure{}):\n",
+  out += fmt::format("Root cause{}:\n",
                      r.root_cause_remote ? ", reported by another node" : "");
   const std::string pad = "               ";
   if (rc.global_rank >= 0) {
-    out += fmt::format("  rank       : {} (local_rank {}, node {})\n", rc.global_rank,
-                       rc.local_rank, rc.node_rank);
+    // Note [Root cause]: a collective that timed out names the ranks that never reached
+    // it; the evidence points at them, not at the healthy rank that reported it.
+    if (const std::vector<int> missing = ranks_named_missing(rc.message); !missing.empty()) {
+      out += fmt::format("  rank       : {} (never reached the collective that timed out; reported by rank {})\n",
+                         fmt::join(missing, ", "), rc.global_rank);
+      out += fmt::format("  reported by: rank {} (local_rank {}, node {})\n", rc.global_rank, rc.local_rank,
+                         rc.node_rank);
+    } else {
+      out += fmt::format("  rank       : {} (local_rank {}, node {})\n", rc.global_rank, rc.local_rank,
+                         rc.node_rank);
+    }
     out += fmt::format("  host       : {}\n", rc.host);
     out += fmt::format("  time       : {}{}\n", format_utc(rc.timestamp),
                        rc.timestamp_from_error_file ? " (from its error file)" : " (exit seen)");

@@ -67,9 +67,14 @@ std::string signal_hint(int sig, bool sent_by_launcher);
 // Advice for the failure as a whole (signals, and shell-style exit codes 129..192).
 std::string failure_hint(const Failure& f);
 
-// Index of the earliest failure: by the error file's timestamp where there is one, else by
-// the exit time (Note [Root cause] in failure_report.cpp). `failures` must not be empty.
+// Index of the failure that caused the others: a death by a signal the launcher did not
+// send, else one whose message does not say a peer vanished, else any; the earliest of
+// its class (Note [Root cause] in failure_report.cpp). `failures` must not be empty.
 size_t pick_root_cause(const std::vector<Failure>& failures);
+
+// The ranks a collective's timeout message names as never having reached it; empty when
+// the message names none.
+std::vector<int> ranks_named_missing(const std::string& message);
 
 struct FailureReport {
   std::string program;

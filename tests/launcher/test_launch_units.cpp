@@ -363,3 +363,48 @@ TEST_CASE("has_child_in_group finds the launcher's children by group, and nothin
   waitpid(child, &status, 0);
   CHECK_FALSE(mtrain::launch::has_child_in_group(child));
 }
+
+TEST_CASE("the root cause is chosen by causality before time (Note [Root cause])") {
+  Failure noticed;  // the peer that noticed, earlier by its error file
+  noticed.global_rank = 0;
+  noticed.timestamp = 100;
+  noticed.status.code = 1;
+  noticed.error_file = "/tmp/e0";
+  noticed.message = "allreduce #7 failed: Connection reset by peer";
+  Failure killed;  // the rank that vanished, seen late by a delayed launcher
+  killed.global_rank = 1;
+  killed.timestamp = 101;
+  killed.status.signaled = true;
+  killed.status.signal = SIGKILL;
+  CHECK(pick_root_cause({noticed, killed}) == 1);
+  Failure genuine;  // an error of its own, later than the consequence
+  genuine.global_rank = 2;
+  genuine.timestamp = 150;
+  genuine.status.code = 2;
+  genuine.error_file = "/tmp/e2";
+  genuine.message = "checkpoint /c is truncated";
+  CHECK(pick_root_cause({noticed, genuine}) == 1);
+  // Within a class, the earliest.
+  Failure other = genuine;
+  other.timestamp = 120;
+  CHECK(pick_root_cause({genuine, other}) == 1);
+  // A rank the launcher SIGKILLed after --term_timeout is not the cause.
+  Failure straggler = killed;
+  straggler.sigkilled_by_launcher = true;
+  CHECK(pick_root_cause({straggler, genuine}) == 1);
+}
+
+TEST_CASE("a collective timeout's message names the ranks that never reached it") {
+  CHECK(ranks_named_missing("allreduce #3 timed out after 5 s; rank 1 never reached it (its last operation: x)") ==
+        std::vector<int>{1});
+  CHECK(ranks_named_missing("timed out; ranks 1, 3 never reached it (last operations: a, b)") ==
+        std::vector<int>{1, 3});
+  CHECK(ranks_named_missing("Connection reset by peer").empty());
+  FailureReport report;
+  report.program = "train";
+  report.root_cause.global_rank = 0;
+  report.root_cause.message = "allreduce #3 timed out; rank 2 never reached it (its last operation: allreduce #2)";
+  const std::string text = format_failure_report(report);
+  CHECK_THAT(text, Catch::Contains("rank       : 2 (never reached the collective that timed out; reported by rank 0)"));
+  CHECK_THAT(text, Catch::Contains("reported by: rank 0 (local_rank -1, node 0)"));
+}
