@@ -72,7 +72,7 @@ struct Agent::Impl {
   void check_interrupt();
   std::optional<int> conclude(const AttemptResult& r, int attempt) const;
   void print_stop_report(const AttemptResult& r, int attempt) const;
-  void print_failure_report(const AttemptResult& r, int attempt) const;
+  void print_failure_report(const AttemptResult& r, int attempt, bool restarts_withheld) const;
   void leave_store(int num_nodes, bool hosting);
 
   const LaunchOptions& options;
@@ -240,12 +240,19 @@ std::optional<int> Agent::Impl::conclude(const AttemptResult& r, int attempt) co
                  signal_name(*r.received_signal));
     return 128 + *r.received_signal;
   }
-  if (r.restartable && attempt < options.max_restarts) {
+  // Note [Errors that will repeat]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A worker whose error cannot go away by running again (a bad flag, a missing or
+  // corrupt file: mtrain-train's InvalidArgument and IoError) says so in its error file,
+  // "will_repeat": true. Restarting would fail the same way --max_restarts times, so the
+  // job ends at once and the report says why the restarts were not used.
+  const bool restarts_left = r.restartable && attempt < options.max_restarts;
+  if (restarts_left && !r.root_cause.will_repeat) {
     spdlog::warn("attempt {} failed: {}; restarting the gang ({} of {} restarts)", attempt,
                  describe(r.root_cause), attempt + 1, options.max_restarts);
     return std::nullopt;
   }
-  print_failure_report(r, attempt);
+  print_failure_report(r, attempt, restarts_left);
   const int status = r.root_cause.status.shell_status();
   return status == 0 ? 1 : status;
 }
@@ -261,8 +268,9 @@ void Agent::Impl::print_stop_report(const AttemptResult& r, int attempt) const {
   std::fflush(stderr);
 }
 
-void Agent::Impl::print_failure_report(const AttemptResult& r, int attempt) const {
+void Agent::Impl::print_failure_report(const AttemptResult& r, int attempt, bool restarts_withheld) const {
   FailureReport report;
+  report.restarts_withheld = restarts_withheld;
   report.program = options.program;
   report.attempt = attempt;
   report.max_restarts = options.max_restarts;

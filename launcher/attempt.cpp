@@ -596,8 +596,14 @@ std::vector<Failure> Attempt::classify_workers(AttemptResult& result) const {
     const double exit_time = epoch_seconds(w.process.exit_time());
     const double started_teardown = epoch_seconds(teardown_wall_);
     const double when = record && record->timestamp ? *record->timestamp : exit_time;
-    const bool failed_on_its_own =
-        (!st.success() && exit_time < started_teardown) || (record && when < started_teardown);
+    // The launcher sends SIGTERM at teardown, forwards SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
+    // and SIGKILLs only those it marks sigkilled: a death by any other signal (the OOM
+    // killer's SIGKILL, a segfault) is the worker's own, however late the launcher saw it.
+    const bool killed_by_another_signal = st.signaled && !w.sigkilled && st.signal != SIGTERM &&
+                                          st.signal != SIGINT && st.signal != SIGHUP && st.signal != SIGUSR1 &&
+                                          st.signal != SIGUSR2 && st.signal != SIGQUIT;
+    const bool failed_on_its_own = (!st.success() && exit_time < started_teardown) ||
+                                   (record && when < started_teardown) || killed_by_another_signal;
     if (failed_on_its_own) {
       failures.push_back(worker_failure(w, record, when));
     } else if (w.process.exit_time() >= teardown_wall_ && teardown_wall_ != WallClock::time_point{}) {
@@ -626,6 +632,7 @@ Failure Attempt::worker_failure(const LocalWorker& w, const std::optional<ErrorR
     f.error_file = w.error_file.string();
     f.message = record->message;
     f.traceback = record->traceback;
+    f.will_repeat = record->will_repeat;
   }
   return f;
 }

@@ -68,7 +68,7 @@ nlohmann::json failure_to_json(const Failure& f) {
       {"timestamp", f.timestamp},     {"timestamp_from_error_file", f.timestamp_from_error_file},
       {"sigkilled_by_launcher", f.sigkilled_by_launcher},
       {"error_file", f.error_file},   {"message", f.message},
-      {"traceback", f.traceback},
+      {"traceback", f.traceback},     {"will_repeat", f.will_repeat},
   };
 }
 
@@ -85,6 +85,7 @@ Failure failure_from_json(const nlohmann::json& j) {
     f.status.signal = j.at("signal").get<int>();
     f.timestamp = j.at("timestamp").get<double>();
     f.timestamp_from_error_file = j.at("timestamp_from_error_file").get<bool>();
+    f.will_repeat = j.value("will_repeat", false);
     f.sigkilled_by_launcher = j.at("sigkilled_by_launcher").get<bool>();
     f.error_file = j.at("error_file").get<std::string>();
     f.message = j.at("message").get<std::string>();
@@ -135,6 +136,7 @@ std::optional<ErrorRecord> read_error_file(const std::filesystem::path& path) {
     }
   }
   if (const auto* ts = field(j, "timestamp")) rec.timestamp = as_seconds(*ts);
+  if (const auto* w = field(j, "will_repeat"); w && w->is_boolean()) rec.will_repeat = w->get<bool>();
   if (const auto* st = field(j, "stopped"); st && st->is_object()) {
     // A malformed stop record is no stop record: the worker is then judged as failed.
     try {
@@ -300,6 +302,9 @@ std::string format_failure_report(const FailureReport& r) {
                      r.attempt >= r.max_restarts
                          ? (r.max_restarts == 0 ? "no restarts configured"
                                                 : "no restarts left")
+                     : r.restarts_withheld
+                         ? fmt::format("{} restart(s) left, not used: the root cause says it would repeat",
+                                       r.max_restarts - r.attempt)
                          : fmt::format("{} restart(s) left", r.max_restarts - r.attempt));
   out += light + "\n";
   out += fmt::format("Root cause{}:\n",

@@ -31,6 +31,7 @@ struct Failure {
   std::string error_file;  // path when the worker wrote one, else empty
   std::string message;     // from the error file (or the agent's own description)
   std::string traceback;   // optional extra detail from the error file
+  bool will_repeat = false;  // its error file says every attempt would fail the same way
 };
 
 nlohmann::json failure_to_json(const Failure& f);
@@ -57,6 +58,7 @@ struct ErrorRecord {
   std::optional<double> timestamp;
   std::string traceback;
   std::optional<StopInfo> stopped;  // a stop record (Note [Workers stopped on a signal])
+  bool will_repeat = false;         // "will_repeat": true (Note [Errors that will repeat])
 };
 // nullopt when the file does not exist; a file that cannot be parsed yields a record
 // whose message says so (the worker may have died mid-write).
@@ -82,6 +84,7 @@ struct FailureReport {
   int max_restarts = 0;
   Failure root_cause;
   bool root_cause_remote = false;    // reported by another node's agent
+  bool restarts_withheld = false;    // restarts were left, but the root cause will repeat
   std::vector<Failure> other_failures;
   std::vector<int> stopped_ranks;    // ended by the launcher's teardown
   std::vector<int> sigkilled_ranks;  // of those, the ones that ignored SIGTERM

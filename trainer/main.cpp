@@ -19,6 +19,14 @@ int main(int argc, char** argv) {
         return 0;
       }
       return mtrain::run_train_command(parsed.options);
+    } catch (const mtrain::InvalidArgument& e) {
+      // Bad input and bad files fail the same way on every attempt: the launcher spends
+      // no restart on them (Note [Errors that will repeat] in launcher/agent.cpp).
+      mtrain::write_error_record(e.what(), {{"will_repeat", true}});
+      throw;
+    } catch (const mtrain::IoError& e) {
+      mtrain::write_error_record(e.what(), {{"will_repeat", true}});
+      throw;
     } catch (const std::exception& e) {
       mtrain::write_error_record(e.what());
       throw;

@@ -408,3 +408,23 @@ TEST_CASE("a collective timeout's message names the ranks that never reached it"
   CHECK_THAT(text, Catch::Contains("rank       : 2 (never reached the collective that timed out; reported by rank 0)"));
   CHECK_THAT(text, Catch::Contains("reported by: rank 0 (local_rank -1, node 0)"));
 }
+
+TEST_CASE("an error that will repeat travels in the error file and the root cause, and the report says so") {
+  mtrain::testing::TempDir dir;
+  const std::filesystem::path path = dir.path() / "error.json";
+  std::ofstream(path) << R"({"message": "--lr: expected a number", "timestamp": 1.5, "will_repeat": true})";
+  const auto rec = read_error_file(path);
+  REQUIRE(rec);
+  CHECK(rec->will_repeat);
+  Failure f;
+  f.global_rank = 0;
+  f.will_repeat = true;
+  CHECK(failure_from_json(failure_to_json(f)).will_repeat);
+  FailureReport report;
+  report.program = "train";
+  report.max_restarts = 2;
+  report.root_cause = f;
+  report.restarts_withheld = true;
+  CHECK_THAT(format_failure_report(report),
+             Catch::Contains("FAILED (attempt 0, 2 restart(s) left, not used: the root cause says it would repeat)"));
+}

@@ -572,3 +572,42 @@ TEST_CASE("a hung (SIGSTOPped) rank ends the job within --timeout and a few seco
   CHECK(seconds < 8);  // --timeout 5; the teardown used to wait --term_timeout for the stopped rank
   CHECK_THAT(r.err, Contains("rank       : 1 (never reached the collective that timed out; reported by rank 0)"));
 }
+
+TEST_CASE("a corrupt latest checkpoint resumes from the previous one, with a warning", "[multiproc]") {
+  // Note [The previous checkpoint] in trainer/checkpoint/checkpointer.cpp.
+  TempDir dir;
+  const auto ckpt = dir.file("ckpt");
+  const auto latest = ckpt + "/checkpoint.safetensors", previous = ckpt + "/checkpoint.previous.safetensors";
+  require_exit(train({"--batch-size", "32", "--max-steps", "6", "--checkpoint-every", "2", "--checkpoint-dir", ckpt}),
+               0);
+  REQUIRE(std::filesystem::exists(previous));
+  const int64_t previous_step = checkpoint_total_steps(previous);
+  CHECK(previous_step < checkpoint_total_steps(latest));
+  {
+    std::fstream f(latest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-5, std::ios::end);
+    f.put('\x7f');
+  }
+  const auto resumed =
+      train({"--batch-size", "32", "--max-steps", "8", "--checkpoint-dir", ckpt, "--log-level", "info"});
+  require_exit(resumed, 0);
+  CHECK_THAT(resumed.out + resumed.err, Contains("checksum mismatch") && Contains("resuming the previous checkpoint " +
+                                                                                    previous));
+  CHECK_THAT(resumed.out, Contains(fmt::format("{} in total", previous_step)));
+  CHECK(checkpoint_total_steps(latest) == 8);
+
+  // Both damaged: the error names both, and the launcher spends no restart on it.
+  for (const auto& path : {latest, previous}) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-5, std::ios::end);
+    f.put('\x7f');
+  }
+  const auto r = mtrain::testing::run_process(
+      kLauncher, concat({"--nproc_per_node=1", "--max_restarts=3", "train"},
+                        train_args({"--batch-size", "32", "--max-steps", "10", "--checkpoint-dir", ckpt})));
+  INFO("stderr:\n" << r.err);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Contains("the previous checkpoint cannot be resumed either"));
+  CHECK_THAT(r.err, Contains("FAILED (attempt 0, 3 restart(s) left, not used: the root cause says it would repeat)"));
+  CHECK_THAT(r.err, !Contains("restarting the gang"));
+}

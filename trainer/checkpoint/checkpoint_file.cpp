@@ -121,6 +121,10 @@ std::string checkpoint_path(const std::string& dir) {
   return (std::filesystem::path(dir) / kCheckpointFileName).string();
 }
 
+std::string previous_checkpoint_path(const std::string& dir) {
+  return (std::filesystem::path(dir) / kPreviousCheckpointFileName).string();
+}
+
 void save_training_checkpoint(const std::string& path, models::Module& model, models::Sgd& optimizer,
                               const TrainPosition& position, const RunConfiguration& configuration) {
   NamedTensors tensors = model_state(model);

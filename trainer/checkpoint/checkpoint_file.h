@@ -31,6 +31,9 @@
 namespace mtrain {
 
 inline constexpr const char* kCheckpointFileName = "checkpoint.safetensors";
+// The checkpoint before the latest, kept so that one damaged file does not mean starting
+// over (Note [The previous checkpoint] in checkpointer.cpp).
+inline constexpr const char* kPreviousCheckpointFileName = "checkpoint.previous.safetensors";
 inline constexpr const char* kCheckpointVersionKey = "mtrain.checkpoint_version";
 inline constexpr const char* kCheckpointVersion = "1";
 
@@ -40,6 +43,8 @@ using RunConfiguration = std::vector<std::pair<std::string, std::string>>;
 
 // DIR/checkpoint.safetensors.
 std::string checkpoint_path(const std::string& dir);
+// DIR/checkpoint.previous.safetensors.
+std::string previous_checkpoint_path(const std::string& dir);
 
 // Atomically writes the model's parameters and buffers, the optimizer's momentum
 // buffers, `position` and `configuration` to `path` (Note [Checkpoint contents]).

@@ -108,6 +108,52 @@ void share_outcome(ProcessGroup* group, int rank, std::exception_ptr failure) {
   throw InternalError(message);
 }
 
+// Note [The previous checkpoint]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// One damaged file (a disk error, a copy cut short, a bit flipped in storage) must not
+// mean starting over from step 0. So a save first moves the checkpoint it replaces to
+// checkpoint.previous.safetensors, and a resume whose latest checkpoint fails its checks
+// (IoError: truncated, corrupt, not a checkpoint) resumes the previous one, with a
+// warning naming both; a configuration that differs (InvalidArgument) is the user's to
+// fix and is never bypassed. A save killed between the move and its own rename leaves
+// only the previous file, which a resume then takes. Both renames are atomic, so every
+// moment leaves at least one whole checkpoint on disk.
+
+// Whether `path` is certainly absent. Only then is it skipped: one that cannot be looked
+// at (EACCES, EIO, a symlink loop) would be overwritten by the first save.
+static bool certainly_absent(const std::string& dir, const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::symlink_status(path, ec);
+  if (ec && status.type() != std::filesystem::file_type::not_found) {
+    throw IoError(fmt::format("--checkpoint-dir {}: cannot check for {}: {}", dir, path, ec.message()));
+  }
+  return status.type() == std::filesystem::file_type::not_found;
+}
+
+std::optional<TrainPosition> Checkpointer::load_latest_good() {
+  const std::string previous = previous_checkpoint_path(dir_);
+  const bool have_previous = !certainly_absent(dir_, previous);
+  if (certainly_absent(dir_, path_)) {
+    if (!have_previous) return std::nullopt;
+    spdlog::warn("--checkpoint-dir {}: no {} (a save was interrupted), resuming the previous checkpoint {}", dir_,
+                 path_, previous);
+    return load_training_checkpoint(previous, model_, optimizer_, configuration_);
+  }
+  try {
+    return load_training_checkpoint(path_, model_, optimizer_, configuration_);
+  } catch (const IoError& latest) {
+    if (!have_previous) throw;
+    spdlog::warn("{}; resuming the previous checkpoint {} instead (the steps since it are trained again)",
+                 latest.what(), previous);
+    try {
+      return load_training_checkpoint(previous, model_, optimizer_, configuration_);
+    } catch (const IoError& older) {
+      throw IoError(fmt::format("{}; the previous checkpoint cannot be resumed either: {}", latest.what(),
+                                older.what()));
+    }
+  }
+}
+
 Checkpointer::Checkpointer(std::string dir, ProcessGroup* group, int rank, models::Module& model,
                            models::Sgd& optimizer, RunConfiguration configuration, ProcessGroup* control)
     : dir_(std::move(dir)),
@@ -129,15 +175,7 @@ std::optional<TrainPosition> Checkpointer::resume() {
       std::filesystem::create_directories(dir_, ec);
       if (ec) throw IoError(fmt::format("--checkpoint-dir {}: cannot create it: {}", dir_, ec.message()));
       remove_interrupted_saves(dir_, path_);
-      // Only a checkpoint that is certainly absent starts the run afresh: one that cannot
-      // be looked at (EACCES, EIO, a symlink loop) would be overwritten by the first save.
-      const auto status = std::filesystem::symlink_status(path_, ec);
-      if (ec && status.type() != std::filesystem::file_type::not_found) {
-        throw IoError(fmt::format("--checkpoint-dir {}: cannot check for {}: {}", dir_, path_, ec.message()));
-      }
-      if (status.type() != std::filesystem::file_type::not_found) {
-        position = load_training_checkpoint(path_, model_, optimizer_, configuration_);
-      }
+      position = load_latest_good();
     } catch (...) {
       failure = std::current_exception();
     }
@@ -208,6 +246,15 @@ void Checkpointer::save(const TrainPosition& position, CheckpointReason reason) 
   std::exception_ptr failure;
   if (rank_ == 0) {
     try {
+      // Note [The previous checkpoint].
+      if (!certainly_absent(dir_, path_)) {
+        std::error_code ec;
+        std::filesystem::rename(path_, previous_checkpoint_path(dir_), ec);
+        if (ec) {
+          throw IoError(fmt::format("--checkpoint-dir {}: cannot keep {} as the previous checkpoint: {}", dir_,
+                                    path_, ec.message()));
+        }
+      }
       save_training_checkpoint(path_, model_, optimizer_, p, configuration_);
     } catch (...) {
       failure = std::current_exception();

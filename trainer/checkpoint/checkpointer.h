@@ -67,6 +67,10 @@ class Checkpointer {
   void save(const TrainPosition& position, CheckpointReason reason);
 
  private:
+  // Rank 0: the latest checkpoint that passes its checks, or the previous one (Note [The
+  // previous checkpoint]); nullopt when there is none.
+  std::optional<TrainPosition> load_latest_good();
+
   std::string dir_;
   std::string path_;
   ProcessGroup* group_;
