@@ -6,6 +6,14 @@
 
 namespace mtrain {
 
+// Note [Progress publishing]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Marking an operation as started is one atomic store in memory; a background thread writes
+// `<prefix>/progress/<rank>` to the store only when the value changed, at most every
+// kPublishPeriod. DDP issues a handful of collectives per step, so a store round trip per
+// operation would cost more than the small all-reduces themselves; a lag of a fraction of a second
+// does not matter to a diagnosis made after a timeout of seconds or minutes. The diagnosing rank
+// publishes its own value synchronously first.
 CollectiveProgress::CollectiveProgress(Store& store, std::string prefix, int rank, int size)
     : store_(store), prefix_(std::move(prefix)), rank_(rank), size_(size) {
   publisher_ = std::thread([this] { publish_loop(); });

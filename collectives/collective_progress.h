@@ -1,14 +1,7 @@
-// Which operation each rank of a group last started, published through the store, so
-// a timed-out collective can name the ranks that never reached it.
-//
-// Note [Progress publishing]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Marking an operation as started is one atomic store in memory; a background thread
-// writes `<prefix>/progress/<rank>` to the store only when the value changed, at most
-// every kPublishPeriod. DDP issues a handful of collectives per step, so a store round
-// trip per operation would cost more than the small all-reduces themselves; a lag of
-// a fraction of a second does not matter to a diagnosis made after a timeout of
-// seconds or minutes. The diagnosing rank publishes its own value synchronously first.
+// Which operation each rank of a group last started, published through the store, so a timed-out
+// collective can name the ranks that never reached it. started() is one relaxed atomic store, for
+// any thread; a background thread publishes (Note [Progress publishing] in
+// collective_progress.cpp), so the store may lag by up to kPublishPeriod.
 #pragma once
 
 #include <atomic>

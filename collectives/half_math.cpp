@@ -4,6 +4,18 @@
 
 #include "core/error.h"
 
+// Note [Half-precision reductions]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Each combine of two elements widens both to float32, combines them in float32 and rounds the
+// result back to the 16-bit format to nearest, ties to even (the rounding of CUDA's
+// __float2half_rn and of PyTorch's CPU kernels). A float32 sum of two 16-bit values is exact, so
+// each combine rounds exactly once, like an addition done natively in the 16-bit format. Across
+// ranks the values are rounded after every combine, so a sum over more than two ranks depends on
+// the order of the combines, as with every backend that reduces in the tensor's own type (NCCL
+// included). avg is the rounded sum divided by the group size in float32, rounded once more. NaN
+// stays NaN (quiet), in max and min too, whichever operand it is; float16 overflow becomes
+// infinity.
+
 namespace mtrain::half {
 namespace {
 

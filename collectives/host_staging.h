@@ -1,41 +1,14 @@
-// Collectives on GPU tensors through a process group that works on host memory (Gloo,
-// and Open MPI, which is not CUDA-aware here): what lets two ranks share one GPU, since
-// NCCL refuses two ranks on the same device.
+// Collectives on GPU tensors through a process group that works on host memory (Gloo, and Open
+// MPI, which is not CUDA-aware here): what lets two ranks share one GPU, since NCCL refuses two
+// ranks on the same device. How and why: Note [Host staging] in host_staging.cpp.
 //
-// Note [Host staging]
-// ~~~~~~~~~~~~~~~~~~~
-// HostStagingProcessGroup wraps a CPU-backend group. CPU tensors go straight to the
-// wrapped group: the call returns the wrapped group's own Work. A GPU tensor (it must be
-// on the group's device) is staged:
-//   1. at the call, its values are copied into a pinned host tensor with Tensor::copy_,
-//      queued on the caller's current stream (Note [Current stream]); the call returns
-//      once the host copy holds them, so the input is read after every kernel the caller
-//      queued before the call, and the caller may overwrite it as soon as the call
-//      returns. An event recorded on the caller's current stream marks that point too;
-//   2. the wrapped group's operation is issued on the host tensors, under a lock, so the
-//      wrapped group's issue order (its sequence numbers, which this group's Works
-//      carry) is the order of the calls;
-//   3. the group's copy-back thread takes the operations in that order, waits for each
-//      wrapped operation, and copies the host result into the device tensor on the
-//      group's own CUDA stream, after the event of step 1 (the caller's earlier kernels
-//      may still use that memory: the caching allocator reuses blocks in stream order),
-//      then waits for that copy. Only then is the Work completed.
-// So Note [Asynchronous collectives] holds: the call returns at once (after the copy to
-// the host), and a completed Work means the device tensor holds the result. Since the
-// copy back has finished by then, wait_on_current_stream() is wait(): every kernel the
-// caller queues afterwards runs after the copy. The copy-back thread waits for the
-// wrapped operations without a deadline of its own: each wrapped operation ends, at the
-// latest, at the wrapped group's timeout. A failed wrapped operation fails the Work with
-// the very same exception (message, type: op, group, seq, missing ranks), and nothing
-// is copied back. Argument errors of the wrapped group surface at the call, unchanged.
-//
-// Inputs are only copied down where they are read: broadcast copies the root's tensor
-// down and copies back on the other ranks. A collective on GPU tensors thus costs two
-// copies over PCIe and a host synchronisation at the call; it is for tests and small
-// set-ups, not for speed (use nccl with one GPU per rank for that). The pinned staging
-// tensors come from the caching pinned allocator, so the steady state makes no
-// cudaHostAlloc. The group touches CUDA only when the first GPU tensor arrives: with
-// CPU tensors alone it is exactly the wrapped group.
+// Contract: CPU tensors pass straight to the wrapped group (its own Work). For GPU tensors (on
+// the group's device) the call returns once the input has been copied to the host, after every
+// kernel the caller queued before it: the caller may overwrite the input at once. A completed
+// Work means the device tensor holds the result, so wait_on_current_stream() is wait(). A failed
+// wrapped operation fails the Work with the very same exception; argument errors surface at the
+// call. Each GPU collective costs two PCIe copies and a host synchronisation: for tests and small
+// set-ups, not for speed. Calls may come from any thread; the issue order is the call order.
 #pragma once
 
 #include <functional>

@@ -48,6 +48,34 @@ const char* op_type_name(OpType op) {
   return "?";
 }
 
+// Note [Asynchronous collectives]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every call returns at once with a Work; the operation runs on the group's own communication
+// thread (or CUDA stream) in the order the calls were made, which must be the same order on every
+// rank. The Work keeps the tensors it uses alive until it completes, even if the caller drops its
+// handles. wait() rethrows the operation's error; wait(timeout) additionally throws TimeoutError
+// if the operation is not done in time. Callers may issue several operations before waiting on
+// any (the DDP reducer overlaps bucket all-reduces with backward this way).
+//
+// On GPUs (the nccl backend) an operation runs on the group's own CUDA stream, after the work
+// already queued on the caller's current stream (Note [Current stream] in tensor/cuda/stream.h),
+// so the caller needs no synchronisation before issuing it. Two ways to consume the result:
+//   * wait(): blocks the host until the operation is done (e.g. before reading a loss value on
+//     the host, or before an optimizer step done on the host);
+//   * wait_on_current_stream(): returns at once; kernels the caller queues afterwards on its
+//     current stream run after the operation. The DDP reducer uses this to overlap bucket
+//     all-reduces with backward without stalling the host. Errors still surface: through a later
+//     wait(), is_completed() or the next operation of the group, and the group's watchdog fails
+//     every pending operation at its deadline.
+// On CPU backends wait_on_current_stream() is wait().
+//
+// Note [Collective timeouts]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every operation has a deadline (ProcessGroupOptions::timeout, per group). A collective that a
+// peer never joins fails on the ranks that did join, within the timeout, with a TimeoutError
+// naming the operation, the group, its sequence number and, where the store can tell, the ranks
+// that never reached it. Nothing hangs silently; the worker then exits and the launcher tears the
+// gang down.
 Work::Work(OpType op, uint64_t seq, std::vector<Tensor> keep_alive)
     : op_(op), seq_(seq), keep_alive_(std::move(keep_alive)) {}
 

@@ -1,37 +1,12 @@
-// ProcessGroup: the collectives every distributed feature stands on, over existing
-// engines (Gloo, Open MPI, NCCL), never a hand-rolled algorithm.
+// ProcessGroup: the collectives every distributed feature stands on, over existing engines (Gloo,
+// Open MPI, NCCL), never a hand-rolled algorithm.
 //
-// Note [Asynchronous collectives]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Every call returns at once with a Work; the operation runs on the group's own
-// communication thread (or CUDA stream) in the order the calls were made, which must be
-// the same order on every rank. The Work keeps the tensors it uses alive until it
-// completes. wait() rethrows the operation's error; wait(timeout) additionally throws
-// TimeoutError if the operation is not done in time. Callers may issue several
-// operations before waiting on any (the DDP reducer overlaps bucket all-reduces with
-// backward this way).
-//
-// On GPUs (the nccl backend) an operation runs on the group's own CUDA stream, after the
-// work already queued on the caller's current stream (Note [Current stream] in
-// tensor/cuda/stream.h), so the caller needs no synchronisation before issuing it. Two
-// ways to consume the result:
-//   * wait(): blocks the host until the operation is done (e.g. before reading a loss
-//     value on the host, or before an optimizer step done on the host);
-//   * wait_on_current_stream(): returns at once; kernels the caller queues afterwards on
-//     its current stream run after the operation. The DDP reducer uses this to overlap
-//     bucket all-reduces with backward without stalling the host. Errors still surface:
-//     through a later wait(), is_completed() or the next operation of the group, and
-//     the group's watchdog fails every pending operation at its deadline.
-// The tensors stay alive until the operation completes even if the caller drops its
-// handles. On CPU backends wait_on_current_stream() is wait().
-//
-// Note [Collective timeouts]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Every operation has a deadline (ProcessGroupOptions::timeout, per group). A
-// collective that a peer never joins fails on the ranks that did join, within the
-// timeout, with a TimeoutError naming the operation, the group, its sequence number
-// and, where the store can tell, the ranks that never reached it. Nothing hangs
-// silently; the worker then exits and the launcher tears the gang down.
+// Contract (Note [Asynchronous collectives] in process_group.cpp): every call returns at once with
+// a Work; operations run in call order, which must be the same on every rank; the Work keeps its
+// tensors alive until the operation completes. On GPUs an operation runs after the work already
+// queued on the caller's current stream. Every operation has a deadline (the group's timeout): a
+// collective a peer never joins fails with a TimeoutError naming the operation, group, sequence
+// number and, where the store can tell, the missing ranks (Note [Collective timeouts]).
 #pragma once
 
 #include <chrono>
@@ -72,8 +47,9 @@ class Work {
   // the error must not reuse the tensors. Waiting at least the group's timeout gives the
   // operation's own outcome, its timeout error included (Note [Collective timeouts]).
   virtual void wait(Millis timeout);
-  // Device-side wait: see Note [Asynchronous collectives]. Rethrows an error already
-  // known; CPU backends: wait().
+  // Device-side wait: returns at once; kernels the caller queues afterwards on its current
+  // stream run after the operation. Rethrows an error already known; later errors surface
+  // through a later wait(), is_completed() or the group's next operation. CPU backends: wait().
   virtual void wait_on_current_stream();
   // The error the operation failed with, or nullptr (also nullptr while running).
   std::exception_ptr error() const;

@@ -1,15 +1,8 @@
-// The rendezvous key-value store: an abstract Store, the TCP client (TcpStore),
-// the server (TcpStoreServer) and a key-prefixing view (PrefixStore).
-//
-// Note [Store security]
-// ~~~~~~~~~~~~~~~~~~~~~
-// The server binds only the address it is given (never "every interface" unless the
-// caller literally passes 0.0.0.0), and every connection must present the job token
-// (MTRAIN_STORE_TOKEN) as its first frame. A connection with a wrong or missing token
-// gets no reply and is closed. Frames are length-prefixed with hard caps (see
-// kMaxKeyBytes etc.); a malformed or oversized frame closes that one connection and is
-// logged, and the server keeps serving everyone else. The wire format is documented
-// in docs/store-protocol.md.
+// The rendezvous key-value store: an abstract Store, the TCP client (TcpStore), the server
+// (TcpStoreServer) and a key-prefixing view (PrefixStore). The server binds only the address it
+// is given and serves only connections that present the job token (Note [Store security] in
+// store_server.cpp); the wire format is docs/store-protocol.md. Blocking calls end by timeout()
+// with a TimeoutError naming the keys; connection failures are CommError.
 #pragma once
 
 #include <chrono>

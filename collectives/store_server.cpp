@@ -32,6 +32,15 @@
 //   without sending a byte (a port probe) is logged at debug level only, so that no one
 //   without the token can flood the launcher's stderr. An "accept failed" is said once
 //   per episode.
+//
+// Note [Store security]
+// ~~~~~~~~~~~~~~~~~~~~~
+// The server binds only the address it is given (never "every interface" unless the caller
+// literally passes 0.0.0.0), and every connection must present the job token (MTRAIN_STORE_TOKEN)
+// as its first frame. A connection with a wrong or missing token gets no reply and is closed.
+// Frames are length-prefixed with hard caps (kMaxKeyBytes etc.); a malformed or oversized frame
+// closes that one connection and is logged, and the server keeps serving everyone else. The wire
+// format is documented in docs/store-protocol.md.
 #include <netinet/in.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>

@@ -79,6 +79,14 @@ std::vector<uint32_t> StoreTable::missing(const std::vector<std::string>& keys) 
 
 bool StoreTable::erase(const std::string& key) { return values_.erase(key) > 0; }
 
+// Note [Parked waits]
+// ~~~~~~~~~~~~~~~~~~~
+// A WAIT whose keys do not all exist is parked: the table remembers which keys the waiter still
+// misses and, per key, which waiters miss it. Every mutation that creates a key (set, add,
+// compare_set on an absent key) reports the waiters that became ready so the server can answer
+// them. A waiter is forgotten when it becomes ready or when its connection closes (unpark). A key
+// counts as found once it has been created after the wait was parked, even if it is deleted again
+// before the other keys appear: a deletion never un-satisfies a parked wait.
 bool StoreTable::park(WaiterId waiter, const std::vector<std::string>& keys) {
   std::unordered_set<std::string> absent;
   for (const auto& k : keys) {

@@ -14,15 +14,9 @@ namespace mtrain::store_server {
 
 using WaiterId = uint64_t;
 
-// Note [Parked waits]
-// ~~~~~~~~~~~~~~~~~~~
-// A WAIT whose keys do not all exist is parked: the table remembers which keys the
-// waiter still misses and, per key, which waiters miss it. Every mutation that creates
-// a key (set, add, compare_set on an absent key) reports the waiters that became ready
-// so the server can answer them. A waiter is forgotten when it becomes ready or when
-// its connection closes (unpark). A key counts as found once it has been created after
-// the wait was parked, even if it is deleted again before the other keys appear: a
-// deletion never un-satisfies a parked wait.
+// A WAIT whose keys do not all exist is parked until they do (Note [Parked waits] in
+// store_table.cpp): every mutation that creates a key reports the waiters that became ready;
+// a deletion never un-satisfies a parked wait.
 class StoreTable {
  public:
   // `ready` receives the waiters whose last missing key this call created.

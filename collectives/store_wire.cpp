@@ -21,6 +21,14 @@ uint64_t load_le(const uint8_t* p, size_t n) {
 
 uint32_t load_u32_le(const uint8_t* p) { return static_cast<uint32_t>(load_le(p, 4)); }
 
+// Note [Store frames]
+// ~~~~~~~~~~~~~~~~~~~
+// Every message in either direction is one frame: a uint32 little-endian length N followed by N
+// payload bytes. A request payload starts with a one-byte Opcode, a reply payload with a one-byte
+// Status; the fields that follow are fixed-width little-endian integers or length-prefixed byte
+// strings (uint32 length + bytes). A frame must be consumed exactly: missing or trailing bytes
+// are a protocol error. The receiver checks the length prefix against its cap before buffering
+// the payload, so a peer cannot make the other side allocate more than one legal frame.
 FrameWriter::FrameWriter() : buf_(kLengthPrefixBytes, 0) {}
 
 FrameWriter& FrameWriter::u8(uint8_t v) {

@@ -13,15 +13,9 @@
 
 namespace mtrain::store_wire {
 
-// Note [Store frames]
-// ~~~~~~~~~~~~~~~~~~~
-// Every message in either direction is one frame: a uint32 little-endian length N
-// followed by N payload bytes. A request payload starts with a one-byte Opcode, a reply
-// payload with a one-byte Status; the fields that follow are fixed-width little-endian
-// integers or length-prefixed byte strings (uint32 length + bytes). A frame must be
-// consumed exactly: missing or trailing bytes are a protocol error. The receiver checks
-// the length prefix against its cap before buffering the payload, so a peer cannot make
-// the other side allocate more than one legal frame.
+// Every message is one frame: a uint32 little-endian length, then that many payload bytes
+// starting with an Opcode (request) or a Status (reply). A frame must be consumed exactly.
+// Details: Note [Store frames] in store_wire.cpp.
 
 enum class Opcode : uint8_t {
   kHello = 0x01,       // u32 magic, u32 version, bytes token        -> kOk (or close)

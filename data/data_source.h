@@ -1,19 +1,7 @@
-// Where a run's data comes from: the --dataset / --data-dir rules of mtrain-train.
-//
-// Note [Dataset resolution]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~
-// * --data-dir given: that directory, which must hold the four IDX files (official
-//   names, .gz or raw); the error lists the missing ones.
-// * fashion-mnist: data/fashion-mnist when it holds all four files (the full set from
-//   scripts/get-data.sh), else the shipped data/fashion-mnist-mini, so a fresh checkout
-//   trains out of the box. The log sentence says which one was taken and why.
-// * mnist: data/mnist, else an error saying to run scripts/get-data.sh mnist or pass
-//   --data-dir (nothing ships for MNIST).
-// * synthetic: generated from the seed, no directory (and --data-dir is an error).
-// "data/" is looked for in the current directory first, then at <exe dir>/../../data
-// (build/bin/../../data is the project's data/), so `./build/bin/mtrain-train` works from
-// the project root and from anywhere else. A full set in either place wins over the
-// mini set in either place.
+// Where a run's data comes from: the --dataset / --data-dir rules of mtrain-train (Note [Dataset
+// resolution] in data_source.cpp). --data-dir wins; else a full set under data/ wins over the
+// shipped mini set, "data/" being looked for in the current directory, then beside the
+// executable's build tree. The chosen source comes with one log sentence saying why.
 #pragma once
 
 #include <filesystem>

@@ -86,6 +86,29 @@ std::vector<std::vector<float>> make_pixel_tables(const DataLoaderOptions& o, in
 
 }  // namespace
 
+// Note [DataLoader prefetch and order]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Batch k of an epoch is a pure function of (epoch order, k): workers claim batch numbers in
+// increasing order, assemble them without holding the lock, and park the result under its number;
+// next() hands out number 0, 1, 2, ... and waits for the one it needs. So the batches are
+// identical and in the same order for any number of workers. Workers may claim batch k only while
+// k < (next batch to hand out) + prefetch_depth, which bounds memory to prefetch_depth batches and
+// means the consumer never waits when assembly keeps up. start_epoch bumps a generation counter:
+// batches of an abandoned epoch that are still being assembled are dropped when they arrive, so an
+// epoch can be restarted (or the loader destroyed) at any point. An exception inside a worker is
+// stored in place of its batch and rethrown by next() when that batch is due; the epoch then stops
+// and next() keeps rethrowing it until the next start_epoch. The destructor stops and joins the
+// workers; they check for it between batches, so it never waits for more than the batch each is
+// assembling. next() and start_epoch are meant to be called from one consumer thread.
+//
+// With pin_memory the images and labels live in pinned host memory from the caching pinned
+// allocator (tensor/cuda_memory.h); a consumer copying them asynchronously to a GPU declares the
+// copy with record_stream (Tensor::copy_ with non_blocking does), so a batch's block is not
+// refilled by a worker before its copy has read it.
+//
+// Pixels become float32 exactly like torchvision's ToTensor() then Normalize(mean, std):
+// x = (p / 255 - mean[c]) / std[c], computed in float32 through a 256-entry table per channel.
+// With no mean/std the values are p / 255 in [0, 1] (d2l's default).
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<Sampler> sampler,
                        DataLoaderOptions options)
     : dataset_(std::move(dataset)), sampler_(std::move(sampler)), options_(std::move(options)) {

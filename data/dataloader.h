@@ -1,5 +1,5 @@
-// DataLoader: cuts a sampler's epoch order into batches and assembles them as Tensors
-// on background threads, ahead of the training loop.
+// DataLoader: cuts a sampler's epoch order into batches and assembles them as Tensors on
+// background threads, ahead of the training loop.
 //
 //   DataLoader loader(dataset, sampler, {.batch_size = 64, .num_workers = 2});
 //   for (int64_t e = 0; e < epochs; ++e) {
@@ -7,31 +7,11 @@
 //     while (auto batch = loader.next()) { ... }  // batch->images, batch->labels
 //   }
 //
-// Note [DataLoader prefetch and order]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Batch k of an epoch is a pure function of (epoch order, k): workers claim batch
-// numbers in increasing order, assemble them without holding the lock, and park the
-// result under its number; next() hands out number 0, 1, 2, ... and waits for the one it
-// needs. So the batches are identical and in the same order for any number of workers.
-// Workers may claim batch k only while k < (next batch to hand out) + prefetch_depth,
-// which bounds memory to prefetch_depth batches and means the consumer never waits when
-// assembly keeps up. start_epoch bumps a generation counter: batches of an abandoned
-// epoch that are still being assembled are dropped when they arrive, so an epoch can be
-// restarted (or the loader destroyed) at any point. An exception inside a worker is
-// stored in place of its batch and rethrown by next() when that batch is due; the epoch
-// then stops and next() keeps rethrowing it until the next start_epoch. The destructor
-// stops and joins the workers; they check for it between batches, so it never waits
-// for more than the batch each is assembling. next() and start_epoch are meant to be
-// called from one consumer thread.
-//
-// With pin_memory the images and labels live in pinned host memory from the caching
-// pinned allocator (tensor/cuda_memory.h); a consumer copying them asynchronously to a
-// GPU declares the copy with record_stream (Tensor::copy_ with non_blocking does), so a
-// batch's block is not refilled by a worker before its copy has read it.
-//
-// Pixels become float32 exactly like torchvision's ToTensor() then Normalize(mean, std):
-// x = (p / 255 - mean[c]) / std[c], computed in float32 through a 256-entry table per
-// channel. With no mean/std the values are p / 255 in [0, 1] (d2l's default).
+// Batches are identical and in the same order for any number of workers; at most
+// prefetch_depth batches are held ahead of the consumer; a worker's exception is rethrown by
+// next() when its batch is due (Note [DataLoader prefetch and order] in dataloader.cpp).
+// next() and start_epoch must be called from one consumer thread. Pixels become float32 as
+// torchvision's ToTensor() then Normalize(mean, std): x = (p / 255 - mean[c]) / std[c].
 #pragma once
 
 #include <atomic>

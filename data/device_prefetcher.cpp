@@ -11,6 +11,31 @@
 #include "tensor/cuda/stream.h"
 #endif
 
+// Note [Device prefetch]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// The prefetcher keeps one batch ahead. start_epoch takes batch 0 from the loader and queues its
+// host->device copy on the prefetcher's own copy stream, followed by an event. next() hands out
+// that batch and, before returning, takes the following one from the loader and queues its copy
+// the same way; so while step k runs on the consumer's current stream (Note [Current stream]),
+// batch k+1 crosses PCIe. For the handed-out batch:
+//   * the consumer's current stream is made to wait for its event (Event::block): kernels the
+//     consumer queues afterwards read the batch only once it has arrived, and the host never
+//     waits;
+//   * its device tensors were allocated for the copy stream and are used on the consumer's
+//     stream, which record_stream declares (tensor/cuda_memory.h): when the consumer drops them,
+//     their blocks are not reused before its kernels are done.
+// The host side of a batch is dropped once its copy is queued. From pinned memory
+// (DataLoaderOptions::pin_memory) the copy is asynchronous, and Tensor::copy_ with non_blocking
+// records the copy stream on the pinned block, so the pinned allocator gives that block to no
+// later batch before the copy has read it. From pageable memory the copy is correct too, but CUDA
+// returns only once it has staged the source, so it does not overlap.
+//
+// Everything else passes through: indices, epoch and batch_index, the order, and the last partial
+// batch; an empty batch (0 rows) gets empty device tensors. An error of the loader (or of queueing
+// a copy) belongs to the batch that was being fetched: next() still hands out the batch before it,
+// and rethrows the error at the next call, and at every call after that until start_epoch (as the
+// loader does).
+
 namespace mtrain::data {
 
 #ifdef MTRAIN_HAVE_CUDA

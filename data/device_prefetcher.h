@@ -1,5 +1,5 @@
-// DevicePrefetcher: a DataLoader's batches on a GPU, each copied there on a stream of
-// its own while the step before it runs.
+// DevicePrefetcher: a DataLoader's batches on a GPU, each copied there on a stream of its own
+// while the step before it runs (Note [Device prefetch] in device_prefetcher.cpp).
 //
 //   DataLoader loader(dataset, sampler, {.batch_size = 64, .pin_memory = true});
 //   DevicePrefetcher batches(loader, Device::cuda(0));
@@ -8,34 +8,12 @@
 //     while (auto batch = batches.next()) { ... }  // batch->images/labels on cuda:0
 //   }
 //
-// Note [Device prefetch]
-// ~~~~~~~~~~~~~~~~~~~~~~
-// The prefetcher keeps one batch ahead. start_epoch takes batch 0 from the loader and
-// queues its host->device copy on the prefetcher's own copy stream, followed by an
-// event. next() hands out that batch and, before returning, takes the following one
-// from the loader and queues its copy the same way; so while step k runs on the
-// consumer's current stream (Note [Current stream]), batch k+1 crosses PCIe. For the
-// handed-out batch:
-//   * the consumer's current stream is made to wait for its event (Event::block): kernels
-//     the consumer queues afterwards read the batch only once it has arrived, and the
-//     host never waits;
-//   * its device tensors were allocated for the copy stream and are used on the
-//     consumer's stream, which record_stream declares (tensor/cuda_memory.h): when the
-//     consumer drops them, their blocks are not reused before its kernels are done.
-// The host side of a batch is dropped once its copy is queued. From pinned memory
-// (DataLoaderOptions::pin_memory) the copy is asynchronous, and Tensor::copy_ with
-// non_blocking records the copy stream on the pinned block, so the pinned allocator
-// gives that block to no later batch before the copy has read it. From pageable memory
-// the copy is correct too, but CUDA returns only once it has staged the source, so it
-// does not overlap.
-//
-// Everything else passes through: indices, epoch and batch_index, the order, and the
-// last partial batch; an empty batch (0 rows) gets empty device tensors. An error of the
-// loader (or of queueing a copy) belongs to the batch that was being fetched: next()
-// still hands out the batch before it, and rethrows the error at the next call, and at
-// every call after that until start_epoch (as the loader does). next() and start_epoch
-// are meant to be called from one consumer thread, the one whose current stream runs
-// the steps.
+// A handed-out batch is ordered on the consumer's current stream (kernels queued afterwards read
+// it once it has arrived; the host never waits). Only from pinned memory does the copy overlap.
+// Everything else passes through (indices, epoch, batch_index, order, a partial or empty last
+// batch). A loader error is rethrown by the next() after the batch before it, and by every call
+// after that until start_epoch. next() and start_epoch must be called from one consumer thread,
+// the one whose current stream runs the steps.
 #pragma once
 
 #include <cstdint>

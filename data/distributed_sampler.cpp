@@ -39,6 +39,26 @@ std::string order_description(bool shuffle, uint64_t seed) {
 
 }  // namespace
 
+// Note [DistributedSampler semantics]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// DistributedSampler follows torch.utils.data.DistributedSampler exactly, with N = dataset size,
+// W = world size, r = rank:
+//
+//   num_samples = drop_last && N % W != 0 ? ceil((N - W) / W)   (= floor(N / W))
+//                                         : ceil(N / W)
+//   total       = num_samples * W
+//   order       = shuffle ? random_permutation(N, seed + epoch) : 0, 1, ..., N-1
+//   not drop_last: order += order[:total - N], repeating the whole list as often as needed
+//                  when total - N > N (N = 2, W = 5: order a b -> a b a b a)
+//   drop_last:     order = order[:total]             (the tail is never visited)
+//   rank r gets    order[r : total : W]               (interleaved, num_samples items)
+//
+// So every rank gets the same count, which keeps the ranks' step counts, and hence their
+// collectives, in lock step. The price without drop_last is that total - N samples are visited
+// twice per epoch. That is harmless for training but skews evaluation metrics
+// (pytorch/pytorch#25162), which is why evaluation uses EvalShardSampler instead. The permutation
+// itself is mtrain's own (Note [Portable randomness]); the shards are PyTorch's function of that
+// permutation, not bit-identical to torch.randperm's.
 DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world_size,
                                        bool shuffle, uint64_t seed, bool drop_last)
     : dataset_size_(dataset_size),
@@ -119,6 +139,18 @@ std::vector<int64_t> split_global_batch(int64_t global_batch, int world_size) {
   return sizes;
 }
 
+// Note [Global batch sharding]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With --global-batch-size G, a step processes exactly the G samples a single process would,
+// split over the ranks. All ranks walk the same global order in global batches of G; batch s is
+// order[s*G : (s+1)*G] and rank r takes chunk r of it, sized by split_global_batch (torch.chunk-
+// like: ceil(G/W) per rank until G runs out). The last partial global batch is dropped with
+// drop_last, else split the same way by its own size. Chunks are contiguous, so concatenating the
+// ranks' chunks of step s in rank order gives exactly the single-process batch s. A rank's chunk
+// may be empty whenever torch.chunk runs out before the last rank (G < W; G = 5 on W = 4 gives 2,
+// 2, 1, 0 at every step; a small last batch); it still takes the step with a 0-row batch so the
+// collectives match, which is why batch_sizes() lists every step and the DataLoader is driven with
+// it (DataLoaderOptions::batch_sizes).
 GlobalBatchShardSampler::GlobalBatchShardSampler(int64_t dataset_size, int rank, int world_size,
                                                  int64_t global_batch, bool shuffle,
                                                  uint64_t seed, bool drop_last)

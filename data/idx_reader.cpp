@@ -9,6 +9,22 @@
 
 #include "core/error.h"
 
+// Note [IDX validation]
+// ~~~~~~~~~~~~~~~~~~~~~
+// IDX is a big-endian header followed by raw bytes: images are magic 0x00000803 (uint8, 3 dims),
+// item count, rows, cols; labels are magic 0x00000801 (uint8, 1 dim), item count. Whether a file
+// is gzip is decided by its first two bytes (1f 8b), never by its name, because people gunzip
+// files and keep the name or the other way round. A file is accepted only if the payload is
+// exactly what the header promises: fewer bytes is "truncated", more is "trailing bytes", so a
+// half-downloaded or concatenated file fails loudly instead of training on garbage. (Bytes after a
+// complete gzip stream that are not another gzip member are skipped by zlib's gzread, as gunzip
+// warns about and skips them; the payload they follow is whole.) A gzip stream must also reach its
+// 8-byte trailer, whose CRC is the only check that the data arrived intact: one that stops after
+// the payload is "truncated" too. Dimensions are read from the header (28x28 for these datasets)
+// but must be in [1, kMaxIdxSide]; labels must be in [0, num_classes). Memory grows with the bytes
+// actually read, so a header that lies about its count cannot make the reader allocate gigabytes.
+// Every error is an IoError naming the file, what was expected and what was found.
+
 namespace mtrain::data {
 namespace {
 

@@ -5,6 +5,17 @@
 #include "core/error.h"
 #include "data/random.h"
 
+// Note [Sampler contract]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A sampler is a pure function of (its configuration, the epoch): indices() returns the same list
+// every time it is called for the same epoch, so the DataLoader may call it once per epoch from the
+// consumer thread and hand slices to worker threads. size() is the length of that list, which need
+// not be the dataset size: a rank-aware sampler (DistributedSampler) yields only its shard, padded
+// or trimmed so that every rank gets the same count. set_epoch(e) must be called before each epoch
+// (the DataLoader's start_epoch does it); without it a shuffling sampler would repeat one order
+// forever. Shuffles use random_permutation(n, seed + epoch) (data/random.h), like PyTorch's seed +
+// epoch convention, so all ranks agree on the global order without talking.
+
 namespace mtrain::data {
 namespace {
 

@@ -1,17 +1,11 @@
-// Samplers decide which dataset items an epoch visits and in which order; the
-// DataLoader cuts that order into batches.
+// Samplers decide which dataset items an epoch visits and in which order; the DataLoader cuts
+// that order into batches.
 //
-// Note [Sampler contract]
-// ~~~~~~~~~~~~~~~~~~~~~~~
-// A sampler is a pure function of (its configuration, the epoch): indices() returns the
-// same list every time it is called for the same epoch, so the DataLoader may call it
-// once per epoch from the consumer thread and hand slices to worker threads. size() is
-// the length of that list, which need not be the dataset size: a rank-aware sampler
-// (DistributedSampler) yields only its shard, padded or trimmed so that every rank gets
-// the same count. set_epoch(e) must be called before each epoch (the DataLoader's
-// start_epoch does it); without it a shuffling sampler would repeat one order forever.
-// Shuffles use random_permutation(n, seed + epoch) (data/random.h), like PyTorch's
-// seed + epoch convention, so all ranks agree on the global order without talking.
+// Contract for every Sampler: a pure function of (its configuration, the epoch), so indices()
+// returns the same list every time for the same epoch (not concurrently with set_epoch);
+// size() is its length, which need not be the dataset size (a rank-aware sampler yields only
+// its shard). set_epoch(e) must be called before each epoch (DataLoader::start_epoch does it).
+// Why: Note [Sampler contract] in sampler.cpp.
 #pragma once
 
 #include <cstdint>

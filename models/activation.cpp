@@ -29,7 +29,7 @@ Tensor ReLU::backward(const Tensor& dy) {
   detail::check_output_grad_device("ReLU", dy, output_.device());
   Tensor dx = Tensor::empty(dy.shape(), DType::Float32, dy.device());
   ops::relu_backward(output_, dy, dx);
-  output_ = Tensor();  // Note [Saved tensors die with backward] (module.h)
+  output_ = Tensor();  // Note [Saved tensors die with backward] (module.cpp)
   return dx;
 }
 
@@ -45,7 +45,7 @@ Tensor Sigmoid::backward(const Tensor& dy) {
   detail::check_output_grad_device("Sigmoid", dy, output_.device());
   Tensor dx = Tensor::empty(dy.shape(), DType::Float32, dy.device());
   ops::sigmoid_backward(output_, dy, dx);
-  output_ = Tensor();  // Note [Saved tensors die with backward] (module.h)
+  output_ = Tensor();  // Note [Saved tensors die with backward] (module.cpp)
   return dx;
 }
 

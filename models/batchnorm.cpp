@@ -65,6 +65,18 @@ int64_t BatchNorm2d::num_batches_tracked() const {
   return num_batches_tracked_.to(Device::cpu()).data<int64_t>()[0];
 }
 
+// Note [Batch norm statistics hooks]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Training mode follows Note [Separable batch norm] in tensor/ops.h, with two virtual steps where
+// SyncBatchNorm (a subclass) swaps local quantities for global ones:
+//   forward:  batchnorm_stats -> merge_batch_stats(stats) -> batchnorm_apply,
+//             running stats updated from the merged mean/var/count;
+//   backward: batchnorm_backward_reduce -> weight/bias grads from the LOCAL sums (DDP
+//             all-reduces them like any other gradient) -> reduce_backward_sums(sum_dy,
+//             sum_dy_xmu) -> batchnorm_backward_apply with the merged count.
+// The base class leaves both steps as identity. Eval mode normalises with the running statistics
+// and never calls either step (torch's SyncBatchNorm does not sync in eval). convert_sync_batchnorm
+// uses replace_modules (module.h) and copy_state_from.
 Tensor BatchNorm2d::forward(const Tensor& x) {
   detail::check_image_batch(description(), x, num_features_);
   detail::check_input_device(description(), x, weight_.value);
@@ -125,7 +137,7 @@ Tensor BatchNorm2d::backward(const Tensor& dy) {
     ops::batchnorm_backward_apply(dy, input_, mean_, invstd_, weight_.value, sum_dy, sum_dy_xmu,
                                   /*count=*/1.0, dx);
   }
-  input_ = Tensor();  // Note [Saved tensors die with backward] (module.h)
+  input_ = Tensor();  // Note [Saved tensors die with backward] (module.cpp)
   return dx;
 }
 

@@ -1,19 +1,8 @@
-// BatchNorm2d over NCHW input (torch.nn.BatchNorm2d with affine=True,
-// track_running_stats=True and a numeric momentum; torch's momentum=None cumulative
-// average is not offered).
-//
-// Note [Batch norm statistics hooks]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Training mode follows Note [Separable batch norm] in tensor/ops.h, with two virtual
-// steps where SyncBatchNorm (a subclass) swaps local quantities for global ones:
-//   forward:  batchnorm_stats -> merge_batch_stats(stats) -> batchnorm_apply,
-//             running stats updated from the merged mean/var/count;
-//   backward: batchnorm_backward_reduce -> weight/bias grads from the LOCAL sums (DDP
-//             all-reduces them like any other gradient) -> reduce_backward_sums(sum_dy,
-//             sum_dy_xmu) -> batchnorm_backward_apply with the merged count.
-// The base class leaves both steps as identity. Eval mode normalises with the running
-// statistics and never calls either step (torch's SyncBatchNorm does not sync in eval).
-// convert_sync_batchnorm uses replace_modules (module.h) and copy_state_from.
+// BatchNorm2d over NCHW input (torch.nn.BatchNorm2d with affine=True, track_running_stats=True
+// and a numeric momentum; torch's momentum=None cumulative average is not offered). Training mode
+// has two virtual steps where SyncBatchNorm swaps local quantities for global ones (Note [Batch
+// norm statistics hooks] in batchnorm.cpp); eval mode normalises with the running statistics and
+// calls neither.
 #pragma once
 
 #include <cstdint>
@@ -52,8 +41,10 @@ class BatchNorm2d : public Module {
   int64_t num_batches_tracked() const;
 
  protected:
-  // See Note [Batch norm statistics hooks]. Overrides must leave `stats` describing the
-  // batch the normalisation is over (mean, biased var, element count per channel).
+  // Training mode only; identity here (Note [Batch norm statistics hooks]). merge_batch_stats
+  // runs after the local statistics and must leave `stats` describing the batch the
+  // normalisation is over (mean, biased var, element count per channel);
+  // reduce_backward_sums runs after the weight and bias gradients are taken from the local sums.
   virtual void merge_batch_stats(BatchStats& stats) {}
   virtual void reduce_backward_sums(Tensor& sum_dy, Tensor& sum_dy_xmu) {}
 

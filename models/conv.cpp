@@ -64,7 +64,7 @@ Tensor Conv2d::backward(const Tensor& dy) {
     dx = Tensor::empty(input_.shape(), DType::Float32, input_.device());
     ops::conv2d_backward_data(dy, weight_.value, dx, geometry_);
   }
-  input_ = Tensor();  // Note [Saved tensors die with backward] (module.h)
+  input_ = Tensor();  // Note [Saved tensors die with backward] (module.cpp)
   output_shape_ = {};
   return dx;
 }

@@ -30,7 +30,7 @@ class Conv2d : public Module {
   const Conv2dOptions& options() const { return options_; }
   Parameter& weight() { return weight_; }
   Parameter& bias() { return bias_; }  // value undefined when options().bias is false
-  // The type the convolution multiplies in (Note [Mixed precision] in mixed_precision.h).
+  // The type the convolution multiplies in (Note [Mixed precision] in mixed_precision.cpp).
   void set_compute_dtype(DType compute) { geometry_.compute = compute; }
   DType compute_dtype() const { return geometry_.compute; }
 

@@ -26,7 +26,7 @@ Tensor Flatten::backward(const Tensor& dy) {
   }
   detail::check_output_grad("Flatten", dy, output_shape_);
   Tensor dx = dy.view(input_shape_);
-  output_shape_ = {};  // Note [Saved tensors die with backward] (module.h): a second backward is an error
+  output_shape_ = {};  // Note [Saved tensors die with backward] (module.cpp): a second backward is an error
   return dx;
 }
 

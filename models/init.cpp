@@ -5,6 +5,26 @@
 
 #include "core/error.h"
 
+// Note [Initialisation]
+// ~~~~~~~~~~~~~~~~~~~~~
+// kPyTorchDefault reproduces torch's reset_parameters distributions: conv and linear weights
+// kaiming_uniform(a = sqrt(5)), which is U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and biases
+// U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in_features or in_channels*kh*kw. kNormal is d2l's
+// init_normal: conv and linear weights N(0, 0.01^2), biases zero. Either way BatchNorm gets weight
+// 1, bias 0, running mean 0, running var 1 and num_batches_tracked 0. Layer constructors only
+// allocate (conv and linear parameters are zero); build_model calls init_parameters, and code that
+// assembles layers itself must too. Seeding each layer in its constructor would either need an RNG
+// argument on every constructor or give same-shaped layers identical weights.
+//
+// Values come from one std::mt19937_64 seeded with InitOptions::seed and consumed in parameter
+// order (Note [Parameter names]): the same seed gives the same model. Uniform and normal draws are
+// computed here from the raw 64-bit output (top 24 bits for a float in [0, 1), Box-Muller for
+// normals) rather than with std:: distributions, whose algorithms differ between standard
+// libraries. Bit parity with torch's generator is a non-goal: torch.manual_seed(s) and seed s give
+// different (equally distributed) values. Values are drawn on the host, so a model initialised on
+// the CPU and moved with Module::to starts from the same weights on every device; an initializer
+// given a GPU tensor draws the same values into host memory and copies them over.
+
 namespace mtrain::models {
 
 InitScheme parse_init_scheme(const std::string& name) {

@@ -46,7 +46,7 @@ Tensor Linear::backward(const Tensor& dy) {
                        /*accumulate=*/true, compute_);
   if (has_bias_) notify_grad_ready(bias_);
   notify_grad_ready(weight_);
-  input_ = Tensor();  // Note [Saved tensors die with backward] (module.h)
+  input_ = Tensor();  // Note [Saved tensors die with backward] (module.cpp)
   output_shape_ = {};
   return dx;
 }

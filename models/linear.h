@@ -20,7 +20,7 @@ class Linear : public Module {
   int64_t out_features() const { return out_features_; }
   Parameter& weight() { return weight_; }
   Parameter& bias() { return bias_; }  // value undefined without bias
-  // The type the products are formed in (Note [Mixed precision] in mixed_precision.h).
+  // The type the products are formed in (Note [Mixed precision] in mixed_precision.cpp).
   void set_compute_dtype(DType compute) { compute_ = compute; }
   DType compute_dtype() const { return compute_; }
 

@@ -2,6 +2,52 @@
 
 #include "core/error.h"
 
+// Note [Parameter names]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Names are PyTorch's state_dict keys for the equivalent torch module, so weights saved by mtrain
+// load into torch with load_state_dict and the other way round: a parameter's full name is the
+// dotted path of child names from the root, then its own name. Children of a Sequential are named
+// "0", "1", ...; composite layers name their children as the torch module's attributes do
+// (Residual: conv1, conv2, conv3, bn1, bn2). Layers that torch calls functionally (the ReLUs
+// inside Residual) are private members, not children, so they add no path component. Examples:
+//   resnet18: "0.0.weight" (stem conv), "0.1.running_mean", "1.0.conv1.weight",
+//             "2.0.conv3.weight", "7.weight";   lenet: "0.weight", "3.weight", "11.bias".
+// Order = torch's named_parameters()/state_dict order: a module's own parameters in registration
+// order, then each child's in child order (pre-order). That order is also the parameter index
+// used by the grad-ready hook and by the optimizer state, so it must be identical on every rank
+// (it is: it depends only on the architecture).
+//
+// Note [Grad-ready hook]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// The DDP reducer starts an all-reduce as soon as a bucket's gradients are final, so a layer calls
+// the hook for each of its parameters the moment that parameter's gradient (accumulated, see Note
+// [Gradient accumulation] in tensor/ops.h) is final, before it computes its input gradient. Hooks
+// therefore fire in reverse forward order: for a Sequential chain that is reverse registration
+// order (bias before weight within a layer); inside a Residual block the shortcut conv (conv3,
+// last in forward) fires first, then bn2, conv2, bn1, conv1, which is not reverse registration
+// order, so a consumer must not assume a fixed order beyond "each parameter exactly once per
+// backward". set_grad_ready_hook on the root numbers the parameters (Parameter::index = position
+// in root.parameters()) and installs the hook in the whole subtree; replacing a child afterwards
+// (convert_sync_batchnorm) requires installing the hook again.
+//
+// Note [Gradient accumulation in modules]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Layers always call the kernels with accumulate = true, and zero_grad writes zeros rather than
+// dropping the gradient tensor: the reducer may have replaced `grad` with a view into its bucket,
+// and that view must stay valid and read as zero. Overwriting on the first backward after
+// zero_grad would save one read per gradient element, which is not worth a flag that every writer
+// of `grad` would have to honour.
+//
+// Note [Saved tensors die with backward]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// What a layer's forward keeps for its backward (its input, its output, argmax indices) is
+// released as soon as that backward is done, as PyTorch's autograd frees saved tensors. Backward
+// runs from the last layer to the first, so the memory of the later layers' activations is back in
+// the allocator's cache by the time the earlier layers allocate their input gradients, and the
+// step's peak is the activations plus a few gradients rather than both in full. A second backward
+// for one forward is an error (like backward without retain_graph). Each layer's backward does the
+// releasing.
+
 namespace mtrain::models {
 
 namespace {

@@ -1,47 +1,10 @@
-// Module: the base of every layer and model. A module owns its parameters, buffers and
-// child modules, runs `forward`, and runs an explicit `backward` (Caffe / llm.c style):
-// each layer caches in forward what its backward needs, so one forward must precede
-// each backward and a second forward overwrites the cache. Layers may keep their input
-// or output tensors (handles share data, Note [Tensor semantics]): callers must not
-// modify a forward's input or output in place before the matching backward.
-//
-// Note [Parameter names]
-// ~~~~~~~~~~~~~~~~~~~~~~
-// Names are PyTorch's state_dict keys for the equivalent torch module, so weights
-// saved by mtrain load into torch with load_state_dict and the other way round:
-// a parameter's full name is the dotted path of child names from the root, then its
-// own name. Children of a Sequential are named "0", "1", ...; composite layers name
-// their children as the torch module's attributes do (Residual: conv1, conv2, conv3,
-// bn1, bn2). Layers that torch calls functionally (the ReLUs inside Residual) are
-// private members, not children, so they add no path component. Examples:
-//   resnet18: "0.0.weight" (stem conv), "0.1.running_mean", "1.0.conv1.weight",
-//             "2.0.conv3.weight", "7.weight";   lenet: "0.weight", "3.weight", "11.bias".
-// Order = torch's named_parameters()/state_dict order: a module's own parameters in
-// registration order, then each child's in child order (pre-order). That order is
-// also the parameter index used by the grad-ready hook and by the optimizer state,
-// so it must be identical on every rank (it is: it depends only on the architecture).
-//
-// Note [Grad-ready hook]
-// ~~~~~~~~~~~~~~~~~~~~~~
-// The DDP reducer starts an all-reduce as soon as a bucket's gradients are final, so a
-// layer calls the hook for each of its parameters the moment that parameter's gradient
-// (accumulated, see Note [Gradient accumulation] in tensor/ops.h) is final, before it
-// computes its input gradient. Hooks therefore fire in reverse forward order: for a
-// Sequential chain that is reverse registration order (bias before weight within a
-// layer); inside a Residual block the shortcut conv (conv3, last in forward) fires
-// first, then bn2, conv2, bn1, conv1, which is not reverse registration order, so a
-// consumer must not assume a fixed order beyond "each parameter exactly once per
-// backward". set_grad_ready_hook on the root numbers the parameters (Parameter::index =
-// position in root.parameters()) and installs the hook in the whole subtree; replacing
-// a child afterwards (convert_sync_batchnorm) requires installing the hook again.
-//
-// Note [Gradient accumulation in modules]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Layers always call the kernels with accumulate = true, and zero_grad writes zeros
-// rather than dropping the gradient tensor: the reducer may have replaced `grad` with a
-// view into its bucket, and that view must stay valid and read as zero. Overwriting on
-// the first backward after zero_grad would save one read per gradient element, which
-// is not worth a flag that every writer of `grad` would have to honour.
+// Module: the base of every layer and model. A module owns its parameters, buffers and child
+// modules, runs `forward`, and runs an explicit `backward` (Caffe / llm.c style): each layer caches
+// in forward what its backward needs, so one forward must precede each backward and a second
+// forward overwrites the cache. Layers may keep their input or output tensors (handles share
+// data, Note [Tensor semantics]): callers must not modify a forward's input or output in place
+// before the matching backward. Parameter names and order are torch's state_dict's (Note
+// [Parameter names] in module.cpp). Not thread-safe: one thread drives a module tree.
 #pragma once
 
 #include <cstdint>
@@ -58,7 +21,7 @@ namespace mtrain::models {
 struct Parameter {
   Tensor value;
   Tensor grad;     // same shape as value; accumulates until zero_grad
-  int index = -1;  // position in the hooked root's parameters(), see Note [Grad-ready hook]
+  int index = -1;  // position in the hooked root's parameters(), see Note [Grad-ready hook] (module.cpp)
 };
 
 struct NamedParameter {
@@ -78,15 +41,9 @@ class ParameterInitializer;  // models/init.h
 // Given a module, returns its replacement or nullptr to keep it (see replace_modules).
 using ModuleReplacer = std::function<std::unique_ptr<Module>(Module& module)>;
 
-// Note [Saved tensors die with backward]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// What a layer's forward keeps for its backward (its input, its output, argmax
-// indices) is released as soon as that backward is done, as PyTorch's autograd frees
-// saved tensors. Backward runs from the last layer to the first, so the memory of the
-// later layers' activations is back in the allocator's cache by the time the earlier
-// layers allocate their input gradients, and the step's peak is the activations plus
-// a few gradients rather than both in full. A second backward for one forward is an
-// error (like backward without retain_graph).
+// What a layer's forward keeps for its backward is released when that backward is done, and a
+// second backward for one forward is an error (Note [Saved tensors die with backward] in
+// module.cpp).
 class Module {
  public:
   Module() = default;
@@ -136,7 +93,9 @@ class Module {
   void zero_grad();  // recursive, see Note [Gradient accumulation in modules]
 
   // Numbers the subtree's parameters and installs `hook` in every module of it; an
-  // empty function removes the hook. See Note [Grad-ready hook].
+  // empty function removes the hook. The hook runs on the backward's thread, once per
+  // parameter per backward, the moment its gradient is final, in no fixed order (Note
+  // [Grad-ready hook]). Replacing a child afterwards requires installing the hook again.
   void set_grad_ready_hook(GradReadyHook hook);
 
   // Children, in registration order.

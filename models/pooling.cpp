@@ -57,7 +57,7 @@ Tensor MaxPool2d::backward(const Tensor& dy) {
   detail::check_output_grad_device(description_, dy, argmax_.device());
   Tensor dx = Tensor::empty(input_shape_, DType::Float32, dy.device());
   ops::maxpool2d_backward(dy, argmax_, dx);
-  argmax_ = Tensor();  // Note [Saved tensors die with backward] (module.h)
+  argmax_ = Tensor();  // Note [Saved tensors die with backward] (module.cpp)
   return dx;
 }
 
@@ -77,7 +77,7 @@ Tensor AvgPool2d::backward(const Tensor& dy) {
   // Nothing saved but shapes: dx goes wherever dy is, and the kernel needs nothing else.
   Tensor dx = Tensor::empty(input_shape_, DType::Float32, dy.device());
   ops::avgpool2d_backward(dy, dx, window_);
-  output_shape_ = {};  // Note [Saved tensors die with backward] (module.h)
+  output_shape_ = {};  // Note [Saved tensors die with backward] (module.cpp)
   return dx;
 }
 
@@ -107,7 +107,7 @@ Tensor AdaptiveAvgPool2d::backward(const Tensor& dy) {
   detail::check_output_grad("AdaptiveAvgPool2d(1)", dy, output_shape_);
   Tensor dx = Tensor::empty(input_shape_, DType::Float32, dy.device());
   ops::global_avgpool_backward(dy, dx);
-  output_shape_ = {};  // Note [Saved tensors die with backward] (module.h)
+  output_shape_ = {};  // Note [Saved tensors die with backward] (module.cpp)
   return dx;
 }
 

@@ -7,6 +7,45 @@
 #include "core/error.h"
 #include "tensor/ops.h"
 
+// Note [SyncBatchNorm wire format]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Forward (training): each rank packs its local BatchStats as 2C+1 float32 values,
+//   [mean (C), biased var (C), count (1)],
+// and one allgather gives every rank every rank's row, so each rank merges the same numbers in the
+// same order and all replicas get bitwise identical global statistics. An allgather rather than an
+// allreduce because the merge weights each rank by its own count (torch: "count could be different
+// across ranks").
+//
+// torch sends invstd = 1/sqrt(var + eps) and recovers var = 1/invstd^2 - eps on the other side.
+// We send the biased variance itself: the merge needs var, the BatchStats convention is var, and
+// the round trip through invstd is not exact in float32 (for var much smaller than eps it cancels
+// to a few correct bits). Same size on the wire, same merge, one rounding fewer.
+//
+// The count travels as a float so that one collective of one dtype carries the row (allgather
+// needs equal numel and dtype on every rank). float32 holds integers exactly up to 2^24 =
+// 16,777,216 values per channel per rank (e.g. batch 256 at 224x224 is 12.8M); a rank above that
+// sends -1 instead, and every rank then raises the same InvalidArgument naming it, so no rank is
+// left waiting in a later collective.
+//
+// Note [SyncBatchNorm merge]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// As torch's batch_norm_gather_stats_with_counts (Chan et al.'s pairwise update), in double, ranks
+// in rank order, ranks with count 0 skipped (ops::batchnorm_merge_stats, on the device of the
+// statistics; CPU and GPU kernels do the same operations in the same order, see Note [Batch-norm
+// channel arithmetic] in tensor/cpu/batchnorm_channels.cpp):
+//   n' = n + n_j;  M2 += var_j*n_j + (mean - mean_j)^2 * n*n_j/n';
+//   mean = (n*mean + n_j*mean_j)/n';   global biased var = M2/n.
+// With a single contributing rank this returns that rank's mean and var exactly (float times an
+// integer below 2^24 is exact in double, and so is the division back), so a group of one equals
+// BatchNorm2d bitwise. The base class then updates the running statistics with the unbiased global
+// variance var*N/(N-1) and normalises backward by the global count N. A global N <= 1 is an
+// InvalidArgument on every rank alike (every rank sees the same N). A rank with an empty local
+// batch sends zeros with count 0 and still joins both collectives, so its peers are not blocked.
+//
+// Backward: one allreduce(SUM) of cat[sum_dy, sum_dy_xmu] (2C floats). Weight and bias gradients
+// stay local (the base class computes them before this step); the DDP reducer sums them like any
+// other gradient. Eval mode never communicates.
+
 namespace mtrain::models {
 
 namespace {

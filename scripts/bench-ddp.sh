@@ -130,7 +130,7 @@ awk_median='
 # global images/s of the median window, and what the ranks' mean wait after backward
 # was made of, as shares of the mean step time: communication no rank hid, and waiting
 # for the slowest rank (the metrics' rank_waits, Note [Every rank's wait] in
-# trainer/ddp/reducer.h; 0 0 in a world of one).
+# trainer/ddp/reducer.cpp; 0 0 in a world of one).
 mtrain_rate() {
   awk -v skip="$2" -v world="$3" -v w="$4" "$awk_median"'
     function field(name,    m) {

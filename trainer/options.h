@@ -1,5 +1,6 @@
 // mtrain-train's command line: the flags, their defaults and their validation. Parsing
 // is separate from running so every bad value is rejected before anything is loaded.
+// Pure functions; every error is InvalidArgument with one line naming the flag.
 #pragma once
 
 #include <cstdint>
@@ -10,12 +11,9 @@
 namespace mtrain {
 
 // Defaults: the README's main job is plain `mtrain-train`, which must finish in well
-// under 3 minutes on 2 cores and still learn something real. Measured on the shipped
-// 6,000-image subset with 2 threads: mlp reaches ~0.84 test accuracy in 10 epochs in
-// about a second. d2l's sigmoid LeNet sits on its initial plateau (loss 2.30, chance
-// accuracy) for 30 epochs at batch 256 (lr 0.9, or lr 0.5 with momentum 0.9) and only
-// leaves it after ~1,000 steps at lr 2, batch 64; simplecnn (no pooling before its
-// 128-channel conv) takes 11 s per epoch and is at 0.23 after one.
+// under 3 minutes on 2 cores and still learn something real: mlp for 10 epochs on the
+// shipped subset does; d2l's sigmoid LeNet still sits on its initial plateau after that
+// many epochs, and simplecnn is too slow per epoch (docs/benchmarks.md).
 struct TrainOptions {
   std::string model = "mlp";
   std::string dataset = "fashion-mnist";
@@ -38,7 +36,7 @@ struct TrainOptions {
   std::string log_level = "info";
   int64_t log_every = 20;               // optimizer steps between progress lines
 
-  // Where the replica trains (docs/gpu.md; Note [Device binding] in setup/device.h)
+  // Where the replica trains (docs/gpu.md; Note [Device binding] in setup/device.cpp)
   // and the GPU numerics (Note [Convolution algorithm choice] in tensor/cuda_ops.h; all
   // three are accepted and ignored on the CPU, so one command line serves both).
   std::string device = "auto";          // auto|cuda|cpu
@@ -46,8 +44,8 @@ struct TrainOptions {
   bool deterministic = false;           // only algorithms cuDNN documents as deterministic
   bool allow_tf32 = true;               // TF32 tensor cores for convolutions (--no-tf32 turns off)
 
-  // Mixed precision (Note [Mixed precision] in models/mixed_precision.h) and loss
-  // scaling (Note [Dynamic loss scaling] in trainer/loop/loss_scaler.h).
+  // Mixed precision (Note [Mixed precision] in models/mixed_precision.cpp) and loss
+  // scaling (Note [Dynamic loss scaling] in trainer/loop/loss_scaler.cpp).
   std::string amp = "off";              // off|bf16|fp16
   std::string loss_scale = "auto";      // auto (dynamic with fp16, else none)|dynamic|none
   double initial_loss_scale = 65536.0;
@@ -98,7 +96,7 @@ void validate_train_options(const TrainOptions& options, const TrainChoices& cho
 std::vector<std::string> train_flag_names();
 
 // Whether the run scales its loss dynamically: --loss-scale dynamic, or auto with
-// --amp fp16, which needs it (Note [Dynamic loss scaling] in loop/loss_scaler.h).
+// --amp fp16, which needs it (Note [Dynamic loss scaling] in loop/loss_scaler.cpp).
 bool uses_loss_scaler(const TrainOptions& options);
 
 }  // namespace mtrain

@@ -74,7 +74,7 @@ void add_data_parallel_hooks(const TrainOptions& o, TrainingRun& run, TrainLoopH
   };
   hooks.combine_eval = [&control](const EvalResult& local) { return allreduce_eval(control, local); };
   if (!o.sync_bn && !model.buffers().empty()) {
-    // Note [Buffers follow rank 0] (loop/train_loop.h); the model's device tensors travel
+    // Note [Buffers follow rank 0] (loop/train_loop.cpp); the model's device tensors travel
     // on the gradient group, as at start-up.
     hooks.sync_buffers = [gradients = run.groups.gradients, &model] { broadcast_module_buffers(*gradients, model); };
   }

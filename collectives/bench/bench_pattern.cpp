@@ -8,6 +8,14 @@
 #include "core/env.h"
 #include "core/error.h"
 
+// Note [Bench pattern]
+// ~~~~~~~~~~~~~~~~~~~~
+// Inputs are small integers (1..13 times rank + 1), so every sum over up to thousands of ranks is
+// exact in float32 and results compare with ==. They depend on the rank, on the element's position
+// in the full (gathered / unscattered) buffer and on the iteration, so a stale buffer, a chunk in
+// the wrong place or a missing rank all show up as mismatches. Inputs are rewritten before every
+// iteration.
+
 namespace mtrain::bench {
 namespace {
 

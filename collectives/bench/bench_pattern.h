@@ -1,13 +1,6 @@
-// What mtrain-bench sends and expects: the operations, their sizes and bandwidth
-// factors, and the rank- and iteration-dependent input pattern with its checker.
-//
-// Note [Bench pattern]
-// ~~~~~~~~~~~~~~~~~~~~
-// Inputs are small integers (1..13 times rank + 1), so every sum over up to thousands
-// of ranks is exact in float32 and results compare with ==. They depend on the rank, on
-// the element's position in the full (gathered / unscattered) buffer and on the
-// iteration, so a stale buffer, a chunk in the wrong place or a missing rank all show
-// up as mismatches. Inputs are rewritten before every iteration.
+// What mtrain-bench sends and expects: the operations, their sizes and bandwidth factors, and the
+// rank- and iteration-dependent input pattern with its checker (Note [Bench pattern] in
+// bench_pattern.cpp: exact in float32, so results compare with ==). Pure functions.
 #pragma once
 
 #include <cstdint>

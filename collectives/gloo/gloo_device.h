@@ -1,4 +1,5 @@
-// The Gloo TCP device of a rank, listening on the local address that reaches the master.
+// The Gloo TCP device of a rank, listening on the local address that reaches the master. Free
+// functions, no shared state.
 #pragma once
 
 #include <gloo/transport/device.h>

@@ -1,22 +1,7 @@
-// The issue-ordered queue of a Gloo group's operations, run by the group's
-// communication thread or, when that is faster, by the thread that waits for one.
-//
-// Note [Running an operation on the waiting thread]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Issuing an operation only queues it (Note [Asynchronous collectives]); the
-// communication thread runs it and the caller's wait() sleeps until it is done. For a
-// caller that issues and waits at once (SyncBatchNorm, metrics, every small
-// collective) that is two extra thread wake-ups per operation on each rank, both on
-// the critical path: the communication thread's, then the caller's. Each is a chance
-// for the scheduler to delay the operation: a few microseconds when a core is free,
-// up to a whole scheduler tick (4 ms) when other processes hold the cores
-// (measurements in docs/benchmarks.md). So a waiter whose operation is next in line
-// while no operation is running takes it off the queue and runs it itself, on its own thread; the communication thread, if it woke up
-// meanwhile, finds the queue busy and sleeps again. At most one operation runs at a
-// time, in issue order, whichever thread runs it, and the operation's body (with its
-// timeout and straggler diagnosis) is the same code either way. Operations that are
-// issued and not yet waited on still start on the communication thread, so
-// asynchrony (DDP's overlap of bucket all-reduces with backward) is unchanged.
+// The issue-ordered queue of a Gloo group's operations, run by the group's communication thread
+// or by the thread that waits for one (Note [Running an operation on the waiting thread] in
+// operation_queue.cpp). At most one task runs at a time, in push order, whichever thread runs it.
+// Thread-safe.
 #pragma once
 
 #include <condition_variable>

@@ -299,6 +299,14 @@ bool started_by_mpirun() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
 }
 
+// Note [A failing rank under mpirun]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// MPI_Finalize waits until every rank reaches it (Open MPI: a PMIx fence), so a rank that fails
+// while the others train would hang in its finalisation at exit, mpirun would never see it leave,
+// and the others would wait --timeout in their next collective. A process leaving with an error
+// therefore calls abort_mpi_job_on_error first: with more than one rank it ends the whole job with
+// MPI_Abort(exit_code), as mpirun's users expect ("when a rank exits non-zero, mpirun aborts the
+// others").
 void abort_mpi_job_on_error(const char* program, int exit_code) {
   if (mpi::MpiRuntime::started_world_size() <= 1) return;
   std::fprintf(stderr, "%s: ending the MPI job (MPI_Abort %d): this rank failed, and MPI_Finalize would wait for "

@@ -83,6 +83,16 @@ MpiRuntime::MpiRuntime() : batch_threads_(batch_threads_from_env()) {
   watchdog_thread_ = std::thread(&MpiRuntime::watchdog_loop, this);
 }
 
+// Note [MPI backend threading]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Groups only queue work; this process-wide queue runs it one operation at a time, in the order
+// the process issued it, across groups too. The communication thread makes MPI_Init_thread,
+// MPI_Finalize and every operation's MPI calls, except that a thread waiting for the next
+// operation may run it itself (Note [MPI operations on the waiting thread]). Since never two
+// threads are inside MPI at once, MPI_THREAD_SERIALIZED is all that is asked for, and every Open
+// MPI build provides it. If the program initialised MPI itself before the first group, it must
+// have asked for MPI_THREAD_SERIALIZED or more and must not call MPI while groups exist; MPI is
+// then left for the program to finalise.
 void MpiRuntime::initialise_mpi() {
   int already = 0;
   MTRAIN_MPI_CHECK(MPI_Initialized(&already));
@@ -214,6 +224,26 @@ void MpiRuntime::wake_communication_locked() {
   }
 }
 
+// Note [MPI operations on the waiting thread]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Handing each operation to the communication thread costs two thread wake-ups, and for a caller
+// that issues and waits at once (mtrain-bench, SyncBatchNorm, metrics) both lie on the critical
+// path, a sizeable part of a small all-reduce (docs/benchmarks.md). So, as in the Gloo backend, a
+// waiter whose operation is next in line while nothing runs takes it off the queue and makes the
+// MPI call on its own thread. That alone rarely happens: the communication thread, woken by the
+// issue and having slept longer, preempts the issuer on its core (mpirun binds each rank to one
+// core) and usually takes the operation first. Both of the runtime's threads therefore run under
+// SCHED_BATCH, whose wake-ups never preempt a running thread: an issued operation starts on the
+// communication thread when a core is free or at the next scheduler tick, and an operation waited
+// on at once runs on the waiter with almost never a hand-off. MTRAIN_MPI_THREAD_SCHED=normal gives
+// the two threads normal scheduling again.
+//
+// An MPI call cannot be interrupted, so a waiter running a collective that never completes cannot
+// receive its TimeoutError. When the watchdog finds the running operation past its deadline and on
+// a waiting thread, it prints the TimeoutError's message and ends the job with MPI_Abort (exit
+// status 1), which is what a program must do after an MPI timeout anyway (Note [MPI timeouts]).
+// wait(timeout) with a timeout shorter than the group's never runs the operation itself, so it
+// always returns by its own timeout.
 bool MpiRuntime::run_if_next(uint64_t task_id) {
   std::shared_ptr<Entry> entry;
   {
@@ -268,6 +298,17 @@ void MpiRuntime::watchdog_loop() {
   }
 }
 
+// Note [MPI timeouts]
+// ~~~~~~~~~~~~~~~~~~~
+// An MPI collective cannot be cancelled. The watchdog fails the Work of an operation that runs
+// longer than its group's timeout (counted from when it starts: one queued behind a slow operation
+// of another group is not late) with a TimeoutError naming the operation, group and sequence
+// number (MPI cannot tell which ranks never arrived), and fails every other queued or later
+// operation with a CommError: the thread running it stays blocked inside MPI forever and the
+// collective order is broken (when that thread is the waiter itself, see Note [MPI operations on
+// the waiting thread]). The process must then exit; at exit MPI is not finalised (that would
+// hang), so mpirun sees a rank leave without MPI_Finalize and tears the job down. abort_mpi_job()
+// (MPI_Abort) ends every rank at once and is the quickest way out.
 // Called with mu_ held; releases it while settling (finish callbacks take Work locks).
 void MpiRuntime::fail_everything_after_timeout(std::unique_lock<std::mutex>& lock,
                                                const std::shared_ptr<Entry>& expired) {

@@ -1,7 +1,7 @@
-// The process-wide MPI runtime: the queue that runs every MPI operation one at a time,
-// on its communication thread or on the thread waiting for it (Note [MPI backend
-// threading]), and the watchdog that enforces operation deadlines (Note [MPI
-// timeouts]). Internal to the MPI backend.
+// The process-wide MPI runtime, internal to the MPI backend: the queue that runs every MPI
+// operation one at a time, on its communication thread or on the thread waiting for it (Note [MPI
+// backend threading] in mpi_runtime.cpp), and the watchdog that enforces operation deadlines
+// (Note [MPI timeouts]). All members are thread-safe.
 #pragma once
 
 #include <mpi.h>
@@ -99,7 +99,7 @@ class MpiRuntime {
   std::condition_variable exit_cv_;      // shutdown: communication thread done or broken
   std::deque<std::shared_ptr<Entry>> queue_;
   std::shared_ptr<Entry> running_;
-  // Note [Fewer wake-ups per operation]
+  // Wake-up bookkeeping (Note [Fewer wake-ups per operation] in mpi_runtime.cpp).
   bool communication_sleeping_ = false;  // the communication thread waits on work_cv_
   bool communication_woken_ = false;     // ...and has been notified since
   Clock::duration shortest_timeout_ = Clock::duration::max();

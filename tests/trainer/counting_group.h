@@ -1,6 +1,6 @@
 // A ProcessGroup that forwards every operation to a real group and counts them, for
 // tests that check which group a caller used (Note [Control-plane collectives] in
-// trainer/ddp/training_groups.h).
+// trainer/ddp/training_groups.cpp).
 #pragma once
 
 #include <memory>

@@ -253,7 +253,7 @@ TEST_CASE("the reducer launches a bucket's all-reduce while backward is still ru
 
 TEST_CASE("every rank's wait: the rank without images never finishes backward last, and rank 0 says who did",
           "[multiproc]") {
-  // Note [Every rank's wait] in trainer/ddp/reducer.h. --global-batch-size 4 on 3 ranks
+  // Note [Every rank's wait] in trainer/ddp/reducer.cpp. --global-batch-size 4 on 3 ranks
   // gives shares 2, 2, 0 (torch.chunk): rank 2 runs no forward or backward, so it waits
   // the whole of its peers' (a resnet18 step on 2 images, tens of ms) every step.
   TempDir dir;
@@ -296,7 +296,7 @@ double peak_tensor_mib(const ProcessResult& r) {
 
 TEST_CASE("on 2 ranks the gradient buckets hold no more tensor memory than 1 rank's gradients",
           "[multiproc]") {
-  // Note [Set-up memory] in train_command.cpp: a bucket must not land in a cached
+  // Note [Set-up memory] in setup/run_setup.cpp: a bucket must not land in a cached
   // set-up block up to twice its size. At batch 2 ResNet-18's 85 MiB of parameters and
   // gradients dominate the peak; a bucket in the broadcast buffer's block added 19 MiB.
   const std::vector<std::string> args = {"--model", "resnet18", "--dataset", "synthetic", "--batch-size", "2",
@@ -380,7 +380,7 @@ TEST_CASE("resnet18 with --sync-bn: 3 ranks with uneven shares of --global-batch
           "[multiproc]") {
   // Shares 4, 4 and 2 (torch.chunk). SyncBatchNorm's backward sums dy over the ranks,
   // so every rank's loss gradient must carry the same scale (Note [Reducer gradient
-  // weighting] in trainer/ddp/reducer.h); weighting the buckets instead puts the
+  // weighting] in trainer/ddp/reducer.cpp); weighting the buckets instead puts the
   // 2-image rank's dy twice into those sums and misses by 3e-3.
   TempDir dir;
   const std::vector<std::string> base = {"--model", "resnet18", "--dataset", "synthetic", "--max-steps", "1",
@@ -395,7 +395,7 @@ TEST_CASE("resnet18 with --sync-bn: 3 ranks with uneven shares of --global-batch
 }
 
 TEST_CASE("without --sync-bn, 2 ranks evaluate the model rank 0 saves (buffers follow rank 0)", "[multiproc]") {
-  // Note [Buffers follow rank 0] in trainer/loop/train_loop.h. Each rank's BatchNorm
+  // Note [Buffers follow rank 0] in trainer/loop/train_loop.cpp. Each rank's BatchNorm
   // statistics come from its own batches; evaluated with its own, rank 1's half of the
   // test set scored another model than the saved one (test loss 137.92 against 137.63).
   TempDir dir;
@@ -416,7 +416,7 @@ TEST_CASE("without --sync-bn, 2 ranks evaluate the model rank 0 saves (buffers f
 
 TEST_CASE("a loss that is not finite stops every rank with the same cause, a rank without images too",
           "[multiproc]") {
-  // Note [Agreeing to diverge] in trainer/loop/train_loop.h. --global-batch-size 2 on 3
+  // Note [Agreeing to diverge] in trainer/loop/train_loop.cpp. --global-batch-size 2 on 3
   // ranks leaves rank 2 without images at every step: it has no loss of its own and
   // learns of the divergence through the step's vote instead of waiting in a collective.
   const std::vector<std::string> args = {"--model", "mlp", "--lr", "1e30", "--max-steps", "20", "--no-eval"};

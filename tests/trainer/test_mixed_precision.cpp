@@ -1,6 +1,6 @@
 // --amp and loss scaling: the LossScaler's rules in-process, then real mtrain-train runs
-// on the shipped subset (Note [Mixed precision] in models/mixed_precision.h, Note
-// [Dynamic loss scaling] in trainer/loop/loss_scaler.h). The children hide every GPU, so the
+// on the shipped subset (Note [Mixed precision] in models/mixed_precision.cpp, Note
+// [Dynamic loss scaling] in trainer/loop/loss_scaler.cpp). The children hide every GPU, so the
 // runs mean the same on a machine with one.
 #include <catch2/catch.hpp>
 

@@ -348,7 +348,7 @@ nlohmann::json read_json(const std::string& path) {
 
 }  // namespace
 
-// Note [A stop signal during start-up] (trainer/stopping/stop_signals.h): before its first step a
+// Note [A stop signal during start-up] (trainer/stopping/stop_signals.cpp): before its first step a
 // worker may wait for its peers for --timeout; the first signal must end that wait.
 TEST_CASE("one worker waiting for its peers at start-up stops at once on the first SIGTERM", "[multiproc]") {
   TempDir dir;

@@ -96,7 +96,7 @@ std::vector<std::string> on_two_ranks(const std::function<void(int, std::shared_
 }  // namespace
 
 TEST_CASE("host values travel on the control group, gradient buckets on the gradient group", "[reducer]") {
-  // Note [Control-plane collectives] in trainer/ddp/training_groups.h: with NCCL the two
+  // Note [Control-plane collectives] in trainer/ddp/training_groups.cpp: with NCCL the two
   // are different groups, and NCCL would refuse the host tensors.
   SoloGroup solo_gradients;
   SoloGroup solo_control;
@@ -192,7 +192,7 @@ TEST_CASE("the hidden share of the all-reduce is 1 - wait / span, clamped", "[re
 
 TEST_CASE("every rank's wait: per-rank sums, the slowest rank of each step, the communication none hid",
           "[reducer]") {
-  // Note [Every rank's wait] in trainer/ddp/reducer.h.
+  // Note [Every rank's wait] in trainer/ddp/reducer.cpp.
   RankWaits w;
   CHECK(w.mean_wait_seconds() == 0.0);
   CHECK_THAT(describe_rank_waits(w), Contains("no step's waits"));
@@ -381,7 +381,7 @@ TEST_CASE("the replica check names the rank whose parameters differ by one eleme
 }
 
 TEST_CASE("SyncBatchNorm's Gloo group does not queue behind a gradient bucket in flight", "[groups]") {
-  // Note [SyncBatchNorm's own group] in trainer/ddp/training_groups.h. Rank 0 starts a bucket
+  // Note [SyncBatchNorm's own group] in trainer/ddp/training_groups.cpp. Rank 0 starts a bucket
   // all-reduce and, before waiting for it, the statistics all-reduce of a BatchNorm
   // layer; rank 1 joins the statistics first and the bucket after. Only on separate
   // groups is each operation's completion independent of the other group's queue. On

@@ -324,7 +324,7 @@ TEST_CASE("a weights file, or a checkpoint with missing momentum, is not resumed
 }
 
 TEST_CASE("a checkpointer sends host values on the control group, model state on the gradient group") {
-  // Note [Control-plane collectives] in trainer/ddp/training_groups.h: under NCCL the model
+  // Note [Control-plane collectives] in trainer/ddp/training_groups.cpp: under NCCL the model
   // state is on the GPU and the headers are host tensors, so they need different groups.
   TempDir dir;
   mtrain::testing::SoloGroup solo_gradients;

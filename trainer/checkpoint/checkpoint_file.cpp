@@ -12,6 +12,22 @@
 #include "core/error.h"
 #include "trainer/checkpoint/weights.h"
 
+// Note [Checkpoint contents]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Tensors: every model parameter and buffer under its state_dict name (so the file also works as
+// --init-from weights once the optimizer entries are dropped, and loads into torch the same way),
+// then the SGD momentum buffers as "optimizer.momentum_buffer.<parameter name>" (absent before the
+// first step or without momentum, as torch's optimizer state). Metadata (strings, see Note
+// [safetensors layout]):
+//   mtrain.checkpoint_version   kCheckpointVersion; another value is refused
+//   mtrain.model                the zoo model, as in weights files
+//   mtrain.position.*           the TrainPosition (epoch, steps, totals so far, and the loss
+//                               scaler's state when there is one)
+//   mtrain.config.<item>        each item of the run configuration that must match
+// The file is written atomically and checksummed (Note [Atomic writes]), so a kill in the middle
+// of a save leaves the previous checkpoint, and a torn or altered file is refused on load rather
+// than resumed from.
+
 namespace mtrain {
 
 namespace {

@@ -1,22 +1,9 @@
-// Training checkpoints: everything a run needs to continue exactly where it stopped,
-// in one safetensors file (--checkpoint-dir DIR holds DIR/checkpoint.safetensors).
-//
-// Note [Checkpoint contents]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Tensors: every model parameter and buffer under its state_dict name (so the file
-// also works as --init-from weights once the optimizer entries are dropped, and loads
-// into torch the same way), then the SGD momentum buffers as
-// "optimizer.momentum_buffer.<parameter name>" (absent before the first step or
-// without momentum, as torch's optimizer state). Metadata (strings, see Note
-// [safetensors layout]):
-//   mtrain.checkpoint_version   kCheckpointVersion; another value is refused
-//   mtrain.model                the zoo model, as in weights files
-//   mtrain.position.*           the TrainPosition (epoch, steps, totals so far, and
-//                               the loss scaler's state when there is one)
-//   mtrain.config.<item>        each item of the run configuration that must match
-// The file is written atomically and checksummed (Note [Atomic writes]), so a kill in
-// the middle of a save leaves the previous checkpoint, and a torn or altered file is
-// refused on load rather than resumed from.
+// Training checkpoints: everything a run needs to continue exactly where it stopped, in one
+// safetensors file (--checkpoint-dir DIR holds DIR/checkpoint.safetensors). The file holds the
+// model's state_dict, the SGD momentum buffers, the TrainPosition and the run configuration (Note
+// [Checkpoint contents] in checkpoint_file.cpp); it is written atomically and checksummed, so a
+// torn or altered file is refused rather than resumed from. These functions touch the file only:
+// which rank calls them is checkpointer.h's business.
 #pragma once
 
 #include <string>

@@ -1,29 +1,7 @@
-// Checkpoints across ranks: which rank reads and writes the file, and how the others
-// learn what it found (--checkpoint-dir).
-//
-// Note [One reader, one writer]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Only rank 0 touches the checkpoint file. Writing: the replicas are identical after
-// every step (the Reducer averages gradients and SGD is deterministic), so rank 0's
-// model and momentum are everyone's; rank 0 writes, then broadcasts whether it worked,
-// so every rank fails (or goes on) together instead of some waiting in a collective
-// for a rank that died of a full disk. Resuming: rank 0 reads and checks the file and
-// broadcasts what it found (a header with the position, then the model state and the
-// momentum buffers), rather than every rank reading it, because
-//   - the ranks must agree on whether a checkpoint exists at all: with NFS attribute
-//     caching one node can still see the file another has not, and half a gang
-//     resuming while the other half starts afresh is the silent mix to avoid;
-//   - the file need only be visible to rank 0's node, and a thousand ranks do not read
-//     the same file at once from a shared filesystem;
-//   - a file that fails its checks fails on one rank; it broadcasts the error's kind
-//     and message, and every rank stops with the same error, so the launcher's root
-//     cause names the reason whichever rank it hears from first.
-// It works the same over every backend (Gloo, MPI without a store, NCCL), and in a
-// world of one there is nothing to broadcast. The header, the outcome and the epoch
-// totals are host values and travel on the control group; the model state and the
-// momentum buffers live on the training device and travel on the gradient group (Note
-// [Control-plane collectives] in training_groups.h). Rank 0 copies device tensors to
-// the host to write them and reads the file into them with host-to-device copies.
+// Checkpoints across ranks (--checkpoint-dir): only rank 0 reads and writes the file, and the
+// other ranks learn from it what it found and whether it worked (Note [One reader, one writer] in
+// checkpointer.cpp), so every rank resumes, goes on or fails together. Collective members must be
+// called by every rank, in the same order, from the training thread.
 #pragma once
 
 #include <optional>

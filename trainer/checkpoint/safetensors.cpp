@@ -20,6 +20,32 @@
 
 namespace mtrain {
 
+// Note [safetensors layout]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+//   bytes [0, 8)        N, the header length, unsigned 64-bit little-endian
+//   bytes [8, 8+N)      a JSON object, padded with spaces to a multiple of 8 bytes:
+//                         "<name>": {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}
+//                         "__metadata__": {"<key>": "<string value>", ...}   (optional)
+//   bytes [8+N, end)    the data section; tensor <name> is bytes [b, e) of it, raw
+//                       little-endian, row-major. The tensors tile the data section
+//                       exactly: no gaps, no overlaps, nothing after the last one.
+// What mtrain adds lives in `__metadata__` (values must be strings there):
+//   "format": "pt"                  so Hugging Face tools pick the torch loader;
+//   "mtrain.format_version": "1"    to be bumped if what mtrain stores changes meaning;
+//   "mtrain.crc32": "<8 hex digits>" zlib CRC-32 of the whole data section. A file
+//                                   without it (e.g. written by PyTorch) is accepted;
+//                                   a file with a wrong one is rejected.
+//   "mtrain.header_crc32"           the rest of the header (Note [Header checksum]).
+//
+// Note [Atomic writes]
+// ~~~~~~~~~~~~~~~~~~~~
+// A crash, a full disk or a kill in the middle of a save must never leave a half-written file
+// under the target name (the previous checkpoint is worth more than a torn new one).
+// save_safetensors writes a temporary file in the target's directory (same filesystem, so the
+// rename is atomic), fsyncs it, renames it over the target and fsyncs the directory so the rename
+// itself survives a power cut. On any failure the temporary file is removed and the target is
+// left as it was.
+
 static_assert(std::endian::native == std::endian::little,
               "safetensors data is little-endian; a big-endian host needs byte swapping here");
 

@@ -6,6 +6,11 @@
 
 namespace mtrain {
 
+// Note [Gradient synchronizer]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With one process there is nothing to exchange, so LocalGradients only checks the hook contract
+// (every parameter exactly once per backward). That keeps the path the DDP Reducer takes (the
+// grad-ready hook, before/after_backward) exercised by every single-process run.
 void LocalGradients::attach(models::Module& model) {
   names_.clear();
   for (const auto& p : model.parameters()) names_.push_back(p.name);

@@ -1,31 +1,12 @@
-// What the training loop does with gradients between backward and the optimizer step.
-//
-// Note [Gradient synchronizer]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The loop runs, per micro-batch:
-//     [zero_grad] -> forward -> loss -> sync.before_backward(step) -> model.backward()
-//       -> sync.after_backward() -> [optimizer.step()]
-// and the model reports each parameter's gradient the moment it is final through the
-// grad-ready hook (models/module.h, Note [Grad-ready hook]) that attach() installs.
-// zero_grad and the optimizer step happen once per group of --grad-accum micro-batches;
-// only the last micro-batch of a group has `step.sync` set (no_sync for the others).
-// With one process there is nothing to exchange, so LocalGradients only checks the
-// hook contract (every parameter exactly once per backward), which keeps the path the
-// DDP Reducer takes (trainer/ddp/reducer.h) exercised by every single-process run.
-//
-// Note [Agreeing to stop]
-// ~~~~~~~~~~~~~~~~~~~~~~~
-// A stop signal (Note [Stopping on a signal] in stop_signals.h) reaches the ranks at
-// slightly different moments, or only one of them, yet every rank must stop after the
-// same optimizer step, or the ones that carry on wait forever in the next all-reduce.
-// The last micro-batch of every step carries this rank's stop vote (Note [Stop votes]);
-// the Reducer all-gathers the votes (16 bytes per rank: the vote and the rank's
-// previous wait, Note [Every rank's wait] in reducer.h) together with the gradient
-// buckets, asynchronously, and waits for them with the buckets in after_backward, so
-// the agreement costs no extra round trip: after the step every rank reads the same
-// agreed_stop_vote(), the largest vote, and either carries on or stops. A vote cast at
-// step N is honoured after step N on every rank. With one process the agreed vote is
-// the local one.
+// GradientSynchronizer: what the training loop does with gradients between backward and the
+// optimizer step. Per micro-batch the loop calls
+//     [zero_grad] -> forward -> loss -> before_backward(mb) -> model.backward() -> after_backward()
+//       -> [optimizer.step()]
+// with zero_grad and the step once per group of --grad-accum micro-batches, `sync` set only on a
+// group's last micro-batch. attach() installs the model's grad-ready hook (Note [Grad-ready hook]
+// in models/module.cpp), which must report every parameter exactly once per backward. All calls
+// come from the training thread. LocalGradients is the world of one (Note [Gradient synchronizer]
+// in gradient_sync.cpp); the DDP Reducer is in reducer.h.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +21,7 @@ struct MicroBatchInfo {
   int64_t samples = 0;  // rows of this rank's micro-batch
   bool sync = true;     // false: accumulate locally, no communication (no_sync)
   // This rank's stop vote, exchanged with the gradients when `sync` is set (Note
-  // [Agreeing to stop]); 0 means carry on.
+  // [Agreeing to stop] in reducer.cpp); 0 means carry on.
   int64_t stop_vote = 0;
 };
 
@@ -52,7 +33,7 @@ class GradientSynchronizer {
   // Called right before each backward.
   virtual void before_backward(const MicroBatchInfo& micro_batch) = 0;
   // After before_backward: the factor the loop multiplies the loss gradient by before
-  // this backward (Note [Reducer gradient weighting] in reducer.h); 1 unless ranks
+  // this backward (Note [Reducer gradient weighting] in reducer.cpp); 1 unless ranks
   // hold different numbers of samples.
   virtual float loss_gradient_scale() const { return 1.0f; }
   // Called right after each backward; on return every gradient is final.
@@ -64,7 +45,8 @@ class GradientSynchronizer {
   virtual int64_t agreed_stop_vote() const = 0;
 };
 
-// The world-of-one synchronizer (see the Note).
+// The world-of-one synchronizer: no exchange; after_backward() throws InternalError when a
+// parameter reported its gradient other than once.
 class LocalGradients final : public GradientSynchronizer {
  public:
   void attach(models::Module& model) override;

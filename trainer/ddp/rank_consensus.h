@@ -1,14 +1,7 @@
-// Checks that every rank holds the same thing (bucket layout, configuration, replica
-// weights) and makes rank 0's module state everyone's. Each function here is a
-// collective: every rank of the group must call it, in the same order.
-//
-// Note [Consensus by hashes]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Comparing whole objects across ranks would cost their size in traffic; a 64-bit
-// FNV-1a hash per named item, all-gathered, costs 8 bytes per item and rank, and names
-// which item differs on which ranks. Rank 0's value is the reference (it is the rank
-// whose weights were broadcast and that writes the results), so the error lists the
-// ranks that differ from rank 0; every rank raises the same message.
+// Checks that every rank holds the same thing (bucket layout, configuration, replica weights) by
+// comparing hashes (Note [Consensus by hashes] in rank_consensus.cpp), and makes rank 0's module
+// state everyone's. Each function taking a group is a collective: every rank of the group must
+// call it, in the same order.
 #pragma once
 
 #include <cstdint>
@@ -49,11 +42,11 @@ uint64_t hash_parameters(models::Module& model);
 
 // Overwrites every parameter and buffer with rank 0's (one flat broadcast per dtype).
 // The tensors of one dtype must share a device, the group's: pass the gradient group
-// for a model on a GPU (Note [Control-plane collectives] in training_groups.h).
+// for a model on a GPU (Note [Control-plane collectives] in training_groups.cpp).
 void broadcast_module_state(ProcessGroup& group, models::Module& model);
 
 // The buffers alone (BatchNorm's running statistics): DDP's broadcast_buffers (Note
-// [Buffers follow rank 0] in train_loop.h).
+// [Buffers follow rank 0] in train_loop.cpp).
 void broadcast_module_buffers(ProcessGroup& group, models::Module& model);
 
 }  // namespace mtrain

@@ -29,6 +29,27 @@ double hidden_fraction(double wait_seconds, double span_seconds) {
 
 }  // namespace
 
+// Note [Every rank's wait]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Rank 0's wait after backward mixes two costs: communication that backward did not hide, and
+// time spent while a slower rank was still in its backward (the last bucket's all-reduce cannot
+// finish before the last rank launches it). They call for different remedies (bucket sizes, a
+// faster link; or finding what slows that rank), and one rank cannot tell them apart. The rank
+// that finishes backward last can: its peers are done, so all it waits for is communication. So
+// each step's exchange carries every rank's wait of the step before, and rank 0 sums them
+// (RankWaits): per rank the wait, per rank the steps in which it waited least (it was the step's
+// slowest rank), and the per-step minimum over the ranks, the communication no rank hid. The mean
+// wait less that minimum is the time ranks spent waiting for the slowest. The figures run one
+// step behind (the last step's waits never travel), cost 8 bytes per rank on an exchange that
+// happens anyway, and are not measured when the buckets are awaited on a GPU (there the host's
+// wait is not the communication's).
+//
+// What the split does not see: waiting anywhere else. With --global-batch-size the blocking
+// sample-count all-reduce in before_backward (and, without --sync-bn, the buffer broadcast before
+// forward) lines the ranks up again, so an imbalance in forward or data loading is spent there and
+// only backward's shows up here; so is SyncBatchNorm's per-layer waiting (its own metric). With
+// --grad-compression the conversion back to float32 counts as communication. With many noisy
+// ranks the per-step minimum tends low: some rank is usually lucky.
 void RankWaits::add_step(const std::vector<double>& waits) {
   MTRAIN_CHECK(!waits.empty(), "a step's waits name no rank");
   if (steps == 0) {
@@ -96,6 +117,29 @@ Reducer::Reducer(std::shared_ptr<ProcessGroup> group, ReducerOptions options, st
   }
 }
 
+// Note [Reducer buckets]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Parameters are packed into buckets in reverse registration order (roughly the order backward
+// finishes their gradients): a small first bucket (kFirstBucketBytes) so the first all-reduce
+// starts early, then buckets of up to --bucket-cap-mb. A parameter larger than the cap gets a
+// bucket of its own. The layout depends only on the parameter list and the caps, so attach()
+// all-gathers a hash of it: a rank with a different model or cap fails at once with the ranks
+// named (Note [Consensus by hashes] in rank_consensus.cpp), never later inside a mismatched
+// all-reduce.
+//
+// Note [Gradients are views into the buckets]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every parameter's gradient is re-seated as a view into its bucket (PyTorch's
+// gradient_as_bucket_view=True): layers accumulate straight into the bucket, a launch scales and
+// all-reduces it in place, and nothing is copied back. That saves a second copy of every gradient
+// (45 MiB for ResNet-18) and two passes over them per step. Under no_sync (--grad-accum) the views
+// accumulate like any gradient. Whoever holds a Parameter must read `grad` through it rather than
+// keep an old Tensor handle (the optimizer and the layers do).
+//
+// A rank whose micro-batch is empty (a --global-batch-size chunk that torch.chunk leaves empty,
+// e.g. G = 5 on 4 ranks, or an epoch's small last batch) runs no backward; the loop still calls
+// before/after_backward, and the reducer launches every bucket with weight 0 so the collectives
+// still match.
 void Reducer::attach(models::Module& model) {
   names_.clear();
   params_.clear();
@@ -172,6 +216,21 @@ void Reducer::attach(models::Module& model) {
   model.set_grad_ready_hook([this](models::Parameter& p) { on_gradient_ready(p); });
 }
 
+// Note [Reducer gradient weighting]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Each rank's gradient is the mean over its own micro-batch. Pre-scaling by 1/W and summing gives
+// the mean over all ranks' samples when every rank has the same count (PyTorch's DDP divides the
+// same way). Pre-scaling rather than dividing after the sum keeps the values in range and costs
+// nothing extra: the launch does it in place.
+//
+// With uneven per-rank counts (--global-batch-size) the counts are all-reduced first and the loop
+// scales the loss gradient by W * count_r / total (loss_gradient_scale()). Every rank's loss
+// gradient is then W times the gradient of the global mean loss, the same scale everywhere, and
+// the 1/W pre-scale and the sum give exactly the single-process gradient. Scaling the buckets by
+// count_r / total instead would be right for layers that see only their own rank's samples, but
+// not through SyncBatchNorm: its backward sums dy over the ranks before any bucket exists, and a
+// rank with 2 of 10 images would weigh its dy 2x in those sums (the resnet18 --sync-bn test on 3
+// ranks with shares 4, 4, 2 checks this against one rank).
 void Reducer::before_backward(const MicroBatchInfo& micro_batch) {
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
   for (auto& b : buckets_) {
@@ -211,6 +270,15 @@ void Reducer::before_backward(const MicroBatchInfo& micro_batch) {
   }
 }
 
+// Note [Reducer launch order]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The grad-ready hook marks a parameter ready; a bucket is ready when all of its parameters are.
+// Inside a Residual block hooks do not fire in reverse registration order, so bucket k may become
+// ready before bucket k-1. Collectives must be issued in the same order on every rank, so buckets
+// launch strictly in index order: a ready bucket whose predecessors have not launched waits, and
+// launches (from the hook that completes its last predecessor) the moment they have. A launch
+// scales the bucket by the rank's weight and starts an asynchronous all-reduce (sum) that runs on
+// the process group's thread while backward goes on with earlier layers.
 void Reducer::on_gradient_ready(models::Parameter& param) {
   MTRAIN_CHECK(param.index >= 0 && static_cast<size_t>(param.index) < ready_count_.size(),
                "grad-ready hook for parameter index {} of a model with {} parameters", param.index,
@@ -230,6 +298,17 @@ void Reducer::launch_ready_buckets() {
   }
 }
 
+// Note [Gradient compression]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// --grad-compression bf16|fp16 is PyTorch DDP's bf16_compress_hook / fp16_compress_hook: each
+// bucket, once scaled, is converted to the 16-bit type (round to nearest even) into a wire buffer
+// of its own, the all-reduce sums the wire buffers in that type (Note [Half-precision reductions]
+// in collectives/half_math.cpp; NCCL natively), and after the wait the result is converted back
+// into the bucket, so every gradient the optimizer sees is float32 again. Half the bytes travel,
+// at the price of a 16-bit rounding of each rank's gradient and of every partial sum. Every rank
+// receives the same sum, so the replicas stay bitwise identical. float16 keeps 11 significant bits
+// but flushes values below 2^-24 to zero (its loss scaling, Note [Dynamic loss scaling], applies
+// before the buckets are reduced); bfloat16 keeps float32's range and 8 significant bits.
 void Reducer::launch(Bucket& bucket) {
   if (!first_launch_seen_) {
     first_launch_seen_ = true;
@@ -246,6 +325,28 @@ void Reducer::launch(Bucket& bucket) {
   }
 }
 
+// Note [Reducer statistics]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Per synchronized step: the time after_backward waits for the all-reduces (communication not
+// hidden behind backward), the span from the first launch until all are done, and the fraction
+// hidden = 1 - wait / span. Per bucket: the launch order and how many parameters still lacked
+// their gradient at the launch. A positive count proves the all-reduce overlapped backward, an
+// ordering fact the overlap test can check without a timing threshold.
+//
+// On a GPU the host's wait is not the communication's, so hidden_fraction is not measured:
+// waited_on_device says so, and the metrics report null rather than a flattering 1. The launch
+// order and params_pending stay exact.
+//
+// Note [Reducer on a GPU]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// The buckets live on the parameters' device (attach() requires one device for all of them), so
+// gradients are views into GPU memory and a launch is a GPU kernel (ops::scale_) followed by the
+// all-reduce, which the process group orders after the work queued on the current stream.
+// after_backward then calls Work::wait_on_current_stream() for each bucket: it returns at once and
+// the optimizer step queued next runs after the all-reduces on the GPU, so the host never blocks
+// on communication (Note [Asynchronous collectives] in collectives/process_group.cpp); its
+// wait_seconds is only the exchange of stop votes. A failed all-reduce surfaces through the group
+// (a later wait, the next operation or its watchdog at the deadline) rather than in this call.
 void Reducer::after_backward() {
   if (empty_micro_batch_) {
     for (auto* p : params_) on_gradient_ready(*p);
@@ -288,6 +389,17 @@ void Reducer::after_backward() {
       last_step_.waited_on_device ? -1 : static_cast<int64_t>(std::llround(last_step_.wait_seconds * 1e9));
 }
 
+// Note [Agreeing to stop]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A stop signal (Note [Stopping on a signal] in stop_signals.cpp) reaches the ranks at slightly
+// different moments, or only one of them, yet every rank must stop after the same optimizer step,
+// or the ones that carry on wait forever in the next all-reduce. The last micro-batch of every
+// step carries this rank's stop vote (Note [Stop votes]): before_backward all-gathers {vote,
+// previous wait} of every rank (Note [Every rank's wait]) on the control group, ahead of the
+// buckets, and after_backward waits for it with them, so the agreement costs no extra round trip.
+// After the step every rank reads the same agreed_stop_vote(), the largest vote: a vote cast at
+// step N is honoured after step N on every rank. With one process (LocalGradients) the agreed
+// vote is the local one.
 void Reducer::take_exchange() {
   const int64_t* all = exchange_all_.data<int64_t>();
   const size_t world = static_cast<size_t>(exchange_all_.numel() / 2);

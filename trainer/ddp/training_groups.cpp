@@ -28,6 +28,23 @@ void require_rank0_backend(Store& store, int rank, const std::string& backend, D
   }
 }
 
+// Note [Control-plane collectives]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Besides the gradients, a run exchanges small values the host needs at once: the configuration
+// and replica hashes (rank_consensus.h), the reducer's stop votes and per-rank sample counts, the
+// epoch and evaluation sums, the checkpoint headers and error texts (checkpointer.h), and the
+// final barrier. NCCL only takes GPU tensors, so when the gradient group is NCCL the run opens a
+// second group, "control", with Gloo over the same store, and every control-plane collective goes
+// there; with Gloo or MPI the one group carries both. Moving each small value to the GPU and back
+// around an NCCL call instead would
+//   - cost two copies and a stream synchronisation per value, and make the code that builds and
+//     reads them (hashes, headers, error texts) know about devices;
+//   - queue a stop vote or a failed checkpoint's message behind the gradient traffic in flight;
+//   - lose the rank-consensus or checkpoint error when the GPU side is what is failing.
+// The cost is one more Gloo rendezvous at start-up and a few TCP connections per rank. Each group
+// keeps its own operation order, the same on every rank, because every rank issues both groups'
+// operations in the same program order; the two never wait on each other (NCCL operations are
+// queued on the GPU and progress on their own). PyTorch users do the same by hand.
 TrainingGroups create_training_groups(const std::string& backend, std::shared_ptr<Store> store, int rank,
                                       int size, Device device, const ProcessGroupOptions& options) {
   MTRAIN_CHECK(backend != "auto", "create_training_groups needs a resolved backend, found auto");
@@ -54,6 +71,20 @@ TrainingGroups create_training_groups(const std::string& backend, std::shared_pt
   return groups;
 }
 
+// Note [SyncBatchNorm's own group]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A group runs its operations one at a time in issue order (Note [Gloo backend]). On the gradient
+// group, each SyncBatchNorm all-reduce of backward would queue behind the bucket all-reduce the
+// reducer has just started and wait for it, so backward would stop until that bucket is done: the
+// overlap the reducer exists for would be lost for every bucket launched before a BatchNorm
+// layer's backward. With Gloo, SyncBatchNorm therefore gets a group of its own, "batch-stats",
+// opened right after the configuration check has shown that every rank runs --sync-bn (before it,
+// a rank with the flag would wait for the group while the others wait in the check). Its small
+// collectives then start at once, beside the bucket in flight. Every rank issues each group's
+// operations in the same order, so neither group waits for the other. The cost is one more
+// rendezvous at start-up, one more connection per pair of ranks, and on a GPU a second
+// host-staging thread. With MPI and NCCL SyncBatchNorm stays on the gradient group: a second
+// communicator there is not measured yet.
 std::shared_ptr<ProcessGroup> create_batch_stats_group(const TrainingGroups& groups) {
   MTRAIN_CHECK(groups.gradients != nullptr, "create_batch_stats_group needs the training groups, found none");
   if (!backend_info(groups.gradients->backend_name()).batch_stats_group) return groups.gradients;

@@ -1,15 +1,8 @@
-// The batches of a DataLoader on the device the model trains on.
-//
-// Note [Batches to the device]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The training loop and the evaluation read every batch through DeviceBatches, the one
-// place that knows where batches go. On the CPU it hands the loader's tensors through
-// untouched (no copy, so CPU runs are bit-for-bit what they were). On a GPU it reads
-// through a DevicePrefetcher (data/device_prefetcher.h, Note [Device prefetch]): batch
-// k+1 is copied to the GPU on a stream of its own while step k runs, and the step's
-// kernels are ordered after the copy on the GPU, not by blocking the host. The copy
-// overlaps only from pinned host memory, so a loader that feeds a GPU is built with
-// pin_memory (train_command.cpp). Indices, epoch and batch index pass through.
+// DeviceBatches: the batches of a DataLoader on the device the model trains on, the one place
+// that knows where batches go (Note [Batches to the device] in device_batches.cpp). On the CPU the
+// loader's tensors pass through untouched; on a GPU the images and labels arrive on the device,
+// ordered on the caller's current stream. Indices, epoch and batch index pass through. One
+// consumer thread.
 #pragma once
 
 #include <cstdint>

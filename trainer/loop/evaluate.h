@@ -22,7 +22,8 @@ struct EvalResult {
 // Runs `model` over every batch of one epoch of `loader` (its epoch 0: evaluation
 // samplers do not shuffle) in eval mode, then restores the model's previous mode. The
 // batches go to `device`, where the model lives (Note [Batches to the device] in
-// device_batches.h); the sums come back to the host.
+// device_batches.cpp); the sums come back to the host. Errors of the model and the loader pass
+// through.
 EvalResult evaluate(models::Module& model, data::DataLoader& loader, Device device = Device::cpu());
 
 }  // namespace mtrain

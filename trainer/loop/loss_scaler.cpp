@@ -31,6 +31,29 @@ LossScaler::LossScaler(const LossScalerOptions& options) : options_(options) {
   }
 }
 
+// Note [Dynamic loss scaling]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// float16 gradients below 2^-24 flush to zero. So the loss gradient is multiplied by a scale S
+// before backward (every gradient is then S times too large, and the small ones survive the 16-bit
+// operands of the kernels, Note [Mixed precision]), and once the step's gradients are final every
+// gradient is multiplied by 1/S before the optimizer sees it. If any gradient element is infinite
+// or NaN, S was too large: the optimizer step is skipped (parameters and momentum stay as they
+// were), S is halved, and the run goes on with the next batch; after `growth_interval` steps in a
+// row with finite gradients S is doubled, so it keeps tracking the largest safe value. Defaults are
+// GradScaler's. Scaling by a power of two is exact, so with a power-of-two S (any the defaults
+// produce) and while nothing overflows or underflows, the step equals the unscaled one bit for bit.
+// The scale only multiplies backward: a loss that is not finite is a forward problem no scale
+// fixes, and stops the run as diverged (Note [Agreeing to diverge] in train_loop.cpp) instead of
+// being skipped, where GradScaler would skip and halve forever.
+//
+// In a distributed run no collective is needed to agree on skipping: the check runs on the
+// all-reduced gradients, and an infinite or NaN element on any rank makes the sum non-finite on
+// every rank (the reduced buckets are bitwise the same on every rank, the property that keeps the
+// replicas identical and --check-replicas verifies). Every rank therefore holds the same S,
+// including after a resume (checkpointer.cpp sends rank 0's state to all). A skipped step still
+// counts as a step (the learning-rate schedule, --max-steps and checkpoints see it), as in a
+// PyTorch loop with GradScaler. Gradients that are never finite are a diverged run, not an
+// overflow: after kMaxConsecutiveSkips skipped steps in a row the run stops with an error.
 bool LossScaler::unscale_and_update(const std::vector<Tensor*>& grads) {
   const double used = state_.scale;
   const bool found_non_finite = ops::non_finite_check_and_unscale(grads, static_cast<float>(1.0 / used));

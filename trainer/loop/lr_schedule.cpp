@@ -34,6 +34,19 @@ LrSchedule::LrSchedule(LrScheduleOptions options) : options_(options) {
   }
 }
 
+// Note [Learning-rate scaling and warm-up]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// --lr-scaling linear multiplies --lr by the world size: N ranks with per-rank batch B train on
+// batches of N*B, and the "N x batch, N x lr" rule (Goyal et al., "Accurate, Large Minibatch SGD",
+// 2017) keeps the per-sample step comparable. With --global-batch-size the batch does not grow with
+// the world, so nothing is scaled there. A large scaled rate diverges early, so --warmup-epochs
+// ramps the rate linearly from --lr (the unscaled rate, as Goyal et al.) to the target over that
+// many epochs (fractional epochs, so the ramp is smooth per step). After warm-up: constant; step =
+// x0.1 at 50% and 75% of the whole run, warm-up included (the ImageNet ResNet recipe's 30/60/80
+// shape, shortened; its milestones stay at fixed epochs when it warms up); cosine = 0.5 * (1 +
+// cos(pi * progress)) over the post-warm-up part of the run, reaching 0 at its end (the rate of a
+// step is set from the progress before it, so the last step still runs at a small rate, as
+// PyTorch's).
 double LrSchedule::at(double epoch) const {
   const double target = target_lr();
   const double warmup = options_.warmup_epochs;

@@ -1,20 +1,7 @@
-// Metrics as JSON lines: one object per event, one event per line, each line flushed
-// as it is written so `tail -f` and a crashed run both see everything logged so far.
-//
-// Note [Metrics events]
-// ~~~~~~~~~~~~~~~~~~~~~
-// Every object has "event". The events mtrain-train writes:
-//   {"event":"step","epoch":1,"step":50,"loss":0.61,"lr":0.1,"img_per_s":5210.4,
-//    "images":5120,"sec":0.98}
-//       every --log-every optimizer steps (counted over the whole run); "loss" is the
-//       mean training loss over the steps since the previous step event (the window),
-//       "images" and "sec" the window's images and seconds, "img_per_s" their ratio;
-//   {"event":"epoch","epoch":1,"step":94,"train_loss":..,"train_acc":..,"test_acc":..,
-//    "test_loss":..,"sec":..,"img_per_s":..,"devices":["cpu"]}
-//       at the end of every epoch ("test_acc"/"test_loss" are null under --no-eval);
-//   {"event":"eval","epoch":0,"step":0,"test_loss":..,"test_acc":..}
-//       when a run trains no step (--max-steps 0), the evaluation of the initial weights.
-// Non-finite numbers (a diverged loss) are written as null: JSON has no NaN.
+// Metrics as JSON lines: one object per event, one event per line, each line flushed as it is
+// written so `tail -f` and a crashed run both see everything logged so far. Every object has
+// "event"; the events and their fields are in Note [Metrics events] (metrics.cpp) and
+// docs/training.md. Non-finite numbers are written as null. One writer thread.
 #pragma once
 
 #include <cstdio>

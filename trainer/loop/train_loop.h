@@ -1,8 +1,9 @@
-// The training loop: epochs of forward, loss, backward, gradient synchronization and
-// SGD steps, progress lines every few steps and the d2l-style line after each epoch.
-// It owns nothing: the caller builds the model, optimizer, loaders, synchronizer and
-// metrics writer, so the distributed run swaps in a DistributedSampler and a Reducer
-// without touching this file.
+// The training loop: epochs of forward, loss, backward, gradient synchronization and SGD steps,
+// progress lines every few steps and the d2l-style line after each epoch. It owns nothing: the
+// caller builds the model, optimizer, loaders, synchronizer and metrics writer (a distributed run
+// passes a DistributedSampler and a Reducer) and joins through TrainLoopHooks. run() drives
+// every step from the calling thread. The why is in train_loop.cpp's Notes: [Resuming
+// mid-epoch], [Buffers follow rank 0], [Agreeing to diverge], [Gradient accumulation].
 #pragma once
 
 #include <cstdint>
@@ -29,7 +30,7 @@ struct TrainPosition;
 enum class CheckpointReason {
   kEvery,     // --checkpoint-every N steps
   kEpochEnd,  // after an epoch's summary and evaluation
-  kStop,      // the ranks agreed to stop (Note [Agreeing to stop] in gradient_sync.h)
+  kStop,      // the ranks agreed to stop (Note [Agreeing to stop] in reducer.cpp)
 };
 
 // Hooks through which a distributed run joins the loop without the loop knowing about
@@ -43,7 +44,7 @@ struct TrainLoopHooks {
   std::function<EvalResult(const EvalResult& local)> combine_eval;
   // Adds fields to each step and epoch metrics event (e.g. communication statistics).
   std::function<void(nlohmann::json& event)> extend_metrics;
-  // This rank's stop vote (Note [Stop votes] in stop_signals.h), asked right before the
+  // This rank's stop vote (Note [Stop votes] in stop_signals.cpp), asked right before the
   // synchronizing backward of every step. Unset: never stops early.
   std::function<int64_t()> stop_vote;
   // Saves the run at `position` (a collective in a distributed run: every rank calls
@@ -54,36 +55,8 @@ struct TrainLoopHooks {
   std::function<void()> sync_buffers;
 };
 
-// Note [Buffers follow rank 0]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Without SyncBatchNorm each rank updates BatchNorm's running statistics from its own
-// batches, so the replicas' buffers drift apart while their parameters stay equal. As
-// PyTorch's DDP with broadcast_buffers=True, rank 0's buffers are broadcast to every
-// rank before the forward of each micro-batch whose gradients are synchronized (with
-// --grad-accum K, the K-th), and, beyond DDP, once more before the distributed
-// evaluation, so every rank scores its share of the test set with the model rank 0
-// saves (--save-final, checkpoints) and the printed accuracy is that model's. With
-// --sync-bn the buffers are equal on every rank already and nothing is sent. One
-// broadcast per dtype per step (the float statistics, the int64 batch counters): 31 KiB
-// for resnet18.
-
-// Note [Resuming mid-epoch]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~
-// A checkpoint records the epoch, the optimizer steps done in it and in total, and the
-// epoch's training totals so far. The samplers are deterministic given seed and epoch,
-// so a resumed run starts that epoch's loader again and discards the micro-batches of
-// the steps already done (assembling a batch costs far less than a step, and the data
-// layer needs no seek for it); the learning-rate schedule depends only on the
-// position. With the model, buffers and momentum restored, every later step computes
-// exactly what the uninterrupted run computed. The totals are the whole world's (the
-// checkpoint hook all-reduces them before saving), restored on rank 0 only, so the
-// epoch's combine_epoch sum, and its summary line, cover the whole epoch. A checkpoint
-// taken after the epoch's last step but before its summary (a stop) resumes into that
-// summary and evaluation without training. An epoch that --max-steps cut short was
-// summarised, yet has steps left: a run resumed with a larger --max-steps (or
-// --epochs) continues it, and its next summary covers the steps run since.
-
-// Where a run stands: what a checkpoint records and a resumed run starts from.
+// Where a run stands: what a checkpoint records and a resumed run starts from (Note [Resuming
+// mid-epoch]).
 struct TrainPosition {
   int64_t epoch = 1;            // 1-based epoch in progress (or just finished)
   int64_t steps_in_epoch = 0;   // optimizer steps done in that epoch
@@ -94,7 +67,7 @@ struct TrainPosition {
   int64_t correct = 0;
   int64_t images = 0;
   double train_seconds = 0.0;
-  // The loss scaler's state (scale 0 without one; Note [Dynamic loss scaling]).
+  // The loss scaler's state (scale 0 without one; Note [Dynamic loss scaling] in loss_scaler.cpp).
   LossScalerState loss_scaler;
 };
 
@@ -104,9 +77,10 @@ struct TrainLoopConfig {
   int64_t log_every = 20;            // steps between progress lines and step events
   std::vector<std::string> devices{"cpu"};  // for the epoch line and metrics
   // Where the model lives: every batch goes there before forward (Note [Batches to
-  // the device] in device_batches.h).
+  // the device] in device_batches.cpp).
   Device device = Device::cpu();
-  // Micro-batches per optimizer step (--grad-accum); see Note [Gradient accumulation].
+  // Micro-batches per optimizer step (--grad-accum); see Note [Gradient accumulation] in
+  // train_loop.cpp.
   int64_t grad_accum = 1;
   const LrSchedule* lr_schedule = nullptr;  // null: the optimizer's rate throughout
   TrainLoopHooks hooks;
@@ -117,27 +91,6 @@ struct TrainLoopConfig {
   // (Note [Dynamic loss scaling]); null: no loss scaling.
   LossScaler* loss_scaler = nullptr;
 };
-
-// Note [Agreeing to diverge]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A loss that is not finite ends the run with "training diverged". One rank's loss can
-// go first (its batch), or a rank may have no batch at all, so a rank that stopped on
-// its own would leave the others waiting in the step's collectives until the timeout
-// or the launcher's teardown. Instead the rank finishes the step's backward (its
-// gradients are NaN, harmlessly: nothing is applied) and casts kDivergedVote in the
-// step's stop vote (Note [Agreeing to stop] in gradient_sync.h); after the exchange and
-// before the optimizer step every rank raises the divergence, naming the lowest rank
-// whose loss was not finite, and the weights stay those of the step before.
-
-// Note [Gradient accumulation]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// With --grad-accum K, one optimizer step consumes K micro-batches: gradients are
-// zeroed before the first, accumulate over all K (communication only on the K-th,
-// no_sync semantics), and the loss gradient of each is scaled by 1/K so the step
-// equals one on the K micro-batches combined (the mean of K means of equal size). An
-// epoch whose batch count is not a multiple of K ends with a shorter group, still
-// scaled by 1/K (as a plain PyTorch accumulation loop does). Progress, max_steps and
-// the lr schedule count optimizer steps; images count every micro-batch.
 
 struct EpochSummary {
   int64_t epoch = 0;           // 1-based, as printed
@@ -175,7 +128,8 @@ class TrainLoop {
   // whichever comes first (an epoch cut short by max_steps is still evaluated and
   // summarised), or until the ranks agree to stop (right after that step, without the
   // epoch's evaluation). Throws InvalidArgument when the loss stops being finite
-  // (diverged; the message suggests a smaller --lr).
+  // (diverged; the message suggests a smaller --lr), on every rank after the same step (Note
+  // [Agreeing to diverge]); the hooks' and the synchronizer's errors pass through.
   TrainResult run();
 
  private:

@@ -38,6 +38,24 @@ class Reader {
   const EnvLookup& lookup_;
 };
 
+// Note [Environment discovery]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A worker learns its place from whoever started it. Sources are tried in this order and the
+// first one present wins:
+//   1. launcher / torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+//      MASTER_ADDR, MASTER_PORT (present when RANK or WORLD_SIZE is set);
+//   2. Open MPI: OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}. It must beat SLURM:
+//      under mpirun inside an allocation every rank sees SLURM_PROCID=0;
+//   3. PMIx: PMIX_RANK (the size comes from SLURM_NTASKS, PMIx exports none);
+//   4. SLURM: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE, and the
+//      first host of SLURM_JOB_NODELIST as the master when MASTER_ADDR is unset.
+// Nothing set = a world of one. Contradictions are InvalidArgument naming the variable.
+//
+// The store (Note [Who hosts the store] in worker_store.cpp): mtrain-launch's when MTRAIN_RUN_ID
+// says it started us; none for the MPI backend under mpirun or srun --mpi=pmix; else rank 0 hosts
+// it at MASTER_ADDR:MASTER_PORT, where under SLURM the address defaults to the first host of
+// SLURM_JOB_NODELIST (hostlist.h) and the port to 10000 + SLURM_JOB_ID % 20000; under mpirun
+// without MASTER_ADDR its address travels over MPI instead.
 void check_rank(int rank, const char* rank_name, int size, const char* size_name) {
   if (rank >= size) {
     throw InvalidArgument(fmt::format("environment variable {}={} must be smaller than {}={}", rank_name, rank,
@@ -171,7 +189,7 @@ int port_from_job_id(const std::string& job_id) {
   return static_cast<int>(10000 + id % 20000);
 }
 
-// Where the store is and who hosts it: Note [Who hosts the store] (store_bootstrap.h).
+// Where the store is and who hosts it: Note [Who hosts the store] (worker_store.cpp).
 void read_store(const Reader& r, const std::string& backend, WorkerEnvironment& w) {
   if (!w.distributed()) return;
   w.job_id = r.str("SLURM_JOB_ID").value_or("");

@@ -1,28 +1,8 @@
-// Who this worker is and what it may use: its place in the world (rank, local rank,
-// sizes, where the rendezvous store is) and its intra-op thread count.
-//
-// Note [Environment discovery]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A worker learns its place from whoever started it (ARCHITECTURE.md "Environment").
-// Sources are tried in this order and the first one present wins:
-//   1. launcher / torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
-//      MASTER_ADDR, MASTER_PORT (present when RANK or WORLD_SIZE is set);
-//   2. Open MPI: OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}. It must beat SLURM:
-//      under mpirun inside an allocation every rank sees SLURM_PROCID=0;
-//   3. PMIx: PMIX_RANK (the size comes from SLURM_NTASKS, PMIx exports none);
-//   4. SLURM: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE, and the
-//      first host of SLURM_JOB_NODELIST as the master when MASTER_ADDR is unset.
-// Nothing set = a world of one. Contradictions are InvalidArgument naming the variable:
-// a rank outside [0, size), half of a pair (RANK without WORLD_SIZE), a launcher
-// WORLD_SIZE or RANK that disagrees with the Open MPI value beside it, and a world of
-// several ranks whose store cannot be found.
-//
-// The store (Note [Who hosts the store] in store_bootstrap.h): mtrain-launch's when
-// MTRAIN_RUN_ID says it started us; none for the MPI backend under mpirun or srun
-// --mpi=pmix; else rank 0 hosts it at MASTER_ADDR:MASTER_PORT, where under SLURM the
-// address defaults to the first host of SLURM_JOB_NODELIST (hostlist.h) and the port to
-// 10000 + SLURM_JOB_ID % 20000; under mpirun without MASTER_ADDR its address travels
-// over MPI instead.
+// Who this worker is and what it may use: its place in the world (rank, local rank, sizes, where
+// the rendezvous store is and who hosts it), read from whichever starter's variables are present
+// (launcher, then Open MPI, then PMIx, then SLURM; Note [Environment discovery] in
+// environment.cpp), and its intra-op thread count. They only read the environment (through
+// `lookup` where given); contradictions throw InvalidArgument naming the variable.
 #pragma once
 
 #include <functional>
@@ -31,7 +11,7 @@
 
 namespace mtrain {
 
-// Who hosts the rendezvous store: see Note [Who hosts the store] in store_bootstrap.h.
+// Who hosts the rendezvous store: see Note [Who hosts the store] in worker_store.cpp.
 enum class StoreMode { kNone, kLauncher, kRank0, kMpiBroadcast };
 const char* store_mode_name(StoreMode mode);  // "none", "launcher", "rank 0", "MPI broadcast"
 
@@ -61,7 +41,10 @@ using EnvLookup = std::function<std::optional<std::string>(const char* name)>;
 
 // Discovers the worker's environment (see Note [Environment discovery]) through
 // `lookup`. `backend` is the --backend value ("auto", "gloo", "mpi", ...): it decides
-// whether a multi-rank world under mpirun needs MASTER_ADDR. Throws InvalidArgument.
+// whether a multi-rank world under mpirun needs MASTER_ADDR. Nothing set is a world of one.
+// Throws InvalidArgument for a rank outside [0, size), half of a pair (RANK without
+// WORLD_SIZE), a launcher value that disagrees with Open MPI's beside it, or a world of
+// several ranks whose store cannot be found.
 WorkerEnvironment discover_environment(const EnvLookup& lookup, const std::string& backend = "auto");
 // The same over the process environment.
 WorkerEnvironment discover_environment(const std::string& backend = "auto");

@@ -70,7 +70,7 @@ DType amp_compute_dtype(const TrainOptions& o, const Device& device) {
 }
 
 // `pinned`: batches assembled in pinned host memory, so that their copies to a GPU
-// overlap the step before them (Note [Batches to the device] in loop/device_batches.h).
+// overlap the step before them (Note [Batches to the device] in loop/device_batches.cpp).
 std::shared_ptr<data::DataLoader> make_loader(std::shared_ptr<const data::Dataset> dataset,
                                               std::shared_ptr<data::Sampler> sampler, int64_t batch_size,
                                               bool pinned, std::vector<int64_t> batch_sizes = {}) {
@@ -143,7 +143,7 @@ void configure_threads_and_report(const TrainOptions& o, const TrainingRun& run)
 // Note [A stop signal during start-up]: a process that called MPI_Init must not end
 // without MPI_Finalize (mpirun would take the stop for a crash), so under MPI the first
 // stop signal waits for the first step, as every stop signal once did. Note
-// [Control-plane collectives] (ddp/training_groups.h): `gradients` carries tensors on
+// [Control-plane collectives] (ddp/training_groups.cpp): `gradients` carries tensors on
 // the training device, `control` host values; one object unless the backend is NCCL.
 void join_process_groups(const TrainOptions& o, TrainingRun& run, StartupStop& startup) {
   const std::string& backend = run.device.binding.backend;

@@ -36,7 +36,7 @@ struct StopRecord {
   int64_t step = 0;      // the last optimizer step done, counted over the run
   std::string checkpoint;  // path of the checkpoint written at that step, or empty
   // Stopped before its first step (Note [A stop signal during start-up] in
-  // stop_signals.h): `checkpoint` is the one the run would resume from, if any, and
+  // stop_signals.cpp): `checkpoint` is the one the run would resume from, if any, and
   // epoch and step are its position (0 when it had not been read yet).
   bool during_startup = false;
 };

@@ -33,6 +33,30 @@ int64_t monotonic_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
+// Note [A stop signal during start-up]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Before its first step a worker has no step to finish and nothing new to save, but it can wait a
+// long time: for its peers at the rendezvous and in the first collectives (up to --timeout), for
+// the store. Recording the signal for "after the step" would leave a job stuck at start-up deaf to
+// the first SIGTERM, so SLURM's preemption would end in SIGKILL. So from arm_startup_stop() until
+// disarm_startup_stop(), the first stop signal ends the worker at once: the signal thread runs the
+// start-up action (the stop record, then a log line), flushes, and calls _exit(kStoppedExitCode),
+// without destructors, since the main thread may be anywhere (inside Gloo or a store wait). Any
+// checkpoint on disk is untouched, so the same command resumes from it, exactly as after a stop at
+// a step boundary. A second signal meanwhile stays pending: the exit is a file write and a log line
+// away.
+//
+// The trainer disarms before anything that calls MPI_Init (the MPI backend, a store address
+// broadcast over MPI): ending without MPI_Finalize would make mpirun report a crash, so under MPI a
+// stop signal still waits for the first step. It also disarms when start-up throws, before the
+// error record is written, so that the two records never race for the error file.
+//
+// Who handles the signal is decided by one compare-exchange on a shared state, after the signal is
+// recorded: the signal thread records, then tries armed -> exiting; disarm tries armed -> done.
+// Exactly one wins: either the process exits now, or the training loop takes the recorded signal
+// at its first step boundary. A signal that arrived before arm_startup_stop() is pending when it
+// arms, and arming exits at once.
+//
 // Note [A stop signal during start-up]: the states of the start-up exit.
 enum StartupState : int { kNotArmed, kArmed, kExiting, kDone };
 std::atomic<int> g_startup{kNotArmed};
@@ -54,6 +78,23 @@ bool begin_startup_exit() {
   return g_startup.compare_exchange_strong(armed, kExiting);
 }
 
+// Note [Stopping on a signal]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// SLURM sends SIGTERM at preemption and at the time limit (then SIGKILL KillWait seconds later),
+// and SIGUSR1 ahead of time with `--signal=USR1@T`; mtrain-launch forwards SIGUSR1/SIGUSR2 and
+// answers SIGTERM/SIGINT by sending SIGTERM to the workers. The signal thread only records the
+// first such signal (an atomic store); the training loop reads it at step boundaries, the ranks
+// agree on the step to stop after (Note [Agreeing to stop] in trainer/ddp/reducer.cpp), write the
+// checkpoint, and exit with kStoppedExitCode.
+//
+// A second SIGINT or SIGTERM while a stop is pending means "now": the default action is restored
+// and the signal re-raised, so the process dies of it at once (no checkpoint for the unfinished
+// step; the previous one is intact, writes are atomic). Except within kDuplicateSignalWindowNs of
+// the first: under SLURM the same SIGTERM reaches a worker twice, from slurmstepd (which signals
+// every process of the step) and from mtrain-launch forwarding its own copy, and that must not turn
+// a clean stop into a kill. SIGUSR1 never forces an exit after the first step: it is a warning, and
+// repeats of it are harmless.
+//
 // Records `sig` if it is the first stop signal; returns whether it was. On a second
 // SIGINT/SIGTERM, dies of it. Only async-signal-safe calls, because it also serves as
 // the fallback handler: atomics, clock_gettime, write, sigaction, pthread_sigmask, raise.
@@ -122,6 +163,19 @@ StopSignalAction classify_stop_signal(int pending_sig, int64_t pending_ns, int s
   return StopSignalAction::kExitImmediately;
 }
 
+// Note [Signals never interrupt kernels]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A signal handler runs on the stack of whichever thread the kernel picks, below that thread's
+// stack pointer. oneDNN's JIT sgemm kernels (2.x up to 3.11; oneDNN issue #4845, fixed by PR
+// #4855) point rsp into the heap while they run, so a signal handled during a linear layer writes
+// its frame over heap memory (heap corruption, or a garbage tensor); a handler on an alternate
+// stack avoids it. So the stop signals are never handled on a computing thread:
+// install_stop_signal_handlers() blocks them in the calling thread (main, before it starts any
+// other thread; threads inherit the mask) and starts a thread that takes them with sigwait() and
+// does what the handler would. The handler stays installed for a thread started earlier, and a
+// forked child gets the signals unblocked again. Only process-directed signals reach that thread
+// (kill, not raise or pthread_kill aimed at another thread), which is how the launcher, SLURM and
+// users send them.
 void install_stop_signal_handlers() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -160,6 +214,12 @@ void clear_pending_stop_signal() {
   g_pending_ns.store(0);
 }
 
+// Note [Stop votes]
+// ~~~~~~~~~~~~~~~~~
+// What each rank contributes to the stop agreement: 0 for "carry on", else the signal it received
+// and its rank packed into one int64 so that the largest vote picks the highest signal number and,
+// among the ranks that received it, the lowest rank. Every rank then names the same signal and
+// rank in its message.
 int64_t encode_stop_vote(int sig, int rank) {
   if (sig <= 0) return 0;
   constexpr int64_t kRankField = 0xFFFFFFFFLL;
