@@ -22,6 +22,7 @@
 // build targets baseline x86-64, which has none, so these loops round every operation.)
 #include <cmath>
 
+#include "tensor/batchnorm_running_update.h"
 #include "tensor/cpu/checks.h"
 #include "tensor/cuda_ops.h"
 #include "tensor/ops.h"
@@ -33,30 +34,11 @@
 #include "tensor/cuda/stream.h"
 #endif
 
-namespace mtrain {
-namespace {
-
-// The float32 factors of the running update, rounded once on the host so that the CPU
-// loop and the GPU kernel multiply by the same numbers.
-struct RunningUpdateFactors {
-  float keep;       // 1 - momentum
-  float take_mean;  // momentum
-  float take_var;   // momentum * count / (count - 1): the unbiased variance's share
-};
-
-RunningUpdateFactors running_update_factors(const char* op, int64_t count, double momentum) {
-  // The unbiased variance divides by count - 1; the layers reject count <= 1 first.
-  MTRAIN_CHECK(count > 1, "{}: count must be > 1, found {}", op, count);
-  const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
-  return {static_cast<float>(1.0 - momentum), static_cast<float>(momentum),
-          static_cast<float>(momentum * unbias)};
-}
-
-}  // namespace
-}  // namespace mtrain
-
 namespace mtrain::ops {
 namespace {
+
+using detail::RunningUpdateFactors;
+using detail::running_update_factors;
 
 // The channel count of a [C] float32 tensor.
 int64_t channels_of(const char* op, const char* name, const Tensor& t) {
@@ -188,6 +170,8 @@ namespace mtrain::cuda_ops {
 namespace {
 
 using detail::check_ndim;
+using mtrain::detail::RunningUpdateFactors;
+using mtrain::detail::running_update_factors;
 using detail::check_on;
 using detail::check_on_shape;
 
