@@ -3,19 +3,13 @@
 // SyncBatchNorm's merge of every rank's statistics. Each forwards to cuda_ops:: when its
 // first tensor is on a GPU (Note [Kernel dispatch] in tensor/cuda_ops.h).
 //
-// The cuda_ops:: definitions (argument checks, device and stream) are at the end of this
-// file, in CUDA builds only: their kernels (tensor/cuda/batchnorm_channels.cu) are
-// compiled by nvcc as C++17, which cannot parse tensor/tensor.h, so the side that sees
-// Tensor has to be C++20 host code.
-//
 // Note [Batch-norm channel arithmetic]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// These loops used to live in models/batchnorm.cpp and models/sync_batchnorm.cpp, and
-// the multi-process SyncBatchNorm tests compare against single-process BatchNorm2d
-// bitwise, so the arithmetic is kept operation for operation: the running update is
+// The multi-process SyncBatchNorm tests compare against single-process BatchNorm2d
+// bitwise, so the arithmetic is fixed operation for operation: the running update is
 // `r = r * (1 - m)` then `r += m' * x` in float32 with the factors rounded to float
-// first (what scale_ followed by add_ computed), the gradients `g += a * b` in float32,
-// the inverse standard deviation and the merge in double. The GPU kernels
+// first (tensor/batchnorm_running_update.h), the gradients `g += a * b` in float32, the
+// inverse standard deviation and the merge in double. The GPU kernels
 // (tensor/cuda/batchnorm_channels.cu) spell the same operations with round-to-nearest
 // intrinsics, so that nvcc's contraction into fused multiply-adds cannot make them
 // differ from these in the last bit. (g++ contracts only where the target has FMA; the

@@ -1,8 +1,6 @@
-// GPU kernels for the per-channel batch-norm arithmetic (ops::batchnorm_invstd,
-// batchnorm_update_running, batchnorm_param_grads, batchnorm_merge_stats). The
-// cuda_ops:: entry points that check the tensors and pick the stream are in
-// tensor/cpu/batchnorm_channels.cpp beside the CPU loops: this file is compiled as C++17
-// by nvcc and cannot include tensor/tensor.h, so it sees raw pointers only.
+// The per-channel batch-norm arithmetic on the GPU (ops::batchnorm_invstd,
+// batchnorm_update_running, batchnorm_param_grads, batchnorm_merge_stats): the
+// counterparts of tensor/cpu/batchnorm_channels.cpp.
 //
 // One thread per channel: C is at most a few thousand, so a launch is a handful of
 // blocks and the cost is the launch itself. Every floating-point operation is spelled
@@ -91,9 +89,7 @@ __global__ void merge_stats_kernel(const float* __restrict__ rows, int64_t world
   var[c] = n > 0.0 ? __double2float_rn(__ddiv_rn(m2, n)) : 0.0f;
 }
 
-}  // namespace
-
-// Declared in tensor/cpu/batchnorm_channels.cpp, the only caller.
+// Queued on `stream`; raw device pointers.
 void launch_batchnorm_invstd(const float* var, double eps, float* invstd, int64_t channels,
                              cudaStream_t stream) {
   if (channels == 0) return;
@@ -129,16 +125,17 @@ void launch_batchnorm_merge_stats(const float* rows, int64_t world, int64_t chan
   MTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
+}  // namespace
 }  // namespace mtrain::cuda
 
 namespace mtrain::cuda_ops {
 namespace {
 
 using detail::check_ndim;
-using mtrain::detail::RunningUpdateFactors;
-using mtrain::detail::running_update_factors;
 using detail::check_on;
 using detail::check_on_shape;
+using mtrain::detail::RunningUpdateFactors;
+using mtrain::detail::running_update_factors;
 
 // The channel count of a [C] float32 tensor on a GPU.
 int64_t channels_on(const char* op, const char* name, const Tensor& t) {
