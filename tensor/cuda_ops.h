@@ -70,7 +70,7 @@ NumericsOptions numerics();
 // float32. The bias and both layers' bias gradients are float32 (from the float32 dy),
 // as on the CPU. bfloat16 needs compute capability 8.0 (Ampere) or newer and float16
 // 7.0, which compute_dtype_supported checks.
-bool compute_dtype_supported(DType compute, int device);
+bool compute_dtype_supported(DType compute, Device device);
 void convert(const Tensor& src, Tensor& dst);
 
 // ---- elementwise ------------------------------------------------------------------

@@ -115,7 +115,7 @@ int64_t count_correct(const Tensor&, const Tensor&) { no_cuda("accuracy on a GPU
 void sgd_step(Tensor&, const Tensor&, Tensor&, float, float, float, float, bool, bool) {
   no_cuda("an SGD step on a GPU");
 }
-bool compute_dtype_supported(DType, int) { return false; }
+bool compute_dtype_supported(DType, Device) { return false; }
 void convert(const Tensor&, Tensor&) { no_cuda("dtype conversion on a GPU"); }
 bool non_finite_check_and_unscale(const std::vector<Tensor*>&, float) {
   no_cuda("loss scaling on a GPU");

@@ -19,7 +19,7 @@ inline float round_to_float16(float v) { return half::float16_to_float(half::flo
 }  // namespace
 
 bool compute_dtype_supported(DType compute, Device device) {
-  if (device.is_cuda()) return cuda_ops::compute_dtype_supported(compute, device.index);
+  if (device.is_cuda()) return cuda_ops::compute_dtype_supported(compute, device);
   static std::once_flag once;
   static bool bf16 = false, f16 = false;
   std::call_once(once, [] {
