@@ -1,27 +1,18 @@
-// The GPU kernels behind tensor/ops.h, behind a CUDA-free interface.
+// The GPU kernels behind tensor/ops.h: the CUDA entry of every op in tensor/ops.def,
+// declared from that table, and the numerics settings they read. CUDA-free: a build
+// without CUDA defines each entry in tensor/no_cuda.cpp to throw InvalidArgument saying
+// the build has no CUDA.
 //
-// Note [Kernel dispatch]
-// ~~~~~~~~~~~~~~~~~~~~~~
-// Layers call one kernel API, tensor/ops.h, whatever the device. Each ops:: function
-// looks at its first tensor argument: on a GPU it forwards to the function of the same
-// name and signature here, before any CPU check, so the layers, the reducer and the
-// optimizer have no second code path (PyTorch's dispatcher, reduced to one `if`).
-// These functions check that every tensor is defined, float32 (Int32 argmax, Int64
-// labels), contiguous and on the *same* GPU as the first one, and throw InternalError
-// naming the op, the argument and what was found otherwise: a layer that mixes devices
-// is a bug in mtrain, and the CPU kernels would read device pointers as host memory.
-//
-// Every kernel is queued on the current stream of its device (Note [Current stream]
-// in tensor/cuda/stream.h) and returns without waiting for it, except the ones that
-// return a host value (cross_entropy, count_correct), which wait for their own result.
-// Convolutions run on cuDNN and matrix products on cuBLAS, with one handle per device
-// and thread bound to the current stream; the rest are mtrain's own CUDA kernels
-// (tensor/cuda/*.cu). Numerics follow the CPU kernels' definitions in ops.h, in float32
-// with float32 (or wider) accumulation.
-//
-// In builds without CUDA (MTRAIN_HAVE_CUDA unset) tensor/no_cuda.cpp defines each
-// function to throw InvalidArgument saying the build has no CUDA; no GPU tensor can
-// exist there, so they are never reached through the dispatch.
+// ops:: runs these for GPU tensors (Note [Kernel dispatch] in tensor/ops.cpp). Each checks
+// that every tensor is defined, float32 (Int32 argmax, Int64 labels) and on the *same*
+// GPU as the first one, and throws InternalError naming the op, the argument and what
+// was found otherwise. Every kernel is queued on the current stream of its device (Note
+// [Current stream] in tensor/cuda/stream.h) and returns without waiting for it, except
+// the ones that return a host value (cross_entropy, count_correct,
+// non_finite_check_and_unscale), which wait for their own result. Convolutions run on cuDNN and matrix products on cuBLAS, with one handle
+// per device and thread bound to the current stream; the rest are mtrain's own CUDA
+// kernels (tensor/cuda/*.cu). Numerics follow the CPU kernels' definitions in ops.h, in
+// float32 with float32 (or wider) accumulation.
 #pragma once
 
 #include <cstdint>

@@ -34,8 +34,8 @@ void set_current_device(int index) { no_cuda(fmt::format("binding device cuda:{}
 void adopt_process_device() {}
 
 
-// No GPU tensor can exist in this build, so the kernel dispatch never gets here; these
-// definitions only satisfy the linker (Note [Kernel dispatch] in tensor/cuda_ops.h).
+// The CUDA entries of the op table (tensor/ops.def): the dispatch comes here only for a
+// tensor borrowed with a GPU device, which no memory of this build can back.
 namespace cuda_ops {
 namespace {
 NumericsOptions& numerics_options() {

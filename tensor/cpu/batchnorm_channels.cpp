@@ -1,7 +1,6 @@
 // The per-channel arithmetic of the batch-norm layers (C values per call): the inverse
 // standard deviation, the running-statistics update, the weight and bias gradients and
-// SyncBatchNorm's merge of every rank's statistics. Each forwards to cuda_ops:: when its
-// first tensor is on a GPU (Note [Kernel dispatch] in tensor/cuda_ops.h).
+// SyncBatchNorm's merge of every rank's statistics, on the CPU.
 //
 // Note [Batch-norm channel arithmetic]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -18,7 +17,7 @@
 
 #include "tensor/batchnorm_running_update.h"
 #include "tensor/cpu/checks.h"
-#include "tensor/cuda_ops.h"
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/ops.h"
 
 namespace mtrain::ops {
@@ -36,8 +35,7 @@ int64_t channels_of(const char* op, const char* name, const Tensor& t) {
 
 }  // namespace
 
-void batchnorm_invstd(const Tensor& var, double eps, Tensor& invstd) {
-  if (var.device().is_cuda()) return cuda_ops::batchnorm_invstd(var, eps, invstd);
+void cpu::batchnorm_invstd(const Tensor& var, double eps, Tensor& invstd) {
   const int64_t c = channels_of("batchnorm_invstd", "var", var);
   cpu::check_float_shape("batchnorm_invstd", "invstd", invstd, {c});
   const float* v = var.data<float>();
@@ -47,13 +45,9 @@ void batchnorm_invstd(const Tensor& var, double eps, Tensor& invstd) {
   }
 }
 
-void batchnorm_update_running(const Tensor& mean, const Tensor& var, int64_t count,
-                              double momentum, Tensor& running_mean, Tensor& running_var,
-                              Tensor& num_batches_tracked) {
-  if (mean.device().is_cuda()) {
-    return cuda_ops::batchnorm_update_running(mean, var, count, momentum, running_mean,
-                                              running_var, num_batches_tracked);
-  }
+void cpu::batchnorm_update_running(const Tensor& mean, const Tensor& var, int64_t count,
+                                   double momentum, Tensor& running_mean, Tensor& running_var,
+                                   Tensor& num_batches_tracked) {
   const char* op = "batchnorm_update_running";
   const int64_t c = channels_of(op, "mean", mean);
   cpu::check_float_shape(op, "var", var, {c});
@@ -75,11 +69,8 @@ void batchnorm_update_running(const Tensor& mean, const Tensor& var, int64_t cou
   num_batches_tracked.data<int64_t>()[0] += 1;
 }
 
-void batchnorm_param_grads(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tensor& invstd,
-                           Tensor& dgamma, Tensor& dbeta) {
-  if (sum_dy.device().is_cuda()) {
-    return cuda_ops::batchnorm_param_grads(sum_dy, sum_dy_xmu, invstd, dgamma, dbeta);
-  }
+void cpu::batchnorm_param_grads(const Tensor& sum_dy, const Tensor& sum_dy_xmu,
+                                const Tensor& invstd, Tensor& dgamma, Tensor& dbeta) {
   const char* op = "batchnorm_param_grads";
   const int64_t c = channels_of(op, "sum_dy", sum_dy);
   cpu::check_float_shape(op, "sum_dy_xmu", sum_dy_xmu, {c});
@@ -99,8 +90,7 @@ void batchnorm_param_grads(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const
   }
 }
 
-void batchnorm_merge_stats(const Tensor& rows, Tensor& mean, Tensor& var) {
-  if (rows.device().is_cuda()) return cuda_ops::batchnorm_merge_stats(rows, mean, var);
+void cpu::batchnorm_merge_stats(const Tensor& rows, Tensor& mean, Tensor& var) {
   const char* op = "batchnorm_merge_stats";
   cpu::check_float(op, "rows", rows);
   cpu::check_ndim(op, "rows", rows, 2);

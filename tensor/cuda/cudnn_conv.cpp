@@ -1,5 +1,5 @@
 // 2-D convolution on cuDNN (the GPU side of tensor/cpu/conv.cpp; Note [Kernel
-// dispatch] in tensor/cuda_ops.h).
+// dispatch] in tensor/ops.cpp).
 //
 // Note [cuDNN convolution plans]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
