@@ -1,27 +1,18 @@
-// The GPU kernels behind tensor/ops.h, behind a CUDA-free interface.
+// The GPU kernels behind tensor/ops.h: the CUDA entry of every op in tensor/ops.def,
+// declared from that table, and the numerics settings they read. CUDA-free: a build
+// without CUDA defines each entry in tensor/no_cuda.cpp to throw InvalidArgument saying
+// the build has no CUDA.
 //
-// Note [Kernel dispatch]
-// ~~~~~~~~~~~~~~~~~~~~~~
-// Layers call one kernel API, tensor/ops.h, whatever the device. Each ops:: function
-// looks at its first tensor argument: on a GPU it forwards to the function of the same
-// name and signature here, before any CPU check, so the layers, the reducer and the
-// optimizer have no second code path (PyTorch's dispatcher, reduced to one `if`).
-// These functions check that every tensor is defined, float32 (Int32 argmax, Int64
-// labels), contiguous and on the *same* GPU as the first one, and throw InternalError
-// naming the op, the argument and what was found otherwise: a layer that mixes devices
-// is a bug in mtrain, and the CPU kernels would read device pointers as host memory.
-//
-// Every kernel is queued on the current stream of its device (Note [Current stream]
-// in tensor/cuda/stream.h) and returns without waiting for it, except the ones that
-// return a host value (cross_entropy, count_correct), which wait for their own result.
-// Convolutions run on cuDNN and matrix products on cuBLAS, with one handle per device
-// and thread bound to the current stream; the rest are mtrain's own CUDA kernels
-// (tensor/cuda/*.cu). Numerics follow the CPU kernels' definitions in ops.h, in float32
-// with float32 (or wider) accumulation.
-//
-// In builds without CUDA (MTRAIN_HAVE_CUDA unset) tensor/no_cuda.cpp defines each
-// function to throw InvalidArgument saying the build has no CUDA; no GPU tensor can
-// exist there, so they are never reached through the dispatch.
+// ops:: runs these for GPU tensors (Note [Kernel dispatch] in tensor/ops.cpp). Each checks
+// that every tensor is defined, float32 (Int32 argmax, Int64 labels) and on the *same*
+// GPU as the first one, and throws InternalError naming the op, the argument and what
+// was found otherwise. Every kernel is queued on the current stream of its device (Note
+// [Current stream] in tensor/cuda/stream.h) and returns without waiting for it, except
+// the ones that return a host value (cross_entropy, count_correct,
+// non_finite_check_and_unscale), which wait for their own result. Convolutions run on cuDNN and matrix products on cuBLAS, with one handle
+// per device and thread bound to the current stream; the rest are mtrain's own CUDA
+// kernels (tensor/cuda/*.cu). Numerics follow the CPU kernels' definitions in ops.h, in
+// float32 with float32 (or wider) accumulation.
 #pragma once
 
 #include <cstdint>
@@ -70,69 +61,13 @@ NumericsOptions numerics();
 // float32. The bias and both layers' bias gradients are float32 (from the float32 dy),
 // as on the CPU. bfloat16 needs compute capability 8.0 (Ampere) or newer and float16
 // 7.0, which compute_dtype_supported checks.
-bool compute_dtype_supported(DType compute, int device);
-void convert(const Tensor& src, Tensor& dst);
 
-// ---- elementwise ------------------------------------------------------------------
-void add(const Tensor& a, const Tensor& b, Tensor& out);
-void add_(Tensor& out, const Tensor& a, float alpha);
-void scale_(Tensor& x, float alpha);
-void relu_forward(const Tensor& x, Tensor& y);
-void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
-void sigmoid_forward(const Tensor& x, Tensor& y);
-void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
-
-// ---- matrix multiply (cuBLAS) -------------------------------------------------------
-void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
-            float alpha, float beta);
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, DType compute);
-void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
-                     Tensor& db, bool accumulate, DType compute);
-
-// ---- convolution (cuDNN) ------------------------------------------------------------
-void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
-                    const ops::Conv2dParams& p);
-void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p);
-void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db,
-                             const ops::Conv2dParams& p, bool accumulate);
-
-// ---- pooling --------------------------------------------------------------------------
-void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const ops::Pool2dParams& p);
-void maxpool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx);
-void avgpool2d_forward(const Tensor& x, Tensor& y, const ops::Pool2dParams& p);
-void avgpool2d_backward(const Tensor& dy, Tensor& dx, const ops::Pool2dParams& p);
-void global_avgpool_forward(const Tensor& x, Tensor& y);
-void global_avgpool_backward(const Tensor& dy, Tensor& dx);
-
-// ---- batch norm (Note [Separable batch norm] in ops.h) ---------------------------------
-void batchnorm_stats(const Tensor& x, Tensor& mean, Tensor& var);
-void batchnorm_apply(const Tensor& x, const Tensor& mean, const Tensor& invstd,
-                     const Tensor& gamma, const Tensor& beta, Tensor& y);
-void batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Tensor& mean,
-                               Tensor& sum_dy, Tensor& sum_dy_xmu);
-void batchnorm_backward_apply(const Tensor& dy, const Tensor& x, const Tensor& mean,
-                              const Tensor& invstd, const Tensor& gamma, const Tensor& sum_dy,
-                              const Tensor& sum_dy_xmu, double count, Tensor& dx);
-
-void batchnorm_invstd(const Tensor& var, double eps, Tensor& invstd);
-void batchnorm_update_running(const Tensor& mean, const Tensor& var, int64_t count,
-                              double momentum, Tensor& running_mean, Tensor& running_var,
-                              Tensor& num_batches_tracked);
-void batchnorm_param_grads(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tensor& invstd,
-                           Tensor& dgamma, Tensor& dbeta);
-void batchnorm_merge_stats(const Tensor& rows, Tensor& mean, Tensor& var);
-
-// ---- loss -------------------------------------------------------------------------------
-// A label outside [0, K) is detected on the device and reported (InvalidArgument naming
-// the first bad row and label) when the result is read back, as the CPU kernel does.
-double cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& dlogits, float grad_scale);
-int64_t count_correct(const Tensor& logits, const Tensor& labels);
-
-// ---- optimizer ----------------------------------------------------------------------------
-void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
-              float dampening, float weight_decay, bool nesterov, bool first_step);
-void sgd_step_all(const std::vector<ops::SgdParamRef>& params, float lr, float momentum,
-                  float dampening, float weight_decay, bool nesterov, bool first_step);
-bool non_finite_check_and_unscale(const std::vector<Tensor*>& grads, float inv_scale);
+// ---- the CUDA entry of every op in tensor/ops.def -----------------------------------------
+// cross_entropy and count_correct detect a label outside [0, K) on the device and report it
+// (InvalidArgument naming the first bad row and label) when the result is read back, as the
+// CPU kernels do.
+#define MTRAIN_OP(RETURN, NAME, PARAMS, ARGS, DEVICE, WITHOUT_CUDA) RETURN NAME PARAMS;
+#include "tensor/ops.def"
+#undef MTRAIN_OP
 
 }  // namespace mtrain::cuda_ops

@@ -1,6 +1,7 @@
-// CPU kernels behind the layers. Every function takes already-allocated outputs of
-// the right shape (so the caller controls memory reuse) and checks shapes, throwing
-// InternalError naming the op and the shapes on a mismatch.
+// The kernels behind the layers, one API for both devices: each op runs on the device of
+// its tensors (Note [Kernel dispatch] in tensor/ops.cpp). Every function takes
+// already-allocated outputs of the right shape (so the caller controls memory reuse) and
+// checks shapes, throwing InternalError naming the op and the shapes on a mismatch.
 //
 // Layout: activations are NCHW float32, contiguous; conv weights are OIHW; linear
 // weights are [out, in] (PyTorch's layouts, so weights load into torch unchanged).
@@ -46,21 +47,19 @@ void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx);   // dx = 
 // Note [Reduced-precision compute]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Convolutions and linear layers take a `compute` dtype (--amp, Note [Mixed precision]
-// in models/mixed_precision.h). Float32 is the plain kernel. BFloat16 or Float16: the
+// in models/mixed_precision.h). Float32 is the plain kernel. With BFloat16 or Float16 the
 // float32 inputs that are multiplied (x and w forward, dy and w for dx, x and dy for dw)
-// are rounded to that type (round to nearest even) and multiplied with float32
-// accumulation; every output (y, dx, dw, db) and the bias stay float32 tensors, so the
-// layers around them, and the optimizer's master weights, never see the 16-bit type
-// (db sums the float32 dy; on a GPU, convolution outputs pass through the 16-bit type,
-// Note [16-bit kernels on the GPU] in cuda_ops.h). A product
-// of two 16-bit values is exact in float32, so the result equals the float32 kernel
-// applied to the rounded inputs up to summation order. Where the 16-bit types are
-// computed: oneDNN's bf16 convolutions on CPUs with AVX512_BF16 (about twice the float32
-// speed) and its f16 ones where the CPU has AVX512_FP16, except for the shapes mtrain's
-// own float32 kernels take, which run on rounded operands (Note [Own kernels under
-// --amp] in tensor/cpu/conv.cpp); the CPU's linear layers round and then use sgemm; on
-// GPUs cuDNN and cuBLAS with 16-bit tensors
-// (tensor/cuda_ops.h). compute_dtype_supported says which apply here.
+// are rounded to that type (to nearest even) and multiplied with float32 accumulation;
+// every output (y, dx, dw, db) and the bias stay float32 tensors, so the layers around
+// them, and the optimizer's master weights, never see the 16-bit type. db sums the
+// float32 dy. A product of two 16-bit values is exact in float32, so the result equals
+// the float32 kernel applied to the rounded inputs up to summation order; on a GPU,
+// convolution outputs also pass through the 16-bit type (Note [16-bit kernels on the
+// GPU] in cuda_ops.h). The 16-bit products are computed by oneDNN's bf16 and f16
+// convolutions where the CPU has AVX512_BF16 or AVX512_FP16 (except the shapes mtrain's
+// own float32 kernels take, which run on rounded operands: Note [Own kernels under
+// --amp] in tensor/cpu/conv.cpp), by sgemm on rounded operands in the CPU's linear
+// layers, and by cuDNN and cuBLAS on GPUs. compute_dtype_supported says which apply here.
 bool compute_dtype_supported(DType compute, Device device);
 // Rounds every element of float32 `x` to the nearest `to` value (BFloat16 or Float16,
 // ties to even; Float16 overflows to infinity) and stores it as float32 in `y` (may

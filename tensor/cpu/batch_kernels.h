@@ -21,8 +21,8 @@ typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 // Compiles a kernel for AVX-512, the x86-64-v3 level (AVX2 with FMA; "avx2" alone would
 // leave out FMA) and the baseline; the loader picks the best one the CPU has (the
 // project builds without -march). Not "arch=haswell": GCC dispatches an arch= clone by
-// CPU model, so that clone ran on Intel Haswell only, and every AMD or later Intel CPU
-// without AVX-512 got the SSE2 baseline; x86-64-v3 is dispatched by CPU features.
+// CPU model, so it would run on Intel Haswell only and every AMD or later Intel CPU
+// without AVX-512 would get the SSE2 baseline; x86-64-v3 is dispatched by CPU features.
 #define MTRAIN_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 
 [[gnu::always_inline]] inline void load(Vec& v, const float* p) { std::memcpy(&v, p, sizeof v); }

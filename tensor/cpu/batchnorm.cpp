@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "tensor/cpu/checks.h"
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/threading.h"
-#include "tensor/cuda_ops.h"
 #include "tensor/ops.h"
 
 namespace mtrain::ops {
@@ -50,8 +50,7 @@ bool parallel_over_planes(const BnGeometry& g) { return g.n * g.c * g.area >= cp
 
 }  // namespace
 
-void batchnorm_stats(const Tensor& x, Tensor& mean, Tensor& var) {
-  if (x.device().is_cuda()) return cuda_ops::batchnorm_stats(x, mean, var);
+void cpu::batchnorm_stats(const Tensor& x, Tensor& mean, Tensor& var) {
   const BnGeometry g = bn_geometry("batchnorm_stats", "x", x);
   cpu::check_float_shape("batchnorm_stats", "mean", mean, {g.c});
   cpu::check_float_shape("batchnorm_stats", "var", var, {g.c});
@@ -108,9 +107,8 @@ void batchnorm_stats(const Tensor& x, Tensor& mean, Tensor& var) {
   }
 }
 
-void batchnorm_apply(const Tensor& x, const Tensor& mean, const Tensor& invstd,
-                     const Tensor& gamma, const Tensor& beta, Tensor& y) {
-  if (x.device().is_cuda()) return cuda_ops::batchnorm_apply(x, mean, invstd, gamma, beta, y);
+void cpu::batchnorm_apply(const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                          const Tensor& gamma, const Tensor& beta, Tensor& y) {
   const BnGeometry g = bn_geometry("batchnorm_apply", "x", x);
   cpu::check_float_shape("batchnorm_apply", "mean", mean, {g.c});
   cpu::check_float_shape("batchnorm_apply", "invstd", invstd, {g.c});
@@ -136,11 +134,8 @@ void batchnorm_apply(const Tensor& x, const Tensor& mean, const Tensor& invstd,
   }
 }
 
-void batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Tensor& mean,
-                               Tensor& sum_dy, Tensor& sum_dy_xmu) {
-  if (dy.device().is_cuda()) {
-    return cuda_ops::batchnorm_backward_reduce(dy, x, mean, sum_dy, sum_dy_xmu);
-  }
+void cpu::batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                                    Tensor& sum_dy, Tensor& sum_dy_xmu) {
   const BnGeometry g = bn_geometry("batchnorm_backward_reduce", "x", x);
   cpu::check_float_shape("batchnorm_backward_reduce", "dy", dy, x.shape());
   cpu::check_float_shape("batchnorm_backward_reduce", "mean", mean, {g.c});
@@ -181,13 +176,9 @@ void batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Tensor& 
   }
 }
 
-void batchnorm_backward_apply(const Tensor& dy, const Tensor& x, const Tensor& mean,
-                              const Tensor& invstd, const Tensor& gamma, const Tensor& sum_dy,
-                              const Tensor& sum_dy_xmu, double count, Tensor& dx) {
-  if (dy.device().is_cuda()) {
-    return cuda_ops::batchnorm_backward_apply(dy, x, mean, invstd, gamma, sum_dy, sum_dy_xmu,
-                                              count, dx);
-  }
+void cpu::batchnorm_backward_apply(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                                   const Tensor& invstd, const Tensor& gamma, const Tensor& sum_dy,
+                                   const Tensor& sum_dy_xmu, double count, Tensor& dx) {
   const BnGeometry g = bn_geometry("batchnorm_backward_apply", "x", x);
   cpu::check_float_shape("batchnorm_backward_apply", "dy", dy, x.shape());
   cpu::check_float_shape("batchnorm_backward_apply", "mean", mean, {g.c});

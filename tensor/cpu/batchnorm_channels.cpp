@@ -1,62 +1,30 @@
 // The per-channel arithmetic of the batch-norm layers (C values per call): the inverse
 // standard deviation, the running-statistics update, the weight and bias gradients and
-// SyncBatchNorm's merge of every rank's statistics. Each forwards to cuda_ops:: when its
-// first tensor is on a GPU (Note [Kernel dispatch] in tensor/cuda_ops.h).
-//
-// The cuda_ops:: definitions (argument checks, device and stream) are at the end of this
-// file, in CUDA builds only: their kernels (tensor/cuda/batchnorm_channels.cu) are
-// compiled by nvcc as C++17, which cannot parse tensor/tensor.h, so the side that sees
-// Tensor has to be C++20 host code.
+// SyncBatchNorm's merge of every rank's statistics, on the CPU.
 //
 // Note [Batch-norm channel arithmetic]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// These loops used to live in models/batchnorm.cpp and models/sync_batchnorm.cpp, and
-// the multi-process SyncBatchNorm tests compare against single-process BatchNorm2d
-// bitwise, so the arithmetic is kept operation for operation: the running update is
+// The multi-process SyncBatchNorm tests compare against single-process BatchNorm2d
+// bitwise, so the arithmetic is fixed operation for operation: the running update is
 // `r = r * (1 - m)` then `r += m' * x` in float32 with the factors rounded to float
-// first (what scale_ followed by add_ computed), the gradients `g += a * b` in float32,
-// the inverse standard deviation and the merge in double. The GPU kernels
+// first (tensor/batchnorm_running_update.h), the gradients `g += a * b` in float32, the
+// inverse standard deviation and the merge in double. The GPU kernels
 // (tensor/cuda/batchnorm_channels.cu) spell the same operations with round-to-nearest
 // intrinsics, so that nvcc's contraction into fused multiply-adds cannot make them
 // differ from these in the last bit. (g++ contracts only where the target has FMA; the
 // build targets baseline x86-64, which has none, so these loops round every operation.)
 #include <cmath>
 
+#include "tensor/batchnorm_running_update.h"
 #include "tensor/cpu/checks.h"
-#include "tensor/cuda_ops.h"
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/ops.h"
-
-#ifdef MTRAIN_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "tensor/cuda/op_checks.h"
-#include "tensor/cuda/stream.h"
-#endif
-
-namespace mtrain {
-namespace {
-
-// The float32 factors of the running update, rounded once on the host so that the CPU
-// loop and the GPU kernel multiply by the same numbers.
-struct RunningUpdateFactors {
-  float keep;       // 1 - momentum
-  float take_mean;  // momentum
-  float take_var;   // momentum * count / (count - 1): the unbiased variance's share
-};
-
-RunningUpdateFactors running_update_factors(const char* op, int64_t count, double momentum) {
-  // The unbiased variance divides by count - 1; the layers reject count <= 1 first.
-  MTRAIN_CHECK(count > 1, "{}: count must be > 1, found {}", op, count);
-  const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
-  return {static_cast<float>(1.0 - momentum), static_cast<float>(momentum),
-          static_cast<float>(momentum * unbias)};
-}
-
-}  // namespace
-}  // namespace mtrain
 
 namespace mtrain::ops {
 namespace {
+
+using detail::RunningUpdateFactors;
+using detail::running_update_factors;
 
 // The channel count of a [C] float32 tensor.
 int64_t channels_of(const char* op, const char* name, const Tensor& t) {
@@ -67,8 +35,7 @@ int64_t channels_of(const char* op, const char* name, const Tensor& t) {
 
 }  // namespace
 
-void batchnorm_invstd(const Tensor& var, double eps, Tensor& invstd) {
-  if (var.device().is_cuda()) return cuda_ops::batchnorm_invstd(var, eps, invstd);
+void cpu::batchnorm_invstd(const Tensor& var, double eps, Tensor& invstd) {
   const int64_t c = channels_of("batchnorm_invstd", "var", var);
   cpu::check_float_shape("batchnorm_invstd", "invstd", invstd, {c});
   const float* v = var.data<float>();
@@ -78,13 +45,9 @@ void batchnorm_invstd(const Tensor& var, double eps, Tensor& invstd) {
   }
 }
 
-void batchnorm_update_running(const Tensor& mean, const Tensor& var, int64_t count,
-                              double momentum, Tensor& running_mean, Tensor& running_var,
-                              Tensor& num_batches_tracked) {
-  if (mean.device().is_cuda()) {
-    return cuda_ops::batchnorm_update_running(mean, var, count, momentum, running_mean,
-                                              running_var, num_batches_tracked);
-  }
+void cpu::batchnorm_update_running(const Tensor& mean, const Tensor& var, int64_t count,
+                                   double momentum, Tensor& running_mean, Tensor& running_var,
+                                   Tensor& num_batches_tracked) {
   const char* op = "batchnorm_update_running";
   const int64_t c = channels_of(op, "mean", mean);
   cpu::check_float_shape(op, "var", var, {c});
@@ -106,11 +69,8 @@ void batchnorm_update_running(const Tensor& mean, const Tensor& var, int64_t cou
   num_batches_tracked.data<int64_t>()[0] += 1;
 }
 
-void batchnorm_param_grads(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tensor& invstd,
-                           Tensor& dgamma, Tensor& dbeta) {
-  if (sum_dy.device().is_cuda()) {
-    return cuda_ops::batchnorm_param_grads(sum_dy, sum_dy_xmu, invstd, dgamma, dbeta);
-  }
+void cpu::batchnorm_param_grads(const Tensor& sum_dy, const Tensor& sum_dy_xmu,
+                                const Tensor& invstd, Tensor& dgamma, Tensor& dbeta) {
   const char* op = "batchnorm_param_grads";
   const int64_t c = channels_of(op, "sum_dy", sum_dy);
   cpu::check_float_shape(op, "sum_dy_xmu", sum_dy_xmu, {c});
@@ -130,8 +90,7 @@ void batchnorm_param_grads(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const
   }
 }
 
-void batchnorm_merge_stats(const Tensor& rows, Tensor& mean, Tensor& var) {
-  if (rows.device().is_cuda()) return cuda_ops::batchnorm_merge_stats(rows, mean, var);
+void cpu::batchnorm_merge_stats(const Tensor& rows, Tensor& mean, Tensor& var) {
   const char* op = "batchnorm_merge_stats";
   cpu::check_float(op, "rows", rows);
   cpu::check_ndim(op, "rows", rows, 2);
@@ -167,101 +126,3 @@ void batchnorm_merge_stats(const Tensor& rows, Tensor& mean, Tensor& var) {
 }
 
 }  // namespace mtrain::ops
-
-#ifdef MTRAIN_HAVE_CUDA
-namespace mtrain::cuda {
-// Defined in tensor/cuda/batchnorm_channels.cu; queued on `stream`, raw device pointers.
-void launch_batchnorm_invstd(const float* var, double eps, float* invstd, int64_t channels,
-                             cudaStream_t stream);
-void launch_batchnorm_update_running(const float* mean, const float* var, float keep,
-                                     float take_mean, float take_var, float* running_mean,
-                                     float* running_var, int64_t* num_batches_tracked,
-                                     int64_t channels, cudaStream_t stream);
-void launch_batchnorm_param_grads(const float* sum_dy, const float* sum_dy_xmu,
-                                  const float* invstd, float* dgamma, float* dbeta,
-                                  int64_t channels, cudaStream_t stream);
-void launch_batchnorm_merge_stats(const float* rows, int64_t world, int64_t channels,
-                                  float* mean, float* var, cudaStream_t stream);
-}  // namespace mtrain::cuda
-
-namespace mtrain::cuda_ops {
-namespace {
-
-using detail::check_ndim;
-using detail::check_on;
-using detail::check_on_shape;
-
-// The channel count of a [C] float32 tensor on a GPU.
-int64_t channels_on(const char* op, const char* name, const Tensor& t) {
-  check_on(op, name, t, t.device());
-  check_ndim(op, name, t, 1);
-  return t.numel();
-}
-
-cudaStream_t stream_of(Device device) { return cuda::current_stream(device.index).handle(); }
-
-}  // namespace
-
-void batchnorm_invstd(const Tensor& var, double eps, Tensor& invstd) {
-  const char* op = "batchnorm_invstd";
-  const Device device = var.device();
-  const int64_t c = channels_on(op, "var", var);
-  check_on_shape(op, "invstd", invstd, device, {c});
-  cuda::DeviceGuard guard(device.index);
-  cuda::launch_batchnorm_invstd(var.data<float>(), eps, invstd.data<float>(), c,
-                                stream_of(device));
-}
-
-void batchnorm_update_running(const Tensor& mean, const Tensor& var, int64_t count,
-                              double momentum, Tensor& running_mean, Tensor& running_var,
-                              Tensor& num_batches_tracked) {
-  const char* op = "batchnorm_update_running";
-  const Device device = mean.device();
-  const int64_t c = channels_on(op, "mean", mean);
-  check_on_shape(op, "var", var, device, {c});
-  check_on_shape(op, "running_mean", running_mean, device, {c});
-  check_on_shape(op, "running_var", running_var, device, {c});
-  check_on_shape(op, "num_batches_tracked", num_batches_tracked, device, {}, DType::Int64);
-  const RunningUpdateFactors f = running_update_factors(op, count, momentum);
-  cuda::DeviceGuard guard(device.index);
-  cuda::launch_batchnorm_update_running(mean.data<float>(), var.data<float>(), f.keep,
-                                        f.take_mean, f.take_var, running_mean.data<float>(),
-                                        running_var.data<float>(),
-                                        num_batches_tracked.data<int64_t>(), c, stream_of(device));
-}
-
-void batchnorm_param_grads(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tensor& invstd,
-                           Tensor& dgamma, Tensor& dbeta) {
-  const char* op = "batchnorm_param_grads";
-  const Device device = sum_dy.device();
-  const int64_t c = channels_on(op, "sum_dy", sum_dy);
-  check_on_shape(op, "sum_dy_xmu", sum_dy_xmu, device, {c});
-  check_on_shape(op, "invstd", invstd, device, {c});
-  if (dgamma.defined()) check_on_shape(op, "dgamma", dgamma, device, {c});
-  if (dbeta.defined()) check_on_shape(op, "dbeta", dbeta, device, {c});
-  cuda::DeviceGuard guard(device.index);
-  cuda::launch_batchnorm_param_grads(sum_dy.data<float>(), sum_dy_xmu.data<float>(),
-                                     invstd.data<float>(),
-                                     dgamma.defined() ? dgamma.data<float>() : nullptr,
-                                     dbeta.defined() ? dbeta.data<float>() : nullptr, c,
-                                     stream_of(device));
-}
-
-void batchnorm_merge_stats(const Tensor& rows, Tensor& mean, Tensor& var) {
-  const char* op = "batchnorm_merge_stats";
-  const Device device = rows.device();
-  check_on(op, "rows", rows, device);
-  check_ndim(op, "rows", rows, 2);
-  const int64_t row = rows.size(1);
-  MTRAIN_CHECK(row >= 3 && row % 2 == 1, "{}: rows must be [world, 2C+1] with C >= 1, found {}",
-               op, shape_str(rows.shape()));
-  const int64_t c = (row - 1) / 2;
-  check_on_shape(op, "mean", mean, device, {c});
-  check_on_shape(op, "var", var, device, {c});
-  cuda::DeviceGuard guard(device.index);
-  cuda::launch_batchnorm_merge_stats(rows.data<float>(), rows.size(0), c, mean.data<float>(),
-                                     var.data<float>(), stream_of(device));
-}
-
-}  // namespace mtrain::cuda_ops
-#endif  // MTRAIN_HAVE_CUDA

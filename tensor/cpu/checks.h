@@ -40,8 +40,8 @@ inline void check_ndim(const char* op, const char* name, const Tensor& t, int nd
                shape_str(t.shape()));
 }
 
-// Intra-op parallelism only pays off above this many elements (a parallel region
-// costs a few microseconds; a vectorised loop handles ~16k floats in about that).
+// Intra-op parallelism only pays off above this many elements: below it, opening a
+// parallel region costs more than the vectorised loop it would split.
 inline constexpr int64_t kParallelGrain = 1 << 15;
 
 }  // namespace mtrain::ops::cpu

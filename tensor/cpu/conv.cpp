@@ -23,10 +23,10 @@
 #include "tensor/cpu/conv_lanes.h"
 #include "tensor/cpu/conv_layout.h"
 #include "tensor/cpu/conv_winograd.h"
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dnnl_support.h"
 #include "tensor/cpu/mixed_precision.h"
 #include "tensor/cpu/threading.h"
-#include "tensor/cuda_ops.h"
 #include "tensor/ops.h"
 
 namespace mtrain::ops {
@@ -412,9 +412,8 @@ int64_t conv_out_size(int64_t in, int64_t k, int64_t s, int64_t p) {
   return span < 0 ? 0 : span / s + 1;
 }
 
-void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
-                    const Conv2dParams& p) {
-  if (x.device().is_cuda()) return cuda_ops::conv2d_forward(x, w, b, y, p);
+void cpu::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
+                         const Conv2dParams& p) {
   const ConvShape s = conv_shape("conv2d_forward", "x", x, w, "y", y, p);
   if (b.defined()) cpu::check_float_shape("conv2d_forward", "b", b, {s.o});
   if (s.n == 0 || s.o == 0) return;
@@ -447,8 +446,8 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
   }
 }
 
-void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p) {
-  if (dy.device().is_cuda()) return cuda_ops::conv2d_backward_data(dy, w, dx, p);
+void cpu::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
+                               const Conv2dParams& p) {
   const ConvShape s = conv_shape("conv2d_backward_data", "dx", dx, w, "dy", dy, p);
   if (s.n == 0 || s.c == 0) return;
   cpu::use_configured_threads();
@@ -469,9 +468,8 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const C
   run_entry(e, {dy.raw_data(), w.raw_data()}, {dx.raw_data()});
 }
 
-void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db,
-                             const Conv2dParams& p, bool accumulate) {
-  if (x.device().is_cuda()) return cuda_ops::conv2d_backward_weights(x, dy, dw, db, p, accumulate);
+void cpu::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db,
+                                  const Conv2dParams& p, bool accumulate) {
   const ConvShape s = conv_shape("conv2d_backward_weights", "x", x, dw, "dy", dy, p);
   if (db.defined()) cpu::check_float_shape("conv2d_backward_weights", "db", db, {s.o});
   cpu::use_configured_threads();

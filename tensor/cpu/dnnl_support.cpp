@@ -14,6 +14,17 @@ dnnl::stream& dnnl_stream() {
   return stream;
 }
 
+// Note [Bound primitive arguments]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A cached primitive keeps one BoundArg per tensor argument. `user_` has no buffer of its
+// own: bind() points it at the tensor of this call. When the primitive wants another
+// layout (format_tag::any chose a blocked one), or an output must be added into the
+// user's tensor rather than overwrite it, `internal_` is a staging buffer and a reorder
+// moves data across (for outputs that reorder carries a sum post-op when accumulating).
+// The reorders are made once, here; the staging buffers are not owned by the argument but
+// bound for each call, because they only live during one call: entries that kept their
+// own would hold the staging of every cached shape at once, about 300 MiB for ResNet-18
+// at batch 64.
 BoundArg::BoundArg(const dnnl::memory::desc& user_md, const dnnl::memory::desc& primitive_md,
                    Role role) {
   const dnnl::engine& engine = dnnl_engine();

@@ -17,30 +17,24 @@ dnnl::stream& dnnl_stream();
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            const float* b, float beta, float* c, int64_t ldc = 0);
 
-// Note [Bound primitive arguments]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A cached primitive keeps one BoundArg per tensor argument. `user` describes the
-// caller's plain (NCHW/OIHW/x) memory and has no buffer of its own: bind() points it at
-// the tensor of this call. When the primitive wants another layout (format_tag::any
-// chose a blocked one), or an output must be added into the user's tensor rather than
-// overwrite it, `internal` is a staging buffer and a reorder moves data across (for
-// outputs that reorder carries a sum post-op when accumulating). The reorders are made
-// once with the entry; the staging buffers are not owned by it but bound for each call
-// (bind_internal), because they only live during one call: entries that kept their own
-// would hold about 300 MiB for ResNet-18 at batch 64.
-//
 // Note [Staging from the tensor cache]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Each argument's staging is a block of the caching host allocator, taken for the call
-// and given back after it. A blocked layout of C channels (C a multiple of the block)
-// has the bytes of the plain tensor, so the staging of an activation reuses the block
-// an activation of the same size left in the cache: backward frees the saved
-// activations as it goes, and forward runs before they are all allocated. Staging then
-// adds almost nothing to the process's footprint. It used to be one per-thread buffer
-// the size of the largest call, whose 24.6 MiB for ResNet-18 at batch 64 (a 64-channel
-// weight gradient: input and output gradient, 12.3 MiB each) came on top of the
-// tensors; one block of that size would not fit any cached activation either. A
-// steady-state call creates no primitive and does not reach the system allocator.
+// and given back after it (run_entry in conv.cpp). A blocked layout of C channels (C a
+// multiple of the block) has the bytes of the plain tensor, so the staging of an
+// activation reuses the block an activation of the same size left in the cache: backward
+// frees the saved activations as it goes, and forward runs before they are all
+// allocated. Staging then adds almost nothing to the process's footprint, where a
+// per-thread buffer the size of the largest call would come on top of the tensors and
+// fit no cached activation. A steady-state call creates no primitive and does not reach
+// the system allocator.
+
+// A tensor argument of a cached primitive. Its user memory describes the caller's plain
+// (NCHW/OIHW/x) layout and is pointed at each call's tensor (bind). When the primitive
+// computes in another layout, or an output must be added into the user's tensor, a
+// staging buffer bound for each call (bind_internal, internal_bytes() of it) holds the
+// primitive's side and reorders made once move data across (Note [Bound primitive
+// arguments] in dnnl_support.cpp).
 class BoundArg {
  public:
   enum class Role { Input, Output, AccumulatedOutput };

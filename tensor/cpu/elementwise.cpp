@@ -6,9 +6,9 @@
 #include <unordered_map>
 
 #include "tensor/cpu/checks.h"
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dnnl_support.h"
 #include "tensor/cpu/threading.h"
-#include "tensor/cuda_ops.h"
 #include "tensor/ops.h"
 
 namespace mtrain::ops {
@@ -54,8 +54,7 @@ SigmoidEntry& sigmoid_entry(int64_t n) {
 
 }  // namespace
 
-void add(const Tensor& a, const Tensor& b, Tensor& out) {
-  if (a.device().is_cuda()) return cuda_ops::add(a, b, out);
+void cpu::add(const Tensor& a, const Tensor& b, Tensor& out) {
   check_float("add", "a", a);
   check_float_shape("add", "b", b, a.shape());
   check_float_shape("add", "out", out, a.shape());
@@ -70,8 +69,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
   for (int64_t i = 0; i < n; ++i) po[i] = pa[i] + pb[i];
 }
 
-void add_(Tensor& out, const Tensor& a, float alpha) {
-  if (out.device().is_cuda()) return cuda_ops::add_(out, a, alpha);
+void cpu::add_(Tensor& out, const Tensor& a, float alpha) {
   check_float("add_", "out", out);
   check_float_shape("add_", "a", a, out.shape());
   cpu::use_configured_threads();
@@ -82,8 +80,7 @@ void add_(Tensor& out, const Tensor& a, float alpha) {
   for (int64_t i = 0; i < n; ++i) po[i] += alpha * pa[i];
 }
 
-void scale_(Tensor& x, float alpha) {
-  if (x.device().is_cuda()) return cuda_ops::scale_(x, alpha);
+void cpu::scale_(Tensor& x, float alpha) {
   check_float("scale_", "x", x);
   cpu::use_configured_threads();
   float* p = x.data<float>();
@@ -92,8 +89,7 @@ void scale_(Tensor& x, float alpha) {
   for (int64_t i = 0; i < n; ++i) p[i] *= alpha;
 }
 
-void relu_forward(const Tensor& x, Tensor& y) {
-  if (x.device().is_cuda()) return cuda_ops::relu_forward(x, y);
+void cpu::relu_forward(const Tensor& x, Tensor& y) {
   check_float("relu_forward", "x", x);
   check_float_shape("relu_forward", "y", y, x.shape());
   cpu::use_configured_threads();
@@ -104,8 +100,7 @@ void relu_forward(const Tensor& x, Tensor& y) {
   for (int64_t i = 0; i < n; ++i) py[i] = px[i] > 0.0f ? px[i] : 0.0f;
 }
 
-void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  if (y.device().is_cuda()) return cuda_ops::relu_backward(y, dy, dx);
+void cpu::relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   check_float("relu_backward", "y", y);
   check_float_shape("relu_backward", "dy", dy, y.shape());
   check_float_shape("relu_backward", "dx", dx, y.shape());
@@ -123,8 +118,7 @@ void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   }
 }
 
-void sigmoid_forward(const Tensor& x, Tensor& y) {
-  if (x.device().is_cuda()) return cuda_ops::sigmoid_forward(x, y);
+void cpu::sigmoid_forward(const Tensor& x, Tensor& y) {
   check_float("sigmoid_forward", "x", x);
   check_float_shape("sigmoid_forward", "y", y, x.shape());
   cpu::use_configured_threads();
@@ -141,8 +135,7 @@ void sigmoid_forward(const Tensor& x, Tensor& y) {
   s.wait();
 }
 
-void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  if (y.device().is_cuda()) return cuda_ops::sigmoid_backward(y, dy, dx);
+void cpu::sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   check_float("sigmoid_backward", "y", y);
   check_float_shape("sigmoid_backward", "dy", dy, y.shape());
   check_float_shape("sigmoid_backward", "dx", dx, y.shape());

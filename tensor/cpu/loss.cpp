@@ -2,8 +2,8 @@
 #include <cmath>
 
 #include "tensor/cpu/checks.h"
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/threading.h"
-#include "tensor/cuda_ops.h"
 #include "tensor/ops.h"
 
 namespace mtrain::ops {
@@ -28,11 +28,8 @@ void check_logits_labels(const char* op, const Tensor& logits, const Tensor& lab
 
 }  // namespace
 
-double cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& dlogits,
-                     float grad_scale) {
-  if (logits.device().is_cuda()) {
-    return cuda_ops::cross_entropy(logits, labels, dlogits, grad_scale);
-  }
+double cpu::cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& dlogits,
+                          float grad_scale) {
   check_logits_labels("cross_entropy", logits, labels);
   if (dlogits.defined()) cpu::check_float_shape("cross_entropy", "dlogits", dlogits, logits.shape());
   MTRAIN_CHECK(logits.size(1) > 0, "cross_entropy: logits {} has no classes",
@@ -64,8 +61,7 @@ double cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& dlogits
   return total;
 }
 
-int64_t count_correct(const Tensor& logits, const Tensor& labels) {
-  if (logits.device().is_cuda()) return cuda_ops::count_correct(logits, labels);
+int64_t cpu::count_correct(const Tensor& logits, const Tensor& labels) {
   check_logits_labels("count_correct", logits, labels);
   const int64_t n = logits.size(0), k = logits.size(1);
   if (k == 0) return 0;

@@ -3,10 +3,10 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "tensor/cpu/checks.h"
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dnnl_support.h"
 #include "tensor/cpu/mixed_precision.h"
 #include "tensor/cpu/threading.h"
-#include "tensor/cuda_ops.h"
 #include "tensor/ops.h"
 
 namespace mtrain::ops {
@@ -35,9 +35,8 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
 
 }  // namespace cpu
 
-void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
-            float alpha, float beta) {
-  if (a.device().is_cuda()) return cuda_ops::matmul(a, transpose_a, b, transpose_b, c, alpha, beta);
+void cpu::matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
+                 float alpha, float beta) {
   cpu::check_float("matmul", "a", a);
   cpu::check_float("matmul", "b", b);
   cpu::check_float("matmul", "c", c);
@@ -69,9 +68,8 @@ void check_compute(const char* op, DType compute) {
 
 }  // namespace
 
-void linear_forward(const Tensor& x_in, const Tensor& w_in, const Tensor& b, Tensor& y,
-                    DType compute) {
-  if (x_in.device().is_cuda()) return cuda_ops::linear_forward(x_in, w_in, b, y, compute);
+void cpu::linear_forward(const Tensor& x_in, const Tensor& w_in, const Tensor& b, Tensor& y,
+                         DType compute) {
   check_compute("linear_forward", compute);
   const Tensor x = cpu::rounded_operand(x_in, compute), w = cpu::rounded_operand(w_in, compute);
   cpu::check_float("linear_forward", "x", x);
@@ -98,11 +96,8 @@ void linear_forward(const Tensor& x_in, const Tensor& w_in, const Tensor& b, Ten
   cpu::sgemm(false, true, batch, out, in, 1.0f, x.data<float>(), w.data<float>(), beta, py);
 }
 
-void linear_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& dy_in, Tensor& dx,
-                     Tensor& dw, Tensor& db, bool accumulate, DType compute) {
-  if (x_in.device().is_cuda()) {
-    return cuda_ops::linear_backward(x_in, w_in, dy_in, dx, dw, db, accumulate, compute);
-  }
+void cpu::linear_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& dy_in, Tensor& dx,
+                          Tensor& dw, Tensor& db, bool accumulate, DType compute) {
   check_compute("linear_backward", compute);
   const Tensor x = cpu::rounded_operand(x_in, compute), w = cpu::rounded_operand(w_in, compute);
   // db sums the float32 dy; dx and dw multiply the rounded one.

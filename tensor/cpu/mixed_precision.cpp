@@ -4,9 +4,9 @@
 
 #include "tensor/cpu/mixed_precision.h"
 #include "tensor/cpu/checks.h"
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/conv_layout.h"
 #include "tensor/cpu/threading.h"
-#include "tensor/cuda_ops.h"
 #include "tensor/half_float.h"
 #include "tensor/ops.h"
 
@@ -18,8 +18,7 @@ inline float round_to_float16(float v) { return half::float16_to_float(half::flo
 
 }  // namespace
 
-bool compute_dtype_supported(DType compute, Device device) {
-  if (device.is_cuda()) return cuda_ops::compute_dtype_supported(compute, device.index);
+bool cpu::compute_dtype_supported(DType compute, Device) {
   static std::once_flag once;
   static bool bf16 = false, f16 = false;
   std::call_once(once, [] {
@@ -52,11 +51,8 @@ void round_to_dtype(const Tensor& x, DType to, Tensor& y) {
   }
 }
 
-void convert(const Tensor& src, Tensor& dst) {
-  MTRAIN_CHECK(src.defined() && dst.defined() && src.device() == dst.device() && src.numel() == dst.numel(),
-               "convert: expected two tensors of equal size on one device, found {} and {}",
-               src.defined() ? src.str() : "undefined", dst.defined() ? dst.str() : "undefined");
-  if (src.device().is_cuda()) return cuda_ops::convert(src, dst);
+// The dispatch has checked that src and dst are defined, on one device and of one size.
+void cpu::convert(const Tensor& src, Tensor& dst) {
   const int64_t n = src.numel();
   const bool narrow = src.dtype() == DType::Float32 && (dst.dtype() == DType::BFloat16 || dst.dtype() == DType::Float16);
   const bool widen = dst.dtype() == DType::Float32 && (src.dtype() == DType::BFloat16 || src.dtype() == DType::Float16);
@@ -94,11 +90,8 @@ Tensor cpu::rounded_operand(const Tensor& t, DType compute) {
   return r;
 }
 
-bool non_finite_check_and_unscale(const std::vector<Tensor*>& grads, float inv_scale) {
-  if (grads.empty()) return false;
-  MTRAIN_CHECK(grads[0] != nullptr && grads[0]->defined(),
-               "non_finite_check_and_unscale: gradient 0 is undefined");
-  if (grads[0]->device().is_cuda()) return cuda_ops::non_finite_check_and_unscale(grads, inv_scale);
+bool cpu::non_finite_check_and_unscale(const std::vector<Tensor*>& grads, float inv_scale) {
+  if (grads.empty()) return false;  // the dispatch sends an empty list here
   cpu::use_configured_threads();
   bool found = false;
   for (size_t i = 0; i < grads.size(); ++i) {

@@ -4,8 +4,8 @@
 #include <limits>
 
 #include "tensor/cpu/checks.h"
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/threading.h"
-#include "tensor/cuda_ops.h"
 #include "tensor/ops.h"
 
 namespace mtrain::ops {
@@ -173,8 +173,7 @@ void maxpool_plane(const float* __restrict xp, float* __restrict yp, int32_t* __
 
 }  // namespace
 
-void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Pool2dParams& p) {
-  if (x.device().is_cuda()) return cuda_ops::maxpool2d_forward(x, y, indices, p);
+void cpu::maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Pool2dParams& p) {
   const PoolGeometry g = pool_geometry("maxpool2d_forward", x, "y", y, p);
   cpu::check_float("maxpool2d_forward", "y", y);
   cpu::check_dtype("maxpool2d_forward", "indices", indices, DType::Int32);
@@ -191,8 +190,7 @@ void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Pool2d
   }
 }
 
-void maxpool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx) {
-  if (dy.device().is_cuda()) return cuda_ops::maxpool2d_backward(dy, indices, dx);
+void cpu::maxpool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx) {
   cpu::check_float("maxpool2d_backward", "dy", dy);
   cpu::check_float("maxpool2d_backward", "dx", dx);
   cpu::check_ndim("maxpool2d_backward", "dy", dy, 4);
@@ -229,8 +227,7 @@ void maxpool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx) {
                dx.size(2), dx.size(3), shape_str(dx.shape()));
 }
 
-void avgpool2d_forward(const Tensor& x, Tensor& y, const Pool2dParams& p) {
-  if (x.device().is_cuda()) return cuda_ops::avgpool2d_forward(x, y, p);
+void cpu::avgpool2d_forward(const Tensor& x, Tensor& y, const Pool2dParams& p) {
   const PoolGeometry g = pool_geometry("avgpool2d_forward", x, "y", y, p);
   cpu::check_float("avgpool2d_forward", "y", y);
   cpu::use_configured_threads();
@@ -264,8 +261,7 @@ void avgpool2d_forward(const Tensor& x, Tensor& y, const Pool2dParams& p) {
   }
 }
 
-void avgpool2d_backward(const Tensor& dy, Tensor& dx, const Pool2dParams& p) {
-  if (dy.device().is_cuda()) return cuda_ops::avgpool2d_backward(dy, dx, p);
+void cpu::avgpool2d_backward(const Tensor& dy, Tensor& dx, const Pool2dParams& p) {
   const PoolGeometry g = pool_geometry("avgpool2d_backward", dx, "dy", dy, p);
   cpu::check_float("avgpool2d_backward", "dy", dy);
   cpu::use_configured_threads();
@@ -297,8 +293,7 @@ void avgpool2d_backward(const Tensor& dy, Tensor& dx, const Pool2dParams& p) {
   }
 }
 
-void global_avgpool_forward(const Tensor& x, Tensor& y) {
-  if (x.device().is_cuda()) return cuda_ops::global_avgpool_forward(x, y);
+void cpu::global_avgpool_forward(const Tensor& x, Tensor& y) {
   cpu::check_float("global_avgpool_forward", "x", x);
   cpu::check_ndim("global_avgpool_forward", "x", x, 4);
   cpu::check_float_shape("global_avgpool_forward", "y", y, {x.size(0), x.size(1), 1, 1});
@@ -319,8 +314,7 @@ void global_avgpool_forward(const Tensor& x, Tensor& y) {
   }
 }
 
-void global_avgpool_backward(const Tensor& dy, Tensor& dx) {
-  if (dy.device().is_cuda()) return cuda_ops::global_avgpool_backward(dy, dx);
+void cpu::global_avgpool_backward(const Tensor& dy, Tensor& dx) {
   cpu::check_float("global_avgpool_backward", "dx", dx);
   cpu::check_ndim("global_avgpool_backward", "dx", dx, 4);
   cpu::check_float_shape("global_avgpool_backward", "dy", dy, {dx.size(0), dx.size(1), 1, 1});

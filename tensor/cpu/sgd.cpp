@@ -1,18 +1,15 @@
 // torch.optim.SGD's update (see the formula in tensor/ops.h), for one parameter and for
 // all of a model's parameters.
 #include "tensor/cpu/checks.h"
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/threading.h"
-#include "tensor/cuda_ops.h"
 #include "tensor/ops.h"
 
 namespace mtrain::ops {
 
-void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
-              float dampening, float weight_decay, bool nesterov, bool first_step) {
-  if (param.device().is_cuda()) {
-    return cuda_ops::sgd_step(param, grad, momentum_buf, lr, momentum, dampening, weight_decay,
-                              nesterov, first_step);
-  }
+void cpu::sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr,
+                   float momentum, float dampening, float weight_decay, bool nesterov,
+                   bool first_step) {
   cpu::check_float("sgd_step", "param", param);
   cpu::check_float_shape("sgd_step", "grad", grad, param.shape());
   const bool use_momentum = momentum != 0.0f;
@@ -42,12 +39,8 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr,
   }
 }
 
-void sgd_step_all(const std::vector<SgdParamRef>& params, float lr, float momentum,
-                  float dampening, float weight_decay, bool nesterov, bool first_step) {
-  if (!params.empty() && params[0].param != nullptr && params[0].param->device().is_cuda()) {
-    return cuda_ops::sgd_step_all(params, lr, momentum, dampening, weight_decay, nesterov,
-                                  first_step);
-  }
+void cpu::sgd_step_all(const std::vector<SgdParamRef>& params, float lr, float momentum,
+                       float dampening, float weight_decay, bool nesterov, bool first_step) {
   // One parameter after another: on the CPU a fused pass would not read less memory, and
   // each sgd_step is already spread over the threads.
   for (size_t i = 0; i < params.size(); ++i) {
@@ -56,8 +49,10 @@ void sgd_step_all(const std::vector<SgdParamRef>& params, float lr, float moment
                  "sgd_step_all: parameter {} has no {} tensor", i,
                  r.param == nullptr ? "param" : "grad");
     Tensor no_buf;
-    sgd_step(*r.param, *r.grad, r.momentum_buf != nullptr ? *r.momentum_buf : no_buf, lr, momentum,
-             dampening, weight_decay, nesterov, first_step);
+    // ops::, not cpu::: each parameter runs on its own device (the GPU entry rejects a list
+    // that mixes devices instead).
+    ops::sgd_step(*r.param, *r.grad, r.momentum_buf != nullptr ? *r.momentum_buf : no_buf, lr,
+                  momentum, dampening, weight_decay, nesterov, first_step);
   }
 }
 

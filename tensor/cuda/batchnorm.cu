@@ -1,5 +1,5 @@
 // Batch-norm kernels on the GPU: the counterparts of tensor/cpu/batchnorm.cpp (Note
-// [Separable batch norm] in tensor/ops.h, Note [Kernel dispatch] in tensor/cuda_ops.h).
+// [Separable batch norm] in tensor/ops.h, Note [Kernel dispatch] in tensor/ops.cpp).
 //
 // Note [Deterministic batch-norm reductions on the GPU]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -1,8 +1,6 @@
-// GPU kernels for the per-channel batch-norm arithmetic (ops::batchnorm_invstd,
-// batchnorm_update_running, batchnorm_param_grads, batchnorm_merge_stats). The
-// cuda_ops:: entry points that check the tensors and pick the stream are in
-// tensor/cpu/batchnorm_channels.cpp beside the CPU loops: this file is compiled as C++17
-// by nvcc and cannot include tensor/tensor.h, so it sees raw pointers only.
+// The per-channel batch-norm arithmetic on the GPU (ops::batchnorm_invstd,
+// batchnorm_update_running, batchnorm_param_grads, batchnorm_merge_stats): the
+// counterparts of tensor/cpu/batchnorm_channels.cpp.
 //
 // One thread per channel: C is at most a few thousand, so a launch is a handful of
 // blocks and the cost is the launch itself. Every floating-point operation is spelled
@@ -16,7 +14,11 @@
 
 #include <cuda_runtime.h>
 
+#include "tensor/batchnorm_running_update.h"
 #include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/op_checks.h"
+#include "tensor/cuda/stream.h"
+#include "tensor/cuda_ops.h"
 
 namespace mtrain::cuda {
 namespace {
@@ -87,9 +89,7 @@ __global__ void merge_stats_kernel(const float* __restrict__ rows, int64_t world
   var[c] = n > 0.0 ? __double2float_rn(__ddiv_rn(m2, n)) : 0.0f;
 }
 
-}  // namespace
-
-// Declared in tensor/cpu/batchnorm_channels.cpp, the only caller.
+// Queued on `stream`; raw device pointers.
 void launch_batchnorm_invstd(const float* var, double eps, float* invstd, int64_t channels,
                              cudaStream_t stream) {
   if (channels == 0) return;
@@ -125,4 +125,88 @@ void launch_batchnorm_merge_stats(const float* rows, int64_t world, int64_t chan
   MTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
+}  // namespace
 }  // namespace mtrain::cuda
+
+namespace mtrain::cuda_ops {
+namespace {
+
+using detail::check_ndim;
+using detail::check_on;
+using detail::check_on_shape;
+using mtrain::detail::RunningUpdateFactors;
+using mtrain::detail::running_update_factors;
+
+// The channel count of a [C] float32 tensor on a GPU.
+int64_t channels_on(const char* op, const char* name, const Tensor& t) {
+  check_on(op, name, t, t.device());
+  check_ndim(op, name, t, 1);
+  return t.numel();
+}
+
+cudaStream_t stream_of(Device device) { return cuda::current_stream(device.index).handle(); }
+
+}  // namespace
+
+void batchnorm_invstd(const Tensor& var, double eps, Tensor& invstd) {
+  const char* op = "batchnorm_invstd";
+  const Device device = var.device();
+  const int64_t c = channels_on(op, "var", var);
+  check_on_shape(op, "invstd", invstd, device, {c});
+  cuda::DeviceGuard guard(device.index);
+  cuda::launch_batchnorm_invstd(var.data<float>(), eps, invstd.data<float>(), c,
+                                stream_of(device));
+}
+
+void batchnorm_update_running(const Tensor& mean, const Tensor& var, int64_t count,
+                              double momentum, Tensor& running_mean, Tensor& running_var,
+                              Tensor& num_batches_tracked) {
+  const char* op = "batchnorm_update_running";
+  const Device device = mean.device();
+  const int64_t c = channels_on(op, "mean", mean);
+  check_on_shape(op, "var", var, device, {c});
+  check_on_shape(op, "running_mean", running_mean, device, {c});
+  check_on_shape(op, "running_var", running_var, device, {c});
+  check_on_shape(op, "num_batches_tracked", num_batches_tracked, device, {}, DType::Int64);
+  const RunningUpdateFactors f = running_update_factors(op, count, momentum);
+  cuda::DeviceGuard guard(device.index);
+  cuda::launch_batchnorm_update_running(mean.data<float>(), var.data<float>(), f.keep,
+                                        f.take_mean, f.take_var, running_mean.data<float>(),
+                                        running_var.data<float>(),
+                                        num_batches_tracked.data<int64_t>(), c, stream_of(device));
+}
+
+void batchnorm_param_grads(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tensor& invstd,
+                           Tensor& dgamma, Tensor& dbeta) {
+  const char* op = "batchnorm_param_grads";
+  const Device device = sum_dy.device();
+  const int64_t c = channels_on(op, "sum_dy", sum_dy);
+  check_on_shape(op, "sum_dy_xmu", sum_dy_xmu, device, {c});
+  check_on_shape(op, "invstd", invstd, device, {c});
+  if (dgamma.defined()) check_on_shape(op, "dgamma", dgamma, device, {c});
+  if (dbeta.defined()) check_on_shape(op, "dbeta", dbeta, device, {c});
+  cuda::DeviceGuard guard(device.index);
+  cuda::launch_batchnorm_param_grads(sum_dy.data<float>(), sum_dy_xmu.data<float>(),
+                                     invstd.data<float>(),
+                                     dgamma.defined() ? dgamma.data<float>() : nullptr,
+                                     dbeta.defined() ? dbeta.data<float>() : nullptr, c,
+                                     stream_of(device));
+}
+
+void batchnorm_merge_stats(const Tensor& rows, Tensor& mean, Tensor& var) {
+  const char* op = "batchnorm_merge_stats";
+  const Device device = rows.device();
+  check_on(op, "rows", rows, device);
+  check_ndim(op, "rows", rows, 2);
+  const int64_t row = rows.size(1);
+  MTRAIN_CHECK(row >= 3 && row % 2 == 1, "{}: rows must be [world, 2C+1] with C >= 1, found {}",
+               op, shape_str(rows.shape()));
+  const int64_t c = (row - 1) / 2;
+  check_on_shape(op, "mean", mean, device, {c});
+  check_on_shape(op, "var", var, device, {c});
+  cuda::DeviceGuard guard(device.index);
+  cuda::launch_batchnorm_merge_stats(rows.data<float>(), rows.size(0), c, mean.data<float>(),
+                                     var.data<float>(), stream_of(device));
+}
+
+}  // namespace mtrain::cuda_ops

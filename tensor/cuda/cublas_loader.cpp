@@ -21,6 +21,14 @@ void look_up(void* library, const std::string& soname, const char* symbol, Fn& o
   out = reinterpret_cast<Fn>(address);
 }
 
+// Note [cuBLAS is loaded lazily]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Linking libcublas pulls in libcublasLt (over 500 MB), whose load-time relocations touch
+// some 200 MiB of pages in every process, GPU or not: every CPU rank would pay for them.
+// So cuBLAS is dlopen'ed the first time a matrix product runs on a GPU, and the few entry
+// points mtrain calls are looked up by name; the prototypes still come from cublas_v2.h
+// (CublasApi), so a signature change fails to compile. cuDNN and the CUDA runtime stay
+// linked: they cost little at load time.
 CublasApi open_cublas() {
   const std::string soname = fmt::format("libcublas.so.{}", CUBLAS_VER_MAJOR);
   void* library = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);

@@ -1,14 +1,5 @@
-// cuBLAS, opened at first use instead of linked (CUDA builds only).
-//
-// Note [cuBLAS is loaded lazily]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Linking libcublas pulls in libcublasLt (over 500 MB). Its load-time relocations
-// touch about 215 MiB of pages in every process, GPU or not: `mtrain-train --help`
-// measured 228 MiB peak RSS linked against 12 MiB without it, and every CPU rank paid
-// the same. So cuBLAS is dlopen'ed the first time a matrix product runs on a GPU, and the
-// few entry points mtrain calls are looked up by name; the prototypes still come from
-// cublas_v2.h, so a signature change fails to compile. cuDNN and the CUDA runtime stay
-// linked: they cost little at load time.
+// cuBLAS, opened at first use instead of linked (CUDA builds only; Note [cuBLAS is loaded
+// lazily] in cublas_loader.cpp): the entry points mtrain calls, typed from cublas_v2.h.
 #pragma once
 
 #include <cublas_v2.h>

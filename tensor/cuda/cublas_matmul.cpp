@@ -1,5 +1,5 @@
 // Matrix multiply and the linear layer on cuBLAS (the GPU side of tensor/cpu/matmul.cpp;
-// Note [Kernel dispatch] in tensor/cuda_ops.h).
+// Note [Kernel dispatch] in tensor/ops.cpp).
 //
 // Note [Row-major GEMM on cuBLAS]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

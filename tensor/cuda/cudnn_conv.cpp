@@ -1,5 +1,5 @@
 // 2-D convolution on cuDNN (the GPU side of tensor/cpu/conv.cpp; Note [Kernel
-// dispatch] in tensor/cuda_ops.h).
+// dispatch] in tensor/ops.cpp).
 //
 // Note [cuDNN convolution plans]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -467,8 +467,8 @@ void run_plan(ConvPlan& plan, int device, const char* call, const ConvCall& what
     const cudnnStatus_t status =
         launch(c, plan.conv_for(c.math), ws.defined() ? ws.raw_data() : nullptr,
                c.workspace_bytes);
-    // `ws` is released at the end of this iteration, after the call is queued (Note
-    // [Library handles]).
+    // `ws` is released at the end of this iteration, after the call is queued (as
+    // workspace() in library_handles.h asks).
     if (status == CUDNN_STATUS_SUCCESS) {
       // Later calls start at the algorithm that worked.
       size_t expected = plan.first_candidate.load(std::memory_order_relaxed);

@@ -1,5 +1,5 @@
 // Elementwise kernels on the GPU: the counterparts of tensor/cpu/elementwise.cpp (Note
-// [Kernel dispatch] in tensor/cuda_ops.h). One grid-stride kernel template applies a
+// [Kernel dispatch] in tensor/ops.cpp). One grid-stride kernel template applies a
 // per-element functor; it moves four floats per load and store (float4) when every
 // pointer is 16-byte aligned, which tensors fresh from the allocator are and views at
 // odd offsets may not be.

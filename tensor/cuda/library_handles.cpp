@@ -1,5 +1,23 @@
-// Per-thread cuDNN and cuBLAS handles and their workspaces (Note [Library handles] in
-// library_handles.h).
+// Per-thread cuDNN and cuBLAS handles and their workspaces.
+//
+// Note [Library handles]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A cuDNN or cuBLAS handle belongs to the device that was current when it was created
+// and carries a stream and (cuBLAS) a workspace as state, so sharing one between
+// threads would race on that state. Each thread therefore gets its own pair per device,
+// created on first use and destroyed when the thread exits (PyTorch keeps a pool per
+// (device, thread) for the same reason). Every accessor binds the handle to the
+// calling thread's current stream of that device (Note [Current stream] in stream.h)
+// before returning it, so library kernels queue exactly where mtrain's own kernels do.
+//
+// cuBLAS needs a workspace for some GEMM kernels. cublasSetStream resets it to the
+// library's default pool, which is cudaMalloc'd outside the caching allocator and, when
+// one handle is used on several streams, shared between them (work on two streams could
+// then scribble over each other's scratch). So every (thread, device, stream) gets its
+// own workspace from the caching allocator, bound with cublasSetWorkspace whenever the
+// handle moves to that stream: the size NVIDIA recommends, 32 MiB on Hopper (sm_90) and
+// newer, 4 MiB before. With a fixed workspace per stream, cuBLAS results are bitwise
+// reproducible from run to run on the same GPU model.
 #include "tensor/cuda/library_handles.h"
 
 #include <fmt/format.h>

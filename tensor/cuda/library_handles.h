@@ -1,30 +1,8 @@
 // cuDNN and cuBLAS handles, their scratch memory, and the check macros for both
-// libraries (CUDA builds only; internal to tensor/cuda/).
-//
-// Note [Library handles]
-// ~~~~~~~~~~~~~~~~~~~~~~
-// A cuDNN or cuBLAS handle belongs to the device that was current when it was created
-// and carries a stream and (cuBLAS) a workspace as state, so sharing one between
-// threads would race on that state. Each thread therefore gets its own pair per device,
-// created on first use and destroyed when the thread exits (PyTorch keeps a pool per
-// (device, thread) for the same reason). Every accessor binds the handle to the
-// calling thread's current stream of that device (Note [Current stream] in stream.h)
-// before returning it, so library kernels queue exactly where mtrain's own kernels do.
-//
-// cuBLAS needs a workspace for some GEMM kernels. cublasSetStream resets it to the
-// library's default pool, which is cudaMalloc'd outside the caching allocator and, when
-// one handle is used on several streams, shared between them (work on two streams could
-// then scribble over each other's scratch). So every (thread, device, stream) gets its
-// own workspace from the caching allocator, bound with cublasSetWorkspace whenever the
-// handle moves to that stream: the size NVIDIA recommends, 32 MiB on Hopper (sm_90) and
-// newer, 4 MiB before. With a fixed workspace per stream, cuBLAS results are bitwise
-// reproducible from run to run on the same GPU model.
-//
-// cuDNN convolutions take their workspace per call instead: workspace() hands out a
-// Tensor of bytes from the caching allocator for the current stream. The caller keeps it
-// alive until the library call that uses it is queued and then drops it; the block is
-// only reused by later work on the same stream, which runs after that call (Note
-// [Stream-ordered block reuse] in tensor/caching_block_allocator.h).
+// libraries (CUDA builds only; internal to tensor/cuda/). Every thread has its own pair
+// of handles per device, bound to its current stream of that device when asked for, and
+// cuBLAS a workspace of its own per stream (Note [Library handles] in
+// library_handles.cpp).
 #pragma once
 
 #include <cublas_v2.h>
@@ -44,8 +22,11 @@ cudnnHandle_t cudnn_handle(int device);
 cublasHandle_t cublas_handle(int device);
 
 // `bytes` of scratch memory on `device`, for the current stream: a UInt8 tensor, or an
-// undefined one when bytes == 0. Throws mtrain::Error when the allocator cannot find the
-// memory even after returning its cache (its out-of-memory error).
+// undefined one when bytes == 0. Keep it until the library call that uses it is queued,
+// then drop it: later work on the same stream, the only work that reuses its block, runs
+// after that call (Note [Stream-ordered block reuse] in tensor/caching_block_allocator.h).
+// Throws mtrain::Error when the allocator cannot find the memory even after returning its
+// cache (its out-of-memory error).
 Tensor workspace(int device, size_t bytes);
 
 // The most workspace a single library call on `device` should ask for: what the driver

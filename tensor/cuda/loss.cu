@@ -1,5 +1,5 @@
 // Softmax cross-entropy and accuracy counting on the GPU: the counterparts of
-// tensor/cpu/loss.cpp (Note [Kernel dispatch] in tensor/cuda_ops.h).
+// tensor/cpu/loss.cpp (Note [Kernel dispatch] in tensor/ops.cpp).
 //
 // Note [Host results of GPU kernels]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -124,11 +124,11 @@ void convert(const Tensor& src, Tensor& dst) {
   detail::widen_into(src, dst, /*accumulate=*/false);  // checks the other direction
 }
 
-bool compute_dtype_supported(DType compute, int device) {
+bool compute_dtype_supported(DType compute, Device device) {
   if (compute == DType::Float32) return true;
   if (compute != DType::BFloat16 && compute != DType::Float16) return false;
   int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky-free error; the answer is "no"
     return false;
   }

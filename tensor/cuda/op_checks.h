@@ -1,4 +1,4 @@
-// Argument checks shared by the GPU kernels (Note [Kernel dispatch] in tensor/cuda_ops.h).
+// Argument checks shared by the GPU entries (their contract is in tensor/cuda_ops.h).
 // A failed check is a bug in the caller, so each throws InternalError naming the op,
 // the argument and what it found.
 #pragma once

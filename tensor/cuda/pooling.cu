@@ -1,5 +1,5 @@
 // Max, average and global-average pooling on the GPU: the counterparts of
-// tensor/cpu/pooling.cpp (Note [Kernel dispatch] in tensor/cuda_ops.h).
+// tensor/cpu/pooling.cpp (Note [Kernel dispatch] in tensor/ops.cpp).
 //
 // Note [Deterministic pooling backward]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

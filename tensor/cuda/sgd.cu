@@ -1,5 +1,5 @@
 // torch.optim.SGD's update on the GPU: the counterpart of tensor/cpu/sgd.cpp (Note
-// [Kernel dispatch] in tensor/cuda_ops.h), for one parameter and for all of a model's
+// [Kernel dispatch] in tensor/ops.cpp), for one parameter and for all of a model's
 // parameters at once.
 //
 // Note [Multi-tensor SGD]

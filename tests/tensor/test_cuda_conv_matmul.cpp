@@ -495,7 +495,7 @@ TEST_CASE("16-bit convolutions on cuDNN match the CPU's float32 kernels on round
   NumericsScope scope(exact_float32());
   for (const DType t : {DType::BFloat16, DType::Float16}) {
     INFO("compute " << dtype_name(t));
-    if (!cuda_ops::compute_dtype_supported(t, 0)) {
+    if (!cuda_ops::compute_dtype_supported(t, kGpu)) {
       WARN("skipped " << dtype_name(t) << ": this GPU does not compute in it");
       continue;
     }
@@ -532,7 +532,7 @@ TEST_CASE("16-bit linear layers on cuBLAS match the CPU's 16-bit linear layers")
   const Tensor dy = random_tensor({9, 13}, 1503);
   for (const DType t : {DType::BFloat16, DType::Float16}) {
     INFO("compute " << dtype_name(t));
-    if (!cuda_ops::compute_dtype_supported(t, 0)) continue;
+    if (!cuda_ops::compute_dtype_supported(t, kGpu)) continue;
     LinearOutputs out[2];
     for (const Device device : {Device::cpu(), kGpu}) {
       LinearOutputs& o = out[device.is_cuda() ? 1 : 0];

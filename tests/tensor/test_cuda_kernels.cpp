@@ -498,6 +498,12 @@ TEST_CASE("builds without CUDA explain that the GPU kernels need CUDA", "[cuda]"
   CHECK_THROWS_WITH(cuda_ops::relu_forward(x, y), Catch::Contains("needs a build with CUDA"));
   CHECK_THROWS_WITH(cuda_ops::sgd_step_all({}, 0.1f, 0.0f, 0.0f, 0.0f, false, true),
                     Catch::Contains("needs a build with CUDA"));
+  // A tensor borrowed with a GPU device reaches them through the dispatch.
+  float host[4] = {};
+  const Tensor on_gpu = Tensor::borrow(host, {4}, DType::Float32, Device::cuda(0));
+  CHECK_THROWS_WITH(ops::relu_forward(on_gpu, y),
+                    Catch::Contains("relu on a GPU needs a build with CUDA"));
+  CHECK_FALSE(ops::compute_dtype_supported(DType::BFloat16, Device::cuda(0)));
 }
 
 #endif

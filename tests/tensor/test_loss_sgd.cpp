@@ -201,6 +201,10 @@ TEST_CASE("sgd_step_all on an empty list does nothing, and bad entries are error
   const std::vector<ops::SgdParamRef> no_grad{{&p, nullptr, nullptr}};
   CHECK_THROWS_WITH(ops::sgd_step_all(no_grad, 0.1f, 0.0f, 0.0f, 0.0f, false, true),
                     Catch::Contains("parameter 0 has no grad"));
+  // A missing first parameter has no device; the CPU entry reports it.
+  const std::vector<ops::SgdParamRef> no_param{{nullptr, &g, nullptr}};
+  CHECK_THROWS_WITH(ops::sgd_step_all(no_param, 0.1f, 0.0f, 0.0f, 0.0f, false, true),
+                    Catch::Contains("parameter 0 has no param tensor"));
   Tensor buf = Tensor::empty({4});
   const std::vector<ops::SgdParamRef> nesterov_with_dampening{{&p, &g, &buf}};
   CHECK_THROWS_AS(ops::sgd_step_all(nesterov_with_dampening, 0.1f, 0.9f, 0.5f, 0.0f, true, true),

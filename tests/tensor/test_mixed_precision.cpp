@@ -239,3 +239,19 @@ TEST_CASE("convert rounds float32 to 16-bit storage as round_to_dtype does, and 
   Tensor wrong = Tensor::empty({1000}, DType::Int32);
   CHECK_THROWS_AS(ops::convert(x, wrong), mtrain::InternalError);
 }
+
+// Note [Kernel dispatch]: these checks run before a device is chosen.
+TEST_CASE("convert and non_finite_check_and_unscale check their arguments before dispatching",
+          "[mixed]") {
+  const Tensor x = Tensor::zeros({4});
+  Tensor shorter = Tensor::empty({3}, DType::BFloat16), undefined;
+  CHECK_THROWS_WITH(ops::convert(x, shorter),
+                    Catch::Contains("convert: expected two tensors of equal size on one device"));
+  CHECK_THROWS_WITH(ops::convert(x, undefined), Catch::Contains("found Tensor[float32, [4], cpu] and "
+                                                                "undefined"));
+  CHECK_FALSE(ops::non_finite_check_and_unscale({}, 0.5f));
+  CHECK_THROWS_WITH(ops::non_finite_check_and_unscale({&undefined}, 0.5f),
+                    Catch::Contains("non_finite_check_and_unscale: gradient 0 is undefined"));
+  CHECK_THROWS_WITH(ops::non_finite_check_and_unscale({nullptr}, 0.5f),
+                    Catch::Contains("gradient 0 is undefined"));
+}
