@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "collectives/gloo/gloo_device.h"
 #include "collectives/gloo/gloo_process_group.h"
 #include "collectives/host_staging.h"
 #include "core/error.h"
@@ -248,6 +249,8 @@ std::vector<std::string> available_backends() {
   }
   return names;
 }
+
+void check_backend_environment() { (void)loop_scheduling_from_env(); }
 
 std::string resolve_backend(const std::string& requested, bool on_gpu, bool mpi_launched) {
   if (requested != "auto") return requested;

@@ -151,6 +151,11 @@ const BackendInfo& backend_info(const std::string& name);
 // The names of the backends compiled into this build, e.g. {"gloo", "mpi"}.
 std::vector<std::string> available_backends();
 
+// Checks the environment variables the backends read (MTRAIN_GLOO_LOOP_SCHED), so a bad
+// value fails when a worker starts, also in a run that never makes a group. Throws
+// InvalidArgument naming the variable.
+void check_backend_environment();
+
 // The one resolver of "auto": nccl for a rank on a GPU, else mpi for a process an MPI
 // starter started (when mpi is built in), else gloo. Other names are returned as given.
 std::string resolve_backend(const std::string& requested, bool on_gpu, bool mpi_launched);

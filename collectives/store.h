@@ -98,8 +98,13 @@ class TcpStore final : public Store {
 // "port 29500 on 127.0.0.1 is already in use; pick another or pass --master_port 0").
 class TcpStoreServer {
  public:
-  // port 0 picks a free port; see port().
+  // port 0 picks a free port; see port(). `token` must not be empty.
   TcpStoreServer(const std::string& host, uint16_t port, const std::string& token);
+  // A server that admits every client (whose HELLO carries an empty token): only for
+  // workers that share no secret (Note [Workers without a shared secret] in
+  // trainer/setup/worker_store.cpp), who say so in their log.
+  struct Unauthenticated {};
+  TcpStoreServer(const std::string& host, uint16_t port, Unauthenticated);
   ~TcpStoreServer();  // stops the thread and closes every connection
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;

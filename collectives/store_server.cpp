@@ -138,7 +138,7 @@ Bytes error_reply(ErrorKind kind, const std::string& message) {
 }  // namespace
 
 struct TcpStoreServer::Impl {
-  Impl(const std::string& host_in, uint16_t port_in, const std::string& token_in);
+  Impl(const std::string& host_in, uint16_t port_in, const std::string& token_in, bool authenticated);
   ~Impl();
 
   std::string host;
@@ -191,9 +191,9 @@ struct TcpStoreServer::Impl {
 };
 
 TcpStoreServer::Impl::Impl(const std::string& host_in, uint16_t port_in,
-                           const std::string& token_in)
+                           const std::string& token_in, bool authenticated)
     : host(host_in), token(token_in) {
-  if (token.empty()) {
+  if (token.empty() && authenticated) {
     throw InvalidArgument(
         "store server token is empty; expected the job token (MTRAIN_STORE_TOKEN, see "
         "generate_store_token())");
@@ -757,7 +757,10 @@ void TcpStoreServer::Impl::close(Connection& c, const char* why) {
 }
 
 TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, const std::string& token)
-    : impl_(std::make_unique<Impl>(host, port, token)) {}
+    : impl_(std::make_unique<Impl>(host, port, token, true)) {}
+
+TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, Unauthenticated)
+    : impl_(std::make_unique<Impl>(host, port, std::string(), false)) {}
 
 TcpStoreServer::~TcpStoreServer() = default;
 

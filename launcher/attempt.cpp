@@ -373,7 +373,7 @@ void Attempt::on_worker_stopped(const LocalWorker& w) {
   // Ranks that stop after a step agree on it among themselves (Note [Agreeing to
   // stop]); a rank gone before its first step leaves its peers waiting for it at
   // the rendezvous, so they get the signal from here (Note [A stop signal during
-  // start-up] in trainer/stopping/stop_signals.h).
+  // start-up] in trainer/stopping/stop_signals.cpp).
   if (w.stopped->during_startup) {
     startup_stop_sent_ = *w.stopped;
     signal_running(SIGTERM);
@@ -589,8 +589,15 @@ AttemptResult Attempt::result(bool succeeded) {
 // and those that exited 0 before it, go into `result`.
 std::vector<Failure> Attempt::classify_workers(AttemptResult& result) const {
   std::vector<Failure> failures;
+  const bool torn_down = teardown_wall_ != WallClock::time_point{};
   for (const auto& w : workers_) {
-    if (w.stopped) continue;  // Note [Workers stopped on a signal]: not a failure
+    if (w.stopped) {
+      // Note [Workers stopped on a signal]: not a failure. One that stopped on the
+      // teardown's SIGTERM (a start-up stop ends the worker at once) was stopped by the
+      // launcher, and the report says so.
+      if (torn_down && w.process.exit_time() >= teardown_wall_) result.stopped_ranks.push_back(w.global_rank);
+      continue;
+    }
     const ExitStatus& st = *w.process.status();
     const auto record = read_error_file(w.error_file);
     const double exit_time = epoch_seconds(w.process.exit_time());

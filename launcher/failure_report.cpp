@@ -222,7 +222,8 @@ std::string failure_hint(const Failure& f) {
 // sees a peer's "connection reset by peer" error file stamped before the exit of the rank
 // that vanished. So the root cause is chosen by causality first, time second:
 //   1. a death by a signal the launcher did not send (the OOM killer, a segfault, kill -9):
-//      it cannot be the consequence of a peer's failure;
+//      it cannot be the consequence of a peer's failure (SIGPIPE, a write to a vanished
+//      peer, is the exception and counts with class 3);
 //   2. any other failure whose message does not say a peer vanished;
 //   3. a failure that says a peer vanished (a reset or closed connection, a collective a
 //      rank never reached): the consequence of another.
@@ -249,6 +250,8 @@ bool says_a_peer_vanished(const std::string& message) {
 
 int causality_class(const Failure& f) {
   if (f.sigkilled_by_launcher) return 2;  // ended by the teardown another failure began
+  // SIGPIPE: a write to a socket whose peer is gone, the signal form of "reset by peer".
+  if (f.status.signaled && f.status.signal == SIGPIPE) return 2;
   if (f.global_rank >= 0 && f.status.signaled && f.error_file.empty()) return 0;
   return says_a_peer_vanished(f.message) ? 2 : 1;
 }

@@ -46,7 +46,7 @@ struct StopInfo {
   int64_t step = 0;         // the last optimizer step done
   std::string checkpoint;   // written at that step; empty: none
   // Stopped before its first step (Note [A stop signal during start-up] in
-  // trainer/stopping/stop_signals.h): epoch and step are those of the checkpoint it would resume.
+  // trainer/stopping/stop_signals.cpp): epoch and step are those of the checkpoint it would resume.
   bool during_startup = false;
 };
 

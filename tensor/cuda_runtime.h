@@ -18,7 +18,6 @@ struct CudaInfo {
   int runtime_version = 0;      // e.g. 13000
   int driver_version = 0;       // 0 without a driver
   int cudnn_version = 0;        // e.g. 91900
-  int nccl_version = 0;         // e.g. 22809
   std::vector<std::string> device_names;
 };
 

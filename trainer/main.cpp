@@ -1,4 +1,5 @@
 // mtrain-train: trains one model replica. See docs/training.md.
+#include <csignal>
 #include <cstdio>
 #include <exception>
 
@@ -13,6 +14,11 @@
 int main(int argc, char** argv) {
   const int code = mtrain::run_main("mtrain-train", [&] {
     try {
+      // A write to a peer (or a launcher) that is gone must be an error the code reports,
+      // EPIPE with the operation that failed, not a silent death by SIGPIPE.
+      if (std::signal(SIGPIPE, SIG_IGN) == SIG_ERR) {
+        throw mtrain::InternalError("cannot ignore SIGPIPE (signal() failed)");
+      }
       const auto parsed = mtrain::parse_train_command_line(argc, argv, mtrain::train_choices());
       if (parsed.help) {
         std::fputs(parsed.help_text.c_str(), stdout);

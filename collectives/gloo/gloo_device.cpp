@@ -22,75 +22,6 @@
 
 namespace mtrain {
 
-namespace {
-
-std::string numeric_host(const sockaddr_storage& a) {
-  char text[INET6_ADDRSTRLEN] = {};
-  const void* raw = a.ss_family == AF_INET
-                        ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(&a)->sin_addr)
-                        : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr);
-  if (::inet_ntop(a.ss_family, raw, text, sizeof(text)) == nullptr) return {};
-  return text;
-}
-
-bool is_loopback(const sockaddr_storage& a) {
-  if (a.ss_family == AF_INET) {
-    return (ntohl(reinterpret_cast<const sockaddr_in*>(&a)->sin_addr.s_addr) >> 24) == 127;
-  }
-  const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr;
-  return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
-}
-
-// Whether `host` is this machine's own name (gethostname, with or without the domain).
-bool names_this_host(const std::string& host) {
-  char own[HOST_NAME_MAX + 1] = {};
-  if (::gethostname(own, sizeof own - 1) != 0 || own[0] == '\0') return false;
-  const std::string name = own;
-  const auto first_label = [](const std::string& n) { return n.substr(0, n.find('.')); };
-  return host == name || first_label(host) == first_label(name);
-}
-
-// The source address of the route `target` (a numeric address) would take: a UDP
-// connect() sends nothing, getsockname() reports the address the kernel picked.
-std::optional<sockaddr_storage> routed_source(const sockaddr* target, socklen_t length, std::string& error) {
-  const int fd = ::socket(target->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    error = std::strerror(errno);
-    return std::nullopt;
-  }
-  sockaddr_storage local{};
-  socklen_t len = sizeof(local);
-  const bool ok = ::connect(fd, target, length) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
-  if (!ok) error = std::strerror(errno);
-  ::close(fd);
-  return ok ? std::optional(local) : std::nullopt;
-}
-
-// An address of interface `name`, or (name empty) of any interface that is up and not
-// loopback; IPv4 first, never an IPv6 link-local one (it would need a scope).
-std::optional<LocalAddress> interface_address(const std::string& name, std::string* seen) {
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) return std::nullopt;
-  std::optional<LocalAddress> v4, v6;
-  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
-    if (seen != nullptr && seen->find(std::string(i->ifa_name) + " ") == std::string::npos) {
-      *seen += std::string(i->ifa_name) + " ";
-    }
-    if (name.empty() ? ((i->ifa_flags & IFF_LOOPBACK) || !(i->ifa_flags & IFF_UP)) : name != i->ifa_name) continue;
-    sockaddr_storage a{};
-    std::memcpy(&a, i->ifa_addr, i->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
-    if (a.ss_family == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr)) continue;
-    auto& slot = a.ss_family == AF_INET ? v4 : v6;
-    if (!slot) slot = LocalAddress{numeric_host(a), a.ss_family};
-  }
-  ::freeifaddrs(list);
-  return v4 ? v4 : v6;
-}
-
-}  // namespace
-
 LocalAddress local_address_reaching(const std::string& master_host, uint16_t master_port) {
   if (const auto ifname = env::get("GLOO_SOCKET_IFNAME"); ifname && !ifname->empty()) {
     const std::string first = ifname->substr(0, ifname->find(','));
@@ -107,49 +38,7 @@ LocalAddress local_address_reaching(const std::string& master_host, uint16_t mas
         "address, found none named '{}' (interfaces with addresses: {})",
         *ifname, first, seen.empty() ? "none" : seen.substr(0, seen.size() - 1)));
   }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* found = nullptr;
-  const std::string port = std::to_string(master_port);
-  if (const int rc = ::getaddrinfo(master_host.c_str(), port.c_str(), &hints, &found); rc != 0) {
-    throw CommError(fmt::format("gloo: cannot resolve the master address {}:{}: {}", master_host,
-                                master_port, ::gai_strerror(rc)));
-  }
-  std::string last_error = "no address";
-  std::optional<sockaddr_storage> local;
-  for (addrinfo* ai = found; ai != nullptr && !local; ai = ai->ai_next) {
-    local = routed_source(ai->ai_addr, ai->ai_addrlen, last_error);
-  }
-  ::freeaddrinfo(found);
-  if (!local) {
-    throw CommError(fmt::format("gloo: no local address routes to the master {}:{} ({})",
-                                master_host, master_port, last_error));
-  }
-  // Note [Gloo on the master's own name]
-  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // On the master node, its own name (SLURM's first host, a hostname in MASTER_ADDR)
-  // usually resolves to a loopback alias (Debian's 127.0.1.1), so the route to "the
-  // master" is loopback, and a device bound there would advertise an address no other
-  // node can reach. A name of this host is therefore taken to mean "this host as the
-  // others see it": the source address of the default route, else the first interface
-  // that is up and not loopback. A loopback literal or "localhost" stays loopback (a
-  // one-node job). GLOO_SOCKET_IFNAME, PyTorch's variable, names the interface outright.
-  if (is_loopback(*local) && names_this_host(master_host)) {
-    sockaddr_in outside{};
-    outside.sin_family = AF_INET;
-    outside.sin_port = htons(53);
-    ::inet_pton(AF_INET, "8.8.8.8", &outside.sin_addr);  // any off-host address; nothing is sent
-    std::string ignored;
-    if (auto via_default = routed_source(reinterpret_cast<sockaddr*>(&outside), sizeof outside, ignored);
-        via_default && !is_loopback(*via_default)) {
-      return LocalAddress{numeric_host(*via_default), via_default->ss_family};
-    }
-    if (auto any = interface_address("", nullptr)) return *any;
-  }
-  const std::string text = numeric_host(*local);
-  if (text.empty()) throw CommError(fmt::format("gloo: cannot format the local address reaching {}", master_host));
-  return LocalAddress{text, local->ss_family};
+  return route_local_address(master_host, master_port, "gloo");
 }
 
 // Note [Gloo event-loop priority]

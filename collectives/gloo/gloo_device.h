@@ -8,18 +8,13 @@
 #include <memory>
 #include <string>
 
+#include "collectives/network_address.h"
+
 namespace mtrain {
 
-struct LocalAddress {
-  std::string ip;  // numeric, e.g. "10.0.0.5" or "::1"
-  int family = 0;  // AF_INET or AF_INET6
-};
-
-// The address this host uses to reach `master_host:master_port` (the route the kernel
-// picks: a UDP connect() sends nothing, getsockname() reports the source address).
-// Loopback masters give loopback, except this host's own name, which gives an address
-// other hosts can reach (Note [Gloo on the master's own name] in gloo_device.cpp).
-// GLOO_SOCKET_IFNAME=IFACE[,...] takes the first interface's address instead, as in
+// The address this host uses to reach `master_host:master_port` (route_local_address in
+// collectives/network_address.h, naming "gloo" in its errors), unless
+// GLOO_SOCKET_IFNAME=IFACE[,...] names the interface: then the first one's address, as in
 // PyTorch. Throws CommError naming the master when it cannot be resolved or routed,
 // InvalidArgument when GLOO_SOCKET_IFNAME names no interface with an address.
 LocalAddress local_address_reaching(const std::string& master_host, uint16_t master_port);

@@ -2,7 +2,6 @@
 
 #include <cuda_runtime.h>
 #include <cudnn.h>
-#include <nccl.h>
 
 #include "tensor/cuda_runtime.h"
 #include "core/error.h"
@@ -28,7 +27,6 @@ CudaInfo query() {
   cudaRuntimeGetVersion(&info.runtime_version);
   cudaDriverGetVersion(&info.driver_version);
   info.cudnn_version = static_cast<int>(cudnnGetVersion());
-  ncclGetVersion(&info.nccl_version);
   int n = 0;
   const cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess) {

@@ -18,7 +18,7 @@ slurm_run_batch train-sbatch 60 --ntasks-per-node=2 "$src/scripts/slurm/train.sb
 expect_output "train.sbatch: job [0-9]+ \(restart 0\), 2 ranks on 1 node" "the template ran srun with 2 tasks"
 expect_output "\[info\] world: 2 ranks from SLURM variables, this is rank 0 \(local rank 0 of 2, node 0\)" \
   "rank 0 found a world of 2 in SLURM_PROCID/SLURM_NTASKS/SLURM_NTASKS_PER_NODE"
-expect_output "\[info\] rendezvous store: hosted by rank 0 on port $(job_store_port "$SLURM_LAST_JOB_ID"), reached as $(hostname -s):" \
+expect_output "\[info\] rendezvous store: hosted by rank 0 at [^ ]+:$(job_store_port "$SLURM_LAST_JOB_ID") \(MASTER_ADDR=$(hostname -s)\)" \
   "rank 0 hosted the store on the first host of the node list, at the port derived from SLURM_JOB_ID"
 expect_two_rank_training gloo 8
 expect_output "\[info\] saved final weights \(8 steps\) to $final" "rank 0 saved the final weights"

@@ -7,7 +7,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 
 #include "core/error.h"
@@ -127,11 +131,10 @@ TEST_CASE("who hosts the store, for every starter", "[environment]") {
   CHECK(w.store_prefix == "attempt0/");
   w = discover(kLauncher);
   CHECK(w.store_mode == StoreMode::kRank0);
-  CHECK(w.store_token_derived);
-  CHECK(w.store_token == "mtrain-derived::10.0.0.1:29500");
+  // No shared secret: no token at all, never one an outsider could compute.
+  CHECK(w.store_token.empty());
   w = discover(with(kLauncher, {{"MTRAIN_STORE_TOKEN", "s3cret"}}));
   CHECK(w.store_token == "s3cret");
-  CHECK_FALSE(w.store_token_derived);
 
   // mpirun: the MPI backend needs no store; Gloo gets one from MASTER_ADDR or through MPI.
   const Vars ompi = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}};
@@ -153,7 +156,7 @@ TEST_CASE("who hosts the store, for every starter", "[environment]") {
   CHECK(w.store_mode == StoreMode::kRank0);
   CHECK(w.master_addr == "gpu-a1");
   CHECK(w.master_port == 10042);
-  CHECK(w.store_token == "mtrain-derived:42:gpu-a1:10042");
+  CHECK(w.store_token.empty());
 
   // Plain srun: rank 0 hosts; the MPI backend cannot start without an MPI starter's help.
   const Vars slurm = {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "9"},
@@ -333,4 +336,59 @@ TEST_CASE("rank 0 hosts the store for an IPv6 MASTER_ADDR too", "[environment]")
   store->set("k", std::string("v"));
   mtrain::TcpStore other("::1", static_cast<uint16_t>(port), "ipv6-token", mtrain::Millis(5000));
   CHECK(other.get_string("k") == "v");
+}
+
+namespace {
+
+// The local address a listening TCP socket on `port` is bound to, read from
+// /proc/net/tcp (IPv4, hex "0100007F" for 127.0.0.1); empty when none listens.
+std::string listening_address(int port) {
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  std::getline(in, line);  // header
+  const std::string wanted = fmt::format(":{:04X}", port);
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state;
+    fields >> slot >> local >> remote >> state;
+    if (state == "0A" && local.size() > 5 && local.substr(local.size() - 5) == wanted) {
+      return local.substr(0, local.size() - 5);
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("rank 0's store listens on MASTER_ADDR's address only and admits no computable token", "[environment]") {
+  // Note [The store's address] and Note [Workers without a shared secret].
+  const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  REQUIRE(::bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::getsockname(probe, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const int port = ntohs(a.sin_port);
+  ::close(probe);
+
+  mtrain::WorkerEnvironment env;
+  env.rank = 0;
+  env.world_size = 2;
+  env.master_addr = "127.0.0.1";
+  env.master_port = port;
+  env.store_mode = StoreMode::kRank0;
+  env.job_id = "";
+  auto store = mtrain::open_worker_store(env, mtrain::Millis(5000));
+  CHECK(store.host == "127.0.0.1");
+  CHECK(listening_address(port) == "0100007F");  // 127.0.0.1, not 00000000 (every interface)
+  // The token the store used to derive from what anyone can see is refused.
+  CHECK_THROWS_WITH(mtrain::TcpStore("127.0.0.1", static_cast<uint16_t>(port),
+                                     fmt::format("mtrain-derived::127.0.0.1:{}", port), mtrain::Millis(2000),
+                                     mtrain::Millis(2000)),
+                    Contains("rejected the job token"));
+  // Without a shared secret a client presents none (and the log says so plainly).
+  mtrain::TcpStore peer("127.0.0.1", static_cast<uint16_t>(port), "", mtrain::Millis(5000));
+  store.store->set("k", std::string("v"));
+  CHECK(peer.get_string("k") == "v");
 }

@@ -239,9 +239,12 @@ TEST_CASE("thread count: flag, then OMP_NUM_THREADS, then 1 per rank, then every
     ScopedEnv mpi_local("OMPI_COMM_WORLD_LOCAL_SIZE", "2");
     CHECK(mtrain::discover_environment().local_world_size == 2);
   }
-  {
-    ScopedEnv bad("OMP_NUM_THREADS", "lots");
-    CHECK_THROWS_WITH(mtrain::resolve_num_threads(std::nullopt, single), Contains("OMP_NUM_THREADS"));
+  for (const char* bad_value : {"lots", "0", "1 2"}) {
+    // Not a count: a warning and the default, not the end of the run.
+    ScopedEnv bad("OMP_NUM_THREADS", bad_value);
+    const auto t = mtrain::resolve_num_threads(std::nullopt, single);
+    CHECK(t.threads == mtrain::usable_cpu_count());
+    CHECK_THAT(t.warning, Contains(std::string("OMP_NUM_THREADS='") + bad_value + "' is not a thread count"));
   }
   {
     ScopedEnv bad("LOCAL_WORLD_SIZE", "0");

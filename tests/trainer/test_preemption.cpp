@@ -611,3 +611,20 @@ TEST_CASE("a corrupt latest checkpoint resumes from the previous one, with a war
   CHECK_THAT(r.err, Contains("FAILED (attempt 0, 3 restart(s) left, not used: the root cause says it would repeat)"));
   CHECK_THAT(r.err, !Contains("restarting the gang"));
 }
+
+TEST_CASE("a rank killed during start-up: the peers the launcher stops are named in the report", "[multiproc]") {
+  // Rank 1 dies of SIGKILL before it joins; rank 0, waiting for it at the rendezvous, ends
+  // on the teardown's SIGTERM with a start-up stop record, which is the launcher's doing.
+  TempDir dir;
+  const std::string wrapper = dir.file("worker.sh");
+  {
+    std::ofstream out(wrapper);
+    out << "#!/bin/sh\nif [ \"$RANK\" = 1 ]; then sleep 1; kill -9 $$; fi\nexec " << kTrainer << " \"$@\"\n";
+  }
+  std::filesystem::permissions(wrapper, std::filesystem::perms::owner_all);
+  const ProcessResult r = mtrain::testing::run_process(kLauncher, launch_args(2, wrapper, {"--max-steps", "5"}));
+  INFO("stderr:\n" << r.err);
+  CHECK(r.exit_code == 137);
+  CHECK_THAT(r.err, Contains("rank       : 1 (local_rank 1, node 0)"));
+  CHECK_THAT(r.err, Contains("Stopped by the launcher after the root cause: rank 0"));
+}

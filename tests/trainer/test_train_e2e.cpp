@@ -356,3 +356,20 @@ TEST_CASE("a store host name that does not resolve fails at once", "[e2e]") {
   CHECK(seconds_since(start) < 10);
   CHECK_THAT(r.err, Catch::Contains("cannot resolve the store host 'no-such-host.invalid'"));
 }
+
+TEST_CASE("a bad backend variable fails a one-rank run too; a bad OMP_NUM_THREADS is a warning", "[e2e]") {
+  {
+    const mtrain::testing::ScopedEnv env("MTRAIN_GLOO_LOOP_SCHED", std::string("bogus"));
+    const auto r = train({"--model", "mlp", "--max-steps", "1"});
+    INFO("stderr:\n" << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("MTRAIN_GLOO_LOOP_SCHED"));
+  }
+  const mtrain::testing::ScopedEnv env("OMP_NUM_THREADS", std::string("1 2"));
+  // No --threads, so the variable is consulted; LOCAL_WORLD_SIZE makes the default one thread.
+  const mtrain::testing::ScopedEnv local("LOCAL_WORLD_SIZE", std::string("2"));
+  const auto r = mtrain::testing::run_process(kBinary, {"--model", "mlp", "--max-steps", "1", "--data-dir", kMiniSet});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.out + r.err, Catch::Contains("OMP_NUM_THREADS='1 2' is not a thread count"));
+}

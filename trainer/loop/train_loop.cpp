@@ -101,8 +101,8 @@ void TrainLoop::checkpoint(const TrainPosition& position, CheckpointReason reaso
 // divergence, naming the lowest rank whose loss was not finite, and the weights stay those of the
 // step before.
 //
-// Note [Gradient accumulation]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Note [Micro-batches per step]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // With --grad-accum K, one optimizer step consumes K micro-batches: gradients are zeroed before
 // the first, accumulate over all K (communication only on the K-th, no_sync semantics), and the
 // loss gradient of each is scaled by 1/K so the step equals one on the K micro-batches combined

@@ -3,7 +3,7 @@
 // caller builds the model, optimizer, loaders, synchronizer and metrics writer (a distributed run
 // passes a DistributedSampler and a Reducer) and joins through TrainLoopHooks. run() drives
 // every step from the calling thread. The why is in train_loop.cpp's Notes: [Resuming
-// mid-epoch], [Buffers follow rank 0], [Agreeing to diverge], [Gradient accumulation].
+// mid-epoch], [Buffers follow rank 0], [Agreeing to diverge], [Micro-batches per step].
 #pragma once
 
 #include <cstdint>
@@ -79,7 +79,7 @@ struct TrainLoopConfig {
   // Where the model lives: every batch goes there before forward (Note [Batches to
   // the device] in device_batches.cpp).
   Device device = Device::cpu();
-  // Micro-batches per optimizer step (--grad-accum); see Note [Gradient accumulation] in
+  // Micro-batches per optimizer step (--grad-accum); see Note [Micro-batches per step] in
   // train_loop.cpp.
   int64_t grad_accum = 1;
   const LrSchedule* lr_schedule = nullptr;  // null: the optimizer's rate throughout

@@ -246,13 +246,9 @@ void read_store(const Reader& r, const std::string& backend, WorkerEnvironment& 
     w.store_prefix = r.str("MTRAIN_STORE_PREFIX").value_or("");
     return;  // the token is read when connecting (connect_store_from_env)
   }
-  if (auto token = r.str("MTRAIN_STORE_TOKEN"); token && !token->empty()) {
-    w.store_token = *token;
-  } else {
-    // What every rank of this job sees alike; no secret (store_bootstrap.h).
-    w.store_token = fmt::format("mtrain-derived:{}:{}:{}", w.job_id, w.master_addr, w.master_port);
-    w.store_token_derived = true;
-  }
+  // Unset: no authentication, said plainly (Note [Workers without a shared secret] in
+  // worker_store.cpp); never a token an outsider could compute.
+  w.store_token = r.str("MTRAIN_STORE_TOKEN").value_or("");
 }
 
 }  // namespace
@@ -322,18 +318,27 @@ ThreadChoice resolve_num_threads(std::optional<int> flag, const WorkerEnvironmen
     if (*flag < 1) throw InvalidArgument(fmt::format("--threads: expected an integer >= 1, found {}", *flag));
     return {*flag, "--threads"};
   }
+  std::string warning;
   if (auto omp = env::get("OMP_NUM_THREADS")) {
-    // OpenMP allows a list, one count per nesting level ("4,2"); the first is ours.
+    // OpenMP allows a list, one count per nesting level ("4,2"); the first is ours. A value
+    // that is no count ("0", "1 2") is what other programs would also ignore: it earns a
+    // warning and the default, not the end of the run.
     const std::string first = omp->substr(0, omp->find(','));
-    const auto n = env::parse_int(first, fmt::format("environment variable OMP_NUM_THREADS ('{}')", *omp), 1, 4096);
-    return {static_cast<int>(n), fmt::format("OMP_NUM_THREADS={}", *omp)};
+    try {
+      const auto n = env::parse_int(first, "OMP_NUM_THREADS", 1, 4096);
+      return {static_cast<int>(n), fmt::format("OMP_NUM_THREADS={}", *omp)};
+    } catch (const InvalidArgument&) {
+      warning = fmt::format("environment variable OMP_NUM_THREADS='{}' is not a thread count (expected an "
+                            "integer from 1 to 4096, or a comma-separated list of them); ignored",
+                            *omp);
+    }
   }
   if (env.local_world_size > 1) {
     return {1, fmt::format("1 per rank: {}={} ranks share this node", env.local_world_size_source,
-                           env.local_world_size)};
+                           env.local_world_size), warning};
   }
   const int cpus = usable_cpu_count();
-  return {cpus, fmt::format("all {} usable cores", cpus)};
+  return {cpus, fmt::format("all {} usable cores", cpus), warning};
 }
 
 }  // namespace mtrain

@@ -28,10 +28,9 @@ struct WorkerEnvironment {
   bool under_mpirun = false;            // OMPI_COMM_WORLD_SIZE is set
   bool mpi_launched = false;            // mpirun or a PMIx starter (srun --mpi=pmix): MPI_Init works
   StoreMode store_mode = StoreMode::kNone;
-  std::string store_token;              // kRank0: MTRAIN_STORE_TOKEN or the derived token
-  bool store_token_derived = false;     // no MTRAIN_STORE_TOKEN: derived from job id and address
+  std::string store_token;              // kRank0: MTRAIN_STORE_TOKEN; empty: none shared (no authentication)
   std::string store_prefix;             // MTRAIN_STORE_PREFIX (kLauncher), else empty
-  std::string job_id;                   // SLURM_JOB_ID when set, for derived ports and tokens
+  std::string job_id;                   // SLURM_JOB_ID when set, for the derived port
 
   bool distributed() const { return world_size > 1; }
 };
@@ -52,6 +51,7 @@ WorkerEnvironment discover_environment(const std::string& backend = "auto");
 struct ThreadChoice {
   int threads = 1;
   std::string reason;  // "--threads", "OMP_NUM_THREADS=4", "all 8 cores", ...
+  std::string warning;  // non-empty: log it (an OMP_NUM_THREADS that is no count, ignored)
 };
 
 // The intra-op thread count: --threads if given, else OMP_NUM_THREADS if set (as

@@ -91,6 +91,7 @@ std::shared_ptr<data::DataLoader> make_loader(std::shared_ptr<const data::Datase
 // backend than the flag: whether the run needs a store depends on the backend, which
 // "auto" only names once the device is known (nccl on a GPU even under mpirun).
 void bind_training_device(const TrainOptions& o, TrainingRun& run) {
+  check_backend_environment();
   run.device = set_up_training_device(o, run.env);
   run.amp = amp_compute_dtype(o, run.compute());
   const std::string& backend = run.device.binding.backend;
@@ -126,6 +127,7 @@ void configure_threads_and_report(const TrainOptions& o, const TrainingRun& run)
   ops::set_num_threads(threads.threads);
   spdlog::info("{}; {} intra-op thread{} for host kernels ({})", run.device.log_line, threads.threads,
                threads.threads == 1 ? "" : "s", threads.reason);
+  if (!threads.warning.empty()) spdlog::warn("{}", threads.warning);
   if (!run.device.binding.warning.empty()) spdlog::warn("{}", run.device.binding.warning);
   // Bound to fewer CPUs (taskset, mtrain-launch --cpu_bind, a cpuset) than threads: they
   // would take turns on the same cores, every kernel waiting for its slowest thread.

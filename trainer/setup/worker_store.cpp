@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "collectives/bootstrap.h"
+#include "collectives/network_address.h"
 #include "core/error.h"
 #ifdef MTRAIN_HAVE_MPI
 #include "collectives/mpi/mpi_bootstrap.h"
@@ -23,12 +24,10 @@
 // leaves the store to the workers, as torch's env:// does: rank 0 hosts it and the others connect.
 //   - kRank0: the address is known to every rank in advance: MASTER_ADDR/MASTER_PORT when set,
 //     else under SLURM the first host of SLURM_JOB_NODELIST and a port derived from SLURM_JOB_ID
-//     (environment.cpp). Rank 0 listens on every IPv4 interface, or every IPv6 one for an IPv6
-//     literal (any_address_like says why), and checks that it reaches itself there, so the
-//     address must be one of rank 0's own (a name that resolves to IPv6 only is not supported:
-//     give the literal). The token is MTRAIN_STORE_TOKEN when set; otherwise one derived from
-//     what every rank sees (the job id and the address), which keeps stray clients of other jobs
-//     out but is no secret: the batch templates export a random MTRAIN_STORE_TOKEN.
+//     (environment.cpp). Rank 0 listens on exactly one address, the one through which its host
+//     reaches MASTER_ADDR (Note [The store's address] in collectives/network_address.cpp), and
+//     checks that it reaches itself there, so MASTER_ADDR must name rank 0's own host. The
+//     token is MTRAIN_STORE_TOKEN (Note [Workers without a shared secret] when it is unset).
 //   - kMpiBroadcast: under mpirun without MASTER_ADDR, rank 0 binds a free port on its own host
 //     and broadcasts host, port and a random token over MPI_COMM_WORLD, so no address has to be
 //     configured at all.
@@ -37,15 +36,6 @@
 
 namespace mtrain {
 namespace {
-
-// Rank 0's server binds every interface of MASTER_ADDR's family: MASTER_ADDR (or the
-// node list's first name) is how the OTHER ranks reach it, and on a typical node the
-// host's own name resolves locally to a loopback alias (Debian's 127.0.1.1) that no other
-// node could reach. An IPv6 literal (which has a ':') gets every IPv6 interface, anything
-// else every IPv4 one. The token keeps strangers out.
-const char* any_address_like(const std::string& master_addr) {
-  return master_addr.find(':') != std::string::npos ? "::" : "0.0.0.0";
-}
 
 std::string this_host() {
   char name[HOST_NAME_MAX + 1] = {};
@@ -66,13 +56,19 @@ std::shared_ptr<Store> hold_server(std::shared_ptr<TcpStore> client, std::shared
   return std::shared_ptr<Store>(raw, [client, server](Store*) {});
 }
 
-std::shared_ptr<TcpStoreServer> start_server(const char* bind_address, uint16_t port, const std::string& token,
+// `token` empty: a server without authentication (Note [Workers without a shared secret]).
+std::shared_ptr<TcpStoreServer> start_server(const std::string& bind_address, uint16_t port, const std::string& token,
                                              const std::string& why) {
   try {
+    if (token.empty()) {
+      return std::make_shared<TcpStoreServer>(bind_address, port, TcpStoreServer::Unauthenticated{});
+    }
     return std::make_shared<TcpStoreServer>(bind_address, port, token);
   } catch (const CommError& e) {
-    throw CommError(fmt::format("rank 0 cannot host the rendezvous store on port {} ({}): {}{}", port, why,
-                                e.what(), port != 0 ? "; set MASTER_PORT to a free port" : ""));
+    throw CommError(fmt::format("rank 0 cannot host the rendezvous store at {} port {} ({}): {}{}", bind_address,
+                                port, why, e.what(),
+                                port != 0 ? "; MASTER_ADDR must name rank 0's own host and MASTER_PORT a free port"
+                                          : ""));
   }
 }
 
@@ -92,21 +88,36 @@ std::shared_ptr<TcpStore> connect(const std::string& host, uint16_t port, const 
   }
 }
 
+// Note [Workers without a shared secret]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Workers started by hand or by SLURM with torch-style variables share nothing secret: the
+// job id, the address and the port are visible to anyone on the cluster, so a token derived
+// from them would only pretend to keep strangers out. Without MTRAIN_STORE_TOKEN the store
+// therefore runs without authentication, as PyTorch's TCPStore always does, and rank 0 says
+// plainly what protects the job: the one address it listens on (loopback for a one-node job
+// on 127.0.0.1, which no other host can reach) and whoever can reach that address. With the
+// same random MTRAIN_STORE_TOKEN exported to every rank (the templates in scripts/slurm do)
+// a client must present it. mtrain-launch and the MPI bootstrap always use a fresh token.
 StoreConnection open_rank0_store(const WorkerEnvironment& env, Millis timeout) {
   const auto port = static_cast<uint16_t>(env.master_port);
+  // Every rank on rank 0's host reaches it at the address it listens on; the others at
+  // MASTER_ADDR (Note [The store's address]).
+  const std::string address = store_address_for(env.master_addr, port);
   std::shared_ptr<TcpStoreServer> server;
   if (env.rank == 0) {
-    server = start_server(any_address_like(env.master_addr), port, env.store_token,
-                          fmt::format("MASTER_ADDR={}", env.master_addr));
-    spdlog::info("rendezvous store: hosted by rank 0 on port {}, reached as {}:{}", port, env.master_addr, port);
-    if (env.store_token_derived) {
-      spdlog::warn(
-          "MTRAIN_STORE_TOKEN is not set: the store admits any client that knows the job id and its address; "
-          "export the same random MTRAIN_STORE_TOKEN to every rank (the templates in scripts/slurm do)");
+    server = start_server(address, port, env.store_token, fmt::format("MASTER_ADDR={}", env.master_addr));
+    spdlog::info("rendezvous store: hosted by rank 0 at {}:{} (MASTER_ADDR={})", address, port, env.master_addr);
+    if (env.store_token.empty()) {
+      spdlog::warn("MTRAIN_STORE_TOKEN is not set: the store admits every process that can connect to {}:{}{}; "
+                   "nothing but who can reach that address protects this job. Export the same random "
+                   "MTRAIN_STORE_TOKEN to every rank to require it",
+                   address, port,
+                   address.rfind("127.", 0) == 0 || address == "::1" ? " (loopback: processes of this host only)"
+                                                                     : "");
     }
   }
-  auto client = connect(env.master_addr, port, env.store_token, timeout, server != nullptr);
-  return {server ? hold_server(client, server) : client, env.master_addr, port};
+  auto client = connect(address, port, env.store_token, timeout, server != nullptr);
+  return {server ? hold_server(client, server) : client, address, port};
 }
 
 #ifdef MTRAIN_HAVE_MPI
@@ -118,9 +129,11 @@ StoreConnection open_mpi_broadcast_store(const WorkerEnvironment& env, Millis ti
   std::shared_ptr<TcpStoreServer> server;
   std::string announcement;
   if (env.rank == 0) {
+    // This host as the others reach it (Note [The store's address]), announced as a number.
+    const std::string address = store_address_for(this_host(), 1);
     const std::string fresh_token = random_token();
-    server = start_server("0.0.0.0", 0, fresh_token, "a free port chosen for the MPI bootstrap");
-    announcement = fmt::format("{}\n{}\n{}", this_host(), server->port(), fresh_token);
+    server = start_server(address, 0, fresh_token, "a free port chosen for the MPI bootstrap");
+    announcement = fmt::format("{}\n{}\n{}", address, server->port(), fresh_token);
   }
   announcement = mpi_broadcast_from_rank0(announcement, "the rendezvous store address", timeout);
   std::istringstream in(announcement);
