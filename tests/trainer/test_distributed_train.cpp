@@ -475,7 +475,7 @@ TEST_CASE("--save-final on one rank only is refused at start-up, not at the fina
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.err, Contains("--save-final on rank 1 differs from rank 0"));
-  CHECK(seconds < 20);  // a generous bound on a loaded machine; the hang it replaces lasts --timeout
+  CHECK(seconds < 5);  // measured 0.3 s; the hang it replaces lasts --timeout (30 min by default)
 }
 
 TEST_CASE("a rank that compresses its gradients while the others do not is named", "[multiproc]") {
