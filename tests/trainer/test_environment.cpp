@@ -15,6 +15,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "tests/collectives/store_test_util.h"
 #include "collectives/store.h"
 #include "tensor/tensor.h"
 #include "trainer/setup/environment.h"
@@ -362,16 +363,7 @@ std::string listening_address(int port) {
 
 TEST_CASE("rank 0's store listens on MASTER_ADDR's address only and admits no computable token", "[environment]") {
   // Note [The store's address] and Note [Workers without a shared secret].
-  const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  REQUIRE(::bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::getsockname(probe, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  const int port = ntohs(a.sin_port);
-  ::close(probe);
-
+  const int port = mtrain::testing::unused_loopback_port();
   mtrain::WorkerEnvironment env;
   env.rank = 0;
   env.world_size = 2;

@@ -18,6 +18,7 @@
 #include <fmt/ranges.h>
 
 #include "models/zoo.h"
+#include "tests/collectives/store_test_util.h"
 #include "tests/support/scoped_env.h"
 #include "tests/trainer/idx_slice.h"
 #include "tests/trainer/run_process.h"
@@ -305,18 +306,6 @@ TEST_CASE("more threads than the CPUs the process may use is warned about", "[e2
 
 namespace {
 
-// A port nothing listens on: bound, then closed.
-int unused_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 // Sets several variables for the life of the object.
 struct ScopedVars {
@@ -335,7 +324,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 TEST_CASE("a worker whose store never appears obeys --timeout and says what it waits for", "[e2e]") {
   // Rank 1 of 2 with torch-style variables: rank 0, which would host the store, never starts.
   const ScopedVars env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"},
-                        {"MASTER_PORT", std::to_string(unused_port())}, {"MTRAIN_STORE_TOKEN", "t"}});
+                        {"MASTER_PORT", std::to_string(mtrain::testing::unused_loopback_port())}, {"MTRAIN_STORE_TOKEN", "t"}});
   const auto start = std::chrono::steady_clock::now();
   const auto r = train({"--model", "mlp", "--max-steps", "1", "--timeout", "5"});
   const double seconds = seconds_since(start);
