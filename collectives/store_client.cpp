@@ -37,6 +37,7 @@ using namespace store_wire;
 
 constexpr auto kFirstBackoff = std::chrono::milliseconds(10);
 constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
+constexpr auto kFirstWaitReport = std::chrono::seconds(2);  // a store on its way is there by then
 constexpr auto kWaitReportEvery = std::chrono::seconds(5);
 constexpr auto kDiagnoseBudget = std::chrono::milliseconds(2000);
 
@@ -153,7 +154,7 @@ void TcpStore::Impl::connect(Clock::time_point deadline, Millis budget, Millis h
   auto backoff = kFirstBackoff;
   std::string last_error = "no attempt made";
   const auto started = Clock::now();
-  auto next_report = started + kWaitReportEvery;
+  auto next_report = started + kFirstWaitReport;
   while (true) {
     std::vector<SocketAddress> addresses;
     try {
