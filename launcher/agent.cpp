@@ -163,7 +163,11 @@ int Agent::Impl::run() {
 
 // What every attempt shares, in the order its mistakes are best reported.
 void Agent::Impl::prepare_job() {
-  job.program_path = resolve_program(options.program);
+  job.command = resolve_command(options);
+  if (!job.command.interpreter.empty()) {
+    spdlog::info("running {} with the Python interpreter {} (MTRAIN_PYTHON chooses another)", options.program,
+                 job.command.interpreter);
+  }
   job.token = store_token();
   job.run_id = options.standalone ? generate_store_token().substr(0, 12) : options.rdzv_id;
   bind_cpus();
@@ -175,8 +179,24 @@ void Agent::Impl::prepare_job() {
   job.signals = &SignalPipe::install();
 }
 
+// Note [A token for the launchers' store]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// One launcher makes its own random token and hands it to its workers. Launchers that
+// share a store need one secret, which only the user can give them: MTRAIN_STORE_TOKEN.
+// Except for a dynamic rendezvous whose endpoint is loopback: only this machine's
+// processes can reach it (several launchers on one host, as `--nnodes=1:4
+// --rdzv_endpoint=localhost:29400` runs them), so the store runs without a token, as
+// torchrun's does, and the log says so. A static rendezvous keeps asking: its default
+// --master_addr is loopback, and a job meant for several hosts that forgot it should
+// hear about the token before it waits for nodes that cannot reach it.
 std::string Agent::Impl::store_token() const {
   if (const auto t = env::get("MTRAIN_STORE_TOKEN"); t && !t->empty()) return *t;
+  if (options.multi_node() && options.mode == RendezvousMode::kDynamic && loopback_only_address(options.store_host)) {
+    spdlog::warn("MTRAIN_STORE_TOKEN is not set: the launchers' store on loopback ({}) admits every process of "
+                 "this machine; set the same random MTRAIN_STORE_TOKEN for every launcher to require it",
+                 options.store_host);
+    return {};
+  }
   if (options.multi_node()) {
     throw InvalidArgument(
         "MTRAIN_STORE_TOKEN is not set; a job on several nodes needs the same secret token "

@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "collectives/network_address.h"
 #include "core/error.h"
 #include "launcher/heartbeats.h"
 #include "launcher/log_streams.h"
@@ -63,6 +64,7 @@ class Attempt {
 
  private:
   void start_workers();
+  void agree_on_worker_master();
   void spawn_workers();
   WorkerSpec worker_spec(int local_rank, int global_rank, const fs::path& error_file,
                          const std::vector<std::string>& base_env) const;
@@ -105,6 +107,10 @@ class Attempt {
   const int index_;
   const bool watch_store_;  // several nodes: the store carries failures and heartbeats
   AttemptChannel channel_;
+  // The MASTER_ADDR and MASTER_PORT this attempt's workers get (Note [Worker rendezvous
+  // for other frameworks]).
+  std::string worker_master_addr_;
+  uint16_t worker_master_port_ = 0;
   LogStreams logs_;
   std::vector<LocalWorker> workers_;
   std::optional<Heartbeats> heartbeats_;  // with watch_store_, once the workers run
@@ -162,8 +168,33 @@ AttemptResult Attempt::run() {
   return result(succeeded);
 }
 
+// Note [Worker rendezvous for other frameworks]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A program written for torchrun (PyTorch's env:// init, `dist.init_process_group`)
+// has rank 0 host its own TCPStore at MASTER_ADDR:MASTER_PORT, which must therefore be a
+// free port, not the launcher's store (different protocol, and a token). As torchrun does
+// without an agent store, node 0's launcher reserves a free port on its own address (the
+// one through which it reaches the launchers' store, which the other nodes can reach back)
+// for every attempt, publishes it on the attempt's keys, and every node gives it to its
+// workers with TORCHELASTIC_USE_AGENT_STORE=False. mtrain's own workers reach the
+// launcher's authenticated store through MTRAIN_STORE_ADDR and MTRAIN_STORE_PORT. The
+// port is free when reserved and released at once, as torchrun's is: another process
+// could take it before rank 0 binds it, which rank 0 would report.
+void Attempt::agree_on_worker_master() {
+  if (world_.node_rank == 0) {
+    worker_master_addr_ = route_local_address(job_.store.host, job_.store.port, "mtrain-launch").ip;
+    worker_master_port_ = reserve_free_port(worker_master_addr_);
+    channel_.publish_worker_master(worker_master_addr_, worker_master_port_);
+    return;
+  }
+  const auto timeout = std::chrono::duration_cast<Millis>(options_.rdzv_timeout);
+  // Node 0 publishes it right after the rendezvous that every node has just left.
+  std::tie(worker_master_addr_, worker_master_port_) = channel_.wait_worker_master(timeout, [] {});
+}
+
 void Attempt::start_workers() {
   try {
+    agree_on_worker_master();
     spawn_workers();
   } catch (const Error& e) {
     // Every node would fail the same way; make them stop instead of waiting for us.
@@ -222,8 +253,10 @@ WorkerSpec Attempt::worker_spec(int local_rank, int global_rank, const fs::path&
   in.group_rank = world_.node_rank;
   in.group_world_size = world_.num_nodes;
   in.role = options_.role;
-  in.master_addr = job_.store.host;
-  in.master_port = job_.store.port;
+  in.master_addr = worker_master_addr_;
+  in.master_port = worker_master_port_;
+  in.store_addr = job_.store.host;
+  in.store_port = job_.store.port;
   in.restart_count = index_;
   in.max_restarts = options_.max_restarts;
   in.run_id = job_.run_id;
@@ -236,8 +269,8 @@ WorkerSpec Attempt::worker_spec(int local_rank, int global_rank, const fs::path&
   if (job_.set_omp_threads) in.omp_num_threads = cpus.empty() ? 1 : static_cast<int>(cpus.size());
 
   WorkerSpec spec;
-  spec.executable = job_.program_path;
-  spec.argv.push_back(options_.program);
+  spec.executable = job_.command.executable;
+  spec.argv = job_.command.argv;
   spec.argv.insert(spec.argv.end(), options_.program_args.begin(), options_.program_args.end());
   spec.environment = build_worker_environment(base_env, in);
   spec.cpus = cpus;

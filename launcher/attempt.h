@@ -10,6 +10,7 @@
 #include "launcher/failure_report.h"
 #include "launcher/options.h"
 #include "launcher/orphan_guard.h"
+#include "launcher/program.h"
 #include "launcher/rendezvous.h"
 #include "launcher/signal_pipe.h"
 
@@ -26,7 +27,7 @@ struct Job {
   const LaunchOptions& options;
   OrphanGuard& guard;
   SignalPipe* signals = nullptr;
-  std::string program_path;
+  ProgramCommand command;  // what every worker runs, before the program's arguments
   std::string host;
   std::string run_id;
   std::string token;

@@ -186,8 +186,14 @@ constexpr Flag kFlags[] = {
          throw InvalidArgument(fmt::format("{}: expected 'none' or 'cores', found '{}'", flag, value));
        }
      }},
-    {"no_python", 0, nullptr, nullptr, "accepted for torchrun compatibility (always true)",
-     read_nothing},
+    {"no_python", 0, nullptr, nullptr,
+     "run a .py program directly (by its #! line), not\n"
+     "under the Python interpreter",
+     [](CommandLine& line, const std::string&, const std::string&) { line.options.no_python = true; }},
+    {"module", 'm', nullptr, nullptr, "the program is a Python module: python -m PROGRAM",
+     [](CommandLine& line, const std::string&, const std::string&) { line.options.module = true; }},
+    {"run_path", 0, nullptr, nullptr, "run the .py program through runpy.run_path",
+     [](CommandLine& line, const std::string&, const std::string&) { line.options.run_path = true; }},
     {"help", 'h', nullptr, nullptr, "this text", read_nothing},
 };
 
@@ -418,6 +424,13 @@ void take_program(const std::vector<std::string>& program_and_args, LaunchOption
   o.program = program_and_args.front();
   if (o.program.empty()) throw InvalidArgument("expected a program to run, found ''");
   o.program_args.assign(program_and_args.begin() + 1, program_and_args.end());
+  // torchrun refuses --module with --no_python and lets --run_path win over --no_python
+  // (resolve_command says so); a module and a path at once is a contradiction here.
+  if (o.no_python && o.module && !o.run_path) {
+    throw InvalidArgument("--no_python and --module contradict each other: --module runs the program under the "
+                          "Python interpreter");
+  }
+  if (o.module && o.run_path) throw InvalidArgument("--module and --run_path: choose one way to run the program");
 }
 
 }  // namespace

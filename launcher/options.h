@@ -77,8 +77,13 @@ struct LaunchOptions {
   std::string role = "default";
   CpuBind cpu_bind = CpuBind::kNone;  // Note [Binding workers to CPUs] (cpu_binding.cpp)
 
-  std::string program;                    // as given: "train", "./a.out", "sh"
+  std::string program;                    // as given: "train", "./a.out", "sh", "train.py", a module
   std::vector<std::string> program_args;  // passed through untouched
+  // How the program runs (Note [Programs as torchrun runs them] in agent.cpp): -m runs
+  // a Python module, --run_path a script through runpy; --no_python runs a .py directly.
+  bool module = false;
+  bool run_path = false;
+  bool no_python = false;
 
   bool multi_node() const { return max_nodes > 1; }
   bool operator==(const LaunchOptions&) const = default;

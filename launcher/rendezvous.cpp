@@ -3,10 +3,14 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <numeric>
 #include <thread>
 
@@ -64,7 +68,11 @@ AgentStore open_agent_store(const LaunchOptions& options, const std::string& tok
   bool try_hosting = options.mode == RendezvousMode::kDynamic || options.node_rank == 0;
   if (try_hosting) {
     try {
-      s.server = std::make_unique<TcpStoreServer>(options.store_host, options.store_port, token);
+      // An empty token: a loopback-only rendezvous without MTRAIN_STORE_TOKEN (Note [A
+      // token for the launchers' store] in agent.cpp).
+      s.server = token.empty() ? std::make_unique<TcpStoreServer>(options.store_host, options.store_port,
+                                                                  TcpStoreServer::Unauthenticated{})
+                               : std::make_unique<TcpStoreServer>(options.store_host, options.store_port, token);
     } catch (const CommError& e) {
       // Static node 0 must host: its bind error (naming the port) is the answer. In the
       // dynamic rendezvous a failed bind means another agent hosts it, or the endpoint
@@ -258,6 +266,30 @@ World rendezvous(Store& store, const LaunchOptions& options, const std::string& 
   return w;
 }
 
+uint16_t reserve_free_port(const std::string& address) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(address.c_str(), "0", &hints, &found); rc != 0) {
+    throw CommError(fmt::format("cannot reserve a port for the workers on {}: {}", address, ::gai_strerror(rc)));
+  }
+  const int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage bound{};
+  socklen_t length = sizeof bound;
+  const bool ok = fd >= 0 && ::bind(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) == 0;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(found);
+  if (!ok) {
+    throw CommError(fmt::format("cannot reserve a port for the workers on {}: {}", address, std::strerror(err)));
+  }
+  return ntohs(bound.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&bound)->sin_port
+                                          : reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+}
+
 AttemptChannel::AttemptChannel(Store& store, const std::string& run_id, int attempt)
     : store_(store), prefix_(attempt_prefix(run_id, attempt)) {}
 
@@ -316,6 +348,27 @@ std::optional<Failure> AttemptChannel::wait_root_cause(Millis timeout, const Int
   } catch (const nlohmann::json::exception& e) {
     throw CommError(fmt::format("root cause in the store is not valid JSON: {}", e.what()));
   }
+}
+
+void AttemptChannel::publish_worker_master(const std::string& address, uint16_t port) {
+  store_.set(key("worker_master"), fmt::format("{} {}", address, port));
+}
+
+std::pair<std::string, uint16_t> AttemptChannel::wait_worker_master(Millis timeout, const InterruptCheck& check) {
+  const auto deadline = Clock::now() + timeout;
+  while (!store_.check({key("worker_master")})) {
+    check();
+    if (Clock::now() >= deadline) {
+      throw CommError(fmt::format("node 0 did not publish its workers' MASTER_ADDR and MASTER_PORT within {} s",
+                                  std::chrono::duration_cast<std::chrono::seconds>(timeout).count()));
+    }
+    std::this_thread::sleep_for(kPollPeriod);
+  }
+  const std::string text = store_.get_string(key("worker_master"));
+  const size_t space = text.rfind(' ');
+  if (space == std::string::npos) throw CommError(fmt::format("malformed worker master '{}' in the store", text));
+  return {text.substr(0, space),
+          static_cast<uint16_t>(env::parse_int(text.substr(space + 1), "the workers' MASTER_PORT", 1, 65535))};
 }
 
 void AttemptChannel::mark_succeeded() { store_.add(key("succeeded"), 1); }

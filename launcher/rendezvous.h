@@ -55,7 +55,7 @@ AgentStore open_agent_store(const LaunchOptions& options, const std::string& tok
 
 // Note [Store address across hosts]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The store binds exactly the address it is given, and every worker's MASTER_ADDR is
+// The store binds exactly the address it is given, and every worker's MTRAIN_STORE_ADDR is
 // that same string, so the Gloo transport binds the local interface that routes to it
 // (collectives/gloo/gloo_device.h). Across machines that address must therefore be one
 // the other nodes can reach. The classic mistake is a loopback one: the default
@@ -71,6 +71,10 @@ AgentStore open_agent_store(const LaunchOptions& options, const std::string& tok
 std::optional<std::string> loopback_only_address(const std::string& host);
 
 // The job's world for one attempt.
+// A TCP port on `address` that nothing listens on now: bound, read back and released
+// (Note [Worker rendezvous for other frameworks] in attempt.cpp). Throws CommError.
+uint16_t reserve_free_port(const std::string& address);
+
 struct World {
   int node_rank = 0;
   int num_nodes = 1;
@@ -112,6 +116,11 @@ class AttemptChannel {
   // Waits up to `timeout` for the winning node's root cause.
   std::optional<Failure> wait_root_cause(Millis timeout, const InterruptCheck& check);
 
+  // Note [Worker rendezvous for other frameworks] in attempt.cpp: node 0 publishes the
+  // MASTER_ADDR:MASTER_PORT of this attempt's workers; the others wait for it (up to
+  // `timeout`; CommError after).
+  void publish_worker_master(const std::string& address, uint16_t port);
+  std::pair<std::string, uint16_t> wait_worker_master(Millis timeout, const InterruptCheck& check);
   // This node's workers all exited 0; true once every node's did.
   void mark_succeeded();
   bool all_succeeded(int num_nodes);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 
 extern char** environ;
@@ -34,6 +35,8 @@ std::vector<std::string> build_worker_environment(const std::vector<std::string>
   put("ROLE_WORLD_SIZE", num(in.world_size));
   put("MASTER_ADDR", in.master_addr);
   put("MASTER_PORT", num(in.master_port));
+  put("MTRAIN_STORE_ADDR", in.store_addr);
+  put("MTRAIN_STORE_PORT", num(in.store_port));
   put("MTRAIN_RESTART_COUNT", num(in.restart_count));
   put("MTRAIN_MAX_RESTARTS", num(in.max_restarts));
   put("MTRAIN_RUN_ID", in.run_id);
@@ -45,7 +48,18 @@ std::vector<std::string> build_worker_environment(const std::vector<std::string>
   put("TORCHELASTIC_MAX_RESTARTS", num(in.max_restarts));
   put("TORCHELASTIC_RUN_ID", in.run_id);
   put("TORCHELASTIC_ERROR_FILE", in.error_file);
+  // Rank 0 hosts the framework's own store at MASTER_ADDR:MASTER_PORT (Note [Worker
+  // rendezvous for other frameworks] in attempt.cpp), as torchrun says with this.
+  put("TORCHELASTIC_USE_AGENT_STORE", "False");
   if (in.omp_num_threads > 0) put("OMP_NUM_THREADS", std::to_string(in.omp_num_threads));
+
+  // torchrun's defaults for NCCL programs, unless the user set them.
+  const auto inherited = [&](const std::string& key) {
+    return std::any_of(base.begin(), base.end(), [&](const std::string& e) { return e.rfind(key + "=", 0) == 0; });
+  };
+  for (const char* key : {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}) {
+    if (!inherited(key)) put(key, "1");
+  }
 
   std::vector<std::string> out;
   out.reserve(base.size() + set.size());

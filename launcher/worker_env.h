@@ -15,8 +15,10 @@ struct WorkerEnvInputs {
   int group_rank = 0;        // node rank
   int group_world_size = 1;  // number of nodes
   std::string role = "default";
-  std::string master_addr;
+  std::string master_addr;  // the workers' own rendezvous (a free port), torchrun's MASTER_ADDR
   int master_port = 0;
+  std::string store_addr;   // the launcher's store, for mtrain's workers
+  int store_port = 0;
   int restart_count = 0;
   int max_restarts = 0;
   std::string run_id;

@@ -78,12 +78,6 @@ struct SpawnFailure {
   report_and_exit(report_fd, SpawnFailure::kExec, errno);
 }
 
-bool is_executable_file(const std::string& path) {
-  struct stat st{};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-         ::access(path.c_str(), X_OK) == 0;
-}
-
 }  // namespace
 
 ExitStatus ExitStatus::from_wait_status(int status) {
@@ -250,52 +244,6 @@ void WorkerProcess::kill_and_reap_group(std::chrono::milliseconds budget) const 
     if (std::chrono::steady_clock::now() >= deadline) return;
     usleep(1000);                             // members still dying
   }
-}
-
-std::string resolve_program(const std::string& program) {
-  namespace fs = std::filesystem;
-  std::string path;
-  if (program == "train" || program == "bench") {
-    std::error_code ec;
-    const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-    if (ec) {
-      throw IoError(fmt::format("cannot locate mtrain-launch itself (/proc/self/exe): {}",
-                                ec.message()));
-    }
-    path = (self.parent_path() / ("mtrain-" + program)).string();
-    if (!is_executable_file(path)) {
-      throw InvalidArgument(fmt::format(
-          "program '{}' means {}, which does not exist or is not executable (build the "
-          "mtrain-{} target)",
-          program, path, program));
-    }
-    return path;
-  }
-  if (program.find('/') != std::string::npos) {
-    if (!fs::exists(program)) {
-      throw InvalidArgument(fmt::format("program '{}' does not exist", program));
-    }
-    if (!is_executable_file(program)) {
-      throw InvalidArgument(
-          fmt::format("program '{}' is not an executable file (check its permissions)", program));
-    }
-    return program;
-  }
-  const std::string search = env::get("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
-  bool found_not_executable = false;
-  size_t start = 0;
-  while (start <= search.size()) {
-    const size_t end = std::min(search.find(':', start), search.size());
-    const std::string dir = end == start ? "." : search.substr(start, end - start);
-    const std::string candidate = dir + "/" + program;
-    if (is_executable_file(candidate)) return candidate;
-    if (fs::exists(candidate)) found_not_executable = true;
-    start = end + 1;
-  }
-  throw InvalidArgument(fmt::format(
-      "program '{}' {} on PATH; expected `train`, `bench`, an executable path, or a "
-      "command on PATH",
-      program, found_not_executable ? "is not executable" : "was not found"));
 }
 
 }  // namespace mtrain::launch

@@ -72,10 +72,5 @@ class WorkerProcess {
   WallClock::time_point exit_time_{};
 };
 
-// Resolves the program the way the launcher documents it: "train" -> the sibling
-// mtrain-train next to this executable, "bench" -> mtrain-bench, a name with a '/' ->
-// that path, anything else -> the first match on PATH. Throws InvalidArgument when the
-// result does not exist or is not an executable file.
-std::string resolve_program(const std::string& program);
 
 }  // namespace mtrain::launch

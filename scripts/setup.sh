@@ -25,6 +25,9 @@ packages=(
   # Only for the `multihost` tests (tests/multihost): `ip` builds two network namespaces
   # joined by a veth pair, so two launchers talk over a real interface.
   iproute2
+  # Only for the tests that run real PyTorch programs under mtrain-launch and torchrun
+  # (tests/launcher/test_launch_torch.cpp) and for PyTorch's columns in the benchmarks.
+  python3-torch
 )
 
 missing=()

@@ -11,8 +11,9 @@
 //   wait-usr1=DIR     wait (up to 20 s) for SIGUSR1, then write DIR/usr1_rank<R> and go on
 //   error=MESSAGE     write MTRAIN_ERROR_FILE: {"rank","host","message","timestamp"}
 //   fail-attempts=A,B write an error file and exit 1 if MTRAIN_RESTART_COUNT is listed
-//   barrier           join a store barrier of WORLD_SIZE ranks through MASTER_ADDR,
-//                     MASTER_PORT, MTRAIN_STORE_TOKEN and MTRAIN_STORE_PREFIX
+//   barrier           join a store barrier of WORLD_SIZE ranks through the launchers'
+//                     store: MTRAIN_STORE_ADDR, MTRAIN_STORE_PORT, MTRAIN_STORE_TOKEN
+//                     and MTRAIN_STORE_PREFIX
 //   stamp=DIR         write DIR/stamp_rank<R>: nanoseconds since the epoch, now
 //                     (scripts/bench-launch.sh times the barrier with it)
 //   exit=CODE         exit now with CODE
@@ -44,6 +45,8 @@ int env_int(const char* name) { return std::atoi(env_or(name, "0").c_str()); }
 constexpr const char* kReportedVars[] = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "MTRAIN_STORE_ADDR", "MTRAIN_STORE_PORT", "TORCHELASTIC_USE_AGENT_STORE",
+    "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
     "MTRAIN_RESTART_COUNT", "MTRAIN_MAX_RESTARTS", "MTRAIN_RUN_ID", "MTRAIN_ERROR_FILE",
     "MTRAIN_STORE_TOKEN", "MTRAIN_STORE_PREFIX", "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
@@ -140,8 +143,8 @@ void run_step(const std::string& step) {
       start = comma + 1;
     }
   } else if (name == "barrier") {
-    mtrain::TcpStore store(env_or("MASTER_ADDR", ""),
-                           static_cast<uint16_t>(env_int("MASTER_PORT")),
+    mtrain::TcpStore store(env_or("MTRAIN_STORE_ADDR", ""),
+                           static_cast<uint16_t>(env_int("MTRAIN_STORE_PORT")),
                            env_or("MTRAIN_STORE_TOKEN", ""), std::chrono::seconds(30),
                            std::chrono::seconds(30));
     mtrain::PrefixStore scoped(env_or("MTRAIN_STORE_PREFIX", ""), store);

@@ -77,6 +77,13 @@ TEST_CASE("four workers get ranks 0..3 once each and torchrun's environment") {
     CHECK(e.at("ROLE_WORLD_SIZE") == "4");
     CHECK(e.at("MASTER_ADDR") == "127.0.0.1");
     CHECK(std::stoi(e.at("MASTER_PORT")) > 0);
+    // MASTER_* is for the workers' own framework, the launchers' store is elsewhere.
+    CHECK(e.at("MTRAIN_STORE_ADDR") == "127.0.0.1");
+    CHECK(std::stoi(e.at("MTRAIN_STORE_PORT")) > 0);
+    CHECK(e.at("MTRAIN_STORE_PORT") != e.at("MASTER_PORT"));
+    CHECK(e.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
+    CHECK(e.at("NCCL_ASYNC_ERROR_HANDLING") == "1");
+    CHECK(e.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
     CHECK(e.at("MTRAIN_RESTART_COUNT") == "0");
     CHECK(e.at("MTRAIN_MAX_RESTARTS") == "0");
     CHECK(e.at("MTRAIN_RUN_ID") == "envjob");
@@ -141,8 +148,11 @@ TEST_CASE("two static nodes on loopback with different nproc form one world") {
     CHECK(e.at("GROUP_RANK") == (rank < 2 ? "0" : "1"));
     CHECK(e.at("LOCAL_RANK") == (rank < 2 ? std::to_string(rank) : "0"));
     CHECK(e.at("LOCAL_WORLD_SIZE") == (rank < 2 ? "2" : "1"));
-    CHECK(e.at("MASTER_PORT") == port);
+    CHECK(e.at("MTRAIN_STORE_PORT") == port);
     CHECK(e.at("MTRAIN_STORE_TOKEN") == "twonodes");
+    // Node 0's free port for the workers' own framework, the same on every node.
+    CHECK(e.at("MASTER_PORT") != port);
+    CHECK(e.at("MASTER_PORT") == records.at(0).at("MASTER_PORT"));
   }
 }
 

@@ -68,7 +68,8 @@ std::vector<std::string> training_flags(const std::string& backend, const std::s
 // mpirun's environment, so they are removed to give the ranks what a plain shell gives.
 void forget_launcher_environment() {
   for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                           "MASTER_PORT", "MTRAIN_STORE_TOKEN", "MTRAIN_STORE_PREFIX", "MTRAIN_RUN_ID"}) {
+                           "MASTER_PORT", "MTRAIN_STORE_ADDR", "MTRAIN_STORE_PORT", "MTRAIN_STORE_TOKEN", "MTRAIN_STORE_PREFIX",
+                           "MTRAIN_RUN_ID"}) {
     ::unsetenv(name);
   }
 }

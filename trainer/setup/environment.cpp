@@ -208,8 +208,13 @@ void read_store(const Reader& r, const std::string& backend, WorkerEnvironment& 
     w.store_mode = StoreMode::kRank0;
   }
 
-  auto addr = r.str("MASTER_ADDR");
-  const char* addr_from = "MASTER_ADDR";
+  // mtrain-launch gives its own store's address in variables of its own; MASTER_ADDR and
+  // MASTER_PORT are then the free port other frameworks' rank 0 hosts its store on
+  // (Note [Worker rendezvous for other frameworks] in launcher/attempt.cpp).
+  const bool launcher_store = w.store_mode == StoreMode::kLauncher && r.has("MTRAIN_STORE_ADDR");
+  const char* addr_from = launcher_store ? "MTRAIN_STORE_ADDR" : "MASTER_ADDR";
+  const char* port_from = launcher_store ? "MTRAIN_STORE_PORT" : "MASTER_PORT";
+  auto addr = r.str(addr_from);
   if ((!addr || addr->empty()) && w.store_mode == StoreMode::kRank0) {
     if (w.under_mpirun) {
       w.store_mode = StoreMode::kMpiBroadcast;  // rank 0 picks host and port, MPI tells the rest
@@ -232,14 +237,14 @@ void read_store(const Reader& r, const std::string& backend, WorkerEnvironment& 
   }
   w.master_addr = *addr;
 
-  if (auto port = r.integer("MASTER_PORT", 1, 65535)) {
+  if (auto port = r.integer(port_from, 1, 65535)) {
     w.master_port = *port;
   } else if (w.store_mode == StoreMode::kRank0 && !w.job_id.empty()) {
     w.master_port = port_from_job_id(w.job_id);
   } else {
     throw InvalidArgument(fmt::format(
-        "environment variable MASTER_PORT is not set, but the world has {} ranks (MASTER_ADDR={} from {})",
-        w.world_size, w.master_addr, addr_from));
+        "environment variable {} is not set, but the world has {} ranks ({}={} from {})", port_from,
+        w.world_size, addr_from, w.master_addr, addr_from));
   }
 
   if (w.store_mode == StoreMode::kLauncher) {
