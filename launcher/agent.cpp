@@ -70,9 +70,10 @@ struct Agent::Impl {
   void open_store();
   // Between attempts.
   void check_interrupt();
-  std::optional<int> conclude(const AttemptResult& r, int attempt) const;
+  std::optional<int> conclude(const AttemptResult& r, int attempt);
   void print_stop_report(const AttemptResult& r, int attempt) const;
-  void print_failure_report(const AttemptResult& r, int attempt, bool restarts_withheld) const;
+  void print_failure_report(const AttemptResult& r, int attempt, bool restarts_withheld);
+  void keep_error_file(const std::string& error_file);
   void leave_store(int num_nodes, bool hosting);
 
   const LaunchOptions& options;
@@ -176,7 +177,7 @@ void Agent::Impl::prepare_job() {
   // Note [Worker process hygiene]: orphaned descendants come to us, not to init.
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   open_store();
-  job.signals = &SignalPipe::install();
+  job.signals = &SignalPipe::install(options.signals_to_handle);
 }
 
 // Note [A token for the launchers' store]
@@ -241,7 +242,7 @@ void Agent::Impl::open_store() {
 
 // After attempt `attempt`: the launcher's exit status, its report printed; nullopt when
 // the gang restarts instead.
-std::optional<int> Agent::Impl::conclude(const AttemptResult& r, int attempt) const {
+std::optional<int> Agent::Impl::conclude(const AttemptResult& r, int attempt) {
   // Before anything else: a gang that stopped on a signal is neither a success nor a
   // failure to restart (Note [Workers stopped on a signal]).
   if (r.all_stopped) {
@@ -288,7 +289,19 @@ void Agent::Impl::print_stop_report(const AttemptResult& r, int attempt) const {
   std::fflush(stderr);
 }
 
-void Agent::Impl::print_failure_report(const AttemptResult& r, int attempt, bool restarts_withheld) const {
+// A report that names an error file in the private run directory keeps the directory:
+// the path printed must still be there to read after the launcher exits.
+void Agent::Impl::keep_error_file(const std::string& error_file) {
+  if (!remove_run_dir || error_file.empty()) return;
+  const fs::path relative = fs::path(error_file).lexically_relative(job.run_dir);
+  if (relative.empty() || *relative.begin() == "..") return;
+  remove_run_dir = false;
+  spdlog::info("keeping {} for the error file the report names (pass --log_dir to choose the place)",
+               job.run_dir.string());
+}
+
+void Agent::Impl::print_failure_report(const AttemptResult& r, int attempt, bool restarts_withheld) {
+  if (!r.root_cause_remote) keep_error_file(r.root_cause.error_file);
   FailureReport report;
   report.restarts_withheld = restarts_withheld;
   report.program = options.program;

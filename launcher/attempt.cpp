@@ -173,17 +173,24 @@ AttemptResult Attempt::run() {
 // A program written for torchrun (PyTorch's env:// init, `dist.init_process_group`)
 // has rank 0 host its own TCPStore at MASTER_ADDR:MASTER_PORT, which must therefore be a
 // free port, not the launcher's store (different protocol, and a token). As torchrun does
-// without an agent store, node 0's launcher reserves a free port on its own address (the
-// one through which it reaches the launchers' store, which the other nodes can reach back)
-// for every attempt, publishes it on the attempt's keys, and every node gives it to its
-// workers with TORCHELASTIC_USE_AGENT_STORE=False. mtrain's own workers reach the
+// without an agent store, node 0's launcher reserves a free port on its own address
+// (--local_addr, else the one through which it reaches the launchers' store, which the
+// other nodes can reach back) for every attempt, publishes it on the attempt's keys, and
+// every node gives it to its workers with TORCHELASTIC_USE_AGENT_STORE=False. mtrain's own workers reach the
 // launcher's authenticated store through MTRAIN_STORE_ADDR and MTRAIN_STORE_PORT. The
 // port is free when reserved and released at once, as torchrun's is: another process
 // could take it before rank 0 binds it, which rank 0 would report.
 void Attempt::agree_on_worker_master() {
   if (world_.node_rank == 0) {
-    worker_master_addr_ = route_local_address(job_.store.host, job_.store.port, "mtrain-launch").ip;
-    worker_master_port_ = reserve_free_port(worker_master_addr_);
+    worker_master_addr_ = options_.local_addr ? *options_.local_addr
+                                              : route_local_address(job_.store.host, job_.store.port, "mtrain-launch").ip;
+    try {
+      worker_master_port_ = reserve_free_port(worker_master_addr_);
+    } catch (const CommError& e) {
+      if (!options_.local_addr) throw;
+      throw InvalidArgument(fmt::format("--local_addr {}: expected an address of this node: {}", worker_master_addr_,
+                                        e.what()));
+    }
     channel_.publish_worker_master(worker_master_addr_, worker_master_port_);
     return;
   }

@@ -1,14 +1,17 @@
 #include "launcher/options.h"
 
 #include <sched.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cxxopts.hpp>
 #include <filesystem>
+#include <map>
 #include <string_view>
 
 #include "core/env.h"
@@ -66,12 +69,15 @@ struct DependentFlags {
   std::optional<std::string> rdzv_id;
   std::optional<std::string> rdzv_backend;
   std::optional<std::string> local_ranks_filter;
+  std::optional<std::string> rdzv_conf;
 };
 
 // What the flag table's readers fill in.
 struct CommandLine {
   LaunchOptions options;
   DependentFlags dependent;
+  std::set<std::string> given;                 // flags set on the command line or by PET_*
+  std::vector<std::string> from_environment;   // "PET_X=value" for each flag PET_* set
 };
 
 // Checks a flag's value and stores it; `flag` is "--name", for messages.
@@ -110,8 +116,8 @@ void read_nothing(CommandLine&, const std::string&, const std::string&) {}
 // wrong, the first one here is reported. The dependent flags are resolved after all.
 constexpr Flag kFlags[] = {
     {"nproc_per_node", 0, "N|cpu|gpu|auto", "1", "workers on this node (default {default})",
-     [](CommandLine& line, const std::string&, const std::string& value) {
-       line.options.nproc_per_node = parse_nproc_per_node(value);
+     [](CommandLine& line, const std::string& flag, const std::string& value) {
+       line.options.nproc_per_node = parse_nproc_per_node(value, flag);
      }},
     {"nnodes", 0, "N|MIN:MAX", "1", "nodes in the job (MIN:MAX needs --rdzv_endpoint)",
      [](CommandLine& line, const std::string&, const std::string& value) {
@@ -194,14 +200,81 @@ constexpr Flag kFlags[] = {
      [](CommandLine& line, const std::string&, const std::string&) { line.options.module = true; }},
     {"run_path", 0, nullptr, nullptr, "run the .py program through runpy.run_path",
      [](CommandLine& line, const std::string&, const std::string&) { line.options.run_path = true; }},
+    {"rdzv_conf", 0, "KEY=VALUE,...", nullptr,
+     "torchrun's rendezvous settings: join_timeout,\n"
+     "last_call_timeout, is_host, keep_alive_interval, ...\n"
+     "(docs/launcher.md)",
+     read_later<&DependentFlags::rdzv_conf>},
+    {"local_addr", 0, "ADDR", nullptr,
+     "node 0: the address its workers get as MASTER_ADDR\n"
+     "(default: the one that reaches the store)",
+     [](CommandLine& line, const std::string& flag, const std::string& value) {
+       if (value.empty()) throw InvalidArgument(fmt::format("{}: expected an address of this node, found ''", flag));
+       line.options.local_addr = value;
+     }},
+    {"signals_to_handle", 0, "SIG,...", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
+     "signals the launcher catches (see docs); any other\n"
+     "keeps its default action",
+     [](CommandLine& line, const std::string& flag, const std::string& value) {
+       line.options.signals_to_handle = parse_signal_list(value, flag);
+     }},
+    {"start_method", 0, "METHOD", "spawn",
+     "spawn|fork|forkserver: accepted for torchrun's sake,\n"
+     "no effect: workers always start by fork and exec",
+     [](CommandLine&, const std::string& flag, const std::string& value) {
+       if (value != "spawn" && value != "fork" && value != "forkserver") {
+         throw InvalidArgument(
+             fmt::format("{}: expected 'spawn', 'fork' or 'forkserver', found '{}'", flag, value));
+       }
+     }},
+    {"event_log_handler", 0, "null", "null", "accepted for torchrun's sake: only 'null'",
+     [](CommandLine&, const std::string& flag, const std::string& value) {
+       if (value != "null") {
+         throw InvalidArgument(fmt::format(
+             "{} {}: mtrain-launch has no event handlers to load; its events are its log lines "
+             "and the failure report (expected 'null')",
+             flag, value));
+       }
+     }},
+    {"logs_specs", 0, "NAME", nullptr, "refused: there are no log plugins (docs/launcher.md)",
+     [](CommandLine&, const std::string& flag, const std::string& value) {
+       throw InvalidArgument(fmt::format(
+           "{} {}: mtrain-launch loads no log plugins; the log layout is fixed "
+           "(--log_dir, --redirects, --tee, --local_ranks_filter; docs/launcher.md, \"Logs\")",
+           flag, value));
+     }},
+    {"numa_binding", 0, "MODE", nullptr, "refused: use --cpu_bind cores",
+     [](CommandLine&, const std::string& flag, const std::string& value) {
+       throw InvalidArgument(fmt::format(
+           "{} {}: NUMA binding is not supported; --cpu_bind cores gives each worker its own "
+           "neighbouring CPUs (docs/launcher.md, \"CPU binding\")",
+           flag, value));
+     }},
     {"help", 'h', nullptr, nullptr, "this text", read_nothing},
 };
+
+// torchrun takes every flag's default from PET_<FLAG> (its argparse `env` actions),
+// except these, which have no such action there.
+constexpr const char* kNoEnvironmentDefault[] = {"help", "logs_specs", "numa_binding"};
 
 const Flag* find_flag(const std::string& name) {
   for (const Flag& flag : kFlags) {
     if (name == flag.name) return &flag;
   }
   return nullptr;
+}
+
+// argparse accepts an unambiguous prefix of a long option (--nproc=2), and so does the
+// launcher; an ambiguous one is an error naming the candidates.
+const Flag* find_flag_by_prefix(const std::string& prefix, const std::string& arg) {
+  std::vector<const Flag*> matches;
+  for (const Flag& flag : kFlags) {
+    if (std::string_view(flag.name).substr(0, prefix.size()) == prefix) matches.push_back(&flag);
+  }
+  if (matches.size() <= 1) return matches.empty() ? nullptr : matches.front();
+  std::string names;
+  for (const Flag* flag : matches) names += fmt::format("{}--{}", names.empty() ? "" : ", ", flag->name);
+  throw InvalidArgument(fmt::format("ambiguous option '{}': it could be {}", arg, names));
 }
 
 std::string name_of_alias(char alias) {
@@ -265,14 +338,130 @@ cxxopts::ParseResult parse_flags(cxxopts::Options& spec, const std::vector<std::
   }
 }
 
+std::string environment_name(const Flag& flag) {
+  std::string name = std::string("PET_") + flag.name;
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::toupper(c); });
+  return name;
+}
+
+std::optional<std::string> environment_default(const Flag& flag) {
+  for (const char* name : kNoEnvironmentDefault) {
+    if (std::string_view(name) == flag.name) return std::nullopt;
+  }
+  return env::get(environment_name(flag).c_str());
+}
+
+// Each flag from the command line, else from PET_<FLAG>, else its default.
 CommandLine read_flags(const cxxopts::ParseResult& given) {
   CommandLine line;
   for (const Flag& flag : kFlags) {
-    if (given.count(flag.name) == 0 && flag.default_value == nullptr) continue;
-    const std::string value = takes_value(flag) ? given[flag.name].as<std::string>() : "";
-    flag.read(line, fmt::format("--{}", flag.name), value);
+    const std::string dashed = fmt::format("--{}", flag.name);
+    if (given.count(flag.name) != 0) {
+      line.given.insert(flag.name);
+      flag.read(line, dashed, takes_value(flag) ? given[flag.name].as<std::string>() : "");
+    } else if (const auto value = environment_default(flag)) {
+      const std::string label = fmt::format("{} (from {})", dashed, environment_name(flag));
+      line.from_environment.push_back(fmt::format("{}={}", environment_name(flag), *value));
+      // A switch is on when its variable holds a non-zero integer (torchrun's check_env).
+      if (!takes_value(flag) && env::parse_int(*value, label + ", an integer: 0 off, others on") == 0) continue;
+      line.given.insert(flag.name);
+      flag.read(line, label, *value);
+    } else if (flag.default_value != nullptr) {
+      flag.read(line, dashed, flag.default_value);
+    }
   }
   return line;
+}
+
+// torchrun's _parse_rendezvous_config: "k1=v1,k2=v2", every key with a value.
+std::map<std::string, std::string> parse_rdzv_conf(const std::string& text) {
+  std::map<std::string, std::string> conf;
+  if (text.find_first_not_of(' ') == std::string::npos) return conf;
+  for (const std::string& item : split(text, ',')) {
+    const size_t eq = item.find('=');
+    const auto trim = [](std::string t) {
+      t.erase(0, t.find_first_not_of(' '));
+      t.erase(t.find_last_not_of(' ') + 1);
+      return t;
+    };
+    const std::string key = trim(item.substr(0, eq));
+    const std::string value = eq == std::string::npos ? "" : trim(item.substr(eq + 1));
+    if (key.empty() || value.empty()) {
+      throw InvalidArgument(fmt::format("--rdzv_conf: expected KEY=VALUE,... with a value for every key, found '{}'",
+                                        item));
+    }
+    conf[key] = value;
+  }
+  return conf;
+}
+
+// c10d's get_as_bool spellings.
+bool parse_conf_bool(const std::string& value, const std::string& what) {
+  std::string v = value;
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (v == "1" || v == "true" || v == "t" || v == "yes" || v == "y") return true;
+  if (v == "0" || v == "false" || v == "f" || v == "no" || v == "n") return false;
+  throw InvalidArgument(fmt::format("{}: expected true or false (1/0, yes/no), found '{}'", what, value));
+}
+
+// Note [Rendezvous settings from --rdzv_conf]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// torchrun passes --rdzv_conf to its rendezvous backends; these are the keys they read.
+// Each either sets the launcher's own setting, is accepted for a setting that has no
+// counterpart here, or is refused; docs/launcher.md lists them with the reasons. A key
+// that sets a flag also given explicitly with another value is an error, not a guess.
+void apply_rdzv_conf(CommandLine& line) {
+  if (!line.dependent.rdzv_conf) return;
+  LaunchOptions& o = line.options;
+  const auto set_seconds = [&](Seconds& field, const char* flag, const std::string& key, const std::string& value) {
+    const Seconds s{parse_seconds(value, fmt::format("--rdzv_conf {}", key), false)};
+    if (line.given.count(flag) != 0 && s != field) {
+      throw InvalidArgument(fmt::format("--rdzv_conf {}={} contradicts --{} {}: give one of them", key, value, flag,
+                                        field.count()));
+    }
+    field = s;
+  };
+  double keep_alive_interval = 5;  // torchrun's defaults
+  int64_t keep_alive_attempts = 3;
+  bool keep_alive = false;
+  for (const auto& [key, value] : parse_rdzv_conf(*line.dependent.rdzv_conf)) {
+    const std::string what = fmt::format("--rdzv_conf {}", key);
+    if (key == "timeout" || key == "join_timeout") {
+      set_seconds(o.rdzv_timeout, "rdzv_timeout", key, value);
+    } else if (key == "last_call_timeout") {
+      set_seconds(o.rdzv_last_call, "rdzv_last_call", key, value);
+    } else if (key == "keep_alive_interval") {
+      keep_alive_interval = parse_seconds(value, what, false);
+      keep_alive = true;
+    } else if (key == "keep_alive_max_attempt") {
+      keep_alive_attempts = env::parse_int(value, what, 1, 1 << 20);
+      keep_alive = true;
+    } else if (key == "is_host") {
+      o.rdzv_is_host = parse_conf_bool(value, what);
+    } else if (key == "close_timeout" || key == "read_timeout") {
+      parse_seconds(value, what, false);  // accepted: Note above, docs/launcher.md
+    } else if (key == "use_libuv") {
+      parse_conf_bool(value, what);
+    } else if (key == "rank") {
+      env::parse_int(value, what, 0);
+    } else if (key == "store_type") {
+      if (value != "tcp") {
+        throw InvalidArgument(
+            fmt::format("{}={}: the launchers' rendezvous store is a TCP store (expected 'tcp')", what, value));
+      }
+    } else {
+      throw InvalidArgument(fmt::format(
+          "--rdzv_conf: unknown key '{}'; expected timeout, join_timeout, last_call_timeout, close_timeout, "
+          "read_timeout, keep_alive_interval, keep_alive_max_attempt, is_host, use_libuv, store_type or rank",
+          key));
+    }
+  }
+  if (keep_alive) {
+    // torchrun's node is dead after max_attempt missed keep-alives; here, after
+    // --heartbeat_timeout without a heartbeat.
+    set_seconds(o.heartbeat_timeout, "heartbeat_timeout", "keep_alive_interval x keep_alive_max_attempt",
+                fmt::format("{}", keep_alive_interval * static_cast<double>(keep_alive_attempts)));
+  }
 }
 
 // An endpoint, or --rdzv_backend c10d, means the dynamic rendezvous.
@@ -386,6 +575,12 @@ void resolve_rendezvous(CommandLine& line, std::vector<std::string>& ignored) {
   } else {
     resolve_static(given, o);
   }
+  if (o.rdzv_is_host && o.mode != RendezvousMode::kDynamic) {
+    ignored.push_back(fmt::format("--rdzv_conf is_host={} is ignored: it belongs to the dynamic rendezvous; in the "
+                                  "static one node 0 hosts the store",
+                                  *o.rdzv_is_host));
+    o.rdzv_is_host.reset();
+  }
   if (given.rdzv_id && !o.standalone) o.rdzv_id = *given.rdzv_id;
   if (!o.standalone && o.rdzv_id.empty()) {
     throw InvalidArgument("--rdzv_id: expected a non-empty job id");
@@ -452,7 +647,10 @@ bool StreamSelection::any() const {
 // cxxopts cannot stop at the first positional argument, so split_launcher_args() first
 // finds where the program starts, knowing from kFlags which flags take a value, and
 // normalises the launcher's part to underscores (both spellings are accepted, as torchrun
-// does) before cxxopts reads it.
+// does) and unambiguous prefixes to the full name (argparse's allow_abbrev) before cxxopts
+// reads it. read_flags() then takes each flag from the command line, else from the
+// variable PET_<FLAG> (PET_NPROC_PER_NODE=2; a switch is on for a non-zero integer), else
+// from its default, as torchrun's argparse actions do.
 
 SplitArgs split_launcher_args(const std::vector<std::string>& args) {
   SplitArgs out;
@@ -477,6 +675,8 @@ SplitArgs split_launcher_args(const std::vector<std::string>& args) {
       if (arg.size() > 2) value = arg.substr(arg[2] == '=' ? 3 : 2);
     }
     const Flag* flag = name.empty() ? nullptr : find_flag(name);
+    if (flag == nullptr && arg[1] == '-' && !name.empty()) flag = find_flag_by_prefix(name, arg);
+    if (flag != nullptr) name = flag->name;
     if (flag == nullptr) {
       throw InvalidArgument(fmt::format(
           "unknown option '{}' (launcher options go before the program; put '--' before a "
@@ -524,6 +724,28 @@ StreamSelection parse_stream_selection(const std::string& text, const std::strin
     }
   }
   return sel;
+}
+
+std::set<int> parse_signal_list(const std::string& text, const std::string& flag) {
+  constexpr std::pair<const char*, int> kHandleable[] = {{"SIGINT", SIGINT},   {"SIGTERM", SIGTERM},
+                                                          {"SIGHUP", SIGHUP},   {"SIGQUIT", SIGQUIT},
+                                                          {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}};
+  std::set<int> signals;
+  for (std::string item : split(text, ',')) {
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    std::transform(item.begin(), item.end(), item.begin(), [](unsigned char c) { return std::toupper(c); });
+    if (item.rfind("SIG", 0) != 0) item = "SIG" + item;
+    const auto* found = std::find_if(std::begin(kHandleable), std::end(kHandleable),
+                                     [&](const auto& known) { return item == known.first; });
+    if (found == std::end(kHandleable)) {
+      throw InvalidArgument(fmt::format("{}: expected a comma-separated list of SIGINT, SIGTERM, SIGHUP, SIGQUIT, "
+                                        "SIGUSR1, SIGUSR2 (the signals the launcher can handle), found '{}' in '{}'",
+                                        flag, item, text));
+    }
+    signals.insert(found->second);
+  }
+  return signals;
 }
 
 std::pair<int, int> parse_nnodes(const std::string& text) {
@@ -597,22 +819,22 @@ int count_visible_gpus() {
   return std::min(devices, listed);
 }
 
-int parse_nproc_per_node(const std::string& text) {
+int parse_nproc_per_node(const std::string& text, const std::string& flag) {
   if (text == "cpu") return count_usable_cpus();
   if (text == "gpu" || text == "auto") {
     const int gpus = count_visible_gpus();
     if (gpus > 0) return gpus;
     if (text == "auto") return count_usable_cpus();
     throw InvalidArgument(fmt::format(
-        "--nproc_per_node gpu: expected at least one visible NVIDIA GPU, found none "
+        "{} gpu: expected at least one visible NVIDIA GPU, found none "
         "(no entries in /proc/driver/nvidia/gpus{}); pass a number or 'cpu'",
-        env::get("CUDA_VISIBLE_DEVICES")
+        flag, env::get("CUDA_VISIBLE_DEVICES")
             ? fmt::format(" visible through CUDA_VISIBLE_DEVICES='{}'",
                           *env::get("CUDA_VISIBLE_DEVICES"))
             : ""));
   }
   return static_cast<int>(env::parse_int(
-      text, "--nproc_per_node (a number >= 1, or cpu, gpu, auto)", 1, 1 << 16));
+      text, flag + " (a number >= 1, or cpu, gpu, auto)", 1, 1 << 16));
 }
 
 std::string usage() {
@@ -621,16 +843,19 @@ std::string usage() {
 Starts --nproc_per_node workers of PROGRAM on this node (and joins other nodes), gives
 each one torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...),
 tears the whole gang down on the first failure and prints the root cause.
-PROGRAM is `train` (the sibling mtrain-train), `bench` (mtrain-bench), or any
-executable path or name on PATH; ARGS are passed through untouched. Every option
-also accepts the dashed spelling (--nproc-per-node). Full guide: docs/launcher.md.
+PROGRAM is `train` (the sibling mtrain-train), `bench` (mtrain-bench), a Python
+script (script.py, or a module with -m), or any executable path or name on PATH; ARGS
+are passed through untouched. Every option also accepts the dashed spelling
+(--nproc-per-node) and an unambiguous prefix (--nproc=2). Full guide: docs/launcher.md.
 
 options:
 )";
   for (const Flag& flag : kFlags) text += usage_entry(flag);
   text += R"(
-environment: MTRAIN_STORE_TOKEN (the store's job token; required with several
-nodes, generated otherwise).
+environment: PET_<OPTION> (PET_NPROC_PER_NODE=2) is the default of an option that
+is not given, as in torchrun. MTRAIN_STORE_TOKEN: the store's job token (required with
+several nodes, except a dynamic rendezvous on loopback; generated otherwise).
+MTRAIN_PYTHON (or PYTHON_EXEC): the Python for .py programs (default: python3 on PATH).
 )";
   return text;
 }
@@ -645,8 +870,17 @@ ParsedCommandLine parse_command_line(const std::vector<std::string>& args) {
     return parsed;
   }
   CommandLine line = read_flags(given);
-  resolve_rendezvous(line, parsed.ignored);
-  check_local_ranks(line);
+  try {
+    apply_rdzv_conf(line);
+    resolve_rendezvous(line, parsed.ignored);
+    check_local_ranks(line);
+  } catch (const InvalidArgument& e) {
+    if (line.from_environment.empty()) throw;
+    // These checks name flags; say which of them came from the environment.
+    std::string vars;
+    for (const std::string& v : line.from_environment) vars += (vars.empty() ? "" : ", ") + v;
+    throw InvalidArgument(fmt::format("{} (flags taken from the environment: {})", e.what(), vars));
+  }
   parsed.options = std::move(line.options);
   take_program(split_args.program_and_args, parsed.options);
   return parsed;

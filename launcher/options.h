@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -79,11 +80,21 @@ struct LaunchOptions {
 
   std::string program;                    // as given: "train", "./a.out", "sh", "train.py", a module
   std::vector<std::string> program_args;  // passed through untouched
-  // How the program runs (Note [Programs as torchrun runs them] in agent.cpp): -m runs
+  // How the program runs (Note [Programs as torchrun runs them] in program.cpp): -m runs
   // a Python module, --run_path a script through runpy; --no_python runs a .py directly.
   bool module = false;
   bool run_path = false;
   bool no_python = false;
+
+  // --rdzv_conf is_host (dynamic): true hosts the store or fails, false only joins it;
+  // nullopt: the agent that can bind the endpoint hosts it.
+  std::optional<bool> rdzv_is_host;
+  // --local_addr: the address node 0 gives its workers as MASTER_ADDR (Note [Worker
+  // rendezvous for other frameworks] in attempt.cpp); nullopt: the one that reaches the store.
+  std::optional<std::string> local_addr;
+  // --signals_to_handle: the signals the launcher catches (docs/launcher.md, "Signals");
+  // the others keep their default action.
+  std::set<int> signals_to_handle = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 
   bool multi_node() const { return max_nodes > 1; }
   bool operator==(const LaunchOptions&) const = default;
@@ -104,14 +115,19 @@ struct ParsedCommandLine {
   std::vector<std::string> ignored;
 };
 
-// `args` excludes argv[0]. Throws InvalidArgument with a one-line message naming the
-// flag, what was expected and what was found.
+// `args` excludes argv[0]. A flag absent from `args` takes its value from the variable
+// PET_<FLAG> when set, as torchrun's do (Note [Launcher command line]). Throws
+// InvalidArgument with a one-line message naming the flag (and the variable), what was
+// expected and what was found.
 ParsedCommandLine parse_command_line(const std::vector<std::string>& args);
 
 std::string usage();
 
 // Pieces exposed for unit tests.
 StreamSelection parse_stream_selection(const std::string& text, const std::string& flag);
+// "SIGTERM,SIGUSR1" (names with or without SIG, any case) -> their numbers; only the
+// signals the launcher can handle (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2).
+std::set<int> parse_signal_list(const std::string& text, const std::string& flag);
 // "N" -> {N, N}; "MIN:MAX" -> {MIN, MAX}.
 std::pair<int, int> parse_nnodes(const std::string& text);
 // "host:port", "host" (default_port), "[v6addr]:port".
@@ -119,7 +135,7 @@ std::pair<std::string, uint16_t> parse_endpoint(const std::string& text, const s
                                                 uint16_t default_port);
 // N, or "cpu" (CPUs this process may run on), "gpu" (NVIDIA GPUs visible), "auto"
 // (GPUs if any, else CPUs).
-int parse_nproc_per_node(const std::string& text);
+int parse_nproc_per_node(const std::string& text, const std::string& flag = "--nproc_per_node");
 // GPUs the driver exposes (/proc/driver/nvidia/gpus), narrowed by CUDA_VISIBLE_DEVICES.
 int count_visible_gpus();
 

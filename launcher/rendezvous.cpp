@@ -65,7 +65,10 @@ AgentStore open_agent_store(const LaunchOptions& options, const std::string& tok
   AgentStore s;
   s.host = options.store_host;
   const Millis connect_timeout = to_millis(options.rdzv_timeout);
-  bool try_hosting = options.mode == RendezvousMode::kDynamic || options.node_rank == 0;
+  // Dynamic: --rdzv_conf is_host=false only joins; is_host=true must host.
+  const bool must_host = options.mode == RendezvousMode::kStatic || options.rdzv_is_host.value_or(false);
+  const bool try_hosting = options.mode == RendezvousMode::kDynamic ? options.rdzv_is_host.value_or(true)
+                                                                     : options.node_rank == 0;
   if (try_hosting) {
     try {
       // An empty token: a loopback-only rendezvous without MTRAIN_STORE_TOKEN (Note [A
@@ -74,10 +77,11 @@ AgentStore open_agent_store(const LaunchOptions& options, const std::string& tok
                                                                   TcpStoreServer::Unauthenticated{})
                                : std::make_unique<TcpStoreServer>(options.store_host, options.store_port, token);
     } catch (const CommError& e) {
-      // Static node 0 must host: its bind error (naming the port) is the answer. In the
-      // dynamic rendezvous a failed bind means another agent hosts it, or the endpoint
-      // is not this host; either way this agent joins as a client.
-      if (options.mode == RendezvousMode::kStatic) throw;
+      // Static node 0 (and a dynamic agent told is_host=true) must host: its bind error
+      // (naming the port) is the answer. Otherwise, in the dynamic rendezvous, a failed
+      // bind means another agent hosts it, or the endpoint is not this host; either way
+      // this agent joins as a client.
+      if (must_host) throw;
       spdlog::debug("not hosting the rendezvous store at {}:{} ({}); joining it",
                     options.store_host, options.store_port, e.what());
     }
@@ -270,7 +274,7 @@ uint16_t reserve_free_port(const std::string& address) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+  hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;
   if (const int rc = ::getaddrinfo(address.c_str(), "0", &hints, &found); rc != 0) {
     throw CommError(fmt::format("cannot reserve a port for the workers on {}: {}", address, ::gai_strerror(rc)));

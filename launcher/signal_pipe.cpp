@@ -24,7 +24,6 @@ void on_signal(int sig) {
   errno = saved;
 }
 
-constexpr int kHandled[] = {SIGCHLD, SIGUSR1, SIGUSR2, SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
 }  // namespace
 
@@ -36,7 +35,7 @@ constexpr int kHandled[] = {SIGCHLD, SIGUSR1, SIGUSR2, SIGINT, SIGTERM, SIGHUP, 
 // once: a worker's exit (SIGCHLD) is noticed immediately, not at the next monitor tick.
 // SIGPIPE is ignored: a closed console or socket must not kill the supervisor.
 
-SignalPipe::SignalPipe() {
+SignalPipe::SignalPipe(const std::set<int>& handled) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     throw IoError(fmt::format("pipe2 for signal handling: {}", std::strerror(errno)));
@@ -47,12 +46,23 @@ SignalPipe::SignalPipe() {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-  for (int sig : kHandled) sigaction(sig, &sa, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  for (int sig : handled) {
+    MTRAIN_CHECK(is_terminating(sig) || is_forwarded_only(sig), "signal {} cannot be handled", sig);
+  }
+  std::set<int> all = handled;
+  all.insert(SIGCHLD);
+  for (int sig : all) {
+    if (sigaction(sig, &sa, nullptr) != 0) {
+      throw IoError(fmt::format("sigaction for signal {}: {}", sig, std::strerror(errno)));
+    }
+  }
+  if (signal(SIGPIPE, SIG_IGN) == SIG_ERR) {
+    throw IoError(fmt::format("ignoring SIGPIPE: {}", std::strerror(errno)));
+  }
 }
 
-SignalPipe& SignalPipe::install() {
-  static SignalPipe pipe;
+SignalPipe& SignalPipe::install(const std::set<int>& handled) {
+  static SignalPipe pipe(handled);
   return pipe;
 }
 

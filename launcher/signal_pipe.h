@@ -5,17 +5,20 @@
 //                                     supervision goes on
 //   SIGINT, SIGTERM, SIGHUP, SIGQUIT  is_terminating(): the gang is stopped and the job
 //                                     ends (docs/launcher.md, "Signals")
-// SIGPIPE is ignored.
+// SIGPIPE is ignored. --signals_to_handle chooses which of the last six are caught.
 #pragma once
 
+#include <set>
 #include <vector>
 
 namespace mtrain::launch {
 
 class SignalPipe {
  public:
-  // Installs the handlers (once per process) and returns the pipe.
-  static SignalPipe& install();
+  // Installs the handlers for SIGCHLD and `handled` (a subset of SIGINT, SIGTERM,
+  // SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2; the others keep their default action) once per
+  // process, and returns the pipe. A later call returns the same pipe.
+  static SignalPipe& install(const std::set<int>& handled);
 
   int read_fd() const { return read_fd_; }
   // Signals received since the last call, in arrival order (never blocks).
@@ -25,7 +28,7 @@ class SignalPipe {
   static bool is_forwarded_only(int sig);
 
  private:
-  SignalPipe();
+  explicit SignalPipe(const std::set<int>& handled);
   int read_fd_ = -1;
 };
 

@@ -3,10 +3,14 @@
 // same programs under torchrun. Skips as a whole when that Python cannot import torch.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -130,4 +134,50 @@ TEST_CASE("--no_python runs a .py program directly, by its #! line") {
   CHECK_THAT(r.out, Catch::Contains("not python: rank 0") && Catch::Contains("not python: rank 1"));
   CHECK_THAT(run_launcher({"--no_python", "-m", "x"}, dir.path(), 10).err,
              Catch::Contains("--no_python and --module contradict each other"));
+}
+
+TEST_CASE("an @record failure: its traceback is in the report, its error file outlives the launcher") {
+  require_torch();
+  TempDir dir;
+  // The worker count comes from PET_NPROC_PER_NODE, as torchrun reads it.
+  std::vector<std::string> env = kEnv;
+  env.push_back("PET_NPROC_PER_NODE=2");
+  const auto r = run_launcher({script("elastic_worker.py"), "--fail-rank", "1"}, dir.path(), 60, env);
+  INFO("stderr:\n" << r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 1);
+  // Rank 0 may be stopped before it prints: rank 1 alone shows the world of two.
+  CHECK_THAT(r.out, Catch::Contains("rank 1 of 2"));
+  CHECK_THAT(r.err, Catch::Contains("rank       : 1 (local_rank 1") &&
+                        Catch::Contains("message    : ValueError: rank 1 failed on purpose"));
+  CHECK_THAT(r.err, Catch::Contains("traceback  : Traceback (most recent call last)") && Catch::Contains("in fail"));
+  CHECK_THAT(r.err, Catch::Contains("keeping /") && Catch::Contains("for the error file the report names"));
+  std::smatch found;
+  const std::regex error_file(R"(error_file : (\S+))");
+  REQUIRE(std::regex_search(r.err, found, error_file));
+  const fs::path path = found[1].str();
+  CHECK(fs::exists(path));
+  CHECK_THAT(read_text(path), Catch::Contains("py_callstack") && Catch::Contains("failed on purpose"));
+  fs::remove_all(path.parent_path().parent_path().parent_path());  // the launcher's run directory
+}
+
+TEST_CASE("SIGTERM to the launcher reaches the PyTorch script's own handler") {
+  require_torch();
+  TempDir dir;
+  LauncherProcess launcher({"--nproc_per_node=2", script("elastic_worker.py"), "--wait-dir", dir.str()}, dir.path(),
+                           kEnv);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!(fs::exists(dir.path() / "ready_0") && fs::exists(dir.path() / "ready_1")) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(fs::exists(dir.path() / "ready_0"));
+  REQUIRE(fs::exists(dir.path() / "ready_1"));
+  ::kill(launcher.pid(), SIGTERM);
+  const LaunchResult r = launcher.wait(60);
+  INFO("stderr:\n" << r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 128 + SIGTERM);
+  CHECK(read_text(dir.path() / "sigterm_0") == "SIGTERM\n");
+  CHECK(read_text(dir.path() / "sigterm_1") == "SIGTERM\n");
 }

@@ -129,6 +129,108 @@ TEST_CASE("invalid values name the flag and what was found") {
   CHECK_THROWS_WITH(parse({"--standalone=1", "prog"}), Catch::Contains("takes no value"));
 }
 
+namespace {
+
+// Sets a variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+}  // namespace
+
+TEST_CASE("PET_<FLAG> is the default of a flag that is not given, as in torchrun") {
+  {
+    ScopedEnv nproc("PET_NPROC_PER_NODE", "3");
+    CHECK(parse({"prog"}).nproc_per_node == 3);
+    CHECK(parse({"--nproc_per_node=2", "prog"}).nproc_per_node == 2);  // the command line wins
+  }
+  {
+    ScopedEnv standalone("PET_STANDALONE", "1");
+    CHECK(parse({"prog"}).standalone);
+  }
+  {
+    ScopedEnv standalone("PET_STANDALONE", "0");
+    CHECK_FALSE(parse({"prog"}).standalone);
+  }
+  {
+    ScopedEnv bad("PET_NPROC_PER_NODE", "two");
+    CHECK_THROWS_WITH(parse({"prog"}), Catch::Contains("--nproc_per_node (from PET_NPROC_PER_NODE)") &&
+                                           Catch::Contains("'two'"));
+  }
+  {
+    ScopedEnv bad("PET_STANDALONE", "yes");
+    CHECK_THROWS_WITH(parse({"prog"}), Catch::Contains("PET_STANDALONE") && Catch::Contains("'yes'"));
+  }
+  {
+    // A check made after every flag is read names the variables that set flags.
+    ScopedEnv nnodes("PET_NNODES", "1:2");
+    CHECK_THROWS_WITH(parse({"prog"}), Catch::Contains("MIN:MAX needs the dynamic rendezvous") &&
+                                           Catch::Contains("flags taken from the environment: PET_NNODES=1:2"));
+  }
+  {
+    ScopedEnv ignored("PET_LOGS_SPECS", "custom");  // torchrun reads no variable for it either
+    CHECK_NOTHROW(parse({"prog"}));
+  }
+}
+
+TEST_CASE("an unambiguous prefix names its flag, as argparse allows") {
+  CHECK(parse({"--nproc=2", "prog"}).nproc_per_node == 2);
+  CHECK(parse({"--nproc-per", "2", "prog"}).nproc_per_node == 2);
+  CHECK(parse({"--max_r", "3", "prog"}).max_restarts == 3);
+  CHECK(parse({"--stand", "prog"}).standalone);
+  CHECK_THROWS_WITH(parse({"--rdzv", "x", "prog"}),
+                    Catch::Contains("ambiguous option '--rdzv'") && Catch::Contains("--rdzv_endpoint") &&
+                        Catch::Contains("--rdzv_id"));
+  CHECK_THROWS_WITH(parse({"--nope=1", "prog"}), Catch::Contains("unknown option '--nope=1'"));
+}
+
+TEST_CASE("--rdzv_conf: torchrun's keys set the launcher's settings, unknown keys are refused") {
+  const auto dynamic = [](const std::string& conf) {
+    return parse({"--nnodes=1:2", "--rdzv_endpoint=127.0.0.1:29400", "--rdzv_conf", conf, "prog"});
+  };
+  CHECK(dynamic("join_timeout=7").rdzv_timeout.count() == 7);
+  CHECK(dynamic("timeout=9").rdzv_timeout.count() == 9);
+  CHECK(dynamic("last_call_timeout=1.5").rdzv_last_call.count() == 1.5);
+  CHECK(dynamic("keep_alive_interval=2,keep_alive_max_attempt=4").heartbeat_timeout.count() == 8);
+  CHECK(dynamic("keep_alive_interval=2").heartbeat_timeout.count() == 6);  // torchrun's 3 attempts
+  CHECK(dynamic("is_host=false").rdzv_is_host == false);
+  CHECK(dynamic("is_host=1").rdzv_is_host == true);
+  CHECK_FALSE(dynamic("read_timeout=60,close_timeout=30,use_libuv=true,store_type=tcp,rank=0").rdzv_is_host);
+  CHECK_THROWS_WITH(dynamic("join_timeout=7,colour=blue"),
+                    Catch::Contains("--rdzv_conf: unknown key 'colour'") && Catch::Contains("join_timeout"));
+  CHECK_THROWS_WITH(dynamic("is_host=maybe"), Catch::Contains("--rdzv_conf is_host") && Catch::Contains("'maybe'"));
+  CHECK_THROWS_WITH(dynamic("join_timeout"), Catch::Contains("with a value for every key"));
+  CHECK_THROWS_WITH(dynamic("store_type=file"), Catch::Contains("TCP store"));
+  CHECK_THROWS_WITH(parse({"--rdzv_timeout=5", "--rdzv_conf=join_timeout=7", "prog"}),
+                    Catch::Contains("contradicts --rdzv_timeout"));
+  CHECK(parse({"--rdzv_timeout=7", "--rdzv_conf=join_timeout=7", "prog"}).rdzv_timeout.count() == 7);
+  // The static rendezvous has no is_host: node 0 hosts; said, not silently dropped.
+  const auto st = parse_command_line({"--rdzv_conf=is_host=true", "prog"});
+  CHECK_FALSE(st.options.rdzv_is_host);
+  REQUIRE(st.ignored.size() == 1);
+  CHECK_THAT(st.ignored.front(), Catch::Contains("is_host=true is ignored"));
+}
+
+TEST_CASE("torchrun's other flags: signals, local address, and the ones that mean nothing here") {
+  CHECK(parse({"--signals_to_handle=SIGTERM,usr1", "prog"}).signals_to_handle == std::set<int>{SIGTERM, SIGUSR1});
+  CHECK_THROWS_WITH(parse({"--signals_to_handle=SIGTERM,SIGKILL", "prog"}),
+                    Catch::Contains("'SIGKILL'") && Catch::Contains("SIGUSR2"));
+  CHECK(parse({"--local_addr=10.0.0.5", "prog"}).local_addr == "10.0.0.5");
+  for (const char* method : {"spawn", "fork", "forkserver"}) CHECK_NOTHROW(parse({"--start_method", method, "prog"}));
+  CHECK_THROWS_WITH(parse({"--start_method=thread", "prog"}), Catch::Contains("'thread'"));
+  CHECK_NOTHROW(parse({"--event_log_handler=null", "prog"}));
+  CHECK_THROWS_WITH(parse({"--event_log_handler=console", "prog"}), Catch::Contains("no event handlers"));
+  CHECK_THROWS_WITH(parse({"--logs_specs=mine", "prog"}), Catch::Contains("no log plugins"));
+  CHECK_THROWS_WITH(parse({"--numa_binding=node", "prog"}), Catch::Contains("--cpu_bind cores"));
+}
+
 TEST_CASE("without flags the options are LaunchOptions' own defaults") {
   // The flag table's defaults (options.cpp) are what a command line gets; the struct's
   // initialisers must say the same.
@@ -221,6 +323,8 @@ TEST_CASE("the worker environment overrides inherited launcher variables") {
                      .role = "default",
                      .master_addr = "10.1.1.1",
                      .master_port = 4242,
+                     .store_addr = "10.1.1.1",
+                     .store_port = 29500,
                      .restart_count = 1,
                      .max_restarts = 3,
                      .run_id = "r",
@@ -239,10 +343,19 @@ TEST_CASE("the worker environment overrides inherited launcher variables") {
   CHECK(has("ROLE_RANK=5"));
   CHECK(has("MASTER_ADDR=10.1.1.1"));
   CHECK(has("MASTER_PORT=4242"));
+  CHECK(has("MTRAIN_STORE_ADDR=10.1.1.1"));
+  CHECK(has("MTRAIN_STORE_PORT=29500"));
+  CHECK(has("TORCHELASTIC_USE_AGENT_STORE=False"));
+  CHECK(has("TORCH_NCCL_ASYNC_ERROR_HANDLING=1"));
   CHECK(has("TORCHELASTIC_RESTART_COUNT=1"));
   CHECK(has("MTRAIN_STORE_PREFIX=job/r/attempt_1"));
   CHECK(std::none_of(env.begin(), env.end(),
                      [](const std::string& e) { return e.rfind("OMP_NUM_THREADS=", 0) == 0; }));
+  // A user's NCCL setting is kept.
+  const auto user_nccl = build_worker_environment({"NCCL_ASYNC_ERROR_HANDLING=0"}, in);
+  CHECK(std::count(user_nccl.begin(), user_nccl.end(), "NCCL_ASYNC_ERROR_HANDLING=0") == 1);
+  CHECK(std::none_of(user_nccl.begin(), user_nccl.end(),
+                     [](const std::string& e) { return e == "NCCL_ASYNC_ERROR_HANDLING=1"; }));
   in.omp_num_threads = 1;
   const auto with_omp = build_worker_environment({}, in);
   CHECK(std::find(with_omp.begin(), with_omp.end(), "OMP_NUM_THREADS=1") != with_omp.end());
