@@ -26,15 +26,17 @@ void check_shard_arguments(const char* sampler, int64_t dataset_size, int rank, 
 }
 
 // The order every rank derives the same way for an epoch.
-std::vector<int64_t> global_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch) {
-  if (shuffle) return random_permutation(n, seed + static_cast<uint64_t>(epoch));
+std::vector<int64_t> global_order(int64_t n, bool shuffle, uint64_t seed, Permutation kind, int64_t epoch) {
+  if (shuffle) return permutation(kind, n, seed + static_cast<uint64_t>(epoch));
   std::vector<int64_t> order(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
   return order;
 }
 
-std::string order_description(bool shuffle, uint64_t seed) {
-  return shuffle ? fmt::format("shuffled (seed {} + epoch)", seed) : std::string("in order");
+std::string order_description(bool shuffle, uint64_t seed, Permutation kind) {
+  if (!shuffle) return "in order";
+  return fmt::format("shuffled ({}seed {} + epoch)", kind == Permutation::kTorch ? "torch.randperm's order, " : "",
+                     seed);
 }
 
 }  // namespace
@@ -47,7 +49,7 @@ std::string order_description(bool shuffle, uint64_t seed) {
 //   num_samples = drop_last && N % W != 0 ? ceil((N - W) / W)   (= floor(N / W))
 //                                         : ceil(N / W)
 //   total       = num_samples * W
-//   order       = shuffle ? random_permutation(N, seed + epoch) : 0, 1, ..., N-1
+//   order       = shuffle ? permutation(kind, N, seed + epoch) : 0, 1, ..., N-1
 //   not drop_last: order += order[:total - N], repeating the whole list as often as needed
 //                  when total - N > N (N = 2, W = 5: order a b -> a b a b a)
 //   drop_last:     order = order[:total]             (the tail is never visited)
@@ -57,16 +59,17 @@ std::string order_description(bool shuffle, uint64_t seed) {
 // collectives, in lock step. The price without drop_last is that total - N samples are visited
 // twice per epoch. That is harmless for training but skews evaluation metrics
 // (pytorch/pytorch#25162), which is why evaluation uses EvalShardSampler instead. The permutation
-// itself is mtrain's own (Note [Portable randomness]); the shards are PyTorch's function of that
-// permutation, not bit-identical to torch.randperm's.
+// is mtrain's own (Note [Portable randomness]) unless Permutation::kTorch asks for torch.randperm's
+// (Note [torch.randperm's order]); with it, every rank's shard is PyTorch's, index for index.
 DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world_size,
-                                       bool shuffle, uint64_t seed, bool drop_last)
+                                       bool shuffle, uint64_t seed, bool drop_last, Permutation permutation)
     : dataset_size_(dataset_size),
       rank_(rank),
       world_size_(world_size),
       shuffle_(shuffle),
       seed_(seed),
       drop_last_(drop_last),
+      permutation_(permutation),
       num_samples_(0) {
   check_shard_arguments("DistributedSampler", dataset_size, rank, world_size);
   const int64_t w = world_size;
@@ -76,7 +79,7 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {
-  const std::vector<int64_t> order = global_order(dataset_size_, shuffle_, seed_, epoch());
+  const std::vector<int64_t> order = global_order(dataset_size_, shuffle_, seed_, permutation_, epoch());
   std::vector<int64_t> shard;
   shard.reserve(static_cast<size_t>(num_samples_));
   // Position p of the padded (or truncated) list holds order[p % N]: padding appends
@@ -96,7 +99,7 @@ std::string DistributedSampler::describe() const {
       : total < dataset_size_ ? fmt::format(", last {} dropped", dataset_size_ - total)
                               : std::string();
   return fmt::format("distributed shard {} of {}: {} of {} items {}{}", rank_, world_size_,
-                     num_samples_, dataset_size_, order_description(shuffle_, seed_), adjustment);
+                     num_samples_, dataset_size_, order_description(shuffle_, seed_, permutation_), adjustment);
 }
 
 EvalShardSampler::EvalShardSampler(int64_t dataset_size, int rank, int world_size)
@@ -153,14 +156,15 @@ std::vector<int64_t> split_global_batch(int64_t global_batch, int world_size) {
 // it (DataLoaderOptions::batch_sizes).
 GlobalBatchShardSampler::GlobalBatchShardSampler(int64_t dataset_size, int rank, int world_size,
                                                  int64_t global_batch, bool shuffle,
-                                                 uint64_t seed, bool drop_last)
+                                                 uint64_t seed, bool drop_last, Permutation permutation)
     : dataset_size_(dataset_size),
       rank_(rank),
       world_size_(world_size),
       global_batch_(global_batch),
       shuffle_(shuffle),
       seed_(seed),
-      drop_last_(drop_last) {
+      drop_last_(drop_last),
+      permutation_(permutation) {
   check_shard_arguments("GlobalBatchShardSampler", dataset_size, rank, world_size);
   if (global_batch < 1) {
     throw InvalidArgument(fmt::format(
@@ -175,7 +179,7 @@ GlobalBatchShardSampler::GlobalBatchShardSampler(int64_t dataset_size, int rank,
 }
 
 std::vector<int64_t> GlobalBatchShardSampler::indices() const {
-  const std::vector<int64_t> order = global_order(dataset_size_, shuffle_, seed_, epoch());
+  const std::vector<int64_t> order = global_order(dataset_size_, shuffle_, seed_, permutation_, epoch());
   std::vector<int64_t> shard;
   shard.reserve(static_cast<size_t>(size_));
   for (size_t step = 0; step < batch_sizes_.size(); ++step) {
@@ -193,7 +197,7 @@ std::vector<int64_t> GlobalBatchShardSampler::indices() const {
 std::string GlobalBatchShardSampler::describe() const {
   return fmt::format(
       "global batch {} shard {} of {}: {} of {} items in {} steps {}{}", global_batch_, rank_,
-      world_size_, size_, dataset_size_, batch_sizes_.size(), order_description(shuffle_, seed_),
+      world_size_, size_, dataset_size_, batch_sizes_.size(), order_description(shuffle_, seed_, permutation_),
       drop_last_ && dataset_size_ % global_batch_ != 0 ? ", last partial global batch dropped"
                                                        : "");
 }

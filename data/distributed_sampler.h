@@ -1,6 +1,6 @@
 // Rank-aware samplers: each rank of a data-parallel job visits its own shard of the dataset, and
 // the shards are derived from one global order that every rank computes alone
-// (random_permutation(n, seed + epoch), data/random.h), so no communication is needed to agree
+// (permutation(kind, n, seed + epoch), data/random.h), so no communication is needed to agree
 // on them. Training shards give every rank the same number of steps, which keeps the ranks'
 // collectives in lock step (Note [DistributedSampler semantics], Note [Global batch sharding],
 // both in distributed_sampler.cpp). Each follows the Sampler contract (sampler.h).
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "data/random.h"
 #include "data/sampler.h"
 
 namespace mtrain::data {
@@ -20,8 +21,9 @@ namespace mtrain::data {
 class DistributedSampler final : public Sampler {
  public:
   // Throws InvalidArgument unless dataset_size >= 0, world_size >= 1, 0 <= rank < world_size.
+  // `permutation` is the shuffled order's generator: mtrain's, or torch.randperm's.
   DistributedSampler(int64_t dataset_size, int rank, int world_size, bool shuffle, uint64_t seed,
-                     bool drop_last);
+                     bool drop_last, Permutation permutation = Permutation::kMtrain);
 
   std::vector<int64_t> indices() const override;
   int64_t size() const override { return num_samples_; }  // num_samples
@@ -36,6 +38,7 @@ class DistributedSampler final : public Sampler {
   bool shuffle_;
   uint64_t seed_;
   bool drop_last_;
+  Permutation permutation_;
   int64_t num_samples_;
 };
 
@@ -72,7 +75,8 @@ class GlobalBatchShardSampler final : public Sampler {
   // Throws InvalidArgument unless dataset_size >= 0, world_size >= 1,
   // 0 <= rank < world_size and global_batch >= 1.
   GlobalBatchShardSampler(int64_t dataset_size, int rank, int world_size, int64_t global_batch,
-                          bool shuffle, uint64_t seed, bool drop_last);
+                          bool shuffle, uint64_t seed, bool drop_last,
+                          Permutation permutation = Permutation::kMtrain);
 
   // The concatenation of this rank's chunks, step by step.
   std::vector<int64_t> indices() const override;
@@ -91,6 +95,7 @@ class GlobalBatchShardSampler final : public Sampler {
   bool shuffle_;
   uint64_t seed_;
   bool drop_last_;
+  Permutation permutation_;
   std::vector<int64_t> batch_sizes_;
   int64_t size_ = 0;
 };

@@ -6,8 +6,8 @@
 // classes are not: libstdc++ and libc++ turn the same engine into different numbers.
 // Shuffles and synthetic images must be identical on every machine and every rank (ranks
 // derive their shards from the same permutation), so the few distributions needed are
-// written out here. Bit-exact parity with torch.randperm is not a goal (it would need
-// PyTorch's own generator); what matters is that every rank computes the same order.
+// written out here. What matters is that every rank computes the same order; parity with
+// a PyTorch run's order is a separate choice (Permutation::kTorch, torch_randperm).
 #pragma once
 
 #include <cmath>
@@ -55,6 +55,21 @@ inline std::vector<int64_t> random_permutation(int64_t n, uint64_t seed) {
     std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
   }
   return order;
+}
+
+// Which permutation a shuffling sampler draws (--shuffle-order).
+enum class Permutation {
+  kMtrain,  // random_permutation above
+  kTorch,   // torch_randperm below: PyTorch's DistributedSampler order
+};
+
+// torch.randperm(n, generator=g) on the CPU after g.manual_seed(seed), element for element
+// (Note [torch.randperm's order] in random.cpp). Throws InvalidArgument for n at or
+// beyond PyTorch's small-n limit (2^32 / 20), where PyTorch switches algorithms.
+std::vector<int64_t> torch_randperm(int64_t n, uint64_t seed);
+
+inline std::vector<int64_t> permutation(Permutation kind, int64_t n, uint64_t seed) {
+  return kind == Permutation::kTorch ? torch_randperm(n, seed) : random_permutation(n, seed);
 }
 
 }  // namespace mtrain::data

@@ -112,6 +112,19 @@ void read_later(CommandLine& line, const std::string&, const std::string& value)
 
 void read_nothing(CommandLine&, const std::string&, const std::string&) {}
 
+// torchrun's flags that have no meaning here: refused with the reason.
+constexpr char kNoLogPlugins[] =
+    "mtrain-launch loads no log plugins; the log layout is fixed (--log_dir, --redirects, --tee, "
+    "--local_ranks_filter; docs/launcher.md, \"Logs\")";
+constexpr char kNoNumaBinding[] =
+    "NUMA binding is not supported; --cpu_bind cores gives each worker its own neighbouring CPUs "
+    "(docs/launcher.md, \"CPU binding\")";
+
+template <const char* kReason>
+void refuse(CommandLine&, const std::string& flag, const std::string& value) {
+  throw InvalidArgument(fmt::format("{} {}: {}", flag, value, kReason));
+}
+
 // Every launcher flag, in the order of --help and of reading: when several values are
 // wrong, the first one here is reported. The dependent flags are resolved after all.
 constexpr Flag kFlags[] = {
@@ -237,19 +250,8 @@ constexpr Flag kFlags[] = {
        }
      }},
     {"logs_specs", 0, "NAME", nullptr, "refused: there are no log plugins (docs/launcher.md)",
-     [](CommandLine&, const std::string& flag, const std::string& value) {
-       throw InvalidArgument(fmt::format(
-           "{} {}: mtrain-launch loads no log plugins; the log layout is fixed "
-           "(--log_dir, --redirects, --tee, --local_ranks_filter; docs/launcher.md, \"Logs\")",
-           flag, value));
-     }},
-    {"numa_binding", 0, "MODE", nullptr, "refused: use --cpu_bind cores",
-     [](CommandLine&, const std::string& flag, const std::string& value) {
-       throw InvalidArgument(fmt::format(
-           "{} {}: NUMA binding is not supported; --cpu_bind cores gives each worker its own "
-           "neighbouring CPUs (docs/launcher.md, \"CPU binding\")",
-           flag, value));
-     }},
+     refuse<kNoLogPlugins>},
+    {"numa_binding", 0, "MODE", nullptr, "refused: use --cpu_bind cores", refuse<kNoNumaBinding>},
     {"help", 'h', nullptr, nullptr, "this text", read_nothing},
 };
 

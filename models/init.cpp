@@ -30,9 +30,10 @@ namespace mtrain::models {
 InitScheme parse_init_scheme(const std::string& name) {
   if (name == "default") return InitScheme::kPyTorchDefault;
   if (name == "normal") return InitScheme::kNormal;
+  if (name == "xavier") return InitScheme::kXavier;
   throw InvalidArgument(
-      fmt::format("unknown init scheme '{}': expected 'default' (PyTorch's) or 'normal' "
-                  "(N(0, 0.01) weights, zero biases)",
+      fmt::format("unknown init scheme '{}': expected 'default' (PyTorch's), 'normal' "
+                  "(N(0, 0.01) weights, zero biases) or 'xavier' (Xavier-uniform weights)",
                   name));
 }
 
@@ -43,6 +44,13 @@ void ParameterInitializer::init_weight(Tensor& weight, int64_t fan_in) {
   MTRAIN_CHECK(fan_in > 0, "fan_in {} for {}", fan_in, weight.str());
   if (scheme_ == InitScheme::kNormal) {
     fill_normal(weight, 0.0f, 0.01f);
+  } else if (scheme_ == InitScheme::kXavier) {
+    // nn.init.xavier_uniform_ with gain 1: U(-a, a), a = sqrt(6 / (fan_in + fan_out)),
+    // fan_out = out_channels x receptive field = numel / in_channels.
+    MTRAIN_CHECK(weight.shape().size() >= 2, "xavier init of {}: expected [out, in, ...]", weight.str());
+    const int64_t fan_out = weight.numel() / weight.shape()[1];
+    const float bound = std::sqrt(6.0f / static_cast<float>(fan_in + fan_out));
+    fill_uniform(weight, -bound, bound);
   } else {
     const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
     fill_uniform(weight, -bound, bound);

@@ -12,9 +12,11 @@
 
 namespace mtrain::models {
 
-enum class InitScheme { kPyTorchDefault, kNormal };
+// kXavier: nn.init.xavier_uniform_ weights (d2l's LeNet recipe), PyTorch's default biases.
+enum class InitScheme { kPyTorchDefault, kNormal, kXavier };
 
-// "default" -> kPyTorchDefault, "normal" -> kNormal; anything else is InvalidArgument.
+// "default" -> kPyTorchDefault, "normal" -> kNormal, "xavier" -> kXavier; anything else
+// is InvalidArgument.
 InitScheme parse_init_scheme(const std::string& name);
 
 struct InitOptions {
@@ -28,7 +30,8 @@ class ParameterInitializer {
   explicit ParameterInitializer(const InitOptions& options);
 
   InitScheme scheme() const { return scheme_; }
-  // A conv or linear weight with the given fan-in, per the scheme.
+  // A conv or linear weight with the given fan-in, per the scheme (its fan-out, for
+  // kXavier, comes from its shape: [out, in, k...]).
   void init_weight(Tensor& weight, int64_t fan_in);
   // A conv or linear bias whose layer has the given fan-in, per the scheme.
   void init_bias(Tensor& bias, int64_t fan_in);

@@ -20,7 +20,7 @@ namespace mtrain {
 namespace {
 
 constexpr const char* kLogLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
-constexpr const char* kInitSchemes[] = {"default", "normal"};
+constexpr const char* kInitSchemes[] = {"default", "normal", "xavier"};
 
 bool contains(const std::vector<std::string>& names, const std::string& name) {
   for (const auto& n : names) {
@@ -141,6 +141,7 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
   check_choice("--model", o.model, choices.models);
   check_choice("--dataset", o.dataset, choices.datasets);
   check_choice("--init", o.init, {std::begin(kInitSchemes), std::end(kInitSchemes)});
+  check_choice("--shuffle-order", o.shuffle_order, {"mtrain", "torch"});
   check_choice("--log-level", o.log_level, {std::begin(kLogLevels), std::end(kLogLevels)});
   if (o.epochs < 1) throw InvalidArgument(fmt::format("--epochs: expected an integer >= 1, found {}", o.epochs));
   if (o.max_steps && *o.max_steps < 0) {
@@ -247,7 +248,7 @@ cxxopts::Options train_command_spec(const TrainChoices& choices) {
     ("model", fmt::format("model: {}", fmt::join(choices.models, "|")), cxxopts::value<std::string>()->default_value(d.model))
     ("dataset", fmt::format("dataset: {}", fmt::join(choices.datasets, "|")), cxxopts::value<std::string>()->default_value(d.dataset))
     ("data-dir", "directory with the IDX files (default: data/<dataset> if it holds the full set, else the shipped mini set)", cxxopts::value<std::string>())
-    ("init", "initialisation: default (PyTorch's) | normal (N(0, 0.01) conv/linear weights, as d2l)", cxxopts::value<std::string>()->default_value(d.init))
+    ("init", "initialisation: default (PyTorch's) | normal (N(0, 0.01) conv/linear weights, as d2l) | xavier (nn.init.xavier_uniform_ conv/linear weights, d2l's LeNet recipe)", cxxopts::value<std::string>()->default_value(d.init))
     ("init-from", "start from the weights in this safetensors file", cxxopts::value<std::string>())
     ("seed", "seed for initialisation, shuffling and synthetic data", cxxopts::value<std::string>()->default_value(std::to_string(d.seed)));
   spec.add_options("Training")
@@ -259,6 +260,8 @@ cxxopts::Options train_command_spec(const TrainChoices& choices) {
     ("weight-decay", "L2 penalty added to the gradient (torch.optim.SGD weight_decay)", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.weight_decay)))
     ("nesterov", "Nesterov momentum")
     ("no-shuffle", "read the training set in file order (to compare runs with other frameworks)")
+    ("shuffle-order", "the shuffled order: mtrain (its own generator) | torch (torch.randperm's for a generator seeded --seed + epoch, as PyTorch's DistributedSampler draws it)", cxxopts::value<std::string>()->default_value(d.shuffle_order))
+    ("drop-last", "the training sampler drops the last N mod world-size images instead of repeating some (DistributedSampler's drop_last); with --global-batch-size, the last partial global batch")
     ("threads", "intra-op threads (default: OMP_NUM_THREADS if set, else 1 per rank when several ranks share the node, else every core)", cxxopts::value<std::string>());
   spec.add_options("Device")
     ("device", "where each replica trains: auto (its GPU when one is usable, else the CPU) | cuda | cpu", cxxopts::value<std::string>()->default_value(d.device))
@@ -349,6 +352,8 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   read_double(r, "weight-decay", o.weight_decay);
   o.nesterov = switch_on(r, "nesterov");
   o.shuffle = !switch_on(r, "no-shuffle");
+  o.shuffle_order = r["shuffle-order"].as<std::string>();
+  o.drop_last = switch_on(r, "drop-last");
   if (r.count("threads") != 0) {
     int threads = 0;
     read_int(r, "threads", threads, 1, 4096);

@@ -27,8 +27,10 @@ struct TrainOptions {
   bool nesterov = false;
   uint64_t seed = 0;
   std::optional<int> threads;           // unset: see resolve_num_threads (environment.h)
-  std::string init = "default";         // "default" (PyTorch) or "normal" (d2l N(0, 0.01))
+  std::string init = "default";         // "default" (PyTorch), "normal" (d2l N(0, 0.01)), "xavier"
   bool shuffle = true;
+  std::string shuffle_order = "mtrain"; // "mtrain" or "torch" (torch.randperm's, DistributedSampler's)
+  bool drop_last = false;               // the training sampler drops the tail instead of padding
   std::string init_from;                // safetensors to start from; empty = fresh init
   std::string save_final;               // safetensors to write at the end; empty = none
   std::string metrics;                  // JSON lines file; empty = none

@@ -77,6 +77,22 @@ TEST_CASE("an unreachable master fails after --rdzv_timeout, naming the address"
   CHECK(r.seconds < 8);
 }
 
+TEST_CASE("--rdzv_conf is_host and --local_addr do what they say, or say why not") {
+  TempDir dir;
+  const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(free_port());
+  // is_host=false never hosts: with nobody else hosting, the join times out.
+  const auto joiner = run_launcher({endpoint, "--rdzv_conf=is_host=false,join_timeout=1", "true"}, dir.path(), 15);
+  check_one_line_error(joiner, "could not join the rendezvous store");
+  // Without it the same launcher hosts the endpoint itself and runs.
+  CHECK(run_launcher({endpoint, "--rdzv_conf=join_timeout=1", "true"}, dir.path(), 15).exit_code == 0);
+  // is_host=true must host: an endpoint that is not this machine's is its bind error.
+  check_one_line_error(run_launcher({"--rdzv_endpoint=192.0.2.1:29400", "--rdzv_conf=is_host=true", "true"},
+                                    dir.path(), 15),
+                       "192.0.2.1");
+  check_one_line_error(run_launcher({"--local_addr=192.0.2.1", "true"}, dir.path(), 15),
+                       "--local_addr 192.0.2.1: expected an address of this node");
+}
+
 TEST_CASE("a missing or non-executable program is a clear error") {
   TempDir dir;
   check_one_line_error(run_launcher({"/nonexistent/prog"}, dir.path(), 10), "does not exist");

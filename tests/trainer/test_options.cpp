@@ -73,6 +73,15 @@ TEST_CASE("the defaults are valid and flags override them", "[options]") {
   CHECK_FALSE(parse({"--sync-bn=false"}).options.sync_bn);
   CHECK(parse({"--no-eval=false"}).options.eval);
   CHECK(parse({"--sync-bn=true"}).options.sync_bn);
+  CHECK(defaults.options.shuffle_order == "mtrain");
+  CHECK_FALSE(defaults.options.drop_last);
+  const auto parity = parse({"--shuffle-order", "torch", "--drop-last", "--init", "xavier"}).options;
+  CHECK(parity.shuffle_order == "torch");
+  CHECK(parity.drop_last);
+  CHECK(parity.init == "xavier");
+  CHECK_NOTHROW(mtrain::validate_train_options(parity, kChoices));
+  CHECK_THROWS_WITH(mtrain::validate_train_options(parse({"--shuffle-order", "numpy"}).options, kChoices),
+                    Catch::Contains("--shuffle-order") && Catch::Contains("numpy"));
 
   CHECK(defaults.options.backend == "auto");
   CHECK(defaults.options.bucket_cap_mb == 25.0);

@@ -280,6 +280,15 @@ TEST_CASE("bad input is one line on stderr and a non-zero exit", "[e2e]") {
   for (const auto& name : mtrain::models::model_names()) CHECK_THAT(r.err, Contains(name));
 }
 
+TEST_CASE("PyTorch parity options: torch.randperm's order, --drop-last, --init xavier", "[e2e]") {
+  const auto r = train({"--model", "lenet", "--init", "xavier", "--shuffle-order", "torch", "--drop-last",
+                        "--global-batch-size", "64", "--max-steps", "2", "--no-eval"});
+  require_success(r);
+  // 6,000 images in global batches of 64: the last 48 are dropped, in PyTorch's order.
+  CHECK_THAT(r.out, Contains("93 steps shuffled (torch.randperm's order, seed 0 + epoch), last partial global "
+                             "batch dropped"));
+}
+
 TEST_CASE("--help prints the flags and exits 0", "[e2e]") {
   const auto r = mtrain::testing::run_process(kBinary, {"--help"});
   CHECK(r.exit_code == 0);

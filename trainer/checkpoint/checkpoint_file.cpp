@@ -91,7 +91,9 @@ const std::map<std::string, std::string>& unrecorded_defaults() {
   static const std::map<std::string, std::string> defaults = {{"--amp", "off"},
                                                               {"--loss-scale", "none"},
                                                               {"--grad-compression", "none"},
-                                                              {"--loss-scale-growth-interval", "2000"}};
+                                                              {"--loss-scale-growth-interval", "2000"},
+                                                              {"--shuffle-order", "mtrain"},
+                                                              {"--drop-last", "off"}};
   return defaults;
 }
 

@@ -31,6 +31,8 @@ std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t tra
   add("--seed", std::to_string(o.seed));
   add("--init", o.init_from.empty() ? o.init : "file");
   add("--no-shuffle", o.shuffle ? "off" : "on");
+  add("--shuffle-order", o.shuffle_order);
+  add("--drop-last", o.drop_last ? "on" : "off");
   add("--no-eval", o.eval ? "off" : "on");
   add("--backend", o.backend);
   // Replicas on different kinds of device would round differently and drift apart.
@@ -81,6 +83,8 @@ RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size,
       {"--nesterov", o.nesterov ? "on" : "off"},
       {"--seed", std::to_string(o.seed)},
       {"--no-shuffle", o.shuffle ? "off" : "on"},
+      {"--shuffle-order", o.shuffle_order},
+      {"--drop-last", o.drop_last ? "on" : "off"},
       {"--sync-bn", o.sync_bn ? "on" : "off"},
       {"--lr-scaling", o.lr_scaling},
       {"--warmup-epochs", fmt::format("{}", o.warmup_epochs)},

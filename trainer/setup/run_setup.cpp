@@ -295,13 +295,15 @@ void make_loaders(const TrainOptions& o, TrainingRun& run) {
   const int rank = run.env.rank, world = run.env.world_size;
   const int64_t train_size = run.train_set->size();
   const bool pinned = run.compute().is_cuda();
+  const auto permutation = o.shuffle_order == "torch" ? data::Permutation::kTorch : data::Permutation::kMtrain;
   if (o.global_batch_size && o.sync_bn && run.groups) require_every_rank_a_share(o, train_size, world);
   if (o.global_batch_size) {
     auto sampler = std::make_shared<data::GlobalBatchShardSampler>(train_size, rank, world, *o.global_batch_size,
-                                                                   o.shuffle, o.seed, false);
+                                                                   o.shuffle, o.seed, o.drop_last, permutation);
     run.train_loader = make_loader(run.train_set, sampler, *o.global_batch_size, pinned, sampler->batch_sizes());
   } else {
-    auto sampler = std::make_shared<data::DistributedSampler>(train_size, rank, world, o.shuffle, o.seed, false);
+    auto sampler =
+        std::make_shared<data::DistributedSampler>(train_size, rank, world, o.shuffle, o.seed, o.drop_last, permutation);
     run.train_loader = make_loader(run.train_set, sampler, o.batch_size, pinned);
   }
   if (o.eval) {
