@@ -122,6 +122,21 @@ TEST_CASE("two launchers as two nodes on loopback run a PyTorch script as one wo
   require_success(r0);
   require_success(r1);
   CHECK(losses(r0.out) == reference);
+
+  SECTION("and through the dynamic rendezvous on a loopback endpoint, without a token") {
+    // The issue's own command shape: --nnodes=MIN:MAX --rdzv-endpoint=localhost:PORT.
+    const std::vector<std::string> dynamic = {"--nnodes=2:2", "--nproc_per_node=2",
+                                              "--rdzv-endpoint=localhost:" + std::to_string(unused_loopback_port()),
+                                              "--rdzv-id=torchjob", script("ddp_tutorial.py")};
+    LauncherProcess a(dynamic, dir.path(), kEnv, "dyn_a");
+    LauncherProcess b(dynamic, dir.path(), kEnv, "dyn_b");
+    const LaunchResult ra = a.wait(120), rb = b.wait(120);
+    require_success(ra);
+    require_success(rb);
+    CHECK_THAT(ra.err + rb.err, Catch::Contains("MTRAIN_STORE_TOKEN is not set: the launchers' store on loopback"));
+    // Whichever launcher joined first is node 0 and prints rank 0's losses.
+    CHECK(losses(ra.out + rb.out) == reference);
+  }
 }
 
 TEST_CASE("--no_python runs a .py program directly, by its #! line") {
