@@ -19,8 +19,9 @@
 //   (nothing ships for MNIST).
 // * synthetic: generated from the seed, no directory (and --data-dir is an error).
 // "data/" is looked for in the current directory first, then at <exe dir>/../../data
-// (build/bin/../../data is the project's data/), so `./build/bin/mtrain-train` works from the
-// project root and from anywhere else. A full set in either place wins over the mini set in either
+// (build/bin/../../data is the project's data/), then at <exe dir>/../share/mtrain/data (where
+// `cmake --install` puts the shipped set), so `./build/bin/mtrain-train` and an installed
+// mtrain-train work from the project root and from anywhere else. A full set in either place wins over the mini set in either
 // place.
 
 namespace mtrain::data {
@@ -58,8 +59,12 @@ std::vector<fs::path> default_data_roots() {
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    const fs::path beside_build = (exe.parent_path() / ".." / ".." / "data").lexically_normal();
-    if (beside_build != roots.front().lexically_normal()) roots.push_back(beside_build);
+    // build/bin/../../data in a checkout; <prefix>/bin/../share/mtrain/data once installed.
+    for (const fs::path& candidate : {exe.parent_path() / ".." / ".." / "data",
+                                      exe.parent_path() / ".." / "share" / "mtrain" / "data"}) {
+      const fs::path root = candidate.lexically_normal();
+      if (std::find(roots.begin(), roots.end(), root) == roots.end()) roots.push_back(root);
+    }
   }
   return roots;
 }

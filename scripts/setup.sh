@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Installs mtrain's Debian dependencies (only those missing), then configures and builds
-# into build/. Idempotent: a second run installs nothing and rebuilds only what changed.
+# Installs mtrain's Debian dependencies (only those missing), configures and builds into
+# build/, then installs the binaries under PREFIX (default /usr/local: mtrain-launch,
+# mtrain-train and mtrain-bench on PATH, the shipped data beside them). Idempotent: a
+# second run installs no package and rebuilds only what changed.
 #
-#   bash scripts/setup.sh            # Release build in build/
+#   bash scripts/setup.sh            # Release build in build/, installed in /usr/local
 #   BUILD_DIR=out CMAKE_ARGS="-DMTRAIN_CUDA=OFF" bash scripts/setup.sh
+#   PREFIX=$HOME/.local bash scripts/setup.sh    # install without root
+#   PREFIX= bash scripts/setup.sh                # build only, install nothing
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -54,3 +58,12 @@ fi
 cmake -S "$root" -B "$build_dir" -G Ninja ${CMAKE_ARGS:-}
 cmake --build "$build_dir" -j "$jobs"
 echo "setup: built into $build_dir/bin"
+
+prefix=${PREFIX-/usr/local}
+if [[ -n $prefix ]]; then
+  install_cmd=(cmake --install "$build_dir" --prefix "$prefix")
+  if [[ $(id -u) -ne 0 && ! -w $prefix ]] && command -v sudo >/dev/null; then install_cmd=(sudo "${install_cmd[@]}"); fi
+  "${install_cmd[@]}" >/dev/null
+  echo "setup: installed mtrain-launch, mtrain-train and mtrain-bench in $prefix/bin"
+  case ":$PATH:" in *":$prefix/bin:"*) ;; *) echo "setup: add $prefix/bin to PATH to run them by name" ;; esac
+fi

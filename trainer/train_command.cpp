@@ -40,10 +40,40 @@ EvalResult allreduce_eval(ProcessGroup& group, const EvalResult& local) {
   return {loss_sum, counts.data<int64_t>()[0], counts.data<int64_t>()[1]};
 }
 
-void replica_check(ProcessGroup& group, models::Module& model, int64_t step) {
+// --check-replicas: how many checks passed, for the log (a failed one throws).
+struct ReplicaChecks {
+  int64_t passed = 0;
+  int64_t first_step = 0;
+  int64_t last_step = 0;
+};
+
+void replica_check(ProcessGroup& group, models::Module& model, int64_t step, ReplicaChecks& checks, int64_t every) {
   const uint64_t h = hash_parameters(model);
   require_same_on_all_ranks(group, {{"the parameters", h, fmt::format("hash {:016x}", h)}},
                             fmt::format("replica check after step {}: the model", step));
+  if (checks.passed++ == 0) {
+    checks.first_step = step;
+    spdlog::info("replica check after step {}: all {} ranks hold the same parameters (hash {:016x}); checking every {} "
+                 "steps",
+                 step, group.size(), h, every);
+  } else {
+    spdlog::debug("replica check after step {}: identical (hash {:016x})", step, h);
+  }
+  checks.last_step = step;
+}
+
+// Why training ended, in one line: the epochs or --max-steps, whichever came first.
+void log_end_of_training(const TrainOptions& o, const TrainResult& result) {
+  const int64_t steps = result.end.total_steps;
+  if (o.max_steps && steps >= *o.max_steps) {
+    spdlog::info("training ended at step {}: --max-steps {} reached in epoch {} of --epochs {}", steps, *o.max_steps,
+                 result.end.epoch, o.epochs);
+  } else if (o.max_steps) {
+    spdlog::info("training ended after --epochs {} at step {}, before --max-steps {} (raise --epochs to train longer)",
+                 o.epochs, steps, *o.max_steps);
+  } else {
+    spdlog::info("training ended after --epochs {} ({} steps)", o.epochs, steps);
+  }
 }
 
 // --max-steps 0: the initial weights are evaluated, nothing is trained.
@@ -58,12 +88,12 @@ void evaluate_initial_weights(TrainingRun& run) {
 
 // What the loop calls out for in a data-parallel run: epoch and evaluation sums over
 // the ranks, replica checks, buffers from rank 0, the reducer's metrics.
-void add_data_parallel_hooks(const TrainOptions& o, TrainingRun& run, TrainLoopHooks& hooks) {
+void add_data_parallel_hooks(const TrainOptions& o, TrainingRun& run, TrainLoopHooks& hooks, ReplicaChecks& checks) {
   ProcessGroup& control = *run.control();
   models::Module& model = *run.model;
   if (o.check_replicas > 0) {
-    hooks.after_step = [&control, &model, every = o.check_replicas](int64_t step) {
-      if (step % every == 0) replica_check(control, model, step);
+    hooks.after_step = [&control, &model, &checks, every = o.check_replicas](int64_t step) {
+      if (step % every == 0) replica_check(control, model, step, checks, every);
     };
   }
   hooks.combine_epoch = [&control](EpochSummary& s) {
@@ -83,7 +113,7 @@ void add_data_parallel_hooks(const TrainOptions& o, TrainingRun& run, TrainLoopH
   };
 }
 
-TrainResult train(const TrainOptions& o, TrainingRun& run) {
+TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks) {
   TrainLoopConfig config;
   config.epochs = o.epochs;
   config.max_steps = o.max_steps;
@@ -109,7 +139,7 @@ TrainResult train(const TrainOptions& o, TrainingRun& run) {
       checkpointer->save(p, reason);
     };
   }
-  if (run.groups) add_data_parallel_hooks(o, run, config.hooks);
+  if (run.groups) add_data_parallel_hooks(o, run, config.hooks, checks);
   TrainLoop loop(*run.model, *run.optimizer, *run.sync, *run.train_loader, run.test_loader.get(), run.metrics,
                  config);
   const TrainResult result = loop.run();
@@ -201,11 +231,19 @@ int run_train_command(const TrainOptions& o) {
   if (o.max_steps && *o.max_steps == 0) {
     evaluate_initial_weights(run);
   } else {
-    const TrainResult result = train(o, run);
+    ReplicaChecks checks;
+    const TrainResult result = train(o, run, checks);
     steps = result.end.total_steps;
     if (result.stop_vote != 0) return finish_stopped_run(run, result);
-    if (run.control() && o.check_replicas > 0 && steps % o.check_replicas != 0) {
-      replica_check(*run.control(), *run.model, steps);
+    log_end_of_training(o, result);
+    if (run.control() && o.check_replicas > 0) {
+      if (steps % o.check_replicas != 0) replica_check(*run.control(), *run.model, steps, checks, o.check_replicas);
+      if (checks.passed > 0) {
+        spdlog::info("replica checks: {} after steps {}..{}, every rank held the same parameters each time",
+                     checks.passed, checks.first_step, checks.last_step);
+      }
+    } else if (o.check_replicas > 0) {
+      spdlog::info("--check-replicas: nothing to check in a world of one");
     }
   }
   if (const int sig = pending_stop_signal(); sig != 0) {

@@ -21,6 +21,18 @@ bool& thread_adopted() {
   return adopted;
 }
 
+// Why no GPU is usable, in plain words for the common cases (a CPU-only machine has no
+// driver at all, which CUDA calls an insufficient driver), with CUDA's name for the rest.
+std::string no_gpu_reason(cudaError_t err, int driver_version) {
+  if (err == cudaErrorInsufficientDriver && driver_version == 0) return "no NVIDIA driver is installed";
+  if (err == cudaErrorInsufficientDriver) {
+    return fmt::format("the NVIDIA driver supports CUDA {}.{}, older than this build needs", driver_version / 1000,
+                       (driver_version % 1000) / 10);
+  }
+  if (err == cudaErrorNoDevice) return "the driver finds no NVIDIA GPU";
+  return fmt::format("{} ({})", cudaGetErrorString(err), cudaGetErrorName(err));
+}
+
 CudaInfo query() {
   CudaInfo info;
   info.compiled = true;
@@ -32,7 +44,7 @@ CudaInfo query() {
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear the sticky error so later calls start clean
     info.device_count = 0;
-    info.reason = fmt::format("{} ({})", cudaGetErrorString(err), cudaGetErrorName(err));
+    info.reason = no_gpu_reason(err, info.driver_version);
     return info;
   }
   info.device_count = n;

@@ -229,6 +229,15 @@ TEST_CASE("replicas stay bitwise identical; only rank 0 logs; the epoch line nam
   CHECK_THAT(r.out + r.err, Contains("img/s on [cpu:0, cpu:1]"));
   // Only rank 0 logs at info level.
   CHECK_THAT(r.out + r.err, !Contains("[rank 1]"));
+  // The checks are visible: the first one, then how many passed.
+  CHECK_THAT(r.out + r.err, Contains("replica check after step 1: all 2 ranks hold the same parameters (hash ") &&
+                                Contains("); checking every 1 steps"));
+  const int64_t steps = epochs[0]["step"].get<int64_t>();
+  CHECK_THAT(r.out + r.err, Contains(fmt::format("replica checks: {} after steps 1..{}, every rank held the same "
+                                                 "parameters each time",
+                                                 steps, steps)));
+  // Why training ended, in words.
+  CHECK_THAT(r.out + r.err, Contains("training ended at step " + std::to_string(steps) + ": --max-steps"));
 }
 
 TEST_CASE("the reducer launches a bucket's all-reduce while backward is still running", "[multiproc]") {

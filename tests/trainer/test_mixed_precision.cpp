@@ -227,6 +227,10 @@ TEST_CASE("mixed precision without the CPU's support, and bad loss-scale flags, 
     INFO("stderr:\n" << r.err);
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.err, Contains("--amp fp16: cpu has no float16 convolutions (oneDNN needs AVX512_FP16"));
+    // The suggestion is the option that works on this CPU.
+    CHECK_THAT(r.err, Contains(mtrain::ops::compute_dtype_supported(DType::BFloat16, mtrain::Device::cpu())
+                                   ? "use --amp bf16 instead"
+                                   : "run without --amp"));
     CHECK_THAT(r.out, !Contains("train set"));
   }
   if (!mtrain::ops::compute_dtype_supported(DType::BFloat16, mtrain::Device::cpu())) {  // e.g. AVX2 only

@@ -167,7 +167,7 @@ TEST_CASE("bad values are one clear InvalidArgument naming the flag", "[options]
       {{"--seed", "-3"}, "--seed: expected an integer >= 0"},
       {{"--model", "alexnet"}, "--model: unknown value 'alexnet' (valid: lenet, mlp, resnet18, simplecnn)"},
       {{"--dataset", "cifar"}, "--dataset: unknown value 'cifar' (valid: fashion-mnist, mnist, synthetic)"},
-      {{"--init", "xavier"}, "--init: unknown value 'xavier' (valid: default, normal)"},
+      {{"--init", "kaiming"}, "--init: unknown value 'kaiming' (valid: default, normal, xavier)"},
       {{"--log-level", "loud"}, "--log-level: unknown value 'loud'"},
       {{"--save-final", ""}, "--save-final: expected a path, found an empty string"},
       {{"--init-from", "w.safetensors", "--save-final", "w.safetensors"},

@@ -289,6 +289,16 @@ TEST_CASE("PyTorch parity options: torch.randperm's order, --drop-last, --init x
                              "batch dropped"));
 }
 
+TEST_CASE("the log says why training ended: the epochs or --max-steps, whichever came first", "[e2e]") {
+  const auto by_epochs = train({"--model", "mlp", "--epochs", "1", "--max-steps", "400", "--no-eval"});
+  require_success(by_epochs);
+  CHECK_THAT(by_epochs.out, Contains("training ended after --epochs 1 at step 24, before --max-steps 400 (raise "
+                                     "--epochs to train longer)"));
+  const auto by_steps = train({"--model", "mlp", "--max-steps", "3", "--no-eval"});
+  require_success(by_steps);
+  CHECK_THAT(by_steps.out, Contains("training ended at step 3: --max-steps 3 reached in epoch 1 of --epochs 10"));
+}
+
 TEST_CASE("--help prints the flags and exits 0", "[e2e]") {
   const auto r = mtrain::testing::run_process(kBinary, {"--help"});
   CHECK(r.exit_code == 0);

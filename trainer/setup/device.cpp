@@ -46,7 +46,7 @@ DeviceBinding bind_device(const DeviceRequest& r, bool mpi_launched) {
     b.device = Device::cpu(r.local_rank);
     b.backend = resolve_backend(r.backend, false, mpi_launched);
     b.reason = r.device == "cpu" ? "--device cpu"
-                                 : fmt::format("--device auto and no usable GPU ({})", r.no_gpu_reason);
+                                 : fmt::format("no GPU is usable ({}), so the CPU trains", r.no_gpu_reason);
     if (backend_info(b.backend).device_tensors_only) {
       throw InvalidArgument(fmt::format(
           "--backend {} needs GPUs, but this rank trains on the CPU: use --backend gloo or mpi", b.backend));

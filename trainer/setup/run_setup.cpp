@@ -59,12 +59,18 @@ DType amp_compute_dtype(const TrainOptions& o, const Device& device) {
   if (o.amp == "off") return DType::Float32;
   const DType t = o.amp == "bf16" ? DType::BFloat16 : DType::Float16;
   if (!ops::compute_dtype_supported(t, device)) {
+    // Suggest what works here: the other half type when this device has it.
+    const DType other = t == DType::BFloat16 ? DType::Float16 : DType::BFloat16;
+    const std::string suggestion = ops::compute_dtype_supported(other, device)
+                                       ? fmt::format("use --amp {} instead", other == DType::BFloat16 ? "bf16" : "fp16")
+                                       : std::string("run without --amp");
     throw InvalidArgument(fmt::format(
-        "--amp {}: {} has no {} convolutions ({}); run without --amp", o.amp, device.str(), dtype_name(t),
+        "--amp {}: {} has no {} convolutions ({}); {}", o.amp, device.str(), dtype_name(t),
         device.is_cuda() ? (t == DType::BFloat16 ? "bfloat16 needs compute capability 8.0 or newer"
                                                  : "float16 needs compute capability 7.0 or newer")
                          : (t == DType::BFloat16 ? "oneDNN needs AVX512_BF16, or at least AVX-512, for them"
-                                                 : "oneDNN needs AVX512_FP16 for them")));
+                                                 : "oneDNN needs AVX512_FP16 for them"),
+        suggestion));
   }
   return t;
 }
@@ -264,8 +270,15 @@ void resume_from_checkpoint(const TrainOptions& o, TrainingRun& run, StartupStop
   run.resumed = run.checkpointer->resume();
   if (const auto& r = run.resumed) {
     startup.at_position(r->epoch, r->total_steps);
-    spdlog::info("resuming from {}: epoch {}, {} steps done in it, {} in total{}", run.checkpointer->path(), r->epoch,
-                 r->steps_in_epoch, r->total_steps, r->epoch_finished ? " (epoch finished)" : "");
+    const int64_t per_epoch = (run.train_loader->num_batches() + o.grad_accum - 1) / o.grad_accum;
+    // An epoch summarised at a --max-steps cut is "finished" in the file but not done.
+    const std::string where =
+        !r->epoch_finished ? fmt::format("epoch {}, {} of its {} steps done", r->epoch, r->steps_in_epoch, per_epoch)
+        : r->steps_in_epoch >= per_epoch
+            ? fmt::format("epoch {} finished", r->epoch)
+            : fmt::format("epoch {} stopped by --max-steps after {} of its {} steps; the rest of it follows",
+                          r->epoch, r->steps_in_epoch, per_epoch);
+    spdlog::info("resuming from {}: {}, {} steps in total", run.checkpointer->path(), where, r->total_steps);
   } else {
     spdlog::info("checkpoints: none in {} yet; this run starts from the beginning and writes {}", o.checkpoint_dir,
                  run.checkpointer->path());
@@ -372,8 +385,8 @@ TrainingRun set_up_run(const TrainOptions& options, WorkerEnvironment env, Start
   load_data(options, run);
   build_model(options, run);
   make_optimizer(options, run);
-  resume_from_checkpoint(options, run, startup);
   make_loaders(options, run);
+  resume_from_checkpoint(options, run, startup);
   attach_gradient_sync(options, run);
   plan_learning_rate(options, run);
   return run;
