@@ -169,6 +169,10 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
   if (o.threads && *o.threads < 1) {
     throw InvalidArgument(fmt::format("--threads: expected an integer >= 1, found {}", *o.threads));
   }
+  if (!(o.progress_every > 0 && o.progress_every <= 1e6)) {
+    throw InvalidArgument(
+        fmt::format("--progress-every: expected a number of seconds > 0 and at most 1e6, found {}", o.progress_every));
+  }
   if (o.log_every < 1) {
     throw InvalidArgument(fmt::format("--log-every: expected an integer >= 1, found {}", o.log_every));
   }
@@ -292,6 +296,7 @@ cxxopts::Options train_command_spec(const TrainChoices& choices) {
     ("no-eval", "skip the test-set evaluation at the end of each epoch")
     ("log-level", "trace|debug|info|warn|error|critical|off", cxxopts::value<std::string>()->default_value(d.log_level))
     ("log-every", "optimizer steps between progress lines", cxxopts::value<std::string>()->default_value(std::to_string(d.log_every)))
+    ("progress-every", "in a log file or under a scheduler: a progress line (training or evaluation) whenever this many seconds passed without one; on a terminal a bar redraws in place instead", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.progress_every)))
     ("h,help", "print this help");
   // clang-format on
   return spec;
@@ -365,6 +370,7 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   read_int(r, "checkpoint-every", o.checkpoint_every, 0, kMax);
   o.eval = !switch_on(r, "no-eval");
   o.log_level = r["log-level"].as<std::string>();
+  read_double(r, "progress-every", o.progress_every);
   read_int(r, "log-every", o.log_every, 1, kMax);
 
   o.device = r["device"].as<std::string>();

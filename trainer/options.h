@@ -37,6 +37,7 @@ struct TrainOptions {
   bool eval = true;
   std::string log_level = "info";
   int64_t log_every = 20;               // optimizer steps between progress lines
+  double progress_every = 10.0;         // seconds: the longest quiet stretch in a log (not a terminal)
 
   // Where the replica trains (docs/gpu.md; Note [Device binding] in setup/device.cpp)
   // and the GPU numerics (Note [Convolution algorithm choice] in tensor/cuda_ops.h; all

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "core/error.h"
 #include "data/data_source.h"
@@ -12,6 +13,7 @@
 #include "trainer/checkpoint/weights.h"
 #include "trainer/ddp/rank_consensus.h"
 #include "trainer/loop/evaluate.h"
+#include "trainer/loop/progress.h"
 #include "trainer/setup/run_setup.h"
 #include "trainer/stopping/error_file.h"
 #include "trainer/stopping/stop_signals.h"
@@ -23,6 +25,7 @@ namespace {
 // Only rank 0 speaks at info level; the others report warnings and errors, prefixed
 // with their rank so interleaved output stays attributable.
 void configure_logging(const std::string& level, const WorkerEnvironment& env) {
+  Progress::prepare_logging(Progress::mode_for(env.rank));
   if (env.rank == 0) {
     spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
     spdlog::set_level(spdlog::level::from_str(level));
@@ -113,8 +116,25 @@ void add_data_parallel_hooks(const TrainOptions& o, TrainingRun& run, TrainLoopH
   };
 }
 
+// Optimizer steps done, for the stop signal's acknowledgement on the signal thread;
+// static, since that thread may outlive the run.
+std::atomic<int64_t> g_steps_done{0};
+
+// Says at once that a stop signal was received; the loop stops at a step boundary.
+// Rank 0 speaks for all (each rank receives the signal), at warning level like the
+// stop's own report, so that --log-level warn shows it too.
+void acknowledge_stop(int sig, bool checkpoint, int rank) {
+  if (rank != 0) return;
+  spdlog::warn("received {} during step {}: stopping at the end of this step or the next, then {}",
+               stop_signal_name(sig), g_steps_done.load() + 1,
+               checkpoint ? "a checkpoint follows" : "exiting without a checkpoint (no --checkpoint-dir)");
+}
+
 TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks) {
+  Progress progress(Progress::mode_for(run.env.rank), o.progress_every);
   TrainLoopConfig config;
+  config.progress = &progress;
+  config.steps_done = &g_steps_done;
   config.epochs = o.epochs;
   config.max_steps = o.max_steps;
   config.log_every = o.log_every;
@@ -225,6 +245,10 @@ int run_train_command(const TrainOptions& o) {
   configure_logging(o.log_level, env);
   StartupStop startup(env.rank);
   TrainingRun run = set_up_run(o, std::move(env), startup);
+  g_steps_done.store(run.resumed ? run.resumed->total_steps : 0);
+  set_stop_acknowledgement([checkpoint = run.checkpointer != nullptr, rank = run.env.rank](int sig) {
+    acknowledge_stop(sig, checkpoint, rank);
+  });
   startup.disarm();  // from here a stop signal stops the run after a step, with a checkpoint
 
   int64_t steps = run.resumed ? run.resumed->total_steps : 0;

@@ -12,6 +12,7 @@
 #include "tests/trainer/temp_dir.h"
 #include "trainer/setup/environment.h"
 #include "trainer/loop/metrics.h"
+#include "trainer/loop/progress.h"
 #include "trainer/options.h"
 #include "trainer/setup/run_configuration.h"
 
@@ -164,6 +165,7 @@ TEST_CASE("bad values are one clear InvalidArgument naming the flag", "[options]
       {{"--momentum", "0", "--nesterov"}, "--nesterov needs a momentum > 0"},
       {{"--threads", "0"}, "--threads: expected an integer in [1, 4096], found 0"},
       {{"--log-every", "0"}, "--log-every: expected an integer >= 1, found 0"},
+      {{"--progress-every", "0"}, "--progress-every: expected a number of seconds > 0 and at most 1e6, found 0"},
       {{"--seed", "-3"}, "--seed: expected an integer >= 0"},
       {{"--model", "alexnet"}, "--model: unknown value 'alexnet' (valid: lenet, mlp, resnet18, simplecnn)"},
       {{"--dataset", "cifar"}, "--dataset: unknown value 'cifar' (valid: fashion-mnist, mnist, synthetic)"},
@@ -259,6 +261,21 @@ TEST_CASE("thread count: flag, then OMP_NUM_THREADS, then 1 per rank, then every
     ScopedEnv bad("LOCAL_WORLD_SIZE", "0");
     CHECK_THROWS_WITH(mtrain::discover_environment(), Contains("LOCAL_WORLD_SIZE"));
   }
+}
+
+TEST_CASE("progress: the bar's cells and the time left", "[progress]") {
+  CHECK(mtrain::Progress::bar(0, 10, 10) == "[..........]");
+  CHECK(mtrain::Progress::bar(3, 10, 10) == "[###.......]");
+  CHECK(mtrain::Progress::bar(10, 10, 10) == "[##########]");
+  CHECK(mtrain::Progress::bar(5, 0, 4) == "[....]");
+  CHECK(mtrain::Progress::format_duration(0) == "0:00");
+  CHECK(mtrain::Progress::format_duration(65.4) == "1:05");
+  CHECK(mtrain::Progress::format_duration(3723) == "1:02:03");
+  CHECK(mtrain::Progress::format_duration(-3) == "0:00");
+  CHECK(parse({}).options.progress_every == 10.0);
+  CHECK(parse({"--progress-every", "2.5"}).options.progress_every == 2.5);
+  // Only rank 0 reports progress.
+  CHECK(mtrain::Progress::mode_for(1) == mtrain::Progress::Mode::kOff);
 }
 
 TEST_CASE("metrics are one flushed JSON object per line, non-finite numbers as null", "[metrics]") {

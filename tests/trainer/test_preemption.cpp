@@ -255,7 +255,16 @@ TEST_CASE("one process: SIGTERM stops it after a step with a checkpoint and exit
   std::smatch m;
   const std::string output = r.out + r.err;
   REQUIRE(std::regex_search(output, m, message));
-  CHECK(checkpoint_total_steps(ckpt + "/checkpoint.safetensors") == std::stoll(m[1]));
+  const int64_t stopped = std::stoll(m[1]);
+  CHECK(checkpoint_total_steps(ckpt + "/checkpoint.safetensors") == stopped);
+  // Acknowledged at once, before the step ended, naming the step it arrived in.
+  const std::regex acknowledged(
+      R"(received SIGTERM during step (\d+): stopping at the end of this step or the next, then a checkpoint follows)");
+  std::smatch a;
+  REQUIRE(std::regex_search(output, a, acknowledged));
+  CHECK(a.position(0) < m.position(0));
+  CHECK(std::stoll(a[1]) <= stopped);
+  CHECK(std::stoll(a[1]) >= stopped - 1);
 }
 
 TEST_CASE("SIGTERM to one of two workers: both stop after the same step; resuming finishes the run",

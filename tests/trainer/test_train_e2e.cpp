@@ -299,6 +299,30 @@ TEST_CASE("the log says why training ended: the epochs or --max-steps, whichever
   CHECK_THAT(by_steps.out, Contains("training ended at step 3: --max-steps 3 reached in epoch 1 of --epochs 10"));
 }
 
+TEST_CASE("progress never goes quiet: lines in a log, a bar redrawn in place on a terminal", "[e2e]") {
+  // In a pipe: a progress line whenever --progress-every passed without one.
+  const auto piped = train({"--model", "mlp", "--max-steps", "6", "--log-every", "1000", "--progress-every", "0.000001",
+                            "--no-eval"});
+  require_success(piped);
+  const std::regex line(R"(epoch 1 step (\d+)/24 \(total \d+\): loss \d+\.\d{4}, \d+ img/s, \d+:\d\d left in the epoch)");
+  CHECK(std::distance(std::sregex_iterator(piped.out.begin(), piped.out.end(), line), std::sregex_iterator()) == 6);
+  CHECK_THAT(piped.out, !Contains("\r"));
+  // The default interval keeps a short run's log as it was.
+  const auto quiet = train({"--model", "mlp", "--max-steps", "6", "--log-every", "1000", "--no-eval"});
+  require_success(quiet);
+  CHECK(!std::regex_search(quiet.out, line));
+
+  // On a terminal (script(1) gives the run a pseudo-terminal): one line redrawn in place.
+  const std::string command = std::string(kBinary) + " --model mlp --max-steps 3 --log-every 1000";
+  const auto tty = mtrain::testing::run_process("/usr/bin/env", {"TERM=xterm", "script", "-qec", command, "/dev/null"});
+  INFO(tty.out << tty.err);
+  require_success(tty);
+  CHECK_THAT(tty.out, Contains("\r\x1b[Kepoch 1 [") && Contains("] 1/24 loss ") && Contains(" img/s ETA "));
+  CHECK_THAT(tty.out, Contains("\r\x1b[Kepoch 1 evaluating [####################] 4/4 batches"));
+  // Log lines erase the bar first, and the epoch line ends with the bar gone.
+  CHECK_THAT(tty.out, Contains("\r\x1b[K[") && Contains("epoch 1, loss "));
+}
+
 TEST_CASE("--help prints the flags and exits 0", "[e2e]") {
   const auto r = mtrain::testing::run_process(kBinary, {"--help"});
   CHECK(r.exit_code == 0);

@@ -24,18 +24,22 @@ class EvalModeGuard {
 
 }  // namespace
 
-EvalResult evaluate(models::Module& model, data::DataLoader& loader, Device device) {
+EvalResult evaluate(models::Module& model, data::DataLoader& loader, Device device,
+                    const std::function<void(int64_t done, int64_t batches)>& on_batch) {
   EvalModeGuard guard(model);
   models::CrossEntropyLoss loss;
   EvalResult result;
   DeviceBatches batches(loader, device);
   batches.start_epoch(0);
+  const int64_t total = loader.num_batches();
+  int64_t done = 0;
   while (auto batch = batches.next()) {
     const Tensor logits = model.forward(batch->images);
     const models::LossResult r = loss.value(logits, batch->labels);  // no gradient to compute
     result.loss_sum += r.loss * static_cast<double>(r.count);
     result.correct += r.correct;
     result.count += r.count;
+    if (on_batch) on_batch(++done, total);
   }
   return result;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "data/dataloader.h"
 #include "models/module.h"
@@ -24,6 +25,8 @@ struct EvalResult {
 // batches go to `device`, where the model lives (Note [Batches to the device] in
 // device_batches.cpp); the sums come back to the host. Errors of the model and the loader pass
 // through.
-EvalResult evaluate(models::Module& model, data::DataLoader& loader, Device device = Device::cpu());
+// `on_batch(done, batches)` is called after each batch (progress reports).
+EvalResult evaluate(models::Module& model, data::DataLoader& loader, Device device = Device::cpu(),
+                    const std::function<void(int64_t done, int64_t batches)>& on_batch = {});
 
 }  // namespace mtrain

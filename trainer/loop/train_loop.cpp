@@ -177,6 +177,7 @@ TrainResult TrainLoop::run() {
       }
       return p;
     };
+    if (config_.progress != nullptr) config_.progress->begin_epoch(s.steps);
     double step_seconds = 0.0;
     std::string divergence;      // this rank's non-finite loss (Note [Agreeing to diverge])
     double step_loss_sum = 0.0;  // per-image losses of this step's micro-batches
@@ -257,13 +258,21 @@ TrainResult TrainLoop::run() {
       step_seconds = 0.0;
       step_loss_sum = 0.0;
       step_images = 0;
+      if (config_.steps_done != nullptr) config_.steps_done->store(total_steps_);
       if (config_.hooks.after_step) config_.hooks.after_step(total_steps_);
+      // A --log-every step prints its own line just below.
+      if (config_.progress != nullptr && total_steps_ % config_.log_every != 0) {
+        config_.progress->step(epoch, s.steps, steps_per_epoch, total_steps_,
+                               window.loss_sum / static_cast<double>(window.steps),
+                               rate(static_cast<double>(window.images), window.seconds));
+      }
 
       if (total_steps_ % config_.log_every == 0) {
         const double mean_loss = window.loss_sum / static_cast<double>(window.steps);
         const double img_per_s = rate(static_cast<double>(window.images), window.seconds);
         spdlog::info("epoch {} step {}/{} (total {}): loss {:.4f}, {:.0f} img/s", epoch, s.steps,
                      steps_per_epoch, total_steps_, mean_loss, img_per_s);
+        if (config_.progress != nullptr) config_.progress->logged();
         nlohmann::json event = {{"event", "step"},
                                 {"epoch", epoch},
                                 {"step", total_steps_},
@@ -306,11 +315,15 @@ TrainResult TrainLoop::run() {
     if (test_loader_ != nullptr) {
       const auto eval_start = Clock::now();
       if (config_.hooks.sync_buffers) config_.hooks.sync_buffers();  // Note [Buffers follow rank 0]
-      s.test = evaluate(model_, *test_loader_, config_.device);
+      s.test = evaluate(model_, *test_loader_, config_.device, [&](int64_t done, int64_t batches) {
+        if (config_.progress != nullptr) config_.progress->eval_batch(epoch, done, batches);
+      });
       if (config_.hooks.combine_eval) s.test = config_.hooks.combine_eval(*s.test);
       s.eval_seconds = seconds_since(eval_start);
     }
+    if (config_.progress != nullptr) config_.progress->end_epoch();
     spdlog::info("{}", format_epoch_line(s, config_.devices));
+    if (config_.progress != nullptr) config_.progress->logged();
     // What this event's figures cover: after a resume past an epoch summarised at a
     // --max-steps cut, only the steps since (Note [Resuming mid-epoch]).
     const int64_t first_counted = resumed && start.epoch_finished ? start.steps_in_epoch : 0;

@@ -6,6 +6,7 @@
 // mid-epoch], [Buffers follow rank 0], [Agreeing to diverge], [Micro-batches per step].
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "trainer/loop/loss_scaler.h"
 #include "trainer/loop/lr_schedule.h"
 #include "trainer/loop/metrics.h"
+#include "trainer/loop/progress.h"
 
 namespace mtrain {
 
@@ -90,6 +92,12 @@ struct TrainLoopConfig {
   // Scales the loss gradient and unscales the gradients, skipping steps that overflow
   // (Note [Dynamic loss scaling]); null: no loss scaling.
   LossScaler* loss_scaler = nullptr;
+  // Reports every step and evaluation batch (Note [Progress that never goes quiet]);
+  // null: only the --log-every lines.
+  Progress* progress = nullptr;
+  // The optimizer steps done so far, stored after each step for readers on other
+  // threads (the stop signal's acknowledgement); null: not published.
+  std::atomic<int64_t>* steps_done = nullptr;
 };
 
 struct EpochSummary {

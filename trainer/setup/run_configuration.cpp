@@ -118,6 +118,7 @@ const std::vector<std::string>& per_rank_flags() {
       "--threads",          // host kernel threads
       "--log-level",        // rank 0 alone logs at info level
       "--log-every",        // progress lines and step events: rank 0, no collective
+      "--progress-every",   // rank 0's progress output, no collective
       "--metrics",          // written by rank 0 alone
       "--cudnn-benchmark",  // a GPU's own algorithm choice: the gradients are averaged
       "--deterministic",

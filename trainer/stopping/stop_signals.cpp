@@ -61,6 +61,8 @@ int64_t monotonic_ns() {
 enum StartupState : int { kNotArmed, kArmed, kExiting, kDone };
 std::atomic<int> g_startup{kNotArmed};
 StartupStopAction g_startup_action;  // written before arming; run by the CAS winner only
+std::mutex g_acknowledge_mutex;
+std::function<void(int)> g_acknowledge;  // set_stop_acknowledgement
 
 // Runs the start-up action and ends the process. Only for the thread whose
 // compare-exchange armed -> exiting succeeded.
@@ -146,7 +148,17 @@ void unblock_in_child() {
   for (;;) {
     int sig = 0;
     // Recorded first, then the start-up state read (Note [A stop signal during start-up]).
-    if (sigwait(&set, &sig) == 0 && record_stop_signal(sig) && begin_startup_exit()) exit_during_startup(sig);
+    if (sigwait(&set, &sig) != 0 || !record_stop_signal(sig)) continue;
+    if (begin_startup_exit()) exit_during_startup(sig);
+    std::function<void(int)> acknowledge;
+    {
+      std::lock_guard<std::mutex> lock(g_acknowledge_mutex);
+      acknowledge = g_acknowledge;
+    }
+    try {
+      if (acknowledge) acknowledge(sig);
+    } catch (...) {
+    }
   }
 }
 
@@ -208,6 +220,11 @@ void disarm_startup_stop() {
 }
 
 int pending_stop_signal() { return g_pending_sig.load(); }
+
+void set_stop_acknowledgement(std::function<void(int sig)> acknowledge) {
+  std::lock_guard<std::mutex> lock(g_acknowledge_mutex);
+  g_acknowledge = std::move(acknowledge);
+}
 
 void clear_pending_stop_signal() {
   g_pending_sig.store(0);
