@@ -7,6 +7,8 @@ find_package(spdlog 1.10 CONFIG REQUIRED)        # spdlog::spdlog (brings fmt)
 find_package(nlohmann_json 3 CONFIG REQUIRED)    # nlohmann_json::nlohmann_json
 find_package(dnnl CONFIG REQUIRED)               # DNNL::dnnl (needs ocl-icd-opencl-dev)
 find_package(ZLIB REQUIRED)                      # ZLIB::ZLIB
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(CAIRO REQUIRED IMPORTED_TARGET cairo)  # PkgConfig::CAIRO (training curves)
 find_package(Gloo CONFIG QUIET)                  # plain target `gloo` (collectives, later)
 find_package(MPI QUIET COMPONENTS CXX)           # MPI::MPI_CXX (collectives, later)
 if(MTRAIN_BUILD_TESTS)

@@ -20,7 +20,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libdnnl-dev ocl-icd-opencl-dev
   libgloo-dev libopenmpi-dev openmpi-bin
-  libcxxopts-dev libspdlog-dev nlohmann-json3-dev catch2 zlib1g-dev
+  libcxxopts-dev libspdlog-dev nlohmann-json3-dev catch2 zlib1g-dev libcairo2-dev
   python3
   # Only for the `slurm` tests (tests/slurm): they run their own munged, slurmctld and
   # slurmd under a temporary directory and use neither the packaged services nor
@@ -64,6 +64,6 @@ if [[ -n $prefix ]]; then
   install_cmd=(cmake --install "$build_dir" --prefix "$prefix")
   if [[ $(id -u) -ne 0 && ! -w $prefix ]] && command -v sudo >/dev/null; then install_cmd=(sudo "${install_cmd[@]}"); fi
   "${install_cmd[@]}" >/dev/null
-  echo "setup: installed mtrain-launch, mtrain-train and mtrain-bench in $prefix/bin"
+  echo "setup: installed mtrain-launch, mtrain-train, mtrain-bench and mtrain-plot in $prefix/bin"
   case ":$PATH:" in *":$prefix/bin:"*) ;; *) echo "setup: add $prefix/bin to PATH to run them by name" ;; esac
 fi

@@ -118,6 +118,7 @@ void check_distinct_files(const TrainOptions& o) {
   if (!o.init_from.empty()) files.emplace_back("--init-from", o.init_from);
   if (!o.save_final.empty()) files.emplace_back("--save-final", o.save_final);
   if (!o.metrics.empty()) files.emplace_back("--metrics", o.metrics);
+  if (!o.plot.empty()) files.emplace_back("--plot", o.plot);
   if (!o.checkpoint_dir.empty()) files.emplace_back("--checkpoint-dir's checkpoint", checkpoint_path(o.checkpoint_dir));
   const auto resolved = [](const std::string& path) {
     std::error_code ec;
@@ -293,6 +294,7 @@ cxxopts::Options train_command_spec(const TrainChoices& choices) {
     ("checkpoint-dir", "keep a checkpoint (model, momentum, position) in DIR/checkpoint.safetensors, and resume from it when it exists", cxxopts::value<std::string>())
     ("checkpoint-every", "also checkpoint every N optimizer steps (checkpoints are always written at the end of each epoch and when a stop signal arrives)", cxxopts::value<std::string>()->default_value(std::to_string(d.checkpoint_every)))
     ("metrics", "write JSON lines (one object per logged step and per epoch) to this file", cxxopts::value<std::string>())
+    ("plot", "draw the training curves (train loss, train and test accuracy per epoch, as d2l) to this .png or .svg file, redrawn after every epoch", cxxopts::value<std::string>())
     ("no-eval", "skip the test-set evaluation at the end of each epoch")
     ("log-level", "trace|debug|info|warn|error|critical|off", cxxopts::value<std::string>()->default_value(d.log_level))
     ("log-every", "optimizer steps between progress lines", cxxopts::value<std::string>()->default_value(std::to_string(d.log_every)))
@@ -366,6 +368,7 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   }
   read_path(r, "save-final", o.save_final);
   read_path(r, "metrics", o.metrics);
+  read_path(r, "plot", o.plot);
   read_path(r, "checkpoint-dir", o.checkpoint_dir);
   read_int(r, "checkpoint-every", o.checkpoint_every, 0, kMax);
   o.eval = !switch_on(r, "no-eval");

@@ -34,6 +34,7 @@ struct TrainOptions {
   std::string init_from;                // safetensors to start from; empty = fresh init
   std::string save_final;               // safetensors to write at the end; empty = none
   std::string metrics;                  // JSON lines file; empty = none
+  std::string plot;                     // training curves redrawn after each epoch (.png/.svg); empty = none
   bool eval = true;
   std::string log_level = "info";
   int64_t log_every = 20;               // optimizer steps between progress lines

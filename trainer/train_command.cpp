@@ -14,6 +14,7 @@
 #include "trainer/ddp/rank_consensus.h"
 #include "trainer/loop/evaluate.h"
 #include "trainer/loop/progress.h"
+#include "trainer/plot/curves.h"
 #include "trainer/setup/run_setup.h"
 #include "trainer/stopping/error_file.h"
 #include "trainer/stopping/stop_signals.h"
@@ -130,6 +131,26 @@ void acknowledge_stop(int sig, bool checkpoint, int rank) {
                checkpoint ? "a checkpoint follows" : "exiting without a checkpoint (no --checkpoint-dir)");
 }
 
+// "resnet18, 2 ranks x batch 256, lr 0.1": what d2l's charts say of a run.
+std::string run_title(const TrainOptions& o, const TrainingRun& run) {
+  const int world = run.env.world_size;
+  const std::string batch = o.global_batch_size ? fmt::format("global batch {}", *o.global_batch_size)
+                                                : fmt::format("batch {}", o.batch_size);
+  return fmt::format("{}, {} rank{} x {}, lr {}", o.model, world, world == 1 ? "" : "s", batch, o.lr);
+}
+
+// --plot: rank 0 redraws the curves after every epoch this run trains.
+void add_plot_hook(const TrainOptions& o, const TrainingRun& run, TrainLoopHooks& hooks) {
+  if (o.plot.empty() || !run.lead()) return;
+  auto points = std::make_shared<std::vector<plot::EpochPoint>>();
+  hooks.after_epoch = [points, title = run_title(o, run), path = o.plot](const EpochSummary& s) {
+    std::optional<double> test;
+    if (s.test) test = s.test->accuracy();
+    points->push_back({static_cast<double>(s.epoch), s.train_loss, s.train_acc, test});
+    plot::write_chart(plot::training_curves(title, *points), path);
+  };
+}
+
 TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks) {
   Progress progress(Progress::mode_for(run.env.rank), o.progress_every);
   TrainLoopConfig config;
@@ -160,6 +181,7 @@ TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks
     };
   }
   if (run.groups) add_data_parallel_hooks(o, run, config.hooks, checks);
+  add_plot_hook(o, run, config.hooks);
   TrainLoop loop(*run.model, *run.optimizer, *run.sync, *run.train_loader, run.test_loader.get(), run.metrics,
                  config);
   const TrainResult result = loop.run();

@@ -29,7 +29,7 @@ TEST_CASE("auto takes a GPU when one is visible, else the CPU", "[device]") {
   auto b = bind_device(request("auto", 1, 2, 0), false);
   CHECK(b.device == Device::cpu(1));
   CHECK(b.backend == "gloo");
-  CHECK_THAT(b.reason, Contains("no usable GPU (CUDA driver version is insufficient)"));
+  CHECK_THAT(b.reason, Contains("no GPU is usable (CUDA driver version is insufficient), so the CPU trains"));
   CHECK(bind_device(request("auto", 1, 2, 0), true).backend == "mpi");
 
   b = bind_device(request("auto", 1, 2, 2), false);

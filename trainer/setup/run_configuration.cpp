@@ -120,6 +120,7 @@ const std::vector<std::string>& per_rank_flags() {
       "--log-every",        // progress lines and step events: rank 0, no collective
       "--progress-every",   // rank 0's progress output, no collective
       "--metrics",          // written by rank 0 alone
+      "--plot",             // drawn by rank 0 alone
       "--cudnn-benchmark",  // a GPU's own algorithm choice: the gradients are averaged
       "--deterministic",
       "--no-tf32",

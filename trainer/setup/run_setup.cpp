@@ -110,6 +110,13 @@ void bind_training_device(const TrainOptions& o, TrainingRun& run) {
 void open_outputs(const TrainOptions& o, TrainingRun& run, StartupStop& startup) {
   check_output_file("--save-final", o.save_final);
   check_output_file("--metrics", o.metrics);
+  check_output_file("--plot", o.plot);
+  if (!o.plot.empty()) {
+    const std::string ext = std::filesystem::path(o.plot).extension().string();
+    if (ext != ".png" && ext != ".svg") {
+      throw InvalidArgument(fmt::format("--plot {}: expected a file name ending in .png or .svg", o.plot));
+    }
+  }
   std::error_code exists_error;
   const bool resuming =
       !o.checkpoint_dir.empty() && std::filesystem::exists(checkpoint_path(o.checkpoint_dir), exists_error);
