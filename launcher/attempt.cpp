@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "launcher/heartbeats.h"
 #include "launcher/log_streams.h"
+#include "launcher/signal_pipe.h"
 #include "launcher/worker_env.h"
 #include "launcher/worker_process.h"
 
@@ -195,8 +196,20 @@ void Attempt::agree_on_worker_master() {
     return;
   }
   const auto timeout = std::chrono::duration_cast<Millis>(options_.rdzv_timeout);
-  // Node 0 publishes it right after the rendezvous that every node has just left.
-  std::tie(worker_master_addr_, worker_master_port_) = channel_.wait_worker_master(timeout, [] {});
+  // Node 0 publishes it right after the rendezvous that every node has just left; if it
+  // cannot (a bad --local_addr), it announces a failure, which ends this wait too, as
+  // does a stop signal to this launcher.
+  const auto check = [this] {
+    for (int sig : job_.signals->drain()) {
+      if (SignalPipe::is_terminating(sig)) {
+        throw CommError(fmt::format("received {} while waiting for node 0's MASTER_ADDR and MASTER_PORT", signal_name(sig)));
+      }
+    }
+    if (const auto notice = channel_.failure_notice()) {
+      throw CommError(fmt::format("node {} failed before its workers started: {}", notice->node_rank, notice->what));
+    }
+  };
+  std::tie(worker_master_addr_, worker_master_port_) = channel_.wait_worker_master(timeout, check);
 }
 
 void Attempt::start_workers() {

@@ -3,7 +3,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -24,12 +26,36 @@ bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+struct PathLookup {
+  std::optional<std::string> executable;  // the first executable match
+  bool found_not_executable = false;      // a match that is not executable came first or alone
+};
+
+// `name` in each directory of PATH, in order (an empty entry is the current directory).
+PathLookup find_on_path(const std::string& name) {
+  const std::string search = env::get("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
+  PathLookup found;
+  size_t start = 0;
+  while (start <= search.size()) {
+    const size_t end = std::min(search.find(':', start), search.size());
+    const std::string candidate = (end == start ? std::string(".") : search.substr(start, end - start)) + "/" + name;
+    if (is_executable_file(candidate)) {
+      found.executable = candidate;
+      return found;
+    }
+    if (std::filesystem::exists(candidate)) found.found_not_executable = true;
+    start = end + 1;
+  }
+  return found;
+}
+
 // $MTRAIN_PYTHON when set, else torchrun's $PYTHON_EXEC, else the first python3 on PATH.
 std::string python_interpreter() {
   for (const char* variable : {"MTRAIN_PYTHON", "PYTHON_EXEC"}) {
     const auto chosen = env::get(variable);
     if (!chosen || chosen->empty()) continue;
-    const std::string path = chosen->find('/') == std::string::npos ? resolve_program(*chosen) : *chosen;
+    const std::string path =
+        chosen->find('/') == std::string::npos ? find_on_path(*chosen).executable.value_or(*chosen) : *chosen;
     if (!is_executable_file(path)) {
       throw InvalidArgument(fmt::format("environment variable {}={}: expected an executable Python "
                                         "interpreter, found none there",
@@ -37,12 +63,9 @@ std::string python_interpreter() {
     }
     return path;
   }
-  try {
-    return resolve_program("python3");
-  } catch (const InvalidArgument&) {
-    throw InvalidArgument("a Python program needs an interpreter, and python3 is not on PATH: install it, or set "
-                          "MTRAIN_PYTHON to one (or pass --no_python to run the program directly)");
-  }
+  if (auto found = find_on_path("python3").executable) return *found;
+  throw InvalidArgument("a Python program needs an interpreter, and python3 is not on PATH: install it, or set "
+                        "MTRAIN_PYTHON to one (or pass --no_python to run the program directly)");
 }
 
 }  // namespace
@@ -116,21 +139,12 @@ std::string resolve_program(const std::string& program) {
     }
     return program;
   }
-  const std::string search = env::get("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
-  bool found_not_executable = false;
-  size_t start = 0;
-  while (start <= search.size()) {
-    const size_t end = std::min(search.find(':', start), search.size());
-    const std::string dir = end == start ? "." : search.substr(start, end - start);
-    const std::string candidate = dir + "/" + program;
-    if (is_executable_file(candidate)) return candidate;
-    if (fs::exists(candidate)) found_not_executable = true;
-    start = end + 1;
-  }
+  const PathLookup found = find_on_path(program);
+  if (found.executable) return *found.executable;
   throw InvalidArgument(fmt::format(
       "program '{}' {} on PATH; expected `train`, `bench`, an executable path, or a "
       "command on PATH",
-      program, found_not_executable ? "is not executable" : "was not found"));
+      program, found.found_not_executable ? "is not executable" : "was not found"));
 }
 
 }  // namespace mtrain::launch

@@ -36,6 +36,9 @@ void on_signal(int sig) {
 // SIGPIPE is ignored: a closed console or socket must not kill the supervisor.
 
 SignalPipe::SignalPipe(const std::set<int>& handled) {
+  for (int sig : handled) {
+    MTRAIN_CHECK(is_terminating(sig) || is_forwarded_only(sig), "signal {} cannot be handled", sig);
+  }
   int fds[2];
   if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     throw IoError(fmt::format("pipe2 for signal handling: {}", std::strerror(errno)));
@@ -46,9 +49,6 @@ SignalPipe::SignalPipe(const std::set<int>& handled) {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-  for (int sig : handled) {
-    MTRAIN_CHECK(is_terminating(sig) || is_forwarded_only(sig), "signal {} cannot be handled", sig);
-  }
   std::set<int> all = handled;
   all.insert(SIGCHLD);
   for (int sig : all) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs mtrain's Debian dependencies (only those missing), configures and builds into
 # build/, then installs the binaries under PREFIX (default /usr/local: mtrain-launch,
-# mtrain-train and mtrain-bench on PATH, the shipped data beside them). Idempotent: a
+# mtrain-train, mtrain-bench and mtrain-plot on PATH, the shipped data beside them). Idempotent: a
 # second run installs no package and rebuilds only what changed.
 #
 #   bash scripts/setup.sh            # Release build in build/, installed in /usr/local
@@ -62,7 +62,11 @@ echo "setup: built into $build_dir/bin"
 prefix=${PREFIX-/usr/local}
 if [[ -n $prefix ]]; then
   install_cmd=(cmake --install "$build_dir" --prefix "$prefix")
-  if [[ $(id -u) -ne 0 && ! -w $prefix ]] && command -v sudo >/dev/null; then install_cmd=(sudo "${install_cmd[@]}"); fi
+  # sudo only where the user cannot write: the prefix, or its nearest existing parent
+  # (so that PREFIX=$HOME/.local is not created owned by root).
+  existing=$prefix
+  while [[ ! -e $existing ]]; do existing=$(dirname "$existing"); done
+  if [[ $(id -u) -ne 0 && ! -w $existing ]] && command -v sudo >/dev/null; then install_cmd=(sudo "${install_cmd[@]}"); fi
   "${install_cmd[@]}" >/dev/null
   echo "setup: installed mtrain-launch, mtrain-train, mtrain-bench and mtrain-plot in $prefix/bin"
   case ":$PATH:" in *":$prefix/bin:"*) ;; *) echo "setup: add $prefix/bin to PATH to run them by name" ;; esac

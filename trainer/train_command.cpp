@@ -117,18 +117,21 @@ void add_data_parallel_hooks(const TrainOptions& o, TrainingRun& run, TrainLoopH
   };
 }
 
-// Optimizer steps done, for the stop signal's acknowledgement on the signal thread;
-// static, since that thread may outlive the run.
+// What the stop signal's acknowledgement reads on the signal thread; static, since that
+// thread may outlive the run.
 std::atomic<int64_t> g_steps_done{0};
+std::atomic<bool> g_checkpointing{false};
 
-// Says at once that a stop signal was received; the loop stops at a step boundary.
-// Rank 0 speaks for all (each rank receives the signal), at warning level like the
-// stop's own report, so that --log-level warn shows it too.
-void acknowledge_stop(int sig, bool checkpoint, int rank) {
-  if (rank != 0) return;
-  spdlog::warn("received {} during step {}: stopping at the end of this step or the next, then {}",
-               stop_signal_name(sig), g_steps_done.load() + 1,
-               checkpoint ? "a checkpoint follows" : "exiting without a checkpoint (no --checkpoint-dir)");
+// Says at once that a stop signal was received (the loop stops at a step boundary, where
+// the ranks agree on the step: Note [Agreeing to stop]). Every rank that receives one
+// says so, at warning level like the stop's own report, so --log-level warn shows it.
+// The step count is read while a step may be running: the stop comes after the next
+// step, or the one after when this rank's vote for the running one was already cast.
+void acknowledge_stop(int sig) {
+  const int64_t done = g_steps_done.load();
+  spdlog::warn("received {} with {} steps done: stopping after step {} or {}, then {}", stop_signal_name(sig), done,
+               done + 1, done + 2,
+               g_checkpointing.load() ? "a checkpoint follows" : "exiting without a checkpoint (no --checkpoint-dir)");
 }
 
 // "resnet18, 2 ranks x batch 256, lr 0.1": what d2l's charts say of a run.
@@ -139,15 +142,24 @@ std::string run_title(const TrainOptions& o, const TrainingRun& run) {
   return fmt::format("{}, {} rank{} x {}, lr {}", o.model, world, world == 1 ? "" : "s", batch, o.lr);
 }
 
-// --plot: rank 0 redraws the curves after every epoch this run trains.
+// --plot: rank 0 redraws the curves after every epoch this run trains. A chart that
+// cannot be written is a warning, once, and the run goes on without it: the picture
+// must not cost the training (the other ranks would wait for rank 0 in vain).
 void add_plot_hook(const TrainOptions& o, const TrainingRun& run, TrainLoopHooks& hooks) {
   if (o.plot.empty() || !run.lead()) return;
   auto points = std::make_shared<std::vector<plot::EpochPoint>>();
-  hooks.after_epoch = [points, title = run_title(o, run), path = o.plot](const EpochSummary& s) {
+  auto broken = std::make_shared<bool>(false);
+  hooks.after_epoch = [points, broken, title = run_title(o, run), path = o.plot](const EpochSummary& s) {
+    if (*broken) return;
     std::optional<double> test;
     if (s.test) test = s.test->accuracy();
     points->push_back({static_cast<double>(s.epoch), s.train_loss, s.train_acc, test});
-    plot::write_chart(plot::training_curves(title, *points), path);
+    try {
+      plot::write_chart(plot::training_curves(title, *points), path);
+    } catch (const Error& e) {
+      *broken = true;
+      spdlog::warn("--plot: {}; training goes on without the chart", e.what());
+    }
   };
 }
 
@@ -266,11 +278,12 @@ int run_train_command(const TrainOptions& o) {
   WorkerEnvironment env = discover_environment(o.backend);
   configure_logging(o.log_level, env);
   StartupStop startup(env.rank);
+  // Before set-up, which may disarm the start-up exit early (under MPI).
+  const bool trains = !(o.max_steps && *o.max_steps == 0);
+  g_checkpointing.store(!o.checkpoint_dir.empty());
+  if (trains) set_stop_acknowledgement(acknowledge_stop);
   TrainingRun run = set_up_run(o, std::move(env), startup);
   g_steps_done.store(run.resumed ? run.resumed->total_steps : 0);
-  set_stop_acknowledgement([checkpoint = run.checkpointer != nullptr, rank = run.env.rank](int sig) {
-    acknowledge_stop(sig, checkpoint, rank);
-  });
   startup.disarm();  // from here a stop signal stops the run after a step, with a checkpoint
 
   int64_t steps = run.resumed ? run.resumed->total_steps : 0;
@@ -279,6 +292,7 @@ int run_train_command(const TrainOptions& o) {
   } else {
     ReplicaChecks checks;
     const TrainResult result = train(o, run, checks);
+    set_stop_acknowledgement(nullptr);  // a signal from here on is "after the last step"
     steps = result.end.total_steps;
     if (result.stop_vote != 0) return finish_stopped_run(run, result);
     log_end_of_training(o, result);

@@ -84,9 +84,10 @@ TEST_CASE("a PNG chart decodes at its size and draws each curve through its poin
     }
   }
   CHECK(matched >= points - 2);
-  // Far from every curve, inside the plot area, the ground is white or a grid line.
-  const unsigned corner = pixel(png.get(), static_cast<int>(area.px(5.5)), static_cast<int>(area.py(1.35)));
-  CHECK((corner == 0xffffff || corner == 0xdddddd));
+  // Far from every curve and below the legend (it takes a corner free of points, and
+  // the top one comes first), the ground is white or a grid line.
+  const unsigned ground = pixel(png.get(), static_cast<int>(area.px(5.5)), static_cast<int>(area.py(0.12)));
+  CHECK((ground == 0xffffff || ground == 0xdddddd));
 }
 
 TEST_CASE("SVG, the file name's extension, and an unwritable place", "[plot]") {
@@ -118,6 +119,18 @@ TEST_CASE("metrics files read back as epoch points; a broken line is named", "[p
   CHECK(chart.series[0].points.size() == 1);
   CHECK(chart.series[1].points.size() == 2);
 
+  // An epoch cut by --max-steps and finished after a resume: one point, weighted by images.
+  const std::string resumed = dir.file("resumed.jsonl");
+  std::ofstream(resumed) << R"({"event":"epoch","epoch":1,"images":100,"train_loss":2.0,"train_acc":0.2,"test_acc":0.3})" "\n"
+                         << R"({"event":"epoch","epoch":1,"images":300,"train_loss":1.0,"train_acc":0.6,"test_acc":0.5})" "\n"
+                         << R"({"event":"epoch","epoch":2,"images":400,"train_loss":0.8,"train_acc":0.7,"test_acc":0.6})" "\n"
+                         << R"({"event":7})" "\n";
+  const auto merged = read_epoch_points(resumed);
+  REQUIRE(merged.size() == 2);
+  CHECK(merged[0].train_loss == Approx(1.25));
+  CHECK(merged[0].train_acc == Approx(0.5));
+  CHECK(merged[0].test_acc == 0.5);
+
   const std::string bad = dir.file("bad.jsonl");
   std::ofstream(bad) << R"({"event":"epoch","epoch":1,"train_loss":0.9,"train_acc":0.7})" "\n" << "not json\n";
   CHECK_THROWS_WITH(read_epoch_points(bad), Contains("bad.jsonl line 2: expected a JSON object"));
@@ -127,7 +140,7 @@ TEST_CASE("metrics files read back as epoch points; a broken line is named", "[p
   CHECK_THROWS_AS(read_epoch_points(dir.file("none.jsonl")), mtrain::IoError);
 }
 
-TEST_CASE("mtrain-train --plot redraws after each epoch; mtrain-plot compares runs", "[plot][e2e]") {
+TEST_CASE("mtrain-train --plot draws the run's own curves; mtrain-plot compares runs", "[plot][e2e]") {
   TempDir dir;
   const std::string png = dir.file("run.png"), metrics = dir.file("run.jsonl");
   const auto r = mtrain::testing::run_process(
@@ -137,6 +150,22 @@ TEST_CASE("mtrain-train --plot redraws after each epoch; mtrain-plot compares ru
   REQUIRE(r.exit_code == 0);
   const Surface drawn = decode_png(png);
   CHECK(cairo_image_surface_get_width(drawn.get()) == 640);
+  // The curves are the run's: green runs along the line between the two epochs' test
+  // accuracies from its metrics (most of it: the legend may cover a stretch).
+  const auto points = read_epoch_points(metrics);
+  REQUIRE(points.size() == 2);
+  REQUIRE(points[0].test_acc.has_value());
+  REQUIRE(points[1].test_acc.has_value());
+  const Chart chart = training_curves("", points);
+  const PlotArea area = layout(chart, 640, 420);
+  int green = 0;
+  for (int i = 0; i <= 10; ++i) {
+    const double t = i / 10.0;
+    const double x = points[0].epoch + t * (points[1].epoch - points[0].epoch);
+    const double y = *points[0].test_acc + t * (*points[1].test_acc - *points[0].test_acc);
+    green += nearest_colour_distance(drawn.get(), area.px(x), area.py(y), chart.series[2].rgb, 2) < 60;
+  }
+  CHECK(green >= 7);
   const std::string other = dir.file("other.jsonl");
   std::ofstream(other) << R"({"event":"epoch","epoch":1,"train_loss":1.9,"train_acc":0.4,"test_acc":0.5})" "\n";
   const std::string compared = dir.file("compare.svg");

@@ -324,7 +324,6 @@ TrainResult TrainLoop::run() {
     if (config_.progress != nullptr) config_.progress->end_epoch();
     spdlog::info("{}", format_epoch_line(s, config_.devices));
     if (config_.progress != nullptr) config_.progress->logged();
-    if (config_.hooks.after_epoch) config_.hooks.after_epoch(s);
     // What this event's figures cover: after a resume past an epoch summarised at a
     // --max-steps cut, only the steps since (Note [Resuming mid-epoch]).
     const int64_t first_counted = resumed && start.epoch_finished ? start.steps_in_epoch : 0;
@@ -349,6 +348,7 @@ TrainResult TrainLoop::run() {
     result.epochs.push_back(s);
     result.end = position(true);
     checkpoint(result.end, CheckpointReason::kEpochEnd);
+    if (config_.hooks.after_epoch) config_.hooks.after_epoch(s);
   }
   return result;
 }

@@ -55,7 +55,8 @@ struct TrainLoopHooks {
   // Overwrites this rank's buffers with rank 0's (Note [Buffers follow rank 0]); called
   // by every rank at the same points. Unset: buffers stay as each rank computes them.
   std::function<void()> sync_buffers;
-  // After each epoch's line, with its summary (the whole world's figures).
+  // After each epoch's metrics and checkpoint, with its summary (the whole world's
+  // figures). Must not throw: an output that fails must not lose the run.
   std::function<void(const EpochSummary& summary)> after_epoch;
 };
 

@@ -226,27 +226,36 @@ void write_chart(const Chart& chart, const std::string& path, int width, int hei
   // Drawn next to the target and renamed over it, so a viewer never reads half a file.
   const std::string tmp = path + ".tmp";
   const std::string what = fmt::format("cannot write the chart {}", path);
-  // An SVG surface writes its file as it finishes; an image surface is saved as PNG.
-  const bool svg = ext == ".svg";
-  cairo_surface_t* surface = svg ? cairo_svg_surface_create(tmp.c_str(), width, height)
-                                 : cairo_image_surface_create(CAIRO_FORMAT_RGB24, width, height);
-  const std::unique_ptr<cairo_surface_t, decltype(&cairo_surface_destroy)> owned(surface, cairo_surface_destroy);
-  check(cairo_surface_status(surface), what);
-  cairo_t* cr = cairo_create(surface);
-  draw(cr, chart, width, height);
-  const cairo_status_t drawn = cairo_status(cr);
-  cairo_destroy(cr);
-  check(drawn, what);
-  if (!svg) check(cairo_surface_write_to_png(surface, tmp.c_str()), what);
-  cairo_surface_finish(surface);
-  check(cairo_surface_status(surface), what);
+  // Whatever fails below, no half-written temporary is left behind.
+  struct RemoveUnlessRenamed {
+    const std::string& file;
+    bool renamed = false;
+    ~RemoveUnlessRenamed() {
+      std::error_code ignored;
+      if (!renamed) fs::remove(file, ignored);
+    }
+  } cleanup{tmp};
+  {
+    // An SVG surface writes its file as it finishes; an image surface is saved as PNG.
+    const bool svg = ext == ".svg";
+    const std::unique_ptr<cairo_surface_t, decltype(&cairo_surface_destroy)> surface(
+        svg ? cairo_svg_surface_create(tmp.c_str(), width, height)
+            : cairo_image_surface_create(CAIRO_FORMAT_RGB24, width, height),
+        cairo_surface_destroy);
+    check(cairo_surface_status(surface.get()), what);
+    {
+      const std::unique_ptr<cairo_t, decltype(&cairo_destroy)> cr(cairo_create(surface.get()), cairo_destroy);
+      draw(cr.get(), chart, width, height);
+      check(cairo_status(cr.get()), what);
+    }
+    if (!svg) check(cairo_surface_write_to_png(surface.get(), tmp.c_str()), what);
+    cairo_surface_finish(surface.get());
+    check(cairo_surface_status(surface.get()), what);
+  }
   std::error_code ec;
   fs::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    throw IoError(fmt::format("{}: {}", what, ec.message()));
-  }
+  if (ec) throw IoError(fmt::format("{}: {}", what, ec.message()));
+  cleanup.renamed = true;
 }
 
 }  // namespace mtrain::plot

@@ -64,6 +64,7 @@ std::vector<EpochPoint> read_epoch_points(const std::string& metrics_path) {
   std::ifstream in(metrics_path);
   if (!in) throw IoError(fmt::format("cannot read the metrics file {}", metrics_path));
   std::vector<EpochPoint> points;
+  std::vector<double> weights;  // images behind each point
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     if (line.empty()) continue;
@@ -72,7 +73,8 @@ std::vector<EpochPoint> read_epoch_points(const std::string& metrics_path) {
     if (!event.is_object()) {
       throw InvalidArgument(fmt::format("{}: expected a JSON object (a metrics event), found '{:.40}'", where(), line));
     }
-    if (event.value("event", "") != "epoch") continue;
+    const auto kind = event.find("event");
+    if (kind == event.end() || !kind->is_string() || kind->get<std::string>() != "epoch") continue;
     // A non-finite number is written as null (Note [Metrics events]): read back as NaN.
     const auto number_at = [&](const char* key) {
       const auto it = event.find(key);
@@ -87,7 +89,22 @@ std::vector<EpochPoint> read_epoch_points(const std::string& metrics_path) {
     p.train_loss = number_at("train_loss");
     p.train_acc = number_at("train_acc");
     if (const auto t = event.find("test_acc"); t != event.end() && t->is_number()) p.test_acc = t->get<double>();
+    // A run stopped by --max-steps and resumed writes the epoch twice, each event
+    // covering its own steps (Note [Resuming mid-epoch]): one point, the training
+    // figures weighted by images, the evaluation from the later event.
+    const auto images = event.find("images");
+    const double n = images != event.end() && images->is_number() ? images->get<double>() : 1.0;
+    if (!points.empty() && points.back().epoch == p.epoch) {
+      EpochPoint& q = points.back();
+      const double total = weights.back() + n;
+      q.train_loss = (q.train_loss * weights.back() + p.train_loss * n) / total;
+      q.train_acc = (q.train_acc * weights.back() + p.train_acc * n) / total;
+      if (p.test_acc) q.test_acc = p.test_acc;
+      weights.back() = total;
+      continue;
+    }
     points.push_back(p);
+    weights.push_back(n);
   }
   return points;
 }

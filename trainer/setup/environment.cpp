@@ -231,9 +231,9 @@ void read_store(const Reader& r, const std::string& backend, WorkerEnvironment& 
   }
   if (!addr || addr->empty()) {
     throw InvalidArgument(fmt::format(
-        "environment variable MASTER_ADDR is not set, but the world has {} ranks (from {}): set MASTER_ADDR and "
+        "environment variable {} is not set, but the world has {} ranks (from {}): set MASTER_ADDR and "
         "MASTER_PORT to rank 0's host and a free port, or start the workers with mtrain-launch{}",
-        w.world_size, w.source, w.under_mpirun ? " or use --backend mpi" : ""));
+        addr_from, w.world_size, w.source, w.under_mpirun ? " or use --backend mpi" : ""));
   }
   w.master_addr = *addr;
 
@@ -243,8 +243,8 @@ void read_store(const Reader& r, const std::string& backend, WorkerEnvironment& 
     w.master_port = port_from_job_id(w.job_id);
   } else {
     throw InvalidArgument(fmt::format(
-        "environment variable {} is not set, but the world has {} ranks ({}={} from {})", port_from,
-        w.world_size, addr_from, w.master_addr, addr_from));
+        "environment variable {} is not set, but the world has {} ranks (the store's address {} is from {})",
+        port_from, w.world_size, w.master_addr, addr_from));
   }
 
   if (w.store_mode == StoreMode::kLauncher) {

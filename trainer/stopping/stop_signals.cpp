@@ -61,8 +61,7 @@ int64_t monotonic_ns() {
 enum StartupState : int { kNotArmed, kArmed, kExiting, kDone };
 std::atomic<int> g_startup{kNotArmed};
 StartupStopAction g_startup_action;  // written before arming; run by the CAS winner only
-std::mutex g_acknowledge_mutex;
-std::function<void(int)> g_acknowledge;  // set_stop_acknowledgement
+std::atomic<StopAcknowledgement> g_acknowledge{nullptr};  // set_stop_acknowledgement
 
 // Runs the start-up action and ends the process. Only for the thread whose
 // compare-exchange armed -> exiting succeeded.
@@ -150,14 +149,11 @@ void unblock_in_child() {
     // Recorded first, then the start-up state read (Note [A stop signal during start-up]).
     if (sigwait(&set, &sig) != 0 || !record_stop_signal(sig)) continue;
     if (begin_startup_exit()) exit_during_startup(sig);
-    std::function<void(int)> acknowledge;
-    {
-      std::lock_guard<std::mutex> lock(g_acknowledge_mutex);
-      acknowledge = g_acknowledge;
-    }
-    try {
-      if (acknowledge) acknowledge(sig);
-    } catch (...) {
+    if (const StopAcknowledgement acknowledge = g_acknowledge.load()) {
+      try {
+        acknowledge(sig);
+      } catch (...) {
+      }
     }
   }
 }
@@ -221,10 +217,7 @@ void disarm_startup_stop() {
 
 int pending_stop_signal() { return g_pending_sig.load(); }
 
-void set_stop_acknowledgement(std::function<void(int sig)> acknowledge) {
-  std::lock_guard<std::mutex> lock(g_acknowledge_mutex);
-  g_acknowledge = std::move(acknowledge);
-}
+void set_stop_acknowledgement(StopAcknowledgement acknowledge) { g_acknowledge.store(acknowledge); }
 
 void clear_pending_stop_signal() {
   g_pending_sig.store(0);

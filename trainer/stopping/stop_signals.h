@@ -77,9 +77,10 @@ int pending_stop_signal();
 
 // Called on the signal thread for the first stop signal after start-up, so that the
 // request is acknowledged at once rather than when the step ends (it may take
-// seconds). Set it before disarm_startup_stop(); it must not throw, and what it uses
-// must outlive the process's threads (static storage).
-void set_stop_acknowledgement(std::function<void(int sig)> acknowledge);
+// seconds). A plain function (what it reads must be static, since the signal thread
+// may outlive the run); nullptr: no acknowledgement (the default, and after training).
+using StopAcknowledgement = void (*)(int sig);
+void set_stop_acknowledgement(StopAcknowledgement acknowledge);
 
 // Forgets a pending stop signal (for tests that raise one in-process).
 void clear_pending_stop_signal();
