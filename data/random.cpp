@@ -18,6 +18,12 @@ namespace mtrain::data {
 // standard initialisation). std::mt19937 is that engine, its sequence fixed by the C++
 // standard, so the order is reproduced exactly; tests/data/test_sampler_torch.cpp
 // compares it with real PyTorch. The modulo is biased, as PyTorch's is: parity is the point.
+Permutation parse_permutation(const std::string& name) {
+  if (name == "mtrain") return Permutation::kMtrain;
+  if (name == "torch") return Permutation::kTorch;
+  throw InvalidArgument(fmt::format("--shuffle-order: unknown value '{}' (valid: mtrain, torch)", name));
+}
+
 std::vector<int64_t> torch_randperm(int64_t n, uint64_t seed) {
   constexpr int64_t kSmallLimit = std::numeric_limits<uint32_t>::max() / 20;
   if (n >= kSmallLimit) {

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace mtrain::data {
@@ -62,6 +63,9 @@ enum class Permutation {
   kMtrain,  // random_permutation above
   kTorch,   // torch_randperm below: PyTorch's DistributedSampler order
 };
+
+// "mtrain" -> kMtrain, "torch" -> kTorch; anything else is InvalidArgument naming the choices.
+Permutation parse_permutation(const std::string& name);
 
 // torch.randperm(n, generator=g) on the CPU after g.manual_seed(seed), element for element
 // (Note [torch.randperm's order] in random.cpp). Throws InvalidArgument for n at or

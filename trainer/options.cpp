@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "data/random.h"
 #include "collectives/process_group.h"
 #include "core/error.h"
 #include "trainer/checkpoint/checkpoint_file.h"
@@ -142,7 +143,7 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
   check_choice("--model", o.model, choices.models);
   check_choice("--dataset", o.dataset, choices.datasets);
   check_choice("--init", o.init, {std::begin(kInitSchemes), std::end(kInitSchemes)});
-  check_choice("--shuffle-order", o.shuffle_order, {"mtrain", "torch"});
+  data::parse_permutation(o.shuffle_order);  // the one place that knows the names
   check_choice("--log-level", o.log_level, {std::begin(kLogLevels), std::end(kLogLevels)});
   if (o.epochs < 1) throw InvalidArgument(fmt::format("--epochs: expected an integer >= 1, found {}", o.epochs));
   if (o.max_steps && *o.max_steps < 0) {

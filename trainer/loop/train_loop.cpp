@@ -121,7 +121,7 @@ TrainResult TrainLoop::run() {
   ProgressWindow window;
   const int64_t accum = config_.grad_accum;
   MTRAIN_CHECK(accum >= 1, "grad_accum {} < 1", accum);
-  const int64_t steps_per_epoch = (batches_per_epoch + accum - 1) / accum;
+  const int64_t steps_per_epoch = mtrain::steps_per_epoch(batches_per_epoch, accum);
   const TrainPosition& start = config_.start;
   MTRAIN_CHECK(start.epoch >= 1 && start.steps_in_epoch >= 0 && start.steps_in_epoch <= steps_per_epoch &&
                    start.total_steps >= start.steps_in_epoch,

@@ -103,6 +103,10 @@ struct TrainLoopConfig {
   std::atomic<int64_t>* steps_done = nullptr;
 };
 
+// Optimizer steps in an epoch of `batches` micro-batches, `grad_accum` per step (the
+// last step takes what is left).
+inline int64_t steps_per_epoch(int64_t batches, int64_t grad_accum) { return (batches + grad_accum - 1) / grad_accum; }
+
 struct EpochSummary {
   int64_t epoch = 0;           // 1-based, as printed
   int64_t steps = 0;           // optimizer steps in this epoch

@@ -218,11 +218,17 @@ PlotArea layout(const Chart& chart, int width, int height) {
   return a;
 }
 
-void write_chart(const Chart& chart, const std::string& path, int width, int height) {
+void check_chart_path(const std::string& path, const std::string& flag) {
   const std::string ext = fs::path(path).extension().string();
   if (ext != ".png" && ext != ".svg") {
-    throw InvalidArgument(fmt::format("{}: expected a file name ending in .png or .svg", path));
+    throw InvalidArgument(
+        fmt::format("{}{}: expected a file name ending in .png or .svg", flag.empty() ? "" : flag + " ", path));
   }
+}
+
+void write_chart(const Chart& chart, const std::string& path, int width, int height) {
+  check_chart_path(path);
+  const std::string ext = fs::path(path).extension().string();
   // Drawn next to the target and renamed over it, so a viewer never reads half a file.
   const std::string tmp = path + ".tmp";
   const std::string what = fmt::format("cannot write the chart {}", path);

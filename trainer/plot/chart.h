@@ -36,6 +36,10 @@ struct PlotArea {
 };
 PlotArea layout(const Chart& chart, int width, int height);
 
+// Throws InvalidArgument unless `path` ends in .png or .svg (the formats write_chart
+// knows), naming `flag` (e.g. "--plot") when it is not empty.
+void check_chart_path(const std::string& path, const std::string& flag = "");
+
 // Writes `chart` to `path`: .png or .svg, anything else is InvalidArgument; a failure to
 // write is IoError naming the path. Series without points are left out of the lines
 // but stay in the legend.

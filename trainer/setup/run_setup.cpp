@@ -12,6 +12,7 @@
 #include "data/data_source.h"
 #include "data/distributed_sampler.h"
 #include "data/sampler.h"
+#include "trainer/plot/chart.h"
 #include "models/init.h"
 #include "models/mixed_precision.h"
 #include "models/sync_batchnorm.h"
@@ -111,12 +112,7 @@ void open_outputs(const TrainOptions& o, TrainingRun& run, StartupStop& startup)
   check_output_file("--save-final", o.save_final);
   check_output_file("--metrics", o.metrics);
   check_output_file("--plot", o.plot);
-  if (!o.plot.empty()) {
-    const std::string ext = std::filesystem::path(o.plot).extension().string();
-    if (ext != ".png" && ext != ".svg") {
-      throw InvalidArgument(fmt::format("--plot {}: expected a file name ending in .png or .svg", o.plot));
-    }
-  }
+  if (!o.plot.empty()) plot::check_chart_path(o.plot, "--plot");
   std::error_code exists_error;
   const bool resuming =
       !o.checkpoint_dir.empty() && std::filesystem::exists(checkpoint_path(o.checkpoint_dir), exists_error);
@@ -277,7 +273,7 @@ void resume_from_checkpoint(const TrainOptions& o, TrainingRun& run, StartupStop
   run.resumed = run.checkpointer->resume();
   if (const auto& r = run.resumed) {
     startup.at_position(r->epoch, r->total_steps);
-    const int64_t per_epoch = (run.train_loader->num_batches() + o.grad_accum - 1) / o.grad_accum;
+    const int64_t per_epoch = steps_per_epoch(run.train_loader->num_batches(), o.grad_accum);
     // An epoch summarised at a --max-steps cut is "finished" in the file but not done.
     const std::string where =
         !r->epoch_finished ? fmt::format("epoch {}, {} of its {} steps done", r->epoch, r->steps_in_epoch, per_epoch)
@@ -315,7 +311,7 @@ void make_loaders(const TrainOptions& o, TrainingRun& run) {
   const int rank = run.env.rank, world = run.env.world_size;
   const int64_t train_size = run.train_set->size();
   const bool pinned = run.compute().is_cuda();
-  const auto permutation = o.shuffle_order == "torch" ? data::Permutation::kTorch : data::Permutation::kMtrain;
+  const data::Permutation permutation = data::parse_permutation(o.shuffle_order);
   if (o.global_batch_size && o.sync_bn && run.groups) require_every_rank_a_share(o, train_size, world);
   if (o.global_batch_size) {
     auto sampler = std::make_shared<data::GlobalBatchShardSampler>(train_size, rank, world, *o.global_batch_size,
@@ -365,10 +361,10 @@ void attach_gradient_sync(const TrainOptions& o, TrainingRun& run) {
 }
 
 void plan_learning_rate(const TrainOptions& o, TrainingRun& run) {
-  const int64_t steps_per_epoch = (run.train_loader->num_batches() + o.grad_accum - 1) / o.grad_accum;
+  const int64_t per_epoch = steps_per_epoch(run.train_loader->num_batches(), o.grad_accum);
   double run_epochs = static_cast<double>(o.epochs);
-  if (o.max_steps && steps_per_epoch > 0) {
-    run_epochs = std::min(run_epochs, static_cast<double>(*o.max_steps) / static_cast<double>(steps_per_epoch));
+  if (o.max_steps && per_epoch > 0) {
+    run_epochs = std::min(run_epochs, static_cast<double>(*o.max_steps) / static_cast<double>(per_epoch));
   }
   LrScheduleOptions lr;
   lr.base_lr = o.lr;
