@@ -406,63 +406,96 @@ bool parse_conf_bool(const std::string& value, const std::string& what) {
   throw InvalidArgument(fmt::format("{}: expected true or false (1/0, yes/no), found '{}'", what, value));
 }
 
-// Note [Rendezvous settings from --rdzv_conf]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// torchrun passes --rdzv_conf to its rendezvous backends; these are the keys they read.
-// Each either sets the launcher's own setting, is accepted for a setting that has no
-// counterpart here, or is refused; docs/launcher.md lists them with the reasons. A key
-// that sets a flag also given explicitly with another value is an error, not a guess.
-void apply_rdzv_conf(CommandLine& line) {
-  if (!line.dependent.rdzv_conf) return;
-  LaunchOptions& o = line.options;
-  const auto set_seconds = [&](Seconds& field, const char* flag, const std::string& key, const std::string& value) {
-    const Seconds s{parse_seconds(value, fmt::format("--rdzv_conf {}", key), false)};
-    if (line.given.count(flag) != 0 && s != field) {
-      throw InvalidArgument(fmt::format("--rdzv_conf {}={} contradicts --{} {}: give one of them", key, value, flag,
-                                        field.count()));
-    }
-    field = s;
-  };
+// What the --rdzv_conf keys write into, read as a whole once every key is seen.
+struct RdzvConf {
+  CommandLine& line;
   double keep_alive_interval = 5;  // torchrun's defaults
   int64_t keep_alive_attempts = 3;
   bool keep_alive = false;
-  for (const auto& [key, value] : parse_rdzv_conf(*line.dependent.rdzv_conf)) {
-    const std::string what = fmt::format("--rdzv_conf {}", key);
-    if (key == "timeout" || key == "join_timeout") {
-      set_seconds(o.rdzv_timeout, "rdzv_timeout", key, value);
-    } else if (key == "last_call_timeout") {
-      set_seconds(o.rdzv_last_call, "rdzv_last_call", key, value);
-    } else if (key == "keep_alive_interval") {
-      keep_alive_interval = parse_seconds(value, what, false);
-      keep_alive = true;
-    } else if (key == "keep_alive_max_attempt") {
-      keep_alive_attempts = env::parse_int(value, what, 1, 1 << 20);
-      keep_alive = true;
-    } else if (key == "is_host") {
-      o.rdzv_is_host = parse_conf_bool(value, what);
-    } else if (key == "close_timeout" || key == "read_timeout") {
-      parse_seconds(value, what, false);  // accepted: Note above, docs/launcher.md
-    } else if (key == "use_libuv") {
-      parse_conf_bool(value, what);
-    } else if (key == "rank") {
-      env::parse_int(value, what, 0);
-    } else if (key == "store_type") {
-      if (value != "tcp") {
-        throw InvalidArgument(
-            fmt::format("{}={}: the launchers' rendezvous store is a TCP store (expected 'tcp')", what, value));
-      }
-    } else {
-      throw InvalidArgument(fmt::format(
-          "--rdzv_conf: unknown key '{}'; expected timeout, join_timeout, last_call_timeout, close_timeout, "
-          "read_timeout, keep_alive_interval, keep_alive_max_attempt, is_host, use_libuv, store_type or rank",
-          key));
-    }
+};
+
+// Sets a launcher duration from a key, unless the flag was given with another value.
+void set_seconds_from_conf(CommandLine& line, Seconds LaunchOptions::*field, const char* flag, const std::string& key,
+                           const std::string& value) {
+  const Seconds s{parse_seconds(value, fmt::format("--rdzv_conf {}", key), false)};
+  if (line.given.count(flag) != 0 && s != line.options.*field) {
+    throw InvalidArgument(fmt::format("--rdzv_conf {}={} contradicts --{} {}: give one of them", key, value, flag,
+                                      (line.options.*field).count()));
   }
-  if (keep_alive) {
+  line.options.*field = s;
+}
+
+struct RdzvKey {
+  const char* key;
+  void (*apply)(RdzvConf& conf, const std::string& what, const std::string& value);
+};
+
+// Note [Rendezvous settings from --rdzv_conf]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// torchrun passes --rdzv_conf to its rendezvous backends; these are the keys they read.
+// Each either sets the launcher's own setting, is accepted (and checked) for a setting
+// that has no counterpart here, or is refused; docs/launcher.md lists them with the
+// reasons. A key that sets a flag also given explicitly with another value is an error,
+// not a guess. `what` is "--rdzv_conf KEY", for messages.
+constexpr RdzvKey kRdzvKeys[] = {
+    {"timeout",
+     [](RdzvConf& c, const std::string&, const std::string& v) {
+       set_seconds_from_conf(c.line, &LaunchOptions::rdzv_timeout, "rdzv_timeout", "timeout", v);
+     }},
+    {"join_timeout",
+     [](RdzvConf& c, const std::string&, const std::string& v) {
+       set_seconds_from_conf(c.line, &LaunchOptions::rdzv_timeout, "rdzv_timeout", "join_timeout", v);
+     }},
+    {"last_call_timeout",
+     [](RdzvConf& c, const std::string&, const std::string& v) {
+       set_seconds_from_conf(c.line, &LaunchOptions::rdzv_last_call, "rdzv_last_call", "last_call_timeout", v);
+     }},
+    {"keep_alive_interval",
+     [](RdzvConf& c, const std::string& what, const std::string& v) {
+       c.keep_alive_interval = parse_seconds(v, what, false);
+       c.keep_alive = true;
+     }},
+    {"keep_alive_max_attempt",
+     [](RdzvConf& c, const std::string& what, const std::string& v) {
+       c.keep_alive_attempts = env::parse_int(v, what, 1, 1 << 20);
+       c.keep_alive = true;
+     }},
+    {"is_host",
+     [](RdzvConf& c, const std::string& what, const std::string& v) {
+       c.line.options.rdzv_is_host = parse_conf_bool(v, what);
+     }},
+    {"close_timeout", [](RdzvConf&, const std::string& what, const std::string& v) { parse_seconds(v, what, false); }},
+    {"read_timeout", [](RdzvConf&, const std::string& what, const std::string& v) { parse_seconds(v, what, false); }},
+    {"use_libuv", [](RdzvConf&, const std::string& what, const std::string& v) { parse_conf_bool(v, what); }},
+    {"rank", [](RdzvConf&, const std::string& what, const std::string& v) { env::parse_int(v, what, 0); }},
+    {"store_type",
+     [](RdzvConf&, const std::string& what, const std::string& v) {
+       if (v != "tcp") {
+         throw InvalidArgument(
+             fmt::format("{}={}: the launchers' rendezvous store is a TCP store (expected 'tcp')", what, v));
+       }
+     }},
+};
+
+void apply_rdzv_conf(CommandLine& line) {
+  if (!line.dependent.rdzv_conf) return;
+  RdzvConf conf{line};
+  for (const auto& [key, value] : parse_rdzv_conf(*line.dependent.rdzv_conf)) {
+    const auto* known = std::find_if(std::begin(kRdzvKeys), std::end(kRdzvKeys),
+                                     [&](const RdzvKey& k) { return key == k.key; });
+    if (known == std::end(kRdzvKeys)) {
+      std::string keys;
+      for (const RdzvKey& k : kRdzvKeys) keys += fmt::format("{}{}", keys.empty() ? "" : ", ", k.key);
+      throw InvalidArgument(fmt::format("--rdzv_conf: unknown key '{}'; expected one of {}", key, keys));
+    }
+    known->apply(conf, fmt::format("--rdzv_conf {}", key), value);
+  }
+  if (conf.keep_alive) {
     // torchrun's node is dead after max_attempt missed keep-alives; here, after
     // --heartbeat_timeout without a heartbeat.
-    set_seconds(o.heartbeat_timeout, "heartbeat_timeout", "keep_alive_interval x keep_alive_max_attempt",
-                fmt::format("{}", keep_alive_interval * static_cast<double>(keep_alive_attempts)));
+    set_seconds_from_conf(line, &LaunchOptions::heartbeat_timeout, "heartbeat_timeout",
+                          "keep_alive_interval x keep_alive_max_attempt",
+                          fmt::format("{}", conf.keep_alive_interval * static_cast<double>(conf.keep_alive_attempts)));
   }
 }
 

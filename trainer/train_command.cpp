@@ -26,7 +26,7 @@ namespace {
 // Only rank 0 speaks at info level; the others report warnings and errors, prefixed
 // with their rank so interleaved output stays attributable.
 void configure_logging(const std::string& level, const WorkerEnvironment& env) {
-  Progress::prepare_logging(Progress::mode_for(env.rank));
+  Progress::prepare_logging(Progress::mode_for(env.rank, spdlog::level::from_str(level) <= spdlog::level::info));
   if (env.rank == 0) {
     spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
     spdlog::set_level(spdlog::level::from_str(level));
@@ -164,7 +164,8 @@ void add_plot_hook(const TrainOptions& o, const TrainingRun& run, TrainLoopHooks
 }
 
 TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks) {
-  Progress progress(Progress::mode_for(run.env.rank), o.progress_every);
+  Progress progress(Progress::mode_for(run.env.rank, spdlog::default_logger_raw()->should_log(spdlog::level::info)),
+                    o.progress_every);
   TrainLoopConfig config;
   config.progress = &progress;
   config.steps_done = &g_steps_done;

@@ -274,8 +274,10 @@ TEST_CASE("progress: the bar's cells and the time left", "[progress]") {
   CHECK(mtrain::Progress::format_duration(-3) == "0:00");
   CHECK(parse({}).options.progress_every == 10.0);
   CHECK(parse({"--progress-every", "2.5"}).options.progress_every == 2.5);
-  // Only rank 0 reports progress.
-  CHECK(mtrain::Progress::mode_for(1) == mtrain::Progress::Mode::kOff);
+  // Only rank 0 reports progress, and only when info lines are shown.
+  CHECK(mtrain::Progress::mode_for(1, true) == mtrain::Progress::Mode::kOff);
+  CHECK(mtrain::Progress::mode_for(0, false) == mtrain::Progress::Mode::kOff);
+  CHECK(mtrain::Progress::mode_for(0, true) != mtrain::Progress::Mode::kOff);
 }
 
 TEST_CASE("metrics are one flushed JSON object per line, non-finite numbers as null", "[metrics]") {

@@ -81,8 +81,8 @@ void install_bar_sink() {
 
 }  // namespace
 
-Progress::Mode Progress::mode_for(int rank) {
-  if (rank != 0) return Mode::kOff;
+Progress::Mode Progress::mode_for(int rank, bool info_shown) {
+  if (rank != 0 || !info_shown) return Mode::kOff;
   const char* term = std::getenv("TERM");
   const bool terminal = ::isatty(STDOUT_FILENO) == 1 && term != nullptr && std::strcmp(term, "dumb") != 0;
   return terminal ? Mode::kBar : Mode::kLines;

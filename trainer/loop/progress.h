@@ -19,8 +19,8 @@ class Progress {
     kOff,    // ranks other than 0
   };
   // kBar for rank 0 on a terminal (TERM not "dumb"), kLines for rank 0 elsewhere, kOff
-  // for the other ranks.
-  static Mode mode_for(int rank);
+  // for the other ranks and when info lines are not shown (--log-level warn).
+  static Mode mode_for(int rank, bool info_shown);
   // For kBar: makes the default logger write around the bar. Call before configuring
   // the logger's level and pattern, which it keeps from then on.
   static void prepare_logging(Mode mode);
