@@ -107,11 +107,18 @@ std::exception_ptr Work::error() const {
   return error_;
 }
 
+std::optional<std::chrono::steady_clock::time_point> Work::completed_at() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_) return std::nullopt;
+  return completed_at_;
+}
+
 void Work::mark_completed() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     MTRAIN_CHECK(!done_, "{} #{} finished twice", op_type_name(op_), seq_);
     done_ = true;
+    completed_at_ = std::chrono::steady_clock::now();
     // The tensors are no longer in use by the backend; the caller holds its own handles.
     keep_alive_.clear();
   }
@@ -124,6 +131,7 @@ void Work::mark_failed(std::exception_ptr error) {
     std::lock_guard<std::mutex> lock(mu_);
     MTRAIN_CHECK(!done_, "{} #{} finished twice", op_type_name(op_), seq_);
     done_ = true;
+    completed_at_ = std::chrono::steady_clock::now();
     error_ = std::move(error);
     keep_alive_.clear();
   }

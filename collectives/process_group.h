@@ -14,6 +14,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,9 @@ class Work {
   virtual void wait_on_current_stream();
   // The error the operation failed with, or nullptr (also nullptr while running).
   std::exception_ptr error() const;
+  // When the backend marked it finished (steady clock); unset while running. On a GPU
+  // that is when the backend saw the device finish, which may be later.
+  std::optional<std::chrono::steady_clock::time_point> completed_at() const;
 
   // For backends: finish the operation (exactly once).
   void mark_completed();
@@ -66,6 +70,7 @@ class Work {
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  std::chrono::steady_clock::time_point completed_at_;
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/trace.h"
 #include "tensor/ops.h"
 
 // Note [SyncBatchNorm wire format]
@@ -87,7 +88,10 @@ void SyncBatchNorm::merge_batch_stats(BatchStats& stats) {
 
   Tensor all = Tensor::empty({world, row}, DType::Float32, device);
   Tensor all_flat = all.view({world * row});
-  timed_wait(*group_->allgather(local, all_flat));
+  {
+    const trace::Span span("SyncBatchNorm all-gather", "comm", "channels", c);
+    timed_wait(*group_->allgather(local, all_flat));
+  }
 
   // The checks below need every rank's count on the host. On a GPU that is one small
   // device-to-host copy of the gathered rows per layer per training forward, which
@@ -124,7 +128,10 @@ void SyncBatchNorm::reduce_backward_sums(Tensor& sum_dy, Tensor& sum_dy_xmu) {
   Tensor sums = Tensor::empty({2 * c}, DType::Float32, sum_dy.device());
   sums.flat_view(0, {c}).copy_(sum_dy);
   sums.flat_view(c, {c}).copy_(sum_dy_xmu);
-  timed_wait(*group_->allreduce(sums, ReduceOp::Sum));
+  {
+    const trace::Span span("SyncBatchNorm all-reduce", "comm", "channels", c);
+    timed_wait(*group_->allreduce(sums, ReduceOp::Sum));
+  }
   sum_dy.copy_(sums.flat_view(0, {c}));
   sum_dy_xmu.copy_(sums.flat_view(c, {c}));
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs mtrain's Debian dependencies (only those missing), configures and builds into
 # build/, then installs the binaries under PREFIX (default /usr/local: mtrain-launch,
-# mtrain-train, mtrain-bench and mtrain-plot on PATH, the shipped data beside them). Idempotent: a
-# second run installs no package and rebuilds only what changed.
+# mtrain-train, mtrain-bench, mtrain-plot and mtrain-trace on PATH, the shipped data beside
+# them). Idempotent: a second run installs no package and rebuilds only what changed.
 #
 #   bash scripts/setup.sh            # Release build in build/, installed in /usr/local
 #   BUILD_DIR=out CMAKE_ARGS="-DMTRAIN_CUDA=OFF" bash scripts/setup.sh
@@ -68,6 +68,6 @@ if [[ -n $prefix ]]; then
   while [[ ! -e $existing ]]; do existing=$(dirname "$existing"); done
   if [[ $(id -u) -ne 0 && ! -w $existing ]] && command -v sudo >/dev/null; then install_cmd=(sudo "${install_cmd[@]}"); fi
   "${install_cmd[@]}" >/dev/null
-  echo "setup: installed mtrain-launch, mtrain-train, mtrain-bench and mtrain-plot in $prefix/bin"
+  echo "setup: installed mtrain-launch, mtrain-train, mtrain-bench, mtrain-plot and mtrain-trace in $prefix/bin"
   case ":$PATH:" in *":$prefix/bin:"*) ;; *) echo "setup: add $prefix/bin to PATH to run them by name" ;; esac
 fi

@@ -99,6 +99,17 @@ void read_int(const cxxopts::ParseResult& r, const char* name, T& out, int64_t m
   }
 }
 
+// "FIRST:LAST", 1 <= FIRST <= LAST.
+void read_step_range(const std::string& text, const char* flag, int64_t& first, int64_t& last) {
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) {
+    throw InvalidArgument(fmt::format("{}: expected FIRST:LAST (optimizer steps, e.g. 11:30), found '{}'", flag, text));
+  }
+  first = env::parse_int(text.substr(0, colon), fmt::format("{}'s FIRST", flag), 1, std::numeric_limits<int64_t>::max());
+  last = env::parse_int(text.substr(colon + 1), fmt::format("{}'s LAST", flag), 1, std::numeric_limits<int64_t>::max());
+  if (last < first) throw InvalidArgument(fmt::format("{}: expected FIRST <= LAST, found {}", flag, text));
+}
+
 void read_double(const cxxopts::ParseResult& r, const char* name, double& out) {
   if (r.count(name) != 0) out = parse_double(r[name].as<std::string>(), fmt::format("--{}", name));
 }
@@ -299,6 +310,8 @@ cxxopts::Options train_command_spec(const TrainChoices& choices) {
     ("no-eval", "skip the test-set evaluation at the end of each epoch")
     ("log-level", "trace|debug|info|warn|error|critical|off", cxxopts::value<std::string>()->default_value(d.log_level))
     ("log-every", "optimizer steps between progress lines", cxxopts::value<std::string>()->default_value(std::to_string(d.log_every)))
+    ("trace", "write a timeline (Chrome trace events: forward, backward, each bucket's all-reduce, SyncBatchNorm, data, optimizer, evaluation, checkpoints) to DIR/rank-R.json per rank, merged into DIR/trace.json for Perfetto or chrome://tracing", cxxopts::value<std::string>())
+    ("trace-steps", "the optimizer steps --trace records, FIRST:LAST (evaluations and checkpoints are always recorded)", cxxopts::value<std::string>()->default_value(fmt::format("{}:{}", d.trace_first_step, d.trace_last_step)))
     ("progress-every", "in a log file or under a scheduler: a progress line (training or evaluation) whenever this many seconds passed without one; on a terminal a bar redraws in place instead", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.progress_every)))
     ("h,help", "print this help");
   // clang-format on
@@ -375,6 +388,8 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   o.eval = !switch_on(r, "no-eval");
   o.log_level = r["log-level"].as<std::string>();
   read_double(r, "progress-every", o.progress_every);
+  read_path(r, "trace", o.trace_dir);
+  read_step_range(r["trace-steps"].as<std::string>(), "--trace-steps", o.trace_first_step, o.trace_last_step);
   read_int(r, "log-every", o.log_every, 1, kMax);
 
   o.device = r["device"].as<std::string>();

@@ -39,6 +39,9 @@ struct TrainOptions {
   std::string log_level = "info";
   int64_t log_every = 20;               // optimizer steps between progress lines
   double progress_every = 10.0;         // seconds: the longest quiet stretch in a log (not a terminal)
+  std::string trace_dir;                // timeline: DIR/rank-R.json and DIR/trace.json; empty = none
+  int64_t trace_first_step = 1;         // --trace-steps FIRST:LAST, optimizer steps counted from 1
+  int64_t trace_last_step = 20;
 
   // Where the replica trains (docs/gpu.md; Note [Device binding] in setup/device.cpp)
   // and the GPU numerics (Note [Convolution algorithm choice] in tensor/cuda_ops.h; all

@@ -6,6 +6,7 @@
 #include <atomic>
 
 #include "core/error.h"
+#include "core/trace.h"
 #include "data/data_source.h"
 #include "models/sync_batchnorm.h"
 #include "models/zoo.h"
@@ -18,6 +19,7 @@
 #include "trainer/setup/run_setup.h"
 #include "trainer/stopping/error_file.h"
 #include "trainer/stopping/stop_signals.h"
+#include "trainer/trace/run_trace.h"
 
 namespace mtrain {
 
@@ -52,6 +54,7 @@ struct ReplicaChecks {
 };
 
 void replica_check(ProcessGroup& group, models::Module& model, int64_t step, ReplicaChecks& checks, int64_t every) {
+  const trace::Span span("replica check", "comm", "step", step);
   const uint64_t h = hash_parameters(model);
   require_same_on_all_ranks(group, {{"the parameters", h, fmt::format("hash {:016x}", h)}},
                             fmt::format("replica check after step {}: the model", step));
@@ -179,6 +182,7 @@ TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks
   if (run.resumed) config.start = *run.resumed;
   config.checkpoint_every = o.checkpoint_every;
   config.rank = run.env.rank;
+  config.trace_steps = {o.trace_first_step, o.trace_last_step};
   std::optional<LossScaler> scaler;
   if (uses_loss_scaler(o)) {
     LossScalerOptions scaling;
@@ -292,7 +296,16 @@ int run_train_command(const TrainOptions& o) {
     evaluate_initial_weights(run);
   } else {
     ReplicaChecks checks;
-    const TrainResult result = train(o, run, checks);
+    RunTrace trace(o, run);
+    const TrainResult result = [&] {
+      try {
+        return train(o, run, checks);
+      } catch (...) {
+        trace.write_after_failure(run);
+        throw;
+      }
+    }();
+    trace.finish(run);
     set_stop_acknowledgement(nullptr);  // a signal from here on is "after the last step"
     steps = result.end.total_steps;
     if (result.stop_vote != 0) return finish_stopped_run(run, result);

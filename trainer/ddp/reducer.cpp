@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/trace.h"
 #include "tensor/ops.h"
 #include "trainer/ddp/rank_consensus.h"
 
@@ -258,7 +259,10 @@ void Reducer::before_backward(const MicroBatchInfo& micro_batch) {
   if (options_.weight_by_sample_count) {
     // Note [Reducer gradient weighting]
     Tensor count = Tensor::from_vector<int64_t>({micro_batch.samples}, {1});
-    control_->allreduce(count, ReduceOp::Sum)->wait();
+    {
+      const trace::Span span("sample counts all-reduce", "comm");
+      control_->allreduce(count, ReduceOp::Sum)->wait();
+    }
     const int64_t total = count.data<int64_t>()[0];
     if (total <= 0) {
       throw InvalidArgument(fmt::format("every rank's micro-batch is empty (total 0 samples) at this step"));
@@ -310,9 +314,10 @@ void Reducer::launch_ready_buckets() {
 // but flushes values below 2^-24 to zero (its loss scaling, Note [Dynamic loss scaling], applies
 // before the buckets are reduced); bfloat16 keeps float32's range and 8 significant bits.
 void Reducer::launch(Bucket& bucket) {
+  bucket.launched_at = Clock::now();
   if (!first_launch_seen_) {
     first_launch_seen_ = true;
-    first_launch_ = Clock::now();
+    first_launch_ = bucket.launched_at;
   }
   // The gradients are the bucket (Note [Gradients are views into the buckets]): scale
   // them in place, then reduce in place.
@@ -376,6 +381,7 @@ void Reducer::after_backward() {
   exchange_work_->wait(control_->options().timeout);
   exchange_work_.reset();
   const auto all_done = Clock::now();
+  trace_buckets(all_done);
   take_exchange();
   last_step_.wait_seconds = seconds_between(backward_end, all_done);
   last_step_.comm_span_seconds = seconds_between(first_launch_, all_done);
@@ -387,6 +393,18 @@ void Reducer::after_backward() {
   totals_.comm_span_seconds += last_step_.comm_span_seconds;
   previous_wait_ns_ =
       last_step_.waited_on_device ? -1 : static_cast<int64_t>(std::llround(last_step_.wait_seconds * 1e9));
+}
+
+void Reducer::trace_buckets(Clock::time_point all_done) const {
+  if (!trace::recording()) return;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    const Bucket& b = buckets_[k];
+    // On a GPU the host did not wait (Note [Reducer on a GPU]): an all-reduce still running
+    // ends at the moment its wait was queued, so there the spans understate communication.
+    const Clock::time_point done = b.work->completed_at().value_or(all_done);
+    trace::record("all-reduce", "comm", trace::bucket_row(static_cast<int>(k)), b.launched_at,
+                  std::max(done, b.launched_at), "bytes", static_cast<int64_t>(b.flat.nbytes()));
+  }
 }
 
 // Note [Agreeing to stop]

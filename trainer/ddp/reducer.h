@@ -122,6 +122,7 @@ class Reducer final : public GradientSynchronizer {
     Tensor wire;      // the 16-bit copy that travels (Note [Gradient compression]); else undefined
     int pending = 0;  // parameters not yet ready in this backward
     WorkPtr work;
+    std::chrono::steady_clock::time_point launched_at;  // this step's launch (--trace)
   };
   using Clock = std::chrono::steady_clock;
 
@@ -130,6 +131,8 @@ class Reducer final : public GradientSynchronizer {
   void launch(Bucket& bucket);
   // Reads the finished exchange: the agreed stop vote, every rank's previous wait.
   void take_exchange();
+  // Records each bucket's all-reduce, launch to completion, on its --trace row.
+  void trace_buckets(Clock::time_point all_done) const;
 
   std::shared_ptr<ProcessGroup> group_;
   ReducerOptions options_;

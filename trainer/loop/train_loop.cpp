@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/trace.h"
 #include "models/loss.h"
 #include "tensor/ops.h"
 #include "trainer/loop/device_batches.h"
@@ -61,7 +62,10 @@ bool TrainLoop::step_limit_reached() const {
 }
 
 void TrainLoop::checkpoint(const TrainPosition& position, CheckpointReason reason) const {
-  if (config_.hooks.checkpoint) config_.hooks.checkpoint(position, reason);
+  if (!config_.hooks.checkpoint) return;
+  trace::set_recording(true);  // checkpoints are traced outside --trace-steps too
+  const trace::Span span("checkpoint", "io", "step", position.total_steps);
+  config_.hooks.checkpoint(position, reason);
 }
 
 // Note [Resuming mid-epoch]
@@ -183,11 +187,19 @@ TrainResult TrainLoop::run() {
     double step_loss_sum = 0.0;  // per-image losses of this step's micro-batches
     int64_t step_images = 0;
 
+    Clock::time_point step_start;
     while (!step_limit_reached()) {
       const auto micro_start = Clock::now();
-      auto batch = batches.next();
-      if (!batch) break;
       const bool first_of_step = micro % accum == 0;
+      if (first_of_step) {
+        trace::set_recording(config_.trace_steps.contains(total_steps_ + 1));
+        step_start = micro_start;
+      }
+      auto batch = [&] {
+        const trace::Span span("data wait", "data");
+        return batches.next();
+      }();
+      if (!batch) break;
       const bool last_of_step = (micro + 1) % accum == 0 || micro + 1 == batches_per_epoch;
       ++micro;
       if (first_of_step) {
@@ -200,16 +212,23 @@ TrainResult TrainLoop::run() {
       }
       MicroBatchInfo info{batch->size(), last_of_step};
       // Note [Buffers follow rank 0]: every rank, its micro-batch empty or not.
-      if (last_of_step && config_.hooks.sync_buffers) config_.hooks.sync_buffers();
+      if (last_of_step && config_.hooks.sync_buffers) {
+        const trace::Span span("buffer broadcast", "comm");
+        config_.hooks.sync_buffers();
+      }
       if (last_of_step && config_.hooks.stop_vote) info.stop_vote = config_.hooks.stop_vote();
       if (batch->size() == 0) {
         // An empty shard (see Note [Gradients are views into the buckets] in reducer.cpp): nothing
         // to compute, but the synchronizer still takes part in the exchange.
         sync_.before_backward(info);
+        const trace::Span span("gradient sync wait", "comm");
         sync_.after_backward();
       } else {
-        const Tensor logits = model_.forward(batch->images);
-        const models::LossResult r = loss_fn.forward(logits, batch->labels);
+        const models::LossResult r = [&] {
+          const trace::Span span("forward", "compute", "images", batch->size());
+          const Tensor logits = model_.forward(batch->images);
+          return loss_fn.forward(logits, batch->labels);
+        }();
         // Note [Agreeing to diverge]
         if (!std::isfinite(r.loss) && divergence.empty()) {
           divergence = fmt::format("the loss is {} at epoch {} step {}", r.loss, epoch, total_steps_ + 1);
@@ -221,8 +240,14 @@ TrainResult TrainLoop::run() {
         float k = sync_.loss_gradient_scale();
         if (scaler != nullptr) k *= scaler->scale();
         if (k != 1.0f) ops::scale_(dlogits, k);
-        model_.backward(dlogits);
-        sync_.after_backward();
+        {
+          const trace::Span span("backward", "compute");
+          model_.backward(dlogits);
+        }
+        {
+          const trace::Span span("gradient sync wait", "comm");
+          sync_.after_backward();
+        }
         s.images += r.count;
         s.loss_sum += r.loss * static_cast<double>(r.count);
         s.correct += r.correct;
@@ -244,8 +269,11 @@ TrainResult TrainLoop::run() {
       }
       // Note [Dynamic loss scaling]: every rank holds the same reduced gradients, so
       // every rank skips the same steps.
-      const bool skip = scaler != nullptr && scaler->unscale_and_update(grads);
-      if (!skip) optimizer_.step();
+      {
+        const trace::Span span("optimizer", "compute");
+        const bool skip = scaler != nullptr && scaler->unscale_and_update(grads);
+        if (!skip) optimizer_.step();
+      }
       step_seconds += seconds_since(micro_start);
 
       ++total_steps_;
@@ -260,6 +288,7 @@ TrainResult TrainLoop::run() {
       step_images = 0;
       if (config_.steps_done != nullptr) config_.steps_done->store(total_steps_);
       if (config_.hooks.after_step) config_.hooks.after_step(total_steps_);
+      trace::record("step", "step", trace::kTrainRow, step_start, Clock::now(), "step", total_steps_);
       // A --log-every step prints its own line just below.
       if (config_.progress != nullptr && total_steps_ % config_.log_every != 0) {
         config_.progress->step(epoch, s.steps, steps_per_epoch, total_steps_,
@@ -313,6 +342,8 @@ TrainResult TrainLoop::run() {
     s.images_per_second = rate(static_cast<double>(s.images), s.train_seconds);
 
     if (test_loader_ != nullptr) {
+      trace::set_recording(true);  // evaluations are traced outside --trace-steps too
+      const trace::Span span("evaluation", "compute", "epoch", epoch);
       const auto eval_start = Clock::now();
       if (config_.hooks.sync_buffers) config_.hooks.sync_buffers();  // Note [Buffers follow rank 0]
       s.test = evaluate(model_, *test_loader_, config_.device, [&](int64_t done, int64_t batches) {

@@ -76,6 +76,14 @@ struct TrainPosition {
   LossScalerState loss_scaler;
 };
 
+// The optimizer steps (1-based over the run, inclusive) whose spans --trace records; the
+// default records none. Evaluations and checkpoints are recorded whenever tracing started.
+struct TraceSteps {
+  int64_t first = 1;
+  int64_t last = 0;
+  bool contains(int64_t step) const { return step >= first && step <= last; }
+};
+
 struct TrainLoopConfig {
   int64_t epochs = 1;
   std::optional<int64_t> max_steps;  // optimizer steps over the whole run; unset = no limit
@@ -101,6 +109,9 @@ struct TrainLoopConfig {
   // The optimizer steps done so far, stored after each step for readers on other
   // threads (the stop signal's acknowledgement); null: not published.
   std::atomic<int64_t>* steps_done = nullptr;
+  // The steps whose timeline the process's trace recorder keeps (core/trace.h); it
+  // records nothing unless started.
+  TraceSteps trace_steps;
 };
 
 // Optimizer steps in an epoch of `batches` micro-batches, `grad_accum` per step (the

@@ -56,6 +56,8 @@ std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t tra
   add("--checkpoint-dir", o.checkpoint_dir.empty() ? "unset" : "set");
   // Rank 0 writes the file and every rank learns the outcome in a collective.
   add("--save-final", o.save_final.empty() ? "unset" : "set");
+  // Tracing aligns the ranks' clocks with barriers; each rank may write to a directory of its own.
+  add("--trace", o.trace_dir.empty() ? "unset" : "set");
   return items;
 }
 
@@ -121,6 +123,7 @@ const std::vector<std::string>& per_rank_flags() {
       "--progress-every",   // rank 0's progress output, no collective
       "--metrics",          // written by rank 0 alone
       "--plot",             // drawn by rank 0 alone
+      "--trace-steps",      // what each rank records, no collective
       "--cudnn-benchmark",  // a GPU's own algorithm choice: the gradients are averaged
       "--deterministic",
       "--no-tf32",
