@@ -12,8 +12,8 @@ namespace mtrain {
 
 // Defaults: the README's main job is plain `mtrain-train`, which must finish in well
 // under 3 minutes on 2 cores and still learn something real: mlp for 10 epochs on the
-// shipped subset does; d2l's sigmoid LeNet still sits on its initial plateau after that
-// many epochs, and simplecnn is too slow per epoch (docs/benchmarks.md).
+// shipped subset does. The model's recipe (model_recipes) then supplies --init, --epochs,
+// --batch-size, --lr and --momentum where the command line does not; the values here are mlp's.
 struct TrainOptions {
   std::string model = "mlp";
   std::string dataset = "fashion-mnist";
@@ -42,6 +42,9 @@ struct TrainOptions {
   std::string trace_dir;                // timeline: DIR/rank-R.json and DIR/trace.json; empty = none
   int64_t trace_first_step = 1;         // --trace-steps FIRST:LAST, optimizer steps counted from 1
   int64_t trace_last_step = 20;
+  // The flags the model's recipe supplied, as flags ("--init xavier --lr 0.1"), for the
+  // log; empty when the command line gave them all (Note [Each model's recipe]).
+  std::string recipe;
 
   // Where the replica trains (docs/gpu.md; Note [Device binding] in setup/device.cpp)
   // and the GPU numerics (Note [Convolution algorithm choice] in tensor/cuda_ops.h; all
@@ -75,6 +78,18 @@ struct TrainOptions {
   double warmup_epochs = 0;
   std::string lr_schedule = "constant"; // constant|step|cosine
 };
+
+// What a model trains with when the command line leaves these flags out (Note [Each model's
+// recipe] in options.cpp); every model of the zoo has one.
+struct ModelRecipe {
+  std::string model;
+  std::string init;
+  double lr = 0.1;
+  double momentum = 0.9;
+  int64_t batch_size = 256;
+  int64_t epochs = 10;
+};
+const std::vector<ModelRecipe>& model_recipes();
 
 struct ParsedTrainCommandLine {
   bool help = false;       // --help was given: print help_text and exit 0

@@ -231,6 +231,9 @@ void build_model(const TrainOptions& o, TrainingRun& run) {
   } else {
     spdlog::info("model {}: {} initialisation, seed {}", o.model, o.init, o.seed);
   }
+  if (!o.recipe.empty()) {
+    spdlog::info("model {}: its recipe sets {} (docs/training.md; a flag given overrides it)", o.model, o.recipe);
+  }
   if (o.sync_bn && run.groups) {
     const int converted = models::convert_sync_batchnorm(model, run.batch_stats_group);
     spdlog::info("--sync-bn: {} BatchNorm2d layers now synchronise their statistics over {} ranks", converted,

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
+#include <iterator>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -88,6 +90,11 @@ std::vector<RankSummary> summarize(const nlohmann::json& events, int world) {
     const double ts = e.at("ts").get<double>();
     steps[r][e.at("args").at("step").get<int64_t>()] = {ts, ts + e.at("dur").get<double>()};
   }
+  std::vector<std::vector<std::pair<double, int64_t>>> step_starts(static_cast<size_t>(world));  // (start, step)
+  for (int r = 0; r < world; ++r) {
+    for (const auto& [step, span] : steps[r]) step_starts[r].emplace_back(span.start, step);
+    std::sort(step_starts[r].begin(), step_starts[r].end());
+  }
   // Per rank and step: wait after backward, compute, first launch, last completion.
   struct StepFigures {
     double wait = 0.0, compute = 0.0;
@@ -99,16 +106,18 @@ std::vector<RankSummary> summarize(const nlohmann::json& events, int world) {
     const int r = e.at("pid").get<int>();
     const double ts = e.at("ts").get<double>(), dur = e.at("dur").get<double>();
     const std::string name = e.at("name").get<std::string>();
-    for (const auto& [step, span] : steps[r]) {
-      if (ts < span.start || ts > span.end) continue;
-      StepFigures& f = figures[r][step];
-      if (name == "gradient sync wait") f.wait += dur;
-      if (name == "forward" || name == "backward" || name == "optimizer") f.compute += dur;
-      if (name == "all-reduce") {
-        f.first_launch = std::min(f.first_launch, ts);
-        f.last_done = std::max(f.last_done, ts + dur);
-      }
-      break;
+    // The step whose span holds this span's start: the last step starting at or before it.
+    const auto& starts = step_starts[r];
+    auto it = std::upper_bound(starts.begin(), starts.end(), std::make_pair(ts, INT64_MAX));
+    if (it == starts.begin()) continue;
+    const int64_t step = std::prev(it)->second;
+    if (ts > steps[r][step].end) continue;
+    StepFigures& f = figures[r][step];
+    if (name == "gradient sync wait") f.wait += dur;
+    if (name == "forward" || name == "backward" || name == "optimizer") f.compute += dur;
+    if (name == "all-reduce") {
+      f.first_launch = std::min(f.first_launch, ts);
+      f.last_done = std::max(f.last_done, ts + dur);
     }
   }
   std::map<int64_t, std::pair<double, int>> least_wait;  // step -> (wait, rank)
@@ -252,7 +261,13 @@ MergedTrace merge_rank_traces(std::vector<RankTrace> ranks) {
     // An enclosing span first when two start together, so viewers nest them.
     return ta != tb ? ta < tb : a["dur"].get<double>() > b["dur"].get<double>();
   });
-  merged.summary = summarize(spans, world);
+  try {
+    merged.summary = summarize(spans, world);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(fmt::format("expected spans as mtrain-train --trace writes them (names, a step number on "
+                                      "each \"step\"), found one that is not: {}",
+                                      e.what()));
+  }
   merged.spans = static_cast<int64_t>(spans.size());
   nlohmann::json alignment = nlohmann::json::array(), summary = nlohmann::json::array();
   for (const RankAlignment& a : merged.alignment) {
