@@ -55,7 +55,8 @@ void start(size_t max_spans) {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);
   r.spans.clear();
-  r.spans.reserve(std::min<size_t>(max_spans, 4096));
+  // All at once, so that recording never allocates (a Span records from its destructor).
+  r.spans.reserve(max_spans);
   r.max_spans = max_spans;
   r.dropped = 0;
   g_started.store(true);
@@ -113,13 +114,21 @@ size_t dropped() {
   return r.dropped;
 }
 
+std::string boot_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (!(in >> id)) return "";
+  return id;
+}
+
 std::string host_name() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "unknown";
   return name;
 }
 
-void write_rank_file(const std::string& path, int rank, int world, const ClockSync& clock) {
+void write_rank_file(const std::string& path, int rank, int world, const std::string& device,
+                     const ClockSync& clock) {
   MTRAIN_CHECK(!clock.sync_ns.empty(), "a rank's trace needs at least one clock reading");
   const std::vector<SpanRecord> all = spans();
   const int64_t origin = clock.sync_ns.front();
@@ -156,6 +165,8 @@ void write_rank_file(const std::string& path, int rank, int world, const ClockSy
                                            {"rank", rank},
                                            {"world_size", world},
                                            {"host", clock.host},
+                                           {"boot_id", clock.boot_id},
+                                           {"device", device},
                                            {"clock_sync_ns", clock.sync_ns},
                                            {"dropped_spans", dropped()}}}};
   // Written beside the target and renamed over it, so a reader never sees half a file.

@@ -5,9 +5,9 @@
 //
 // Process-wide, like the logger. Nothing is recorded until start(); then only while
 // recording() is on, which the training loop switches per step. Off, a Span costs one relaxed
-// atomic load. Spans on one row must nest or follow one another (the merge checks it); each
+// atomic load. Spans on one row must nest or follow one another; each
 // gradient bucket has a row of its own because its all-reduce overlaps backward and the other
-// buckets'.
+// buckets' (tests/trainer/test_trace.cpp checks a real run's rows).
 #pragma once
 
 #include <chrono>
@@ -76,15 +76,20 @@ size_t dropped();
 // Where this rank's clock stood at moments every rank shares (Note [Aligning the ranks'
 // clocks] in trainer/trace/merge.cpp).
 struct ClockSync {
-  std::string host;               // this rank's host name
+  std::string host;               // this rank's host name, for people
+  std::string boot_id;            // the running kernel's boot id: one clock; empty if unknown
   std::vector<int64_t> sync_ns;   // steady-clock readings right after each of a series of barriers
 };
 
-// Writes the spans as a Chrome trace-event file (JSON) with this rank's identity and clock
-// readings; throws IoError when it cannot.
-void write_rank_file(const std::string& path, int rank, int world, const ClockSync& clock);
+// Writes the spans as a Chrome trace-event file (JSON) with this rank's identity, device ("cpu",
+// "cuda:0") and clock readings; throws IoError when it cannot.
+void write_rank_file(const std::string& path, int rank, int world, const std::string& device,
+                     const ClockSync& clock);
 
 // This machine's host name ("unknown" when it cannot be read).
 std::string host_name();
+// /proc/sys/kernel/random/boot_id: the same for every process on one running kernel (and so
+// one steady clock), whatever the host names say; empty when it cannot be read.
+std::string boot_id();
 
 }  // namespace mtrain::trace

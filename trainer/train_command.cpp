@@ -293,6 +293,8 @@ int run_train_command(const TrainOptions& o) {
 
   int64_t steps = run.resumed ? run.resumed->total_steps : 0;
   if (o.max_steps && *o.max_steps == 0) {
+    if (!o.trace_dir.empty())
+      spdlog::warn("--trace {}: --max-steps 0 trains no step, so no timeline is written", o.trace_dir);
     evaluate_initial_weights(run);
   } else {
     ReplicaChecks checks;
@@ -305,8 +307,8 @@ int run_train_command(const TrainOptions& o) {
         throw;
       }
     }();
-    trace.finish(run);
     set_stop_acknowledgement(nullptr);  // a signal from here on is "after the last step"
+    trace.finish(run);
     steps = result.end.total_steps;
     if (result.stop_vote != 0) return finish_stopped_run(run, result);
     log_end_of_training(o, result);

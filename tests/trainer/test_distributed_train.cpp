@@ -111,7 +111,8 @@ std::pair<std::string, std::string> two_by_16_and_one_by_32(const TempDir& dir, 
 TEST_CASE("mlp and lenet: 2 ranks x batch 16 train the model 1 rank x batch 32 trains", "[multiproc]") {
   const std::string model = GENERATE("mlp", "lenet");
   INFO("model " << model);
-  const std::vector<std::string> base = {"--model", model, "--max-steps", "10", "--lr", "0.1", "--no-eval"};
+  const std::vector<std::string> base = {"--model", model, "--init", "default", "--max-steps", "10",
+                                         "--lr", "0.1", "--no-eval"};
   TempDir dir;
   const auto [two, one] = two_by_16_and_one_by_32(dir, base);
   const auto one_small = dir.file("one_small.safetensors");
@@ -131,13 +132,13 @@ TEST_CASE("with --amp bf16 and dynamic loss scaling, 2 ranks x batch 16 still tr
     WARN("skipped: oneDNN has no bfloat16 convolutions on this CPU");
     return;
   }
-  const std::vector<std::string> base = {"--model", "lenet", "--max-steps", "10", "--lr", "0.1", "--no-eval",
-                                         "--amp", "bf16", "--loss-scale", "dynamic"};
+  const std::vector<std::string> base = {"--model", "lenet", "--init", "default", "--max-steps", "10",
+                                         "--lr", "0.1", "--no-eval", "--amp", "bf16", "--loss-scale", "dynamic"};
   TempDir dir;
   const auto [two, one] = two_by_16_and_one_by_32(dir, base);
   const auto one_f32 = dir.file("one_f32.safetensors");
-  require_success(launch(1, {"--model", "lenet", "--max-steps", "10", "--lr", "0.1", "--no-eval", "--batch-size", "32",
-                             "--save-final", one_f32}));
+  require_success(launch(1, {"--model", "lenet", "--init", "default", "--max-steps", "10", "--lr", "0.1", "--no-eval",
+                             "--batch-size", "32", "--save-final", one_f32}));
   const double same = max_abs_difference(two, one);
   const double f32 = max_abs_difference(one, one_f32);
   INFO("2x16 vs 1x32 in bf16: " << same << ", bf16 vs float32: " << f32);
@@ -151,15 +152,16 @@ TEST_CASE("--grad-compression bf16 and fp16: the replicas stay identical, near t
   // Note [Gradient compression]: each rank's bucket and each partial sum is rounded to
   // 16 bits, so the run differs from the float32 exchange by that rounding, not more.
   TempDir dir;
-  const std::vector<std::string> base = {"--model", "lenet", "--max-steps", "10", "--lr", "0.1", "--no-eval",
-                                         "--batch-size", "16", "--check-replicas", "1"};
+  const std::vector<std::string> base = {"--model", "lenet", "--init", "default", "--max-steps", "10",
+                                         "--lr", "0.1", "--no-eval", "--batch-size", "16", "--check-replicas", "1"};
   const auto start = dir.file("start.safetensors");
   const auto plain = dir.file("plain.safetensors");
   const auto other_lr = dir.file("other_lr.safetensors");
-  require_success(launch(1, {"--model", "lenet", "--max-steps", "0", "--no-eval", "--save-final", start}));
+  require_success(
+      launch(1, {"--model", "lenet", "--init", "default", "--max-steps", "0", "--no-eval", "--save-final", start}));
   require_success(launch(2, concat(base, {"--save-final", plain})));
-  require_success(launch(2, {"--model", "lenet", "--max-steps", "10", "--lr", "0.09", "--no-eval", "--batch-size",
-                             "16", "--save-final", other_lr}));
+  require_success(launch(2, {"--model", "lenet", "--init", "default", "--max-steps", "10", "--lr", "0.09", "--no-eval",
+                             "--batch-size", "16", "--save-final", other_lr}));
   const double lr_change = mtrain::testing::compare_training(other_lr, plain, start).update;
   for (const std::string type : {"bf16", "fp16"}) {
     INFO("--grad-compression " << type);

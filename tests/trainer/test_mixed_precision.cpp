@@ -125,7 +125,8 @@ TEST_CASE("dynamic loss scaling without overflow trains the unscaled model bit f
   // a missing or doubled unscale would move every weight. lenet has no BatchNorm; mlp
   // would do as well.
   TempDir dir;
-  const std::vector<std::string> base = {"--model", "lenet", "--batch-size", "32", "--max-steps", "6", "--no-eval"};
+  const std::vector<std::string> base = {"--model", "lenet", "--init", "default", "--batch-size", "32",
+                                         "--max-steps", "6", "--no-eval"};
   const auto plain = dir.file("plain.safetensors");
   const auto scaled = dir.file("scaled.safetensors");
   const auto metrics = dir.file("metrics.jsonl");
@@ -199,7 +200,8 @@ TEST_CASE("a resumed run continues the loss scale where the checkpoint left it",
 TEST_CASE("bf16 mixed precision trains close to float32 but not identically, and says so", "[e2e][mixed]") {
   if (!bf16_here()) return;
   TempDir dir;
-  const std::vector<std::string> base = {"--model", "lenet", "--batch-size", "32", "--lr", "0.1", "--no-eval"};
+  const std::vector<std::string> base = {"--model", "lenet", "--init", "default", "--batch-size", "32",
+                                         "--lr", "0.1", "--no-eval"};
   const auto start = dir.file("start.safetensors");
   const auto f32 = dir.file("f32.safetensors");
   const auto bf16 = dir.file("bf16.safetensors");
@@ -209,8 +211,8 @@ TEST_CASE("bf16 mixed precision trains close to float32 but not identically, and
   const auto r = train(concat(base, {"--max-steps", "10", "--save-final", bf16, "--amp", "bf16"}));
   require_success(r);
   CHECK_THAT(r.out, Contains("--amp bf16: convolutions and linear layers multiply in bfloat16"));
-  require_success(train({"--model", "lenet", "--batch-size", "32", "--lr", "0.09", "--no-eval", "--max-steps", "10",
-                         "--save-final", other_lr}));
+  require_success(train({"--model", "lenet", "--init", "default", "--batch-size", "32", "--lr", "0.09", "--no-eval",
+                         "--max-steps", "10", "--save-final", other_lr}));
   const auto amp = mtrain::testing::compare_training(bf16, f32, start);
   const auto lr = mtrain::testing::compare_training(other_lr, f32, start);
   INFO("bf16 vs float32: " << amp.describe() << "; lr 0.09 vs 0.1: " << lr.describe());

@@ -30,13 +30,16 @@ const std::string kTraceTool = mtrain::testing::bin_dir() + "/mtrain-trace";
 trace::Clock::time_point at_ns(int64_t ns) { return trace::Clock::time_point(std::chrono::nanoseconds(ns)); }
 
 // A rank file's contents as write_rank_file makes them: one "step" span at `ts_us`.
+// `host` is also the boot id unless one is given.
 trace::RankTrace synthetic_rank(int rank, int world, const std::string& host, std::vector<int64_t> sync_ns,
-                                double ts_us) {
+                                double ts_us, const std::string& boot_id = "") {
   trace::RankTrace t;
   t.source = "rank-" + std::to_string(rank) + ".json";
   t.rank = rank;
   t.world_size = world;
   t.host = host;
+  t.boot_id = boot_id.empty() ? host : boot_id;
+  t.device = "cpu";
   t.sync_ns = std::move(sync_ns);
   t.events = nlohmann::json::array({{{"ph", "X"}, {"name", "step"}, {"pid", rank}, {"tid", 0}, {"ts", ts_us},
                                      {"dur", 100.0}, {"args", {{"step", 1}}}}});
@@ -96,11 +99,13 @@ TEST_CASE("the recorder keeps spans only while recording, up to its cap", "[trac
 
   TempDir dir;
   const std::string path = dir.file("rank-1.json");
-  trace::write_rank_file(path, 1, 2, {"host-x", {50, 60}});
+  trace::write_rank_file(path, 1, 2, "cpu", {"host-x", "boot-x", {50, 60}});
   const trace::RankTrace back = trace::read_rank_trace(path);
   CHECK(back.rank == 1);
   CHECK(back.world_size == 2);
   CHECK(back.host == "host-x");
+  CHECK(back.boot_id == "boot-x");
+  CHECK(back.device == "cpu");
   CHECK(back.sync_ns == std::vector<int64_t>{50, 60});
   CHECK(back.dropped_spans == 1);
   int spans_back = 0;
@@ -144,6 +149,16 @@ TEST_CASE("the merge takes one host's clock as it is and aligns other hosts by t
   CHECK(merged.alignment[1].spread_us == Approx(900.0));
   CHECK(merged.alignment[2].method == "same host");
   CHECK(merged.file["mtrain"]["world_size"] == 3);
+
+  // One host name on two kernels (containers) is two clocks; two names on one kernel, one.
+  const auto twins = trace::merge_rank_traces(
+      {synthetic_rank(0, 2, "node", sync0, 10.0, "boot-a"), synthetic_rank(1, 2, "node", sync1, 10.0, "boot-b")});
+  CHECK(twins.alignment[1].method == "barriers");
+  CHECK(step_ts(twins.file, 1) == Approx(10.0));
+  const auto renamed = trace::merge_rank_traces(
+      {synthetic_rank(0, 2, "a", sync0, 10.0, "boot-a"), synthetic_rank(1, 2, "b", sync2, 7.0, "boot-a")});
+  CHECK(renamed.alignment[1].method == "same host");
+  CHECK(step_ts(renamed.file, 1) == Approx(47.0));
 }
 
 TEST_CASE("the merge refuses files that are not one whole run", "[trace]") {
@@ -279,11 +294,26 @@ TEST_CASE("a 2-rank run's timeline nests, follows each step's order and shows ev
   CHECK(again["traceEvents"] == file["traceEvents"]);
 }
 
+TEST_CASE("a trace that cannot be written costs the run nothing", "[trace][e2e]") {
+  const auto r = mtrain::testing::run_process(
+      mtrain::testing::kTrainer, {"--model", "mlp", "--max-steps", "2", "--no-eval", "--trace", "/proc/mtrain-trace"});
+  const std::string log = r.out + r.err;
+  INFO(log);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(log, Contains("--trace /proc/mtrain-trace: rank 0 cannot create the directory"));
+  CHECK_THAT(log, Contains("training ended at step 2"));
+  const auto nothing = mtrain::testing::run_process(mtrain::testing::kTrainer,
+                                                    {"--max-steps", "0", "--no-eval", "--trace", "/proc/mtrain-trace"});
+  CHECK(nothing.exit_code == 0);
+  CHECK_THAT(nothing.out + nothing.err, Contains("--max-steps 0 trains no step, so no timeline is written"));
+}
+
 TEST_CASE("--trace-steps takes FIRST:LAST", "[trace]") {
   const auto r = mtrain::testing::run_process(mtrain::testing::kTrainer, {"--trace", "t", "--trace-steps", "5"});
   CHECK(r.exit_code != 0);
   CHECK_THAT(r.err, Contains("--trace-steps: expected FIRST:LAST (optimizer steps, e.g. 11:30), found '5'"));
   const auto backwards =
       mtrain::testing::run_process(mtrain::testing::kTrainer, {"--trace", "t", "--trace-steps", "5:2"});
+  CHECK(backwards.exit_code != 0);
   CHECK_THAT(backwards.err, Contains("expected FIRST <= LAST, found 5:2"));
 }

@@ -40,7 +40,8 @@ int main(int argc, char** argv) {
     const auto inputs = r["inputs"].as<std::vector<std::string>>();
     mtrain::trace::MergedTrace merged;
     std::string out;
-    if (inputs.size() == 1 && std::filesystem::is_directory(inputs.front())) {
+    std::error_code ec;
+    if (inputs.size() == 1 && std::filesystem::is_directory(inputs.front(), ec)) {
       out = r.count("output") ? r["output"].as<std::string>()
                               : (std::filesystem::path(inputs.front()) / "trace.json").string();
       merged = mtrain::trace::merge_trace_dir(inputs.front(), out);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <iterator>
 #include <cstdio>
@@ -38,18 +39,25 @@ double median(std::vector<double> values) {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Every rank stamps its spans with its own steady clock (CLOCK_MONOTONIC). Ranks on one host
 // share that clock, so their spans need no correction beyond a common origin: the alignment is
-// exact. Ranks on other hosts have clocks with unrelated origins. Before training, every rank
+// exact. "One host" means one running kernel, told by its boot id rather than by host names,
+// which containers may repeat; only files without a boot id fall back to the host name. Ranks
+// on other hosts have clocks with unrelated origins. Before training, every rank
 // passes a series of barriers and reads its clock as each one returns (kClockSyncRounds in
 // run_trace.cpp); a barrier returns on all ranks at nearly the same moment, so reading i of rank r
 // minus reading i of rank 0 estimates their clocks' offset, off by that round's exit skew (the
 // network's latency, or a rank descheduled just then). The median over the rounds discards the
 // rounds a rank was late for; the spread (the largest deviation from the median) is reported with
-// it, as the alignment's error bar. Steady clocks drift by parts per million, so over a short
-// trace the offset is constant.
+// it, as the alignment's error bar. What the median cannot remove is a bias common to every
+// round (a barrier that releases rank 0 one network latency before the others), so the true
+// error can exceed the spread by about that latency. Steady clocks drift by parts per million,
+// so over a short trace the offset is constant.
 RankAlignment align(const RankTrace& rank, const RankTrace& reference) {
   RankAlignment a;
   a.rank = rank.rank;
-  if (rank.host == reference.host) {
+  const bool same_kernel = !rank.boot_id.empty() && !reference.boot_id.empty()
+                               ? rank.boot_id == reference.boot_id
+                               : rank.host == reference.host;
+  if (same_kernel) {
     a.method = "same host";
     return a;
   }
@@ -80,7 +88,10 @@ struct Interval {
 // completion, the share the rank did not spend in "gradient sync wait". Which rank did each step
 // wait for: the rank that waited least after backward was the last to finish it (its peers waited
 // for it), as Note [Every rank's wait] in reducer.cpp reasons; the summary counts the steps each
-// rank was that one.
+// rank was that one. On a GPU neither is visible from the host: the buckets are awaited on the
+// stream (Note [Reducer on a GPU]), so the wait after backward holds no communication and the
+// compute spans end when the host queued the kernels, not when they ran; the summary then gives
+// the step times only.
 std::vector<RankSummary> summarize(const nlohmann::json& events, int world) {
   std::vector<RankSummary> out(static_cast<size_t>(world));
   std::vector<std::map<int64_t, Interval>> steps(static_cast<size_t>(world));
@@ -192,6 +203,8 @@ RankTrace read_rank_trace(const std::string& path) {
     t.rank = require(meta, "rank", path).get<int>();
     t.world_size = require(meta, "world_size", path).get<int>();
     t.host = require(meta, "host", path).get<std::string>();
+    t.boot_id = meta.value("boot_id", std::string());
+    t.device = meta.value("device", std::string("cpu"));
     t.sync_ns = require(meta, "clock_sync_ns", path).get<std::vector<int64_t>>();
     t.dropped_spans = meta.value("dropped_spans", int64_t{0});
     t.events = require(file, "traceEvents", path);
@@ -223,7 +236,8 @@ MergedTrace merge_rank_traces(std::vector<RankTrace> ranks) {
     if (n > 1) repeated.push_back(r);
   }
   if (!missing.empty()) problems.push_back(fmt::format("no file for rank(s) {}", fmt::join(missing, ", ")));
-  if (!repeated.empty()) problems.push_back(fmt::format("more than one file for rank(s) {}", fmt::join(repeated, ", ")));
+  if (!repeated.empty())
+    problems.push_back(fmt::format("more than one file for rank(s) {}", fmt::join(repeated, ", ")));
   if (!problems.empty()) {
     throw InvalidArgument(fmt::format("expected one trace file per rank 0..{} of one run; {}", world - 1,
                                       fmt::join(problems, "; ")));
@@ -235,6 +249,7 @@ MergedTrace merge_rank_traces(std::vector<RankTrace> ranks) {
   int64_t dropped = 0;
   for (const RankTrace& t : ranks) {
     const RankAlignment a = align(t, reference);
+    merged.on_gpu = merged.on_gpu || t.device.rfind("cuda", 0) == 0;
     merged.alignment.push_back(a);
     dropped += t.dropped_spans;
     // The rank's times count from its first reading; rank 0's first reading is the origin.
@@ -271,7 +286,8 @@ MergedTrace merge_rank_traces(std::vector<RankTrace> ranks) {
   merged.spans = static_cast<int64_t>(spans.size());
   nlohmann::json alignment = nlohmann::json::array(), summary = nlohmann::json::array();
   for (const RankAlignment& a : merged.alignment) {
-    alignment.push_back({{"rank", a.rank}, {"method", a.method}, {"offset_us", a.offset_us}, {"spread_us", a.spread_us}});
+    alignment.push_back(
+        {{"rank", a.rank}, {"method", a.method}, {"offset_us", a.offset_us}, {"spread_us", a.spread_us}});
   }
   for (const RankSummary& s : merged.summary) {
     summary.push_back({{"rank", s.rank},
@@ -290,7 +306,8 @@ MergedTrace merge_rank_traces(std::vector<RankTrace> ranks) {
                              {"world_size", world},
                              {"clock_alignment", alignment},
                              {"summary", summary},
-                             {"dropped_spans", dropped}}}};
+                             {"dropped_spans", dropped},
+                             {"host_side_only", merged.on_gpu}}}};
   return merged;
 }
 
@@ -299,7 +316,8 @@ MergedTrace merge_trace_dir(const std::string& dir, const std::string& out) {
   std::vector<RankTrace> ranks{first};
   for (int r = 1; r < first.world_size; ++r) {
     const std::string path = rank_trace_path(dir, r);
-    if (!std::filesystem::exists(path)) {
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) {
       throw InvalidArgument(fmt::format("{}: expected rank {}'s trace (rank 0's names a world of {}), found no file; "
                                         "copy it from its host, then run mtrain-trace {}",
                                         path, r, first.world_size, dir));
@@ -326,6 +344,12 @@ std::vector<std::string> describe_merged_trace(const MergedTrace& merged) {
   for (const RankSummary& s : merged.summary) {
     if (s.steps == 0) {
       lines.push_back(fmt::format("rank {}: no step traced", s.rank));
+      continue;
+    }
+    if (merged.on_gpu) {
+      lines.push_back(fmt::format("rank {}: {} steps, {:.1f} ms per step (on a GPU the spans are the host's: see the "
+                                  "device's own profiler for kernel times)",
+                                  s.rank, s.steps, s.step_ms));
       continue;
     }
     std::string line = fmt::format("rank {}: {} steps, {:.1f} ms per step, {:.1f} ms compute, {:.1f} ms waiting after "

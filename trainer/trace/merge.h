@@ -18,6 +18,8 @@ struct RankTrace {
   int rank = 0;
   int world_size = 0;
   std::string host;
+  std::string boot_id;  // empty: unknown (the host name decides then)
+  std::string device;   // "cpu", "cuda:0"
   std::vector<int64_t> sync_ns;
   int64_t dropped_spans = 0;
   nlohmann::json events;  // the traceEvents array
@@ -33,7 +35,7 @@ RankTrace read_rank_trace(const std::string& path);
 // How one rank's clock was mapped onto rank 0's.
 struct RankAlignment {
   int rank = 0;
-  std::string method;        // "same host" or "barriers"
+  std::string method;        // "same host" (one kernel's clock) or "barriers"
   double offset_us = 0.0;    // subtracted from this rank's clock
   double spread_us = 0.0;    // barriers only: the largest deviation from the median offset
 };
@@ -56,6 +58,9 @@ struct MergedTrace {
   std::vector<RankAlignment> alignment;
   std::vector<RankSummary> summary;
   int64_t spans = 0;
+  // Some rank trained on a GPU: its spans are host-side, so the summary leaves out what
+  // only a host-side wait can show (Note [What the merged trace reports]).
+  bool on_gpu = false;
 };
 
 // Merges the ranks of one run: every rank from 0 to the world size once (InvalidArgument

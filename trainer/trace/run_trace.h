@@ -15,19 +15,22 @@ namespace mtrain {
 class RunTrace {
  public:
   // Does nothing without --trace. Otherwise a collective on the run's control group (the
-  // clock readings): every rank constructs it at the same point.
+  // clock readings): every rank constructs it at the same point, and takes part even when its
+  // directory cannot be made (it then records nothing and says so).
   RunTrace(const TrainOptions& options, const TrainingRun& run);
 
   // After training on every rank (a collective, as the constructor): writes this rank's
-  // file, then rank 0 merges.
+  // file, then rank 0 merges. Never throws for the trace's own sake.
   void finish(const TrainingRun& run);
   // After a failure: writes this rank's file only (no collective: peers may be gone).
   void write_after_failure(const TrainingRun& run) noexcept;
 
  private:
-  void write_rank_file(const TrainingRun& run);
+  // Writes this rank's file; false (with a warning) when it could not.
+  bool write_rank_file(const TrainingRun& run) noexcept;
 
-  std::string dir_;
+  std::string dir_;       // empty: no --trace
+  bool recording_ = false;  // this rank records (its directory exists)
   trace::ClockSync clock_;
   bool written_ = false;
 };
