@@ -175,7 +175,11 @@ void Agent::Impl::prepare_job() {
   choose_omp_threads();
   prepare_run_dir();
   // Note [Worker process hygiene]: orphaned descendants come to us, not to init.
-  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
+    spdlog::warn("prctl(PR_SET_CHILD_SUBREAPER) failed ({}): a worker's orphaned descendants go to init, and the "
+                 "teardown may miss them",
+                 std::strerror(errno));
+  }
   open_store();
   job.signals = &SignalPipe::install(options.signals_to_handle);
 }

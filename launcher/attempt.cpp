@@ -7,7 +7,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -21,6 +23,15 @@
 
 namespace mtrain::launch {
 namespace {
+
+// Sleeps until `fd` is readable (a signal arrived) or `timeout_ms` passed. A poll that fails
+// other than by an interruption would turn the supervision loop into a busy spin.
+void wait_readable(int fd, int timeout_ms) {
+  pollfd pfd{fd, POLLIN, 0};
+  if (::poll(&pfd, 1, timeout_ms) < 0 && errno != EINTR) {
+    throw InternalError(fmt::format("poll on the launcher's signal pipe failed: {}", std::strerror(errno)));
+  }
+}
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -323,8 +334,7 @@ void Attempt::wait_for_event() {
                                          std::chrono::duration_cast<std::chrono::milliseconds>(
                                              *deadline - Clock::now())));
   }
-  pollfd pfd{job_.signals->read_fd(), POLLIN, 0};
-  ::poll(&pfd, 1, static_cast<int>(timeout.count()));
+  wait_readable(job_.signals->read_fd(), static_cast<int>(timeout.count()));
 }
 
 void Attempt::handle_signals() {
@@ -605,13 +615,12 @@ void Attempt::watch_while_others_finish() {
     teardown_wall_ = WallClock::now();
     return;
   }
-  pollfd pfd{job_.signals->read_fd(), POLLIN, 0};
   const auto until_beat = std::chrono::duration_cast<std::chrono::milliseconds>(heartbeats_->next_due() - Clock::now());
-  ::poll(&pfd, 1,
-         static_cast<int>(std::clamp<int64_t>(
-             std::min(std::chrono::duration_cast<std::chrono::milliseconds>(options_.monitor_interval),
-                      until_beat).count(),
-             1, 1000)));
+  wait_readable(job_.signals->read_fd(),
+                static_cast<int>(std::clamp<int64_t>(
+                    std::min(std::chrono::duration_cast<std::chrono::milliseconds>(options_.monitor_interval),
+                             until_beat).count(),
+                    1, 1000)));
   for (int sig : job_.signals->drain()) {
     if (!SignalPipe::is_terminating(sig)) continue;
     received_signal_ = sig;

@@ -37,7 +37,7 @@ std::vector<char*> as_c_strings(const std::vector<std::string>& v) {
 // What the child reports through its close-on-exec pipe when it cannot become the
 // worker: the step that failed and its errno.
 struct SpawnFailure {
-  enum Step : int { kExec, kAffinity } step = kExec;
+  enum Step : int { kExec, kAffinity, kProcessGroup, kDeathSignal, kSignalMask, kRedirect } step = kExec;
   int error = 0;
 };
 
@@ -52,13 +52,14 @@ struct SpawnFailure {
 [[noreturn]] void exec_child(const char* path, char* const* argv, char* const* envp,
                              int stdout_fd, int stderr_fd, const cpu_set_t* cpus,
                              pid_t launcher_pid, int report_fd) {
-  setpgid(0, 0);
+  if (setpgid(0, 0) != 0) report_and_exit(report_fd, SpawnFailure::kProcessGroup, errno);
   // Default dispositions before unblocking (Note [Worker process hygiene]); exec keeps
   // SIG_IGN, so the launcher's ignored SIGPIPE must not leak into the worker either.
+  // Unchecked on purpose: the C library reserves a few real-time signals, which refuse.
   for (int sig = 1; sig < NSIG; ++sig) {
     if (sig != SIGKILL && sig != SIGSTOP) signal(sig, SIG_DFL);
   }
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) report_and_exit(report_fd, SpawnFailure::kDeathSignal, errno);
   if (getppid() != launcher_pid) _exit(kExecFailedCode);  // the launcher is already gone
   // Before exec, so every thread the worker starts inherits it.
   if (cpus != nullptr && sched_setaffinity(0, sizeof(*cpus), cpus) != 0) {
@@ -66,12 +67,13 @@ struct SpawnFailure {
   }
   sigset_t none;
   sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
-  if (stdout_fd >= 0) dup2(stdout_fd, STDOUT_FILENO);
-  if (stderr_fd >= 0) dup2(stderr_fd, STDERR_FILENO);
+  if (sigprocmask(SIG_SETMASK, &none, nullptr) != 0) report_and_exit(report_fd, SpawnFailure::kSignalMask, errno);
+  if (stdout_fd >= 0 && dup2(stdout_fd, STDOUT_FILENO) < 0) report_and_exit(report_fd, SpawnFailure::kRedirect, errno);
+  if (stderr_fd >= 0 && dup2(stderr_fd, STDERR_FILENO) < 0) report_and_exit(report_fd, SpawnFailure::kRedirect, errno);
   const int no_input = open("/dev/null", O_RDONLY);  // Note [Worker process hygiene]
-  if (no_input >= 0 && no_input != STDIN_FILENO) {
-    dup2(no_input, STDIN_FILENO);
+  if (no_input < 0) report_and_exit(report_fd, SpawnFailure::kRedirect, errno);
+  if (no_input != STDIN_FILENO) {
+    if (dup2(no_input, STDIN_FILENO) < 0) report_and_exit(report_fd, SpawnFailure::kRedirect, errno);
     close(no_input);
   }
   execve(path, argv, envp);
@@ -173,12 +175,24 @@ WorkerProcess WorkerProcess::spawn(const WorkerSpec& spec) {
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
+    const char* reason = std::strerror(failure.error);
     if (failure.step == SpawnFailure::kAffinity) {
       throw IoError(fmt::format("cannot bind a worker of '{}' to CPUs {}: {}", spec.executable,
-                                format_cpu_list(spec.cpus), std::strerror(failure.error)));
+                                format_cpu_list(spec.cpus), reason));
     }
-    throw IoError(fmt::format("cannot execute '{}': {}", spec.executable,
-                              std::strerror(failure.error)));
+    const char* step = nullptr;  // what the child could not do before exec
+    switch (failure.step) {
+      case SpawnFailure::kProcessGroup: step = "give it a process group of its own (setpgid)"; break;
+      case SpawnFailure::kDeathSignal: step = "tie it to the launcher's life (prctl PR_SET_PDEATHSIG)"; break;
+      case SpawnFailure::kSignalMask: step = "clear its signal mask (sigprocmask)"; break;
+      case SpawnFailure::kRedirect: step = "connect it to its output files and /dev/null (dup2)"; break;
+      case SpawnFailure::kAffinity:
+      case SpawnFailure::kExec: break;
+    }
+    if (step != nullptr) {
+      throw IoError(fmt::format("cannot start a worker of '{}': could not {}: {}", spec.executable, step, reason));
+    }
+    throw IoError(fmt::format("cannot execute '{}': {}", spec.executable, reason));
   }
   return WorkerProcess(pid);
 }
