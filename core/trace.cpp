@@ -5,14 +5,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/files.h"
 
 namespace mtrain::trace {
 
@@ -72,16 +70,24 @@ int64_t to_ns(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
-void record(const char* name, const char* category, int row, Clock::time_point start, Clock::time_point end,
-            const char* arg_name, int64_t arg) {
-  if (!recording()) return;
+namespace {
+
+// Keeps `span` if there is room, else counts it as dropped.
+void keep(const SpanRecord& span) {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);
   if (r.spans.size() >= r.max_spans) {
     ++r.dropped;
     return;
   }
-  r.spans.push_back({name, category, row, to_ns(start), to_ns(end), arg_name, arg});
+  r.spans.push_back(span);
+}
+
+}  // namespace
+
+void record(const char* name, const char* category, int row, Clock::time_point start, Clock::time_point end,
+            const char* arg_name, int64_t arg) {
+  if (recording()) keep({name, category, row, to_ns(start), to_ns(end), arg_name, arg});
 }
 
 Span::Span(const char* name, const char* category, const char* arg_name, int64_t arg)
@@ -92,14 +98,7 @@ Span::Span(const char* name, const char* category, const char* arg_name, int64_t
 Span::~Span() {
   if (!on_) return;
   // Recorded even when recording was switched off meanwhile: the span began inside the window.
-  const auto end = Clock::now();
-  Recorder& r = recorder();
-  std::lock_guard<std::mutex> lock(r.mu);
-  if (r.spans.size() >= r.max_spans) {
-    ++r.dropped;
-    return;
-  }
-  r.spans.push_back({name_, category_, kTrainRow, to_ns(start_), to_ns(end), arg_name_, arg_});
+  keep({name_, category_, kTrainRow, to_ns(start_), to_ns(Clock::now()), arg_name_, arg_});
 }
 
 std::vector<SpanRecord> spans() {
@@ -169,20 +168,7 @@ void write_rank_file(const std::string& path, int rank, int world, const std::st
                                            {"device", device},
                                            {"clock_sync_ns", clock.sync_ns},
                                            {"dropped_spans", dropped()}}}};
-  // Written beside the target and renamed over it, so a reader never sees half a file.
-  const std::string temporary = fmt::format("{}.tmp.{}", path, ::getpid());
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw IoError(fmt::format("--trace: cannot write {}: {}", temporary, std::strerror(errno)));
-    out << file.dump() << '\n';
-    out.close();
-    if (!out) throw IoError(fmt::format("--trace: writing {} failed: {}", temporary, std::strerror(errno)));
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(temporary.c_str());
-    throw IoError(fmt::format("--trace: cannot rename {} to {}: {}", temporary, path, std::strerror(err)));
-  }
+  replace_file(path, file.dump() + "\n");
 }
 
 }  // namespace mtrain::trace

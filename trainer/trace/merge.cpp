@@ -1,21 +1,20 @@
 #include "trainer/trace/merge.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
-#include <iterator>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/trace.h"
 
 namespace mtrain::trace {
@@ -161,22 +160,6 @@ std::vector<RankSummary> summarize(const nlohmann::json& events, int world) {
   }
   for (const auto& [step, least] : least_wait) ++out[least.second].slowest_steps;
   return out;
-}
-
-void write_text_file(const std::string& path, const std::string& text) {
-  const std::string temporary = fmt::format("{}.tmp.{}", path, ::getpid());
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw IoError(fmt::format("cannot write {}: {}", temporary, std::strerror(errno)));
-    out << text;
-    out.close();
-    if (!out) throw IoError(fmt::format("writing {} failed: {}", temporary, std::strerror(errno)));
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(temporary.c_str());
-    throw IoError(fmt::format("cannot rename {} to {}: {}", temporary, path, std::strerror(err)));
-  }
 }
 
 }  // namespace
@@ -330,7 +313,7 @@ MergedTrace merge_trace_dir(const std::string& dir, const std::string& out) {
 }
 
 void write_merged_trace(const MergedTrace& merged, const std::string& out) {
-  write_text_file(out, merged.file.dump() + "\n");
+  replace_file(out, merged.file.dump() + "\n");
 }
 
 std::vector<std::string> describe_merged_trace(const MergedTrace& merged) {
