@@ -117,7 +117,12 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<S
   }
   check_options(options_, *dataset_);
   pixel_tables_ = make_pixel_tables(options_, dataset_->channels());
-  batch_starts_ = batch_starts(options_.batch_sizes);
+  if (options_.drop_last && !sampler_->batch_sizes().empty()) {
+    throw InvalidArgument(fmt::format(
+        "DataLoader: expected drop_last = false with sampler '{}', which decides each step's batch size (and what "
+        "to drop), found drop_last = true",
+        sampler_->describe()));
+  }
   workers_.reserve(static_cast<size_t>(options_.num_workers));
   try {
     for (int i = 0; i < options_.num_workers; ++i) {
@@ -146,42 +151,93 @@ void DataLoader::stop_workers() noexcept {
   for (std::thread& t : workers_) t.join();
 }
 
+std::vector<int64_t> DataLoader::planned_sizes() const {
+  return options_.batch_sizes.empty() ? sampler_->batch_sizes() : options_.batch_sizes;
+}
+
 int64_t DataLoader::batches_for(int64_t items) const {
-  if (!options_.batch_sizes.empty()) return static_cast<int64_t>(options_.batch_sizes.size());
+  if (const std::vector<int64_t> sizes = planned_sizes(); !sizes.empty()) return static_cast<int64_t>(sizes.size());
   const int64_t b = options_.batch_size;
   return options_.drop_last ? items / b : (items + b - 1) / b;
 }
 
 int64_t DataLoader::num_batches() const { return batches_for(sampler_->size()); }
 
-void DataLoader::start_epoch(int64_t epoch) {
-  sampler_->set_epoch(epoch);
-  auto order = std::make_shared<const std::vector<int64_t>>(sampler_->indices());
-  if (static_cast<int64_t>(order->size()) != sampler_->size()) {
+std::shared_ptr<const DataLoader::Plan> DataLoader::make_plan() const {
+  auto plan = std::make_shared<Plan>();
+  plan->order = sampler_->indices();
+  plan->sampler_description = sampler_->describe();
+  if (static_cast<int64_t>(plan->order.size()) != sampler_->size()) {
     throw InternalError(fmt::format("sampler '{}' returned {} indices but says its size is {}",
-                                    sampler_->describe(), order->size(), sampler_->size()));
+                                    plan->sampler_description, plan->order.size(), sampler_->size()));
   }
-  if (!batch_starts_.empty() && batch_starts_.back() != static_cast<int64_t>(order->size())) {
+  const std::vector<int64_t> sizes = planned_sizes();
+  plan->starts = batch_starts(sizes);
+  if (!plan->starts.empty() && plan->starts.back() != static_cast<int64_t>(plan->order.size())) {
     throw InvalidArgument(fmt::format(
         "DataLoader: expected the {} per-step batch sizes to sum to the {} items of sampler "
         "'{}', found a sum of {}",
-        options_.batch_sizes.size(), order->size(), sampler_->describe(), batch_starts_.back()));
+        sizes.size(), plan->order.size(), plan->sampler_description, plan->starts.back()));
   }
-  const int64_t batches = batches_for(static_cast<int64_t>(order->size()));
-  std::string description = sampler_->describe();
+  return plan;
+}
+
+void DataLoader::start_epoch(int64_t epoch) {
+  sampler_->set_epoch(epoch);
+  std::shared_ptr<const Plan> plan = make_plan();
+  const int64_t batches = batches_for(static_cast<int64_t>(plan->order.size()));
   std::map<int64_t, Slot> abandoned;
   {
     std::lock_guard lock(mutex_);
     ++generation_;
     epoch_started_ = true;
     epoch_ = epoch;
-    order_ = std::move(order);
-    sampler_description_ = std::move(description);
+    plan_ = std::move(plan);
+    replan_from_.clear();
     epoch_batches_ = batches;
     next_to_claim_ = 0;
     next_to_hand_out_ = 0;
     abandoned.swap(ready_);  // freed outside the lock
     epoch_error_ = nullptr;
+  }
+  work_cv_.notify_all();
+}
+
+// Note [Re-planning an epoch]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// --balance moves the boundaries between the ranks' chunks of later steps while an epoch runs
+// (Note [Shares that change mid-epoch] in distributed_sampler.cpp), after workers may already have
+// assembled some of those batches. replan builds a new plan from the sampler and makes batch
+// from_batch the next to claim; batches before it keep their slots. A batch assembled from an
+// older plan is kept only if no re-plan since its claim reached down to its number (a batch k is
+// unchanged by every re-plan from a batch > k): its claim remembers how many re-plans the epoch had
+// seen, and replan_from_ lists where each began. Batches at or after from_batch that were ready
+// are dropped and assembled again: a few per re-plan, and re-plans are rare (hysteresis).
+void DataLoader::replan(int64_t from_batch) {
+  if (!options_.batch_sizes.empty() || sampler_->batch_sizes().empty()) {
+    throw InvalidArgument(fmt::format(
+        "DataLoader::replan: expected a sampler that decides each step's batch size and no fixed batch_sizes, "
+        "found sampler '{}'{}",
+        sampler_->describe(), options_.batch_sizes.empty() ? "" : " with fixed batch_sizes"));
+  }
+  std::shared_ptr<const Plan> plan = make_plan();
+  const int64_t batches = batches_for(static_cast<int64_t>(plan->order.size()));
+  std::map<int64_t, Slot> dropped;
+  {
+    std::lock_guard lock(mutex_);
+    MTRAIN_CHECK(epoch_started_, "DataLoader::replan() called before start_epoch()");
+    if (from_batch < next_to_hand_out_ || batches != epoch_batches_) {
+      throw InvalidArgument(fmt::format(
+          "DataLoader::replan: expected a batch not yet handed out (>= {}) and {} batches, found batch {} and {} "
+          "batches",
+          next_to_hand_out_, epoch_batches_, from_batch, batches));
+    }
+    plan_ = std::move(plan);
+    replan_from_.push_back(from_batch);
+    next_to_claim_ = std::min(next_to_claim_, from_batch);
+    for (auto it = ready_.lower_bound(from_batch); it != ready_.end();) {
+      dropped.insert(ready_.extract(it++));
+    }
   }
   work_cv_.notify_all();
 }
@@ -222,20 +278,23 @@ void DataLoader::worker_loop() {
     if (stop_) return;
     const int64_t batch_index = next_to_claim_++;
     const uint64_t generation = generation_;
+    const size_t replans = replan_from_.size();
     const int64_t epoch = epoch_;
-    const std::shared_ptr<const std::vector<int64_t>> order = order_;
-    const std::string sampler_description = sampler_description_;
+    const std::shared_ptr<const Plan> plan = plan_;
     lock.unlock();
 
     Slot slot;
     try {
-      slot.batch = assemble(epoch, batch_index, *order, sampler_description);
+      slot.batch = assemble(epoch, batch_index, *plan);
     } catch (...) {
       slot.error = std::current_exception();
     }
 
     lock.lock();
-    if (generation == generation_ && !epoch_error_) {
+    // Note [Re-planning an epoch]: a later plan may have changed this batch.
+    bool current = generation == generation_ && !epoch_error_;
+    for (size_t v = replans; current && v < replan_from_.size(); ++v) current = batch_index < replan_from_[v];
+    if (current) {
       ready_.emplace(batch_index, std::move(slot));
       produced_.fetch_add(1);
       ready_cv_.notify_all();
@@ -248,16 +307,17 @@ void DataLoader::worker_loop() {
   }
 }
 
-Batch DataLoader::assemble(int64_t epoch, int64_t batch_index, const std::vector<int64_t>& order,
-                           const std::string& sampler_description) const {
+Batch DataLoader::assemble(int64_t epoch, int64_t batch_index, const Plan& plan) const {
+  const std::vector<int64_t>& order = plan.order;
+  const std::string& sampler_description = plan.sampler_description;
   int64_t begin = 0;
   int64_t end = 0;
-  if (batch_starts_.empty()) {
+  if (plan.starts.empty()) {
     begin = batch_index * options_.batch_size;
     end = std::min<int64_t>(begin + options_.batch_size, static_cast<int64_t>(order.size()));
   } else {
-    begin = batch_starts_[static_cast<size_t>(batch_index)];
-    end = batch_starts_[static_cast<size_t>(batch_index) + 1];
+    begin = plan.starts[static_cast<size_t>(batch_index)];
+    end = plan.starts[static_cast<size_t>(batch_index) + 1];
   }
   const Dataset& ds = *dataset_;
   const int64_t rows = end - begin;
@@ -301,10 +361,10 @@ std::string DataLoader::describe() const {
           ? std::string("pixels/255")
           : fmt::format("(pixels/255 - {}) / {}", fmt::join(options_.mean, ","),
                         fmt::join(options_.std, ","));
+  const std::vector<int64_t> sizes = planned_sizes();
   const std::string batching =
-      options_.batch_sizes.empty()
-          ? fmt::format("batch {}{}", options_.batch_size, options_.drop_last ? " (drop last)" : "")
-          : fmt::format("{} per-step batch sizes", options_.batch_sizes.size());
+      sizes.empty() ? fmt::format("batch {}{}", options_.batch_size, options_.drop_last ? " (drop last)" : "")
+                    : fmt::format("{} per-step batch sizes", sizes.size());
   return fmt::format("{}, {} worker(s), prefetch {}{}, {}, {}", batching, options_.num_workers,
                      options_.prefetch_depth, options_.pin_memory ? ", pinned" : "", normalisation,
                      sampler_->describe());

@@ -41,11 +41,11 @@ struct DataLoaderOptions {
   // channel. mean and std must have the same length; std values must be > 0.
   std::vector<float> mean{};
   std::vector<float> std{};
-  // Per-step batch sizes, for samplers whose steps differ in size (GlobalBatchShardSampler):
-  // batch k has batch_sizes[k] rows, 0 allowed (a 0-row Batch is still handed out, so a
-  // rank with nothing to do at a step still takes it). Empty: every batch has batch_size
-  // rows. When set, the sizes must sum to the sampler's size and drop_last must be false
-  // (the sampler already decided what to drop); batch_size is then unused.
+  // Per-step batch sizes: batch k has batch_sizes[k] rows, 0 allowed (a 0-row Batch is
+  // still handed out, so a rank with nothing to do at a step still takes it). Empty: the
+  // sampler's batch_sizes() when it has them (GlobalBatchShardSampler), else batch_size
+  // rows per batch. Per-step sizes must sum to the sampler's size and drop_last must be
+  // false (the sampler already decided what to drop); batch_size is then unused.
   std::vector<int64_t> batch_sizes{};
   // Assemble batches straight into pinned host memory (torch's pin_memory), so that their
   // copy to a GPU can be asynchronous (data/device_prefetcher.h). Pinned memory comes from
@@ -76,6 +76,12 @@ class DataLoader {
   void start_epoch(int64_t epoch);
   // The next batch of the epoch, nullopt after the last one. Rethrows a worker's error.
   std::optional<Batch> next();
+  // Re-reads the sampler's order and per-step sizes after it changed the split of batch
+  // `from_batch` and later ones of this epoch (Note [Re-planning an epoch]); batches
+  // before it stay as planned. The sampler must cut its batches by its own batch_sizes()
+  // with the same number of batches; from_batch must not have been handed out yet
+  // (InvalidArgument otherwise).
+  void replan(int64_t from_batch);
 
   // Batches per epoch for the sampler's current size.
   int64_t num_batches() const;
@@ -92,20 +98,26 @@ class DataLoader {
     std::optional<Batch> batch;
     std::exception_ptr error;
   };
+  // What workers read to assemble the epoch's batches; replaced whole, never changed.
+  struct Plan {
+    std::vector<int64_t> order;
+    std::vector<int64_t> starts;  // per-step sizes: batch k is [starts[k], starts[k+1]); else empty
+    std::string sampler_description;  // for workers' messages (the sampler is not theirs)
+  };
 
-  int64_t batches_for(int64_t items) const;  // honours drop_last and batch_sizes
+  std::vector<int64_t> planned_sizes() const;  // per-step sizes, or empty
+  std::shared_ptr<const Plan> make_plan() const;
+  int64_t batches_for(int64_t items) const;  // honours drop_last and per-step sizes
   void stop_workers() noexcept;               // tells every worker to stop and joins it
   void worker_loop();
   bool can_claim() const;  // requires mutex_
   // Runs on a worker thread: reads only the dataset, the tables and its arguments.
-  Batch assemble(int64_t epoch, int64_t batch_index, const std::vector<int64_t>& order,
-                 const std::string& sampler_description) const;
+  Batch assemble(int64_t epoch, int64_t batch_index, const Plan& plan) const;
 
   std::shared_ptr<const Dataset> dataset_;
   std::shared_ptr<Sampler> sampler_;
   DataLoaderOptions options_;
   std::vector<std::vector<float>> pixel_tables_;  // [channel][0..255] -> float value
-  std::vector<int64_t> batch_starts_;  // with batch_sizes: batch k is [starts[k], starts[k+1])
 
   mutable std::mutex mutex_;
   std::condition_variable work_cv_;   // workers: a batch can be claimed, or stop
@@ -114,8 +126,10 @@ class DataLoader {
   bool epoch_started_ = false;
   uint64_t generation_ = 0;
   int64_t epoch_ = 0;
-  std::shared_ptr<const std::vector<int64_t>> order_;
-  std::string sampler_description_;  // for workers' messages (the sampler is not theirs)
+  std::shared_ptr<const Plan> plan_;
+  // Note [Re-planning an epoch]: replan_from_[v] is the first batch that re-plan v + 1 of
+  // this epoch changed.
+  std::vector<int64_t> replan_from_;
   int64_t epoch_batches_ = 0;
   int64_t next_to_claim_ = 0;
   int64_t next_to_hand_out_ = 0;

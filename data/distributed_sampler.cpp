@@ -1,6 +1,7 @@
 #include "data/distributed_sampler.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 
@@ -142,6 +143,70 @@ std::vector<int64_t> split_global_batch(int64_t global_batch, int world_size) {
   return sizes;
 }
 
+// Note [Shares by integer arithmetic]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every rank computes the split of a global batch on its own, from the same inputs, and the
+// ranks' chunks must tile the batch exactly: one rank that rounded 85.5 up while another rounded
+// it down would skip an image or read one twice. So the split uses integers only (products in
+// 128 bits): floor(total * w_r / sum w) per rank, then the items left over one each to the largest
+// remainders, ties to the lower rank. A rank whose proportion falls below `minimum` is raised to
+// it and the rest re-split among the others, until no rank is below (each round fixes at least one
+// rank, and one always stays free: the largest proportion is at least the average).
+std::vector<int64_t> apportion(int64_t total, const std::vector<int64_t>& weights, int64_t minimum) {
+  if (total < 0 || minimum < 0 || weights.empty()) {
+    throw InvalidArgument(fmt::format("apportion: expected total >= 0, minimum >= 0 and at least one weight, "
+                                      "found total {}, minimum {}, {} weights",
+                                      total, minimum, weights.size()));
+  }
+  const size_t n = weights.size();
+  std::vector<bool> fixed(n, false);
+  std::vector<int64_t> out(n, 0);
+  int64_t positive = 0;
+  for (size_t r = 0; r < n; ++r) {
+    if (weights[r] < 0) {
+      throw InvalidArgument(fmt::format("apportion: expected weights >= 0, found {} for rank {}", weights[r], r));
+    }
+    if (weights[r] == 0) fixed[r] = true;
+    positive += weights[r] > 0 ? 1 : 0;
+  }
+  if (positive == 0) throw InvalidArgument("apportion: expected at least one weight > 0, found none");
+  if (minimum > total / positive) minimum = 0;  // too few items for the minimum
+  for (;;) {
+    int64_t left = total;
+    __int128 weight_sum = 0;
+    for (size_t r = 0; r < n; ++r) {
+      if (fixed[r]) {
+        left -= out[r];
+      } else {
+        weight_sum += weights[r];
+      }
+    }
+    std::vector<__int128> remainder(n, -1);
+    std::vector<size_t> free_ranks;
+    int64_t given = 0;
+    for (size_t r = 0; r < n; ++r) {
+      if (fixed[r]) continue;
+      const __int128 q = static_cast<__int128>(left) * weights[r];
+      out[r] = static_cast<int64_t>(q / weight_sum);
+      remainder[r] = q % weight_sum;
+      given += out[r];
+      free_ranks.push_back(r);
+    }
+    std::stable_sort(free_ranks.begin(), free_ranks.end(),
+                     [&](size_t a, size_t b) { return remainder[a] > remainder[b]; });
+    for (int64_t k = 0; k < left - given; ++k) ++out[free_ranks[static_cast<size_t>(k)]];
+    bool raised = false;
+    for (size_t r : free_ranks) {
+      if (out[r] < minimum) {
+        out[r] = minimum;
+        fixed[r] = true;
+        raised = true;
+      }
+    }
+    if (!raised) return out;
+  }
+}
+
 // Note [Global batch sharding]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // With --global-batch-size G, a step processes exactly the G samples a single process would,
@@ -170,11 +235,72 @@ GlobalBatchShardSampler::GlobalBatchShardSampler(int64_t dataset_size, int rank,
     throw InvalidArgument(fmt::format(
         "GlobalBatchShardSampler: expected a global batch size >= 1, found {}", global_batch));
   }
-  for (int64_t start = 0; start < dataset_size; start += global_batch) {
-    const int64_t step_size = std::min(global_batch, dataset_size - start);
-    if (step_size < global_batch && drop_last) break;
-    batch_sizes_.push_back(split_global_batch(step_size, world_size)[static_cast<size_t>(rank)]);
+  plan_batches();
+}
+
+// Note [Shares that change mid-epoch]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// --balance changes how a global batch is split between the ranks, also within an epoch. Global
+// batch s is order[s*G : (s+1)*G] whatever the split, so changing the shares from step k on moves
+// only the boundaries between the ranks' chunks of the steps from k on: every image of the epoch
+// is still read once, each step still reads exactly the G images of the single-process batch s.
+// The plan is a list of (first step, shares) within the current epoch; set_epoch keeps only the
+// latest shares, from step 0. A partial last batch of m < G images is split in proportion to the
+// shares (apportion), at least one image per rank that has a share, so SyncBatchNorm keeps every
+// rank in every forward when the full batches do. Without set_shares the split is torch.chunk's,
+// as before --balance existed.
+void GlobalBatchShardSampler::plan_batches() {
+  batch_sizes_.clear();
+  size_ = 0;
+  for (int64_t start = 0; start < dataset_size_; start += global_batch_) {
+    const int64_t step_size = std::min(global_batch_, dataset_size_ - start);
+    if (step_size < global_batch_ && drop_last_) break;
+    batch_sizes_.push_back(0);  // so that chunks() sees the step
+    batch_sizes_.back() = chunks(steps() - 1)[static_cast<size_t>(rank_)];
     size_ += batch_sizes_.back();
+  }
+}
+
+std::vector<int64_t> GlobalBatchShardSampler::chunks(int64_t step) const {
+  MTRAIN_CHECK(step >= 0 && step < steps(), "step {} of an epoch of {} steps", step, steps());
+  const int64_t step_size = std::min(global_batch_, dataset_size_ - step * global_batch_);
+  const std::vector<int64_t>* shares = nullptr;
+  for (const auto& [first, s] : share_plan_) {
+    if (first <= step) shares = &s;
+  }
+  if (shares == nullptr) return split_global_batch(step_size, world_size_);
+  if (step_size == global_batch_) return *shares;
+  return apportion(step_size, *shares, 1);
+}
+
+void GlobalBatchShardSampler::set_shares(int64_t from_step, std::vector<int64_t> shares) {
+  int64_t sum = 0;
+  for (int64_t s : shares) {
+    if (s < 0) throw InvalidArgument(fmt::format("shares of a global batch: expected each >= 0, found {}", s));
+    sum += s;
+  }
+  if (static_cast<int>(shares.size()) != world_size_ || sum != global_batch_ || from_step < 0) {
+    throw InvalidArgument(fmt::format(
+        "shares of a global batch: expected {} shares summing to {} from a step >= 0, found {} summing to {} from "
+        "step {}",
+        world_size_, global_batch_, shares.size(), sum, from_step));
+  }
+  while (!share_plan_.empty() && share_plan_.back().first >= from_step) share_plan_.pop_back();
+  share_plan_.emplace_back(from_step, std::move(shares));
+  plan_batches();
+}
+
+std::vector<int64_t> GlobalBatchShardSampler::shares() const {
+  if (share_plan_.empty()) return split_global_batch(global_batch_, world_size_);
+  return share_plan_.back().second;
+}
+
+void GlobalBatchShardSampler::set_epoch(int64_t epoch) {
+  Sampler::set_epoch(epoch);
+  if (share_plan_.size() > 1 || (!share_plan_.empty() && share_plan_.back().first != 0)) {
+    std::vector<int64_t> latest = share_plan_.back().second;
+    share_plan_ = {{0, std::move(latest)}};
+    plan_batches();
   }
 }
 
@@ -182,24 +308,23 @@ std::vector<int64_t> GlobalBatchShardSampler::indices() const {
   const std::vector<int64_t> order = global_order(dataset_size_, shuffle_, seed_, permutation_, epoch());
   std::vector<int64_t> shard;
   shard.reserve(static_cast<size_t>(size_));
-  for (size_t step = 0; step < batch_sizes_.size(); ++step) {
-    const int64_t start = static_cast<int64_t>(step) * global_batch_;
-    const int64_t step_size = std::min(global_batch_, dataset_size_ - start);
-    const std::vector<int64_t> chunks = split_global_batch(step_size, world_size_);
-    int64_t offset = start;
-    for (int r = 0; r < rank_; ++r) offset += chunks[static_cast<size_t>(r)];
+  for (int64_t step = 0; step < steps(); ++step) {
+    const std::vector<int64_t> c = chunks(step);
+    int64_t offset = step * global_batch_;
+    for (int r = 0; r < rank_; ++r) offset += c[static_cast<size_t>(r)];
     const auto first = order.begin() + offset;
-    shard.insert(shard.end(), first, first + chunks[static_cast<size_t>(rank_)]);
+    shard.insert(shard.end(), first, first + c[static_cast<size_t>(rank_)]);
   }
   return shard;
 }
 
 std::string GlobalBatchShardSampler::describe() const {
+  const std::string split =
+      share_plan_.empty() ? std::string() : fmt::format(", shares {}", fmt::join(shares(), ","));
   return fmt::format(
-      "global batch {} shard {} of {}: {} of {} items in {} steps {}{}", global_batch_, rank_,
+      "global batch {} shard {} of {}: {} of {} items in {} steps {}{}{}", global_batch_, rank_,
       world_size_, size_, dataset_size_, batch_sizes_.size(), order_description(shuffle_, seed_, permutation_),
-      drop_last_ && dataset_size_ % global_batch_ != 0 ? ", last partial global batch dropped"
-                                                       : "");
+      drop_last_ && dataset_size_ % global_batch_ != 0 ? ", last partial global batch dropped" : "", split);
 }
 
 }  // namespace mtrain::data

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/random.h"
@@ -67,9 +68,18 @@ class EvalShardSampler final : public Sampler {
 // global_batch >= 1 and world_size >= 1.
 std::vector<int64_t> split_global_batch(int64_t global_batch, int world_size);
 
+// Splits `total` items in proportion to `weights` (one per rank, each >= 0, at least one
+// > 0) by largest remainders, ties to the lower rank; every rank with a positive weight gets
+// at least `minimum` when total >= minimum * (ranks with a positive weight), and a rank with
+// weight 0 gets nothing. Integer arithmetic only, so every rank computes the same split
+// (Note [Shares by integer arithmetic]). Throws InvalidArgument for bad arguments.
+std::vector<int64_t> apportion(int64_t total, const std::vector<int64_t>& weights, int64_t minimum);
+
 // This rank's share of every global batch (--global-batch-size; Note [Global batch
 // sharding]): concatenating the ranks' chunks of step s in rank order gives exactly the
-// single-process batch s. A rank's chunk may be empty; it still takes the step.
+// single-process batch s. A rank's chunk may be empty; it still takes the step. The chunks
+// follow torch.chunk unless set_shares gives them (--balance; Note [Shares that change
+// mid-epoch]).
 class GlobalBatchShardSampler final : public Sampler {
  public:
   // Throws InvalidArgument unless dataset_size >= 0, world_size >= 1,
@@ -82,10 +92,24 @@ class GlobalBatchShardSampler final : public Sampler {
   std::vector<int64_t> indices() const override;
   int64_t size() const override { return size_; }
   std::string describe() const override;
+  // Starts `epoch` with the latest shares from its first step.
+  void set_epoch(int64_t epoch) override;
 
   // This rank's batch size at each step (0 where its chunk is empty); the same number of
-  // steps on every rank, summing to size(). Does not depend on the epoch.
-  std::vector<int64_t> batch_sizes() const { return batch_sizes_; }
+  // steps on every rank, summing to size().
+  std::vector<int64_t> batch_sizes() const override { return batch_sizes_; }
+  int64_t steps() const { return static_cast<int64_t>(batch_sizes_.size()); }
+
+  // Every rank's chunk of step `step` of the current epoch, in rank order.
+  std::vector<int64_t> chunks(int64_t step) const;
+  // Full global batches from step `from_step` of the current epoch on, and all of later
+  // epochs, are split by `shares` (world_size entries >= 0 summing to the global batch);
+  // a partial last batch in proportion to them (apportion, at least 1 per rank with a
+  // share). Steps before `from_step` keep their split. Throws InvalidArgument for shares
+  // of another length or sum, or a negative step.
+  void set_shares(int64_t from_step, std::vector<int64_t> shares);
+  // The shares of the latest set_shares; torch.chunk's split before any.
+  std::vector<int64_t> shares() const;
 
  private:
   int64_t dataset_size_;
@@ -96,8 +120,12 @@ class GlobalBatchShardSampler final : public Sampler {
   uint64_t seed_;
   bool drop_last_;
   Permutation permutation_;
+  // (first step, shares) in increasing first step; empty: torch.chunk's split.
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> share_plan_;
   std::vector<int64_t> batch_sizes_;
   int64_t size_ = 0;
+
+  void plan_batches();  // batch_sizes_ and size_ from the share plan
 };
 
 }  // namespace mtrain::data

@@ -27,6 +27,10 @@ class Sampler {
   virtual int64_t size() const = 0;
   // One line for logs: "random shuffle of 6000 items (seed 0)".
   virtual std::string describe() const = 0;
+  // Per-step batch sizes when the sampler decides them (GlobalBatchShardSampler): the
+  // DataLoader then cuts indices() by them, summing to size(). Empty (the default): the
+  // loader's batch_size decides.
+  virtual std::vector<int64_t> batch_sizes() const { return {}; }
 
  private:
   int64_t epoch_ = 0;

@@ -6,6 +6,8 @@
 // without CUDA (-DMTRAIN_CUDA=OFF) the answer is always zero devices.
 #pragma once
 
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,5 +48,26 @@ void set_current_device(int index);
 // the process is bound or in a build without CUDA. Helper threads call it when they
 // start; DeviceGuard and the allocator's event and pinned-memory paths call it too.
 void adopt_process_device();
+
+// The GPU's time between two points of the calling thread's current stream on `device`
+// (two timing events), read without ever blocking the host. Throws InvalidArgument in a build
+// without CUDA, Error when the runtime refuses.
+class GpuStopwatch {
+ public:
+  explicit GpuStopwatch(int device);
+  ~GpuStopwatch();
+  GpuStopwatch(const GpuStopwatch&) = delete;
+  GpuStopwatch& operator=(const GpuStopwatch&) = delete;
+
+  void start();  // queues the start mark on the current stream
+  void stop();   // queues the stop mark
+  // Seconds from the start mark to the stop mark once the stream has passed the stop
+  // mark; nullopt before that, and before the first stop.
+  std::optional<double> seconds() const;
+
+ private:
+  struct Events;
+  std::unique_ptr<Events> events_;
+};
 
 }  // namespace mtrain

@@ -33,6 +33,13 @@ void record_stream(const Tensor&, int, void*) { no_cuda("record_stream"); }
 void set_current_device(int index) { no_cuda(fmt::format("binding device cuda:{}", index).c_str()); }
 void adopt_process_device() {}
 
+struct GpuStopwatch::Events {};
+GpuStopwatch::GpuStopwatch(int device) { no_cuda(fmt::format("timing cuda:{}", device).c_str()); }
+GpuStopwatch::~GpuStopwatch() = default;
+void GpuStopwatch::start() { no_cuda("GpuStopwatch"); }
+void GpuStopwatch::stop() { no_cuda("GpuStopwatch"); }
+std::optional<double> GpuStopwatch::seconds() const { no_cuda("GpuStopwatch"); }
+
 
 // The CUDA entries of the op table (tensor/ops.def): the dispatch comes here only for a
 // tensor borrowed with a GPU device, which no memory of this build can back.

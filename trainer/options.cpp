@@ -15,6 +15,7 @@
 #include "collectives/process_group.h"
 #include "core/error.h"
 #include "trainer/checkpoint/checkpoint_file.h"
+#include "trainer/ddp/share_balancer.h"
 
 namespace mtrain {
 
@@ -264,6 +265,12 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
         "batch with it; --global-batch-size fixes the global batch, so there is nothing to scale (give --lr for "
         "that batch)");
   }
+  if (parse_balance(o.balance).kind != BalanceSpec::Kind::kEven && !o.global_batch_size) {
+    throw InvalidArgument(fmt::format(
+        "--balance {} splits a global batch between the ranks: give --global-batch-size G (with --batch-size every "
+        "rank takes the same number of images)",
+        o.balance));
+  }
   if (o.global_batch_size && o.grad_accum > 1) {
     // The sample weighting is per micro-batch (Note [Reducer gradient weighting]);
     // accumulated micro-batches of different sizes would need per-micro-batch weights.
@@ -350,6 +357,7 @@ cxxopts::Options train_command_spec(const TrainChoices& choices) {
     ("check-replicas", "every N optimizer steps verify that every rank holds the same parameters (0 = never)", cxxopts::value<std::string>()->default_value(std::to_string(d.check_replicas)))
     ("sync-bn", "convert every BatchNorm2d to SyncBatchNorm (statistics over the global batch)")
     ("global-batch-size", "images per optimizer step over all ranks, split like torch.chunk (instead of --batch-size per rank)", cxxopts::value<std::string>())
+    ("balance", "with --global-batch-size: even (torch.chunk's split) | auto (split by each rank's measured speed) | static:N0,N1,... (one share per rank, summing to the global batch)", cxxopts::value<std::string>()->default_value(d.balance))
     ("timeout", "seconds any collective may take before the run fails", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.timeout_seconds)))
     ("lr-scaling", "none | linear (lr x world size)", cxxopts::value<std::string>()->default_value(d.lr_scaling))
     ("warmup-epochs", "linear warm-up from --lr to the scaled rate over this many epochs", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.warmup_epochs)))
@@ -470,6 +478,7 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
     }
     o.global_batch_size = env::parse_int(r["global-batch-size"].as<std::string>(), "--global-batch-size", 1, 1'000'000);
   }
+  o.balance = r["balance"].as<std::string>();
   read_double(r, "timeout", o.timeout_seconds);
   o.lr_scaling = r["lr-scaling"].as<std::string>();
   read_double(r, "warmup-epochs", o.warmup_epochs);

@@ -120,6 +120,19 @@ void add_data_parallel_hooks(const TrainOptions& o, TrainingRun& run, TrainLoopH
   };
 }
 
+// --balance: every step is timed, and after it the split of later steps may move; the shares in
+// force go into every step and epoch event.
+void add_balance_hooks(BatchBalance& balance, TrainLoopConfig& config) {
+  config.time_compute = true;
+  config.hooks.plan_batches = [&balance](int64_t step, int64_t batches_taken) {
+    balance.after_step(step, batches_taken);
+  };
+  config.hooks.extend_metrics = [&balance, previous = std::move(config.hooks.extend_metrics)](nlohmann::json& event) {
+    if (previous) previous(event);
+    balance.add_fields(event);
+  };
+}
+
 // What the stop signal's acknowledgement reads on the signal thread; static, since that
 // thread may outlive the run.
 std::atomic<int64_t> g_steps_done{0};
@@ -198,6 +211,7 @@ TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks
     };
   }
   if (run.groups) add_data_parallel_hooks(o, run, config.hooks, checks);
+  if (BatchBalance* balance = run.balance.get()) add_balance_hooks(*balance, config);
   add_plot_hook(o, run, config.hooks);
   TrainLoop loop(*run.model, *run.optimizer, *run.sync, *run.train_loader, run.test_loader.get(), run.metrics,
                  config);
@@ -205,6 +219,7 @@ TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks
   if (run.reducer != nullptr && run.reducer->rank_waits().steps > 0) {
     spdlog::info("{}", describe_rank_waits(run.reducer->rank_waits()));
   }
+  if (run.balance) spdlog::info("{}", run.balance->summary());
   return result;
 }
 

@@ -139,3 +139,49 @@ StreamGuard::StreamGuard(Stream stream) : previous_(current_stream(stream.device
 StreamGuard::~StreamGuard() { set_current_stream(previous_); }
 
 }  // namespace mtrain::cuda
+
+namespace mtrain {
+
+struct GpuStopwatch::Events {
+  int device = 0;
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+  bool stopped = false;
+};
+
+GpuStopwatch::GpuStopwatch(int device) : events_(std::make_unique<Events>()) {
+  events_->device = device;
+  cuda::DeviceGuard guard(device);
+  MTRAIN_CUDA_CHECK(cudaEventCreate(&events_->start));
+  const cudaError_t err = cudaEventCreate(&events_->stop);
+  if (err != cudaSuccess) cudaEventDestroy(events_->start);
+  MTRAIN_CUDA_CHECK(err);
+}
+
+GpuStopwatch::~GpuStopwatch() {
+  cudaEventDestroy(events_->start);
+  cudaEventDestroy(events_->stop);
+}
+
+void GpuStopwatch::start() {
+  cuda::DeviceGuard guard(events_->device);
+  MTRAIN_CUDA_CHECK(cudaEventRecord(events_->start, cuda::current_stream(events_->device).handle()));
+  events_->stopped = false;
+}
+
+void GpuStopwatch::stop() {
+  cuda::DeviceGuard guard(events_->device);
+  MTRAIN_CUDA_CHECK(cudaEventRecord(events_->stop, cuda::current_stream(events_->device).handle()));
+  events_->stopped = true;
+}
+
+std::optional<double> GpuStopwatch::seconds() const {
+  if (!events_->stopped) return std::nullopt;
+  adopt_process_device();
+  if (!MTRAIN_CUDA_QUERY(cudaEventQuery(events_->stop))) return std::nullopt;
+  float ms = 0.0f;
+  MTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, events_->start, events_->stop));
+  return static_cast<double>(ms) * 1e-3;
+}
+
+}  // namespace mtrain

@@ -1,8 +1,11 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
+#include <numeric>
+#include <thread>
 #include <tuple>
 
 #include "core/error.h"
@@ -285,4 +288,168 @@ TEST_CASE("Distributed samplers reject bad arguments, saying expected vs found",
   CHECK_THROWS_WITH(GlobalBatchShardSampler(10, 0, 4, 0, false, 0, false),
                     Contains("expected a global batch size >= 1, found 0"));
   CHECK_THROWS_AS(GlobalBatchShardSampler(10, 0, -1, 8, false, 0, false), InvalidArgument);
+}
+
+TEST_CASE("apportion: proportional integer shares that sum to the total", "[data][distributed][balance]") {
+  // 2:1 speeds.
+  CHECK(apportion(90, {2, 1}, 1) == Indices{60, 30});
+  // Largest remainders: 10 by 1:1:1 -> 3.33 each, the leftover to the lowest rank (a tie).
+  CHECK(apportion(10, {1, 1, 1}, 1) == Indices{4, 3, 3});
+  CHECK(apportion(5, {7, 7}, 0) == Indices{3, 2});
+  // A larger remainder wins over a lower rank: 10 by 1:2 -> 3.33, 6.67.
+  CHECK(apportion(10, {1, 2}, 0) == Indices{3, 7});
+  // The minimum: 1000:1 of 10 would leave rank 1 with 0.
+  CHECK(apportion(10, {1000, 1}, 0) == Indices{10, 0});
+  CHECK(apportion(10, {1000, 1}, 1) == Indices{9, 1});
+  CHECK(apportion(10, {1000, 1, 1}, 2) == Indices{6, 2, 2});
+  // Weight 0: nothing, whatever the minimum (7.5 and 2.5: the tie goes to the lower rank).
+  CHECK(apportion(10, {3, 0, 1}, 1) == Indices{8, 0, 2});
+  // Too few items for the minimum: proportional without it.
+  CHECK(apportion(2, {1, 1, 1}, 1) == Indices{1, 1, 0});
+  CHECK(apportion(0, {1, 2}, 1) == Indices{0, 0});
+  // Speeds near int64's top do not overflow (products are 128-bit).
+  CHECK(apportion(1'000'000, {1'000'000'000'000'000'000, 500'000'000'000'000'000}, 1) == Indices{666667, 333333});
+  for (int64_t total = 0; total < 40; ++total) {
+    const Indices s = apportion(total, {5, 3, 11, 1}, 1);
+    CHECK(std::accumulate(s.begin(), s.end(), int64_t{0}) == total);
+    if (total >= 4) CHECK(*std::min_element(s.begin(), s.end()) >= 1);
+  }
+  CHECK_THROWS_WITH(apportion(10, {0, 0}, 1), Contains("at least one weight > 0"));
+  CHECK_THROWS_WITH(apportion(10, {1, -1}, 1), Contains("expected weights >= 0, found -1"));
+  CHECK_THROWS_WITH(apportion(-1, {1}, 0), Contains("found total -1"));
+  CHECK_THROWS_WITH(apportion(1, {}, 0), Contains("0 weights"));
+}
+
+namespace {
+
+// Every rank's sampler of one job, with the same share changes applied.
+std::vector<GlobalBatchShardSampler> ranks_of(int64_t n, int world, int64_t g, bool drop_last) {
+  std::vector<GlobalBatchShardSampler> out;
+  for (int r = 0; r < world; ++r) out.emplace_back(n, r, world, g, true, 5, drop_last);
+  return out;
+}
+
+// Checks that the ranks' chunks of every step tile the 1-rank global batch of that step,
+// and returns every rank's step sizes.
+std::vector<Indices> check_tiling(std::vector<GlobalBatchShardSampler>& ranks, int64_t n, int64_t g, bool drop_last,
+                                  int64_t epoch) {
+  GlobalBatchShardSampler single(n, 0, 1, g, true, 5, drop_last);
+  single.set_epoch(epoch);
+  const Indices global = single.indices();
+  std::vector<Indices> indices;
+  std::vector<Indices> steps;
+  for (auto& s : ranks) {
+    indices.push_back(s.indices());
+    steps.push_back(s.batch_sizes());
+    REQUIRE(static_cast<int64_t>(indices.back().size()) == s.size());
+    REQUIRE(steps.back().size() == single.batch_sizes().size());
+  }
+  std::vector<int64_t> cursor(ranks.size(), 0);
+  int64_t global_cursor = 0;
+  for (size_t step = 0; step < steps[0].size(); ++step) {
+    Indices joined;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const auto first = indices[r].begin() + cursor[r];
+      joined.insert(joined.end(), first, first + steps[r][step]);
+      cursor[r] += steps[r][step];
+      CHECK(steps[r][step] == ranks[0].chunks(static_cast<int64_t>(step))[r]);
+    }
+    const int64_t size = single.batch_sizes()[step];
+    CHECK(joined == Indices(global.begin() + global_cursor, global.begin() + global_cursor + size));
+    global_cursor += size;
+  }
+  CHECK(global_cursor == static_cast<int64_t>(global.size()));
+  return steps;
+}
+
+}  // namespace
+
+TEST_CASE("GlobalBatchShardSampler: shares changed mid-epoch still tile every global batch",
+          "[data][distributed][balance]") {
+  // Note [Shares that change mid-epoch]
+  const bool drop_last = GENERATE(false, true);
+  const int64_t n = 103, g = 10;
+  auto ranks = ranks_of(n, 3, g, drop_last);
+  for (auto& s : ranks) {
+    s.set_epoch(1);
+    s.set_shares(0, {4, 4, 2});
+    s.set_shares(3, {6, 3, 1});
+    s.set_shares(7, {1, 1, 8});
+  }
+  const std::vector<Indices> steps = check_tiling(ranks, n, g, drop_last, 1);
+  CHECK(steps[0][0] == 4);
+  CHECK(steps[0][2] == 4);
+  CHECK(steps[0][3] == 6);
+  CHECK(steps[2][6] == 1);
+  CHECK(steps[2][7] == 8);
+  if (!drop_last) {
+    // The partial last batch of 3 images, in proportion to 1:1:8 with at least one each.
+    CHECK(ranks[0].chunks(10) == Indices{1, 1, 1});
+  }
+  CHECK(ranks[1].shares() == Indices{1, 1, 8});
+  CHECK_THAT(ranks[0].describe(), Contains("shares 1,1,8"));
+  // A later change from the same step replaces the earlier one.
+  for (auto& s : ranks) s.set_shares(7, {2, 2, 6});
+  CHECK(check_tiling(ranks, n, g, drop_last, 1)[2][7] == 6);
+  // The next epoch starts with the latest shares throughout.
+  for (auto& s : ranks) s.set_epoch(2);
+  const std::vector<Indices> next = check_tiling(ranks, n, g, drop_last, 2);
+  CHECK(next[0][0] == 2);
+  CHECK(next[2][0] == 6);
+}
+
+TEST_CASE("GlobalBatchShardSampler::set_shares rejects shares of another length or sum", "[data][distributed][balance]") {
+  GlobalBatchShardSampler s(20, 0, 2, 8, false, 0, false);
+  CHECK_THROWS_WITH(s.set_shares(0, {4, 3}), Contains("expected 2 shares summing to 8") && Contains("summing to 7"));
+  CHECK_THROWS_WITH(s.set_shares(0, {8}), Contains("found 1 summing to 8"));
+  CHECK_THROWS_WITH(s.set_shares(0, {9, -1}), Contains("expected each >= 0, found -1"));
+  CHECK_THROWS_WITH(s.set_shares(-1, {4, 4}), Contains("from step -1"));
+  // Without set_shares the split is torch.chunk's.
+  CHECK(s.shares() == Indices{4, 4});
+  CHECK(s.chunks(2) == Indices{2, 2});
+}
+
+TEST_CASE("DataLoader::replan re-cuts the batches not yet handed out, whatever the workers had ready",
+          "[data][distributed][balance]") {
+  // Note [Re-planning an epoch]
+  const int workers = GENERATE(1, 2, 3);
+  const int64_t n = 60;
+  std::vector<uint8_t> pixels(static_cast<size_t>(n));
+  Indices labels(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    pixels[static_cast<size_t>(i)] = static_cast<uint8_t>(i);
+    labels[static_cast<size_t>(i)] = i % 3;
+  }
+  auto ds = std::make_shared<const Dataset>("tiny", "test fixture", ImageShape{1, 1, 1}, 3, std::move(pixels),
+                                            std::move(labels));
+  INFO("workers " << workers);
+  std::vector<std::vector<Indices>> batches(2);
+  std::vector<std::shared_ptr<GlobalBatchShardSampler>> samplers;
+  for (int r = 0; r < 2; ++r) {
+    auto sampler = std::make_shared<GlobalBatchShardSampler>(n, r, 2, 6, true, 9, false);
+    samplers.push_back(sampler);
+    DataLoader loader(ds, sampler, {.num_workers = workers, .prefetch_depth = 3});
+    loader.start_epoch(0);
+    for (int k = 0; k < 2; ++k) batches[r].push_back(loader.next()->indices);
+    // The workers have had time to assemble batches 2.. with the old split.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    sampler->set_shares(3, {5, 1});
+    loader.replan(3);
+    CHECK_THROWS_WITH(loader.replan(1), Contains("expected a batch not yet handed out (>= 2)") &&
+                                            Contains("found batch 1"));
+    while (auto b = loader.next()) batches[r].push_back(b->indices);
+  }
+  // Step by step, the two ranks' batches are the 1-rank global batch; steps 0..2 split 3,3,
+  // the rest 5,1.
+  GlobalBatchShardSampler single(n, 0, 1, 6, true, 9, false);
+  const Indices global = single.indices();
+  REQUIRE(batches[0].size() == 10);
+  REQUIRE(batches[1].size() == 10);
+  for (size_t step = 0; step < 10; ++step) {
+    Indices joined = batches[0][step];
+    joined.insert(joined.end(), batches[1][step].begin(), batches[1][step].end());
+    CHECK(joined == Indices(global.begin() + 6 * static_cast<int64_t>(step),
+                            global.begin() + 6 * static_cast<int64_t>(step) + 6));
+    CHECK(batches[0][step].size() == (step < 3 ? 3u : 5u));
+  }
 }

@@ -19,7 +19,10 @@ void LocalGradients::attach(models::Module& model) {
 }
 
 void LocalGradients::before_backward(const MicroBatchInfo& micro_batch) {
-  if (micro_batch.sync) stop_vote_ = micro_batch.stop_vote;
+  if (micro_batch.sync) {
+    stop_vote_ = micro_batch.stop_vote;
+    compute_ = micro_batch.previous_compute;
+  }
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
 }
 

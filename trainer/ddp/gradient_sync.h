@@ -17,12 +17,21 @@
 
 namespace mtrain {
 
+// One rank's forward and backward of one step, timed by that rank (trainer/loop/compute_timer.h).
+struct RankCompute {
+  int64_t nanoseconds = -1;  // -1: not measured
+  int64_t images = 0;
+};
+
 struct MicroBatchInfo {
   int64_t samples = 0;  // rows of this rank's micro-batch
   bool sync = true;     // false: accumulate locally, no communication (no_sync)
   // This rank's stop vote, exchanged with the gradients when `sync` is set (Note
   // [Agreeing to stop] in reducer.cpp); 0 means carry on.
   int64_t stop_vote = 0;
+  // This rank's compute of its previous synchronized step, exchanged with the stop vote
+  // (--balance, Note [Measuring each rank's speed] in share_balancer.cpp).
+  RankCompute previous_compute{};
 };
 
 class GradientSynchronizer {
@@ -43,6 +52,9 @@ class GradientSynchronizer {
   // After the after_backward of a synchronized micro-batch: the maximum of the stop
   // votes all ranks passed with it (Note [Agreeing to stop]); 0 before the first.
   virtual int64_t agreed_stop_vote() const = 0;
+  // After the after_backward of a synchronized micro-batch: every rank's previous_compute
+  // of it, by rank (the same on every rank); empty before the first.
+  virtual std::vector<RankCompute> ranks_compute() const = 0;
 };
 
 // The world-of-one synchronizer: no exchange; after_backward() throws InternalError when a
@@ -54,11 +66,13 @@ class LocalGradients final : public GradientSynchronizer {
   void after_backward() override;
   std::string describe() const override;
   int64_t agreed_stop_vote() const override { return stop_vote_; }
+  std::vector<RankCompute> ranks_compute() const override { return {compute_}; }
 
  private:
   void on_gradient_ready(const models::Parameter& param);
 
   int64_t stop_vote_ = 0;
+  RankCompute compute_;
 
   std::vector<std::string> names_;  // by Parameter::index
   std::vector<int> ready_count_;    // hook calls per parameter in the current backward

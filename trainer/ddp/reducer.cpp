@@ -251,8 +251,11 @@ void Reducer::before_backward(const MicroBatchInfo& micro_batch) {
   if (!sync_) return;
   // Issued first, so it travels ahead of the buckets and is done by the time they are.
   const int world = group_->size();
-  exchange_mine_ = Tensor::from_vector<int64_t>({micro_batch.stop_vote, previous_wait_ns_}, {2});
-  exchange_all_ = Tensor::empty({2 * static_cast<int64_t>(world)}, DType::Int64);
+  exchange_mine_ = Tensor::from_vector<int64_t>({micro_batch.stop_vote, previous_wait_ns_,
+                                                 micro_batch.previous_compute.nanoseconds,
+                                                 micro_batch.previous_compute.images},
+                                                {kExchangeFields});
+  exchange_all_ = Tensor::empty({kExchangeFields * static_cast<int64_t>(world)}, DType::Int64);
   exchange_work_ = control_->allgather(exchange_mine_, exchange_all_);
   scale_ = 1.0f / static_cast<float>(world);
   loss_scale_ = 1.0f;
@@ -415,19 +418,24 @@ void Reducer::trace_buckets(Clock::time_point all_done) const {
 // step carries this rank's stop vote (Note [Stop votes]): before_backward all-gathers {vote,
 // previous wait} of every rank (Note [Every rank's wait]) on the control group, ahead of the
 // buckets, and after_backward waits for it with them, so the agreement costs no extra round trip.
+// The same exchange carries each rank's compute time of its previous step for --balance (Note
+// [Measuring each rank's speed] in share_balancer.cpp).
 // After the step every rank reads the same agreed_stop_vote(), the largest vote: a vote cast at
 // step N is honoured after step N on every rank. With one process (LocalGradients) the agreed
 // vote is the local one.
 void Reducer::take_exchange() {
   const int64_t* all = exchange_all_.data<int64_t>();
-  const size_t world = static_cast<size_t>(exchange_all_.numel() / 2);
+  const size_t world = static_cast<size_t>(exchange_all_.numel() / kExchangeFields);
   agreed_stop_vote_ = all[0];
   std::vector<double> waits(world);
+  ranks_compute_.assign(world, RankCompute{});
   bool every_rank_measured = true;
   for (size_t r = 0; r < world; ++r) {
-    agreed_stop_vote_ = std::max(agreed_stop_vote_, all[2 * r]);
-    every_rank_measured = every_rank_measured && all[2 * r + 1] >= 0;
-    waits[r] = static_cast<double>(all[2 * r + 1]) * 1e-9;
+    const int64_t* fields = all + kExchangeFields * r;
+    agreed_stop_vote_ = std::max(agreed_stop_vote_, fields[0]);
+    every_rank_measured = every_rank_measured && fields[1] >= 0;
+    waits[r] = static_cast<double>(fields[1]) * 1e-9;
+    ranks_compute_[r] = {fields[2], fields[3]};
   }
   // Note [Every rank's wait]: none before the first step, none on a GPU.
   if (every_rank_measured) rank_waits_.add_step(waits);

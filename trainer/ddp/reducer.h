@@ -106,6 +106,7 @@ class Reducer final : public GradientSynchronizer {
   void after_backward() override;
   std::string describe() const override;
   int64_t agreed_stop_vote() const override { return agreed_stop_vote_; }
+  std::vector<RankCompute> ranks_compute() const override { return ranks_compute_; }
 
   // Bucket k holds these parameter indices (positions in model.parameters()).
   const std::vector<std::vector<int>>& bucket_parameters() const { return bucket_params_; }
@@ -154,15 +155,17 @@ class Reducer final : public GradientSynchronizer {
   Clock::time_point first_launch_;
   ReducerStepStats last_step_;
   ReducerTotals totals_;
-  // The per-step exchange: {stop vote, previous wait in ns} of this rank, and of all.
-  Tensor exchange_mine_;  // int64 [2]
-  Tensor exchange_all_;   // int64 [2 * world]
+  // The per-step exchange of this rank, and of all: kExchangeFields values per rank.
+  static constexpr int64_t kExchangeFields = 4;  // stop vote, previous wait (ns), previous compute (ns, images)
+  Tensor exchange_mine_;  // int64 [kExchangeFields]
+  Tensor exchange_all_;   // int64 [kExchangeFields * world]
   WorkPtr exchange_work_;
   int64_t agreed_stop_vote_ = 0;
   // This rank's wait in the last synchronized step, in ns; -1 before the first and
   // when it was not measured (Note [Every rank's wait]).
   int64_t previous_wait_ns_ = -1;
   RankWaits rank_waits_;
+  std::vector<RankCompute> ranks_compute_;  // of the last exchange
 };
 
 }  // namespace mtrain

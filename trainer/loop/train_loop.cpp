@@ -10,6 +10,7 @@
 #include "core/trace.h"
 #include "models/loss.h"
 #include "tensor/ops.h"
+#include "trainer/loop/compute_timer.h"
 #include "trainer/loop/device_batches.h"
 #include "trainer/loop/metrics.h"
 #include "trainer/stopping/stop_signals.h"
@@ -133,6 +134,9 @@ TrainResult TrainLoop::run() {
                steps_per_epoch, start.total_steps);
   total_steps_ = start.total_steps;
   result.end = start;
+  MTRAIN_CHECK(!config_.time_compute || accum == 1, "timing compute per step needs grad_accum 1, found {}", accum);
+  std::optional<ComputeTimer> timer;
+  if (config_.time_compute) timer.emplace(config_.device, model_);
   LossScaler* const scaler = config_.loss_scaler;
   std::vector<Tensor*> grads;  // what the scaler unscales
   if (scaler != nullptr) {
@@ -220,10 +224,18 @@ TrainResult TrainLoop::run() {
       if (batch->size() == 0) {
         // An empty shard (see Note [Gradients are views into the buckets] in reducer.cpp): nothing
         // to compute, but the synchronizer still takes part in the exchange.
+        if (timer) {
+          timer->start();
+          timer->pause();
+          info.previous_compute = timer->previous();
+          timer->resume();
+          timer->stop(0);
+        }
         sync_.before_backward(info);
         const trace::Span span("gradient sync wait", "comm");
         sync_.after_backward();
       } else {
+        if (timer) timer->start();
         const models::LossResult r = [&] {
           const trace::Span span("forward", "compute", "images", batch->size());
           const Tensor logits = model_.forward(batch->images);
@@ -236,14 +248,20 @@ TrainResult TrainLoop::run() {
         if (last_of_step && !divergence.empty()) info.stop_vote = encode_stop_vote(kDivergedVote, config_.rank);
         Tensor dlogits = loss_fn.backward();
         if (accum > 1) ops::scale_(dlogits, 1.0f / static_cast<float>(accum));
+        if (timer) {
+          timer->pause();  // the collectives of before_backward are not compute
+          info.previous_compute = timer->previous();
+        }
         sync_.before_backward(info);
         float k = sync_.loss_gradient_scale();
         if (scaler != nullptr) k *= scaler->scale();
         if (k != 1.0f) ops::scale_(dlogits, k);
+        if (timer) timer->resume();
         {
           const trace::Span span("backward", "compute");
           model_.backward(dlogits);
         }
+        if (timer) timer->stop(batch->size());
         {
           const trace::Span span("gradient sync wait", "comm");
           sync_.after_backward();
@@ -288,6 +306,7 @@ TrainResult TrainLoop::run() {
       step_images = 0;
       if (config_.steps_done != nullptr) config_.steps_done->store(total_steps_);
       if (config_.hooks.after_step) config_.hooks.after_step(total_steps_);
+      if (config_.hooks.plan_batches) config_.hooks.plan_batches(total_steps_, micro);
       trace::record("step", "step", trace::kTrainRow, step_start, Clock::now(), "step", total_steps_);
       // A --log-every step prints its own line just below.
       if (config_.progress != nullptr && total_steps_ % config_.log_every != 0) {

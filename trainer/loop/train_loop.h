@@ -40,6 +40,10 @@ enum class CheckpointReason {
 struct TrainLoopHooks {
   // After every optimizer step (1-based step count), e.g. the replica check.
   std::function<void(int64_t step)> after_step;
+  // After every optimizer step and after_step, with the micro-batches this epoch has taken
+  // from the loader so far; may change how the epoch's later batches are split (--balance),
+  // from batch batches_taken + 1 on (the device prefetcher may hold the next one).
+  std::function<void(int64_t step, int64_t batches_taken)> plan_batches;
   // Turns this rank's epoch totals into the whole world's (an all-reduce).
   std::function<void(EpochSummary& summary)> combine_epoch;
   // Turns this rank's evaluation sums into the whole world's.
@@ -112,6 +116,9 @@ struct TrainLoopConfig {
   // The steps whose timeline the process's trace recorder keeps (core/trace.h); it
   // records nothing unless started.
   TraceSteps trace_steps;
+  // Time each step's forward and backward (trainer/loop/compute_timer.h) and pass it to the
+  // synchronizer with the next step (--balance); needs grad_accum 1.
+  bool time_compute = false;
 };
 
 // Optimizer steps in an epoch of `batches` micro-batches, `grad_accum` per step (the

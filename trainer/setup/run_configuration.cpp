@@ -24,6 +24,8 @@ std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t tra
   add("--max-steps", o.max_steps ? std::to_string(*o.max_steps) : "unset");
   add("--batch-size", std::to_string(o.batch_size));
   add("--global-batch-size", o.global_batch_size ? std::to_string(*o.global_batch_size) : "unset");
+  // Every rank must split each global batch the same way (and time its steps for auto).
+  add("--balance", o.balance);
   add("--lr", fmt::format("{}", o.lr));
   add("--momentum", fmt::format("{}", o.momentum));
   add("--weight-decay", fmt::format("{}", o.weight_decay));

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 
 #include "core/error.h"
 #include "data/data_source.h"
@@ -80,11 +81,10 @@ DType amp_compute_dtype(const TrainOptions& o, const Device& device) {
 // overlap the step before them (Note [Batches to the device] in loop/device_batches.cpp).
 std::shared_ptr<data::DataLoader> make_loader(std::shared_ptr<const data::Dataset> dataset,
                                               std::shared_ptr<data::Sampler> sampler, int64_t batch_size,
-                                              bool pinned, std::vector<int64_t> batch_sizes = {}) {
+                                              bool pinned) {
   data::DataLoaderOptions o;
   o.pin_memory = pinned;
   o.batch_size = batch_size;
-  o.batch_sizes = std::move(batch_sizes);
   o.drop_last = false;
   o.num_workers = kLoaderWorkers;
   o.prefetch_depth = kPrefetchDepth;
@@ -291,19 +291,37 @@ void resume_from_checkpoint(const TrainOptions& o, TrainingRun& run, StartupStop
   }
 }
 
+// --balance's first shares (the even split for auto), checked against the world; none
+// for even, which keeps torch.chunk's split.
+std::optional<std::vector<int64_t>> initial_shares(const TrainOptions& o, int world) {
+  const BalanceSpec spec = parse_balance(o.balance);
+  if (spec.kind == BalanceSpec::Kind::kEven) return std::nullopt;
+  const int64_t g = *o.global_batch_size;
+  if (spec.kind == BalanceSpec::Kind::kAuto) return data::split_global_batch(g, world);
+  int64_t sum = 0;
+  for (int64_t s : spec.shares) sum += s;
+  if (static_cast<int>(spec.shares.size()) != world || sum != g) {
+    throw InvalidArgument(fmt::format("--balance {}: expected {} share{} (one per rank) summing to --global-batch-size "
+                                      "{}, found {} summing to {}",
+                                      o.balance, world, world == 1 ? "" : "s", g, spec.shares.size(), sum));
+  }
+  return spec.shares;
+}
+
 // A rank with an empty share skips forward (Note [Gradients are views into the
 // buckets]), but SyncBatchNorm's forward is a collective every rank must join.
-void require_every_rank_a_share(const TrainOptions& o, int64_t train_size, int world) {
-  const int64_t g = *o.global_batch_size;
-  for (const int64_t batch : {g, train_size % g}) {
-    if (batch == 0) continue;
-    const auto shares = data::split_global_batch(batch, world);
+void require_every_rank_a_share(const TrainOptions& o, const data::GlobalBatchShardSampler& sampler, int world) {
+  if (sampler.steps() == 0) return;
+  for (const int64_t step : {int64_t{0}, sampler.steps() - 1}) {
+    const std::vector<int64_t> shares = sampler.chunks(step);
     if (std::find(shares.begin(), shares.end(), 0) != shares.end()) {
+      const int64_t batch = std::accumulate(shares.begin(), shares.end(), int64_t{0});
       throw InvalidArgument(fmt::format(
-          "--sync-bn with --global-batch-size {}: a global batch of {} images leaves some of the {} ranks with "
-          "none, and SyncBatchNorm needs every rank in every forward; choose a global batch size whose split "
-          "(and that of the epoch's last batch, {} images) gives every rank at least one image",
-          g, batch, world, train_size % g));
+          "--sync-bn with --global-batch-size {}{}: a global batch of {} images is split {} between the {} ranks, "
+          "and SyncBatchNorm needs every rank in every forward; choose a global batch size (or shares) that gives "
+          "every rank at least one image, in the epoch's last batch too",
+          *o.global_batch_size, o.balance == "even" ? "" : fmt::format(" and --balance {}", o.balance), batch,
+          format_shares(shares), world));
     }
   }
 }
@@ -315,11 +333,13 @@ void make_loaders(const TrainOptions& o, TrainingRun& run) {
   const int64_t train_size = run.train_set->size();
   const bool pinned = run.compute().is_cuda();
   const data::Permutation permutation = data::parse_permutation(o.shuffle_order);
-  if (o.global_batch_size && o.sync_bn && run.groups) require_every_rank_a_share(o, train_size, world);
   if (o.global_batch_size) {
     auto sampler = std::make_shared<data::GlobalBatchShardSampler>(train_size, rank, world, *o.global_batch_size,
                                                                    o.shuffle, o.seed, o.drop_last, permutation);
-    run.train_loader = make_loader(run.train_set, sampler, *o.global_batch_size, pinned, sampler->batch_sizes());
+    if (const auto shares = initial_shares(o, world)) sampler->set_shares(0, *shares);
+    if (o.sync_bn && run.groups) require_every_rank_a_share(o, *sampler, world);
+    run.global_batch_sampler = sampler;
+    run.train_loader = make_loader(run.train_set, sampler, *o.global_batch_size, pinned);
   } else {
     auto sampler =
         std::make_shared<data::DistributedSampler>(train_size, rank, world, o.shuffle, o.seed, o.drop_last, permutation);
@@ -363,6 +383,26 @@ void attach_gradient_sync(const TrainOptions& o, TrainingRun& run) {
   spdlog::info("gradients: {}", run.sync->describe());
 }
 
+// --balance auto or static: every step's split follows the ShareBalancer (Note [When the shares
+// change] in ddp/share_balancer.cpp). In a world of one there is nothing to split.
+void start_balance(const TrainOptions& o, TrainingRun& run) {
+  const BalanceSpec spec = parse_balance(o.balance);
+  if (spec.kind == BalanceSpec::Kind::kEven) return;
+  if (!run.groups) {
+    spdlog::info("--balance {}: a world of one takes the whole global batch; nothing to balance", o.balance);
+    return;
+  }
+  BalanceOptions options;
+  options.global_batch = *o.global_batch_size;
+  options.initial_shares = run.global_batch_sampler->shares();
+  options.automatic = spec.kind == BalanceSpec::Kind::kAuto;
+  options.allow_empty_share = !o.sync_bn;
+  run.balance = std::make_unique<BatchBalance>(ShareBalancer(options), *run.global_batch_sampler, *run.train_loader,
+                                               *run.sync, run.metrics);
+  spdlog::info("--balance {}: shares {}{}", o.balance, format_shares(options.initial_shares),
+               options.automatic ? ", then in proportion to each rank's measured compute time per image" : "");
+}
+
 void plan_learning_rate(const TrainOptions& o, TrainingRun& run) {
   const int64_t per_epoch = steps_per_epoch(run.train_loader->num_batches(), o.grad_accum);
   double run_epochs = static_cast<double>(o.epochs);
@@ -394,6 +434,7 @@ TrainingRun set_up_run(const TrainOptions& options, WorkerEnvironment env, Start
   make_loaders(options, run);
   resume_from_checkpoint(options, run, startup);
   attach_gradient_sync(options, run);
+  start_balance(options, run);
   plan_learning_rate(options, run);
   return run;
 }

@@ -12,6 +12,7 @@
 #include "models/module.h"
 #include "models/optim.h"
 #include "trainer/checkpoint/checkpointer.h"
+#include "trainer/ddp/batch_balance.h"
 #include "trainer/ddp/gradient_sync.h"
 #include "trainer/ddp/reducer.h"
 #include "trainer/ddp/training_groups.h"
@@ -46,9 +47,11 @@ struct TrainingRun {
   std::optional<TrainPosition> resumed;        // where a resumed run continues
   // How it is trained.
   std::shared_ptr<data::DataLoader> train_loader;
+  std::shared_ptr<data::GlobalBatchShardSampler> global_batch_sampler;  // with --global-batch-size
   std::shared_ptr<data::DataLoader> test_loader;  // null under --no-eval
   std::unique_ptr<GradientSynchronizer> sync;
   Reducer* reducer = nullptr;  // `sync` when the run is data-parallel
+  std::unique_ptr<BatchBalance> balance;  // --balance auto or static in a data-parallel run
   std::unique_ptr<LrSchedule> schedule;
 
   bool lead() const { return env.rank == 0; }  // logs, writes metrics and final weights
