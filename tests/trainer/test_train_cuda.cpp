@@ -39,6 +39,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -175,6 +176,31 @@ TEST_CASE("two ranks sharing one GPU over Gloo train the model one rank with the
   INFO("2x16 vs 1x32: " << same << ", 2x16 vs 1x16: " << different);
   CHECK(same <= kWeightTolerance);
   CHECK(different > 10 * kWeightTolerance);
+}
+
+TEST_CASE("--balance auto on two ranks sharing one GPU: the GPU timers measure every step", "[gpu]") {
+  // Note [Timing on a GPU] in trainer/loop/compute_timer.cpp: each rank's forward and
+  // backward are timed by events on its stream and read a step later without waiting.
+  require_gpu();
+  const ScopedEnv one_gpu("CUDA_VISIBLE_DEVICES", first_visible_gpu());
+  TempDir dir;
+  const auto metrics = dir.file("m.jsonl");
+  const auto r = launch(2, {"--model", "lenet", "--max-steps", "40", "--device", "cuda", "--backend", "gloo",
+                            "--global-batch-size", "64", "--balance", "auto", "--no-eval", "--metrics", metrics,
+                            "--log-every", "1", "--log-level", "info"});
+  require_success(r);
+  // Measured steps: all but the first (a new shape), two warm-up steps, and the last (its
+  // times never travel); fewer only if a GPU had not passed a step's marks a step later.
+  const std::string out = r.out + r.err;
+  std::smatch measured;
+  REQUIRE(std::regex_search(out, measured, std::regex("over ([0-9]+) measured steps")));
+  CHECK(std::stoi(measured[1]) >= 30);  // of at most 36
+  const auto steps = read_events(metrics, "step");
+  REQUIRE(steps.size() == 40);
+  for (const auto& e : steps) {
+    const auto shares = e["shares"].get<std::vector<int64_t>>();
+    CHECK(shares[0] + shares[1] == 64);
+  }
 }
 
 TEST_CASE("--grad-compression bf16 with GPU tensors: the replicas stay identical, near the uncompressed run", "[gpu]") {

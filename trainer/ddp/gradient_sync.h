@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,9 @@ class GradientSynchronizer {
   // After the after_backward of a synchronized micro-batch: every rank's previous_compute
   // of it, by rank (the same on every rank); empty before the first.
   virtual std::vector<RankCompute> ranks_compute() const = 0;
+  // After a synchronized micro-batch whose gradients are weighted by sample count: every
+  // rank's samples summed (Note [Reducer gradient weighting]); nullopt otherwise.
+  virtual std::optional<int64_t> world_samples() const { return std::nullopt; }
 };
 
 // The world-of-one synchronizer: no exchange; after_backward() throws InternalError when a

@@ -267,6 +267,7 @@ void Reducer::before_backward(const MicroBatchInfo& micro_batch) {
       control_->allreduce(count, ReduceOp::Sum)->wait();
     }
     const int64_t total = count.data<int64_t>()[0];
+    world_samples_ = total;
     if (total <= 0) {
       throw InvalidArgument(fmt::format("every rank's micro-batch is empty (total 0 samples) at this step"));
     }

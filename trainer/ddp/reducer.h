@@ -107,6 +107,7 @@ class Reducer final : public GradientSynchronizer {
   std::string describe() const override;
   int64_t agreed_stop_vote() const override { return agreed_stop_vote_; }
   std::vector<RankCompute> ranks_compute() const override { return ranks_compute_; }
+  std::optional<int64_t> world_samples() const override { return world_samples_; }
 
   // Bucket k holds these parameter indices (positions in model.parameters()).
   const std::vector<std::vector<int>>& bucket_parameters() const { return bucket_params_; }
@@ -166,6 +167,7 @@ class Reducer final : public GradientSynchronizer {
   int64_t previous_wait_ns_ = -1;
   RankWaits rank_waits_;
   std::vector<RankCompute> ranks_compute_;  // of the last exchange
+  std::optional<int64_t> world_samples_;    // of the last count-weighted micro-batch
 };
 
 }  // namespace mtrain

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# --balance on ranks of different speed: two ranks of mtrain-train, each bound to its own CPU
+# (mtrain-launch --cpu_bind cores), the second CPU shared with a busy loop pinned to it (a
+# neighbour that halves whatever else runs there). Measures, with the same model, data and global
+# batch:
+#   solo 0   one process alone on rank 0's CPU               (batch = the global batch)
+#   solo 1   one process alone on rank 1's CPU, beside the busy loop
+#   even     the two ranks, torch.chunk's even split          (--balance even)
+#   auto     the two ranks, split by measured speed           (--balance auto)
+# The ideal is solo 0 + solo 1: every image/s each CPU can deliver on its own. Per run the
+# figure is global images/s in the median window of --log-every steps after the first
+# --skip steps (so auto's first re-split has happened), read from rank 0's metrics (the
+# global batch x steps over the window's seconds). Prints the median over --runs rounds of
+# each figure and of even/ideal and auto/ideal within a round.
+#
+#   scripts/bench-balance.sh [--runs N] [--model simplecnn] [--global-batch-size 64]
+#                            [--steps 60] [--skip 20] [--bin-dir DIR] [--data-dir DIR]
+#
+# Needs 2 CPUs. Results and the command go in docs/benchmarks.md.
+set -euo pipefail
+
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+need_value() { [[ $# -ge 2 ]] || { echo "bench-balance.sh: $1 expects a value, found the end of the command line" >&2; exit 2; }; }
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin_dir="$root/build/bin"
+data_dir="$root/data/fashion-mnist-mini"
+runs=3
+model=simplecnn
+global_batch=64
+steps=60
+skip=20
+log_every=5
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --runs) need_value "$@"; runs=$2; shift 2 ;;
+    --model) need_value "$@"; model=$2; shift 2 ;;
+    --global-batch-size) need_value "$@"; global_batch=$2; shift 2 ;;
+    --steps) need_value "$@"; steps=$2; shift 2 ;;
+    --skip) need_value "$@"; skip=$2; shift 2 ;;
+    --bin-dir) need_value "$@"; bin_dir=$2; shift 2 ;;
+    --data-dir) need_value "$@"; data_dir=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "bench-balance.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+for tool in mtrain-train mtrain-launch; do
+  [[ -x "$bin_dir/$tool" ]] || { echo "bench-balance.sh: expected $bin_dir/$tool (build first, or --bin-dir)" >&2; exit 2; }
+done
+
+# The two CPUs mtrain-launch --cpu_bind cores gives 2 workers: the first two of this process's
+# affinity in (package, core, CPU) order, which for two CPUs on two cores is ascending.
+mapfile -t cpus < <(python3 -c 'import os; print("\n".join(map(str, sorted(os.sched_getaffinity(0))[:2])))')
+[[ ${#cpus[@]} -eq 2 ]] || { echo "bench-balance.sh: expected at least 2 usable CPUs, found ${#cpus[@]}" >&2; exit 2; }
+cpu0=${cpus[0]}
+cpu1=${cpus[1]}
+
+work=$(mktemp -d)
+busy=""
+cleanup() {
+  [[ -n "$busy" ]] && kill "$busy" 2>/dev/null && wait "$busy" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+start_busy() { taskset -c "$cpu1" bash -c 'while :; do :; done' & busy=$!; }
+stop_busy() { kill "$busy"; wait "$busy" 2>/dev/null || true; busy=""; }
+
+train_args=(--model "$model" --global-batch-size "$global_batch" --max-steps "$steps" --no-eval --threads 1
+            --data-dir "$data_dir" --log-every "$log_every" --log-level warn)
+
+# Global images/s in the median window after the skipped steps, from rank 0's metrics.
+figure() {
+  python3 - "$1" "$global_batch" "$skip" <<'EOF'
+import json, statistics, sys
+path, g, skip = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rates = []
+previous = None
+for line in open(path):
+    e = json.loads(line)
+    if e.get("event") != "step":
+        continue
+    steps = e["step"] - (previous if previous is not None else 0)
+    previous = e["step"]
+    if e["step"] - steps >= skip:
+        rates.append(g * steps / e["sec"])
+print(f"{statistics.median(rates):.1f}")
+EOF
+}
+
+echo "bench-balance: $model, global batch $global_batch, $steps steps (median window of $log_every after $skip), CPUs $cpu0 and $cpu1, busy loop on $cpu1, $runs rounds"
+results="$work/results"
+for ((round = 1; round <= runs; ++round)); do
+  taskset -c "$cpu0" "$bin_dir/mtrain-train" "${train_args[@]}" --metrics "$work/solo0.jsonl"
+  start_busy
+  taskset -c "$cpu1" "$bin_dir/mtrain-train" "${train_args[@]}" --metrics "$work/solo1.jsonl"
+  for balance in even auto; do
+    "$bin_dir/mtrain-launch" --nproc_per_node=2 --cpu_bind cores train "${train_args[@]}" --balance "$balance" \
+      --metrics "$work/$balance.jsonl" 2>"$work/$balance.err" || { cat "$work/$balance.err" >&2; exit 1; }
+  done
+  stop_busy
+  s0=$(figure "$work/solo0.jsonl"); s1=$(figure "$work/solo1.jsonl")
+  even=$(figure "$work/even.jsonl"); auto=$(figure "$work/auto.jsonl")
+  shares=$(python3 -c 'import json,sys; print(",".join(map(str, [json.loads(l) for l in open(sys.argv[1]) if "\"step\"" in l][-1]["shares"])))' "$work/auto.jsonl")
+  echo "round $round: solo 0 $s0, solo 1 $s1, even $even, auto $auto img/s (auto's last shares $shares)"
+  echo "$s0 $s1 $even $auto" >>"$results"
+done
+python3 - "$results" <<'EOF'
+import statistics, sys
+rows = [list(map(float, l.split())) for l in open(sys.argv[1])]
+med = lambda xs: statistics.median(xs)
+s0, s1, even, auto = (med([r[k] for r in rows]) for k in range(4))
+print(f"median img/s: solo 0 {s0:.1f}, solo 1 {s1:.1f}, ideal {s0 + s1:.1f}, even {even:.1f}, auto {auto:.1f}")
+print(f"median of the rounds' ratios: even / ideal {med([r[2] / (r[0] + r[1]) for r in rows]):.3f}, "
+      f"auto / ideal {med([r[3] / (r[0] + r[1]) for r in rows]):.3f}, "
+      f"solo 1 / solo 0 {med([r[1] / r[0] for r in rows]):.3f}")
+EOF
