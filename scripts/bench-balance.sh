@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# --balance on ranks of different speed: two ranks of mtrain-train, each bound to its own CPU
-# (mtrain-launch --cpu_bind cores), the second CPU shared with a busy loop pinned to it (a
-# neighbour that halves whatever else runs there). Measures, with the same model, data and global
-# batch:
-#   solo 0   one process alone on rank 0's CPU               (batch = the global batch)
-#   solo 1   one process alone on rank 1's CPU, beside the busy loop
+# --balance on ranks of different speed: two ranks of mtrain-train, one of them slowed in one of
+# two ways (--slowdown):
+#   neighbour  (default, 2 CPUs) each rank bound to its own CPU (mtrain-launch --cpu_bind cores),
+#              the second CPU shared with a busy loop pinned to it, which halves whatever else
+#              runs there, its communication included
+#   threads    (3 CPUs) rank 0 on two CPUs with --threads 2, rank 1 on a third with --threads 1,
+#              started without the launcher (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), since
+#              the launcher gives every worker the same flags
+# Measures, with the same model, data and global batch:
+#   solo 0   one process alone as rank 0 runs                 (batch = the global batch)
+#   solo 1   one process alone as rank 1 runs (beside the busy loop)
 #   even     the two ranks, torch.chunk's even split          (--balance even)
 #   auto     the two ranks, split by measured speed           (--balance auto)
 # The ideal is solo 0 + solo 1: every image/s each CPU can deliver on its own. Per run the
@@ -14,9 +19,10 @@
 # each figure and of even/ideal and auto/ideal within a round.
 #
 #   scripts/bench-balance.sh [--runs N] [--model simplecnn] [--global-batch-size 64]
-#                            [--steps 60] [--skip 20] [--bin-dir DIR] [--data-dir DIR]
+#                            [--steps 60] [--skip 20] [--slowdown neighbour|threads]
+#                            [--bin-dir DIR] [--data-dir DIR]
 #
-# Needs 2 CPUs. Results and the command go in docs/benchmarks.md.
+# Results and the command go in docs/benchmarks.md.
 set -euo pipefail
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -31,6 +37,7 @@ global_batch=64
 steps=60
 skip=20
 log_every=5
+slowdown=neighbour
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --runs) need_value "$@"; runs=$2; shift 2 ;;
@@ -38,6 +45,7 @@ while [[ $# -gt 0 ]]; do
     --global-batch-size) need_value "$@"; global_batch=$2; shift 2 ;;
     --steps) need_value "$@"; steps=$2; shift 2 ;;
     --skip) need_value "$@"; skip=$2; shift 2 ;;
+    --slowdown) need_value "$@"; slowdown=$2; shift 2 ;;
     --bin-dir) need_value "$@"; bin_dir=$2; shift 2 ;;
     --data-dir) need_value "$@"; data_dir=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -48,12 +56,21 @@ for tool in mtrain-train mtrain-launch; do
   [[ -x "$bin_dir/$tool" ]] || { echo "bench-balance.sh: expected $bin_dir/$tool (build first, or --bin-dir)" >&2; exit 2; }
 done
 
-# The two CPUs mtrain-launch --cpu_bind cores gives 2 workers: the first two of this process's
-# affinity in (package, core, CPU) order, which for two CPUs on two cores is ascending.
-mapfile -t cpus < <(python3 -c 'import os; print("\n".join(map(str, sorted(os.sched_getaffinity(0))[:2])))')
-[[ ${#cpus[@]} -eq 2 ]] || { echo "bench-balance.sh: expected at least 2 usable CPUs, found ${#cpus[@]}" >&2; exit 2; }
-cpu0=${cpus[0]}
-cpu1=${cpus[1]}
+case "$slowdown" in
+  neighbour) wanted=2 ;;
+  threads) wanted=3 ;;
+  *) echo "bench-balance.sh: --slowdown: expected neighbour or threads, found '$slowdown'" >&2; exit 2 ;;
+esac
+# For neighbour, the two CPUs mtrain-launch --cpu_bind cores gives 2 workers: the first two of
+# this process's affinity in (package, core, CPU) order, which for two CPUs on two cores is
+# ascending.
+mapfile -t cpus < <(python3 -c 'import os, sys; print("\n".join(map(str, sorted(os.sched_getaffinity(0))[:int(sys.argv[1])])))' "$wanted")
+[[ ${#cpus[@]} -eq $wanted ]] || { echo "bench-balance.sh: --slowdown $slowdown expects $wanted usable CPUs, found ${#cpus[@]}" >&2; exit 2; }
+if [[ $slowdown == neighbour ]]; then
+  rank0_cpus=${cpus[0]} rank0_threads=1 rank1_cpus=${cpus[1]}
+else
+  rank0_cpus=${cpus[0]},${cpus[1]} rank0_threads=2 rank1_cpus=${cpus[2]}
+fi
 
 work=$(mktemp -d)
 busy=""
@@ -62,11 +79,30 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-start_busy() { taskset -c "$cpu1" bash -c 'while :; do :; done' & busy=$!; }
-stop_busy() { kill "$busy"; wait "$busy" 2>/dev/null || true; busy=""; }
+start_busy() { [[ $slowdown == neighbour ]] || return 0; taskset -c "$rank1_cpus" bash -c 'while :; do :; done' & busy=$!; }
+stop_busy() { [[ -n "$busy" ]] || return 0; kill "$busy"; wait "$busy" 2>/dev/null || true; busy=""; }
 
-train_args=(--model "$model" --global-batch-size "$global_batch" --max-steps "$steps" --no-eval --threads 1
+train_args=(--model "$model" --global-batch-size "$global_batch" --max-steps "$steps" --no-eval
             --data-dir "$data_dir" --log-every "$log_every" --log-level warn)
+
+# The two ranks with --balance $1, metrics to $2.
+two_ranks() {
+  if [[ $slowdown == neighbour ]]; then
+    "$bin_dir/mtrain-launch" --nproc_per_node=2 --cpu_bind cores train "${train_args[@]}" --threads 1 --balance "$1" \
+      --metrics "$2" 2>"$work/$1.err" || { cat "$work/$1.err" >&2; exit 1; }
+    return
+  fi
+  local port
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  local common=(WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port
+                MTRAIN_STORE_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))'))
+  env "${common[@]}" RANK=1 LOCAL_RANK=1 taskset -c "$rank1_cpus" "$bin_dir/mtrain-train" "${train_args[@]}" \
+    --threads 1 --balance "$1" 2>"$work/$1.1.err" &
+  local other=$!
+  env "${common[@]}" RANK=0 LOCAL_RANK=0 taskset -c "$rank0_cpus" "$bin_dir/mtrain-train" "${train_args[@]}" \
+    --threads "$rank0_threads" --balance "$1" --metrics "$2" 2>"$work/$1.0.err" || { cat "$work/$1.0.err" >&2; exit 1; }
+  wait "$other" || { cat "$work/$1.1.err" >&2; exit 1; }
+}
 
 # Global images/s in the median window after the skipped steps, from rank 0's metrics.
 figure() {
@@ -87,16 +123,13 @@ print(f"{statistics.median(rates):.1f}")
 EOF
 }
 
-echo "bench-balance: $model, global batch $global_batch, $steps steps (median window of $log_every after $skip), CPUs $cpu0 and $cpu1, busy loop on $cpu1, $runs rounds"
+echo "bench-balance: $model, global batch $global_batch, $steps steps (median window of $log_every after $skip), rank 0 on CPU(s) $rank0_cpus ($rank0_threads thread(s)), rank 1 on CPU $rank1_cpus$([[ $slowdown == neighbour ]] && echo " beside a busy loop"), $runs rounds"
 results="$work/results"
 for ((round = 1; round <= runs; ++round)); do
-  taskset -c "$cpu0" "$bin_dir/mtrain-train" "${train_args[@]}" --metrics "$work/solo0.jsonl"
+  taskset -c "$rank0_cpus" "$bin_dir/mtrain-train" "${train_args[@]}" --threads "$rank0_threads" --metrics "$work/solo0.jsonl"
   start_busy
-  taskset -c "$cpu1" "$bin_dir/mtrain-train" "${train_args[@]}" --metrics "$work/solo1.jsonl"
-  for balance in even auto; do
-    "$bin_dir/mtrain-launch" --nproc_per_node=2 --cpu_bind cores train "${train_args[@]}" --balance "$balance" \
-      --metrics "$work/$balance.jsonl" 2>"$work/$balance.err" || { cat "$work/$balance.err" >&2; exit 1; }
-  done
+  taskset -c "$rank1_cpus" "$bin_dir/mtrain-train" "${train_args[@]}" --threads 1 --metrics "$work/solo1.jsonl"
+  for balance in even auto; do two_ranks "$balance" "$work/$balance.jsonl"; done
   stop_busy
   s0=$(figure "$work/solo0.jsonl"); s1=$(figure "$work/solo1.jsonl")
   even=$(figure "$work/even.jsonl"); auto=$(figure "$work/auto.jsonl")
