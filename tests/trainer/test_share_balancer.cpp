@@ -78,13 +78,31 @@ TEST_CASE("noise within a few percent never moves the split", "[balance]") {
   CHECK(b.shares() == Shares{128, 128});
 }
 
+TEST_CASE("noisy short steps of equal speed do not move the split; a real difference still does", "[balance]") {
+  // Steps of a few milliseconds: each rank's step is 15-25 % off now and then (the OS), so the
+  // 16-step means of two equal ranks differ by more than 5 % at times. The noise floor
+  // (Note [When the shares change]) keeps the split; a rank at half speed moves it anyway.
+  std::vector<std::vector<double>> noise;
+  for (int k = 0; k < 23; ++k) {
+    const double a = k % 5 == 0 ? 1.25 : k % 7 == 0 ? 0.85 : 1.0;
+    const double b = k % 3 == 0 ? 1.2 : k % 11 == 0 ? 0.8 : 1.0;
+    noise.push_back({a, b});
+  }
+  ShareBalancer equal(automatic(64, {32, 32}));
+  CHECK(run(equal, 1, 400, {0.13, 0.13}, noise).empty());
+  ShareBalancer half(automatic(64, {32, 32}));
+  CHECK_FALSE(run(half, 1, 40, {0.13, 0.26}, noise).empty());
+  CHECK(half.shares()[0] > half.shares()[1]);
+}
+
 TEST_CASE("the split follows a drift, but not sooner than the minimum interval", "[balance]") {
   ShareBalancer b(automatic(120, {60, 60}));
   REQUIRE(run(b, 1, 10, {1.0, 1.0}).empty());
   // Rank 0 gets a busy neighbour at step 11: half speed.
   const std::vector<int64_t> changes = run(b, 11, 60, {2.0, 1.0});
   REQUIRE_FALSE(changes.empty());
-  CHECK(changes.front() <= 16);  // the smoothed figures cross the 5 % gain within a few steps
+  // The means cross the 5 % gain, and the noise floor the mixed window raises, within a few steps.
+  CHECK(changes.front() <= 20);
   for (size_t k = 1; k < changes.size(); ++k) CHECK(changes[k] - changes[k - 1] >= 10);
   CHECK(std::abs(b.shares()[0] - 40) <= 1);  // 1:2, within the image a change must gain more than
   // The neighbour leaves: back to even, or within one image of it (closer is not worth

@@ -121,6 +121,31 @@ std::optional<ShareChange> ShareBalancer::observe(int64_t step, const std::vecto
   return propose(step);
 }
 
+// Note [When the shares change]: (gain / now)^2 >= 4 * max over the ranks with images of
+// var_r / (n_r * mean_r^2), in parts per million, in 128-bit integers: with n values x of a window,
+// var / mean^2 = (n * sum x^2 - (sum x)^2) / (sum x)^2.
+bool ShareBalancer::beats_noise(__int128 now, __int128 then) const {
+  constexpr __int128 kPpm = 1'000'000;
+  __int128 noisiest = 0;  // max of var / (n mean^2), in ppm
+  for (size_t r = 0; r < windows_.size(); ++r) {
+    const std::vector<int64_t>& w = windows_[r];
+    if (shares_[r] == 0 || w.size() < 2) continue;
+    __int128 sum = 0, squares = 0;
+    for (int64_t x : w) {
+      sum += x;
+      squares += static_cast<__int128>(x) * x;
+    }
+    const __int128 n = static_cast<__int128>(w.size());
+    // Scaled down by the mean first, so that the ppm factor cannot overflow.
+    const __int128 mean = sum / n;
+    if (mean == 0) continue;
+    const __int128 spread = (n * squares - sum * sum) / (n * mean);  // n * var / mean
+    noisiest = std::max(noisiest, spread * kPpm / (n * mean) / n);
+  }
+  const __int128 gain_ppm = (now - then) * kPpm / now;
+  return gain_ppm * gain_ppm >= 4 * noisiest * kPpm;
+}
+
 std::vector<int64_t> ShareBalancer::picoseconds_per_image() const {
   std::vector<int64_t> mean(windows_.size(), 0);
   for (size_t r = 0; r < windows_.size(); ++r) {
@@ -140,7 +165,10 @@ std::vector<int64_t> ShareBalancer::picoseconds_per_image() const {
 // than that of the shares in force, and min_interval steps after the last change. Together they
 // keep noise from moving the split back and forth: a proposal within a few percent of the current
 // split is not worth re-planning the loader and a new batch shape, and the interval lets the
-// means settle on the new shapes before they are judged again. A real drift (a
+// means settle on the new shapes before they are judged again. The gain must also be at least twice
+// the noisiest mean's relative standard error (beats_noise): with short steps (lenet's 5 ms) the
+// ranks' 16-step means of equal speeds differ by 10 % now and then, and moving an image on that
+// would follow noise, not speed. A real drift (a
 // neighbour starting on a rank's cores) moves the prediction by far more and is followed.
 //
 // Note [A hopeless rank]
@@ -185,6 +213,7 @@ std::optional<ShareChange> ShareBalancer::propose(int64_t step) {
   const __int128 now = predicted_step(shares_, picoseconds);
   const __int128 then = predicted_step(proposed, picoseconds);
   if ((now - then) * 100 < now * options_.min_gain_percent) return std::nullopt;
+  if (!beats_noise(now, then)) return std::nullopt;
   ShareChange change;
   change.step = step;
   change.before = shares_;

@@ -25,7 +25,8 @@ struct BalanceOptions {
   int64_t window_steps = 16;  // each rank's time per image is the mean over its last this many
   int64_t min_samples = 3;    // measured steps needed before the first change
   int64_t min_interval = 10;  // steps from one change to the next
-  int64_t min_gain_percent = 5;  // a change must shorten the predicted step by this much
+  int64_t min_gain_percent = 5;  // a change must shorten the predicted step by this much, and by
+                                 // twice the noise of the means (Note [When the shares change])
 };
 
 struct ShareChange {
@@ -60,6 +61,9 @@ class ShareBalancer {
 
  private:
   std::optional<ShareChange> propose(int64_t step);
+  // Whether a predicted gain from `now` to `then` (picoseconds) exceeds twice the
+  // noisiest rank's relative standard error of its mean (Note [When the shares change]).
+  bool beats_noise(__int128 now, __int128 then) const;
   // The window's mean per rank, in picoseconds per image; 0 for a rank without samples.
   std::vector<int64_t> picoseconds_per_image() const;
 

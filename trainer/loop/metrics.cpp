@@ -22,7 +22,9 @@ namespace mtrain {
 //    "test_loss":..,"sec":..,"img_per_s":..,"devices":["cpu"]}
 //       at the end of every epoch ("test_acc"/"test_loss" are null under --no-eval);
 //   {"event":"eval","epoch":0,"step":0,"test_loss":..,"test_acc":..}
-//       when a run trains no step (--max-steps 0), the evaluation of the initial weights.
+//       when a run trains no step (--max-steps 0), the evaluation of the initial weights;
+//   {"event":"balance","step":7,"shares_before":[32,32],"shares":[40,24],..}
+//       when --balance auto moves the split (trainer/ddp/batch_balance.cpp).
 // Non-finite numbers (a diverged loss) are written as null: JSON has no NaN.
 MetricsWriter::MetricsWriter(const std::string& path, Mode mode) : path_(path) {
   file_.reset(std::fopen(path.c_str(), mode == Mode::kAppend ? "a" : "w"));
