@@ -226,6 +226,7 @@ void DataLoader::replan(int64_t from_batch) {
   {
     std::lock_guard lock(mutex_);
     MTRAIN_CHECK(epoch_started_, "DataLoader::replan() called before start_epoch()");
+    if (epoch_error_) return;  // the epoch ends at its error, which next() rethrows
     if (from_batch < next_to_hand_out_ || batches != epoch_batches_) {
       throw InvalidArgument(fmt::format(
           "DataLoader::replan: expected a batch not yet handed out (>= {}) and {} batches, found batch {} and {} "

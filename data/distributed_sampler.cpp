@@ -218,7 +218,7 @@ std::vector<int64_t> apportion(int64_t total, const std::vector<int64_t>& weight
 // may be empty whenever torch.chunk runs out before the last rank (G < W; G = 5 on W = 4 gives 2,
 // 2, 1, 0 at every step; a small last batch); it still takes the step with a 0-row batch so the
 // collectives match, which is why batch_sizes() lists every step and the DataLoader is driven with
-// it (DataLoaderOptions::batch_sizes).
+// it (the loader reads batch_sizes() from the sampler).
 GlobalBatchShardSampler::GlobalBatchShardSampler(int64_t dataset_size, int rank, int world_size,
                                                  int64_t global_batch, bool shuffle,
                                                  uint64_t seed, bool drop_last, Permutation permutation)
@@ -246,8 +246,8 @@ GlobalBatchShardSampler::GlobalBatchShardSampler(int64_t dataset_size, int rank,
 // is still read once, each step still reads exactly the G images of the single-process batch s.
 // The plan is a list of (first step, shares) within the current epoch; set_epoch keeps only the
 // latest shares, from step 0. A partial last batch of m < G images is split in proportion to the
-// shares (apportion), at least one image per rank that has a share, so SyncBatchNorm keeps every
-// rank in every forward when the full batches do. Without set_shares the split is torch.chunk's,
+// shares (apportion), at least one image per rank that has a share when the batch has that many
+// images (run_setup's check refuses --sync-bn where a split leaves a rank without). Without set_shares the split is torch.chunk's,
 // as before --balance existed.
 void GlobalBatchShardSampler::plan_batches() {
   batch_sizes_.clear();

@@ -1,7 +1,8 @@
 // Samplers decide which dataset items an epoch visits and in which order; the DataLoader cuts
 // that order into batches.
 //
-// Contract for every Sampler: a pure function of (its configuration, the epoch), so indices()
+// Contract for every Sampler: a pure function of (its configuration, the epoch; a
+// GlobalBatchShardSampler's shares are configuration that set_shares changes), so indices()
 // returns the same list every time for the same epoch (not concurrently with set_epoch);
 // size() is its length, which need not be the dataset size (a rank-aware sampler yields only
 // its shard). set_epoch(e) must be called before each epoch (DataLoader::start_epoch does it).

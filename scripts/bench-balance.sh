@@ -74,8 +74,10 @@ fi
 
 work=$(mktemp -d)
 busy=""
+other=""  # rank 1 of a --slowdown threads pair while it runs
 cleanup() {
   [[ -n "$busy" ]] && kill "$busy" 2>/dev/null && wait "$busy" 2>/dev/null
+  [[ -n "$other" ]] && kill "$other" 2>/dev/null && wait "$other" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -98,10 +100,11 @@ two_ranks() {
                 MTRAIN_STORE_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))'))
   env "${common[@]}" RANK=1 LOCAL_RANK=1 taskset -c "$rank1_cpus" "$bin_dir/mtrain-train" "${train_args[@]}" \
     --threads 1 --balance "$1" 2>"$work/$1.1.err" &
-  local other=$!
+  other=$!
   env "${common[@]}" RANK=0 LOCAL_RANK=0 taskset -c "$rank0_cpus" "$bin_dir/mtrain-train" "${train_args[@]}" \
     --threads "$rank0_threads" --balance "$1" --metrics "$2" 2>"$work/$1.0.err" || { cat "$work/$1.0.err" >&2; exit 1; }
-  wait "$other" || { cat "$work/$1.1.err" >&2; exit 1; }
+  wait "$other" || { other=""; cat "$work/$1.1.err" >&2; exit 1; }
+  other=""
 }
 
 # Global images/s in the median window after the skipped steps, from rank 0's metrics.

@@ -61,8 +61,8 @@ class GpuStopwatch {
 
   void start();  // queues the start mark on the current stream
   void stop();   // queues the stop mark
-  // Seconds from the start mark to the stop mark once the stream has passed the stop
-  // mark; nullopt before that, and before the first stop.
+  // Seconds from the start mark to the stop mark once the stream has passed both marks;
+  // nullopt before that, and before the first start and stop.
   std::optional<double> seconds() const;
 
  private:

@@ -211,7 +211,8 @@ TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks
     };
   }
   if (run.groups) add_data_parallel_hooks(o, run, config.hooks, checks);
-  if (BatchBalance* balance = run.balance.get()) add_balance_hooks(*balance, config);
+  const std::unique_ptr<BatchBalance> balance = start_balance(o, run);
+  if (balance) add_balance_hooks(*balance, config);
   add_plot_hook(o, run, config.hooks);
   TrainLoop loop(*run.model, *run.optimizer, *run.sync, *run.train_loader, run.test_loader.get(), run.metrics,
                  config);
@@ -219,7 +220,7 @@ TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks
   if (run.reducer != nullptr && run.reducer->rank_waits().steps > 0) {
     spdlog::info("{}", describe_rank_waits(run.reducer->rank_waits()));
   }
-  if (run.balance) spdlog::info("{}", run.balance->summary());
+  if (balance) spdlog::info("{}", balance->summary());
   return result;
 }
 

@@ -146,6 +146,7 @@ struct GpuStopwatch::Events {
   int device = 0;
   cudaEvent_t start = nullptr;
   cudaEvent_t stop = nullptr;
+  bool started = false;
   bool stopped = false;
 };
 
@@ -166,6 +167,7 @@ GpuStopwatch::~GpuStopwatch() {
 void GpuStopwatch::start() {
   cuda::DeviceGuard guard(events_->device);
   MTRAIN_CUDA_CHECK(cudaEventRecord(events_->start, cuda::current_stream(events_->device).handle()));
+  events_->started = true;
   events_->stopped = false;
 }
 
@@ -176,9 +178,11 @@ void GpuStopwatch::stop() {
 }
 
 std::optional<double> GpuStopwatch::seconds() const {
-  if (!events_->stopped) return std::nullopt;
+  if (!events_->started || !events_->stopped) return std::nullopt;
   adopt_process_device();
   if (!MTRAIN_CUDA_QUERY(cudaEventQuery(events_->stop))) return std::nullopt;
+  // The start mark may still be pending when the marks were queued on different streams.
+  if (!MTRAIN_CUDA_QUERY(cudaEventQuery(events_->start))) return std::nullopt;
   float ms = 0.0f;
   MTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, events_->start, events_->stop));
   return static_cast<double>(ms) * 1e-3;

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -90,7 +91,8 @@ TEST_CASE("--balance static:3,1 on 2 ranks trains what 1 process trains on the s
   const auto metrics = dir.file("m.jsonl");
   const ProcessResult r =
       launch(2, concat(kMlp, {"--global-batch-size", "4", "--balance", "static:3,1", "--save-final", two,
-                              "--check-replicas", "5", "--metrics", metrics, "--log-every", "5"}));
+                              "--check-replicas", "5", "--metrics", metrics, "--log-every", "5", "--log-level",
+                              "debug"}));
   require_success(r);
   require_success(launch(1, concat(kMlp, {"--global-batch-size", "4", "--save-final", one})));
   const double difference = mtrain::testing::compare_weights(two, one).max_abs;
@@ -102,6 +104,16 @@ TEST_CASE("--balance static:3,1 on 2 ranks trains what 1 process trains on the s
   for (const auto& e : steps) CHECK(e["shares"] == nlohmann::json({3, 1}));
   CHECK(read_events(metrics, "balance").empty());
   CHECK_THAT(r.out + r.err, Contains("--balance static:3,1: shares 3,1") && Contains("balance: shares 3,1 (fixed)"));
+  // The images each rank really took, from the exchange: 3 and 1 at every measured step.
+  const std::string out = r.out + r.err;
+  const std::regex taken("balance: step [0-9]+ computed [0-9.]+ms/([0-9]+) [0-9.]+ms/([0-9]+)");
+  int64_t reported = 0;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), taken); it != std::sregex_iterator(); ++it) {
+    CHECK((*it)[1] == "3");
+    CHECK((*it)[2] == "1");
+    ++reported;
+  }
+  CHECK(reported == 9);  // steps 1-9, each reported with the step after it
 }
 
 TEST_CASE("--balance values that cannot split the global batch are refused, saying what was expected",
@@ -117,6 +129,9 @@ TEST_CASE("--balance values that cannot split the global batch are refused, sayi
   fails_with(launch(2, concat(kMlp, {"--global-batch-size", "4", "--balance", "static:1,1,2"})),
              "found 3 summing to 4");
   fails_with(launch(1, concat(kMlp, {"--balance", "auto"})), "--balance auto splits a global batch");
+  // Every rank takes rank 0's BatchNorm statistics (Note [Buffers follow rank 0]).
+  fails_with(launch(2, concat(kMlp, {"--global-batch-size", "4", "--balance", "static:0,4"})),
+             "--balance static:0,4: expected rank 0's share >= 1, found 0");
   fails_with(launch(1, concat(kMlp, {"--global-batch-size", "4", "--balance", "fastest"})),
              "--balance: expected even, auto or static:N0,N1,...");
   // SyncBatchNorm's forward needs every rank's images.
@@ -142,7 +157,9 @@ TEST_CASE("--balance auto gives fewer images to a rank that shares its core with
   ProcessResult r;
   {
     const BusyNeighbour neighbour(slices[1].front());
-    r = launch(2, concat(run, {"--balance", "auto", "--metrics", metrics, "--log-every", "1", "--save-final", balanced}),
+    r = launch(2,
+               concat(run, {"--balance", "auto", "--metrics", metrics, "--log-every", "1", "--save-final", balanced,
+                            "--log-level", "debug"}),
                {"--cpu_bind", "cores"});
   }
   require_success(r);
@@ -181,4 +198,12 @@ TEST_CASE("--balance auto gives fewer images to a rank that shares its core with
     CHECK(e["partial"] == false);
   }
   CHECK_THAT(r.out + r.err, Contains("balance: shares 128,128 -> ") && Contains("saved"));
+  // The ranks really took the new split: the exchange reports rank 0 with more images.
+  const std::string out = r.out + r.err;
+  const std::regex taken("balance: step [0-9]+ computed [0-9.]+ms/([0-9]+) [0-9.]+ms/([0-9]+)");
+  int64_t more_on_rank_0 = 0;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), taken); it != std::sregex_iterator(); ++it) {
+    if (std::stoi((*it)[1]) > std::stoi((*it)[2])) ++more_on_rank_0;
+  }
+  CHECK(more_on_rank_0 >= 20);
 }

@@ -141,6 +141,10 @@ TEST_CASE("a hopeless rank gets no images, unless SyncBatchNorm needs it in ever
   for (int64_t step = 1; step < 10 && !out; ++step) out = named.observe(step, measured(named.shares(), {1.0, 1.0, 50.0}));
   REQUIRE(out);
   CHECK(out->hopeless == std::vector<int>{2});
+  // Never rank 0: every rank takes its BatchNorm statistics.
+  ShareBalancer first(automatic(16, {6, 5, 5}));
+  run(first, 1, 10, {50.0, 1.0, 1.0});
+  CHECK(first.shares()[0] >= 1);
   // A rank that is slow but still worth an image keeps one.
   ShareBalancer slow(automatic(16, {6, 5, 5}));
   run(slow, 1, 10, {1.0, 1.0, 4.0});

@@ -25,7 +25,8 @@ std::string per_image(const std::vector<double>& seconds) {
 BatchBalance::BatchBalance(ShareBalancer balancer, data::GlobalBatchShardSampler& sampler, data::DataLoader& loader,
                            const GradientSynchronizer& sync, MetricsWriter& metrics)
     : balancer_(std::move(balancer)), sampler_(sampler), loader_(loader), sync_(sync), metrics_(metrics) {
-  sampler_.set_shares(0, balancer_.shares());
+  MTRAIN_CHECK(sampler_.shares() == balancer_.shares(), "the sampler splits by {}, the balancer starts from {}",
+               format_shares(sampler_.shares()), format_shares(balancer_.shares()));
 }
 
 void BatchBalance::after_step(int64_t step, int64_t batches_taken) {
@@ -43,8 +44,10 @@ void BatchBalance::after_step(int64_t step, int64_t batches_taken) {
 
 // Note [Shares by integer arithmetic] (data/distributed_sampler.cpp) is why the ranks agree on
 // every split. Should they not (a build that computes differently on some host), their chunks
-// would no longer tile the global batch, which the step's sample-count all-reduce shows at once:
-// better to stop there than to train on images skipped or read twice.
+// would no longer tile the global batch; where the sizes no longer add up to the step's batch,
+// the step's sample-count all-reduce shows it at once, and it is better to stop there than to
+// train on images skipped or read twice. (With three or more ranks two could disagree on a
+// boundary with equal totals; that this check does not see.)
 void BatchBalance::check_step_size(int64_t step, int64_t batch) const {
   const std::optional<int64_t> total = sync_.world_samples();
   if (!total || batch < 0) return;

@@ -19,8 +19,8 @@ namespace mtrain {
 
 class BatchBalance {
  public:
-  // Everything must outlive this object; `sampler` must be the one `loader` reads. Applies
-  // the balancer's initial shares to the sampler.
+  // Everything must outlive this object; `sampler` must be the one `loader` reads, already
+  // splitting by the balancer's initial shares (InternalError otherwise).
   BatchBalance(ShareBalancer balancer, data::GlobalBatchShardSampler& sampler, data::DataLoader& loader,
                const GradientSynchronizer& sync, MetricsWriter& metrics);
 

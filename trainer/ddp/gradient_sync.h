@@ -54,7 +54,7 @@ class GradientSynchronizer {
   // votes all ranks passed with it (Note [Agreeing to stop]); 0 before the first.
   virtual int64_t agreed_stop_vote() const = 0;
   // After the after_backward of a synchronized micro-batch: every rank's previous_compute
-  // of it, by rank (the same on every rank); empty before the first.
+  // of it, by rank (the same on every rank); before the first, empty or {-1, 0} per rank.
   virtual std::vector<RankCompute> ranks_compute() const = 0;
   // After a synchronized micro-batch whose gradients are weighted by sample count: every
   // rank's samples summed (Note [Reducer gradient weighting]); nullopt otherwise.

@@ -164,8 +164,10 @@ std::vector<int64_t> ShareBalancer::picoseconds_per_image() const {
 // step (the slowest rank's share times its time per image) is at least min_gain_percent shorter
 // than that of the shares in force, and min_interval steps after the last change. Together they
 // keep noise from moving the split back and forth: a proposal within a few percent of the current
-// split is not worth re-planning the loader and a new batch shape, and the interval lets the
-// means settle on the new shapes before they are judged again. The gain must also be at least twice
+// split is not worth re-planning the loader and a new batch shape, and the interval spaces the
+// changes out (the 16-step means still hold samples of the old shapes then, which is fine as long
+// as time per image hardly depends on the batch size, and the noise floor below sees them as
+// spread). The gain must also be at least twice
 // the noisiest mean's relative standard error (beats_noise): with short steps (lenet's 5 ms) the
 // ranks' 16-step means of equal speeds differ by 10 % now and then, and moving an image on that
 // would follow noise, not speed. A real drift (a
@@ -176,7 +178,9 @@ std::vector<int64_t> ShareBalancer::picoseconds_per_image() const {
 // A rank so slow that one image takes it longer than the others need for the whole global batch
 // without it only holds every step back. Unless SyncBatchNorm needs every rank in every forward,
 // such a rank gets no images (it still joins every collective with an empty batch, Note
-// [Gradients are views into the buckets] in reducer.cpp), and the log says so. A rank without
+// [Gradients are views into the buckets] in reducer.cpp), and the log says so. Never rank 0:
+// without SyncBatchNorm every rank takes rank 0's BatchNorm statistics (Note [Buffers follow rank
+// 0] in train_loop.cpp), which a rank without images would never update. A rank without
 // images measures nothing, so it stays out while its last figure stands; it comes back when the
 // others slow down enough that one image on it no longer holds the step back.
 std::optional<ShareChange> ShareBalancer::propose(int64_t step) {
@@ -198,6 +202,7 @@ std::optional<ShareChange> ShareBalancer::propose(int64_t step) {
       return picoseconds[a] > picoseconds[b];
     });
     for (size_t r : slowest_first) {
+      if (r == 0) break;  // rank 0's buffers are every rank's (Note [A hopeless rank])
       if (weights[r] == 0) continue;
       std::vector<int64_t> others = weights;
       others[r] = 0;

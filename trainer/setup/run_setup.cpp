@@ -297,13 +297,21 @@ std::optional<std::vector<int64_t>> initial_shares(const TrainOptions& o, int wo
   const BalanceSpec spec = parse_balance(o.balance);
   if (spec.kind == BalanceSpec::Kind::kEven) return std::nullopt;
   const int64_t g = *o.global_batch_size;
-  if (spec.kind == BalanceSpec::Kind::kAuto) return data::split_global_batch(g, world);
+  // Not torch.chunk's split, which leaves ranks empty (6 on 4: 2,2,2,0) that auto would
+  // then never measure.
+  if (spec.kind == BalanceSpec::Kind::kAuto) return data::apportion(g, std::vector<int64_t>(world, 1), 1);
   int64_t sum = 0;
   for (int64_t s : spec.shares) sum += s;
   if (static_cast<int>(spec.shares.size()) != world || sum != g) {
     throw InvalidArgument(fmt::format("--balance {}: expected {} share{} (one per rank) summing to --global-batch-size "
                                       "{}, found {} summing to {}",
                                       o.balance, world, world == 1 ? "" : "s", g, spec.shares.size(), sum));
+  }
+  if (spec.shares[0] == 0) {
+    throw InvalidArgument(fmt::format(
+        "--balance {}: expected rank 0's share >= 1, found 0: every rank takes rank 0's BatchNorm statistics, which "
+        "a rank without images never updates",
+        o.balance));
   }
   return spec.shares;
 }
@@ -383,25 +391,29 @@ void attach_gradient_sync(const TrainOptions& o, TrainingRun& run) {
   spdlog::info("gradients: {}", run.sync->describe());
 }
 
-// --balance auto or static: every step's split follows the ShareBalancer (Note [When the shares
-// change] in ddp/share_balancer.cpp). In a world of one there is nothing to split.
-void start_balance(const TrainOptions& o, TrainingRun& run) {
+}  // namespace
+
+// Note [When the shares change] in ddp/share_balancer.cpp. Built after set_up_run, since it holds
+// references into the run (its metrics writer), which must not move afterwards.
+std::unique_ptr<BatchBalance> start_balance(const TrainOptions& o, TrainingRun& run) {
   const BalanceSpec spec = parse_balance(o.balance);
-  if (spec.kind == BalanceSpec::Kind::kEven) return;
+  if (spec.kind == BalanceSpec::Kind::kEven) return nullptr;
   if (!run.groups) {
     spdlog::info("--balance {}: a world of one takes the whole global batch; nothing to balance", o.balance);
-    return;
+    return nullptr;
   }
   BalanceOptions options;
   options.global_batch = *o.global_batch_size;
   options.initial_shares = run.global_batch_sampler->shares();
   options.automatic = spec.kind == BalanceSpec::Kind::kAuto;
   options.allow_empty_share = !o.sync_bn;
-  run.balance = std::make_unique<BatchBalance>(ShareBalancer(options), *run.global_batch_sampler, *run.train_loader,
-                                               *run.sync, run.metrics);
   spdlog::info("--balance {}: shares {}{}", o.balance, format_shares(options.initial_shares),
                options.automatic ? ", then in proportion to each rank's measured compute time per image" : "");
+  return std::make_unique<BatchBalance>(ShareBalancer(options), *run.global_batch_sampler, *run.train_loader,
+                                        *run.sync, run.metrics);
 }
+
+namespace {
 
 void plan_learning_rate(const TrainOptions& o, TrainingRun& run) {
   const int64_t per_epoch = steps_per_epoch(run.train_loader->num_batches(), o.grad_accum);
@@ -434,7 +446,6 @@ TrainingRun set_up_run(const TrainOptions& options, WorkerEnvironment env, Start
   make_loaders(options, run);
   resume_from_checkpoint(options, run, startup);
   attach_gradient_sync(options, run);
-  start_balance(options, run);
   plan_learning_rate(options, run);
   return run;
 }

@@ -51,7 +51,6 @@ struct TrainingRun {
   std::shared_ptr<data::DataLoader> test_loader;  // null under --no-eval
   std::unique_ptr<GradientSynchronizer> sync;
   Reducer* reducer = nullptr;  // `sync` when the run is data-parallel
-  std::unique_ptr<BatchBalance> balance;  // --balance auto or static in a data-parallel run
   std::unique_ptr<LrSchedule> schedule;
 
   bool lead() const { return env.rank == 0; }  // logs, writes metrics and final weights
@@ -64,5 +63,10 @@ struct TrainingRun {
 // resume from. Throws the typed errors of the phases (InvalidArgument for a run that
 // cannot start as asked, IoError for files, CommError for peers).
 TrainingRun set_up_run(const TrainOptions& options, WorkerEnvironment env, StartupStop& startup);
+
+// --balance auto or static in a data-parallel run: the BatchBalance that re-splits the global
+// batches (it refers into `run`, which must stay where it is); null for --balance even and in
+// a world of one.
+std::unique_ptr<BatchBalance> start_balance(const TrainOptions& options, TrainingRun& run);
 
 }  // namespace mtrain
