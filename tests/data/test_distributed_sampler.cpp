@@ -20,6 +20,18 @@ using Indices = std::vector<int64_t>;
 
 namespace {
 
+// n 1x1 images whose pixel is their index, labels index mod 3.
+std::shared_ptr<const Dataset> tiny_dataset(int64_t n) {
+  std::vector<uint8_t> pixels(static_cast<size_t>(n));
+  Indices labels(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    pixels[static_cast<size_t>(i)] = static_cast<uint8_t>(i);
+    labels[static_cast<size_t>(i)] = i % 3;
+  }
+  return std::make_shared<const Dataset>("tiny", "test fixture", ImageShape{1, 1, 1}, 3, std::move(pixels),
+                                         std::move(labels));
+}
+
 std::vector<Indices> shards(int64_t n, int world, bool shuffle, uint64_t seed, bool drop_last,
                             int64_t epoch = 0) {
   std::vector<Indices> out;
@@ -246,14 +258,7 @@ TEST_CASE("GlobalBatchShardSampler: the ranks' chunks of a step are the 1-rank g
 TEST_CASE("GlobalBatchShardSampler drives a DataLoader in lock step on every rank",
           "[data][distributed]") {
   const int64_t n = 10;
-  std::vector<uint8_t> pixels(static_cast<size_t>(n));
-  Indices labels(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    pixels[static_cast<size_t>(i)] = static_cast<uint8_t>(i);
-    labels[static_cast<size_t>(i)] = i % 3;
-  }
-  auto ds = std::make_shared<const Dataset>("tiny", "test fixture", ImageShape{1, 1, 1}, 3,
-                                            std::move(pixels), std::move(labels));
+  const auto ds = tiny_dataset(n);
   // G=4 on 3 ranks: rank 2 never gets a sample but must take all 3 steps.
   std::vector<Indices> seen;
   for (int r = 0; r < 3; ++r) {
@@ -414,14 +419,7 @@ TEST_CASE("DataLoader::replan re-cuts the batches not yet handed out, whatever t
   // Note [Re-planning an epoch]
   const int workers = GENERATE(1, 2, 3);
   const int64_t n = 60;
-  std::vector<uint8_t> pixels(static_cast<size_t>(n));
-  Indices labels(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    pixels[static_cast<size_t>(i)] = static_cast<uint8_t>(i);
-    labels[static_cast<size_t>(i)] = i % 3;
-  }
-  auto ds = std::make_shared<const Dataset>("tiny", "test fixture", ImageShape{1, 1, 1}, 3, std::move(pixels),
-                                            std::move(labels));
+  const auto ds = tiny_dataset(n);
   INFO("workers " << workers);
   std::vector<std::vector<Indices>> batches(2);
   std::vector<std::shared_ptr<GlobalBatchShardSampler>> samplers;

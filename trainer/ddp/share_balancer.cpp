@@ -92,6 +92,7 @@ std::optional<ShareChange> ShareBalancer::observe(int64_t step, const std::vecto
   double slowest_ns = 0.0;
   double even_ns = 0.0;
   bool every_rank_known = true;
+  const std::vector<int64_t> means = picoseconds_per_image();  // for ranks without images
   for (size_t r = 0; r < ranks.size(); ++r) {
     if (ranks[r].images > 0) {
       const int64_t ps = std::max<int64_t>(
@@ -105,7 +106,7 @@ std::optional<ShareChange> ShareBalancer::observe(int64_t step, const std::vecto
                                       static_cast<double>(ranks[r].images));
     } else if (!windows_[r].empty()) {
       even_ns = std::max(even_ns, static_cast<double>(even_[r]) *
-                                      static_cast<double>(picoseconds_per_image()[r]) /
+                                      static_cast<double>(means[r]) /
                                       static_cast<double>(kPicosecondsPerNanosecond));
     } else {
       every_rank_known = false;
