@@ -41,6 +41,7 @@ sanitizer  100 compute-sanitizer memcheck over two resnet18 steps, beside the te
 d2l        200 the d2l recipe: mtrain float32 (accuracy) and --amp bf16; PyTorch eager, bf16+channels_last, compiled
 ddp         40 two ranks on one GPU over Gloo against one rank with the doubled batch; mtrain-bench over NCCL
 flags       45 30 resnet18 steps at batch 256 plain, --cudnn-benchmark and --no-tf32: img/s and memory reserved
+grads       40 one resnet18 step's gradients on the CPU and the GPU (--no-tf32) against PyTorch float64 and float32
 EOF
 }
 stage_limit() { stage_table | awk -v s="$1" '$1 == s { print $2 }'; }
@@ -101,7 +102,8 @@ for t in json.load(sys.stdin)["tests"]:
   cp -r "$root/data/fashion-mnist-mini" "$stage/data/"
   mkdir -p "$stage/data/fashion-mnist"
   cp "$data"/*-ubyte.gz "$stage/data/fashion-mnist/"
-  cp "$root"/scripts/bench_torch_gpu.py "$root"/scripts/bench_torch_train.py "$stage/scripts/"
+  cp "$root"/scripts/bench_torch_gpu.py "$root"/scripts/bench_torch_train.py \
+    "$root"/scripts/check_gradients_torch.py "$stage/scripts/"
 
   # Every library the binaries load (ldd gives the whole closure), but those provided.
   local lib name
@@ -220,7 +222,8 @@ stage_tests() {
     running=$((running + 1))
   done <"$kit_dir/tests/gpu-tests.tsv"
   wait
-  column -t -s $'\t' "$results" | sed 's/^/  /' >&2
+  # (no `column`: GPU images may lack util-linux's extras)
+  awk -F'\t' '{ printf "  %-28s %-8s %5s  %s\n", $1, $2, $3, $4 }' "$results" >&2
   passed=$(awk -F'\t' '$2 == "PASS"' "$results" | wc -l)
   failed=$(awk -F'\t' '$2 == "FAIL"' "$results" | wc -l)
   skipped=$(awk -F'\t' '$2 == "SKIP"' "$results" | wc -l)
@@ -350,16 +353,19 @@ import sys
 from safetensors.numpy import load_file
 a, b = load_file(sys.argv[1]), load_file(sys.argv[2])
 assert a.keys() == b.keys(), "different tensors"
-print(max(float(abs(a[k].astype("float64") - b[k].astype("float64")).max()) for k in a))
+worst = max((float(abs(a[k].astype("float64") - b[k].astype("float64")).max()), k) for k in a)
+print(f"{worst[0]} {worst[1]}")
 EOF
     ) || notes+=("compare: $diff")
   fi
   local left=$((deadline - SECONDS))
+  # Up to 256 MiB: each row fills and checks its buffers on the host 25 times, and a
+  # 1 GiB row alone took longer than the stage (H200, first run).
   ((left > 3)) && run_limited "$left" "$out/bench-nccl.log" "$kit_dir/bin/mtrain-launch" --nproc_per_node=1 bench \
-    --backend nccl --op allgather -b 1M -e 1G -f 4 -w 5 -n 20 || notes+=("nccl bench: exit $?")
+    --backend nccl --op allgather -b 1M -e 256M -f 4 -w 5 -n 20 || notes+=("nccl bench: exit $?")
   if ((${#notes[@]})); then
     echo "FAIL|${notes[*]}"
-  elif python3 -c "import sys; sys.exit(0 if float('$diff') <= 1e-4 else 1)"; then
+  elif python3 -c "import sys; sys.exit(0 if float('${diff% *}') <= 1e-4 else 1)"; then
     echo "PASS|max |two ranks - one rank| over the weights = $diff (tolerance 1e-4); nccl allgather: $(tail -1 "$out/bench-nccl.log" | awk '{print $4 " GB/s at " $1 " B"}')"
   else
     echo "FAIL|max |two ranks - one rank| over the weights = $diff, over the 1e-4 tolerance"
@@ -398,6 +404,18 @@ print("; ".join(parts))
 EOF
   )
   if ((${#notes[@]})); then echo "FAIL|${notes[*]}; $table"; else echo "PASS|$table"; fi
+}
+
+stage_grads() {
+  [[ -n $no_gpu ]] && { echo "SKIP|no GPU: $no_gpu"; return; }
+  mkdir -p "$work/grads"
+  run_limited "$1" "$out/grads.log" python3 "$kit_dir/scripts/check_gradients_torch.py" "$kit_dir/bin/mtrain-train" \
+    "$kit_dir/data/fashion-mnist-mini" "$work/grads" --run cpu="--device cpu" --run cuda="--device cuda --no-tf32" \
+    --run cuda-det="--device cuda --no-tf32 --deterministic"
+  local rc=$? last
+  cat "$out/grads.log" >&2
+  last=$(tail -1 "$out/grads.log")
+  if ((rc == 0)); then echo "PASS|$last"; else echo "FAIL|exit $rc: $last"; fi
 }
 
 # xz, or Python's lzma where xz is not installed.

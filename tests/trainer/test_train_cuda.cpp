@@ -20,12 +20,15 @@
 //     algorithms, while a wrong kernel (a misplaced padding, a missing bias, a wrong
 //     batch-norm statistic) moves the loss by 1e-2 or more;
 //   - later steps compound the differences through backward, SGD with momentum and
-//     batch-8 BatchNorm, which amplifies them (Note [Equivalence tolerance] in
-//     test_distributed_train.cpp measured resnet18 drifting ~1e-7 in the weights over
-//     three steps at lr 0.01, chaotic above lr 0.05); kLaterLossTolerance = 1e-2
-//     relative over 20 steps at lr 0.01 bounds that drift with a wide margin, and a
-//     wrong gradient (a sign, a factor, a transposed weight) sends the loss off by far
-//     more than 1 % within a few steps;
+//     batch-8 BatchNorm until a ReLU whose input is within rounding of zero flips (Note
+//     [resnet18's gradients in norm] in tests/models/test_models_cuda.cpp), and from
+//     then on the run is chaotic: on the CPU alone, this run with --threads 1 against
+//     --threads 2 agrees to 4 digits for two steps, to 3e-4 at step 4 and is 43 % apart
+//     at step 13; an H200 against the CPU was within 1 % for three steps, 3 % at step 4.
+//     So kLaterLossTolerance = 1e-2 relative holds for steps 2 and 3 (kFollowedSteps),
+//     which already take the first gradients, SGD's update and momentum; a wrong
+//     gradient (a sign, a factor, a transposed weight) moves the loss by more than
+//     that at once. The remaining steps must stay finite;
 //   - weights after mlp runs (no BatchNorm, few layers) agree to ~1e-7 absolute whatever
 //     the device or the number of ranks; kWeightTolerance = 1e-4, as the CPU
 //     equivalence tests use, with a control run that must differ by more than 10x it.
@@ -74,6 +77,7 @@ void require_success(const ProcessResult& r) {
 
 constexpr double kFirstLossTolerance = 1e-3;  // Note [GPU against CPU tolerances]
 constexpr double kLaterLossTolerance = 1e-2;
+constexpr size_t kFollowedSteps = 3;
 constexpr double kWeightTolerance = 1e-4;
 
 void require_gpu() {
@@ -226,7 +230,7 @@ TEST_CASE("--grad-compression bf16 with GPU tensors: the replicas stay identical
   CHECK(d.update < 0.05);
 }
 
-TEST_CASE("resnet18: 20 steps on the GPU follow the CPU's losses step by step (--no-tf32)", "[gpu]") {
+TEST_CASE("resnet18 on the GPU follows the CPU's losses for three steps and stays finite for 20 (--no-tf32)", "[gpu]") {
   require_gpu();
   TempDir dir;
   const std::string slice = dir.file("slice");
@@ -249,7 +253,7 @@ TEST_CASE("resnet18: 20 steps on the GPU follow the CPU's losses step by step (-
     const double relative = std::fabs(g - c) / std::max(std::fabs(c), 1e-12);
     INFO("step " << k + 1 << ": GPU loss " << g << ", CPU loss " << c << ", relative difference " << relative);
     CHECK(std::isfinite(g));
-    CHECK(relative <= (k == 0 ? kFirstLossTolerance : kLaterLossTolerance));
+    if (k < kFollowedSteps) CHECK(relative <= (k == 0 ? kFirstLossTolerance : kLaterLossTolerance));
   }
   // The losses vary from step to step (each step is a different batch of 8, and
   // training moves them), so agreeing step by step is not two flat curves agreeing.
@@ -265,14 +269,17 @@ TEST_CASE("resnet18: 20 steps on the GPU follow the CPU's losses step by step (-
 // --amp on the GPU against float32 on the GPU: the same batches and initial weights, the
 // convolutions and products in 16 bits (Note [Mixed precision]). bfloat16 moves each
 // operand by up to 2^-8 and each convolution output by as much again, so the losses
-// drift apart by more than the float32 runs do; kAmpLossTolerance = 5e-2 relative over
-// 20 steps at lr 0.01 (not yet measured on a GPU: CPU bf16 against float32 moved lenet's
-// updates by 0.6 % over ten steps). fp16 runs with dynamic loss scaling from 1024, low
-// enough that no step should overflow (a skipped step would change the trajectory, so
-// the test requires none and says so if one happened).
+// part sooner than float32 runs do and then, as those, chaotically (Note [GPU against
+// CPU tolerances]): on an H200, --amp bf16 was within 5 % of float32 for nine steps and
+// 25 % apart at step 12, --amp fp16 within 5 % for five steps and 7 % apart at step 6.
+// kAmpLossTolerance = 5e-2 relative holds for the first kAmpFollowedSteps = 4, which
+// take the first 16-bit gradients and updates; every step must stay finite. fp16 runs with dynamic loss
+// scaling from 1024, low enough that no step should overflow (a skipped step would
+// change the trajectory, so the test requires none and says so if one happened).
 TEST_CASE("resnet18 with --amp bf16 and --amp fp16 on the GPU follows the float32 losses", "[gpu]") {
   require_gpu();
   constexpr double kAmpLossTolerance = 5e-2;
+  constexpr size_t kAmpFollowedSteps = 4;
   TempDir dir;
   const std::string slice = dir.file("slice");
   std::filesystem::create_directory(slice);
@@ -297,7 +304,8 @@ TEST_CASE("resnet18 with --amp bf16 and --amp fp16 on the GPU follows the float3
       const double a = steps[k]["loss"].get<double>();
       const double f = f32[k]["loss"].get<double>();
       INFO("step " << k + 1 << ": --amp loss " << a << ", float32 loss " << f);
-      CHECK(std::fabs(a - f) <= kAmpLossTolerance * std::fabs(f));
+      CHECK(std::isfinite(a));
+      if (k < kAmpFollowedSteps) CHECK(std::fabs(a - f) <= kAmpLossTolerance * std::fabs(f));
     }
     if (amp == "fp16") {
       REQUIRE(steps.back().contains("loss_scale"));
@@ -332,13 +340,16 @@ TEST_CASE("five epochs with evaluation on the GPU hold the same device memory af
     REQUIRE(e["cuda_reserved_mib"].is_number());
     CHECK(e["cuda_in_use_mib"].get<double>() <= e["cuda_reserved_mib"].get<double>());
   }
-  // What tensors hold at an epoch's end is the same every epoch. What the cache keeps
-  // may differ a little: whether a freed block can serve the next request depends on
-  // whether its stream's events have completed by then, which is timing. A leak grows
-  // by a batch every epoch; timing does not grow it steadily, so the check is that the
-  // reservation stops growing: the last two epochs add nothing over the second.
+  // What tensors hold at an epoch's end differs by a few small tensors (an H200 held
+  // 35.19 MiB after the second epoch and 35.09 after a later one). What the cache keeps
+  // may differ a little too: whether a freed block can serve the next request depends
+  // on whether its stream's events have completed by then, which is timing. A leak
+  // grows by a batch every epoch (64 images of 28x28 and the activations saved for
+  // them, well over 1 MiB); so the checks are that what is in use stays within 1 MiB of
+  // the second epoch's and that the reservation stops growing: the last two epochs add
+  // nothing over the second.
   for (size_t e = 2; e < epochs.size(); ++e) {
-    CHECK(epochs[e]["cuda_in_use_mib"] == epochs[1]["cuda_in_use_mib"]);
+    CHECK(epochs[e]["cuda_in_use_mib"].get<double>() <= epochs[1]["cuda_in_use_mib"].get<double>() + 1.0);
   }
   const double second = epochs[1]["cuda_reserved_mib"].get<double>();
   const double most_later = std::max(epochs[3]["cuda_reserved_mib"].get<double>(),

@@ -60,10 +60,15 @@ TEST_CASE("compute-sanitizer memcheck finds no error in a short GPU run", "[gpu]
   // resnet18 covers convolution (with --cudnn-benchmark, cuDNN's trial runs and their
   // workspaces), batch norm, max and global average pooling, residual adds, linear, the
   // loss, SGD and the evaluation. memcheck sees the caching allocator's blocks, not the
-  // tensors carved out of them, so it catches accesses outside any allocation,
-  // misaligned accesses and failed API calls, not an overrun into a neighbouring
+  // tensors carved out of them, so it catches accesses outside any allocation and
+  // misaligned accesses, not an overrun into a neighbouring
   // tensor of the same block.
-  const std::vector<std::string> args = {"--tool", "memcheck", "--error-exitcode", "99", "--print-limit", "20",
+  // API errors are not reported: NCCL's initialisation asks for the attributes of each of
+  // its kernels, some of which have no image for the GPU at hand, and clears the error
+  // (NCCL 2.28.9 on an H200 reported 8 such calls); mtrain checks every CUDA call it
+  // makes itself and stops at the first that fails.
+  const std::vector<std::string> args = {"--tool", "memcheck", "--report-api-errors", "no",
+                                         "--error-exitcode", "99", "--print-limit", "20",
                                          mtrain::testing::kTrainer, "--device", "cuda", "--model", "resnet18",
                                          "--data-dir", slice, "--batch-size", "8", "--max-steps", "2",
                                          "--cudnn-benchmark", "--threads", "1"};

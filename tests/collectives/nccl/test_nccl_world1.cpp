@@ -2,6 +2,7 @@
 // the stream-side wait, and argument errors. Skips the whole binary without a GPU.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -144,12 +145,27 @@ TEST_CASE("nccl, one rank: the operation runs after the caller's stream and befo
   Tensor input = Tensor::empty({n}, DType::Float32, kGpu);
   Tensor output = Tensor::full({n}, std::numeric_limits<float>::quiet_NaN()).to(kGpu);
   Tensor copy = Tensor::empty({n}, DType::Float32, kGpu);
+  // CUDA loads a kernel's module at its first launch (lazy loading, the default since
+  // CUDA 12.2), and that load waits for the work running on the device, the gate's
+  // host function included: on an H200 the first fill_ below waited out the gate. So
+  // the fill kernel is launched once before the gate.
+  copy.fill_(0.f);
   side.stream().synchronize();
   testing::StreamGate gate(side.stream().handle());
-  input.fill_(2.f);  // queued behind the gate; the allgather must see it
-  auto work = pg.allgather(input, output);
-  work->wait_on_current_stream();  // no host wait
-  copy.copy_(output);              // queued after the allgather on the side stream
+  // None of the calls below may wait for the gated stream; each is timed so that a
+  // failure names the one that did.
+  const auto returns_at_once = [](const char* call, auto body) {
+    const auto start = std::chrono::steady_clock::now();
+    body();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    INFO(call << " returned after " << seconds << " s with the caller's stream held");
+    CHECK(seconds < 5.0);
+  };
+  WorkPtr work;
+  returns_at_once("fill_", [&] { input.fill_(2.f); });  // queued behind the gate; the allgather must see it
+  returns_at_once("allgather", [&] { work = pg.allgather(input, output); });
+  returns_at_once("wait_on_current_stream", [&] { work->wait_on_current_stream(); });  // no host wait
+  returns_at_once("copy_", [&] { copy.copy_(output); });  // queued after the allgather on the side stream
   gate.open();
   CHECK(copy.to_vector<float>() == std::vector<float>(static_cast<size_t>(n), 2.f));
   work->wait();
