@@ -31,10 +31,8 @@
 //   such element over its whole channel, so two float32 implementations can disagree by
 //   percents in single elements (on one CPU, PyTorch's float32 gradient of a batch norm
 //   bias was 1.3e-2 of the tensor's largest value away from float64, mtrain's CPU the
-//   same; scripts/check_gradients_torch.py). And mtrain's GPU is not yet as close to
-//   float64 as PyTorch's GPU: on an H200 its gradients behind the 512-channel
-//   convolutions were up to 2.7e-2 off, PyTorch's 5e-6 (docs/benchmarks.md; the kit's
-//   grads stage holds the GPU to PyTorch's). So resnet18's gradients and updates are
+//   same; scripts/check_gradients_torch.py; on an H200 mtrain's GPU flipped two in
+//   stage 4, docs/benchmarks.md). So resnet18's gradients and updates are
 //   compared as whole tensors here: ||g - c|| <= kModelNorm * ||c|| + 1e-4 * the
 //   largest ||c|| of the model (the floor for a convolution's bias ahead of batch norm,
 //   zero up to rounding). A mis-wired layer or optimizer is off by O(1); the layer tests
