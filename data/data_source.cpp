@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "data/cifar_reader.h"
 #include "data/idx_reader.h"
 
 // Note [Dataset resolution]
@@ -17,6 +18,9 @@
 //   of the box. The log sentence says which one was taken and why.
 // * mnist: data/mnist, else an error saying to run scripts/get-data.sh mnist or pass --data-dir
 //   (nothing ships for MNIST).
+// * cifar10, cifar100: the binary batches (Note in data/cifar_reader.h), from --data-dir,
+//   data/<dataset> or the folder the official archive unpacks to (data/cifar-10-batches-bin,
+//   data/cifar-100-binary); nothing ships for either.
 // * synthetic: generated from the seed, no directory (and --data-dir is an error).
 // "data/" is looked for in the current directory first, then at <exe dir>/../../data
 // (build/bin/../../data is the project's data/), then at <exe dir>/../share/mtrain/data (where
@@ -42,7 +46,7 @@ std::string roots_str(const std::vector<fs::path>& roots) {
 }  // namespace
 
 const std::vector<std::string>& known_datasets() {
-  static const std::vector<std::string> names = {"fashion-mnist", "mnist", "synthetic"};
+  static const std::vector<std::string> names = {"fashion-mnist", "mnist", "cifar10", "cifar100", "synthetic"};
   return names;
 }
 
@@ -52,6 +56,18 @@ std::vector<std::string> missing_idx_files(const fs::path& dir) {
     if (!find_idx_file(dir, stem)) missing.push_back(stem + "[.gz]");
   }
   return missing;
+}
+
+std::vector<std::string> missing_dataset_files(const std::string& dataset, const fs::path& dir) {
+  if (is_cifar(dataset)) return missing_cifar_files(dir, cifar_format(dataset));
+  return missing_idx_files(dir);
+}
+
+std::string expected_files(const std::string& dataset) {
+  if (!is_cifar(dataset)) return fmt::format("the four {} IDX files", dataset);
+  const CifarFormat& f = cifar_format(dataset);
+  return fmt::format("{}'s binary files ({}, {})", dataset, fmt::join(f.train_files, ", "),
+                     fmt::join(f.test_files, ", "));
 }
 
 std::vector<fs::path> default_data_roots() {
@@ -95,16 +111,16 @@ DataSource resolve_data_dir(const std::string& dataset, const std::string& data_
     const fs::path dir(data_dir_flag);
     if (!fs::is_directory(dir, ec)) {
       const bool exists = fs::exists(dir, ec);
-      throw IoError(fmt::format("--data-dir {}: expected a directory with the {} IDX files, found {}", data_dir_flag,
-                                dataset,
+      throw IoError(fmt::format("--data-dir {}: expected a directory with {}, found {}", data_dir_flag,
+                                expected_files(dataset),
                                 !exists ? "no such directory"
                                 : fs::is_regular_file(dir, ec) ? "a regular file"
                                                                : "something that is not a directory"));
     }
-    const std::vector<std::string> missing = missing_idx_files(dir);
+    const std::vector<std::string> missing = missing_dataset_files(dataset, dir);
     if (!missing.empty()) {
-      throw IoError(fmt::format("--data-dir {}: expected the four {} IDX files, missing {}",
-                                data_dir_flag, dataset, fmt::join(missing, ", ")));
+      throw IoError(fmt::format("--data-dir {}: expected {}, missing {}", data_dir_flag, expected_files(dataset),
+                                fmt::join(missing, ", ")));
     }
     return {dataset, dir, fmt::format("{} from {} (--data-dir)", dataset, display(dir))};
   }
@@ -112,15 +128,19 @@ DataSource resolve_data_dir(const std::string& dataset, const std::string& data_
   // Incomplete full-set directories are remembered so the log can say why they were
   // passed over (an interrupted manual copy is a common surprise).
   std::vector<std::string> incomplete;
+  std::vector<std::string> folders = {dataset};
+  if (dataset == "cifar10") folders.push_back("cifar-10-batches-bin");  // as the archives unpack
+  if (dataset == "cifar100") folders.push_back("cifar-100-binary");
   for (const fs::path& root : data_roots) {
-    const fs::path dir = root / dataset;
-    if (!fs::is_directory(dir, ec)) continue;
-    const std::vector<std::string> missing = missing_idx_files(dir);
-    if (missing.empty()) {
-      return {dataset, dir, fmt::format("{} from {} (full set)", dataset, display(dir))};
+    for (const std::string& folder : folders) {
+      const fs::path dir = root / folder;
+      if (!fs::is_directory(dir, ec)) continue;
+      const std::vector<std::string> missing = missing_dataset_files(dataset, dir);
+      if (missing.empty()) {
+        return {dataset, dir, fmt::format("{} from {} (full set)", dataset, display(dir))};
+      }
+      incomplete.push_back(fmt::format("{} lacks {}", display(dir), fmt::join(missing, ", ")));
     }
-    incomplete.push_back(
-        fmt::format("{} lacks {}", display(dir), fmt::join(missing, ", ")));
   }
   const std::string incomplete_note =
       incomplete.empty() ? "" : fmt::format("; {}", fmt::join(incomplete, "; "));
@@ -141,6 +161,12 @@ DataSource resolve_data_dir(const std::string& dataset, const std::string& data_
         "neither{}; run scripts/get-data.sh fashion-mnist or pass --data-dir",
         kMiniDir, roots_str(data_roots), incomplete_note));
   }
+  if (is_cifar(dataset)) {
+    throw IoError(fmt::format(
+        "{}: expected data/{} or data/{} with {} under {}, found none{}; unpack the binary version from "
+        "https://www.cs.toronto.edu/~kriz/cifar.html there, or pass --data-dir",
+        dataset, folders[0], folders[1], expected_files(dataset), roots_str(data_roots), incomplete_note));
+  }
   throw IoError(fmt::format(
       "{}: expected data/{} with the four IDX files under {}, found none{}; run "
       "scripts/get-data.sh {} or pass --data-dir",
@@ -149,6 +175,7 @@ DataSource resolve_data_dir(const std::string& dataset, const std::string& data_
 
 DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic) {
   if (source.dataset == "synthetic") return make_synthetic_splits(synthetic);
+  if (is_cifar(source.dataset)) return load_cifar_splits(source.dir, source.dataset);
   return load_idx_splits(source.dir, source.dataset);
 }
 

@@ -14,12 +14,12 @@
 namespace mtrain::data {
 
 struct DataSource {
-  std::string dataset;         // "fashion-mnist", "mnist" or "synthetic"
+  std::string dataset;         // one of known_datasets()
   std::filesystem::path dir;   // empty for synthetic
   std::string description;     // one sentence for the log
 };
 
-const std::vector<std::string>& known_datasets();  // fashion-mnist, mnist, synthetic
+const std::vector<std::string>& known_datasets();  // fashion-mnist, mnist, cifar10, cifar100, synthetic
 
 // Throws InvalidArgument for an unknown dataset (or --data-dir with synthetic) and
 // IoError when no directory with the files is found.
@@ -33,6 +33,10 @@ std::vector<std::filesystem::path> default_data_roots();
 
 // The four IDX stems (with "[.gz]") missing from `dir`; empty when it is complete.
 std::vector<std::string> missing_idx_files(const std::filesystem::path& dir);
+// The files `dataset` reads that `dir` lacks (IDX or CIFAR); empty when it is complete.
+std::vector<std::string> missing_dataset_files(const std::string& dataset, const std::filesystem::path& dir);
+// What a directory of `dataset` must hold, for messages: "the four mnist IDX files".
+std::string expected_files(const std::string& dataset);
 
 // Loads the train and test splits `source` names; `synthetic` sizes and seeds the
 // synthetic dataset and is ignored otherwise.

@@ -79,9 +79,17 @@ std::unique_ptr<Module> simplecnn(int64_t in_channels, int64_t num_classes) {
 
 using ModelFactory = std::function<std::unique_ptr<Module>(int64_t, int64_t)>;
 
-const std::vector<std::pair<std::string, ModelFactory>>& registry() {
-  static const std::vector<std::pair<std::string, ModelFactory>> models = {
-      {"resnet18", resnet18}, {"lenet", lenet}, {"mlp", mlp}, {"simplecnn", simplecnn}};
+struct ZooEntry {
+  std::string name;
+  ModelFactory factory;
+  int64_t fixed_side;  // the only image height and width it takes; 0 for any
+};
+
+const std::vector<ZooEntry>& registry() {
+  static const std::vector<ZooEntry> models = {{"resnet18", resnet18, 0},
+                                               {"lenet", lenet, kImageSize},
+                                               {"mlp", mlp, kImageSize},
+                                               {"simplecnn", simplecnn, 0}};
   return models;
 }
 
@@ -90,7 +98,7 @@ const std::vector<std::pair<std::string, ModelFactory>>& registry() {
 const std::vector<std::string>& model_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> out;
-    for (const auto& [name, factory] : registry()) out.push_back(name);
+    for (const ZooEntry& e : registry()) out.push_back(e.name);
     return out;
   }();
   return names;
@@ -103,14 +111,28 @@ std::unique_ptr<Module> build_model(const std::string& name, int in_channels, in
         "model '{}': expected in_channels >= 1 and num_classes >= 1, found {} and {}", name,
         in_channels, num_classes));
   }
-  for (const auto& [known, factory] : registry()) {
-    if (known != name) continue;
-    std::unique_ptr<Module> model = factory(in_channels, num_classes);
+  for (const ZooEntry& e : registry()) {
+    if (e.name != name) continue;
+    std::unique_ptr<Module> model = e.factory(in_channels, num_classes);
     init_parameters(*model, init);
     return model;
   }
   throw InvalidArgument(fmt::format("unknown model '{}': expected one of {}", name,
                                     fmt::join(model_names(), ", ")));
+}
+
+void check_input_size(const std::string& name, int64_t height, int64_t width) {
+  for (const ZooEntry& e : registry()) {
+    if (e.name != name || e.fixed_side == 0) continue;
+    if (height != e.fixed_side || width != e.fixed_side) {
+      std::vector<std::string> any;
+      for (const ZooEntry& other : registry()) {
+        if (other.fixed_side == 0) any.push_back(other.name);
+      }
+      throw InvalidArgument(fmt::format("model '{}' takes {}x{} images, the data has {}x{}; pick {}, which take any size",
+                                        name, e.fixed_side, e.fixed_side, height, width, fmt::join(any, " or ")));
+    }
+  }
 }
 
 }  // namespace mtrain::models

@@ -1,6 +1,6 @@
 // The model zoo: every model mtrain-train can build by name. Structures are d2l's
 // nn.Sequential models, so parameter names match torch (Note [Parameter names]).
-//   resnet18   d2l's ResNet-18 for 28x28 inputs: 3x3 stem conv (stride 1, padding 1),
+//   resnet18   d2l's ResNet-18 for small inputs (28x28, 32x32, any size): 3x3 stem conv (stride 1, padding 1),
 //              BN, ReLU, no max-pool; 4 stages of 2 Residual blocks (64, 128, 256, 512
 //              channels; stages 2-4 open with a stride-2 block with a 1x1 conv
 //              shortcut); global average pool, flatten, linear.
@@ -11,6 +11,7 @@
 //              flatten, linear 128 -> num_classes; any input size.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,5 +28,10 @@ const std::vector<std::string>& model_names();
 // is InvalidArgument (the message lists the known names). The model starts in train mode.
 std::unique_ptr<Module> build_model(const std::string& name, int in_channels, int num_classes,
                                     const InitOptions& init = {});
+
+// Throws InvalidArgument when model `name` cannot take height x width images (lenet and
+// mlp are built for 28x28); the message names the models that can. Unknown names pass
+// (build_model reports them).
+void check_input_size(const std::string& name, int64_t height, int64_t width);
 
 }  // namespace mtrain::models

@@ -70,7 +70,7 @@ TEST_CASE("resolve_data_dir: --data-dir with missing files lists them", "[data][
   // A file where the directory should be is not "no such directory".
   const fs::path file = scratch / "partial" / "t10k-labels-idx1-ubyte";
   CHECK_THAT(error_of<IoError>([&] { resolve_data_dir("mnist", file.string(), {}); }),
-             Contains("expected a directory with the mnist IDX files, found a regular file"));
+             Contains("expected a directory with the four mnist IDX files, found a regular file"));
 }
 
 TEST_CASE("resolve_data_dir: fashion-mnist falls back to the shipped mini set",
@@ -133,8 +133,8 @@ TEST_CASE("resolve_data_dir: synthetic needs no directory; unknown names are rej
   CHECK(splits.train.size() == 20);
   CHECK_THAT(error_of<InvalidArgument>([] { resolve_data_dir("synthetic", "/tmp", {}); }),
              Contains("drop --data-dir"));
-  CHECK_THAT(error_of<InvalidArgument>([] { resolve_data_dir("cifar10", "", {}); }),
-             Contains("expected one of fashion-mnist, mnist, synthetic, found 'cifar10'"));
+  CHECK_THAT(error_of<InvalidArgument>([] { resolve_data_dir("imagenet", "", {}); }),
+             Contains("expected one of fashion-mnist, mnist, cifar10, cifar100, synthetic, found 'imagenet'"));
 }
 
 TEST_CASE("resolve_data_dir: default roots find the project's data/ from the build tree",

@@ -144,6 +144,14 @@ TEST_CASE("build_model rejects unknown names and bad sizes", "[zoo]") {
   auto lenet = build_model("lenet", 1, 10);
   CHECK_THROWS_WITH(lenet->forward(Tensor::zeros({1, 1, 32, 32})),
                     Catch::Contains("expected input [N, 400]"));
+  // ... which the trainer finds before building, from the data's size.
+  CHECK_THROWS_WITH(check_input_size("mlp", 32, 32),
+                    Catch::Contains("model 'mlp' takes 28x28 images, the data has 32x32; pick resnet18 or simplecnn"));
+  CHECK_THROWS_AS(check_input_size("lenet", 28, 32), InvalidArgument);
+  CHECK_NOTHROW(check_input_size("lenet", 28, 28));
+  CHECK_NOTHROW(check_input_size("resnet18", 32, 32));
+  CHECK_NOTHROW(check_input_size("simplecnn", 17, 40));
+  CHECK(build_model("resnet18", 3, 10)->forward(Tensor::zeros({2, 3, 32, 32})).shape() == Shape{2, 10});
 }
 
 TEST_CASE("initialisation is seeded and follows the chosen scheme", "[zoo][init]") {

@@ -18,6 +18,7 @@
 #include <fmt/ranges.h>
 
 #include "models/zoo.h"
+#include "tests/data/cifar_fixtures.h"
 #include "tests/collectives/store_test_util.h"
 #include "tests/support/scoped_env.h"
 #include "tests/trainer/idx_slice.h"
@@ -170,6 +171,24 @@ TEST_CASE("resnet18 trains a few steps on a tiny batch and its loss falls", "[e2
   CHECK(std::any_of(v.begin(), v.end(), [](float x) { return std::abs(x - 1.0f) > 1e-3f; }));
   CHECK(file.metadata.at("mtrain.steps") == "8");
   CHECK(file.metadata.at("mtrain.model") == "resnet18");
+}
+
+TEST_CASE("--dataset cifar10: colour 32x32 images train simplecnn and resnet18; lenet says it cannot", "[e2e]") {
+  TempDir dir;
+  const std::string data_dir = dir.file("cifar");
+  mtrain::testing::write_cifar_dir(data_dir, "cifar10", 16);  // 80 training images, 16 test
+  for (const std::string model : {"simplecnn", "resnet18"}) {
+    INFO(model);
+    const std::string metrics = dir.file(model + ".jsonl");
+    const auto r = train({"--dataset", "cifar10", "--data-dir", data_dir, "--model", model, "--batch-size", "16",
+                          "--max-steps", "3", "--lr", "0.01", "--log-every", "1", "--metrics", metrics, "--log-level", "info"});
+    require_success(r);
+    CHECK_THAT(r.out, Contains("train set: cifar10/train: 80 images 3x32x32, 10 classes"));
+    CHECK(events_of(read_metrics(metrics), "step").size() == 3);
+  }
+  const auto r = train({"--dataset", "cifar10", "--data-dir", data_dir, "--model", "lenet", "--max-steps", "1"});
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.err, Contains("model 'lenet' takes 28x28 images, the data has 32x32; pick resnet18 or simplecnn"));
 }
 
 TEST_CASE("--save-final then --init-from gives back the same weights and evaluation", "[e2e]") {

@@ -222,6 +222,7 @@ void build_model(const TrainOptions& o, TrainingRun& run) {
   models::InitOptions init;
   init.scheme = models::parse_init_scheme(o.init);
   init.seed = o.seed;
+  models::check_input_size(o.model, run.train_set->height(), run.train_set->width());
   run.model = models::build_model(o.model, static_cast<int>(run.train_set->channels()),
                                   static_cast<int>(run.train_set->num_classes()), init);
   models::Module& model = *run.model;
