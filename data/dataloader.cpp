@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "tensor/cuda_runtime.h"
@@ -39,6 +40,11 @@ void check_options(const DataLoaderOptions& o, const Dataset& dataset) {
     if (!(s > 0.0f)) {
       throw InvalidArgument(fmt::format("DataLoader: expected std values > 0, found {}", s));
     }
+  }
+  if (o.augment.crop_padding > std::max(dataset.height(), dataset.width())) {
+    throw InvalidArgument(fmt::format(
+        "DataLoader: expected a crop padding of at most {} (the side of {}'s images), found {}",
+        std::max(dataset.height(), dataset.width()), dataset.name(), o.augment.crop_padding));
   }
   if (!o.batch_sizes.empty() && o.drop_last) {
     throw InvalidArgument(
@@ -84,7 +90,86 @@ std::vector<std::vector<float>> make_pixel_tables(const DataLoaderOptions& o, in
   return tables;
 }
 
+// SplitMix64's finaliser: a well-mixed 64-bit function of its input.
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// One row of an augmented batch: out(c, y, x) = padded(c, y + top, x' + left), x' the
+// mirrored column when flipped, padded = the image with `pad` zero bytes on every side;
+// then the channel's table (ToTensor and Normalize).
+void augmented_row(const uint8_t* pixels, int64_t channels, int64_t h, int64_t w, int64_t pad,
+                   const AugmentationDraw& d, const std::vector<std::vector<float>>& tables, float* out) {
+  for (int64_t c = 0; c < channels; ++c) {
+    const float* table = tables[static_cast<size_t>(c)].data();
+    const uint8_t* plane = pixels + c * h * w;
+    for (int64_t y = 0; y < h; ++y) {
+      const int64_t sy = y + d.top - pad;
+      for (int64_t x = 0; x < w; ++x) {
+        const int64_t sx = (d.flip ? w - 1 - x : x) + d.left - pad;
+        const bool inside = sy >= 0 && sy < h && sx >= 0 && sx < w;
+        out[(c * h + y) * w + x] = table[inside ? plane[sy * w + sx] : 0];
+      }
+    }
+  }
+}
+
 }  // namespace
+
+// Note [Augmentation draws]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// torchvision draws from a generator that advances as images are transformed, so what an
+// image gets depends on which worker took it and when. Here each image's draw is a hash of
+// (seed, epoch, dataset index): the same batches whatever the number of workers, one rank's
+// images transformed as a single process would transform them (so 2 ranks still equal 1
+// rank with the doubled batch), a new draw every epoch, and a run resumed mid-epoch draws
+// what the uninterrupted run drew. Ranks read different images, so their streams differ.
+// The top and left offsets take 24 bits each, uniform over [0, 2 * padding] up to a
+// modulo bias of (2 * padding + 1) / 2^24; the flip is the top bit.
+AugmentationDraw augmentation_draw(const Augmentation& a, int64_t epoch, int64_t index) {
+  const uint64_t h = mix(mix(mix(a.seed) ^ static_cast<uint64_t>(epoch)) ^ static_cast<uint64_t>(index));
+  AugmentationDraw d;
+  if (a.crop_padding > 0) {
+    const auto span = static_cast<uint64_t>(2 * a.crop_padding + 1);
+    d.top = static_cast<int64_t>((h & 0xFFFFFF) % span);
+    d.left = static_cast<int64_t>(((h >> 24) & 0xFFFFFF) % span);
+  }
+  d.flip = a.horizontal_flip && ((h >> 63) & 1u) != 0;
+  return d;
+}
+
+ChannelStats channel_stats(const Dataset& dataset) {
+  const int64_t channels = dataset.channels(), plane = dataset.height() * dataset.width();
+  std::vector<std::vector<int64_t>> counts(static_cast<size_t>(channels), std::vector<int64_t>(256, 0));
+  const uint8_t* p = dataset.pixels().data();
+  for (int64_t i = 0; i < dataset.size(); ++i) {
+    for (int64_t c = 0; c < channels; ++c) {
+      std::vector<int64_t>& hist = counts[static_cast<size_t>(c)];
+      const uint8_t* row = p + (i * channels + c) * plane;
+      for (int64_t k = 0; k < plane; ++k) ++hist[row[k]];
+    }
+  }
+  ChannelStats stats;
+  for (const std::vector<int64_t>& hist : counts) {
+    double n = 0, sum = 0;
+    for (int v = 0; v < 256; ++v) {
+      n += static_cast<double>(hist[static_cast<size_t>(v)]);
+      sum += static_cast<double>(hist[static_cast<size_t>(v)]) * v / 255.0;
+    }
+    const double mean = n > 0 ? sum / n : 0.0;
+    double var = 0;
+    for (int v = 0; v < 256; ++v) {
+      const double d = v / 255.0 - mean;
+      var += static_cast<double>(hist[static_cast<size_t>(v)]) * d * d;
+    }
+    stats.mean.push_back(static_cast<float>(mean));
+    stats.std.push_back(static_cast<float>(n > 0 ? std::sqrt(var / n) : 0.0));
+  }
+  return stats;
+}
 
 // Note [DataLoader prefetch and order]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -347,21 +432,31 @@ Batch DataLoader::assemble(int64_t epoch, int64_t batch_index, const Plan& plan)
     }
     const uint8_t* pixels = ds.image(index);
     float* out = images + r * ds.channels() * plane;
+    labels[r] = ds.label(index);
+    if (options_.augment.active()) {
+      augmented_row(pixels, ds.channels(), ds.height(), ds.width(), std::max<int64_t>(options_.augment.crop_padding, 0),
+                    augmentation_draw(options_.augment, epoch, index), pixel_tables_, out);
+      continue;
+    }
     for (int64_t c = 0; c < ds.channels(); ++c) {
       const float* table = pixel_tables_[static_cast<size_t>(c)].data();
       for (int64_t p = 0; p < plane; ++p) out[c * plane + p] = table[pixels[c * plane + p]];
     }
-    labels[r] = ds.label(index);
   }
   return batch;
 }
 
 std::string DataLoader::describe() const {
-  std::string normalisation =
-      options_.mean.empty()
+  std::string augmentation;
+  if (options_.augment.crop_padding >= 0) {
+    augmentation += fmt::format("random crop (padding {}), ", options_.augment.crop_padding);
+  }
+  if (options_.augment.horizontal_flip) augmentation += "random horizontal flip, ";
+  std::string normalisation = augmentation +
+      (options_.mean.empty()
           ? std::string("pixels/255")
           : fmt::format("(pixels/255 - {}) / {}", fmt::join(options_.mean, ","),
-                        fmt::join(options_.std, ","));
+                        fmt::join(options_.std, ",")));
   const std::vector<int64_t> sizes = planned_sizes();
   const std::string batching =
       sizes.empty() ? fmt::format("batch {}{}", options_.batch_size, options_.drop_last ? " (drop last)" : "")

@@ -11,7 +11,8 @@
 // prefetch_depth batches are held ahead of the consumer; a worker's exception is rethrown by
 // next() when its batch is due (Note [DataLoader prefetch and order] in dataloader.cpp).
 // next() and start_epoch must be called from one consumer thread. Pixels become float32 as
-// torchvision's ToTensor() then Normalize(mean, std): x = (p / 255 - mean[c]) / std[c].
+// torchvision's ToTensor() then Normalize(mean, std): x = (p / 255 - mean[c]) / std[c],
+// after the optional random crop and flip (Augmentation).
 #pragma once
 
 #include <atomic>
@@ -32,6 +33,36 @@
 
 namespace mtrain::data {
 
+// torchvision's RandomCrop(size = the image's, padding) then RandomHorizontalFlip(0.5),
+// applied to the uint8 image before ToTensor and Normalize (the usual CIFAR recipe). Each
+// image's draw depends only on (seed, epoch, dataset index): the same for any number of
+// workers or ranks, different from epoch to epoch, and a resumed run draws what the
+// uninterrupted one would (Note [Augmentation draws] in dataloader.cpp).
+struct Augmentation {
+  int64_t crop_padding = -1;   // < 0: no random crop; else zero padding on every side
+  bool horizontal_flip = false;
+  uint64_t seed = 0;
+
+  bool active() const { return crop_padding >= 0 || horizontal_flip; }
+};
+
+// One image's draw: the crop's top-left corner in the padded image ([0, 2 * padding]
+// each) and whether it is mirrored. Exposed so tests can compute the expected image.
+struct AugmentationDraw {
+  int64_t top = 0;
+  int64_t left = 0;
+  bool flip = false;
+};
+AugmentationDraw augmentation_draw(const Augmentation& a, int64_t epoch, int64_t index);
+
+// Per-channel mean and (population) standard deviation of a dataset's pixels / 255, as
+// the "auto" normalisation computes them once over the training set.
+struct ChannelStats {
+  std::vector<float> mean;
+  std::vector<float> std;
+};
+ChannelStats channel_stats(const Dataset& dataset);
+
 struct DataLoaderOptions {
   int64_t batch_size = 64;
   bool drop_last = false;   // drop the last partial batch of an epoch
@@ -51,6 +82,8 @@ struct DataLoaderOptions {
   // copy to a GPU can be asynchronous (data/device_prefetcher.h). Pinned memory comes from
   // CUDA: without a usable GPU this is InvalidArgument at construction.
   bool pin_memory = false;
+  // Random crop and flip, per image (none by default; an evaluation loader takes none).
+  Augmentation augment{};
 };
 
 struct Batch {

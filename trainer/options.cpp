@@ -184,11 +184,49 @@ void check_distinct_files(const TrainOptions& o) {
 
 }  // namespace
 
+Normalization parse_normalize(const std::string& value) {
+  Normalization n;
+  if (value == "none") return n;
+  if (value == "auto") {
+    n.automatic = true;
+    return n;
+  }
+  const size_t colon = value.find(':');
+  const auto numbers = [&](const std::string& part, const char* what) {
+    std::vector<float> out;
+    size_t start = 0;
+    while (start <= part.size()) {
+      const size_t comma = std::min(part.find(',', start), part.size());
+      out.push_back(static_cast<float>(parse_double(part.substr(start, comma - start),
+                                                    fmt::format("--normalize's {}", what))));
+      start = comma + 1;
+    }
+    return out;
+  };
+  if (colon == std::string::npos) {
+    throw InvalidArgument(fmt::format(
+        "--normalize: expected none, auto or MEANS:STDS (e.g. 0.49,0.48,0.45:0.25,0.24,0.26), found '{}'", value));
+  }
+  n.mean = numbers(value.substr(0, colon), "mean");
+  n.std = numbers(value.substr(colon + 1), "std");
+  if (n.mean.size() != n.std.size()) {
+    throw InvalidArgument(fmt::format("--normalize: expected as many means as stds, found {} and {} in '{}'",
+                                      n.mean.size(), n.std.size(), value));
+  }
+  for (float s : n.std) {
+    if (!(s > 0.0f) || !std::isfinite(s)) {
+      throw InvalidArgument(fmt::format("--normalize: expected every std > 0, found {} in '{}'", s, value));
+    }
+  }
+  return n;
+}
+
 void validate_train_options(const TrainOptions& o, const TrainChoices& choices) {
   check_choice("--model", o.model, choices.models);
   check_choice("--dataset", o.dataset, choices.datasets);
   check_choice("--init", o.init, {std::begin(kInitSchemes), std::end(kInitSchemes)});
   data::parse_permutation(o.shuffle_order);  // the one place that knows the names
+  parse_normalize(o.normalize);
   check_choice("--log-level", o.log_level, {std::begin(kLogLevels), std::end(kLogLevels)});
   if (o.epochs < 1) throw InvalidArgument(fmt::format("--epochs: expected an integer >= 1, found {}", o.epochs));
   if (o.max_steps && *o.max_steps < 0) {
@@ -338,6 +376,9 @@ cxxopts::Options train_command_spec(const TrainChoices& choices) {
     ("nesterov", "Nesterov momentum")
     ("no-shuffle", "read the training set in file order (to compare runs with other frameworks)")
     ("shuffle-order", "the shuffled order: mtrain (its own generator) | torch (torch.randperm's for a generator seeded --seed + epoch, as PyTorch's DistributedSampler draws it)", cxxopts::value<std::string>()->default_value(d.shuffle_order))
+    ("random-crop", "training images: torchvision's RandomCrop(size, padding=PAD), the image's own size after PAD zero pixels on every side (CIFAR recipes use 4)", cxxopts::value<std::string>())
+    ("random-flip", "training images: torchvision's RandomHorizontalFlip() (mirrored with probability 1/2)")
+    ("normalize", "pixels/255 then (x - mean) / std per channel: none | auto (the training set's mean and std, computed once) | M1,M2,M3:S1,S2,S3 (one value each, or one per channel)", cxxopts::value<std::string>()->default_value(d.normalize))
     ("drop-last", "the training sampler drops the last N mod world-size images instead of repeating some (DistributedSampler's drop_last); with --global-batch-size, the last partial global batch")
     ("threads", "intra-op threads (default: OMP_NUM_THREADS if set, else 1 per rank when several ranks share the node, else every core)", cxxopts::value<std::string>());
   spec.add_options("Device")
@@ -437,6 +478,9 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   o.shuffle = !switch_on(r, "no-shuffle");
   o.shuffle_order = r["shuffle-order"].as<std::string>();
   o.drop_last = switch_on(r, "drop-last");
+  if (r.count("random-crop") != 0) o.random_crop = env::parse_int(r["random-crop"].as<std::string>(), "--random-crop", 0, 4096);
+  o.random_flip = switch_on(r, "random-flip");
+  o.normalize = r["normalize"].as<std::string>();
   if (r.count("threads") != 0) {
     int threads = 0;
     read_int(r, "threads", threads, 1, 4096);

@@ -31,6 +31,11 @@ struct TrainOptions {
   bool shuffle = true;
   std::string shuffle_order = "mtrain"; // "mtrain" or "torch" (torch.randperm's, DistributedSampler's)
   bool drop_last = false;               // the training sampler drops the tail instead of padding
+  // Training images only (Note [Augmentation draws] in data/dataloader.cpp): torchvision's
+  // RandomCrop(size, padding) and RandomHorizontalFlip; both loaders normalise.
+  std::optional<int64_t> random_crop;   // the crop's zero padding; unset = no random crop
+  bool random_flip = false;
+  std::string normalize = "none";       // none | auto (the training set's mean/std) | M1,M2,..:S1,S2,..
   std::string init_from;                // safetensors to start from; empty = fresh init
   std::string save_final;               // safetensors to write at the end; empty = none
   std::string metrics;                  // JSON lines file; empty = none
@@ -114,6 +119,15 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
 // Checks the option values (called by parse_train_command_line; exposed for tests
 // and for callers that fill TrainOptions themselves). Throws InvalidArgument.
 void validate_train_options(const TrainOptions& options, const TrainChoices& choices);
+
+// --normalize's value: none (no means), auto (computed from the training set), or the
+// means and stds given. InvalidArgument for anything else, quoting it.
+struct Normalization {
+  bool automatic = false;
+  std::vector<float> mean;
+  std::vector<float> std;
+};
+Normalization parse_normalize(const std::string& value);
 
 // Every flag mtrain-train accepts, as "--name" (--help left out).
 std::vector<std::string> train_flag_names();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <set>
@@ -286,4 +287,133 @@ TEST_CASE("DataLoader rejects per-step batch sizes that do not fit", "[data][loa
   DataLoader loader(ds, sampler, {.batch_sizes = {2, 1}});
   CHECK_THROWS_WITH(loader.start_epoch(0),
                     Contains("sum to the 4 items") && Contains("found a sum of 3"));
+}
+
+namespace {
+
+// Two channels of 3x4 images; no pixel is 0, so padding shows.
+std::shared_ptr<const Dataset> small_colour_set(int64_t n) {
+  std::vector<uint8_t> pixels;
+  std::vector<int64_t> labels;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t k = 0; k < 2 * 12; ++k) pixels.push_back(static_cast<uint8_t>((i * 7 + k * 3) % 251 + 1));
+    labels.push_back(i % 3);
+  }
+  return std::make_shared<const Dataset>("colour", "test", ImageShape{2, 3, 4}, 3, std::move(pixels),
+                                         std::move(labels));
+}
+
+// The augmented image by the book: pad with zeros, cut at (top, left), mirror.
+std::vector<float> by_hand(const Dataset& ds, int64_t index, int64_t pad, const AugmentationDraw& d) {
+  const int64_t h = ds.height(), w = ds.width();
+  const int64_t ph = h + 2 * pad, pw = w + 2 * pad;
+  std::vector<float> out;
+  for (int64_t c = 0; c < ds.channels(); ++c) {
+    std::vector<uint8_t> padded(static_cast<size_t>(ph * pw), 0);
+    for (int64_t y = 0; y < h; ++y) {
+      for (int64_t x = 0; x < w; ++x) padded[static_cast<size_t>((y + pad) * pw + x + pad)] = ds.image(index)[(c * h + y) * w + x];
+    }
+    std::vector<uint8_t> crop;
+    for (int64_t y = 0; y < h; ++y) {
+      for (int64_t x = 0; x < w; ++x) crop.push_back(padded[static_cast<size_t>((y + d.top) * pw + x + d.left)]);
+    }
+    for (int64_t y = 0; y < h; ++y) {
+      for (int64_t x = 0; x < w; ++x) {
+        const int64_t sx = d.flip ? w - 1 - x : x;
+        out.push_back(static_cast<float>(crop[static_cast<size_t>(y * w + sx)]) / 255.0f);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("random crop and flip give the padded, cut and mirrored image of each draw", "[data][loader][augment]") {
+  const auto ds = small_colour_set(40);
+  DataLoaderOptions o;
+  o.batch_size = 40;
+  o.augment = {.crop_padding = 2, .horizontal_flip = true, .seed = 9};
+  DataLoader loader(ds, std::make_shared<SequentialSampler>(ds->size()), o);
+  CHECK_THAT(loader.describe(), Contains("random crop (padding 2), random horizontal flip"));
+  loader.start_epoch(3);
+  const auto batch = loader.next();
+  REQUIRE(batch);
+  int flips = 0, crops = 0;
+  for (int64_t r = 0; r < batch->size(); ++r) {
+    const AugmentationDraw d = augmentation_draw(o.augment, 3, r);
+    flips += d.flip;
+    crops += d.top != 2 || d.left != 2;
+    CHECK(d.top >= 0);
+    CHECK(d.top <= 4);
+    CHECK(d.left <= 4);
+    const std::vector<float> expected = by_hand(*ds, r, 2, d);
+    const float* got = batch->images.data<float>() + r * 24;
+    CHECK(std::vector<float>(got, got + 24) == expected);
+  }
+  // 40 draws: both flips and off-centre crops occur.
+  CHECK(flips > 5);
+  CHECK(flips < 35);
+  CHECK(crops > 20);
+}
+
+TEST_CASE("augmentation draws: same seed same stream, whatever the workers; a new draw each epoch",
+          "[data][loader][augment]") {
+  const auto ds = small_colour_set(64);
+  const auto run = [&](int workers, uint64_t seed, int64_t epoch) {
+    DataLoaderOptions o;
+    o.batch_size = 8;
+    o.num_workers = workers;
+    o.augment = {.crop_padding = 1, .horizontal_flip = true, .seed = seed};
+    DataLoader loader(ds, std::make_shared<RandomSampler>(ds->size(), 4), o);
+    loader.start_epoch(epoch);
+    std::vector<float> all;
+    while (auto b = loader.next()) {
+      const float* p = b->images.data<float>();
+      all.insert(all.end(), p, p + b->images.numel());
+    }
+    return all;
+  };
+  const auto a = run(1, 7, 0);
+  CHECK(run(3, 7, 0) == a);
+  CHECK(run(1, 7, 1) != a);
+  CHECK(run(1, 8, 0) != a);
+  // Over many images every offset and both flips turn up.
+  std::set<int64_t> tops;
+  int flips = 0;
+  const Augmentation aug{.crop_padding = 4, .horizontal_flip = true, .seed = 1};
+  for (int64_t i = 0; i < 2000; ++i) {
+    const auto d = augmentation_draw(aug, 0, i);
+    tops.insert(d.top);
+    flips += d.flip;
+  }
+  CHECK(tops.size() == 9);
+  CHECK(flips > 900);
+  CHECK(flips < 1100);
+  // Flip alone keeps the image where it is.
+  const auto d = augmentation_draw({.crop_padding = -1, .horizontal_flip = true, .seed = 1}, 0, 0);
+  CHECK(d.top == 0);
+  CHECK(d.left == 0);
+}
+
+TEST_CASE("augmentation refusals and the training set's channel statistics", "[data][loader][augment]") {
+  const auto ds = small_colour_set(4);
+  DataLoaderOptions o;
+  o.augment.crop_padding = 5;
+  CHECK_THROWS_WITH(DataLoader(ds, std::make_shared<SequentialSampler>(4), o),
+                    Contains("expected a crop padding of at most 4 (the side of colour's images), found 5"));
+  const ChannelStats s = channel_stats(*ds);
+  REQUIRE(s.mean.size() == 2);
+  for (int64_t c = 0; c < 2; ++c) {
+    double sum = 0, sq = 0;
+    for (int64_t i = 0; i < 4; ++i) {
+      for (int64_t k = 0; k < 12; ++k) sum += ds->image(i)[c * 12 + k] / 255.0;
+    }
+    const double mean = sum / 48;
+    for (int64_t i = 0; i < 4; ++i) {
+      for (int64_t k = 0; k < 12; ++k) sq += std::pow(ds->image(i)[c * 12 + k] / 255.0 - mean, 2);
+    }
+    CHECK(s.mean[static_cast<size_t>(c)] == Approx(mean).epsilon(1e-6));
+    CHECK(s.std[static_cast<size_t>(c)] == Approx(std::sqrt(sq / 48)).epsilon(1e-6));
+  }
 }

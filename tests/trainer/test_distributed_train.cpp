@@ -46,6 +46,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tests/data/cifar_fixtures.h"
 #include "tests/trainer/e2e_paths.h"
 #include "tests/trainer/metrics_events.h"
 #include "tests/trainer/run_process.h"
@@ -73,7 +74,10 @@ constexpr double kStatisticsTolerance = 1e-4;
 std::vector<std::string> with_defaults(std::vector<std::string> args) {
   args.insert(args.end(), {"--threads", "1"});
   if (std::find(args.begin(), args.end(), "--log-level") == args.end()) args.insert(args.end(), {"--log-level", "warn"});
-  if (std::find(args.begin(), args.end(), "synthetic") == args.end()) args.insert(args.end(), {"--data-dir", kMiniSet});
+  if (std::find(args.begin(), args.end(), "synthetic") == args.end() &&
+      std::find(args.begin(), args.end(), "--data-dir") == args.end()) {
+    args.insert(args.end(), {"--data-dir", kMiniSet});
+  }
   return args;
 }
 
@@ -120,6 +124,27 @@ TEST_CASE("mlp and lenet: 2 ranks x batch 16 train the model 1 rank x batch 32 t
   const double same = max_abs_difference(two, one);
   const double different = max_abs_difference(two, one_small);
   INFO("2x16 vs 1x32: " << same << ", 2x16 vs 1x16: " << different);
+  CHECK(same <= kTolerance);
+  CHECK(different > 10 * kTolerance);
+}
+
+TEST_CASE("CIFAR-10 with random crops, flips and --normalize auto: 2 ranks x batch 16 train what 1 rank x batch 32 trains",
+          "[multiproc]") {
+  // Each image's crop and flip depend on (seed, epoch, index) only (Note [Augmentation
+  // draws]), so the ranks' halves of a global batch are transformed as the single
+  // process transforms them; the control run without augmentation must differ.
+  TempDir dir;
+  const std::string data = dir.file("cifar");
+  mtrain::testing::write_cifar_dir(data, "cifar10", 16);
+  const std::vector<std::string> base = {"--dataset", "cifar10", "--data-dir", data, "--model", "simplecnn",
+                                         "--max-steps", "4", "--lr", "0.05", "--no-eval", "--normalize", "auto"};
+  const auto augmented = concat(base, {"--random-crop", "4", "--random-flip"});
+  const auto [two, one] = two_by_16_and_one_by_32(dir, augmented);
+  const auto plain = dir.file("plain.safetensors");
+  require_success(launch(1, concat(base, {"--batch-size", "32", "--save-final", plain})));
+  const double same = max_abs_difference(two, one);
+  const double different = max_abs_difference(one, plain);
+  INFO("2x16 vs 1x32: " << same << ", augmented vs not: " << different);
   CHECK(same <= kTolerance);
   CHECK(different > 10 * kTolerance);
 }

@@ -186,6 +186,12 @@ TEST_CASE("--dataset cifar10: colour 32x32 images train simplecnn and resnet18; 
     CHECK_THAT(r.out, Contains("train set: cifar10/train: 80 images 3x32x32, 10 classes"));
     CHECK(events_of(read_metrics(metrics), "step").size() == 3);
   }
+  const auto augmented = train({"--dataset", "cifar10", "--data-dir", data_dir, "--model", "simplecnn", "--batch-size",
+                                 "16", "--max-steps", "2", "--random-crop", "4", "--random-flip", "--normalize", "auto",
+                                 "--log-level", "info"});
+  require_success(augmented);
+  CHECK_THAT(augmented.out, Contains("--normalize auto: cifar10/train's per-channel mean"));
+  CHECK_THAT(augmented.out, Contains("random crop (padding 4), random horizontal flip, (pixels/255 - "));
   const auto r = train({"--dataset", "cifar10", "--data-dir", data_dir, "--model", "lenet", "--max-steps", "1"});
   CHECK(r.exit_code != 0);
   CHECK_THAT(r.err, Contains("model 'lenet' takes 28x28 images, the data has 32x32; pick resnet18 or simplecnn"));

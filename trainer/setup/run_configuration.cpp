@@ -35,6 +35,9 @@ std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t tra
   add("--no-shuffle", o.shuffle ? "off" : "on");
   add("--shuffle-order", o.shuffle_order);
   add("--drop-last", o.drop_last ? "on" : "off");
+  add("--random-crop", o.random_crop ? std::to_string(*o.random_crop) : "unset");
+  add("--random-flip", o.random_flip ? "on" : "off");
+  add("--normalize", o.normalize);
   add("--no-eval", o.eval ? "off" : "on");
   add("--backend", o.backend);
   // Replicas on different kinds of device would round differently and drift apart.
@@ -89,6 +92,9 @@ RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size,
       {"--no-shuffle", o.shuffle ? "off" : "on"},
       {"--shuffle-order", o.shuffle_order},
       {"--drop-last", o.drop_last ? "on" : "off"},
+      {"--random-crop", o.random_crop ? std::to_string(*o.random_crop) : "unset"},
+      {"--random-flip", o.random_flip ? "on" : "off"},
+      {"--normalize", o.normalize},
       {"--sync-bn", o.sync_bn ? "on" : "off"},
       {"--lr-scaling", o.lr_scaling},
       {"--warmup-epochs", fmt::format("{}", o.warmup_epochs)},

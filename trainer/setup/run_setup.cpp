@@ -81,8 +81,12 @@ DType amp_compute_dtype(const TrainOptions& o, const Device& device) {
 // overlap the step before them (Note [Batches to the device] in loop/device_batches.cpp).
 std::shared_ptr<data::DataLoader> make_loader(std::shared_ptr<const data::Dataset> dataset,
                                               std::shared_ptr<data::Sampler> sampler, int64_t batch_size,
-                                              bool pinned) {
+                                              bool pinned, const data::ChannelStats& normalization,
+                                              const data::Augmentation& augment = {}) {
   data::DataLoaderOptions o;
+  o.mean = normalization.mean;
+  o.std = normalization.std;
+  o.augment = augment;
   o.pin_memory = pinned;
   o.batch_size = batch_size;
   o.drop_last = false;
@@ -337,10 +341,33 @@ void require_every_rank_a_share(const TrainOptions& o, const data::GlobalBatchSh
 
 // The distributed samplers in a world of one are the plain shuffled (or sequential)
 // order, so one rank with batch N*B reads exactly what N ranks with batch B read.
+// --normalize's means and stds: given, or computed once from the training set (every
+// rank loads the whole set, so every rank computes the same values).
+data::ChannelStats normalization(const TrainOptions& o, const data::Dataset& train_set) {
+  const Normalization n = parse_normalize(o.normalize);
+  data::ChannelStats stats{n.mean, n.std};
+  if (n.automatic) {
+    stats = data::channel_stats(train_set);
+    spdlog::info("--normalize auto: {}'s per-channel mean {:.4f} and std {:.4f}", train_set.name(),
+                 fmt::join(stats.mean, ","), fmt::join(stats.std, ","));
+  }
+  const auto channels = static_cast<size_t>(train_set.channels());
+  if (!stats.mean.empty() && stats.mean.size() != 1 && stats.mean.size() != channels) {
+    throw InvalidArgument(fmt::format("--normalize: expected 1 or {} values each ({} has {} channel(s)), found {}",
+                                      channels, train_set.name(), channels, stats.mean.size()));
+  }
+  return stats;
+}
+
 void make_loaders(const TrainOptions& o, TrainingRun& run) {
   const int rank = run.env.rank, world = run.env.world_size;
   const int64_t train_size = run.train_set->size();
   const bool pinned = run.compute().is_cuda();
+  const data::ChannelStats norm = normalization(o, *run.train_set);
+  data::Augmentation augment;
+  augment.crop_padding = o.random_crop.value_or(-1);
+  augment.horizontal_flip = o.random_flip;
+  augment.seed = o.seed;
   const data::Permutation permutation = data::parse_permutation(o.shuffle_order);
   if (o.global_batch_size) {
     auto sampler = std::make_shared<data::GlobalBatchShardSampler>(train_size, rank, world, *o.global_batch_size,
@@ -348,17 +375,18 @@ void make_loaders(const TrainOptions& o, TrainingRun& run) {
     if (const auto shares = initial_shares(o, world)) sampler->set_shares(0, *shares);
     if (o.sync_bn && run.groups) require_every_rank_a_share(o, *sampler, world);
     run.global_batch_sampler = sampler;
-    run.train_loader = make_loader(run.train_set, sampler, *o.global_batch_size, pinned);
+    run.train_loader = make_loader(run.train_set, sampler, *o.global_batch_size, pinned, norm, augment);
   } else {
     auto sampler =
         std::make_shared<data::DistributedSampler>(train_size, rank, world, o.shuffle, o.seed, o.drop_last, permutation);
-    run.train_loader = make_loader(run.train_set, sampler, o.batch_size, pinned);
+    run.train_loader = make_loader(run.train_set, sampler, o.batch_size, pinned, norm, augment);
   }
   if (o.eval) {
     // Per rank, the largest training share (a global batch's first chunk), not G itself.
     const int64_t eval_batch = o.global_batch_size ? (*o.global_batch_size + world - 1) / world : o.batch_size;
-    run.test_loader = make_loader(
-        run.test_set, std::make_shared<data::EvalShardSampler>(run.test_set->size(), rank, world), eval_batch, pinned);
+    run.test_loader = make_loader(run.test_set,
+                                  std::make_shared<data::EvalShardSampler>(run.test_set->size(), rank, world),
+                                  eval_batch, pinned, norm);
   }
   spdlog::info("train loader: {}", run.train_loader->describe());
 }
