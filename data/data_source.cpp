@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "data/cifar_reader.h"
 #include "data/idx_reader.h"
+#include "data/image_folder.h"
 
 // Note [Dataset resolution]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -21,6 +22,7 @@
 // * cifar10, cifar100: the binary batches (Note in data/cifar_reader.h), from --data-dir,
 //   data/<dataset> or the folder the official archive unpacks to (data/cifar-10-batches-bin,
 //   data/cifar-100-binary); nothing ships for either.
+// * imagefolder: --data-dir only, holding train/ and val/ (data/image_folder.h).
 // * synthetic: generated from the seed, no directory (and --data-dir is an error).
 // "data/" is looked for in the current directory first, then at <exe dir>/../../data
 // (build/bin/../../data is the project's data/), then at <exe dir>/../share/mtrain/data (where
@@ -46,7 +48,8 @@ std::string roots_str(const std::vector<fs::path>& roots) {
 }  // namespace
 
 const std::vector<std::string>& known_datasets() {
-  static const std::vector<std::string> names = {"fashion-mnist", "mnist", "cifar10", "cifar100", "synthetic"};
+  static const std::vector<std::string> names = {"fashion-mnist", "mnist", "cifar10", "cifar100", "imagefolder",
+                                                 "synthetic"};
   return names;
 }
 
@@ -60,10 +63,19 @@ std::vector<std::string> missing_idx_files(const fs::path& dir) {
 
 std::vector<std::string> missing_dataset_files(const std::string& dataset, const fs::path& dir) {
   if (is_cifar(dataset)) return missing_cifar_files(dir, cifar_format(dataset));
+  if (dataset == "imagefolder") {
+    std::vector<std::string> missing;
+    std::error_code ec;
+    for (const char* split : {kImageFolderTrain, kImageFolderVal}) {
+      if (!fs::is_directory(dir / split, ec)) missing.push_back(std::string(split) + "/");
+    }
+    return missing;
+  }
   return missing_idx_files(dir);
 }
 
 std::string expected_files(const std::string& dataset) {
+  if (dataset == "imagefolder") return "train/ and val/ folders, each with one subfolder of images per class";
   if (!is_cifar(dataset)) return fmt::format("the four {} IDX files", dataset);
   const CifarFormat& f = cifar_format(dataset);
   return fmt::format("{}'s binary files ({}, {})", dataset, fmt::join(f.train_files, ", "),
@@ -125,6 +137,9 @@ DataSource resolve_data_dir(const std::string& dataset, const std::string& data_
     return {dataset, dir, fmt::format("{} from {} (--data-dir)", dataset, display(dir))};
   }
 
+  if (dataset == "imagefolder") {
+    throw InvalidArgument("--dataset imagefolder needs --data-dir DIR, the folder holding train/ and val/");
+  }
   // Incomplete full-set directories are remembered so the log can say why they were
   // passed over (an interrupted manual copy is a common surprise).
   std::vector<std::string> incomplete;
@@ -176,6 +191,7 @@ DataSource resolve_data_dir(const std::string& dataset, const std::string& data_
 DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic) {
   if (source.dataset == "synthetic") return make_synthetic_splits(synthetic);
   if (is_cifar(source.dataset)) return load_cifar_splits(source.dir, source.dataset);
+  if (source.dataset == "imagefolder") return load_image_folder_splits(source.dir);
   return load_idx_splits(source.dir, source.dataset);
 }
 

@@ -54,4 +54,11 @@ std::string Dataset::describe() const {
                      shape_.height, shape_.width, num_classes_, origin_);
 }
 
+void Dataset::set_class_names(std::vector<std::string> names) {
+  if (static_cast<int64_t>(names.size()) != num_classes_) {
+    throw InvalidArgument(fmt::format("{}: expected {} class names, found {}", name_, num_classes_, names.size()));
+  }
+  class_names_ = std::move(names);
+}
+
 }  // namespace mtrain::data

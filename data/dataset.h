@@ -41,6 +41,11 @@ class Dataset {
   const std::vector<int64_t>& labels() const { return labels_; }
   const std::vector<uint8_t>& pixels() const { return pixels_; }
 
+  // Names of the classes by label, where the data has them (an image folder's); else empty.
+  const std::vector<std::string>& class_names() const { return class_names_; }
+  // InvalidArgument unless there is one name per class.
+  void set_class_names(std::vector<std::string> names);
+
   // One line for logs: "fashion-mnist/train: 6000 images 1x28x28, 10 classes (<origin>)".
   std::string describe() const;
 
@@ -51,6 +56,7 @@ class Dataset {
   int64_t num_classes_ = 0;
   std::vector<uint8_t> pixels_;
   std::vector<int64_t> labels_;
+  std::vector<std::string> class_names_;
 };
 
 struct DatasetSplits {

@@ -24,6 +24,7 @@ packages=(
   libgloo-dev libgloo0 libhiredis-dev libhiredis0.14 libibverbs-dev libibverbs1
   libnl-3-200 libnl-3-dev libnl-route-3-200 libnl-route-3-dev
   zlib1g-dev zlib1g
+  libpng-dev libpng16-16 libturbojpeg0-dev libturbojpeg0
 )
 
 command -v apt-get >/dev/null || { echo "offline-deps.sh: apt-get not found; run this on a Debian or Ubuntu machine" >&2; exit 2; }

@@ -21,6 +21,7 @@ packages=(
   libdnnl-dev ocl-icd-opencl-dev
   libgloo-dev libopenmpi-dev openmpi-bin
   libcxxopts-dev libspdlog-dev nlohmann-json3-dev catch2 zlib1g-dev libcairo2-dev
+  libpng-dev libturbojpeg0-dev
   python3
   # Only for the `slurm` tests (tests/slurm): they run their own munged, slurmctld and
   # slurmd under a temporary directory and use neither the packaged services nor

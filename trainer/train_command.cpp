@@ -265,11 +265,14 @@ void save_final_weights(const TrainOptions& o, const TrainingRun& run, int64_t s
   std::exception_ptr failure;
   if (run.lead()) {
     try {
-      const SafetensorsMetadata metadata = {{kWeightsModelKey, o.model},
-                                            {"mtrain.dataset", o.dataset},
-                                            {"mtrain.steps", std::to_string(steps)},
-                                            {"mtrain.seed", std::to_string(o.seed)},
-                                            {"mtrain.init", o.init_from.empty() ? o.init : "file"}};
+      SafetensorsMetadata metadata = {{kWeightsModelKey, o.model},
+                                      {"mtrain.dataset", o.dataset},
+                                      {"mtrain.steps", std::to_string(steps)},
+                                      {"mtrain.seed", std::to_string(o.seed)},
+                                      {"mtrain.init", o.init_from.empty() ? o.init : "file"}};
+      // An image folder's class names, by label, as a JSON list: what each output means.
+      const auto& classes = run.train_set->class_names();
+      if (!classes.empty()) metadata["mtrain.classes"] = nlohmann::json(classes).dump();
       save_model_weights(o.save_final, *run.model, metadata);
       spdlog::info("saved final weights ({} steps) to {}", steps, o.save_final);
     } catch (...) {

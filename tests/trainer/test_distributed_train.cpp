@@ -47,6 +47,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/data/cifar_fixtures.h"
+#include "tests/trainer/image_folder_export.h"
 #include "tests/trainer/e2e_paths.h"
 #include "tests/trainer/metrics_events.h"
 #include "tests/trainer/run_process.h"
@@ -147,6 +148,27 @@ TEST_CASE("CIFAR-10 with random crops, flips and --normalize auto: 2 ranks x bat
   INFO("2x16 vs 1x32: " << same << ", augmented vs not: " << different);
   CHECK(same <= kTolerance);
   CHECK(different > 10 * kTolerance);
+}
+
+TEST_CASE("an image folder of the shipped images trains what their IDX files train, on 1 and 2 ranks", "[multiproc]") {
+  // The same 300 images in the same order (class by class), as PNGs and as IDX files;
+  // --no-shuffle reads both in that order.
+  TempDir dir;
+  const std::string idx = dir.file("idx"), folder = dir.file("folder");
+  mtrain::testing::export_as_image_folder(kMiniSet, 300, idx, folder);
+  const std::vector<std::string> base = {"--model", "mlp", "--max-steps", "6", "--batch-size", "16", "--lr", "0.1",
+                                         "--no-shuffle", "--no-eval"};
+  for (const int ranks : {1, 2}) {
+    INFO(ranks << " rank(s)");
+    const auto from_idx = dir.file(fmt::format("idx{}.safetensors", ranks));
+    const auto from_folder = dir.file(fmt::format("folder{}.safetensors", ranks));
+    require_success(launch(ranks, concat(base, {"--data-dir", idx, "--save-final", from_idx})));
+    require_success(launch(ranks, concat(base, {"--dataset", "imagefolder", "--data-dir", folder, "--save-final",
+                                                from_folder})));
+    CHECK(mtrain::testing::compare_weights(from_folder, from_idx).identical());
+    const auto file = mtrain::load_safetensors(from_folder);
+    CHECK(file.metadata.at("mtrain.classes") == R"(["0","1","2","3","4","5","6","7","8","9"])");
+  }
 }
 
 TEST_CASE("with --amp bf16 and dynamic loss scaling, 2 ranks x batch 16 still train what 1 rank x batch 32 trains",

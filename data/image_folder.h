@@ -1,0 +1,37 @@
+// A folder of images per class, as torchvision's ImageFolder reads it: DIR/train/<class>/...
+// and DIR/val/<class>/... (PNG through libpng, JPEG through libjpeg-turbo; files in
+// subfolders of a class count too). Classes are the train folder's subfolders sorted by
+// name (byte order, as Python's sorted), numbered from 0; images are taken class by class,
+// each class's files sorted by path. Every image is decoded once, at load, on all cores,
+// into the same uint8 CHW form as the IDX and CIFAR sets (Note [Decoding image folders]).
+// Every error is an IoError naming the file or folder, what was expected and what was found.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+
+namespace mtrain::data {
+
+inline constexpr const char* kImageFolderTrain = "train";
+inline constexpr const char* kImageFolderVal = "val";
+
+// The class names of a split folder (its subfolders, sorted); IoError when it has none.
+std::vector<std::string> image_folder_classes(const std::filesystem::path& split_dir);
+
+// Train and val splits of DIR; val's classes must be among train's.
+DatasetSplits load_image_folder_splits(const std::filesystem::path& dir);
+
+// One decoded image: height x width x channels (1 or 3) bytes, row-major, interleaved.
+struct DecodedImage {
+  int64_t height = 0;
+  int64_t width = 0;
+  int64_t channels = 0;
+  std::vector<uint8_t> pixels;
+};
+// Decodes a PNG or a JPEG (by content, not by name); IoError naming `path` otherwise.
+DecodedImage decode_image(const std::filesystem::path& path);
+
+}  // namespace mtrain::data

@@ -1,0 +1,142 @@
+// Image folders: classes, order, pixels and channels, and every malformed folder refused.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "data/data_source.h"
+#include "data/image_folder.h"
+#include "tests/data/image_files.h"
+
+using namespace mtrain;
+using namespace mtrain::data;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/mtrain-folder-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+template <class F>
+std::string io_error_of(F f) {
+  try {
+    f();
+  } catch (const IoError& e) {
+    return e.what();
+  }
+  FAIL("expected an IoError");
+  return "";
+}
+
+// A 2x3 gray image whose pixels are seed, seed + 1, ...
+std::vector<uint8_t> gray(uint8_t seed) {
+  std::vector<uint8_t> p;
+  for (int i = 0; i < 6; ++i) p.push_back(static_cast<uint8_t>(seed + i));
+  return p;
+}
+
+void gray_png(const fs::path& path, uint8_t seed) {
+  fs::create_directories(path.parent_path());
+  testing::write_png(path, 2, 3, 1, gray(seed));
+}
+
+// train/{b,a,c}, val/{a,c}: three classes sorted a, b, c.
+void small_folder(const fs::path& root) {
+  gray_png(root / "train/b/2.png", 20);
+  gray_png(root / "train/b/1.png", 10);
+  gray_png(root / "train/a/x.png", 30);
+  gray_png(root / "train/c/deeper/y.png", 40);
+  gray_png(root / "val/a/v.png", 50);
+  gray_png(root / "val/c/w.png", 60);
+}
+
+}  // namespace
+
+TEST_CASE("an image folder: classes sorted by name, images class by class, files sorted, pixels exact") {
+  TempDir dir;
+  small_folder(dir.path);
+  const DatasetSplits s = load_image_folder_splits(dir.path);
+  REQUIRE(s.train.size() == 4);
+  CHECK(s.train.shape() == ImageShape{1, 2, 3});
+  CHECK(s.train.num_classes() == 3);
+  CHECK(s.train.class_names() == std::vector<std::string>{"a", "b", "c"});
+  CHECK(s.train.labels() == std::vector<int64_t>{0, 1, 1, 2});
+  CHECK(std::vector<uint8_t>(s.train.image(0), s.train.image(0) + 6) == gray(30));  // a/x
+  CHECK(std::vector<uint8_t>(s.train.image(1), s.train.image(1) + 6) == gray(10));  // b/1
+  CHECK(std::vector<uint8_t>(s.train.image(2), s.train.image(2) + 6) == gray(20));  // b/2
+  CHECK(std::vector<uint8_t>(s.train.image(3), s.train.image(3) + 6) == gray(40));  // c/deeper/y
+  REQUIRE(s.test.size() == 2);
+  CHECK(s.test.labels() == std::vector<int64_t>{0, 2});  // val's c is train's class 2
+  CHECK(s.test.name() == "imagefolder/val");
+}
+
+TEST_CASE("colour and gray images together make 3 channels; JPEGs decode") {
+  TempDir dir;
+  gray_png(dir.path / "train/a/g.png", 100);
+  const std::vector<uint8_t> rgb = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18};
+  fs::create_directories(dir.path / "train/b");
+  testing::write_png(dir.path / "train/b/c.png", 2, 3, 3, rgb);
+  fs::create_directories(dir.path / "val/b");
+  testing::write_jpeg(dir.path / "val/b/flat.jpg", 2, 3, 3, std::vector<uint8_t>(18, 200));
+  const DatasetSplits s = load_image_folder_splits(dir.path);
+  CHECK(s.train.shape() == ImageShape{3, 2, 3});
+  // The gray image repeated in every channel; the colour one planar (CHW).
+  for (int c = 0; c < 3; ++c) CHECK(s.train.image(0)[c * 6] == 100);
+  CHECK(s.train.image(1)[0] == 1);
+  CHECK(s.train.image(1)[1] == 4);
+  CHECK(s.train.image(1)[6] == 2);
+  CHECK(s.train.image(1)[12] == 3);
+  for (int k = 0; k < 18; ++k) CHECK(std::abs(static_cast<int>(s.test.image(0)[k]) - 200) <= 2);
+}
+
+TEST_CASE("malformed image folders are refused, naming the file or folder") {
+  TempDir dir;
+  small_folder(dir.path);
+  SECTION("a file that is not an image") {
+    std::ofstream(dir.path / "train/b/notes.txt") << "hello";
+    CHECK_THAT(io_error_of([&] { load_image_folder_splits(dir.path); }),
+               Contains("train/b/notes.txt: expected only images (.png, .jpg, .jpeg)"));
+  }
+  SECTION("an image name over something else") {
+    std::ofstream(dir.path / "train/b/3.png") << "not really a png";
+    CHECK_THAT(io_error_of([&] { load_image_folder_splits(dir.path); }),
+               Contains("train/b/3.png: expected a PNG or a JPEG image, found 16 bytes of something else"));
+  }
+  SECTION("a truncated PNG") {
+    const fs::path p = dir.path / "train/b/1.png";
+    fs::resize_file(p, 40);
+    CHECK_THAT(io_error_of([&] { load_image_folder_splits(dir.path); }),
+               Contains("train/b/1.png: not a readable PNG"));
+  }
+  SECTION("a class folder with no images") {
+    fs::create_directories(dir.path / "train/d");
+    CHECK_THAT(io_error_of([&] { load_image_folder_splits(dir.path); }),
+               Contains("train/d: class folder with no images"));
+  }
+  SECTION("images of another size") {
+    testing::write_png(dir.path / "train/a/z_big.png", 3, 3, 1, std::vector<uint8_t>(9, 1));
+    CHECK_THAT(io_error_of([&] { load_image_folder_splits(dir.path); }),
+               Contains("train/a/z_big.png: 3x3 pixels, but") && Contains("is 2x3; every image of a split must have one size"));
+  }
+  SECTION("a validation class training never saw") {
+    gray_png(dir.path / "val/z/q.png", 1);
+    CHECK_THAT(io_error_of([&] { load_image_folder_splits(dir.path); }),
+               Contains("class folder 'z' is not among the training classes"));
+  }
+  SECTION("no val/") {
+    fs::remove_all(dir.path / "val");
+    CHECK_THAT(io_error_of([&] { resolve_data_dir("imagefolder", dir.path.string(), {}); }),
+               Contains("expected train/ and val/ folders, each with one subfolder of images per class, missing val/"));
+  }
+}
