@@ -188,10 +188,13 @@ DataSource resolve_data_dir(const std::string& dataset, const std::string& data_
       dataset, dataset, roots_str(data_roots), incomplete_note, dataset));
 }
 
-DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic) {
+DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic, bool skip_bad_images) {
+  if (skip_bad_images && source.dataset != "imagefolder") {
+    throw InvalidArgument(fmt::format("--skip-bad-images applies to --dataset imagefolder, not to {}", source.dataset));
+  }
   if (source.dataset == "synthetic") return make_synthetic_splits(synthetic);
   if (is_cifar(source.dataset)) return load_cifar_splits(source.dir, source.dataset);
-  if (source.dataset == "imagefolder") return load_image_folder_splits(source.dir);
+  if (source.dataset == "imagefolder") return load_image_folder_splits(source.dir, skip_bad_images);
   return load_idx_splits(source.dir, source.dataset);
 }
 

@@ -40,6 +40,8 @@ std::string expected_files(const std::string& dataset);
 
 // Loads the train and test splits `source` names; `synthetic` sizes and seeds the
 // synthetic dataset and is ignored otherwise.
-DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic);
+// skip_bad_images: an image folder's files that are not images or do not decode are left
+// out and counted in the splits' notes (InvalidArgument for any other dataset).
+DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic, bool skip_bad_images = false);
 
 }  // namespace mtrain::data

@@ -62,6 +62,7 @@ class Dataset {
 struct DatasetSplits {
   Dataset train;
   Dataset test;
+  std::vector<std::string> notes;  // lines for the log (files skipped on request)
 };
 
 }  // namespace mtrain::data

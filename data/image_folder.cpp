@@ -79,8 +79,13 @@ struct Item {
   int64_t label;
 };
 
+// Files left out on request, in the order met.
+struct Skipped {
+  std::vector<std::string> reasons;
+};
+
 std::vector<Item> list_items(const fs::path& split_dir, const std::vector<std::string>& classes,
-                             const std::map<std::string, int64_t>& index_of) {
+                             const std::map<std::string, int64_t>& index_of, Skipped* skipped) {
   std::vector<Item> items;
   for (const std::string& name : classes) {
     const auto found = index_of.find(name);
@@ -91,8 +96,11 @@ std::vector<Item> list_items(const fs::path& split_dir, const std::vector<std::s
     for (const auto& entry : fs::recursive_directory_iterator(split_dir / name)) {
       if (!entry.is_regular_file()) continue;
       if (!image_extension(entry.path())) {
-        throw IoError(fmt::format("{}: expected only images (.png, .jpg, .jpeg) in class folders, found this file",
-                                  entry.path().string()));
+        const std::string reason = fmt::format(
+            "{}: expected only images (.png, .jpg, .jpeg) in class folders, found this file", entry.path().string());
+        if (skipped == nullptr) throw IoError(reason + " (--skip-bad-images leaves such files out)");
+        skipped->reasons.push_back(reason);
+        continue;
       }
       files.push_back(entry.path());
     }
@@ -114,9 +122,10 @@ std::vector<Item> list_items(const fs::path& split_dir, const std::vector<std::s
 // the same images in IDX files would; where any image has colour, grayscale ones are
 // repeated into 3 channels (torchvision's loader converts everything to RGB). All images
 // of a split must share one size (no resizing yet).
-Dataset decode_split(const std::vector<Item>& items, const std::string& name, const std::string& origin,
-                     int64_t num_classes) {
+Dataset decode_split(std::vector<Item> items, const std::string& name, const std::string& origin,
+                     int64_t num_classes, Skipped* skipped) {
   std::vector<DecodedImage> decoded(items.size());
+  std::vector<std::string> failed(items.size());  // with skipping: why item i was left out
   std::atomic<size_t> next{0};
   std::exception_ptr failure;
   std::mutex failure_mutex;
@@ -127,6 +136,14 @@ Dataset decode_split(const std::vector<Item>& items, const std::string& name, co
       for (size_t i = next++; i < items.size(); i = next++) {
         try {
           decoded[i] = decode_image(items[i].path);
+        } catch (const IoError& e) {
+          if (skipped != nullptr) {
+            failed[i] = e.what();
+            continue;
+          }
+          std::lock_guard<std::mutex> lock(failure_mutex);
+          if (!failure) failure = std::current_exception();
+          next = items.size();
         } catch (...) {
           std::lock_guard<std::mutex> lock(failure_mutex);
           if (!failure) failure = std::current_exception();
@@ -137,6 +154,23 @@ Dataset decode_split(const std::vector<Item>& items, const std::string& name, co
   }
   for (std::thread& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);
+  if (skipped != nullptr) {
+    size_t kept = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (!failed[i].empty()) {
+        skipped->reasons.push_back(failed[i]);
+        continue;
+      }
+      if (kept != i) {
+        items[kept] = std::move(items[i]);
+        decoded[kept] = std::move(decoded[i]);
+      }
+      ++kept;
+    }
+    items.resize(kept);
+    decoded.resize(kept);
+    if (items.empty()) throw IoError(fmt::format("{}: no image decodes", origin));
+  }
 
   const DecodedImage& first = decoded.front();
   int64_t channels = 1;
@@ -192,18 +226,27 @@ std::vector<std::string> image_folder_classes(const fs::path& split_dir) {
   return classes;
 }
 
-DatasetSplits load_image_folder_splits(const fs::path& dir) {
+DatasetSplits load_image_folder_splits(const fs::path& dir, bool skip_bad_files) {
   const std::vector<std::string> classes = image_folder_classes(dir / kImageFolderTrain);
   std::map<std::string, int64_t> index_of;
   for (size_t i = 0; i < classes.size(); ++i) index_of[classes[i]] = static_cast<int64_t>(i);
   const auto num_classes = static_cast<int64_t>(classes.size());
   DatasetSplits splits;
-  const auto train_items = list_items(dir / kImageFolderTrain, classes, index_of);
-  splits.train = decode_split(train_items, "imagefolder/train",
-                              fmt::format("image folder {}", (dir / kImageFolderTrain).string()), num_classes);
-  const auto val_items = list_items(dir / kImageFolderVal, image_folder_classes(dir / kImageFolderVal), index_of);
-  splits.test = decode_split(val_items, "imagefolder/val",
-                             fmt::format("image folder {}", (dir / kImageFolderVal).string()), num_classes);
+  Skipped train_skipped, val_skipped;
+  Skipped* train_skip = skip_bad_files ? &train_skipped : nullptr;
+  Skipped* val_skip = skip_bad_files ? &val_skipped : nullptr;
+  auto train_items = list_items(dir / kImageFolderTrain, classes, index_of, train_skip);
+  splits.train = decode_split(std::move(train_items), "imagefolder/train",
+                              fmt::format("image folder {}", (dir / kImageFolderTrain).string()), num_classes,
+                              train_skip);
+  auto val_items = list_items(dir / kImageFolderVal, image_folder_classes(dir / kImageFolderVal), index_of, val_skip);
+  splits.test = decode_split(std::move(val_items), "imagefolder/val",
+                             fmt::format("image folder {}", (dir / kImageFolderVal).string()), num_classes, val_skip);
+  for (const auto& [split, s] : {std::pair{"train", &train_skipped}, std::pair{"val", &val_skipped}}) {
+    if (s->reasons.empty()) continue;
+    splits.notes.push_back(fmt::format("--skip-bad-images: left out {} file(s) of {}/, the first {}",
+                                       s->reasons.size(), split, s->reasons.front()));
+  }
   if (splits.test.shape() != splits.train.shape()) {
     throw IoError(fmt::format("{}: its images are {}x{}x{}, the training images {}x{}x{}",
                               (dir / kImageFolderVal).string(), splits.test.channels(), splits.test.height(),

@@ -21,8 +21,10 @@ inline constexpr const char* kImageFolderVal = "val";
 // The class names of a split folder (its subfolders, sorted); IoError when it has none.
 std::vector<std::string> image_folder_classes(const std::filesystem::path& split_dir);
 
-// Train and val splits of DIR; val's classes must be among train's.
-DatasetSplits load_image_folder_splits(const std::filesystem::path& dir);
+// Train and val splits of DIR; val's classes must be among train's. With skip_bad_files,
+// a file that is not an image or does not decode is left out instead of stopping the
+// load; the splits' notes then count them and name the first.
+DatasetSplits load_image_folder_splits(const std::filesystem::path& dir, bool skip_bad_files = false);
 
 // One decoded image: height x width x channels (1 or 3) bytes, row-major, interleaved.
 struct DecodedImage {

@@ -227,6 +227,9 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
   check_choice("--init", o.init, {std::begin(kInitSchemes), std::end(kInitSchemes)});
   data::parse_permutation(o.shuffle_order);  // the one place that knows the names
   parse_normalize(o.normalize);
+  if (o.skip_bad_images && o.dataset != "imagefolder") {
+    throw InvalidArgument(fmt::format("--skip-bad-images applies to --dataset imagefolder, not to {}", o.dataset));
+  }
   check_choice("--log-level", o.log_level, {std::begin(kLogLevels), std::end(kLogLevels)});
   if (o.epochs < 1) throw InvalidArgument(fmt::format("--epochs: expected an integer >= 1, found {}", o.epochs));
   if (o.max_steps && *o.max_steps < 0) {
@@ -379,6 +382,7 @@ cxxopts::Options train_command_spec(const TrainChoices& choices) {
     ("random-crop", "training images: torchvision's RandomCrop(size, padding=PAD), the image's own size after PAD zero pixels on every side (CIFAR recipes use 4)", cxxopts::value<std::string>())
     ("random-flip", "training images: torchvision's RandomHorizontalFlip() (mirrored with probability 1/2)")
     ("normalize", "pixels/255 then (x - mean) / std per channel: none | auto (the training set's mean and std, computed once) | M1,M2,M3:S1,S2,S3 (one value each, or one per channel)", cxxopts::value<std::string>()->default_value(d.normalize))
+    ("skip-bad-images", "--dataset imagefolder: leave out (and count in the log) files that are not images or do not decode, instead of stopping")
     ("drop-last", "the training sampler drops the last N mod world-size images instead of repeating some (DistributedSampler's drop_last); with --global-batch-size, the last partial global batch")
     ("threads", "intra-op threads (default: OMP_NUM_THREADS if set, else 1 per rank when several ranks share the node, else every core)", cxxopts::value<std::string>());
   spec.add_options("Device")
@@ -480,6 +484,7 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   o.drop_last = switch_on(r, "drop-last");
   if (r.count("random-crop") != 0) o.random_crop = env::parse_int(r["random-crop"].as<std::string>(), "--random-crop", 0, 4096);
   o.random_flip = switch_on(r, "random-flip");
+  o.skip_bad_images = switch_on(r, "skip-bad-images");
   o.normalize = r["normalize"].as<std::string>();
   if (r.count("threads") != 0) {
     int threads = 0;

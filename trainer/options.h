@@ -36,6 +36,7 @@ struct TrainOptions {
   std::optional<int64_t> random_crop;   // the crop's zero padding; unset = no random crop
   bool random_flip = false;
   std::string normalize = "none";       // none | auto (the training set's mean/std) | M1,M2,..:S1,S2,..
+  bool skip_bad_images = false;         // imagefolder: leave out files that are not images or do not decode
   std::string init_from;                // safetensors to start from; empty = fresh init
   std::string save_final;               // safetensors to write at the end; empty = none
   std::string metrics;                  // JSON lines file; empty = none

@@ -134,6 +134,19 @@ TEST_CASE("malformed image folders are refused, naming the file or folder") {
     CHECK_THAT(io_error_of([&] { load_image_folder_splits(dir.path); }),
                Contains("class folder 'z' is not among the training classes"));
   }
+  SECTION("--skip-bad-images leaves out what does not decode and says how many") {
+    std::ofstream(dir.path / "train/b/notes.txt") << "hello";
+    std::ofstream(dir.path / "train/b/3.png") << "not really a png";
+    std::ofstream(dir.path / "val/a/broken.jpg") << "nor a jpeg";
+    const DatasetSplits s = load_image_folder_splits(dir.path, /*skip_bad_files=*/true);
+    CHECK(s.train.size() == 4);
+    CHECK(s.test.size() == 2);
+    REQUIRE(s.notes.size() == 2);
+    CHECK_THAT(s.notes[0], Contains("--skip-bad-images: left out 2 file(s) of train/, the first") &&
+                               Contains("notes.txt: expected only images"));
+    CHECK_THAT(s.notes[1], Contains("left out 1 file(s) of val/") && Contains("broken.jpg: expected a PNG or a JPEG"));
+    CHECK_THAT(io_error_of([&] { load_image_folder_splits(dir.path); }), Contains("--skip-bad-images leaves such files out"));
+  }
   SECTION("no val/") {
     fs::remove_all(dir.path / "val");
     CHECK_THAT(io_error_of([&] { resolve_data_dir("imagefolder", dir.path.string(), {}); }),

@@ -210,6 +210,7 @@ TEST_CASE("bad values are one clear InvalidArgument naming the flag", "[options]
       {{"--normalize", "0.5:0"}, "--normalize: expected every std > 0, found 0 in '0.5:0'"},
       {{"--normalize", "0.5,:0.2,0.2"}, "--normalize's mean: expected a finite number, found ''"},
       {{"--random-crop", "-1"}, "--random-crop"},
+      {{"--skip-bad-images"}, "--skip-bad-images applies to --dataset imagefolder, not to fashion-mnist"},
       {{"--device", "gpu"}, "--device: unknown value 'gpu' (valid: auto, cuda, cpu)"},
       {{"--device", "cuda:1"}, "--device: unknown value 'cuda:1' (valid: auto, cuda, cpu)"},
       {{"--device", ""}, "--device: unknown value '' (valid: auto, cuda, cpu)"},

@@ -38,6 +38,7 @@ std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t tra
   add("--random-crop", o.random_crop ? std::to_string(*o.random_crop) : "unset");
   add("--random-flip", o.random_flip ? "on" : "off");
   add("--normalize", o.normalize);
+  add("--skip-bad-images", o.skip_bad_images ? "on" : "off");
   add("--no-eval", o.eval ? "off" : "on");
   add("--backend", o.backend);
   // Replicas on different kinds of device would round differently and drift apart.

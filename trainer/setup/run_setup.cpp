@@ -195,7 +195,8 @@ void load_data(const TrainOptions& o, TrainingRun& run) {
   spdlog::info("data: {}", source.description);
   data::SyntheticOptions synthetic;
   synthetic.seed = o.seed;
-  data::DatasetSplits splits = data::load_splits(source, synthetic);
+  data::DatasetSplits splits = data::load_splits(source, synthetic, o.skip_bad_images);
+  for (const std::string& note : splits.notes) spdlog::warn("{}", note);
   run.train_set = std::make_shared<const data::Dataset>(std::move(splits.train));
   run.test_set = std::make_shared<const data::Dataset>(std::move(splits.test));
   spdlog::info("train set: {}", run.train_set->describe());
