@@ -8,43 +8,19 @@
 #include "data/cifar_reader.h"
 #include "data/data_source.h"
 #include "tests/data/cifar_fixtures.h"
+#include "tests/data/idx_fixtures.h"
+#include "tests/support/error_of.h"
 
 using namespace mtrain;
+using mtrain::testing::error_of;
 using namespace mtrain::data;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 
-namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/mtrain-cifar-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-template <class E, class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("expected an exception");
-  return "";
-}
-
-}  // namespace
-
 TEST_CASE("cifar10: five training batches and the test batch, in order, as 3x32x32 CHW images") {
-  TempDir dir;
-  testing::write_cifar_dir(dir.path, "cifar10", 7);
-  const DatasetSplits s = load_cifar_splits(dir.path, "cifar10");
+  testing::ScratchDir dir;
+  testing::write_cifar_dir(dir.path(), "cifar10", 7);
+  const DatasetSplits s = load_cifar_splits(dir.path(), "cifar10");
   REQUIRE(s.train.size() == 35);
   REQUIRE(s.test.size() == 7);
   CHECK(s.train.shape() == ImageShape{3, 32, 32});
@@ -60,9 +36,9 @@ TEST_CASE("cifar10: five training batches and the test batch, in order, as 3x32x
 }
 
 TEST_CASE("cifar100: the fine label is the class, the coarse one is skipped") {
-  TempDir dir;
-  testing::write_cifar_dir(dir.path, "cifar100", 120);
-  const DatasetSplits s = load_cifar_splits(dir.path, "cifar100");
+  testing::ScratchDir dir;
+  testing::write_cifar_dir(dir.path(), "cifar100", 120);
+  const DatasetSplits s = load_cifar_splits(dir.path(), "cifar100");
   REQUIRE(s.train.size() == 120);
   CHECK(s.train.num_classes() == 100);
   CHECK(s.train.label(105) == 5);
@@ -71,18 +47,18 @@ TEST_CASE("cifar100: the fine label is the class, the coarse one is skipped") {
 }
 
 TEST_CASE("cifar files that are not whole, in range or there are refused, naming the file") {
-  TempDir dir;
-  testing::write_cifar_dir(dir.path, "cifar10", 4);
-  const fs::path batch3 = dir.path / "data_batch_3.bin";
+  testing::ScratchDir dir;
+  testing::write_cifar_dir(dir.path(), "cifar10", 4);
+  const fs::path batch3 = dir.path() / "data_batch_3.bin";
   SECTION("truncated") {
     fs::resize_file(batch3, 3 * 3073 + 100);
-    CHECK_THAT(error_of<IoError>([&] { load_cifar_splits(dir.path, "cifar10"); }),
+    CHECK_THAT(error_of<IoError>([&] { load_cifar_splits(dir.path(), "cifar10"); }),
                Contains("data_batch_3.bin: expected a whole number of 3073-byte records") &&
                    Contains("9319 bytes (3 records and 100 bytes over)"));
   }
   SECTION("empty") {
     fs::resize_file(batch3, 0);
-    CHECK_THAT(error_of<IoError>([&] { load_cifar_splits(dir.path, "cifar10"); }),
+    CHECK_THAT(error_of<IoError>([&] { load_cifar_splits(dir.path(), "cifar10"); }),
                Contains("data_batch_3.bin: expected a whole number") && Contains("found 0 bytes"));
   }
   SECTION("a label out of range (CIFAR-100's file read as CIFAR-10's)") {
@@ -90,25 +66,25 @@ TEST_CASE("cifar files that are not whole, in range or there are refused, naming
     f.seekp(2 * 3073);
     f.put(static_cast<char>(57));
     f.close();
-    CHECK_THAT(error_of<IoError>([&] { load_cifar_splits(dir.path, "cifar10"); }),
+    CHECK_THAT(error_of<IoError>([&] { load_cifar_splits(dir.path(), "cifar10"); }),
                Contains("data_batch_3.bin: record 2 has label 57, expected 0 to 9 (cifar10 classes)"));
   }
   SECTION("a missing batch") {
-    fs::remove(dir.path / "test_batch.bin");
-    CHECK_THAT(error_of<IoError>([&] { load_cifar_splits(dir.path, "cifar10"); }),
+    fs::remove(dir.path() / "test_batch.bin");
+    CHECK_THAT(error_of<IoError>([&] { load_cifar_splits(dir.path(), "cifar10"); }),
                Contains("expected cifar10's binary files, missing test_batch.bin"));
-    CHECK_THAT(error_of<IoError>([&] { resolve_data_dir("cifar10", dir.path.string(), {}); }),
+    CHECK_THAT(error_of<IoError>([&] { resolve_data_dir("cifar10", dir.path().string(), {}); }),
                Contains("missing test_batch.bin"));
   }
 }
 
 TEST_CASE("resolve_data_dir finds cifar10 under data/cifar10 or as the archive unpacks") {
-  TempDir root;
-  CHECK_THAT(error_of<IoError>([&] { resolve_data_dir("cifar10", "", {root.path}); }),
+  testing::ScratchDir root;
+  CHECK_THAT(error_of<IoError>([&] { resolve_data_dir("cifar10", "", {root.path()}); }),
              Contains("expected data/cifar10 or data/cifar-10-batches-bin") && Contains("cs.toronto.edu"));
-  testing::write_cifar_dir(root.path / "cifar-10-batches-bin", "cifar10", 2);
-  const DataSource src = resolve_data_dir("cifar10", "", {root.path});
-  CHECK(src.dir == root.path / "cifar-10-batches-bin");
+  testing::write_cifar_dir(root.path() / "cifar-10-batches-bin", "cifar10", 2);
+  const DataSource src = resolve_data_dir("cifar10", "", {root.path()});
+  CHECK(src.dir == root.path() / "cifar-10-batches-bin");
   const DatasetSplits s = load_splits(src, {});
   CHECK(s.train.size() == 10);
   CHECK(s.test.size() == 2);

@@ -8,27 +8,18 @@
 #include "data/data_source.h"
 #include "data/idx_reader.h"
 #include "tests/data/idx_fixtures.h"
+#include "tests/support/error_of.h"
 
 using namespace mtrain;
 using namespace mtrain::data;
 using mtrain::testing::ScratchDir;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
+using mtrain::testing::error_of;
 
 namespace {
 
 const fs::path kShippedData = fs::path(MTRAIN_SOURCE_DIR) / "data";
-
-template <class E>
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("expected an exception of the given type");
-  return {};
-}
 
 // Four tiny but valid IDX files under the official names.
 void write_idx_set(const fs::path& dir, uint8_t first_label) {

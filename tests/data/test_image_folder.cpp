@@ -8,36 +8,16 @@
 #include "data/data_source.h"
 #include "data/image_folder.h"
 #include "tests/data/image_files.h"
+#include "tests/data/idx_fixtures.h"
+#include "tests/support/error_of.h"
 
 using namespace mtrain;
+using mtrain::testing::error_of;
 using namespace mtrain::data;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/mtrain-folder-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-template <class F>
-std::string io_error_of(F f) {
-  try {
-    f();
-  } catch (const IoError& e) {
-    return e.what();
-  }
-  FAIL("expected an IoError");
-  return "";
-}
 
 // A 2x3 gray image whose pixels are seed, seed + 1, ...
 std::vector<uint8_t> gray(uint8_t seed) {
@@ -64,9 +44,9 @@ void small_folder(const fs::path& root) {
 }  // namespace
 
 TEST_CASE("an image folder: classes sorted by name, images class by class, files sorted, pixels exact") {
-  TempDir dir;
-  small_folder(dir.path);
-  const DatasetSplits s = load_image_folder_splits(dir.path);
+  testing::ScratchDir dir;
+  small_folder(dir.path());
+  const DatasetSplits s = load_image_folder_splits(dir.path());
   REQUIRE(s.train.size() == 4);
   CHECK(s.train.shape() == ImageShape{1, 2, 3});
   CHECK(s.train.num_classes() == 3);
@@ -82,14 +62,14 @@ TEST_CASE("an image folder: classes sorted by name, images class by class, files
 }
 
 TEST_CASE("colour and gray images together make 3 channels; JPEGs decode") {
-  TempDir dir;
-  gray_png(dir.path / "train/a/g.png", 100);
+  testing::ScratchDir dir;
+  gray_png(dir.path() / "train/a/g.png", 100);
   const std::vector<uint8_t> rgb = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18};
-  fs::create_directories(dir.path / "train/b");
-  testing::write_png(dir.path / "train/b/c.png", 2, 3, 3, rgb);
-  fs::create_directories(dir.path / "val/b");
-  testing::write_jpeg(dir.path / "val/b/flat.jpg", 2, 3, 3, std::vector<uint8_t>(18, 200));
-  const DatasetSplits s = load_image_folder_splits(dir.path);
+  fs::create_directories(dir.path() / "train/b");
+  testing::write_png(dir.path() / "train/b/c.png", 2, 3, 3, rgb);
+  fs::create_directories(dir.path() / "val/b");
+  testing::write_jpeg(dir.path() / "val/b/flat.jpg", 2, 3, 3, std::vector<uint8_t>(18, 200));
+  const DatasetSplits s = load_image_folder_splits(dir.path());
   CHECK(s.train.shape() == ImageShape{3, 2, 3});
   // The gray image repeated in every channel; the colour one planar (CHW).
   for (int c = 0; c < 3; ++c) CHECK(s.train.image(0)[c * 6] == 100);
@@ -101,55 +81,55 @@ TEST_CASE("colour and gray images together make 3 channels; JPEGs decode") {
 }
 
 TEST_CASE("malformed image folders are refused, naming the file or folder") {
-  TempDir dir;
-  small_folder(dir.path);
+  testing::ScratchDir dir;
+  small_folder(dir.path());
   SECTION("a file that is not an image") {
-    std::ofstream(dir.path / "train/b/notes.txt") << "hello";
-    CHECK_THAT(io_error_of([&] { load_image_folder_splits(dir.path); }),
+    std::ofstream(dir.path() / "train/b/notes.txt") << "hello";
+    CHECK_THAT(error_of<IoError>([&] { load_image_folder_splits(dir.path()); }),
                Contains("train/b/notes.txt: expected only images (.png, .jpg, .jpeg)"));
   }
   SECTION("an image name over something else") {
-    std::ofstream(dir.path / "train/b/3.png") << "not really a png";
-    CHECK_THAT(io_error_of([&] { load_image_folder_splits(dir.path); }),
+    std::ofstream(dir.path() / "train/b/3.png") << "not really a png";
+    CHECK_THAT(error_of<IoError>([&] { load_image_folder_splits(dir.path()); }),
                Contains("train/b/3.png: expected a PNG or a JPEG image, found 16 bytes of something else"));
   }
   SECTION("a truncated PNG") {
-    const fs::path p = dir.path / "train/b/1.png";
+    const fs::path p = dir.path() / "train/b/1.png";
     fs::resize_file(p, 40);
-    CHECK_THAT(io_error_of([&] { load_image_folder_splits(dir.path); }),
+    CHECK_THAT(error_of<IoError>([&] { load_image_folder_splits(dir.path()); }),
                Contains("train/b/1.png: not a readable PNG"));
   }
   SECTION("a class folder with no images") {
-    fs::create_directories(dir.path / "train/d");
-    CHECK_THAT(io_error_of([&] { load_image_folder_splits(dir.path); }),
+    fs::create_directories(dir.path() / "train/d");
+    CHECK_THAT(error_of<IoError>([&] { load_image_folder_splits(dir.path()); }),
                Contains("train/d: class folder with no images"));
   }
   SECTION("images of another size") {
-    testing::write_png(dir.path / "train/a/z_big.png", 3, 3, 1, std::vector<uint8_t>(9, 1));
-    CHECK_THAT(io_error_of([&] { load_image_folder_splits(dir.path); }),
+    testing::write_png(dir.path() / "train/a/z_big.png", 3, 3, 1, std::vector<uint8_t>(9, 1));
+    CHECK_THAT(error_of<IoError>([&] { load_image_folder_splits(dir.path()); }),
                Contains("train/a/z_big.png: 3x3 pixels, but") && Contains("is 2x3; every image of a split must have one size"));
   }
   SECTION("a validation class training never saw") {
-    gray_png(dir.path / "val/z/q.png", 1);
-    CHECK_THAT(io_error_of([&] { load_image_folder_splits(dir.path); }),
+    gray_png(dir.path() / "val/z/q.png", 1);
+    CHECK_THAT(error_of<IoError>([&] { load_image_folder_splits(dir.path()); }),
                Contains("class folder 'z' is not among the training classes"));
   }
   SECTION("--skip-bad-images leaves out what does not decode and says how many") {
-    std::ofstream(dir.path / "train/b/notes.txt") << "hello";
-    std::ofstream(dir.path / "train/b/3.png") << "not really a png";
-    std::ofstream(dir.path / "val/a/broken.jpg") << "nor a jpeg";
-    const DatasetSplits s = load_image_folder_splits(dir.path, /*skip_bad_files=*/true);
+    std::ofstream(dir.path() / "train/b/notes.txt") << "hello";
+    std::ofstream(dir.path() / "train/b/3.png") << "not really a png";
+    std::ofstream(dir.path() / "val/a/broken.jpg") << "nor a jpeg";
+    const DatasetSplits s = load_image_folder_splits(dir.path(), /*skip_bad_files=*/true);
     CHECK(s.train.size() == 4);
     CHECK(s.test.size() == 2);
     REQUIRE(s.notes.size() == 2);
     CHECK_THAT(s.notes[0], Contains("--skip-bad-images: left out 2 file(s) of train/, the first") &&
                                Contains("notes.txt: expected only images"));
     CHECK_THAT(s.notes[1], Contains("left out 1 file(s) of val/") && Contains("broken.jpg: expected a PNG or a JPEG"));
-    CHECK_THAT(io_error_of([&] { load_image_folder_splits(dir.path); }), Contains("--skip-bad-images leaves such files out"));
+    CHECK_THAT(error_of<IoError>([&] { load_image_folder_splits(dir.path()); }), Contains("--skip-bad-images leaves such files out"));
   }
   SECTION("no val/") {
-    fs::remove_all(dir.path / "val");
-    CHECK_THAT(io_error_of([&] { resolve_data_dir("imagefolder", dir.path.string(), {}); }),
+    fs::remove_all(dir.path() / "val");
+    CHECK_THAT(error_of<IoError>([&] { resolve_data_dir("imagefolder", dir.path().string(), {}); }),
                Contains("expected train/ and val/ folders, each with one subfolder of images per class, missing val/"));
   }
 }

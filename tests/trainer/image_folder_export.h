@@ -6,13 +6,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <fmt/format.h>
-#include <fstream>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "data/idx_reader.h"
 #include "tests/data/image_files.h"
+#include "tests/trainer/idx_slice.h"
 
 namespace mtrain::testing {
 
@@ -23,17 +23,6 @@ inline void export_as_image_folder(const std::string& source_dir, int64_t count,
                                    const std::filesystem::path& folder_dir) {
   namespace fs = std::filesystem;
   fs::create_directories(idx_dir);
-  const auto write_idx = [&](const std::string& name, uint32_t magic, std::vector<uint32_t> dims,
-                             const std::vector<uint8_t>& data) {
-    std::ofstream out(idx_dir / name, std::ios::binary);
-    dims.insert(dims.begin(), magic);
-    for (uint32_t v : dims) {
-      const char be[4] = {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
-                          static_cast<char>(v)};
-      out.write(be, 4);
-    }
-    out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
-  };
   for (const std::string split : {"train", "t10k"}) {
     const auto images = data::read_idx_images(source_dir + "/" + split + "-images-idx3-ubyte.gz");
     const auto labels = data::read_idx_labels(source_dir + "/" + split + "-labels-idx1-ubyte.gz", 10);
@@ -51,10 +40,11 @@ inline void export_as_image_folder(const std::string& source_dir, int64_t count,
       fs::create_directories(dir);
       write_png(dir / fmt::format("{:05}.png", i), images.rows, images.cols, 1, std::vector<uint8_t>(p, p + plane));
     }
-    write_idx(split + "-images-idx3-ubyte", data::kIdxImagesMagic,
-              {static_cast<uint32_t>(count), static_cast<uint32_t>(images.rows), static_cast<uint32_t>(images.cols)},
-              pixels);
-    write_idx(split + "-labels-idx1-ubyte", data::kIdxLabelsMagic, {static_cast<uint32_t>(count)}, label_bytes);
+    write_idx_file((idx_dir / (split + "-images-idx3-ubyte")).string(), data::kIdxImagesMagic,
+                   {static_cast<uint32_t>(count), static_cast<uint32_t>(images.rows), static_cast<uint32_t>(images.cols)},
+                   pixels.data(), pixels.size());
+    write_idx_file((idx_dir / (split + "-labels-idx1-ubyte")).string(), data::kIdxLabelsMagic,
+                   {static_cast<uint32_t>(count)}, label_bytes.data(), label_bytes.size());
   }
 }
 
