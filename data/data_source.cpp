@@ -188,13 +188,17 @@ DataSource resolve_data_dir(const std::string& dataset, const std::string& data_
       dataset, dataset, roots_str(data_roots), incomplete_note, dataset));
 }
 
-DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic, bool skip_bad_images) {
-  if (skip_bad_images && source.dataset != "imagefolder") {
-    throw InvalidArgument(fmt::format("--skip-bad-images applies to --dataset imagefolder, not to {}", source.dataset));
+DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic,
+                          const ImageFolderOptions& folder) {
+  if (source.dataset != "imagefolder") {
+    const char* flag = folder.skip_bad_files ? "--skip-bad-images" : folder.resizes() ? "--resize" : nullptr;
+    if (flag != nullptr) {
+      throw InvalidArgument(fmt::format("{} applies to --dataset imagefolder, not to {}", flag, source.dataset));
+    }
   }
   if (source.dataset == "synthetic") return make_synthetic_splits(synthetic);
   if (is_cifar(source.dataset)) return load_cifar_splits(source.dir, source.dataset);
-  if (source.dataset == "imagefolder") return load_image_folder_splits(source.dir, skip_bad_images);
+  if (source.dataset == "imagefolder") return load_image_folder_splits(source.dir, folder);
   return load_idx_splits(source.dir, source.dataset);
 }
 

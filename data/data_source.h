@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "data/image_folder.h"
 #include "data/synthetic.h"
 
 namespace mtrain::data {
@@ -40,8 +41,9 @@ std::string expected_files(const std::string& dataset);
 
 // Loads the train and test splits `source` names; `synthetic` sizes and seeds the
 // synthetic dataset and is ignored otherwise.
-// skip_bad_images: an image folder's files that are not images or do not decode are left
-// out and counted in the splits' notes (InvalidArgument for any other dataset).
-DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic, bool skip_bad_images = false);
+// `folder` applies to --dataset imagefolder only (InvalidArgument for any other dataset
+// when it asks for anything).
+DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic,
+                          const ImageFolderOptions& folder = {});
 
 }  // namespace mtrain::data

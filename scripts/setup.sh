@@ -33,6 +33,9 @@ packages=(
   # Only for the tests that run real PyTorch programs under mtrain-launch and torchrun
   # (tests/launcher/test_launch_torch.cpp) and for PyTorch's columns in the benchmarks.
   python3-torch
+  # Only for the test that compares image folders with Pillow's decoding and resizing
+  # (tests/data/test_image_folder_pil.cpp).
+  python3-pil
 )
 
 missing=()

@@ -221,14 +221,33 @@ Normalization parse_normalize(const std::string& value) {
   return n;
 }
 
+ImageSize parse_resize(const std::string& value) {
+  if (value == "off") return {};
+  const size_t x = value.find('x');
+  constexpr int64_t kMaxSide = 65536;
+  const std::string height = value.substr(0, x);
+  const std::string width = x == std::string::npos ? height : value.substr(x + 1);
+  if (height.empty() || width.empty()) {
+    throw InvalidArgument(
+        fmt::format("--resize: expected off, HEIGHTxWIDTH or SIZE (e.g. 32x32 or 32), found '{}'", value));
+  }
+  return {env::parse_int(height, "--resize's height", 1, kMaxSide), env::parse_int(width, "--resize's width", 1, kMaxSide)};
+}
+
 void validate_train_options(const TrainOptions& o, const TrainChoices& choices) {
   check_choice("--model", o.model, choices.models);
   check_choice("--dataset", o.dataset, choices.datasets);
   check_choice("--init", o.init, {std::begin(kInitSchemes), std::end(kInitSchemes)});
   data::parse_permutation(o.shuffle_order);  // the one place that knows the names
   parse_normalize(o.normalize);
-  if (o.skip_bad_images && o.dataset != "imagefolder") {
-    throw InvalidArgument(fmt::format("--skip-bad-images applies to --dataset imagefolder, not to {}", o.dataset));
+  parse_resize(o.resize);
+  if (o.dataset != "imagefolder") {
+    if (o.skip_bad_images) {
+      throw InvalidArgument(fmt::format("--skip-bad-images applies to --dataset imagefolder, not to {}", o.dataset));
+    }
+    if (o.resize != "off") {
+      throw InvalidArgument(fmt::format("--resize applies to --dataset imagefolder, not to {}", o.dataset));
+    }
   }
   check_choice("--log-level", o.log_level, {std::begin(kLogLevels), std::end(kLogLevels)});
   if (o.epochs < 1) throw InvalidArgument(fmt::format("--epochs: expected an integer >= 1, found {}", o.epochs));
@@ -383,6 +402,7 @@ cxxopts::Options train_command_spec(const TrainChoices& choices) {
     ("random-flip", "training images: torchvision's RandomHorizontalFlip() (mirrored with probability 1/2)")
     ("normalize", "pixels/255 then (x - mean) / std per channel: none | auto (the training set's mean and std, computed once) | M1,M2,M3:S1,S2,S3 (one value each, or one per channel)", cxxopts::value<std::string>()->default_value(d.normalize))
     ("skip-bad-images", "--dataset imagefolder: leave out (and count in the log) files that are not images or do not decode, instead of stopping")
+    ("resize", "--dataset imagefolder: every image resampled to HxW as it is decoded (torchvision's Resize((H, W)) on a PIL image, bilinear); N means NxN; off keeps each image's size, which must then be one", cxxopts::value<std::string>()->default_value(d.resize))
     ("drop-last", "the training sampler drops the last N mod world-size images instead of repeating some (DistributedSampler's drop_last); with --global-batch-size, the last partial global batch")
     ("threads", "intra-op threads (default: OMP_NUM_THREADS if set, else 1 per rank when several ranks share the node, else every core)", cxxopts::value<std::string>());
   spec.add_options("Device")
@@ -485,6 +505,7 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   if (r.count("random-crop") != 0) o.random_crop = env::parse_int(r["random-crop"].as<std::string>(), "--random-crop", 0, 4096);
   o.random_flip = switch_on(r, "random-flip");
   o.skip_bad_images = switch_on(r, "skip-bad-images");
+  o.resize = r["resize"].as<std::string>();
   o.normalize = r["normalize"].as<std::string>();
   if (r.count("threads") != 0) {
     int threads = 0;

@@ -37,6 +37,7 @@ struct TrainOptions {
   bool random_flip = false;
   std::string normalize = "none";       // none | auto (the training set's mean/std) | M1,M2,..:S1,S2,..
   bool skip_bad_images = false;         // imagefolder: leave out files that are not images or do not decode
+  std::string resize = "off";           // imagefolder: off | HxW | N (NxN), see parse_resize
   std::string init_from;                // safetensors to start from; empty = fresh init
   std::string save_final;               // safetensors to write at the end; empty = none
   std::string metrics;                  // JSON lines file; empty = none
@@ -129,6 +130,15 @@ struct Normalization {
   std::vector<float> std;
 };
 Normalization parse_normalize(const std::string& value);
+
+// --resize's value: off (0x0), HEIGHTxWIDTH, or one N for NxN (torchvision's
+// Resize((H, W)); a single int there would resize the shorter side, which leaves mixed
+// sizes mixed). InvalidArgument for anything else, quoting it.
+struct ImageSize {
+  int64_t height = 0;
+  int64_t width = 0;
+};
+ImageSize parse_resize(const std::string& value);
 
 // Every flag mtrain-train accepts, as "--name" (--help left out).
 std::vector<std::string> train_flag_names();

@@ -107,7 +107,15 @@ TEST_CASE("malformed image folders are refused, naming the file or folder") {
   SECTION("images of another size") {
     testing::write_png(dir.path() / "train/a/z_big.png", 3, 3, 1, std::vector<uint8_t>(9, 1));
     CHECK_THAT(error_of<IoError>([&] { load_image_folder_splits(dir.path()); }),
-               Contains("train/a/z_big.png: 3x3 pixels, but") && Contains("is 2x3; every image of a split must have one size"));
+               Contains("train/a/z_big.png: 3x3 pixels, but") && Contains("is 2x3; every image of a split must have one size (--resize HxW"));
+  }
+  SECTION("images of another size, resized") {
+    testing::write_png(dir.path() / "train/a/z_big.png", 3, 3, 1, std::vector<uint8_t>(9, 1));
+    const DatasetSplits s = load_image_folder_splits(dir.path(), {.height = 4, .width = 5});
+    CHECK(s.train.shape() == ImageShape{1, 4, 5});
+    CHECK(s.test.shape() == ImageShape{1, 4, 5});
+    CHECK(s.train.size() == 5);
+    for (int k = 0; k < 20; ++k) CHECK(s.train.image(1)[k] == 1);  // a/z_big: flat stays flat
   }
   SECTION("a validation class training never saw") {
     gray_png(dir.path() / "val/z/q.png", 1);
@@ -118,7 +126,7 @@ TEST_CASE("malformed image folders are refused, naming the file or folder") {
     std::ofstream(dir.path() / "train/b/notes.txt") << "hello";
     std::ofstream(dir.path() / "train/b/3.png") << "not really a png";
     std::ofstream(dir.path() / "val/a/broken.jpg") << "nor a jpeg";
-    const DatasetSplits s = load_image_folder_splits(dir.path(), /*skip_bad_files=*/true);
+    const DatasetSplits s = load_image_folder_splits(dir.path(), {.skip_bad_files = true});
     CHECK(s.train.size() == 4);
     CHECK(s.test.size() == 2);
     REQUIRE(s.notes.size() == 2);
@@ -132,4 +140,37 @@ TEST_CASE("malformed image folders are refused, naming the file or folder") {
     CHECK_THAT(error_of<IoError>([&] { resolve_data_dir("imagefolder", dir.path().string(), {}); }),
                Contains("expected train/ and val/ folders, each with one subfolder of images per class, missing val/"));
   }
+}
+
+TEST_CASE("resize_bilinear: PIL's triangle filter, widened when shrinking, rounded half up") {
+  // Worked by hand from Pillow's Resample.c (Note [Resizing as PIL does]).
+  const DecodedImage row{1, 4, 1, {0, 100, 200, 255}};
+  SECTION("halving a row: each output reads three pixels, weights 3/7, 3/7, 1/7") {
+    const DecodedImage half = resize_bilinear(row, 1, 2);
+    CHECK(half.pixels == std::vector<uint8_t>{71, 209});  // 71.43 and 209.29
+  }
+  SECTION("doubling a row: the ends copy, the middles mix 3:1 and 1:3") {
+    const DecodedImage wide = resize_bilinear(DecodedImage{1, 2, 1, {0, 255}}, 1, 4);
+    CHECK(wide.pixels == std::vector<uint8_t>{0, 64, 191, 255});  // 63.75 rounds up
+  }
+  SECTION("a column resamples as the row does, channel by channel") {
+    const DecodedImage column{4, 1, 3, {0, 1, 2, 100, 101, 102, 200, 201, 202, 255, 255, 255}};
+    const DecodedImage half = resize_bilinear(column, 2, 1);
+    CHECK(half.height == 2);
+    CHECK(half.pixels[0] == 71);
+    CHECK(half.pixels[3] == 209);
+    CHECK(half.pixels[1] == resize_bilinear(DecodedImage{1, 4, 1, {1, 101, 201, 255}}, 1, 2).pixels[0]);
+  }
+  SECTION("the same size is a copy; a size below 1 is refused") {
+    CHECK(resize_bilinear(row, 1, 4).pixels == row.pixels);
+    CHECK_THAT(error_of<InvalidArgument>([&] { resize_bilinear(row, 0, 4); }), Contains("found 0x4"));
+  }
+}
+
+TEST_CASE("--resize and --skip-bad-images belong to image folders") {
+  const DataSource cifar{"cifar10", "/nowhere", "test"};
+  CHECK_THAT(error_of<InvalidArgument>([&] { load_splits(cifar, {}, {.height = 8, .width = 8}); }),
+             Contains("--resize applies to --dataset imagefolder, not to cifar10"));
+  CHECK_THAT(error_of<InvalidArgument>([&] { load_splits(cifar, {}, {.skip_bad_files = true}); }),
+             Contains("--skip-bad-images applies to --dataset imagefolder, not to cifar10"));
 }

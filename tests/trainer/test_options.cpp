@@ -24,7 +24,7 @@ namespace {
 
 using mtrain::testing::ScopedEnv;
 
-const TrainChoices kChoices{{"lenet", "mlp", "resnet18", "simplecnn"}, {"fashion-mnist", "mnist", "synthetic"}};
+const TrainChoices kChoices{{"lenet", "mlp", "resnet18", "simplecnn"}, {"fashion-mnist", "mnist", "synthetic", "imagefolder"}};
 
 mtrain::ParsedTrainCommandLine parse(std::vector<std::string> args) {
   args.insert(args.begin(), "mtrain-train");
@@ -135,6 +135,15 @@ TEST_CASE("--device and the GPU numerics flags", "[options]") {
                                               Contains("--cudnn-benchmark") && Contains("--deterministic"));
 }
 
+TEST_CASE("--resize: off, HxW, or N for NxN", "[options]") {
+  CHECK(mtrain::parse_resize("off").height == 0);
+  CHECK(mtrain::parse_resize("32").height == 32);
+  CHECK(mtrain::parse_resize("32").width == 32);
+  CHECK(mtrain::parse_resize("24x40").height == 24);
+  CHECK(mtrain::parse_resize("24x40").width == 40);
+  CHECK(parse({"--dataset", "imagefolder", "--resize", "24x40"}).options.resize == "24x40");
+}
+
 TEST_CASE("--help returns the help text instead of options", "[options]") {
   const auto r = parse({"--help"});
   CHECK(r.help);
@@ -168,7 +177,7 @@ TEST_CASE("bad values are one clear InvalidArgument naming the flag", "[options]
       {{"--progress-every", "0"}, "--progress-every: expected a number of seconds > 0 and at most 1e6, found 0"},
       {{"--seed", "-3"}, "--seed: expected an integer >= 0"},
       {{"--model", "alexnet"}, "--model: unknown value 'alexnet' (valid: lenet, mlp, resnet18, simplecnn)"},
-      {{"--dataset", "cifar"}, "--dataset: unknown value 'cifar' (valid: fashion-mnist, mnist, synthetic)"},
+      {{"--dataset", "cifar"}, "--dataset: unknown value 'cifar' (valid: fashion-mnist, mnist, synthetic, imagefolder)"},
       {{"--init", "kaiming"}, "--init: unknown value 'kaiming' (valid: default, normal, xavier)"},
       {{"--log-level", "loud"}, "--log-level: unknown value 'loud'"},
       {{"--save-final", ""}, "--save-final: expected a path, found an empty string"},
@@ -211,6 +220,10 @@ TEST_CASE("bad values are one clear InvalidArgument naming the flag", "[options]
       {{"--normalize", "0.5,:0.2,0.2"}, "--normalize's mean: expected a finite number, found ''"},
       {{"--random-crop", "-1"}, "--random-crop"},
       {{"--skip-bad-images"}, "--skip-bad-images applies to --dataset imagefolder, not to fashion-mnist"},
+      {{"--resize", "32"}, "--resize applies to --dataset imagefolder, not to fashion-mnist"},
+      {{"--dataset", "imagefolder", "--resize", "32x"}, "--resize: expected off, HEIGHTxWIDTH or SIZE (e.g. 32x32 or 32), found '32x'"},
+      {{"--dataset", "imagefolder", "--resize", "0x8"}, "--resize's height: expected an integer in [1, 65536], found 0"},
+      {{"--dataset", "imagefolder", "--resize", "8xbig"}, "--resize's width"},
       {{"--device", "gpu"}, "--device: unknown value 'gpu' (valid: auto, cuda, cpu)"},
       {{"--device", "cuda:1"}, "--device: unknown value 'cuda:1' (valid: auto, cuda, cpu)"},
       {{"--device", ""}, "--device: unknown value '' (valid: auto, cuda, cpu)"},

@@ -39,6 +39,7 @@ std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t tra
   add("--random-flip", o.random_flip ? "on" : "off");
   add("--normalize", o.normalize);
   add("--skip-bad-images", o.skip_bad_images ? "on" : "off");
+  add("--resize", o.resize);
   add("--no-eval", o.eval ? "off" : "on");
   add("--backend", o.backend);
   // Replicas on different kinds of device would round differently and drift apart.
@@ -96,6 +97,7 @@ RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size,
       {"--random-crop", o.random_crop ? std::to_string(*o.random_crop) : "unset"},
       {"--random-flip", o.random_flip ? "on" : "off"},
       {"--normalize", o.normalize},
+      {"--resize", o.resize},
       {"--sync-bn", o.sync_bn ? "on" : "off"},
       {"--lr-scaling", o.lr_scaling},
       {"--warmup-epochs", fmt::format("{}", o.warmup_epochs)},

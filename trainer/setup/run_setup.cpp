@@ -195,7 +195,12 @@ void load_data(const TrainOptions& o, TrainingRun& run) {
   spdlog::info("data: {}", source.description);
   data::SyntheticOptions synthetic;
   synthetic.seed = o.seed;
-  data::DatasetSplits splits = data::load_splits(source, synthetic, o.skip_bad_images);
+  data::ImageFolderOptions folder;
+  folder.skip_bad_files = o.skip_bad_images;
+  const ImageSize resize = parse_resize(o.resize);
+  folder.height = resize.height;
+  folder.width = resize.width;
+  data::DatasetSplits splits = data::load_splits(source, synthetic, folder);
   for (const std::string& note : splits.notes) spdlog::warn("{}", note);
   run.train_set = std::make_shared<const data::Dataset>(std::move(splits.train));
   run.test_set = std::make_shared<const data::Dataset>(std::move(splits.test));
