@@ -171,6 +171,29 @@ TEST_CASE("one process: a run resumed from its checkpoint ends with the uninterr
         std::vector<Epoch>{Epoch{1, 10, 2560, true}, Epoch{1, 14, 13 * 256 + 112, true}, Epoch{2, 6, 1536, true}});
 }
 
+TEST_CASE("augmented: a resumed run draws the crops and flips the uninterrupted one drew", "[multiproc]") {
+  TempDir dir;
+  const auto ckpt = dir.file("ckpt");
+  // 24 steps per epoch: the resume lands mid-epoch 1 and the run crosses into epoch 2,
+  // whose draws differ from epoch 1's.
+  const std::vector<std::string> base = {"--batch-size", "256", "--random-crop", "3", "--random-flip",
+                                         "--normalize", "auto"};
+  require_exit(train(concat(base, {"--max-steps", "30", "--save-final", dir.file("straight.safetensors")})), 0);
+  require_exit(train(concat(base, {"--max-steps", "10", "--checkpoint-dir", ckpt, "--checkpoint-every", "4"})), 0);
+  CHECK(checkpoint_total_steps(ckpt + "/checkpoint.safetensors") == 10);
+  require_exit(train(concat(base, {"--max-steps", "30", "--checkpoint-dir", ckpt, "--save-final",
+                                   dir.file("resumed.safetensors")})),
+               0);
+  CHECK(checkpoint_total_steps(ckpt + "/checkpoint.safetensors") == 30);
+  require_identical_weights(dir.file("straight.safetensors"), dir.file("resumed.safetensors"));
+  // And the augmentation mattered: without it the same 30 steps end elsewhere.
+  require_exit(train({"--batch-size", "256", "--normalize", "auto", "--max-steps", "30", "--save-final",
+                      dir.file("plain.safetensors")}),
+               0);
+  CHECK_FALSE(mtrain::testing::compare_weights(dir.file("straight.safetensors"), dir.file("plain.safetensors"))
+                  .identical());
+}
+
 namespace {
 
 // Every step event's "lr" by step (with --log-every 1, the rate of that step).
