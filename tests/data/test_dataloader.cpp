@@ -7,9 +7,11 @@
 #include <memory>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "core/error.h"
 #include "data/dataloader.h"
+#include "data/distributed_sampler.h"
 #include "tests/data/traceable_dataset.h"
 
 using namespace mtrain;
@@ -390,6 +392,23 @@ TEST_CASE("augmentation draws: same seed same stream, whatever the workers; a ne
   CHECK(tops.size() == 9);
   CHECK(flips > 900);
   CHECK(flips < 1100);
+  // Two ranks' shards of one epoch draw two different streams: the draws follow the
+  // images, and the ranks hold different images.
+  const auto stream = [&](int rank) {
+    DistributedSampler shard(2000, rank, 2, /*shuffle=*/true, /*seed=*/1, /*drop_last=*/false);
+    shard.set_epoch(0);
+    std::vector<std::tuple<int64_t, int64_t, bool>> draws;
+    for (int64_t i : shard.indices()) {
+      const auto d = augmentation_draw(aug, 0, i);
+      draws.emplace_back(d.top, d.left, d.flip);
+    }
+    return draws;
+  };
+  const auto rank0 = stream(0), rank1 = stream(1);
+  REQUIRE(rank0.size() == rank1.size());
+  int64_t same = 0;
+  for (size_t i = 0; i < rank0.size(); ++i) same += rank0[i] == rank1[i];
+  CHECK(same < static_cast<int64_t>(rank0.size()) / 20);  // 1 in 162 by chance
   // Flip alone keeps the image where it is.
   const auto d = augmentation_draw({.crop_padding = -1, .horizontal_flip = true, .seed = 1}, 0, 0);
   CHECK(d.top == 0);
