@@ -73,22 +73,56 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world
       permutation_(permutation),
       num_samples_(0) {
   check_shard_arguments("DistributedSampler", dataset_size, rank, world_size);
-  const int64_t w = world_size;
+  num_samples_ = samples_of(dataset_size);
+}
+
+int64_t DistributedSampler::samples_of(int64_t rest) const {
+  const int64_t w = world_size_;
   // PyTorch writes the drop_last case as ceil((N - W) / W), which equals floor(N / W)
   // (also for N < W, where both are 0).
-  num_samples_ = drop_last && dataset_size % w != 0 ? dataset_size / w : (dataset_size + w - 1) / w;
+  return drop_last_ && rest % w != 0 ? rest / w : (rest + w - 1) / w;
+}
+
+// Note [The rest of an epoch in another world]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// After s optimizer steps of b images per rank on W ranks, the ranks together have visited
+// positions [0, s * b * W) of the epoch's padded order: rank r took r, r + W, r + 2W, ...,
+// so the union of every rank's first s * b is a prefix. A run resumed on W' ranks therefore
+// continues with order[consumed:], the items not yet visited, and shards that rest as
+// DistributedSampler shards a whole epoch: interleaved over W', padded by repeating the
+// rest's head (or, with drop_last, truncated) so every rank takes the same number of
+// steps. Every item of the epoch is visited once, save the padding a sharded epoch always
+// has. A consumed prefix of N or more (the old world's padding included) leaves no rest.
+void DistributedSampler::resume_epoch(int64_t epoch, int64_t consumed) {
+  if (epoch < 0 || consumed < 0) {
+    throw InvalidArgument(fmt::format("DistributedSampler::resume_epoch: expected an epoch and a count >= 0, found "
+                                      "epoch {} and {} consumed", epoch, consumed));
+  }
+  resumed_epoch_ = epoch;
+  consumed_ = consumed;
+}
+
+int64_t DistributedSampler::first_item() const {
+  return epoch() == resumed_epoch_ ? std::min(consumed_, dataset_size_) : 0;
+}
+
+int64_t DistributedSampler::size() const {
+  return epoch() == resumed_epoch_ ? samples_of(dataset_size_ - first_item()) : num_samples_;
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {
   const std::vector<int64_t> order = global_order(dataset_size_, shuffle_, seed_, permutation_, epoch());
+  const int64_t first = first_item();
+  const int64_t rest = dataset_size_ - first;
+  const int64_t samples = size();
   std::vector<int64_t> shard;
-  shard.reserve(static_cast<size_t>(num_samples_));
-  // Position p of the padded (or truncated) list holds order[p % N]: padding appends
-  // order[0], order[1], ... wrapping around as often as needed, and with drop_last every
-  // p < total <= N. num_samples_ > 0 implies N > 0.
-  for (int64_t i = 0; i < num_samples_; ++i) {
+  shard.reserve(static_cast<size_t>(samples));
+  // Position p of the padded (or truncated) list holds order[first + p % rest]: padding
+  // appends the rest's head, wrapping around as often as needed, and with drop_last every
+  // p < total <= rest. samples > 0 implies rest > 0.
+  for (int64_t i = 0; i < samples; ++i) {
     const int64_t p = rank_ + i * world_size_;
-    shard.push_back(order[static_cast<size_t>(p % dataset_size_)]);
+    shard.push_back(order[static_cast<size_t>(first + p % rest)]);
   }
   return shard;
 }
@@ -99,8 +133,12 @@ std::string DistributedSampler::describe() const {
       total > dataset_size_   ? fmt::format(", {} padded by repetition", total - dataset_size_)
       : total < dataset_size_ ? fmt::format(", last {} dropped", dataset_size_ - total)
                               : std::string();
-  return fmt::format("distributed shard {} of {}: {} of {} items {}{}", rank_, world_size_,
-                     num_samples_, dataset_size_, order_description(shuffle_, seed_, permutation_), adjustment);
+  const std::string resumed =
+      resumed_epoch_ >= 0 ? fmt::format("; epoch {} resumes after its first {} items", resumed_epoch_ + 1, consumed_)
+                          : std::string();
+  return fmt::format("distributed shard {} of {}: {} of {} items {}{}{}", rank_, world_size_,
+                     num_samples_, dataset_size_, order_description(shuffle_, seed_, permutation_), adjustment,
+                     resumed);
 }
 
 EvalShardSampler::EvalShardSampler(int64_t dataset_size, int rank, int world_size)

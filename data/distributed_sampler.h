@@ -27,10 +27,17 @@ class DistributedSampler final : public Sampler {
                      bool drop_last, Permutation permutation = Permutation::kMtrain);
 
   std::vector<int64_t> indices() const override;
-  int64_t size() const override { return num_samples_; }  // num_samples
+  int64_t size() const override;  // num_samples (the rest's share in a resumed epoch)
   std::string describe() const override;
 
   int64_t total_size() const { return num_samples_ * world_size_; }
+
+  // Epoch `epoch` resumes where a run with another world size stopped (Note [The rest of an
+  // epoch in another world]): the first `consumed` items of the epoch's order were trained
+  // on, and this world's shards split the rest of it, padded or truncated for this world as
+  // a whole epoch would be. Other epochs are unchanged. Throws InvalidArgument for a
+  // negative `consumed` or epoch.
+  void resume_epoch(int64_t epoch, int64_t consumed);
 
  private:
   int64_t dataset_size_;
@@ -41,6 +48,13 @@ class DistributedSampler final : public Sampler {
   bool drop_last_;
   Permutation permutation_;
   int64_t num_samples_;
+  int64_t resumed_epoch_ = -1;  // resume_epoch's epoch; -1: none
+  int64_t consumed_ = 0;
+
+  // Items of the epoch's order this epoch visits from (consumed_ in the resumed epoch, else 0),
+  // and how many each rank takes of what follows.
+  int64_t first_item() const;
+  int64_t samples_of(int64_t rest) const;
 };
 
 // Evaluation shards: rank r visits r, r + W, r + 2W, ... < N in order, without padding,

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -144,6 +146,61 @@ TEST_CASE("DistributedSampler: the ranks' union is the padded epoch", "[data][di
   std::map<int64_t, int> kept;
   for (int64_t k = 0; k < n / world * world; ++k) kept[p[static_cast<size_t>(k)]] = 1;
   CHECK(counts(shards(n, world, true, 9, true)) == kept);
+}
+
+TEST_CASE("DistributedSampler::resume_epoch: another world shards the rest, every item once",
+          "[data][distributed]") {
+  const int64_t n = 103, batch = 4, steps = 5;
+  for (const bool drop_last : {false, true}) {
+    for (const int new_world : {1, 2, 3, 5}) {
+      INFO("drop_last " << drop_last << ", 2 ranks then " << new_world);
+      // Two ranks take 5 steps of 4 images each in epoch 3.
+      std::multiset<int64_t> seen;
+      for (int r = 0; r < 2; ++r) {
+        DistributedSampler old(n, r, 2, /*shuffle=*/true, /*seed=*/9, drop_last);
+        old.set_epoch(3);
+        const Indices shard = old.indices();
+        seen.insert(shard.begin(), shard.begin() + steps * batch);
+      }
+      // The new world continues epoch 3 after the 40 items the old one took.
+      Indices counts;
+      for (int r = 0; r < new_world; ++r) {
+        DistributedSampler next(n, r, new_world, true, 9, drop_last);
+        next.resume_epoch(3, steps * batch * 2);
+        next.set_epoch(3);
+        const Indices shard = next.indices();
+        CHECK(static_cast<int64_t>(shard.size()) == next.size());
+        counts.push_back(next.size());
+        seen.insert(shard.begin(), shard.end());
+        // Other epochs are whole epochs.
+        next.set_epoch(4);
+        DistributedSampler plain(n, r, new_world, true, 9, drop_last);
+        plain.set_epoch(4);
+        CHECK(next.indices() == plain.indices());
+      }
+      // Every rank the same number of items: the ranks stay in lock step.
+      CHECK(std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end());
+      const int64_t rest = n - steps * batch * 2;
+      const int64_t padded = drop_last ? rest / new_world * new_world : (rest + new_world - 1) / new_world * new_world;
+      CHECK(static_cast<int64_t>(seen.size()) == steps * batch * 2 + padded);
+      // Each item once, but for the padding of the rest (or its dropped tail).
+      int64_t missing = 0, repeated = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        missing += seen.count(i) == 0;
+        repeated += seen.count(i) > 1 ? static_cast<int64_t>(seen.count(i)) - 1 : 0;
+      }
+      CHECK(missing == (drop_last ? rest - padded : 0));
+      CHECK(repeated == (drop_last ? 0 : padded - rest));
+    }
+  }
+  SECTION("a prefix as long as the epoch leaves nothing") {
+    DistributedSampler s(10, 0, 3, true, 1, false);
+    s.resume_epoch(0, 12);  // the old world's padding included
+    s.set_epoch(0);
+    CHECK(s.size() == 0);
+    CHECK(s.indices().empty());
+    CHECK_THROWS_WITH(s.resume_epoch(0, -1), Contains("found epoch 0 and -1 consumed"));
+  }
 }
 
 TEST_CASE("EvalShardSampler visits every index exactly once over the ranks",

@@ -264,6 +264,62 @@ TEST_CASE("3 ranks with --global-batch-size 10 train the model 1 rank with batch
   CHECK(max_abs_difference(three, one) <= kTolerance);
 }
 
+TEST_CASE("--global-batch-size: 2 ranks' checkpoint resumed by 3 trains what 1 rank trains throughout",
+          "[multiproc][elastic]") {
+  // Note [Resuming in another world]: each step takes the same 200 images whatever the
+  // world, so the world may change at a checkpoint (mid-epoch 1 here; 30 steps per epoch).
+  TempDir dir;
+  const std::vector<std::string> base = {"--model", "mlp", "--no-eval", "--lr", "0.1", "--global-batch-size", "200"};
+  const auto one = dir.file("one.safetensors");
+  const auto elastic = dir.file("elastic.safetensors");
+  const auto ckpt = dir.file("ckpt");
+  require_success(launch(1, concat(base, {"--max-steps", "40", "--save-final", one})));
+  require_success(launch(2, concat(base, {"--max-steps", "13", "--checkpoint-dir", ckpt})));
+  const ProcessResult resumed =
+      launch(3, concat(base, {"--max-steps", "40", "--checkpoint-dir", ckpt, "--save-final", elastic, "--log-level",
+                              "info"}));
+  require_success(resumed);
+  CHECK_THAT(resumed.err + resumed.out,
+             Contains("world 2 -> 3: the checkpoint's 2 rank(s) took 2600 of epoch 1's items in 13 step(s); "
+                      "--global-batch-size 200 keeps every step's images, now split over 3 rank(s)"));
+  CHECK(max_abs_difference(elastic, one) <= kTolerance);
+  // Not a test that cannot fail: another global batch ends elsewhere.
+  const auto other = dir.file("other.safetensors");
+  require_success(launch(1, {"--model", "mlp", "--no-eval", "--lr", "0.1", "--global-batch-size", "100", "--max-steps",
+                             "40", "--save-final", other}));
+  CHECK(max_abs_difference(other, one) > 10 * kTolerance);
+}
+
+TEST_CASE("--batch-size per rank: 2 ranks' checkpoint resumed by 1 or 3 ranks trains the epoch's rest once",
+          "[multiproc][elastic]") {
+  // Note [The rest of an epoch in another world]: 2 ranks x 32 take 10 steps (640 of the
+  // 6000 images); the new world trains the other 5360 and no image of the 640 again.
+  for (const int next : {1, 3}) {
+    INFO("2 ranks, then " << next);
+    TempDir dir;
+    const std::vector<std::string> base = {"--model", "mlp", "--no-eval", "--batch-size", "32"};
+    const auto ckpt = dir.file("ckpt");
+    const auto metrics = dir.file("metrics.jsonl");
+    require_success(launch(2, concat(base, {"--max-steps", "10", "--checkpoint-dir", ckpt, "--metrics", metrics})));
+    const ProcessResult resumed = launch(
+        next, concat(base, {"--epochs", "1", "--checkpoint-dir", ckpt, "--metrics", metrics, "--log-level", "info"}));
+    require_success(resumed);
+    CHECK_THAT(resumed.err + resumed.out,
+               Contains(fmt::format("world 2 -> {}: the checkpoint's 2 rank(s) took 640 of epoch 1's items in 10 "
+                                    "step(s); --batch-size 32 per rank: {} images per step from here",
+                                    next, 32 * next)));
+    const int64_t rest = 6000 - 640;
+    const int64_t padded = (rest + next - 1) / next * next;  // DistributedSampler pads the rest for 3 ranks
+    const int64_t steps = (rest + next - 1) / next / 32 + ((rest + next - 1) / next % 32 != 0);
+    const auto epochs = read_events(metrics, "epoch");
+    REQUIRE(epochs.size() == 2);
+    CHECK(epochs[0].at("images") == 640);
+    CHECK(epochs[1].at("images") == padded);
+    CHECK(epochs[1].at("steps") == steps);
+    CHECK(epochs[1].at("step") == 10 + steps);
+  }
+}
+
 TEST_CASE("replicas stay bitwise identical; only rank 0 logs; the epoch line names every device", "[multiproc]") {
   // --check-replicas 1 compares the parameter hashes of all ranks after every step; a
   // run that finishes has passed ten comparisons of bitwise equality.

@@ -59,7 +59,7 @@ bool same_values(const Tensor& a, const Tensor& b) {
   return std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
 
-const RunConfiguration kConfig = {{"--model", "mlp"}, {"--batch-size", "32"}, {"world size", "2"}};
+const RunConfiguration kConfig = {{"--model", "mlp"}, {"--batch-size", "32"}, {"--lr", "0.1"}};
 
 TrainPosition mid_epoch() {
   TrainPosition p;
@@ -70,6 +70,8 @@ TrainPosition mid_epoch() {
   p.correct = 140;
   p.images = 448;
   p.train_seconds = 0.25;
+  p.world_size = 3;
+  p.epoch_consumed = 7 * 32 * 3;
   return p;
 }
 
@@ -104,6 +106,8 @@ TEST_CASE("a checkpoint restores the model, the momentum buffers and the positio
   CHECK(p.correct == 140);
   CHECK(p.images == 448);
   CHECK(p.train_seconds == 0.25);
+  CHECK(p.world_size == 3);
+  CHECK(p.epoch_consumed == 672);
 
   const auto a = mtrain::model_state(*saved);
   const auto b = mtrain::model_state(*restored);
@@ -136,14 +140,14 @@ TEST_CASE("a checkpoint from another configuration is refused, naming every diff
   const auto before = mtrain::model_state(*model);
   std::vector<Tensor> copies;
   for (const auto& [name, t] : before) copies.push_back(t.clone());
-  const RunConfiguration other = {{"--model", "mlp"}, {"--batch-size", "64"}, {"world size", "1"}};
+  const RunConfiguration other = {{"--model", "mlp"}, {"--batch-size", "64"}, {"--lr", "0.2"}};
   try {
     mtrain::load_training_checkpoint(path, *model, sgd, other);
     FAIL("expected InvalidArgument");
   } catch (const mtrain::InvalidArgument& e) {
     CHECK_THAT(e.what(), Contains("different training configuration"));
     CHECK_THAT(e.what(), Contains("--batch-size is 64 here, 32 in the checkpoint"));
-    CHECK_THAT(e.what(), Contains("world size is 1 here, 2 in the checkpoint"));
+    CHECK_THAT(e.what(), Contains("--lr is 0.2 here, 0.1 in the checkpoint"));
     CHECK_THAT(e.what(), !Contains("--model"));
   }
   // Nothing was restored.
@@ -151,12 +155,32 @@ TEST_CASE("a checkpoint from another configuration is refused, naming every diff
   for (size_t i = 0; i < after.size(); ++i) CHECK(same_values(after[i].second, copies[i]));
   CHECK_FALSE(sgd.momentum_buffers()[0].defined());
 
-  const RunConfiguration more = {{"--model", "mlp"}, {"--batch-size", "32"}, {"world size", "2"}, {"--epochs", "3"}};
+  const RunConfiguration more = {{"--model", "mlp"}, {"--batch-size", "32"}, {"--lr", "0.1"}, {"--epochs", "3"}};
   CHECK_THROWS_WITH(mtrain::load_training_checkpoint(path, *model, sgd, more),
                     Contains("--epochs is 3 here, unrecorded in the checkpoint"));
   const RunConfiguration fewer = {{"--model", "mlp"}, {"--batch-size", "32"}};
   CHECK_THROWS_WITH(mtrain::load_training_checkpoint(path, *model, sgd, fewer),
-                    Contains("world size is 2 in the checkpoint, not a setting that must match here"));
+                    Contains("--lr is 0.1 in the checkpoint, not a setting that must match here"));
+}
+
+TEST_CASE("a checkpoint from before resumes could change the world: its world from the configuration") {
+  TempDir dir;
+  // Written as mtrain-train wrote them then: the world as a setting that must match, no
+  // position.world_size or epoch_consumed.
+  RunConfiguration legacy = kConfig;
+  legacy.emplace_back("world size", "2");
+  const std::string path = write_checkpoint(dir, legacy);
+  mtrain::SafetensorsFile file = mtrain::load_safetensors(path);
+  file.metadata.erase("mtrain.position.world_size");
+  file.metadata.erase("mtrain.position.epoch_consumed");
+  file.metadata.erase(mtrain::kSafetensorsChecksumKey);
+  mtrain::save_safetensors(path, file.tensors, file.metadata);
+  auto model = make_mlp(2);
+  mtrain::models::Sgd sgd(*model, sgd_options());
+  // Resumed by a run that no longer lists the world among its settings.
+  const TrainPosition p = mtrain::load_training_checkpoint(path, *model, sgd, kConfig);
+  CHECK(p.world_size == 2);
+  CHECK(p.epoch_consumed == -1);
 }
 
 TEST_CASE("a checkpoint from before --amp resumes as a run without it, and keeps the loss scaler's state") {

@@ -49,6 +49,11 @@ constexpr const char* kLossScaleGoodStepsKey = "mtrain.position.loss_scale_good_
 constexpr const char* kSkippedStepsKey = "mtrain.position.skipped_steps";
 // Absent from checkpoints written before it was recorded: read as 0.
 constexpr const char* kConsecutiveSkipsKey = "mtrain.position.consecutive_skipped_steps";
+// Absent from checkpoints written before a resume could change the world size (Note
+// [Resuming in another world]); those recorded the world as the configuration item below.
+constexpr const char* kWorldSizeKey = "mtrain.position.world_size";
+constexpr const char* kEpochConsumedKey = "mtrain.position.epoch_consumed";
+constexpr const char* kLegacyWorldSizeItem = "world size";
 
 // What to do about a checkpoint that cannot be used, appended to every such error.
 constexpr const char* kFreshStartHint =
@@ -125,7 +130,7 @@ std::vector<std::string> configuration_differences(const SafetensorsMetadata& me
   for (const auto& [key, value] : metadata) {
     if (key.rfind(prefix, 0) != 0) continue;
     const std::string name = key.substr(prefix.size());
-    if (known.count(name) == 0) {
+    if (known.count(name) == 0 && name != kLegacyWorldSizeItem) {
       differences.push_back(fmt::format("{} is {} in the checkpoint, not a setting that must match here", name,
                                         value));
     }
@@ -163,6 +168,8 @@ void save_training_checkpoint(const std::string& path, models::Module& model, mo
   metadata[kCorrectKey] = std::to_string(position.correct);
   metadata[kImagesKey] = std::to_string(position.images);
   metadata[kTrainSecondsKey] = fmt::format("{}", position.train_seconds);
+  metadata[kWorldSizeKey] = std::to_string(position.world_size);
+  metadata[kEpochConsumedKey] = std::to_string(position.epoch_consumed);
   if (position.loss_scaler.scale > 0.0) {
     metadata[kLossScaleKey] = fmt::format("{}", position.loss_scaler.scale);
     metadata[kLossScaleGoodStepsKey] = std::to_string(position.loss_scaler.good_steps);
@@ -220,6 +227,14 @@ TrainPosition load_training_checkpoint(const std::string& path, models::Module& 
   position.correct = parse_count(metadata, kCorrectKey, path);
   position.images = parse_count(metadata, kImagesKey, path);
   position.train_seconds = parse_real(metadata, kTrainSecondsKey, path);
+  const std::string legacy_world = kConfigPrefix + std::string(kLegacyWorldSizeItem);
+  position.world_size = static_cast<int>(parse_count(
+      metadata, metadata.count(kWorldSizeKey) != 0 ? kWorldSizeKey : legacy_world.c_str(), path));
+  position.epoch_consumed = metadata.count(kEpochConsumedKey) != 0 ? parse_count(metadata, kEpochConsumedKey, path) : -1;
+  if (position.world_size < 1) {
+    throw IoError(fmt::format("checkpoint {}: a world of {} ranks is impossible; {}", path, position.world_size,
+                              kFreshStartHint));
+  }
   for (const auto& [key, value] : {std::pair{kLossSumKey, position.loss_sum}, std::pair{kTrainSecondsKey, position.train_seconds}}) {
     if (!(std::isfinite(value) && value >= 0.0)) {
       throw IoError(fmt::format("checkpoint {}: \"{}\" should be a finite number >= 0, found {}; {}", path, key,

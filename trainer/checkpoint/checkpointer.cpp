@@ -35,7 +35,8 @@ void remove_interrupted_saves(const std::string& dir, const std::string& path) {
   }
 }
 
-// The resume header: whether rank 0 found a checkpoint, the position's counters and
+// The resume header: whether rank 0 found a checkpoint, the position's counters (the
+// world that wrote it among them: every rank must shard the epoch's rest alike) and
 // whether momentum buffers follow.
 // The loss scale travels as the bits of its double: every rank must unscale the reduced
 // gradients by the same factor (Note [Dynamic loss scaling]).
@@ -50,6 +51,8 @@ enum HeaderField {
   kLossScaleGoodSteps,
   kSkippedSteps,
   kConsecutiveSkips,
+  kWorldSize,
+  kEpochConsumed,
   kHeaderSize
 };
 
@@ -213,6 +216,8 @@ std::optional<TrainPosition> Checkpointer::resume() {
       h[kLossScaleGoodSteps] = position->loss_scaler.good_steps;
       h[kSkippedSteps] = position->loss_scaler.skipped_steps;
       h[kConsecutiveSkips] = position->loss_scaler.consecutive_skips;
+      h[kWorldSize] = position->world_size;
+      h[kEpochConsumed] = position->epoch_consumed;
     }
   }
   share_outcome(control_, rank_, failure);
@@ -253,6 +258,8 @@ std::optional<TrainPosition> Checkpointer::resume() {
   p.loss_scaler.good_steps = h[kLossScaleGoodSteps];
   p.loss_scaler.skipped_steps = h[kSkippedSteps];
   p.loss_scaler.consecutive_skips = h[kConsecutiveSkips];
+  p.world_size = static_cast<int>(h[kWorldSize]);
+  p.epoch_consumed = h[kEpochConsumed];
   return p;
 }
 

@@ -84,6 +84,20 @@ void TrainLoop::checkpoint(const TrainPosition& position, CheckpointReason reaso
 // left: a run resumed with a larger --max-steps (or --epochs) continues it, and its next summary
 // covers the steps run since.
 //
+// Note [Resuming in another world]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A checkpoint may be resumed by another number of ranks (a node lost or gained, issue 26).
+// Each position records the world that wrote it and how many items of the epoch's order its
+// steps took, all ranks together (items_per_step per step: batch x grad_accum x world, or
+// the global batch). With --global-batch-size a step takes the same G items whatever the
+// world, so the steps of the new world are the old world's steps, and the resume skips
+// batches as above. With a per-rank --batch-size the new world's steps are another size:
+// the sampler then shards only what the epoch has left (Note [The rest of an epoch in
+// another world] in data/distributed_sampler.cpp), the loader's first epoch holds just
+// that, and the epoch's step count is the steps done plus the rest's. Either way every
+// item of the epoch is trained on once, and no item twice beyond the padding every
+// sharded epoch has.
+//
 // Note [Buffers follow rank 0]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Without SyncBatchNorm each rank updates BatchNorm's running statistics from its own batches, so
@@ -118,7 +132,6 @@ TrainResult TrainLoop::run() {
   TrainResult result;
   models::CrossEntropyLoss loss_fn;
   DeviceBatches batches(train_loader_, config_.device);
-  const int64_t batches_per_epoch = batches.num_batches();
 
   // Time is summed per step (waiting for the batch included, evaluation and logging
   // excluded), so a progress window may span an epoch boundary without counting the
@@ -126,12 +139,9 @@ TrainResult TrainLoop::run() {
   ProgressWindow window;
   const int64_t accum = config_.grad_accum;
   MTRAIN_CHECK(accum >= 1, "grad_accum {} < 1", accum);
-  const int64_t steps_per_epoch = mtrain::steps_per_epoch(batches_per_epoch, accum);
   const TrainPosition& start = config_.start;
-  MTRAIN_CHECK(start.epoch >= 1 && start.steps_in_epoch >= 0 && start.steps_in_epoch <= steps_per_epoch &&
-                   start.total_steps >= start.steps_in_epoch,
-               "start position epoch {} step {} of {} (total {})", start.epoch, start.steps_in_epoch,
-               steps_per_epoch, start.total_steps);
+  MTRAIN_CHECK(start.epoch >= 1 && start.steps_in_epoch >= 0 && start.total_steps >= start.steps_in_epoch,
+               "start position epoch {} step {} (total {})", start.epoch, start.steps_in_epoch, start.total_steps);
   total_steps_ = start.total_steps;
   result.end = start;
   MTRAIN_CHECK(!config_.time_compute || accum == 1, "timing compute per step needs grad_accum 1, found {}", accum);
@@ -146,11 +156,17 @@ TrainResult TrainLoop::run() {
   for (int64_t epoch = start.epoch; epoch <= config_.epochs; ++epoch) {
     // Note [Resuming mid-epoch]
     const bool resumed = epoch == start.epoch && (start.steps_in_epoch > 0 || start.epoch_finished);
-    if (resumed && start.epoch_finished && start.steps_in_epoch >= steps_per_epoch) continue;
-    if (!resumed && step_limit_reached()) break;
     model_.train();
     // The sampler's epoch is 0-based (seed + epoch, as PyTorch); the printed one 1-based.
     batches.start_epoch(epoch - 1);
+    // Note [Resuming in another world]: a resumed epoch's loader may hold only its rest.
+    const bool rest = resumed && config_.start_holds_rest_only;
+    const int64_t epoch_batches = batches.num_batches();
+    const int64_t steps_per_epoch = (rest ? start.steps_in_epoch : 0) + mtrain::steps_per_epoch(epoch_batches, accum);
+    MTRAIN_CHECK(!resumed || start.steps_in_epoch <= steps_per_epoch, "start position epoch {} step {} of {}",
+                 start.epoch, start.steps_in_epoch, steps_per_epoch);
+    if (resumed && start.epoch_finished && start.steps_in_epoch >= steps_per_epoch) continue;
+    if (!resumed && step_limit_reached()) break;
     EpochSummary s;
     s.epoch = epoch;
     int64_t micro = 0;  // micro-batches taken this epoch
@@ -162,7 +178,7 @@ TrainResult TrainLoop::run() {
         s.images = start.images;
         s.train_seconds = start.train_seconds;
       }
-      const int64_t done = std::min(start.steps_in_epoch * accum, batches_per_epoch);
+      const int64_t done = rest ? 0 : std::min(start.steps_in_epoch * accum, epoch_batches);
       for (; micro < done; ++micro) {
         // Through `batches` too, so the prefetcher stays in step with the loader (a copy
         // to the device per skipped batch, once per resumed run).
@@ -176,6 +192,12 @@ TrainResult TrainLoop::run() {
       p.steps_in_epoch = s.steps;
       p.total_steps = total_steps_;
       p.epoch_finished = finished;
+      p.world_size = config_.world_size;
+      // The steps of this epoch this run took, after those the checkpoint's world took.
+      const int64_t base_steps = resumed ? start.steps_in_epoch : 0;
+      const int64_t base_consumed = resumed && start.epoch_consumed >= 0 ? start.epoch_consumed
+                                                                          : base_steps * config_.items_per_step;
+      p.epoch_consumed = base_consumed + (s.steps - base_steps) * config_.items_per_step;
       if (scaler != nullptr) p.loss_scaler = scaler->state();
       if (!finished) {
         p.loss_sum = s.loss_sum;
@@ -204,7 +226,7 @@ TrainResult TrainLoop::run() {
         return batches.next();
       }();
       if (!batch) break;
-      const bool last_of_step = (micro + 1) % accum == 0 || micro + 1 == batches_per_epoch;
+      const bool last_of_step = (micro + 1) % accum == 0 || micro + 1 == epoch_batches;
       ++micro;
       if (first_of_step) {
         optimizer_.zero_grad();
@@ -346,7 +368,7 @@ TrainResult TrainLoop::run() {
         return result;
       }
       // The epoch's last step is followed by its own checkpoint, after the evaluation.
-      const bool epoch_ends = micro == batches_per_epoch || step_limit_reached();
+      const bool epoch_ends = micro == epoch_batches || step_limit_reached();
       if (config_.checkpoint_every > 0 && total_steps_ % config_.checkpoint_every == 0 && !epoch_ends) {
         checkpoint(position(false), CheckpointReason::kEvery);
       }
@@ -377,7 +399,7 @@ TrainResult TrainLoop::run() {
     // What this event's figures cover: after a resume past an epoch summarised at a
     // --max-steps cut, only the steps since (Note [Resuming mid-epoch]).
     const int64_t first_counted = resumed && start.epoch_finished ? start.steps_in_epoch : 0;
-    const bool partial = first_counted > 0 || micro < batches_per_epoch;
+    const bool partial = first_counted > 0 || micro < epoch_batches;
     nlohmann::json event = {{"event", "epoch"},
                             {"epoch", epoch},
                             {"step", total_steps_},

@@ -78,6 +78,11 @@ struct TrainPosition {
   double train_seconds = 0.0;
   // The loss scaler's state (scale 0 without one; Note [Dynamic loss scaling] in loss_scaler.cpp).
   LossScalerState loss_scaler;
+  // The world that got here, and how many items of the epoch's order its steps in the epoch
+  // took, all ranks together: what a resume on another world size continues from (Note
+  // [Resuming in another world]). -1: unknown (a checkpoint from before they were recorded).
+  int world_size = 1;
+  int64_t epoch_consumed = 0;
 };
 
 // The optimizer steps (1-based over the run, inclusive) whose spans --trace records; the
@@ -104,6 +109,14 @@ struct TrainLoopConfig {
   TrainPosition start;           // where to begin: the default is the very beginning
   int64_t checkpoint_every = 0;  // steps between kEvery checkpoints; 0 = none
   int rank = 0;                  // this process's rank, named in a divergence vote
+  int world_size = 1;            // recorded in each position
+  // Items of the epoch's order one optimizer step takes, over all ranks: batch x
+  // grad_accum x world, or the global batch (Note [Resuming in another world]).
+  int64_t items_per_step = 0;
+  // The loader's epoch start.epoch holds only what the checkpoint's world left of it,
+  // re-sharded (DistributedSampler::resume_epoch): nothing is skipped, and that epoch has
+  // start.steps_in_epoch steps more than its batches make.
+  bool start_holds_rest_only = false;
   // Scales the loss gradient and unscales the gradients, skipping steps that overflow
   // (Note [Dynamic loss scaling]); null: no loss scaling.
   LossScaler* loss_scaler = nullptr;

@@ -70,19 +70,18 @@ std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t tra
 
 // Note [What a resume must match]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Unlike training_configuration, the world size is in (each rank's shard depends on
-// it) and the backend, bucket cap and timeouts are not (they change how the sums
-// travel, not what they are). The length of the run (--epochs, --max-steps) only
+// Unlike training_configuration, the backend, bucket cap and timeouts are not in (they
+// change how the sums travel, not what they are), nor the world size: a checkpoint may be
+// resumed by another number of ranks, which continue the epoch where the old world left
+// it (Note [Resuming in another world] in loop/train_loop.cpp). The length of the run (--epochs, --max-steps) only
 // matters when the learning-rate schedule depends on it: with a constant rate a
 // finished run can be extended by resuming it with a larger --epochs or --max-steps.
-RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size, const std::string& fingerprint,
-                                      int world_size) {
+RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size, const std::string& fingerprint) {
   RunConfiguration items = {
       {"--model", o.model},
       {"--dataset", o.dataset},
       {"training set size", std::to_string(train_size)},
       {"training set fingerprint", fingerprint},
-      {"world size", std::to_string(world_size)},
       {"--batch-size", o.global_batch_size ? "unused" : std::to_string(o.batch_size)},
       {"--global-batch-size", o.global_batch_size ? std::to_string(*o.global_batch_size) : "unset"},
       {"--grad-accum", std::to_string(o.grad_accum)},
@@ -104,7 +103,7 @@ RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size,
       {"--lr-schedule", o.lr_schedule},
       {"--amp", o.amp},
       {"--loss-scale", uses_loss_scaler(o) ? "dynamic" : "none"},
-      {"--grad-compression", world_size > 1 ? o.grad_compression : "none"},
+      {"--grad-compression", o.grad_compression},
   };
   // When the scale grows decides which later steps overflow and are skipped.
   if (uses_loss_scaler(o)) {

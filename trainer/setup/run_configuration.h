@@ -28,7 +28,7 @@ std::vector<NamedHash> training_configuration(const TrainOptions& options, int64
 // setting that changes the sequence of updates (Note [What a resume must match] in
 // run_configuration.cpp).
 RunConfiguration resume_configuration(const TrainOptions& options, int64_t train_size,
-                                      const std::string& fingerprint, int world_size);
+                                      const std::string& fingerprint);
 
 // The flags that may differ from rank to rank: every other flag is in
 // training_configuration (Note [Which flags must agree]).

@@ -279,15 +279,44 @@ void make_optimizer(const TrainOptions& o, TrainingRun& run) {
                o.nesterov ? " nesterov" : "");
 }
 
+// Note [Resuming in another world] in loop/train_loop.cpp: with a per-rank batch the new
+// world's sampler shards what the checkpoint's world left of its epoch. One line says what
+// changed, and the log line below then counts the epoch's steps in this world.
+void continue_in_another_world(const TrainOptions& o, TrainingRun& run, const TrainPosition& r) {
+  const int world = run.env.world_size;
+  if (run.shard_sampler) {
+    if (r.epoch_consumed < 0) {
+      throw InvalidArgument(fmt::format(
+          "checkpoint {} was written by {} rank(s) and by an mtrain-train that did not record how much of the "
+          "epoch they trained on; resume it with {} rank(s), or with --global-batch-size",
+          run.checkpointer->path(), r.world_size, r.world_size));
+    }
+    run.shard_sampler->resume_epoch(r.epoch - 1, r.epoch_consumed);
+    run.resumed_rest_only = true;
+  }
+  spdlog::info("world {} -> {}: the checkpoint's {} rank(s) took {} of epoch {}'s items in {} step(s); {}", r.world_size,
+               world, r.world_size, std::min(r.epoch_consumed, run.train_set->size()), r.epoch, r.steps_in_epoch,
+               o.global_batch_size
+                   ? fmt::format("--global-batch-size {} keeps every step's images, now split over {} rank(s)",
+                                 *o.global_batch_size, world)
+                   : fmt::format("--batch-size {} per rank: {} images per step from here, the rest of the epoch "
+                                 "re-sharded over {} rank(s)",
+                                 o.batch_size, o.batch_size * o.grad_accum * world, world));
+}
+
 void resume_from_checkpoint(const TrainOptions& o, TrainingRun& run, StartupStop& startup) {
   if (o.checkpoint_dir.empty()) return;
   run.checkpointer = std::make_unique<Checkpointer>(
       o.checkpoint_dir, run.groups.gradients.get(), run.env.rank, *run.model, *run.optimizer,
-      resume_configuration(o, run.train_set->size(), run.fingerprint, run.env.world_size), run.control());
+      resume_configuration(o, run.train_set->size(), run.fingerprint), run.control());
   run.resumed = run.checkpointer->resume();
   if (const auto& r = run.resumed) {
     startup.at_position(r->epoch, r->total_steps);
-    const int64_t per_epoch = steps_per_epoch(run.train_loader->num_batches(), o.grad_accum);
+    if (r->world_size != run.env.world_size) continue_in_another_world(o, run, *r);
+    // The loader's epoch r->epoch (0-based r->epoch - 1): what this world trains of it.
+    run.train_loader->sampler().set_epoch(r->epoch - 1);
+    const int64_t per_epoch = (run.resumed_rest_only ? r->steps_in_epoch : 0) +
+                              steps_per_epoch(run.train_loader->num_batches(), o.grad_accum);
     // An epoch summarised at a --max-steps cut is "finished" in the file but not done.
     const std::string where =
         !r->epoch_finished ? fmt::format("epoch {}, {} of its {} steps done", r->epoch, r->steps_in_epoch, per_epoch)
@@ -385,6 +414,7 @@ void make_loaders(const TrainOptions& o, TrainingRun& run) {
   } else {
     auto sampler =
         std::make_shared<data::DistributedSampler>(train_size, rank, world, o.shuffle, o.seed, o.drop_last, permutation);
+    run.shard_sampler = sampler;
     run.train_loader = make_loader(run.train_set, sampler, o.batch_size, pinned, norm, augment);
   }
   if (o.eval) {

@@ -48,6 +48,10 @@ struct TrainingRun {
   // How it is trained.
   std::shared_ptr<data::DataLoader> train_loader;
   std::shared_ptr<data::GlobalBatchShardSampler> global_batch_sampler;  // with --global-batch-size
+  std::shared_ptr<data::DistributedSampler> shard_sampler;  // without it
+  // The resumed epoch's loader holds only what another world left of it (Note [Resuming
+  // in another world] in loop/train_loop.cpp).
+  bool resumed_rest_only = false;
   std::shared_ptr<data::DataLoader> test_loader;  // null under --no-eval
   std::unique_ptr<GradientSynchronizer> sync;
   Reducer* reducer = nullptr;  // `sync` when the run is data-parallel
