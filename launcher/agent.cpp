@@ -70,16 +70,16 @@ struct Agent::Impl {
   void open_store();
   // Between attempts.
   void check_interrupt();
-  std::optional<int> conclude(const AttemptResult& r, int attempt);
-  void print_stop_report(const AttemptResult& r, int attempt) const;
-  void print_failure_report(const AttemptResult& r, int attempt, bool restarts_withheld);
+  std::optional<int> conclude(const AttemptResult& r, int restarts_used);
+  void print_stop_report(const AttemptResult& r, int restarts_used) const;
+  void print_failure_report(const AttemptResult& r, int restarts_used, bool restarts_withheld);
   void keep_error_file(const std::string& error_file);
   void leave_store(int num_nodes, bool hosting);
 
   const LaunchOptions& options;
   Job job;
   bool remove_run_dir = false;
-  int nodes_lost = 0;  // found by their heartbeats (this agent hosts the store): they never leave it
+  int nodes_lost = 0;  // in the last attempt, found by their heartbeats: they never leave the store
 };
 
 Agent::Agent(const LaunchOptions& options, OrphanGuard& guard)
@@ -135,30 +135,48 @@ void Agent::Impl::leave_store(int num_nodes, bool hosting) {
   }
 }
 
+// Each pass is one round of the rendezvous and one attempt of the gang. The round number
+// names the store keys; the restarts spent are counted apart, since a re-form for nodes
+// waiting to join spends none (Note [Joining a running job] in rendezvous.cpp).
 int Agent::Impl::run() {
   prepare_job();
   int previous_nodes = 0;
-  for (int attempt = 0;; ++attempt) {
+  int restarts_used = 0;
+  int last_nodes = 0;  // the previous attempt's node count
+  for (int round = 0;; ++round) {
     World world;
     try {
-      world = rendezvous(*job.store.client, options, job.run_id, attempt, previous_nodes, job.store_address,
+      world = rendezvous(*job.store.client, options, job.run_id, round, previous_nodes, job.store_address,
                          [this] { check_interrupt(); });
     } catch (const Interrupted& i) {
       spdlog::info("received {} while waiting for the other nodes; exiting",
                    signal_name(i.signal));
       return 128 + i.signal;
     }
-    previous_nodes = world.num_nodes;
-    spdlog::debug("attempt {}: node {} of {}, ranks {}..{} of {}", attempt, world.node_rank,
+    if (last_nodes > 0 && world.num_nodes != last_nodes) {
+      spdlog::warn("the job now runs on {} node(s) instead of {}: {} rank(s), this node is node {}", world.num_nodes,
+                   last_nodes, world.world_size, world.node_rank);
+    }
+    last_nodes = world.num_nodes;
+    round = world.attempt;
+    spdlog::debug("round {}: node {} of {}, ranks {}..{} of {}", round, world.node_rank,
                   world.num_nodes, world.rank_offset,
                   world.rank_offset + options.nproc_per_node - 1, world.world_size);
 
-    const AttemptResult r = run_attempt(job, world, attempt);
-    nodes_lost += r.nodes_lost;
-    if (const std::optional<int> status = conclude(r, attempt)) {
+    const AttemptResult r = run_attempt(job, world, restarts_used);
+    nodes_lost = r.nodes_lost;
+    if (r.reform_nodes > 0) {
+      spdlog::warn("re-forming the job with {} node(s) for the node(s) waiting to join; no restart spent",
+                   r.reform_nodes);
+      previous_nodes = r.reform_nodes;
+      continue;
+    }
+    if (const std::optional<int> status = conclude(r, restarts_used)) {
       leave_store(world.num_nodes, job.store.is_host());
       return *status;
     }
+    ++restarts_used;
+    previous_nodes = std::max(1, world.num_nodes - r.nodes_lost);
   }
 }
 
@@ -244,9 +262,11 @@ void Agent::Impl::open_store() {
   job.store_address = fmt::format("{}:{}", job.store.host, job.store.port);
 }
 
-// After attempt `attempt`: the launcher's exit status, its report printed; nullopt when
-// the gang restarts instead.
-std::optional<int> Agent::Impl::conclude(const AttemptResult& r, int attempt) {
+// After an attempt that `restarts_used` restarts came before: the launcher's exit status,
+// its report printed; nullopt when the gang restarts instead. Reports number attempts by
+// the restarts before them, as TORCHELASTIC_RESTART_COUNT does.
+std::optional<int> Agent::Impl::conclude(const AttemptResult& r, int restarts_used) {
+  const int attempt = restarts_used;
   // Before anything else: a gang that stopped on a signal is neither a success nor a
   // failure to restart (Note [Workers stopped on a signal]).
   if (r.all_stopped) {
@@ -282,7 +302,8 @@ std::optional<int> Agent::Impl::conclude(const AttemptResult& r, int attempt) {
   return status == 0 ? 1 : status;
 }
 
-void Agent::Impl::print_stop_report(const AttemptResult& r, int attempt) const {
+void Agent::Impl::print_stop_report(const AttemptResult& r, int restarts_used) const {
+  const int attempt = restarts_used;
   StopReport report;
   report.program = options.program;
   report.attempt = attempt;
@@ -304,7 +325,8 @@ void Agent::Impl::keep_error_file(const std::string& error_file) {
                job.run_dir.string());
 }
 
-void Agent::Impl::print_failure_report(const AttemptResult& r, int attempt, bool restarts_withheld) {
+void Agent::Impl::print_failure_report(const AttemptResult& r, int restarts_used, bool restarts_withheld) {
+  const int attempt = restarts_used;
   if (!r.root_cause_remote) keep_error_file(r.root_cause.error_file);
   FailureReport report;
   report.restarts_withheld = restarts_withheld;

@@ -54,7 +54,16 @@ struct LocalWorker {
   std::optional<StopInfo> stopped;  // Note [Workers stopped on a signal]
 };
 
-enum class TeardownReason { kNone, kLocalFailure, kRemoteFailure, kSignal, kStoreLost, kStopIncomplete, kNodeLost };
+enum class TeardownReason {
+  kNone,
+  kLocalFailure,
+  kRemoteFailure,
+  kSignal,
+  kStoreLost,
+  kStopIncomplete,
+  kNodeLost,
+  kMembership,  // nodes wait to join: not a failure (Note [Joining a running job] in rendezvous.cpp)
+};
 
 double epoch_seconds(WallClock::time_point t) {
   return std::chrono::duration<double>(t.time_since_epoch()).count();
@@ -63,13 +72,14 @@ double epoch_seconds(WallClock::time_point t) {
 // One attempt of the gang on this node (Note [Gang supervision]).
 class Attempt {
  public:
-  Attempt(const Job& job, const World& world, int index)
+  Attempt(const Job& job, const World& world, int restarts_used)
       : job_(job),
         options_(job.options),
         world_(world),
-        index_(index),
+        index_(world.attempt),
+        restarts_used_(restarts_used),
         watch_store_(world.num_nodes > 1),
-        channel_(*job.store.client, job.run_id, index),
+        channel_(*job.store.client, job.run_id, world.attempt),
         logs_(job.options) {}
 
   AttemptResult run();
@@ -91,6 +101,8 @@ class Attempt {
   void watch_store();
   void beat_and_watch_nodes();
   void check_failure_notice();
+  void check_waiting_nodes();
+  bool elastic() const;
   void enforce_stop_deadline();
   void advance_teardown();
   void warn_if_unkillable();
@@ -116,7 +128,8 @@ class Attempt {
   const Job& job_;
   const LaunchOptions& options_;
   const World world_;
-  const int index_;
+  const int index_;          // the round: names this attempt's keys and directories
+  const int restarts_used_;  // restarts spent before it (re-forms spend none)
   const bool watch_store_;  // several nodes: the store carries failures and heartbeats
   AttemptChannel channel_;
   // The MASTER_ADDR and MASTER_PORT this attempt's workers get (Note [Worker rendezvous
@@ -159,8 +172,11 @@ class Attempt {
 //   - the winning node publishes its root cause after its teardown and the others wait
 //     for it (bounded), so every node prints the same report and exits with one status.
 // A worker's failure restarts the gang on every node, with fresh keys, while restarts
-// remain. The agents' own failures (a signal to a launcher, a lost store or node) end the
-// job everywhere: a signal asks the job to stop, and a lost node cannot come back.
+// remain. The agents' own failures (a signal to a launcher, a lost store) end the job
+// everywhere: a signal asks the job to stop. A lost node ends it under a static
+// rendezvous, where it cannot be replaced; under --nnodes MIN:MAX the others restart
+// without it while MIN remain. Nodes waiting to join re-form the job (Note [Joining a
+// running job] in rendezvous.cpp): a teardown like a failure's, but no restart spent.
 // A node whose workers all succeeded keeps watching until every node's did: a later
 // failure elsewhere restarts (or fails) the whole job, this node included. The store's
 // host keeps it up until the others have left (Note [Launcher store keys]).
@@ -288,7 +304,7 @@ WorkerSpec Attempt::worker_spec(int local_rank, int global_rank, const fs::path&
   in.master_port = worker_master_port_;
   in.store_addr = job_.store.host;
   in.store_port = job_.store.port;
-  in.restart_count = index_;
+  in.restart_count = restarts_used_;
   in.max_restarts = options_.max_restarts;
   in.run_id = job_.run_id;
   in.error_file = error_file.string();
@@ -444,9 +460,14 @@ void Attempt::on_worker_stopped(const LocalWorker& w) {
 }
 
 void Attempt::watch_store() {
-  if (!watch_store_) return;
-  beat_and_watch_nodes();
+  if (!watch_store_ && !elastic()) return;
+  if (heartbeats_) beat_and_watch_nodes();
   check_failure_notice();
+}
+
+// --nnodes MIN:MAX with room for another node.
+bool Attempt::elastic() const {
+  return options_.mode == RendezvousMode::kDynamic && world_.num_nodes < options_.max_nodes;
 }
 
 // Beats go on through a teardown, so the host does not take a node that is still
@@ -474,12 +495,32 @@ void Attempt::check_failure_notice() {
     if (auto notice = channel_.failure_notice()) {
       winner_ = notice;
       spdlog::info("stopping the workers: {}", notice->what);
-      begin_teardown(TeardownReason::kRemoteFailure, SIGTERM);
+      begin_teardown(notice->reform_nodes > 0 ? TeardownReason::kMembership : TeardownReason::kRemoteFailure, SIGTERM);
+      return;
     }
+    check_waiting_nodes();
   } catch (const Error& e) {
     store_error_ = e.what();
     begin_teardown(TeardownReason::kStoreLost, SIGTERM);
   }
+}
+
+// Note [Joining a running job] (rendezvous.cpp): nodes waiting in the next round.
+void Attempt::check_waiting_nodes() {
+  if (!elastic()) return;
+  const int64_t waiting = channel_.nodes_waiting();
+  if (waiting <= 0) return;
+  const int nodes = static_cast<int>(std::min<int64_t>(world_.num_nodes + waiting, options_.max_nodes));
+  const FailureNotice reform{world_.node_rank,
+                             fmt::format("{} node(s) waiting to join; re-forming the job with {} nodes (no restart "
+                                         "spent)",
+                                         waiting, nodes),
+                             true, 0, nodes};
+  spdlog::info("stopping the workers after their current step: {}", reform.what);
+  begin_teardown(TeardownReason::kMembership, SIGTERM);
+  announce(reform);
+  // A failure announced first wins: this attempt then ends as that failure.
+  if (winner_ && winner_->reform_nodes == 0) reason_ = TeardownReason::kRemoteFailure;
 }
 
 // Note [Workers stopped on a signal]: the peers of a stopped worker follow it within
@@ -567,12 +608,14 @@ FailureNotice Attempt::signal_notice(int sig) const {
                        false};
 }
 
-// The host found a silent node (Note [Agent heartbeats]): the attempt's failure.
+// The host found a silent node (Note [Agent heartbeats]): the attempt's failure. With
+// --nnodes MIN:MAX the job restarts without it while MIN nodes remain (and restarts do).
 void Attempt::lose_node(std::string what) {
   lost_node_ = std::move(what);
   ++nodes_lost_;
-  spdlog::error("stopping the job: {}", lost_node_);
-  announce(FailureNotice{world_.node_rank, lost_node_, false});
+  const bool shrink = options_.mode == RendezvousMode::kDynamic && world_.num_nodes - nodes_lost_ >= options_.min_nodes;
+  spdlog::error("stopping the {}: {}", shrink ? "workers" : "job", lost_node_);
+  announce(FailureNotice{world_.node_rank, lost_node_, shrink, nodes_lost_, 0});
 }
 
 // Leaders are reaped; members they left in their groups would be orphans.
@@ -634,7 +677,12 @@ AttemptResult Attempt::result(bool succeeded) {
   AttemptResult result;
   result.received_signal = received_signal_;
   result.forwarded_signal = forwarded_signal_;
-  result.nodes_lost = nodes_lost_;
+  result.nodes_lost = std::max(nodes_lost_, winner_ ? winner_->lost_nodes : 0);
+  if (reason_ == TeardownReason::kMembership && winner_) {
+    // Note [Joining a running job]: not a failure; no root cause to settle.
+    result.reform_nodes = winner_->reform_nodes;
+    return result;
+  }
   for (const auto& w : workers_) {
     if (w.stopped) result.stopped_on_signal.push_back({w.global_rank, w.local_rank, world_.node_rank, *w.stopped});
   }
@@ -744,7 +792,8 @@ void Attempt::settle_root_cause(AttemptResult& result, const std::vector<Failure
   // is the only one there is.
   const bool this_node_won = !watch_store_ || !winner_ || winner_->node_rank == world_.node_rank ||
                              reason_ == TeardownReason::kStoreLost;
-  result.restartable = reason_ == TeardownReason::kLocalFailure;
+  result.restartable = reason_ == TeardownReason::kLocalFailure ||
+                       (reason_ == TeardownReason::kNodeLost && winner_ && winner_->restartable);
   result.signal_after_failure = received_signal_.has_value() && reason_ != TeardownReason::kSignal;
   if (this_node_won) {
     result.root_cause = local_root;
@@ -786,8 +835,8 @@ Failure Attempt::remote_root_cause() {
 
 }  // namespace
 
-AttemptResult run_attempt(const Job& job, const World& world, int index) {
-  return Attempt(job, world, index).run();
+AttemptResult run_attempt(const Job& job, const World& world, int restarts_used) {
+  return Attempt(job, world, restarts_used).run();
 }
 
 }  // namespace mtrain::launch

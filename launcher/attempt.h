@@ -54,10 +54,15 @@ struct AttemptResult {
   // Workers that stopped on a signal after a step; all_stopped when that is every one.
   std::vector<StoppedWorker> stopped_on_signal;
   bool all_stopped = false;
-  // Nodes this agent (the store's host) found silent: they never leave the store.
+  // Nodes found silent (by this agent, the store's host, or by the host whose notice won):
+  // they never leave the store, and a restart expects that many fewer.
   int nodes_lost = 0;
+  // Not a failure: nodes waited to join, and the job re-forms with this many nodes
+  // without spending a restart (Note [Joining a running job] in rendezvous.cpp); 0 otherwise.
+  int reform_nodes = 0;
 };
 
-AttemptResult run_attempt(const Job& job, const World& world, int index);
+// Runs round world.attempt; `restarts_used` is what the workers' TORCHELASTIC_RESTART_COUNT says.
+AttemptResult run_attempt(const Job& job, const World& world, int restarts_used);
 
 }  // namespace mtrain::launch

@@ -136,12 +136,26 @@ std::optional<std::string> loopback_only_address(const std::string& host) {
   return first;
 }
 
+// Note [Joining a running job]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With --nnodes MIN:MAX a node may arrive after its round closed, while the job runs below
+// MAX (torchrun's "waiting" nodes). It does not fail: it joins the next round, which no one
+// else has entered yet, and waits there. Each running agent looks at that round's join
+// counter every --monitor_interval; seeing a node there, the first to notice announces a
+// re-form on the attempt's "failed" key (a notice with reform_nodes, not a failure), every
+// agent stops its workers as for a failure (SIGTERM: mtrain-train checkpoints after the
+// step its ranks agree on), and all enter the next round expecting the old count plus the
+// waiting nodes. A re-form spends no restart; the workers resume from the checkpoint in
+// the larger world. A node that finds that round closed too (another node was faster)
+// waits in the one after, which starts the next re-form. A node that arrives while the
+// job runs at MAX is refused: there is no room for it.
 World rendezvous(Store& store, const LaunchOptions& options, const std::string& run_id,
                  int attempt, int previous_nodes, const std::string& store_address,
                  const InterruptCheck& check) {
   const std::string prefix = attempt_prefix(run_id, attempt);
   const auto deadline = Clock::now() + options.rdzv_timeout;
   World w;
+  w.attempt = attempt;
 
   if (options.mode == RendezvousMode::kStatic) {
     w.node_rank = options.node_rank;
@@ -234,9 +248,15 @@ World rendezvous(Store& store, const LaunchOptions& options, const std::string& 
     w.num_nodes = static_cast<int>(
         env::parse_int(store.get_string(closed_key), "rendezvous node count", 1));
     if (w.node_rank >= w.num_nodes) {
+      if (w.num_nodes < options.max_nodes) {
+        spdlog::info("rendezvous of job '{}' (attempt {}) closed with {} node(s) before this node joined; waiting "
+                     "for them to re-form the job with it",
+                     run_id, attempt, w.num_nodes);
+        return rendezvous(store, options, run_id, attempt + 1, w.num_nodes + 1, store_address, check);
+      }
       throw CommError(fmt::format(
           "rendezvous of job '{}' (attempt {}) at {} closed with {} node(s) before this node "
-          "joined as number {}; --nnodes allows at most {}",
+          "joined as number {}; the job runs with --nnodes MAX = {} nodes, so it has no room for this one",
           run_id, attempt, store_address, w.num_nodes, w.node_rank + 1, options.max_nodes));
     }
   }
@@ -295,7 +315,9 @@ uint16_t reserve_free_port(const std::string& address) {
 }
 
 AttemptChannel::AttemptChannel(Store& store, const std::string& run_id, int attempt)
-    : store_(store), prefix_(attempt_prefix(run_id, attempt)) {}
+    : store_(store), prefix_(attempt_prefix(run_id, attempt)), next_prefix_(attempt_prefix(run_id, attempt + 1)) {}
+
+int64_t AttemptChannel::nodes_waiting() { return store_.add(next_prefix_ + "/joined", 0); }
 
 std::string AttemptChannel::key(const std::string& name) const { return prefix_ + "/" + name; }
 
@@ -309,14 +331,18 @@ std::string dump_for_store(const nlohmann::json& j) {
 }
 
 nlohmann::json notice_to_json(const FailureNotice& n) {
-  return {{"node_rank", n.node_rank}, {"what", n.what}, {"restartable", n.restartable}};
+  return {{"node_rank", n.node_rank},
+          {"what", n.what},
+          {"restartable", n.restartable},
+          {"lost_nodes", n.lost_nodes},
+          {"reform_nodes", n.reform_nodes}};
 }
 
 FailureNotice notice_from_bytes(const Bytes& b) {
   try {
     const auto j = nlohmann::json::parse(to_string(b));
     return FailureNotice{j.at("node_rank").get<int>(), j.at("what").get<std::string>(),
-                         j.at("restartable").get<bool>()};
+                         j.at("restartable").get<bool>(), j.value("lost_nodes", 0), j.value("reform_nodes", 0)};
   } catch (const nlohmann::json::exception& e) {
     throw CommError(fmt::format("failure notice in the store is not the launcher's JSON: '{}' ({})",
                                 to_string(b), e.what()));

@@ -76,6 +76,7 @@ std::optional<std::string> loopback_only_address(const std::string& host);
 uint16_t reserve_free_port(const std::string& address);
 
 struct World {
+  int attempt = 0;  // the round this node joined (a late node joins the one under way)
   int node_rank = 0;
   int num_nodes = 1;
   int rank_offset = 0;  // global rank of this node's local rank 0
@@ -88,9 +89,12 @@ using InterruptCheck = std::function<void()>;
 
 // Agrees on the world of `attempt` with the other agents (Note [Launcher store keys]).
 // Throws TimeoutError naming the store address and who is missing after --rdzv_timeout.
-// `previous_nodes` (dynamic only) is the node count of the attempt before a restart:
-// the round closes as soon as that many rejoined, and peers still stopping their
-// workers get --term_timeout on top of the last-call window.
+// `previous_nodes` (dynamic only) is the node count the round expects (the attempt
+// before a restart, less the nodes known lost, plus those waiting to join): the round
+// closes as soon as that many joined, and peers still stopping their workers get
+// --term_timeout on top of the last-call window. A node that finds round `attempt`
+// closed without it, below --nnodes MAX, waits in the next round instead (Note [Joining
+// a running job]); the World says which round it joined.
 World rendezvous(Store& store, const LaunchOptions& options, const std::string& run_id,
                  int attempt, int previous_nodes, const std::string& store_address,
                  const InterruptCheck& check);
@@ -100,6 +104,10 @@ struct FailureNotice {
   int node_rank = 0;
   std::string what;          // "rank 3 (node 1): signal 9 (SIGKILL)"
   bool restartable = true;   // false when an agent itself stopped (signal, lost store)
+  int lost_nodes = 0;        // nodes the store's host found silent (Note [Agent heartbeats])
+  // Not a failure: nodes wait to join, and the job re-forms with this many nodes
+  // without spending a restart (Note [Joining a running job]); 0 otherwise.
+  int reform_nodes = 0;
 };
 
 class AttemptChannel {
@@ -111,6 +119,9 @@ class AttemptChannel {
   FailureNotice announce_failure(const FailureNotice& notice);
   // Non-blocking: the notice, if any node announced a failure.
   std::optional<FailureNotice> failure_notice();
+  // Nodes that joined the next round's rendezvous while this attempt runs: late nodes
+  // waiting to join (Note [Joining a running job]).
+  int64_t nodes_waiting();
 
   void publish_root_cause(const Failure& root_cause);
   // Waits up to `timeout` for the winning node's root cause.
@@ -133,6 +144,7 @@ class AttemptChannel {
   std::string key(const std::string& name) const;
   Store& store_;
   std::string prefix_;
+  std::string next_prefix_;
 };
 
 // Run-level bookkeeping for leaving the store (see "left" above).

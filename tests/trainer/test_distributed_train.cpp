@@ -297,7 +297,8 @@ TEST_CASE("--batch-size per rank: 2 ranks' checkpoint resumed by 1 or 3 ranks tr
   for (const int next : {1, 3}) {
     INFO("2 ranks, then " << next);
     TempDir dir;
-    const std::vector<std::string> base = {"--model", "mlp", "--no-eval", "--batch-size", "32"};
+    const std::vector<std::string> base = {"--model", "mlp", "--no-eval", "--batch-size", "32", "--lr", "0.05",
+                                           "--lr-scaling", "linear"};
     const auto ckpt = dir.file("ckpt");
     const auto metrics = dir.file("metrics.jsonl");
     require_success(launch(2, concat(base, {"--max-steps", "10", "--checkpoint-dir", ckpt, "--metrics", metrics})));
@@ -308,6 +309,9 @@ TEST_CASE("--batch-size per rank: 2 ranks' checkpoint resumed by 1 or 3 ranks tr
                Contains(fmt::format("world 2 -> {}: the checkpoint's 2 rank(s) took 640 of epoch 1's items in 10 "
                                     "step(s); --batch-size 32 per rank: {} images per step from here",
                                     next, 32 * next)));
+    // --lr-scaling linear scales by the world that runs: 0.05 x 2 before, 0.05 x next now.
+    CHECK_THAT(resumed.err + resumed.out,
+               Contains(fmt::format("optimizer: SGD lr {} momentum", static_cast<float>(0.05 * next))));
     const int64_t rest = 6000 - 640;
     const int64_t padded = (rest + next - 1) / next * next;  // DistributedSampler pads the rest for 3 ranks
     const int64_t steps = (rest + next - 1) / next / 32 + ((rest + next - 1) / next % 32 != 0);

@@ -3,10 +3,7 @@
 // or SIGUSR1 to the launcher, stops every rank after the same step with a checkpoint,
 // the message and the launcher's stop report; a restarted gang resumes; checkpoints
 // that must not be resumed are refused with the exit status of their kind.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -21,6 +18,7 @@
 #include <thread>
 
 #include "core/main_guard.h"
+#include "tests/support/held_port.h"
 #include "tests/trainer/background_process.h"
 #include "tests/trainer/e2e_paths.h"
 #include "tests/trainer/run_process.h"
@@ -31,6 +29,7 @@
 
 using Catch::Matchers::Contains;
 using mtrain::testing::BackgroundProcess;
+using mtrain::testing::HeldPort;
 using mtrain::testing::ProcessResult;
 using mtrain::testing::TempDir;
 using mtrain::testing::kLauncher;
@@ -342,31 +341,6 @@ TEST_CASE("SIGTERM to one of two workers: both stop after the same step; resumin
 }
 
 namespace {
-
-// A loopback port bound (not listening) while the object lives: nobody can serve it,
-// and once released it is free for a process that binds it.
-class HeldPort {
- public:
-  HeldPort() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-    REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-    port_ = ntohs(a.sin_port);
-  }
-  ~HeldPort() { release(); }
-  void release() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  int port() const { return port_; }
-
- private:
-  int fd_;
-  int port_ = 0;
-};
 
 // Whether process `pid` blocks SIGTERM in its main thread, as mtrain-train does from its
 // first lines on (install_stop_signal_handlers): from then on a SIGTERM is its to handle.
