@@ -686,7 +686,12 @@ AttemptResult Attempt::result(bool succeeded) {
   for (const auto& w : workers_) {
     if (w.stopped) result.stopped_on_signal.push_back({w.global_rank, w.local_rank, world_.node_rank, *w.stopped});
   }
-  result.all_stopped = result.stopped_on_signal.size() == workers_.size();
+  // Workers that stopped cleanly on the SIGTERM of a teardown for a failure or a lost node
+  // were stopped by the launcher, not by a signal asking the job to stop.
+  const bool for_a_failure = reason_ == TeardownReason::kLocalFailure || reason_ == TeardownReason::kNodeLost ||
+                             (reason_ == TeardownReason::kRemoteFailure && winner_ &&
+                              (winner_->restartable || winner_->lost_nodes > 0));
+  result.all_stopped = !for_a_failure && result.stopped_on_signal.size() == workers_.size();
   if (succeeded) {
     result.succeeded = true;
     return result;

@@ -45,13 +45,14 @@ std::vector<std::string> training(const TempDir& dir) {
           "--metrics", dir.file("metrics.jsonl"), "--save-final", dir.file("elastic.safetensors")};
 }
 
-// One node's launcher: one worker, a dynamic rendezvous at `endpoint`.
+// One node's launcher: one worker, a dynamic rendezvous at `endpoint`, heartbeats missed
+// for 3 s taken as a lost node.
 std::unique_ptr<BackgroundProcess> start_node(const std::string& endpoint, const std::string& nnodes,
                                               int max_restarts, const TempDir& dir) {
   return std::make_unique<BackgroundProcess>(
       kLauncher, concat({"--rdzv_endpoint", endpoint, "--rdzv_id", "elastic", "--nnodes", nnodes, "--nproc_per_node",
                          "1", "--max_restarts", std::to_string(max_restarts), "--rdzv_last_call", "1",
-                         "--term_timeout", "3", "--monitor_interval", "0.2", "train"},
+                         "--term_timeout", "3", "--monitor_interval", "0.2", "--heartbeat_timeout", "3", "train"},
                         training(dir)));
 }
 
@@ -109,6 +110,32 @@ TEST_CASE("3 nodes, one launcher killed mid-run: the other 2 finish the job, as 
   CHECK_THAT(ra.err, Contains("the job now runs on 2 node(s) instead of 3"));
   // Rank 0 logs it, on whichever node joined the new round first.
   CHECK_THAT(ra.err + ra.out + rb.err + rb.out, Contains("world 3 -> 2: the checkpoint's 3 rank(s) took"));
+  check_training(dir);
+}
+
+TEST_CASE("3 nodes, one launcher frozen: its missing heartbeats restart the other 2 without it",
+          "[multiproc][elastic]") {
+  // SIGSTOP: the frozen launcher announces nothing and its worker trains on, so no worker
+  // fails; only the store's host, missing the node's heartbeats, can find it lost.
+  TempDir dir;
+  HeldPort port;
+  port.release();
+  const std::string endpoint = fmt::format("127.0.0.1:{}", port.port());
+  auto a = start_node(endpoint, "2:3", 1, dir);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto b = start_node(endpoint, "2:3", 1, dir);
+  auto c = start_node(endpoint, "2:3", 1, dir);
+  REQUIRE(mtrain::testing::wait_until([&] { return checkpoint_written(dir); }, std::chrono::seconds(60)));
+  REQUIRE(c->running());
+  c->signal(SIGSTOP);
+  const ProcessResult ra = a->wait();
+  const ProcessResult rb = b->wait();
+  c->signal(SIGKILL);  // its worker goes with it (PR_SET_PDEATHSIG)
+  c->wait();
+  require_success(ra, "node a");
+  require_success(rb, "node b");
+  CHECK_THAT(ra.err, Contains("stopped responding: no heartbeat for"));
+  CHECK_THAT(ra.err, Contains("the job now runs on 2 node(s) instead of 3"));
   check_training(dir);
 }
 
