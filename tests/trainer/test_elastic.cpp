@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <thread>
@@ -86,57 +87,48 @@ void check_training(const TempDir& dir) {
   }
 }
 
-}  // namespace
-
-TEST_CASE("3 nodes, one launcher killed mid-run: the other 2 finish the job, as one process trains it",
-          "[multiproc][elastic]") {
+// Three nodes with MIN 2, so losing one leaves enough: a (the first, hosting the store), b
+// and c. `lose_c` does to c's launcher what the test is about once the run has written
+// its first checkpoint; a and b must then finish the job without it, and a's log say
+// `a_says`.
+void lose_third_node(const std::function<void(BackgroundProcess&)>& lose_c, const std::string& a_says) {
   TempDir dir;
   HeldPort port;
   port.release();
   const std::string endpoint = fmt::format("127.0.0.1:{}", port.port());
-  // MIN 2: losing one of 3 leaves enough. The first hosts the store; the third is lost.
   auto a = start_node(endpoint, "2:3", 1, dir);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   auto b = start_node(endpoint, "2:3", 1, dir);
   auto c = start_node(endpoint, "2:3", 1, dir);
   REQUIRE(mtrain::testing::wait_until([&] { return checkpoint_written(dir); }, std::chrono::seconds(60)));
   REQUIRE(c->running());
-  c->signal(SIGKILL);
-  c->wait();
+  lose_c(*c);
   const ProcessResult ra = a->wait();
   const ProcessResult rb = b->wait();
+  if (c->running()) c->signal(SIGKILL);  // a frozen one; its worker goes with it (PR_SET_PDEATHSIG)
+  c->wait();
   require_success(ra, "node a");
   require_success(rb, "node b");
+  CHECK_THAT(ra.err, Contains(a_says));
   CHECK_THAT(ra.err, Contains("the job now runs on 2 node(s) instead of 3"));
   // Rank 0 logs it, on whichever node joined the new round first.
   CHECK_THAT(ra.err + ra.out + rb.err + rb.out, Contains("world 3 -> 2: the checkpoint's 3 rank(s) took"));
   check_training(dir);
 }
 
+}  // namespace
+
+TEST_CASE("3 nodes, one launcher killed mid-run: the other 2 finish the job, as one process trains it",
+          "[multiproc][elastic]") {
+  // Its workers die with it, and the others' collectives fail at once.
+  lose_third_node([](BackgroundProcess& c) { c.signal(SIGKILL); }, "restarting the gang (1 of 1 restarts)");
+}
+
 TEST_CASE("3 nodes, one launcher frozen: its missing heartbeats restart the other 2 without it",
           "[multiproc][elastic]") {
   // SIGSTOP: the frozen launcher announces nothing and its worker trains on, so no worker
   // fails; only the store's host, missing the node's heartbeats, can find it lost.
-  TempDir dir;
-  HeldPort port;
-  port.release();
-  const std::string endpoint = fmt::format("127.0.0.1:{}", port.port());
-  auto a = start_node(endpoint, "2:3", 1, dir);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  auto b = start_node(endpoint, "2:3", 1, dir);
-  auto c = start_node(endpoint, "2:3", 1, dir);
-  REQUIRE(mtrain::testing::wait_until([&] { return checkpoint_written(dir); }, std::chrono::seconds(60)));
-  REQUIRE(c->running());
-  c->signal(SIGSTOP);
-  const ProcessResult ra = a->wait();
-  const ProcessResult rb = b->wait();
-  c->signal(SIGKILL);  // its worker goes with it (PR_SET_PDEATHSIG)
-  c->wait();
-  require_success(ra, "node a");
-  require_success(rb, "node b");
-  CHECK_THAT(ra.err, Contains("stopped responding: no heartbeat for"));
-  CHECK_THAT(ra.err, Contains("the job now runs on 2 node(s) instead of 3"));
-  check_training(dir);
+  lose_third_node([](BackgroundProcess& c) { c.signal(SIGSTOP); }, "stopped responding: no heartbeat for");
 }
 
 TEST_CASE("a node that arrives mid-run joins the job: no restart spent, the same training", "[multiproc][elastic]") {
