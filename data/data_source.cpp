@@ -188,14 +188,15 @@ DataSource resolve_data_dir(const std::string& dataset, const std::string& data_
       dataset, dataset, roots_str(data_roots), incomplete_note, dataset));
 }
 
+void require_folder_options_apply(const std::string& dataset, const ImageFolderOptions& folder) {
+  if (dataset == "imagefolder") return;
+  const char* flag = folder.skip_bad_files ? "--skip-bad-images" : folder.resizes() ? "--resize" : nullptr;
+  if (flag != nullptr) throw InvalidArgument(fmt::format("{} applies to --dataset imagefolder, not to {}", flag, dataset));
+}
+
 DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic,
                           const ImageFolderOptions& folder) {
-  if (source.dataset != "imagefolder") {
-    const char* flag = folder.skip_bad_files ? "--skip-bad-images" : folder.resizes() ? "--resize" : nullptr;
-    if (flag != nullptr) {
-      throw InvalidArgument(fmt::format("{} applies to --dataset imagefolder, not to {}", flag, source.dataset));
-    }
-  }
+  require_folder_options_apply(source.dataset, folder);
   if (source.dataset == "synthetic") return make_synthetic_splits(synthetic);
   if (is_cifar(source.dataset)) return load_cifar_splits(source.dir, source.dataset);
   if (source.dataset == "imagefolder") return load_image_folder_splits(source.dir, folder);

@@ -41,9 +41,12 @@ std::string expected_files(const std::string& dataset);
 
 // Loads the train and test splits `source` names; `synthetic` sizes and seeds the
 // synthetic dataset and is ignored otherwise.
-// `folder` applies to --dataset imagefolder only (InvalidArgument for any other dataset
-// when it asks for anything).
+// `folder` applies to --dataset imagefolder only (require_folder_options_apply).
 DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic,
                           const ImageFolderOptions& folder = {});
+
+// InvalidArgument naming the flag when `folder` asks for anything (--skip-bad-images,
+// --resize) and `dataset` is not imagefolder.
+void require_folder_options_apply(const std::string& dataset, const ImageFolderOptions& folder);
 
 }  // namespace mtrain::data

@@ -284,7 +284,7 @@ Dataset decode_split(std::vector<Item> items, const std::string& name, const std
         try {
           decoded[i] = decode_image(items[i].path);
           if (options.resizes() && (decoded[i].height != options.height || decoded[i].width != options.width)) {
-            decoded[i] = resize_bilinear(decoded[i], options.height, options.width);
+            decoded[i] = resize_bilinear(std::move(decoded[i]), options.height, options.width);
           }
         } catch (const IoError& e) {
           if (skipped != nullptr) {
@@ -351,12 +351,12 @@ Dataset decode_split(std::vector<Item> items, const std::string& name, const std
 
 }  // namespace
 
-DecodedImage resize_bilinear(const DecodedImage& image, int64_t height, int64_t width) {
+DecodedImage resize_bilinear(DecodedImage image, int64_t height, int64_t width) {
   if (height < 1 || width < 1) {
     throw InvalidArgument(fmt::format("resize_bilinear: expected a size of at least 1x1, found {}x{}", height, width));
   }
-  DecodedImage current = image;
-  const int64_t c = image.channels;
+  DecodedImage current = std::move(image);
+  const int64_t c = current.channels;
   if (width != current.width) {
     DecodedImage wide{current.height, width, c, std::vector<uint8_t>(static_cast<size_t>(current.height * width * c))};
     resample(current.pixels.data(), wide.pixels.data(), bilinear_taps(current.width, width), current.height,

@@ -52,6 +52,6 @@ DecodedImage decode_image(const std::filesystem::path& path);
 // PIL's Image.resize((width, height), Image.BILINEAR) of an 8-bit image, to the byte:
 // a triangle filter widened by the scale when shrinking (so every source pixel counts),
 // fixed-point weights, the width first, then the height. Both sizes >= 1.
-DecodedImage resize_bilinear(const DecodedImage& image, int64_t height, int64_t width);
+DecodedImage resize_bilinear(DecodedImage image, int64_t height, int64_t width);
 
 }  // namespace mtrain::data

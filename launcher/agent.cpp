@@ -70,9 +70,11 @@ struct Agent::Impl {
   void open_store();
   // Between attempts.
   void check_interrupt();
-  std::optional<int> conclude(const AttemptResult& r, int restarts_used);
-  void print_stop_report(const AttemptResult& r, int restarts_used) const;
-  void print_failure_report(const AttemptResult& r, int restarts_used, bool restarts_withheld);
+  // `attempt` counts the restarts spent before it (re-forms spend none), as reports and
+  // TORCHELASTIC_RESTART_COUNT number attempts.
+  std::optional<int> conclude(const AttemptResult& r, int attempt);
+  void print_stop_report(const AttemptResult& r, int attempt) const;
+  void print_failure_report(const AttemptResult& r, int attempt, bool restarts_withheld);
   void keep_error_file(const std::string& error_file);
   void leave_store(int num_nodes, bool hosting);
 
@@ -262,11 +264,9 @@ void Agent::Impl::open_store() {
   job.store_address = fmt::format("{}:{}", job.store.host, job.store.port);
 }
 
-// After an attempt that `restarts_used` restarts came before: the launcher's exit status,
-// its report printed; nullopt when the gang restarts instead. Reports number attempts by
-// the restarts before them, as TORCHELASTIC_RESTART_COUNT does.
-std::optional<int> Agent::Impl::conclude(const AttemptResult& r, int restarts_used) {
-  const int attempt = restarts_used;
+// After attempt `attempt`: the launcher's exit status, its report printed; nullopt when
+// the gang restarts instead.
+std::optional<int> Agent::Impl::conclude(const AttemptResult& r, int attempt) {
   // Before anything else: a gang that stopped on a signal is neither a success nor a
   // failure to restart (Note [Workers stopped on a signal]).
   if (r.all_stopped) {
@@ -302,8 +302,7 @@ std::optional<int> Agent::Impl::conclude(const AttemptResult& r, int restarts_us
   return status == 0 ? 1 : status;
 }
 
-void Agent::Impl::print_stop_report(const AttemptResult& r, int restarts_used) const {
-  const int attempt = restarts_used;
+void Agent::Impl::print_stop_report(const AttemptResult& r, int attempt) const {
   StopReport report;
   report.program = options.program;
   report.attempt = attempt;
@@ -325,8 +324,7 @@ void Agent::Impl::keep_error_file(const std::string& error_file) {
                job.run_dir.string());
 }
 
-void Agent::Impl::print_failure_report(const AttemptResult& r, int restarts_used, bool restarts_withheld) {
-  const int attempt = restarts_used;
+void Agent::Impl::print_failure_report(const AttemptResult& r, int attempt, bool restarts_withheld) {
   if (!r.root_cause_remote) keep_error_file(r.root_cause.error_file);
   FailureReport report;
   report.restarts_withheld = restarts_withheld;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "data/data_source.h"
 #include "data/random.h"
 #include "collectives/process_group.h"
 #include "core/error.h"
@@ -234,21 +235,22 @@ ImageSize parse_resize(const std::string& value) {
   return {env::parse_int(height, "--resize's height", 1, kMaxSide), env::parse_int(width, "--resize's width", 1, kMaxSide)};
 }
 
+data::ImageFolderOptions image_folder_options(const TrainOptions& o) {
+  const ImageSize size = parse_resize(o.resize);
+  return {.skip_bad_files = o.skip_bad_images, .height = size.height, .width = size.width};
+}
+
+int64_t items_per_step(const TrainOptions& o, int world_size) {
+  return o.global_batch_size ? *o.global_batch_size : o.batch_size * o.grad_accum * world_size;
+}
+
 void validate_train_options(const TrainOptions& o, const TrainChoices& choices) {
   check_choice("--model", o.model, choices.models);
   check_choice("--dataset", o.dataset, choices.datasets);
   check_choice("--init", o.init, {std::begin(kInitSchemes), std::end(kInitSchemes)});
   data::parse_permutation(o.shuffle_order);  // the one place that knows the names
   parse_normalize(o.normalize);
-  parse_resize(o.resize);
-  if (o.dataset != "imagefolder") {
-    if (o.skip_bad_images) {
-      throw InvalidArgument(fmt::format("--skip-bad-images applies to --dataset imagefolder, not to {}", o.dataset));
-    }
-    if (o.resize != "off") {
-      throw InvalidArgument(fmt::format("--resize applies to --dataset imagefolder, not to {}", o.dataset));
-    }
-  }
+  data::require_folder_options_apply(o.dataset, image_folder_options(o));
   check_choice("--log-level", o.log_level, {std::begin(kLogLevels), std::end(kLogLevels)});
   if (o.epochs < 1) throw InvalidArgument(fmt::format("--epochs: expected an integer >= 1, found {}", o.epochs));
   if (o.max_steps && *o.max_steps < 0) {

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "data/image_folder.h"
+
 namespace mtrain {
 
 // Defaults: the README's main job is plain `mtrain-train`, which must finish in well
@@ -139,6 +141,13 @@ struct ImageSize {
   int64_t width = 0;
 };
 ImageSize parse_resize(const std::string& value);
+
+// What --skip-bad-images and --resize ask of the image folder loader.
+data::ImageFolderOptions image_folder_options(const TrainOptions& options);
+
+// Items of an epoch's order one optimizer step takes over all `world_size` ranks: the
+// global batch, or batch x grad_accum x world (Note [Resuming in another world]).
+int64_t items_per_step(const TrainOptions& options, int world_size);
 
 // Every flag mtrain-train accepts, as "--name" (--help left out).
 std::vector<std::string> train_flag_names();

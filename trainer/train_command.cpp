@@ -196,7 +196,7 @@ TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks
   config.checkpoint_every = o.checkpoint_every;
   config.rank = run.env.rank;
   config.world_size = run.env.world_size;
-  config.items_per_step = o.global_batch_size ? *o.global_batch_size : o.batch_size * o.grad_accum * run.env.world_size;
+  config.items_per_step = items_per_step(o, run.env.world_size);
   config.start_holds_rest_only = run.resumed_rest_only;
   config.trace_steps = {o.trace_first_step, o.trace_last_step};
   std::optional<LossScaler> scaler;

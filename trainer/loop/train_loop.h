@@ -80,7 +80,8 @@ struct TrainPosition {
   LossScalerState loss_scaler;
   // The world that got here, and how many items of the epoch's order its steps in the epoch
   // took, all ranks together: what a resume on another world size continues from (Note
-  // [Resuming in another world]). -1: unknown (a checkpoint from before they were recorded).
+  // [Resuming in another world]). epoch_consumed is -1 when a checkpoint from before it
+  // was recorded is read.
   int world_size = 1;
   int64_t epoch_consumed = 0;
 };

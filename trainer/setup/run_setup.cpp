@@ -195,12 +195,7 @@ void load_data(const TrainOptions& o, TrainingRun& run) {
   spdlog::info("data: {}", source.description);
   data::SyntheticOptions synthetic;
   synthetic.seed = o.seed;
-  data::ImageFolderOptions folder;
-  folder.skip_bad_files = o.skip_bad_images;
-  const ImageSize resize = parse_resize(o.resize);
-  folder.height = resize.height;
-  folder.width = resize.width;
-  data::DatasetSplits splits = data::load_splits(source, synthetic, folder);
+  data::DatasetSplits splits = data::load_splits(source, synthetic, image_folder_options(o));
   for (const std::string& note : splits.notes) spdlog::warn("{}", note);
   run.train_set = std::make_shared<const data::Dataset>(std::move(splits.train));
   run.test_set = std::make_shared<const data::Dataset>(std::move(splits.test));
@@ -301,7 +296,7 @@ void continue_in_another_world(const TrainOptions& o, TrainingRun& run, const Tr
                                  *o.global_batch_size, world)
                    : fmt::format("--batch-size {} per rank: {} images per step from here, the rest of the epoch "
                                  "re-sharded over {} rank(s)",
-                                 o.batch_size, o.batch_size * o.grad_accum * world, world));
+                                 o.batch_size, items_per_step(o, world), world));
 }
 
 void resume_from_checkpoint(const TrainOptions& o, TrainingRun& run, StartupStop& startup) {
@@ -313,8 +308,9 @@ void resume_from_checkpoint(const TrainOptions& o, TrainingRun& run, StartupStop
   if (const auto& r = run.resumed) {
     startup.at_position(r->epoch, r->total_steps);
     if (r->world_size != run.env.world_size) continue_in_another_world(o, run, *r);
-    // The loader's epoch r->epoch (0-based r->epoch - 1): what this world trains of it.
-    run.train_loader->sampler().set_epoch(r->epoch - 1);
+    // Only the resumed epoch's rest has another size: count it (0-based epoch r->epoch - 1;
+    // the loader sets it again when it starts that epoch).
+    if (run.resumed_rest_only) run.train_loader->sampler().set_epoch(r->epoch - 1);
     const int64_t per_epoch = (run.resumed_rest_only ? r->steps_in_epoch : 0) +
                               steps_per_epoch(run.train_loader->num_batches(), o.grad_accum);
     // An epoch summarised at a --max-steps cut is "finished" in the file but not done.
