@@ -299,16 +299,20 @@ void GlobalBatchShardSampler::plan_batches() {
   }
 }
 
-std::vector<int64_t> GlobalBatchShardSampler::chunks(int64_t step) const {
+int64_t GlobalBatchShardSampler::step_size(int64_t step) const {
   MTRAIN_CHECK(step >= 0 && step < steps(), "step {} of an epoch of {} steps", step, steps());
-  const int64_t step_size = std::min(global_batch_, dataset_size_ - step * global_batch_);
+  return std::min(global_batch_, dataset_size_ - step * global_batch_);
+}
+
+std::vector<int64_t> GlobalBatchShardSampler::chunks(int64_t step) const {
+  const int64_t images = step_size(step);
   const std::vector<int64_t>* shares = nullptr;
   for (const auto& [first, s] : share_plan_) {
     if (first <= step) shares = &s;
   }
-  if (shares == nullptr) return split_global_batch(step_size, world_size_);
-  if (step_size == global_batch_) return *shares;
-  return apportion(step_size, *shares, 1);
+  if (shares == nullptr) return split_global_batch(images, world_size_);
+  if (images == global_batch_) return *shares;
+  return apportion(images, *shares, 1);
 }
 
 void GlobalBatchShardSampler::set_shares(int64_t from_step, std::vector<int64_t> shares) {

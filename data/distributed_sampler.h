@@ -116,6 +116,9 @@ class GlobalBatchShardSampler final : public Sampler {
 
   // Every rank's chunk of step `step` of the current epoch, in rank order.
   std::vector<int64_t> chunks(int64_t step) const;
+  // The images every rank's chunks of step `step` hold together: the global batch, or what
+  // the epoch has left at a partial last step; the same whatever the shares.
+  int64_t step_size(int64_t step) const;
   // Full global batches from step `from_step` of the current epoch on, and all of later
   // epochs, are split by `shares` (world_size entries >= 0 summing to the global batch);
   // a partial last batch in proportion to them (apportion, at least 1 per rank with a

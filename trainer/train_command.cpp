@@ -110,6 +110,9 @@ void add_data_parallel_hooks(const TrainOptions& o, TrainingRun& run, TrainLoopH
     s.images = sum.count;
   };
   hooks.combine_eval = [&control](const EvalResult& local) { return allreduce_eval(control, local); };
+  if (run.global_batch_sampler) {
+    hooks.world_samples = [&sampler = *run.global_batch_sampler](int64_t batch) { return sampler.step_size(batch); };
+  }
   if (!o.sync_bn && !model.buffers().empty()) {
     // Note [Buffers follow rank 0] (loop/train_loop.cpp); the model's device tensors travel
     // on the gradient group, as at start-up.

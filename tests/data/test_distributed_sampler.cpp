@@ -418,6 +418,8 @@ std::vector<Indices> check_tiling(std::vector<GlobalBatchShardSampler>& ranks, i
     }
     const int64_t size = single.batch_sizes()[step];
     CHECK(joined == Indices(global.begin() + global_cursor, global.begin() + global_cursor + size));
+    // What every rank's reducer is told the step holds (MicroBatchInfo::world_samples).
+    for (const auto& s : ranks) CHECK(s.step_size(static_cast<int64_t>(step)) == size);
     global_cursor += size;
   }
   CHECK(global_cursor == static_cast<int64_t>(global.size()));

@@ -64,11 +64,13 @@ std::vector<std::vector<float>> gradients(models::Module& m) {
   return out;
 }
 
-// One forward and backward of `m` with `sync` around the backward.
+// One forward and backward of `m` with `sync` around the backward, in a world of one.
 void step(models::Module& m, GradientSynchronizer& sync, bool synchronize) {
   const Tensor x = random_input(4);
   const Tensor y = m.forward(x);
-  sync.before_backward({4, synchronize});
+  MicroBatchInfo info{4, synchronize};
+  info.world_samples = 4;
+  sync.before_backward(info);
   m.backward(Tensor::full(y.shape(), 0.25f));
   sync.after_backward();
 }
@@ -120,8 +122,10 @@ TEST_CASE("host values travel on the control group, gradient buckets on the grad
   step(*model, reducer, true);
   CHECK(gradients(*model) == gradients(*reference));
   CHECK(gradients_group->allreduces == 4);  // one per bucket
-  CHECK(control_group->allreduces == 1);    // the sample count
-  CHECK(control_group->allgathers == 3);    // and the stop votes with the waits
+  // The sample counts travel with the stop votes and the waits (Note [Reducer gradient
+  // weighting]): nothing blocks between forward and backward.
+  CHECK(control_group->allreduces == 0);
+  CHECK(control_group->allgathers == 3);
   CHECK(gradients_group->broadcasts + control_group->broadcasts == 0);
   CHECK(gradients_group->others + control_group->others == 0);
   CHECK_FALSE(reducer.last_step().waited_on_device);  // host buckets are awaited on the host
@@ -300,7 +304,74 @@ TEST_CASE("an empty micro-batch still takes part in the exchange", "[reducer]") 
   weighted.weight_by_sample_count = true;
   Reducer by_count(solo.group, weighted);
   by_count.attach(*model);
-  CHECK_THROWS_WITH(by_count.before_backward({0, true}), Contains("total 0 samples"));
+  MicroBatchInfo empty_world{0, true};
+  empty_world.world_samples = 0;
+  CHECK_THROWS_WITH(by_count.before_backward(empty_world), Contains("total 0 samples"));
+  // And one that does not say how many samples the world holds is a defect of the caller.
+  CHECK_THROWS_AS(by_count.before_backward({4, true}), InternalError);
+}
+
+TEST_CASE("weighted by sample count: uneven ranks give the one-process gradient; a split the ranks disagree on "
+          "is an error",
+          "[reducer]") {
+  // Real Gloo groups on two threads: rank 0 holds rows 0-2 of a batch of 4, rank 1 row 3, and each
+  // scales its loss gradient as the loop does. Their summed gradient must be one process's on all
+  // 4 rows. Then rank 1 plans a step of 5 where the two hold 4: it must stop, naming the counts.
+  // The loss is 0.25 x the sum of the outputs, averaged over the rows: dy = 0.25 / rows.
+  const Tensor x = random_input(4);
+  auto reference = three_linears();
+  LocalGradients local;
+  local.attach(*reference);
+  reference->forward(x);
+  local.before_backward({4, true});
+  reference->backward(Tensor::full({4, 100}, 0.25f / 4.0f));
+  local.after_backward();
+  const auto expected = gradients(*reference);
+
+  std::vector<std::vector<std::vector<float>>> got(2);
+  std::vector<std::string> disagreement(2);
+  const std::vector<std::string> errors = on_two_ranks([&](int r, std::shared_ptr<Store> store) {
+    ProcessGroupOptions options;
+    options.timeout = Millis(10000);
+    const TrainingGroups groups = create_training_groups("gloo", store, r, 2, Device::cpu(), options);
+    auto model = three_linears();
+    ReducerOptions o;
+    o.weight_by_sample_count = true;
+    Reducer reducer(groups.gradients, o, groups.control);
+    reducer.attach(*model);
+    const int64_t first = r == 0 ? 0 : 3;
+    const int64_t rows = r == 0 ? 3 : 1;
+    const auto run_step = [&](int64_t planned) {
+      model->zero_grad();
+      const std::vector<float> all = x.to_vector<float>();
+      model->forward(Tensor::from_vector<float>(
+          std::vector<float>(all.begin() + first * 100, all.begin() + (first + rows) * 100), {rows, 100}));
+      MicroBatchInfo info{rows, true};
+      info.world_samples = planned;
+      reducer.before_backward(info);
+      // The mean over this rank's rows, scaled as the loop scales it.
+      model->backward(Tensor::full({rows, 100}, 0.25f / static_cast<float>(rows) * reducer.loss_gradient_scale()));
+      reducer.after_backward();
+    };
+    run_step(4);
+    got[static_cast<size_t>(r)] = gradients(*model);
+    try {
+      run_step(r == 1 ? 5 : 4);
+    } catch (const InternalError& e) {
+      disagreement[static_cast<size_t>(r)] = e.what();
+    }
+  });
+  for (size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    REQUIRE(errors[r].empty());
+    REQUIRE(got[r].size() == expected.size());
+    for (size_t k = 0; k < expected.size(); ++k) {
+      for (size_t i = 0; i < expected[k].size(); ++i) REQUIRE(got[r][k][i] == Approx(expected[k][i]).margin(1e-6));
+    }
+  }
+  CHECK(disagreement[0].empty());
+  CHECK_THAT(disagreement[1], Contains("held 4 images together (3, 1 by rank)") && Contains("has 5") &&
+                                  Contains("split the global batch differently"));
 }
 
 TEST_CASE("learning-rate schedules: linear scaling, warm-up, step and cosine", "[lr]") {

@@ -30,7 +30,6 @@ BatchBalance::BatchBalance(ShareBalancer balancer, data::GlobalBatchShardSampler
 }
 
 void BatchBalance::after_step(int64_t step, int64_t batches_taken) {
-  check_step_size(step, batches_taken - 1);
   // The exchange of this step carried every rank's compute of the step before.
   const std::vector<RankCompute> ranks = sync_.ranks_compute();
   if (spdlog::should_log(spdlog::level::debug)) {
@@ -40,26 +39,6 @@ void BatchBalance::after_step(int64_t step, int64_t batches_taken) {
   }
   const std::optional<ShareChange> change = balancer_.observe(step - 1, ranks);
   if (change) apply(*change, step, batches_taken + 1);
-}
-
-// Note [Shares by integer arithmetic] (data/distributed_sampler.cpp) is why the ranks agree on
-// every split. Should they not (a build that computes differently on some host), their chunks
-// would no longer tile the global batch; where the sizes no longer add up to the step's batch,
-// the step's sample-count all-reduce shows it at once, and it is better to stop there than to
-// train on images skipped or read twice. (With three or more ranks two could disagree on a
-// boundary with equal totals; that this check does not see.)
-void BatchBalance::check_step_size(int64_t step, int64_t batch) const {
-  const std::optional<int64_t> total = sync_.world_samples();
-  if (!total || batch < 0) return;
-  const std::vector<int64_t> planned = sampler_.chunks(batch);
-  int64_t expected = 0;
-  for (int64_t n : planned) expected += n;
-  if (*total != expected) {
-    throw InternalError(fmt::format(
-        "step {}: the ranks' batches held {} images together where this rank's split ({}) has {}: the ranks split "
-        "the global batch differently",
-        step, *total, format_shares(planned), expected));
-  }
 }
 
 void BatchBalance::apply(const ShareChange& change, int64_t step, int64_t from_batch) {

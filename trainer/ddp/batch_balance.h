@@ -25,8 +25,7 @@ class BatchBalance {
                const GradientSynchronizer& sync, MetricsWriter& metrics);
 
   // After optimizer step `step` (1-based over the run), with `batches_taken` batches of the
-  // epoch taken: checks that the ranks' batches of the step held the planned global batch,
-  // reads the step's exchange and applies a change from batch batches_taken + 1.
+  // epoch taken: reads the step's exchange and applies a change from batch batches_taken + 1.
   void after_step(int64_t step, int64_t batches_taken);
   // Adds "shares" to a step or epoch metrics event.
   void add_fields(nlohmann::json& event) const;
@@ -35,9 +34,6 @@ class BatchBalance {
 
  private:
   void apply(const ShareChange& change, int64_t step, int64_t from_batch);
-  // Throws InternalError when the step's batches over all ranks did not hold the planned
-  // global batch (Note [Shares by integer arithmetic]).
-  void check_step_size(int64_t step, int64_t batch) const;
 
   ShareBalancer balancer_;
   data::GlobalBatchShardSampler& sampler_;

@@ -33,6 +33,9 @@ struct MicroBatchInfo {
   // This rank's compute of its previous synchronized step, exchanged with the stop vote
   // (--balance, Note [Measuring each rank's speed] in share_balancer.cpp).
   RankCompute previous_compute{};
+  // With --global-batch-size: the samples of every rank's micro-batch of this step together,
+  // as this rank's sampler plans them (Note [Reducer gradient weighting] in reducer.cpp).
+  std::optional<int64_t> world_samples = std::nullopt;
 };
 
 class GradientSynchronizer {
@@ -56,9 +59,6 @@ class GradientSynchronizer {
   // After the after_backward of a synchronized micro-batch: every rank's previous_compute
   // of it, by rank (the same on every rank); before the first, empty or {-1, 0} per rank.
   virtual std::vector<RankCompute> ranks_compute() const = 0;
-  // After a synchronized micro-batch whose gradients are weighted by sample count: every
-  // rank's samples summed (Note [Reducer gradient weighting]); nullopt otherwise.
-  virtual std::optional<int64_t> world_samples() const { return std::nullopt; }
 };
 
 // The world-of-one synchronizer: no exchange; after_backward() throws InternalError when a

@@ -1,6 +1,7 @@
 #include "trainer/ddp/reducer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -224,8 +225,14 @@ void Reducer::attach(models::Module& model) {
 // same way). Pre-scaling rather than dividing after the sum keeps the values in range and costs
 // nothing extra: the launch does it in place.
 //
-// With uneven per-rank counts (--global-batch-size) the counts are all-reduced first and the loop
-// scales the loss gradient by W * count_r / total (loss_gradient_scale()). Every rank's loss
+// With uneven per-rank counts (--global-batch-size) the loop scales the loss gradient by
+// W * count_r / total (loss_gradient_scale()), where total is the step's global batch as every
+// rank's sampler plans it (MicroBatchInfo::world_samples). Asking the other ranks instead (an
+// all-reduce of the counts) would be a barrier between forward and backward: with ranks of
+// different speed (--balance) the faster one waited there for the slower one's forward, and again
+// after backward for its backward, losing whatever the two phases' imbalances could cancel. The
+// counts travel with the step's exchange instead, and after backward every rank checks they add up
+// to its total (Note [Ranks that split differently]). Every rank's loss
 // gradient is then W times the gradient of the global mean loss, the same scale everywhere, and
 // the 1/W pre-scale and the sum give exactly the single-process gradient. Scaling the buckets by
 // count_r / total instead would be right for layers that see only their own rank's samples, but
@@ -253,20 +260,18 @@ void Reducer::before_backward(const MicroBatchInfo& micro_batch) {
   const int world = group_->size();
   exchange_mine_ = Tensor::from_vector<int64_t>({micro_batch.stop_vote, previous_wait_ns_,
                                                  micro_batch.previous_compute.nanoseconds,
-                                                 micro_batch.previous_compute.images},
+                                                 micro_batch.previous_compute.images, micro_batch.samples},
                                                 {kExchangeFields});
   exchange_all_ = Tensor::empty({kExchangeFields * static_cast<int64_t>(world)}, DType::Int64);
   exchange_work_ = control_->allgather(exchange_mine_, exchange_all_);
   scale_ = 1.0f / static_cast<float>(world);
   loss_scale_ = 1.0f;
+  world_samples_.reset();
   if (options_.weight_by_sample_count) {
     // Note [Reducer gradient weighting]
-    Tensor count = Tensor::from_vector<int64_t>({micro_batch.samples}, {1});
-    {
-      const trace::Span span("sample counts all-reduce", "comm");
-      control_->allreduce(count, ReduceOp::Sum)->wait();
-    }
-    const int64_t total = count.data<int64_t>()[0];
+    MTRAIN_CHECK(micro_batch.world_samples.has_value(),
+                 "the reducer weights gradients by sample count, which needs the step's total samples");
+    const int64_t total = *micro_batch.world_samples;
     world_samples_ = total;
     if (total <= 0) {
       throw InvalidArgument(fmt::format("every rank's micro-batch is empty (total 0 samples) at this step"));
@@ -424,11 +429,22 @@ void Reducer::trace_buckets(Clock::time_point all_done) const {
 // After the step every rank reads the same agreed_stop_vote(), the largest vote: a vote cast at
 // step N is honoured after step N on every rank. With one process (LocalGradients) the agreed
 // vote is the local one.
+// Note [Ranks that split differently]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every rank computes the split of each global batch by itself (Note [Shares by integer
+// arithmetic] in data/distributed_sampler.cpp). Should two ranks not agree (a build that computes
+// differently on some host), their chunks would no longer tile the global batch, and the loss
+// gradient scale would rest on a total the micro-batches do not hold. The step's exchange carries
+// every rank's count; where they do not add up to this rank's planned total, the step ends in an
+// error before the optimizer applies it: better to stop than to train on images skipped or read
+// twice. (With three or more ranks two could disagree on a boundary with equal totals; that this
+// check does not see.)
 void Reducer::take_exchange() {
   const int64_t* all = exchange_all_.data<int64_t>();
   const size_t world = static_cast<size_t>(exchange_all_.numel() / kExchangeFields);
   agreed_stop_vote_ = all[0];
   std::vector<double> waits(world);
+  std::vector<int64_t> samples(world);
   ranks_compute_.assign(world, RankCompute{});
   bool every_rank_measured = true;
   for (size_t r = 0; r < world; ++r) {
@@ -437,9 +453,19 @@ void Reducer::take_exchange() {
     every_rank_measured = every_rank_measured && fields[1] >= 0;
     waits[r] = static_cast<double>(fields[1]) * 1e-9;
     ranks_compute_[r] = {fields[2], fields[3]};
+    samples[r] = fields[4];
   }
   // Note [Every rank's wait]: none before the first step, none on a GPU.
   if (every_rank_measured) rank_waits_.add_step(waits);
+  if (!world_samples_) return;
+  int64_t held = 0;
+  for (int64_t n : samples) held += n;
+  if (held != *world_samples_) {
+    throw InternalError(fmt::format(
+        "the ranks' micro-batches held {} images together ({} by rank) where this rank's split of the global batch "
+        "has {}: the ranks split the global batch differently",
+        held, fmt::join(samples, ", "), *world_samples_));
+  }
 }
 
 std::string Reducer::describe() const {

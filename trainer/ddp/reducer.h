@@ -95,19 +95,21 @@ class Reducer final : public GradientSynchronizer {
   // collective on `control`: throws InvalidArgument naming the ranks whose parameters or layout
   // differ from rank 0's, or when the parameters are not all float32 on one device.
   void attach(models::Module& model) override;
-  // Issues the exchange of stop votes and waits (Note [Agreeing to stop]); with
-  // weight_by_sample_count, also a blocking all-reduce of the sample counts (Note [Reducer
-  // gradient weighting]), InvalidArgument when every rank's micro-batch is empty.
+  // Issues the exchange of stop votes, waits and sample counts (Note [Agreeing to stop]) and
+  // returns without waiting for it. With weight_by_sample_count, a synchronized micro-batch
+  // must name its world_samples (InternalError otherwise; InvalidArgument when it is 0), and
+  // the loss gradient scale follows from it (Note [Reducer gradient weighting]).
   void before_backward(const MicroBatchInfo& micro_batch) override;
   float loss_gradient_scale() const override { return loss_scale_; }
-  // Waits for every bucket (on a GPU: on the current stream, Note [Reducer on a GPU]); on return
-  // every gradient is final (Note [Reducer launch order]). Throws InternalError when a parameter
-  // reported its gradient other than once, and the operations' errors.
+  // Waits for every bucket (on a GPU: on the current stream, Note [Reducer on a GPU]) and the
+  // exchange; on return every gradient is final (Note [Reducer launch order]). Throws
+  // InternalError when a parameter reported its gradient other than once, or when the ranks'
+  // sample counts do not add up to the world_samples this rank was given (Note [Ranks that
+  // split differently]), and the operations' errors.
   void after_backward() override;
   std::string describe() const override;
   int64_t agreed_stop_vote() const override { return agreed_stop_vote_; }
   std::vector<RankCompute> ranks_compute() const override { return ranks_compute_; }
-  std::optional<int64_t> world_samples() const override { return world_samples_; }
 
   // Bucket k holds these parameter indices (positions in model.parameters()).
   const std::vector<std::vector<int>>& bucket_parameters() const { return bucket_params_; }
@@ -157,7 +159,8 @@ class Reducer final : public GradientSynchronizer {
   ReducerStepStats last_step_;
   ReducerTotals totals_;
   // The per-step exchange of this rank, and of all: kExchangeFields values per rank.
-  static constexpr int64_t kExchangeFields = 4;  // stop vote, previous wait (ns), previous compute (ns, images)
+  // stop vote, previous wait (ns), previous compute (ns, images), this micro-batch's samples
+  static constexpr int64_t kExchangeFields = 5;
   Tensor exchange_mine_;  // int64 [kExchangeFields]
   Tensor exchange_all_;   // int64 [kExchangeFields * world]
   WorkPtr exchange_work_;
@@ -167,7 +170,7 @@ class Reducer final : public GradientSynchronizer {
   int64_t previous_wait_ns_ = -1;
   RankWaits rank_waits_;
   std::vector<RankCompute> ranks_compute_;  // of the last exchange
-  std::optional<int64_t> world_samples_;    // of the last count-weighted micro-batch
+  std::optional<int64_t> world_samples_;    // the planned total of a count-weighted micro-batch
 };
 
 }  // namespace mtrain

@@ -237,6 +237,7 @@ TrainResult TrainLoop::run() {
         }
       }
       MicroBatchInfo info{batch->size(), last_of_step};
+      if (config_.hooks.world_samples) info.world_samples = config_.hooks.world_samples(batch->batch_index);
       // Note [Buffers follow rank 0]: every rank, its micro-batch empty or not.
       if (last_of_step && config_.hooks.sync_buffers) {
         const trace::Span span("buffer broadcast", "comm");

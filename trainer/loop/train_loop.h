@@ -44,6 +44,9 @@ struct TrainLoopHooks {
   // from the loader so far; may change how the epoch's later batches are split (--balance),
   // from batch batches_taken + 1 on (the device prefetcher may hold the next one).
   std::function<void(int64_t step, int64_t batches_taken)> plan_batches;
+  // With --global-batch-size: the images every rank's batches of the epoch's batch
+  // `batch_index` hold together, as the sampler plans them (MicroBatchInfo::world_samples).
+  std::function<int64_t(int64_t batch_index)> world_samples;
   // Turns this rank's epoch totals into the whole world's (an all-reduce).
   std::function<void(EpochSummary& summary)> combine_epoch;
   // Turns this rank's evaluation sums into the whole world's.
