@@ -28,7 +28,9 @@
 #   scripts/bench-balance.sh [--runs N] [--model simplecnn] [--global-batch-size 64]
 #                            [--steps 60] [--skip 20] [--slowdown neighbour|threads|isa]
 #                            [--slow-isa SSE41|AVX|...]
-#                            [--bin-dir DIR] [--data-dir DIR]
+#                            [--bin-dir DIR] [--data-dir DIR] [--compare-bin-dir DIR]
+# --compare-bin-dir DIR: each round also runs even and auto with DIR's binaries (another build,
+# say the commit before a change), right after this build's, so that both meet the same drift.
 #
 # Results and the command go in docs/benchmarks.md.
 set -euo pipefail
@@ -47,6 +49,7 @@ skip=20
 log_every=5
 slowdown=neighbour
 slow_isa=SSE41
+compare_dir=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --runs) need_value "$@"; runs=$2; shift 2 ;;
@@ -56,14 +59,17 @@ while [[ $# -gt 0 ]]; do
     --skip) need_value "$@"; skip=$2; shift 2 ;;
     --slowdown) need_value "$@"; slowdown=$2; shift 2 ;;
     --slow-isa) need_value "$@"; slow_isa=$2; shift 2 ;;
+    --compare-bin-dir) need_value "$@"; compare_dir=$2; shift 2 ;;
     --bin-dir) need_value "$@"; bin_dir=$2; shift 2 ;;
     --data-dir) need_value "$@"; data_dir=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench-balance.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-for tool in mtrain-train mtrain-launch; do
-  [[ -x "$bin_dir/$tool" ]] || { echo "bench-balance.sh: expected $bin_dir/$tool (build first, or --bin-dir)" >&2; exit 2; }
+for dir in "$bin_dir" ${compare_dir:+"$compare_dir"}; do
+  for tool in mtrain-train mtrain-launch; do
+    [[ -x "$dir/$tool" ]] || { echo "bench-balance.sh: expected $dir/$tool (build first, or --bin-dir)" >&2; exit 2; }
+  done
 done
 
 case "$slowdown" in
@@ -101,8 +107,9 @@ untimed_args=(--model "$model" --global-batch-size "$global_batch" --no-eval --d
               --log-every "$log_every" --log-level warn)
 train_args=("${untimed_args[@]}" --max-steps "$steps")
 
-# The two ranks with --balance $1, metrics to $2.
+# The two ranks with --balance $1, metrics to $2, the binaries in $3 (default: --bin-dir).
 two_ranks() {
+  local bin_dir=${3:-$bin_dir}
   if [[ $slowdown == neighbour ]]; then
     "$bin_dir/mtrain-launch" --nproc_per_node=2 --cpu_bind cores train "${train_args[@]}" --threads 1 --balance "$1" \
       --metrics "$2" 2>"$work/$1.err" || { cat "$work/$1.err" >&2; exit 1; }
@@ -152,14 +159,23 @@ for ((round = 1; round <= runs; ++round)); do
   other=$!
   env "${rank1_env[@]}" taskset -c "$rank1_cpus" "$bin_dir/mtrain-train" "${train_args[@]}" --threads 1 --metrics "$work/pair1.jsonl"
   kill -TERM "$other"; wait "$other" || true; other=""
-  for balance in even auto; do two_ranks "$balance" "$work/$balance.jsonl"; done
+  for balance in even auto; do
+    two_ranks "$balance" "$work/$balance.jsonl"
+    [[ -z "$compare_dir" ]] || two_ranks "$balance" "$work/$balance.b.jsonl" "$compare_dir"
+  done
   stop_busy
   s0=$(figure "$work/solo0.jsonl"); s1=$(figure "$work/solo1.jsonl")
   p0=$(figure "$work/pair0.jsonl"); p1=$(figure "$work/pair1.jsonl")
   even=$(figure "$work/even.jsonl"); auto=$(figure "$work/auto.jsonl")
   shares=$(python3 -c 'import json,sys; print(",".join(map(str, [json.loads(l) for l in open(sys.argv[1]) if "\"step\"" in l][-1]["shares"])))' "$work/auto.jsonl")
   echo "round $round: solo 0 $s0, solo 1 $s1, pair $p0 + $p1, even $even, auto $auto img/s (auto's last shares $shares)"
-  echo "$s0 $s1 $even $auto $p0 $p1" >>"$results"
+  if [[ -n "$compare_dir" ]]; then
+    even_b=$(figure "$work/even.b.jsonl"); auto_b=$(figure "$work/auto.b.jsonl")
+    echo "round $round, --compare-bin-dir: even $even_b, auto $auto_b img/s"
+  else
+    even_b=0 auto_b=0
+  fi
+  echo "$s0 $s1 $even $auto $p0 $p1 $even_b $auto_b" >>"$results"
 done
 python3 - "$results" <<'EOF'
 import statistics, sys
@@ -173,4 +189,8 @@ print(f"median of the rounds' ratios: even / ideal {med([r[2] / (r[0] + r[1]) fo
       f"pair / ideal {med([(r[4] + r[5]) / (r[0] + r[1]) for r in rows]):.3f}, "
       f"auto / pair {med([r[3] / (r[4] + r[5]) for r in rows]):.3f}, "
       f"solo 1 / solo 0 {med([r[1] / r[0] for r in rows]):.3f}")
+if rows[0][6] > 0:
+    print(f"--compare-bin-dir: median img/s even {med([r[6] for r in rows]):.1f}, auto {med([r[7] for r in rows]):.1f}; "
+          f"even / ideal {med([r[6] / (r[0] + r[1]) for r in rows]):.3f}, auto / ideal {med([r[7] / (r[0] + r[1]) for r in rows]):.3f}; "
+          f"this build / that: even {med([r[2] / r[6] for r in rows]):.3f}, auto {med([r[3] / r[7] for r in rows]):.3f}")
 EOF
