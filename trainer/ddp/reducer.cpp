@@ -46,10 +46,9 @@ double hidden_fraction(double wait_seconds, double span_seconds) {
 // happens anyway, and are not measured when the buckets are awaited on a GPU (there the host's
 // wait is not the communication's).
 //
-// What the split does not see: waiting anywhere else. With --global-batch-size the blocking
-// sample-count all-reduce in before_backward (and, without --sync-bn, the buffer broadcast before
-// forward) lines the ranks up again, so an imbalance in forward or data loading is spent there and
-// only backward's shows up here; so is SyncBatchNorm's per-layer waiting (its own metric). With
+// What the split does not see: waiting anywhere else. Without --sync-bn, the buffer broadcast
+// before forward (models with BatchNorm) lines the ranks up again, so an imbalance in data loading
+// is spent there and not seen here; so is SyncBatchNorm's per-layer waiting (its own metric). With
 // --grad-compression the conversion back to float32 counts as communication. With many noisy
 // ranks the per-step minimum tends low: some rank is usually lucky.
 void RankWaits::add_step(const std::vector<double>& waits) {
@@ -425,10 +424,11 @@ void Reducer::trace_buckets(Clock::time_point all_done) const {
 // previous wait} of every rank (Note [Every rank's wait]) on the control group, ahead of the
 // buckets, and after_backward waits for it with them, so the agreement costs no extra round trip.
 // The same exchange carries each rank's compute time of its previous step for --balance (Note
-// [Measuring each rank's speed] in share_balancer.cpp).
-// After the step every rank reads the same agreed_stop_vote(), the largest vote: a vote cast at
-// step N is honoured after step N on every rank. With one process (LocalGradients) the agreed
-// vote is the local one.
+// [Measuring each rank's speed] in share_balancer.cpp) and its sample count (Note [Ranks that
+// split differently]). After the step every rank reads the same agreed_stop_vote(), the largest
+// vote: a vote cast at step N is honoured after step N on every rank. With one process
+// (LocalGradients) the agreed vote is the local one.
+//
 // Note [Ranks that split differently]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Every rank computes the split of each global batch by itself (Note [Shares by integer
