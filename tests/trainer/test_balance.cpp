@@ -30,12 +30,10 @@ using mtrain::testing::kMiniSet;
 using mtrain::testing::ProcessResult;
 using mtrain::testing::read_events;
 using mtrain::testing::TempDir;
+using mtrain::testing::kEquivalenceTolerance;
 using Shares = std::vector<int64_t>;
 
 namespace {
-
-// Note [Equivalence tolerance] in test_distributed_train.cpp.
-constexpr double kTolerance = 1e-4;
 
 ProcessResult launch(int nproc, const std::vector<std::string>& train_args,
                      const std::vector<std::string>& launcher_args = {}) {
@@ -97,7 +95,7 @@ TEST_CASE("--balance static:3,1 on 2 ranks trains what 1 process trains on the s
   require_success(launch(1, concat(kMlp, {"--global-batch-size", "4", "--save-final", one})));
   const double difference = mtrain::testing::compare_weights(two, one).max_abs;
   INFO("static:3,1 on 2 ranks vs 1 rank: " << difference);
-  CHECK(difference <= kTolerance);
+  CHECK(difference <= kEquivalenceTolerance);
   // The split is in every step event and in the summary; a fixed split never changes.
   const auto steps = read_events(metrics, "step");
   REQUIRE(steps.size() == 2);
@@ -168,7 +166,7 @@ TEST_CASE("--balance auto gives fewer images to a rank that shares its core with
   require_success(launch(1, concat(run, {"--save-final", one})));
   const double difference = mtrain::testing::compare_weights(balanced, one).max_abs;
   INFO("auto on 2 ranks vs 1 rank after 48 steps: " << difference);
-  CHECK(difference <= kTolerance);
+  CHECK(difference <= kEquivalenceTolerance);
   const auto changes = read_events(metrics, "balance");
   const auto steps = read_events(metrics, "step");
   const auto epochs = read_events(metrics, "epoch");

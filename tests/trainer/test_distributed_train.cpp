@@ -11,7 +11,7 @@
 // (relative ~1e-7 of a gradient entry). In networks without ReLUs (mlp, lenet) SGD with
 // momentum carries them over ten steps with little amplification at these learning
 // rates, so the weights agree to ~1e-6 absolute (measured: mlp ~1e-7); the tests allow
-// kTolerance = 1e-4 and check that a run which must NOT match (another batch size)
+// 1e-4 (kEquivalenceTolerance, weights_compare.h) and check that a run which must NOT match (another batch size)
 // differs by more than 10x that.
 //
 // resnet18 is different. A pre-activation within rounding of zero falls on the other
@@ -34,7 +34,7 @@
 // 85-96 % and 3.2e-2-3.5e-2; with SyncBatchNorm's backward all-reduce removed 50 % and
 // 2.4e-3. The test allows kUpdateTolerance = 5 % and kStatisticsTolerance = 1e-4 and
 // requires the run without --sync-bn to exceed 10x both. A second test compares one
-// step at lr 0.01 element by element against kTolerance (measured 9e-6; without
+// step at lr 0.01 element by element against kEquivalenceTolerance (measured 9e-6; without
 // --sync-bn 1.3e-2).
 #include <catch2/catch.hpp>
 
@@ -59,6 +59,7 @@
 using Catch::Matchers::Contains;
 using mtrain::testing::ProcessResult;
 using mtrain::testing::TempDir;
+using mtrain::testing::kEquivalenceTolerance;
 using mtrain::testing::read_events;
 using mtrain::testing::kLauncher;
 using mtrain::testing::kTrainer;
@@ -67,8 +68,6 @@ using mtrain::testing::concat;
 
 namespace {
 
-// Note [Equivalence tolerance]
-constexpr double kTolerance = 1e-4;
 constexpr double kUpdateTolerance = 0.05;
 constexpr double kStatisticsTolerance = 1e-4;
 
@@ -125,8 +124,8 @@ TEST_CASE("mlp and lenet: 2 ranks x batch 16 train the model 1 rank x batch 32 t
   const double same = max_abs_difference(two, one);
   const double different = max_abs_difference(two, one_small);
   INFO("2x16 vs 1x32: " << same << ", 2x16 vs 1x16: " << different);
-  CHECK(same <= kTolerance);
-  CHECK(different > 10 * kTolerance);
+  CHECK(same <= kEquivalenceTolerance);
+  CHECK(different > 10 * kEquivalenceTolerance);
 }
 
 TEST_CASE("CIFAR-10 with random crops, flips and --normalize auto: 2 ranks x batch 16 train what 1 rank x batch 32 trains",
@@ -146,8 +145,8 @@ TEST_CASE("CIFAR-10 with random crops, flips and --normalize auto: 2 ranks x bat
   const double same = max_abs_difference(two, one);
   const double different = max_abs_difference(one, plain);
   INFO("2x16 vs 1x32: " << same << ", augmented vs not: " << different);
-  CHECK(same <= kTolerance);
-  CHECK(different > 10 * kTolerance);
+  CHECK(same <= kEquivalenceTolerance);
+  CHECK(different > 10 * kEquivalenceTolerance);
 }
 
 TEST_CASE("an image folder of the shipped images trains what their IDX files train, on 1 and 2 ranks", "[multiproc]") {
@@ -189,7 +188,7 @@ TEST_CASE("with --amp bf16 and dynamic loss scaling, 2 ranks x batch 16 still tr
   const double same = max_abs_difference(two, one);
   const double f32 = max_abs_difference(one, one_f32);
   INFO("2x16 vs 1x32 in bf16: " << same << ", bf16 vs float32: " << f32);
-  CHECK(same <= kTolerance);
+  CHECK(same <= kEquivalenceTolerance);
   // Both runs really computed in bfloat16: it moves lenet's weights 1e4 times further
   // (measured 5.6e-4 against 1.5e-8).
   CHECK(f32 > 100 * same);
@@ -251,8 +250,8 @@ TEST_CASE("--grad-accum 2 with batch 16 equals batch 32, in one and in two ranks
   require_success(launch(1, concat(kMlp, {"--batch-size", "16", "--grad-accum", "2", "--save-final", accum})));
   require_success(launch(2, concat(kMlp, {"--batch-size", "8", "--grad-accum", "2", "--save-final", accum2})));
   require_success(launch(1, concat(kMlp, {"--batch-size", "32", "--save-final", plain})));
-  CHECK(max_abs_difference(accum, plain) <= kTolerance);
-  CHECK(max_abs_difference(accum2, plain) <= kTolerance);
+  CHECK(max_abs_difference(accum, plain) <= kEquivalenceTolerance);
+  CHECK(max_abs_difference(accum2, plain) <= kEquivalenceTolerance);
 }
 
 TEST_CASE("3 ranks with --global-batch-size 10 train the model 1 rank with batch 10 trains", "[multiproc]") {
@@ -261,7 +260,7 @@ TEST_CASE("3 ranks with --global-batch-size 10 train the model 1 rank with batch
   const auto one = dir.file("one.safetensors");
   require_success(launch(3, concat(kMlp, {"--global-batch-size", "10", "--save-final", three})));
   require_success(launch(1, concat(kMlp, {"--global-batch-size", "10", "--save-final", one})));
-  CHECK(max_abs_difference(three, one) <= kTolerance);
+  CHECK(max_abs_difference(three, one) <= kEquivalenceTolerance);
 }
 
 TEST_CASE("--global-batch-size: 2 ranks' checkpoint resumed by 3 trains what 1 rank trains throughout",
@@ -282,12 +281,12 @@ TEST_CASE("--global-batch-size: 2 ranks' checkpoint resumed by 3 trains what 1 r
   CHECK_THAT(resumed.err + resumed.out,
              Contains("world 2 -> 3: the checkpoint's 2 rank(s) took 2600 of epoch 1's items in 13 step(s); "
                       "--global-batch-size 200 keeps every step's images, now split over 3 rank(s)"));
-  CHECK(max_abs_difference(elastic, one) <= kTolerance);
+  CHECK(max_abs_difference(elastic, one) <= kEquivalenceTolerance);
   // Not a test that cannot fail: another global batch ends elsewhere.
   const auto other = dir.file("other.safetensors");
   require_success(launch(1, {"--model", "mlp", "--no-eval", "--lr", "0.1", "--global-batch-size", "100", "--max-steps",
                              "40", "--save-final", other}));
-  CHECK(max_abs_difference(other, one) > 10 * kTolerance);
+  CHECK(max_abs_difference(other, one) > 10 * kEquivalenceTolerance);
 }
 
 TEST_CASE("--batch-size per rank: 2 ranks' checkpoint resumed by 1 or 3 ranks trains the epoch's rest once",
@@ -490,8 +489,8 @@ TEST_CASE("resnet18: one step at lr 0.01 of 2 ranks x batch 4 with --sync-bn equ
   const double with_sync = max_abs_difference(runs.sync, runs.one);
   const double without_sync = max_abs_difference(runs.plain, runs.one);
   INFO("with --sync-bn: " << with_sync << ", without: " << without_sync);
-  CHECK(with_sync <= kTolerance);  // Note [Equivalence tolerance]
-  CHECK(without_sync > 10 * kTolerance);
+  CHECK(with_sync <= kEquivalenceTolerance);  // Note [Equivalence tolerance]
+  CHECK(without_sync > 10 * kEquivalenceTolerance);
 }
 
 TEST_CASE("resnet18 with --sync-bn: 3 ranks with uneven shares of --global-batch-size 10 equal 1 rank",
@@ -509,7 +508,7 @@ TEST_CASE("resnet18 with --sync-bn: 3 ranks with uneven shares of --global-batch
   require_success(launch(1, concat(base, {"--save-final", one})));
   const double difference = max_abs_difference(three, one);
   INFO("3 ranks with --sync-bn vs 1 rank: " << difference);
-  CHECK(difference <= kTolerance);  // Note [Equivalence tolerance]
+  CHECK(difference <= kEquivalenceTolerance);  // Note [Equivalence tolerance]
 }
 
 TEST_CASE("without --sync-bn, 2 ranks evaluate the model rank 0 saves (buffers follow rank 0)", "[multiproc]") {

@@ -17,6 +17,10 @@
 
 namespace mtrain::testing {
 
+// How far two runs that train the same model on the same global batches may end apart (Note
+// [Equivalence tolerance] in test_distributed_train.cpp).
+constexpr double kEquivalenceTolerance = 1e-4;
+
 struct WeightDifference {
   double max_abs = 0.0;   // largest |a - b| over the float32 elements
   int64_t differing = 0;  // elements whose bits differ, any dtype
