@@ -69,11 +69,16 @@ bool CachingBlockAllocator::events_done(std::vector<EventRef>& events) {
 // Best fit within the reuse bound among blocks whose events allow it (Note
 // [Stream-ordered block reuse]). Querying an event is cheap; completed ones are
 // released at once so each is queried until it completes, not on every request.
+// A free block without an owner event has had none recorded since its free: one that
+// completed was consumed by the move it allowed.
 void* CachingBlockAllocator::take_from_pool(Pool& pool, size_t size, bool other_stream) {
   const size_t limit = max_reuse_size(size);
   for (auto it = pool.lower_bound(size); it != pool.end() && it->first <= limit; ++it) {
     Block& b = blocks_.at(it->second);
     if (!events_done(b.use_events)) continue;
+    if (other_stream && cross_stream_events_ && b.owner_event.handle == nullptr) {
+      b.owner_event = backend_.record_event(b.stream);
+    }
     if (other_stream && !event_done(b.owner_event)) continue;
     void* ptr = it->second;
     pool.erase(it);
@@ -145,7 +150,6 @@ void CachingBlockAllocator::deallocate(void* ptr) noexcept {
   b.in_use = false;
   stats_.in_use_bytes -= b.size;
   try {
-    if (cross_stream_events_) b.owner_event = backend_.record_event(b.stream);
     for (const StreamKey& use : b.extra_uses) b.use_events.push_back(backend_.record_event(use));
   } catch (const std::exception&) {
     // Without the events nobody can tell when the block is safe to reuse, so it is
@@ -194,6 +198,8 @@ void CachingBlockAllocator::release_cached_locked() {
         backend_.synchronize_event(e);
         backend_.release_event(e);
       }
+      // The owning stream's last use of the block must be over before the memory goes.
+      if (b.owner_event.handle == nullptr && cross_stream_events_) b.owner_event = backend_.record_event(b.stream);
       if (b.owner_event.handle != nullptr) {
         backend_.synchronize_event(b.owner_event);
         backend_.release_event(b.owner_event);

@@ -103,7 +103,8 @@ TEST_CASE("the steady state reuses blocks on the same stream without a backend c
     alloc.deallocate(b);
     alloc.deallocate(c);
   }
-  // No event ever completed: same-stream reuse needs none.
+  // Same-stream reuse needs no event: none was recorded.
+  CHECK(backend.events.empty());
   CHECK(backend.mallocs == 3);
   const auto s = alloc.stats();
   CHECK(s.backend_allocs == 3);
@@ -142,14 +143,17 @@ TEST_CASE("best fit: the smallest cached block that is large enough") {
   CHECK(alloc.allocate(4000, kStreamA) == b4);
 }
 
-TEST_CASE("another stream gets a freed block only after the free-time event completes") {
+TEST_CASE("another stream gets a freed block only after an event on the owning stream completes") {
   FakeBackend backend;
   CachingBlockAllocator alloc(backend, "fake:0");
   void* a = alloc.allocate(1 << 20, kStreamA);
   alloc.deallocate(a);  // kernels on stream A may still use it
+  CHECK(backend.events.empty());  // nothing recorded until another stream asks
   void* b = alloc.allocate(1 << 20, kStreamB);
   CHECK(b != a);
   CHECK(backend.mallocs == 2);
+  REQUIRE(backend.events.size() == 1);  // recorded on A when B asked
+  CHECK(backend.events[0].stream == kStreamA);
   alloc.deallocate(b);
   backend.complete(kStreamA);
   // Stream B's own block comes first (no event needed); take it, then A's moves over.
@@ -179,7 +183,7 @@ TEST_CASE("record_stream keeps a block from every stream until the side stream i
   alloc.record_stream(a, kSideStream);  // recorded once
   alloc.record_stream(a, kStreamA);     // the owner itself: nothing to record
   alloc.deallocate(a);
-  CHECK(backend.events.size() == 2);    // owner + one side stream
+  CHECK(backend.events.size() == 1);    // the side stream's; the owner's waits for a request
   void* next = alloc.allocate(4096, kStreamA);
   CHECK(next != a);  // even the owning stream must wait for the side stream
   backend.complete(kSideStream);
@@ -187,7 +191,7 @@ TEST_CASE("record_stream keeps a block from every stream until the side stream i
   CHECK(reused == a);
   // The extra use ended with the free: the next free records no side-stream event.
   alloc.deallocate(reused);
-  CHECK(backend.events.size() == 3);
+  CHECK(backend.events.size() == 1);
   alloc.deallocate(next);
 }
 
@@ -261,11 +265,38 @@ TEST_CASE("a block whose free-time event cannot be recorded is never reused") {
   FakeBackend backend;
   CachingBlockAllocator alloc(backend, "fake:0");
   void* a = alloc.allocate(4096, kStreamA);
+  alloc.record_stream(a, kSideStream);  // its free must record an event on the side stream
   backend.fail_record = true;
   alloc.deallocate(a);  // must not throw
   backend.fail_record = false;
   CHECK(alloc.stats().reserved_bytes == 0);
   CHECK(alloc.allocate(4096, kStreamB) != a);
+}
+
+TEST_CASE("an owner event that cannot be recorded fails the request and leaves the block to its stream") {
+  FakeBackend backend;
+  CachingBlockAllocator alloc(backend, "fake:0");
+  void* a = alloc.allocate(4096, kStreamA);
+  alloc.deallocate(a);
+  backend.fail_record = true;
+  CHECK_THROWS_WITH(alloc.allocate(4096, kStreamB), "device lost");
+  backend.fail_record = false;
+  CHECK(alloc.allocate(4096, kStreamA) == a);  // the owner reuses it without an event
+  alloc.deallocate(a);
+}
+
+TEST_CASE("release_cached waits for the owning stream before returning a block") {
+  FakeBackend backend;
+  CachingBlockAllocator alloc(backend, "fake:0");
+  void* a = alloc.allocate(2048, kStreamA);
+  alloc.deallocate(a);
+  CHECK(backend.events.empty());
+  alloc.release_cached();
+  REQUIRE(backend.events.size() == 1);
+  CHECK(backend.events[0].stream == kStreamA);
+  CHECK(backend.events[0].completed);  // synchronised before the free
+  CHECK(backend.events[0].released);
+  CHECK(backend.live.empty());
 }
 
 TEST_CASE("release_cached returns every free block and keeps live ones") {
