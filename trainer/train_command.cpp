@@ -113,9 +113,9 @@ void add_data_parallel_hooks(const TrainOptions& o, TrainingRun& run, TrainLoopH
   if (run.global_batch_sampler) {
     hooks.world_samples = [&sampler = *run.global_batch_sampler](int64_t batch) { return sampler.step_size(batch); };
   }
-  if (!o.sync_bn && !model.buffers().empty()) {
+  if (!o.sync_bn && !model.buffers().empty() && run.groups.gradients->size() > 1) {
     // Note [Buffers follow rank 0] (loop/train_loop.cpp); the model's device tensors travel
-    // on the gradient group, as at start-up.
+    // on the gradient group, as at start-up. A group of one has nothing to follow.
     hooks.sync_buffers = [gradients = run.groups.gradients, &model] { broadcast_module_buffers(*gradients, model); };
   }
   hooks.extend_metrics = [reducer = run.reducer, &model, sync_bn = o.sync_bn](nlohmann::json& event) {

@@ -27,8 +27,11 @@ using Clock = std::chrono::steady_clock;
 // How long the watchdog sleeps between polls, with and without operations in flight.
 constexpr Millis kBusyPollPeriod{2};
 constexpr Millis kIdlePollPeriod{100};
-// Waiting callers poll with a backoff from 1 us up to this.
-constexpr std::chrono::microseconds kMaxWaitBackoff{500};
+// Waiting callers poll with a backoff from 1 us up to this. A sleeping thread wakes some
+// 50 us late anyway (Linux's timer slack), and every microsecond it sleeps past the
+// operation's end is one the GPU may sit idle (SyncBatchNorm waits 3 times a layer), so
+// the cap is that slack: about 20 event queries a millisecond, each a microsecond.
+constexpr std::chrono::microseconds kMaxWaitBackoff{50};
 
 std::string format_duration(Millis t) {
   if (t.count() % 1000 == 0) return fmt::format("{} s", t.count() / 1000);

@@ -113,7 +113,9 @@ void broadcast_flat(ProcessGroup& group, const std::vector<NamedTensor>& tensors
     flat.flat_view(offset, t->shape()).copy_(*t);
     offset += t->numel();
   }
-  group.broadcast(flat, 0)->wait();
+  // The unpacking copies queue on the caller's stream after the broadcast; the host goes on
+  // (on CPU backends this is wait()). A per-step host wait here cost the GPU its queue.
+  group.broadcast(flat, 0)->wait_on_current_stream();
   offset = 0;
   for (const auto& [name, t] : tensors) {
     t->copy_(flat.flat_view(offset, t->shape()));

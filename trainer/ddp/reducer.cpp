@@ -328,8 +328,9 @@ void Reducer::launch(Bucket& bucket) {
     first_launch_ = bucket.launched_at;
   }
   // The gradients are the bucket (Note [Gradients are views into the buckets]): scale
-  // them in place, then reduce in place.
-  ops::scale_(bucket.flat, scale_);
+  // them in place (a pass over every gradient, skipped when it would multiply by 1), then
+  // reduce in place.
+  if (scale_ != 1.0f) ops::scale_(bucket.flat, scale_);
   if (bucket.wire.defined()) {
     ops::convert(bucket.flat, bucket.wire);  // Note [Gradient compression]
     bucket.work = group_->allreduce(bucket.wire, ReduceOp::Sum);
