@@ -38,9 +38,9 @@ stage_table() {
   cat <<'EOF'
 tests      100 every gpu-labelled test binary but the sanitizer's, four at a time
 sanitizer  100 compute-sanitizer memcheck over two resnet18 steps, beside the tests
-d2l        210 the d2l recipe: mtrain and PyTorch eager float32 (accuracy), --amp bf16; PyTorch bf16+channels_last, compiled
+d2l        240 the d2l recipe: mtrain and PyTorch eager float32 (accuracy); mtrain --cudnn-benchmark, --amp bf16; PyTorch bf16+channels_last, compiled
 ddp         40 two ranks on one GPU over Gloo against one rank with the doubled batch, one step; mtrain-bench over NCCL
-flags       45 30 resnet18 steps at batch 256 plain, --cudnn-benchmark and --no-tf32: img/s and memory reserved
+flags       60 30 resnet18 steps at batch 256 plain, --cudnn-benchmark, --no-tf32 and --trace: img/s, memory, host ms per phase
 grads       40 one resnet18 step's gradients on the CPU and the GPU (--no-tf32) against PyTorch float64 and float32
 EOF
 }
@@ -275,7 +275,8 @@ torch_run() {  # tag, limit, epochs, extra flags...
 stage_d2l() {
   [[ -n $no_gpu ]] && { echo "SKIP|no GPU: $no_gpu"; return; }
   local deadline=$((SECONDS + $1)) failed=() tag rc
-  local runs=("mtrain-fp32 55" "mtrain-bf16 35" "torch-fp32 35" "torch-bf16-cl 25" "torch-bf16-cl-compile 60")
+  local runs=("mtrain-fp32 55" "mtrain-fp32-cudnn-benchmark 30" "mtrain-bf16 35" "torch-fp32 35" "torch-bf16-cl 25"
+              "torch-bf16-cl-compile 60")
   local spec limit left
   for spec in "${runs[@]}"; do
     tag=${spec% *} limit=${spec#* }
@@ -284,6 +285,7 @@ stage_d2l() {
     ((limit < 5)) && { failed+=("$tag(no time left)"); continue; }
     case $tag in
       mtrain-fp32) mtrain_run "$tag" "$limit" "$epochs" ;;
+      mtrain-fp32-cudnn-benchmark) mtrain_run "$tag" "$limit" "$speed_epochs" --cudnn-benchmark ;;
       mtrain-bf16) mtrain_run "$tag" "$limit" "$speed_epochs" --amp bf16 ;;
       torch-fp32) torch_run "$tag" "$limit" "$epochs" ;;
       torch-bf16-cl) torch_run "$tag" "$limit" "$speed_epochs" --amp bf16 --channels-last ;;
@@ -329,7 +331,8 @@ import json, pathlib, statistics, sys
 out = pathlib.Path(sys.argv[1])
 print("| run | epochs | first epoch s | median later epoch s | median img/s | test acc after last |")
 print("|---|---|---|---|---|---|")
-for tag in ["mtrain-fp32", "mtrain-bf16", "torch-fp32", "torch-bf16-cl", "torch-bf16-cl-compile"]:
+for tag in ["mtrain-fp32", "mtrain-fp32-cudnn-benchmark", "mtrain-bf16", "torch-fp32", "torch-bf16-cl",
+            "torch-bf16-cl-compile"]:
     f = out / f"{tag}.jsonl"
     events = []
     if f.exists():
@@ -395,28 +398,48 @@ EOF
 stage_flags() {
   [[ -n $no_gpu ]] && { echo "SKIP|no GPU: $no_gpu"; return; }
   local deadline=$((SECONDS + $1)) tag notes=() left
-  for tag in plain cudnn-benchmark no-tf32; do
+  # "trace" is plain with --trace over the measured steps: the host's time per phase,
+  # which shows where it waits for the GPU (a phase as long as its GPU work).
+  for tag in plain cudnn-benchmark no-tf32 trace; do
     left=$((deadline - SECONDS))
     ((left < 3)) && { notes+=("$tag: no time left"); continue; }
     local extra=()
-    [[ $tag != plain ]] && extra=("--$tag")
+    case $tag in
+      plain) ;;
+      trace) extra=(--trace "$work/flags-trace" --trace-steps 21:30) ;;
+      *) extra=("--$tag") ;;
+    esac
     run_limited "$left" "$out/flags-$tag.log" "$kit_dir/bin/mtrain-train" --device cuda --model resnet18 \
-      --data-dir "$kit_dir/data/fashion-mnist" --batch-size 256 --lr 0.1 --max-steps 30 --no-eval \
+      --data-dir "$kit_dir/data/fashion-mnist" --batch-size 256 --lr 0.1 --max-steps 30 --log-every 10 --no-eval \
       --metrics "$out/flags-$tag.jsonl" "${extra[@]}" || notes+=("$tag: exit $?")
   done
   local table
-  table=$(python3 - "$out" <<'EOF'
-import json, pathlib, sys
+  table=$(python3 - "$out" "$work/flags-trace/rank-0.json" <<'EOF'
+import collections, json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 parts = []
+# Steps 21-30 (the last step event): the first steps plan (and with --cudnn-benchmark
+# time) every convolution.
 for tag in ["plain", "cudnn-benchmark", "no-tf32"]:
     f = out / f"flags-{tag}.jsonl"
-    ev = [json.loads(l) for l in f.read_text().splitlines() if '"event":"epoch"' in l] if f.exists() else []
-    if ev:
-        e = ev[-1]
-        parts.append(f"{tag} {e['img_per_s']:,.0f} img/s, {e.get('cuda_reserved_mib', 0):,.0f} MiB reserved")
+    events = [json.loads(l) for l in f.read_text().splitlines()] if f.exists() else []
+    steps = [e for e in events if e.get("event") == "step"]
+    epochs = [e for e in events if e.get("event") == "epoch"]
+    if steps and epochs:
+        parts.append(f"{tag} {steps[-1]['img_per_s']:,.0f} img/s (steps 21-30), "
+                     f"{epochs[-1].get('cuda_reserved_mib', 0):,.0f} MiB reserved")
     else:
         parts.append(f"{tag}: no result")
+try:
+    spans = collections.defaultdict(float)
+    trace = json.loads(pathlib.Path(sys.argv[2]).read_text())
+    for e in trace.get("traceEvents", trace) if isinstance(trace, dict) else trace:
+        if e.get("ph") == "X":
+            spans[e["name"]] += e.get("dur", 0) / 1000 / 10  # ms per step, 10 steps
+    top = sorted(spans.items(), key=lambda kv: -kv[1])[:8]
+    parts.append("host ms per step: " + ", ".join(f"{k} {v:.2f}" for k, v in top))
+except (OSError, ValueError) as e:
+    parts.append(f"trace: {e}")
 print("; ".join(parts))
 EOF
   )
