@@ -42,6 +42,7 @@ d2l        240 the d2l recipe: mtrain and PyTorch eager float32 (accuracy); mtra
 ddp         40 two ranks on one GPU over Gloo against one rank with the doubled batch, one step; mtrain-bench over NCCL
 flags       60 30 resnet18 steps at batch 256 plain, --cudnn-benchmark, --no-tf32 and --trace: img/s, memory, host ms per phase
 grads       40 one resnet18 step's gradients on the CPU and the GPU (--no-tf32) against PyTorch float64 and float32
+profile     80 every kernel of PROFILE_STEPS (3) d2l steps under ncu, mtrain and PyTorch eager: GPU ms per step, top kernels
 EOF
 }
 stage_limit() { stage_table | awk -v s="$1" '$1 == s { print $2 }'; }
@@ -103,7 +104,7 @@ for t in json.load(sys.stdin)["tests"]:
   mkdir -p "$stage/data/fashion-mnist"
   cp "$data"/*-ubyte.gz "$stage/data/fashion-mnist/"
   cp "$root"/scripts/bench_torch_gpu.py "$root"/scripts/bench_torch_train.py \
-    "$root"/scripts/check_gradients_torch.py "$stage/scripts/"
+    "$root"/scripts/check_gradients_torch.py "$root"/scripts/kernel_table.py "$stage/scripts/"
 
   # Every library the binaries load (ldd gives the whole closure), but those provided.
   local lib name
@@ -446,6 +447,39 @@ EOF
   if ((${#notes[@]})); then echo "FAIL|${notes[*]}; $table"; else echo "PASS|$table"; fi
 }
 
+# Every kernel of a few d2l steps, timed by Nsight Compute (ncu, which these machines
+# have; Nsight Systems they lack), for mtrain and for PyTorch eager in the same set-up:
+# the GPU's busy time per step against the step's wall time tells waiting from working,
+# and the kernel table says where the work goes. --clock-control none leaves the clocks
+# as training runs them; gpu__time_duration needs one pass, so nothing is replayed.
+stage_profile() {
+  [[ -n $no_gpu ]] && { echo "SKIP|no GPU: $no_gpu"; return; }
+  local ncu
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [[ -n $ncu ]] || { echo "SKIP|no ncu on PATH, in /usr/local/cuda/bin or /opt/nvidia/nsight-compute"; return; }
+  local half=$(($1 / 2)) notes=() tag
+  local profile=("$ncu" --clock-control none --metrics gpu__time_duration.sum --target-processes all
+                 --force-overwrite)
+  run_limited "$half" "$out/profile-mtrain.log" "${profile[@]}" --export "$work/profile-mtrain" \
+    "$kit_dir/bin/mtrain-launch" --nproc_per_node=1 train --device cuda --backend nccl --model resnet18 \
+    --data-dir "$kit_dir/data/fashion-mnist" --batch-size 256 --lr 0.1 --momentum 0 --max-steps "$PROFILE_STEPS" \
+    --no-eval || notes+=("mtrain: exit $?")
+  run_limited "$half" "$out/profile-torch.log" "${profile[@]}" --export "$work/profile-torch" \
+    python3 -m torch.distributed.run --nproc_per_node 1 --master_port $((20000 + RANDOM % 20000)) \
+    "$kit_dir/scripts/bench_torch_gpu.py" --data-dir "$kit_dir/data/fashion-mnist" --epochs 1 \
+    --max-steps "$PROFILE_STEPS" --no-eval || notes+=("torch: exit $?")
+  for tag in mtrain torch; do
+    [[ -f $work/profile-$tag.ncu-rep ]] &&
+      "$ncu" --import "$work/profile-$tag.ncu-rep" --csv --page raw --print-kernel-base function \
+        --print-units base >"$out/profile-$tag.csv" 2>>"$out/profile-$tag.log"
+  done
+  local table
+  table=$(python3 "$kit_dir/scripts/kernel_table.py" --steps "$PROFILE_STEPS" \
+    mtrain="$out/profile-mtrain.csv" pytorch="$out/profile-torch.csv" 2>&1 | tee "$out/profile.md" | tail -1)
+  cat "$out/profile.md" >&2
+  if ((${#notes[@]})); then echo "FAIL|${notes[*]}; $table"; else echo "PASS|$table"; fi
+}
+
 stage_grads() {
   [[ -n $no_gpu ]] && { echo "SKIP|no GPU: $no_gpu"; return; }
   mkdir -p "$work/grads"
@@ -479,6 +513,7 @@ run_kit() {
   out=${OUT:-$root/runs/gpu-kit}
   epochs=${EPOCHS:-4}
   speed_epochs=${SPEED_EPOCHS:-2}
+  PROFILE_STEPS=${PROFILE_STEPS:-3}
   kit_dir=${KIT_WORK:-/tmp/mtrain-gpu-kit}
   mkdir -p "$out" || die "cannot write $out"
   out=$(cd "$out" && pwd)
