@@ -128,302 +128,394 @@ void TrainLoop::checkpoint(const TrainPosition& position, CheckpointReason reaso
 // (the mean of K means of equal size). An epoch whose batch count is not a multiple of K ends with
 // a shorter group, still scaled by 1/K (as a plain PyTorch accumulation loop does). Progress,
 // max_steps and the lr schedule count optimizer steps; images count every micro-batch.
-TrainResult TrainLoop::run() {
+
+// What one run carries from epoch to epoch.
+struct TrainLoop::RunState {
+  RunState(data::DataLoader& loader, Device device) : batches(loader, device) {}
+
   TrainResult result;
   models::CrossEntropyLoss loss_fn;
-  DeviceBatches batches(train_loader_, config_.device);
-
+  DeviceBatches batches;
   // Time is summed per step (waiting for the batch included, evaluation and logging
   // excluded), so a progress window may span an epoch boundary without counting the
   // evaluation in between as training time.
   ProgressWindow window;
-  const int64_t accum = config_.grad_accum;
-  MTRAIN_CHECK(accum >= 1, "grad_accum {} < 1", accum);
+  int64_t accum = 1;
+  std::optional<ComputeTimer> timer;
+  LossScaler* scaler = nullptr;
+  std::vector<Tensor*> grads;  // what the scaler unscales
+};
+
+// One epoch's plan and totals.
+struct TrainLoop::EpochState {
+  int64_t epoch = 0;
+  bool resumed = false;  // Note [Resuming mid-epoch]
+  bool rest = false;     // Note [Resuming in another world]: the loader holds only the epoch's rest
+  int64_t epoch_batches = 0;
+  int64_t steps_per_epoch = 0;
+  EpochSummary summary;
+  int64_t micro = 0;  // micro-batches taken this epoch
+  // This rank's first non-finite loss of the epoch (Note [Agreeing to diverge]); it is
+  // voted with the step it happened in, or with the next step this rank computes.
+  std::string divergence;
+};
+
+// One optimizer step's micro-batches (Note [Micro-batches per step]).
+struct TrainLoop::StepState {
+  Clock::time_point start;
+  double seconds = 0.0;
+  double loss_sum = 0.0;   // per-image losses of the step's micro-batches
+  int64_t images = 0;
+};
+
+TrainResult TrainLoop::run() {
+  RunState rs(train_loader_, config_.device);
+  begin_run(rs);
+  for (int64_t epoch = config_.start.epoch; epoch <= config_.epochs; ++epoch) {
+    EpochState e;
+    const EpochStart begun = begin_epoch(rs, epoch, e);
+    if (begun == EpochStart::kAlreadyDone) continue;
+    if (begun == EpochStart::kStepLimit) break;
+    if (train_epoch(rs, e)) return rs.result;  // the ranks agreed to stop
+    if (!finish_epoch(rs, e)) break;
+  }
+  return rs.result;
+}
+
+void TrainLoop::begin_run(RunState& rs) {
+  rs.accum = config_.grad_accum;
+  MTRAIN_CHECK(rs.accum >= 1, "grad_accum {} < 1", rs.accum);
   const TrainPosition& start = config_.start;
   MTRAIN_CHECK(start.epoch >= 1 && start.steps_in_epoch >= 0 && start.total_steps >= start.steps_in_epoch,
                "start position epoch {} step {} (total {})", start.epoch, start.steps_in_epoch, start.total_steps);
   total_steps_ = start.total_steps;
-  result.end = start;
-  MTRAIN_CHECK(!config_.time_compute || accum == 1, "timing compute per step needs grad_accum 1, found {}", accum);
-  std::optional<ComputeTimer> timer;
-  if (config_.time_compute) timer.emplace(config_.device, model_);
-  LossScaler* const scaler = config_.loss_scaler;
-  std::vector<Tensor*> grads;  // what the scaler unscales
-  if (scaler != nullptr) {
-    if (start.loss_scaler.scale > 0.0) scaler->restore(start.loss_scaler);
-    for (const models::NamedParameter& p : model_.parameters()) grads.push_back(&p.param->grad);
+  rs.result.end = start;
+  MTRAIN_CHECK(!config_.time_compute || rs.accum == 1, "timing compute per step needs grad_accum 1, found {}",
+               rs.accum);
+  if (config_.time_compute) rs.timer.emplace(config_.device, model_);
+  rs.scaler = config_.loss_scaler;
+  if (rs.scaler != nullptr) {
+    if (start.loss_scaler.scale > 0.0) rs.scaler->restore(start.loss_scaler);
+    for (const models::NamedParameter& p : model_.parameters()) rs.grads.push_back(&p.param->grad);
   }
-  for (int64_t epoch = start.epoch; epoch <= config_.epochs; ++epoch) {
-    // Note [Resuming mid-epoch]
-    const bool resumed = epoch == start.epoch && (start.steps_in_epoch > 0 || start.epoch_finished);
-    model_.train();
-    // The sampler's epoch is 0-based (seed + epoch, as PyTorch); the printed one 1-based.
-    batches.start_epoch(epoch - 1);
-    // Note [Resuming in another world]: a resumed epoch's loader may hold only its rest.
-    const bool rest = resumed && config_.start_holds_rest_only;
-    const int64_t epoch_batches = batches.num_batches();
-    const int64_t steps_per_epoch = (rest ? start.steps_in_epoch : 0) + mtrain::steps_per_epoch(epoch_batches, accum);
-    MTRAIN_CHECK(!resumed || start.steps_in_epoch <= steps_per_epoch, "start position epoch {} step {} of {}",
-                 start.epoch, start.steps_in_epoch, steps_per_epoch);
-    if (resumed && start.epoch_finished && start.steps_in_epoch >= steps_per_epoch) continue;
-    if (!resumed && step_limit_reached()) break;
-    EpochSummary s;
-    s.epoch = epoch;
-    int64_t micro = 0;  // micro-batches taken this epoch
-    if (resumed) {
-      s.steps = start.steps_in_epoch;
-      if (!start.epoch_finished) {
-        s.loss_sum = start.loss_sum;
-        s.correct = start.correct;
-        s.images = start.images;
-        s.train_seconds = start.train_seconds;
-      }
-      const int64_t done = rest ? 0 : std::min(start.steps_in_epoch * accum, epoch_batches);
-      for (; micro < done; ++micro) {
-        // Through `batches` too, so the prefetcher stays in step with the loader (a copy
-        // to the device per skipped batch, once per resumed run).
-        MTRAIN_CHECK(batches.next().has_value(), "epoch {} ended after {} of the {} batches to skip",
-                     epoch, micro, done);
-      }
+}
+
+// Plans the epoch; a resumed one takes back its totals and skips the batches of the steps
+// already done (Note [Resuming mid-epoch]).
+TrainLoop::EpochStart TrainLoop::begin_epoch(RunState& rs, int64_t epoch, EpochState& e) {
+  const TrainPosition& start = config_.start;
+  e.epoch = epoch;
+  e.resumed = epoch == start.epoch && (start.steps_in_epoch > 0 || start.epoch_finished);
+  model_.train();
+  // The sampler's epoch is 0-based (seed + epoch, as PyTorch); the printed one 1-based.
+  rs.batches.start_epoch(epoch - 1);
+  e.rest = e.resumed && config_.start_holds_rest_only;
+  e.epoch_batches = rs.batches.num_batches();
+  e.steps_per_epoch = (e.rest ? start.steps_in_epoch : 0) + mtrain::steps_per_epoch(e.epoch_batches, rs.accum);
+  MTRAIN_CHECK(!e.resumed || start.steps_in_epoch <= e.steps_per_epoch, "start position epoch {} step {} of {}",
+               start.epoch, start.steps_in_epoch, e.steps_per_epoch);
+  if (e.resumed && start.epoch_finished && start.steps_in_epoch >= e.steps_per_epoch) return EpochStart::kAlreadyDone;
+  if (!e.resumed && step_limit_reached()) return EpochStart::kStepLimit;
+  e.summary.epoch = epoch;
+  if (e.resumed) {
+    e.summary.steps = start.steps_in_epoch;
+    if (!start.epoch_finished) {
+      e.summary.loss_sum = start.loss_sum;
+      e.summary.correct = start.correct;
+      e.summary.images = start.images;
+      e.summary.train_seconds = start.train_seconds;
     }
-    const auto position = [&](bool finished) {
-      TrainPosition p;
-      p.epoch = epoch;
-      p.steps_in_epoch = s.steps;
-      p.total_steps = total_steps_;
-      p.epoch_finished = finished;
-      p.world_size = config_.world_size;
-      // The steps of this epoch this run took, after those the checkpoint's world took.
-      const int64_t base_steps = resumed ? start.steps_in_epoch : 0;
-      const int64_t base_consumed = resumed && start.epoch_consumed >= 0 ? start.epoch_consumed
-                                                                          : base_steps * config_.items_per_step;
-      p.epoch_consumed = base_consumed + (s.steps - base_steps) * config_.items_per_step;
-      if (scaler != nullptr) p.loss_scaler = scaler->state();
-      if (!finished) {
-        p.loss_sum = s.loss_sum;
-        p.correct = s.correct;
-        p.images = s.images;
-        p.train_seconds = s.train_seconds;
-      }
-      return p;
-    };
-    if (config_.progress != nullptr) config_.progress->begin_epoch(s.steps);
-    double step_seconds = 0.0;
-    std::string divergence;      // this rank's non-finite loss (Note [Agreeing to diverge])
-    double step_loss_sum = 0.0;  // per-image losses of this step's micro-batches
-    int64_t step_images = 0;
-
-    Clock::time_point step_start;
-    while (!step_limit_reached()) {
-      const auto micro_start = Clock::now();
-      const bool first_of_step = micro % accum == 0;
-      if (first_of_step) {
-        trace::set_recording(config_.trace_steps.contains(total_steps_ + 1));
-        step_start = micro_start;
-      }
-      auto batch = [&] {
-        const trace::Span span("data wait", "data");
-        return batches.next();
-      }();
-      if (!batch) break;
-      const bool last_of_step = (micro + 1) % accum == 0 || micro + 1 == epoch_batches;
-      ++micro;
-      if (first_of_step) {
-        optimizer_.zero_grad();
-        if (config_.lr_schedule != nullptr) {
-          const double progress = static_cast<double>(epoch - 1) + static_cast<double>(s.steps) /
-                                  static_cast<double>(std::max<int64_t>(steps_per_epoch, 1));
-          optimizer_.set_lr(static_cast<float>(config_.lr_schedule->at(progress)));
-        }
-      }
-      MicroBatchInfo info{batch->size(), last_of_step};
-      if (config_.hooks.world_samples) info.world_samples = config_.hooks.world_samples(batch->batch_index);
-      // Note [Buffers follow rank 0]: every rank, its micro-batch empty or not.
-      if (last_of_step && config_.hooks.sync_buffers) {
-        const trace::Span span("buffer broadcast", "comm");
-        config_.hooks.sync_buffers();
-      }
-      if (last_of_step && config_.hooks.stop_vote) info.stop_vote = config_.hooks.stop_vote();
-      if (batch->size() == 0) {
-        // An empty shard (see Note [Gradients are views into the buckets] in reducer.cpp): nothing
-        // to compute, but the synchronizer still takes part in the exchange.
-        if (timer) {
-          timer->start();
-          timer->pause();
-          info.previous_compute = timer->previous();
-          timer->resume();
-          timer->stop(0);
-        }
-        sync_.before_backward(info);
-        const trace::Span span("gradient sync wait", "comm");
-        sync_.after_backward();
-      } else {
-        if (timer) timer->start();
-        const models::LossResult r = [&] {
-          const trace::Span span("forward", "compute", "images", batch->size());
-          const Tensor logits = model_.forward(batch->images);
-          return loss_fn.forward(logits, batch->labels);
-        }();
-        // Note [Agreeing to diverge]
-        if (!std::isfinite(r.loss) && divergence.empty()) {
-          divergence = fmt::format("the loss is {} at epoch {} step {}", r.loss, epoch, total_steps_ + 1);
-        }
-        if (last_of_step && !divergence.empty()) info.stop_vote = encode_stop_vote(kDivergedVote, config_.rank);
-        Tensor dlogits = loss_fn.backward();
-        if (accum > 1) ops::scale_(dlogits, 1.0f / static_cast<float>(accum));
-        if (timer) {
-          timer->pause();  // the collectives of before_backward are not compute
-          info.previous_compute = timer->previous();
-        }
-        sync_.before_backward(info);
-        float k = sync_.loss_gradient_scale();
-        if (scaler != nullptr) k *= scaler->scale();
-        if (k != 1.0f) ops::scale_(dlogits, k);
-        if (timer) timer->resume();
-        {
-          const trace::Span span("backward", "compute");
-          model_.backward(dlogits);
-        }
-        if (timer) timer->stop(batch->size());
-        {
-          const trace::Span span("gradient sync wait", "comm");
-          sync_.after_backward();
-        }
-        s.images += r.count;
-        s.loss_sum += r.loss * static_cast<double>(r.count);
-        s.correct += r.correct;
-        step_loss_sum += r.loss * static_cast<double>(r.count);
-        step_images += r.count;
-      }
-      if (!last_of_step) {
-        step_seconds += seconds_since(micro_start);
-        continue;
-      }
-      if (const StopVote vote = decode_stop_vote(sync_.agreed_stop_vote()); vote.signal == kDivergedVote) {
-        // Note [Agreeing to diverge]
-        throw InvalidArgument(
-            !divergence.empty()
-                ? fmt::format("training diverged: {} (try a smaller --lr than {})", divergence, optimizer_.lr())
-                : fmt::format("training diverged on rank {} at epoch {} step {}: its loss was not finite, so "
-                              "every rank stops (try a smaller --lr than {})",
-                              vote.rank, epoch, total_steps_ + 1, optimizer_.lr()));
-      }
-      // Note [Dynamic loss scaling]: every rank holds the same reduced gradients, so
-      // every rank skips the same steps.
-      {
-        const trace::Span span("optimizer", "compute");
-        const bool skip = scaler != nullptr && scaler->unscale_and_update(grads);
-        if (!skip) optimizer_.step();
-      }
-      step_seconds += seconds_since(micro_start);
-
-      ++total_steps_;
-      ++s.steps;
-      s.train_seconds += step_seconds;
-      window.loss_sum += step_images > 0 ? step_loss_sum / static_cast<double>(step_images) : 0.0;
-      ++window.steps;
-      window.images += step_images;
-      window.seconds += step_seconds;
-      step_seconds = 0.0;
-      step_loss_sum = 0.0;
-      step_images = 0;
-      if (config_.steps_done != nullptr) config_.steps_done->store(total_steps_);
-      if (config_.hooks.after_step) config_.hooks.after_step(total_steps_);
-      if (config_.hooks.plan_batches) config_.hooks.plan_batches(total_steps_, micro);
-      trace::record("step", "step", trace::kTrainRow, step_start, Clock::now(), "step", total_steps_);
-      // A --log-every step prints its own line just below.
-      if (config_.progress != nullptr && total_steps_ % config_.log_every != 0) {
-        config_.progress->step(epoch, s.steps, steps_per_epoch, total_steps_,
-                               window.loss_sum / static_cast<double>(window.steps),
-                               rate(static_cast<double>(window.images), window.seconds));
-      }
-
-      if (total_steps_ % config_.log_every == 0) {
-        const double mean_loss = window.loss_sum / static_cast<double>(window.steps);
-        const double img_per_s = rate(static_cast<double>(window.images), window.seconds);
-        spdlog::info("epoch {} step {}/{} (total {}): loss {:.4f}, {:.0f} img/s", epoch, s.steps,
-                     steps_per_epoch, total_steps_, mean_loss, img_per_s);
-        if (config_.progress != nullptr) config_.progress->logged();
-        nlohmann::json event = {{"event", "step"},
-                                {"epoch", epoch},
-                                {"step", total_steps_},
-                                {"loss", json_number(mean_loss)},
-                                {"lr", optimizer_.lr()},
-                                {"img_per_s", json_number(img_per_s)},
-                                {"images", window.images},
-                                {"sec", window.seconds}};
-        if (scaler != nullptr) {
-          event["loss_scale"] = scaler->state().scale;
-          event["skipped_steps"] = scaler->state().skipped_steps;
-        }
-        if (config_.hooks.extend_metrics) config_.hooks.extend_metrics(event);
-        metrics_.write(event);
-        window.reset();
-      }
-
-      // Every rank read the same agreed vote after this step (Note [Agreeing to stop]).
-      if (const int64_t vote = sync_.agreed_stop_vote(); vote != 0) {
-        result.end = position(false);
-        result.stop_vote = vote;
-        checkpoint(result.end, CheckpointReason::kStop);
-        return result;
-      }
-      // The epoch's last step is followed by its own checkpoint, after the evaluation.
-      const bool epoch_ends = micro == epoch_batches || step_limit_reached();
-      if (config_.checkpoint_every > 0 && total_steps_ % config_.checkpoint_every == 0 && !epoch_ends) {
-        checkpoint(position(false), CheckpointReason::kEvery);
-      }
+    const int64_t done = e.rest ? 0 : std::min(start.steps_in_epoch * rs.accum, e.epoch_batches);
+    for (; e.micro < done; ++e.micro) {
+      // Through `batches` too, so the prefetcher stays in step with the loader (a copy
+      // to the device per skipped batch, once per resumed run).
+      MTRAIN_CHECK(rs.batches.next().has_value(), "epoch {} ended after {} of the {} batches to skip", epoch,
+                   e.micro, done);
     }
-    s.total_steps = total_steps_;
-    if (s.steps == 0) break;  // max_steps hit exactly at the previous epoch's end
-    result.end = position(false);
-    if (config_.hooks.combine_epoch) config_.hooks.combine_epoch(s);
-    if (s.images == 0) break;
-    s.train_loss = s.loss_sum / static_cast<double>(s.images);
-    s.train_acc = static_cast<double>(s.correct) / static_cast<double>(s.images);
-    s.images_per_second = rate(static_cast<double>(s.images), s.train_seconds);
-
-    if (test_loader_ != nullptr) {
-      trace::set_recording(true);  // evaluations are traced outside --trace-steps too
-      const trace::Span span("evaluation", "compute", "epoch", epoch);
-      const auto eval_start = Clock::now();
-      if (config_.hooks.sync_buffers) config_.hooks.sync_buffers();  // Note [Buffers follow rank 0]
-      s.test = evaluate(model_, *test_loader_, config_.device, [&](int64_t done, int64_t batches) {
-        if (config_.progress != nullptr) config_.progress->eval_batch(epoch, done, batches);
-      });
-      if (config_.hooks.combine_eval) s.test = config_.hooks.combine_eval(*s.test);
-      s.eval_seconds = seconds_since(eval_start);
-    }
-    if (config_.progress != nullptr) config_.progress->end_epoch();
-    spdlog::info("{}", format_epoch_line(s, config_.devices));
-    if (config_.progress != nullptr) config_.progress->logged();
-    // What this event's figures cover: after a resume past an epoch summarised at a
-    // --max-steps cut, only the steps since (Note [Resuming mid-epoch]).
-    const int64_t first_counted = resumed && start.epoch_finished ? start.steps_in_epoch : 0;
-    const bool partial = first_counted > 0 || micro < epoch_batches;
-    nlohmann::json event = {{"event", "epoch"},
-                            {"epoch", epoch},
-                            {"step", total_steps_},
-                            {"steps", s.steps - first_counted},
-                            {"images", s.images},
-                            {"partial", partial},
-                            {"train_loss", json_number(s.train_loss)},
-                            {"train_acc", s.train_acc},
-                            {"test_loss", s.test ? json_number(s.test->mean_loss()) : nullptr},
-                            {"test_acc", s.test ? nlohmann::json(s.test->accuracy()) : nullptr},
-                            {"sec", s.train_seconds},
-                            {"eval_sec", s.eval_seconds},
-                            {"img_per_s", json_number(s.images_per_second)},
-                            {"devices", config_.devices}};
-    add_memory_fields(event, config_.device);
-    if (config_.hooks.extend_metrics) config_.hooks.extend_metrics(event);
-    metrics_.write(event);
-    result.epochs.push_back(s);
-    result.end = position(true);
-    checkpoint(result.end, CheckpointReason::kEpochEnd);
-    if (config_.hooks.after_epoch) config_.hooks.after_epoch(s);
   }
-  return result;
+  if (config_.progress != nullptr) config_.progress->begin_epoch(e.summary.steps);
+  return EpochStart::kTrain;
+}
+
+TrainPosition TrainLoop::position(const RunState& rs, const EpochState& e, bool finished) const {
+  const TrainPosition& start = config_.start;
+  TrainPosition p;
+  p.epoch = e.epoch;
+  p.steps_in_epoch = e.summary.steps;
+  p.total_steps = total_steps_;
+  p.epoch_finished = finished;
+  p.world_size = config_.world_size;
+  // The steps of this epoch this run took, after those the checkpoint's world took.
+  const int64_t base_steps = e.resumed ? start.steps_in_epoch : 0;
+  const int64_t base_consumed =
+      e.resumed && start.epoch_consumed >= 0 ? start.epoch_consumed : base_steps * config_.items_per_step;
+  p.epoch_consumed = base_consumed + (e.summary.steps - base_steps) * config_.items_per_step;
+  if (rs.scaler != nullptr) p.loss_scaler = rs.scaler->state();
+  if (!finished) {
+    p.loss_sum = e.summary.loss_sum;
+    p.correct = e.summary.correct;
+    p.images = e.summary.images;
+    p.train_seconds = e.summary.train_seconds;
+  }
+  return p;
+}
+
+bool TrainLoop::train_epoch(RunState& rs, EpochState& e) {
+  StepState step;
+  while (!step_limit_reached()) {
+    const auto micro_start = Clock::now();
+    const bool first_of_step = e.micro % rs.accum == 0;
+    if (first_of_step) {
+      trace::set_recording(config_.trace_steps.contains(total_steps_ + 1));
+      step.start = micro_start;
+    }
+    auto batch = [&] {
+      const trace::Span span("data wait", "data");
+      return rs.batches.next();
+    }();
+    if (!batch) break;
+    const bool last_of_step = (e.micro + 1) % rs.accum == 0 || e.micro + 1 == e.epoch_batches;
+    ++e.micro;
+    if (first_of_step) begin_step(e);
+    train_micro_batch(rs, e, step, *batch, last_of_step);
+    if (!last_of_step) {
+      step.seconds += seconds_since(micro_start);
+      continue;
+    }
+    apply_step(rs, e);
+    step.seconds += seconds_since(micro_start);
+    record_step(rs, e, step);
+    if (stop_agreed(rs, e)) return true;
+    checkpoint_if_due(rs, e);
+  }
+  return false;
+}
+
+// The first micro-batch of a step: fresh gradients, the schedule's learning rate.
+void TrainLoop::begin_step(const EpochState& e) {
+  sync_.zero_gradients();
+  if (config_.lr_schedule == nullptr) return;
+  const double steps = static_cast<double>(std::max<int64_t>(e.steps_per_epoch, 1));
+  const double progress = static_cast<double>(e.epoch - 1) + static_cast<double>(e.summary.steps) / steps;
+  optimizer_.set_lr(static_cast<float>(config_.lr_schedule->at(progress)));
+}
+
+void TrainLoop::train_micro_batch(RunState& rs, EpochState& e, StepState& step, const data::Batch& batch,
+                                  bool last_of_step) {
+  MicroBatchInfo info{batch.size(), last_of_step};
+  if (config_.hooks.world_samples) info.world_samples = config_.hooks.world_samples(batch.batch_index);
+  // Note [Buffers follow rank 0]: every rank, its micro-batch empty or not.
+  if (last_of_step && config_.hooks.sync_buffers) {
+    const trace::Span span("buffer broadcast", "comm");
+    config_.hooks.sync_buffers();
+  }
+  if (last_of_step && config_.hooks.stop_vote) info.stop_vote = config_.hooks.stop_vote();
+  if (batch.size() == 0) {
+    // An empty shard (see Note [Gradients are views into the buckets] in reducer.cpp): nothing
+    // to compute, but the synchronizer still takes part in the exchange.
+    if (rs.timer) {
+      rs.timer->start();
+      rs.timer->pause();
+      info.previous_compute = rs.timer->previous();
+      rs.timer->resume();
+      rs.timer->stop(0);
+    }
+    sync_.before_backward(info);
+    const trace::Span span("gradient sync wait", "comm");
+    sync_.after_backward();
+    return;
+  }
+  const models::LossResult r = forward_backward(rs, e, batch, info, last_of_step);
+  e.summary.images += r.count;
+  e.summary.loss_sum += r.loss * static_cast<double>(r.count);
+  e.summary.correct += r.correct;
+  step.loss_sum += r.loss * static_cast<double>(r.count);
+  step.images += r.count;
+}
+
+models::LossResult TrainLoop::forward_backward(RunState& rs, EpochState& e, const data::Batch& batch,
+                                               MicroBatchInfo& info, bool last_of_step) {
+  if (rs.timer) rs.timer->start();
+  const models::LossResult r = [&] {
+    const trace::Span span("forward", "compute", "images", batch.size());
+    const Tensor logits = model_.forward(batch.images);
+    return rs.loss_fn.forward(logits, batch.labels);
+  }();
+  // Note [Agreeing to diverge]
+  if (!std::isfinite(r.loss) && e.divergence.empty()) {
+    e.divergence = fmt::format("the loss is {} at epoch {} step {}", r.loss, e.epoch, total_steps_ + 1);
+  }
+  if (last_of_step && !e.divergence.empty()) info.stop_vote = encode_stop_vote(kDivergedVote, config_.rank);
+  Tensor dlogits = rs.loss_fn.backward();
+  if (rs.accum > 1) ops::scale_(dlogits, 1.0f / static_cast<float>(rs.accum));
+  if (rs.timer) {
+    rs.timer->pause();  // the collectives of before_backward are not compute
+    info.previous_compute = rs.timer->previous();
+  }
+  sync_.before_backward(info);
+  float k = sync_.loss_gradient_scale();
+  if (rs.scaler != nullptr) k *= rs.scaler->scale();
+  if (k != 1.0f) ops::scale_(dlogits, k);
+  if (rs.timer) rs.timer->resume();
+  {
+    const trace::Span span("backward", "compute");
+    model_.backward(dlogits);
+  }
+  if (rs.timer) rs.timer->stop(batch.size());
+  {
+    const trace::Span span("gradient sync wait", "comm");
+    sync_.after_backward();
+  }
+  return r;
+}
+
+// After the step's exchange: raise an agreed divergence, else update the weights.
+void TrainLoop::apply_step(RunState& rs, const EpochState& e) {
+  if (const StopVote vote = decode_stop_vote(sync_.agreed_stop_vote()); vote.signal == kDivergedVote) {
+    // Note [Agreeing to diverge]
+    throw InvalidArgument(
+        !e.divergence.empty()
+            ? fmt::format("training diverged: {} (try a smaller --lr than {})", e.divergence, optimizer_.lr())
+            : fmt::format("training diverged on rank {} at epoch {} step {}: its loss was not finite, so "
+                          "every rank stops (try a smaller --lr than {})",
+                          vote.rank, e.epoch, total_steps_ + 1, optimizer_.lr()));
+  }
+  // Note [Dynamic loss scaling]: every rank holds the same reduced gradients, so
+  // every rank skips the same steps.
+  const trace::Span span("optimizer", "compute");
+  const bool skip = rs.scaler != nullptr && rs.scaler->unscale_and_update(rs.grads);
+  if (!skip) optimizer_.step();
+}
+
+// The step's counters and hooks, its progress line or --log-every line and event; then a
+// fresh StepState for the next step.
+void TrainLoop::record_step(RunState& rs, EpochState& e, StepState& step) {
+  ++total_steps_;
+  ++e.summary.steps;
+  e.summary.train_seconds += step.seconds;
+  ProgressWindow& window = rs.window;
+  window.loss_sum += step.images > 0 ? step.loss_sum / static_cast<double>(step.images) : 0.0;
+  ++window.steps;
+  window.images += step.images;
+  window.seconds += step.seconds;
+  const Clock::time_point step_start = step.start;
+  step = StepState{};
+  if (config_.steps_done != nullptr) config_.steps_done->store(total_steps_);
+  if (config_.hooks.after_step) config_.hooks.after_step(total_steps_);
+  if (config_.hooks.plan_batches) config_.hooks.plan_batches(total_steps_, e.micro);
+  trace::record("step", "step", trace::kTrainRow, step_start, Clock::now(), "step", total_steps_);
+  // A --log-every step prints its own line just below.
+  if (config_.progress != nullptr && total_steps_ % config_.log_every != 0) {
+    config_.progress->step(e.epoch, e.summary.steps, e.steps_per_epoch, total_steps_,
+                           window.loss_sum / static_cast<double>(window.steps),
+                           rate(static_cast<double>(window.images), window.seconds));
+  }
+  if (total_steps_ % config_.log_every == 0) log_window(rs, e);
+}
+
+void TrainLoop::log_window(RunState& rs, const EpochState& e) {
+  ProgressWindow& window = rs.window;
+  const double mean_loss = window.loss_sum / static_cast<double>(window.steps);
+  const double img_per_s = rate(static_cast<double>(window.images), window.seconds);
+  spdlog::info("epoch {} step {}/{} (total {}): loss {:.4f}, {:.0f} img/s", e.epoch, e.summary.steps, e.steps_per_epoch,
+               total_steps_, mean_loss, img_per_s);
+  if (config_.progress != nullptr) config_.progress->logged();
+  nlohmann::json event = {{"event", "step"},
+                          {"epoch", e.epoch},
+                          {"step", total_steps_},
+                          {"loss", json_number(mean_loss)},
+                          {"lr", optimizer_.lr()},
+                          {"img_per_s", json_number(img_per_s)},
+                          {"images", window.images},
+                          {"sec", window.seconds}};
+  if (rs.scaler != nullptr) {
+    event["loss_scale"] = rs.scaler->state().scale;
+    event["skipped_steps"] = rs.scaler->state().skipped_steps;
+  }
+  if (config_.hooks.extend_metrics) config_.hooks.extend_metrics(event);
+  metrics_.write(event);
+  window.reset();
+}
+
+// After a step: true when the ranks agreed to stop (then checkpointed, the result set).
+bool TrainLoop::stop_agreed(RunState& rs, const EpochState& e) {
+  // Every rank read the same agreed vote after this step (Note [Agreeing to stop]).
+  const int64_t vote = sync_.agreed_stop_vote();
+  if (vote == 0) return false;
+  rs.result.end = position(rs, e, false);
+  rs.result.stop_vote = vote;
+  checkpoint(rs.result.end, CheckpointReason::kStop);
+  return true;
+}
+
+void TrainLoop::checkpoint_if_due(const RunState& rs, const EpochState& e) {
+  // The epoch's last step is followed by its own checkpoint, after the evaluation.
+  const bool epoch_ends = e.micro == e.epoch_batches || step_limit_reached();
+  if (config_.checkpoint_every > 0 && total_steps_ % config_.checkpoint_every == 0 && !epoch_ends) {
+    checkpoint(position(rs, e, false), CheckpointReason::kEvery);
+  }
+}
+
+// The epoch's summary: totals over the ranks, evaluation, line, event, checkpoint. False
+// when there is nothing to summarise and the run ends.
+bool TrainLoop::finish_epoch(RunState& rs, EpochState& e) {
+  EpochSummary& s = e.summary;
+  s.total_steps = total_steps_;
+  if (s.steps == 0) return false;  // max_steps hit exactly at the previous epoch's end
+  rs.result.end = position(rs, e, false);
+  if (config_.hooks.combine_epoch) config_.hooks.combine_epoch(s);
+  if (s.images == 0) return false;
+  s.train_loss = s.loss_sum / static_cast<double>(s.images);
+  s.train_acc = static_cast<double>(s.correct) / static_cast<double>(s.images);
+  s.images_per_second = rate(static_cast<double>(s.images), s.train_seconds);
+  if (test_loader_ != nullptr) evaluate_epoch(s);
+  if (config_.progress != nullptr) config_.progress->end_epoch();
+  spdlog::info("{}", format_epoch_line(s, config_.devices));
+  if (config_.progress != nullptr) config_.progress->logged();
+  metrics_.write(epoch_event(e));
+  rs.result.epochs.push_back(s);
+  rs.result.end = position(rs, e, true);
+  checkpoint(rs.result.end, CheckpointReason::kEpochEnd);
+  if (config_.hooks.after_epoch) config_.hooks.after_epoch(s);
+  return true;
+}
+
+void TrainLoop::evaluate_epoch(EpochSummary& s) {
+  trace::set_recording(true);  // evaluations are traced outside --trace-steps too
+  const trace::Span span("evaluation", "compute", "epoch", s.epoch);
+  const auto eval_start = Clock::now();
+  if (config_.hooks.sync_buffers) config_.hooks.sync_buffers();  // Note [Buffers follow rank 0]
+  s.test = evaluate(model_, *test_loader_, config_.device, [&](int64_t done, int64_t batches) {
+    if (config_.progress != nullptr) config_.progress->eval_batch(s.epoch, done, batches);
+  });
+  if (config_.hooks.combine_eval) s.test = config_.hooks.combine_eval(*s.test);
+  s.eval_seconds = seconds_since(eval_start);
+}
+
+nlohmann::json TrainLoop::epoch_event(const EpochState& e) const {
+  const EpochSummary& s = e.summary;
+  const TrainPosition& start = config_.start;
+  // What this event's figures cover: after a resume past an epoch summarised at a
+  // --max-steps cut, only the steps since (Note [Resuming mid-epoch]).
+  const int64_t first_counted = e.resumed && start.epoch_finished ? start.steps_in_epoch : 0;
+  const bool partial = first_counted > 0 || e.micro < e.epoch_batches;
+  nlohmann::json event = {{"event", "epoch"},
+                          {"epoch", e.epoch},
+                          {"step", total_steps_},
+                          {"steps", s.steps - first_counted},
+                          {"images", s.images},
+                          {"partial", partial},
+                          {"train_loss", json_number(s.train_loss)},
+                          {"train_acc", s.train_acc},
+                          {"test_loss", s.test ? json_number(s.test->mean_loss()) : nullptr},
+                          {"test_acc", s.test ? nlohmann::json(s.test->accuracy()) : nullptr},
+                          {"sec", s.train_seconds},
+                          {"eval_sec", s.eval_seconds},
+                          {"img_per_s", json_number(s.images_per_second)},
+                          {"devices", config_.devices}};
+  add_memory_fields(event, config_.device);
+  if (config_.hooks.extend_metrics) config_.hooks.extend_metrics(event);
+  return event;
 }
 
 }  // namespace mtrain

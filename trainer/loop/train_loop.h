@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "data/dataloader.h"
+#include "models/loss.h"
 #include "models/module.h"
 #include "models/optim.h"
 #include "trainer/loop/evaluate.h"
@@ -183,6 +184,29 @@ class TrainLoop {
   TrainResult run();
 
  private:
+  // run() in phases: the run, each epoch, each optimizer step; the states are in the .cpp.
+  struct RunState;
+  struct EpochState;
+  struct StepState;
+  enum class EpochStart { kTrain, kAlreadyDone, kStepLimit };
+
+  void begin_run(RunState& rs);
+  EpochStart begin_epoch(RunState& rs, int64_t epoch, EpochState& e);
+  // True when the ranks agreed to stop after one of its steps (rs.result is set).
+  bool train_epoch(RunState& rs, EpochState& e);
+  void begin_step(const EpochState& e);
+  void train_micro_batch(RunState& rs, EpochState& e, StepState& step, const data::Batch& batch, bool last_of_step);
+  models::LossResult forward_backward(RunState& rs, EpochState& e, const data::Batch& batch, MicroBatchInfo& info,
+                                      bool last_of_step);
+  void apply_step(RunState& rs, const EpochState& e);
+  void record_step(RunState& rs, EpochState& e, StepState& step);
+  void log_window(RunState& rs, const EpochState& e);
+  bool stop_agreed(RunState& rs, const EpochState& e);
+  void checkpoint_if_due(const RunState& rs, const EpochState& e);
+  bool finish_epoch(RunState& rs, EpochState& e);
+  void evaluate_epoch(EpochSummary& s);
+  nlohmann::json epoch_event(const EpochState& e) const;
+  TrainPosition position(const RunState& rs, const EpochState& e, bool finished) const;
   bool step_limit_reached() const;
   void checkpoint(const TrainPosition& position, CheckpointReason reason) const;
 
