@@ -277,6 +277,46 @@ TEST_CASE("two ranks: the one that sleeps before its backward is the slowest, an
   CHECK(w.wait_seconds[1] < w.wait_seconds[0]);
 }
 
+TEST_CASE("zero_gradients clears every gradient: the reducer through its buckets, local training through the model",
+          "[reducer]") {
+  SoloGroup solo;
+  auto local_model = three_linears();
+  auto ddp_model = three_linears();
+  LocalGradients local;
+  CHECK_THROWS_AS(local.zero_gradients(), InternalError);  // before attach
+  local.attach(*local_model);
+  ReducerOptions o;
+  o.first_bucket_bytes = 1000;
+  o.bucket_cap_bytes = 50000;
+  Reducer reducer(solo.group, o);
+  CHECK_THROWS_AS(reducer.zero_gradients(), InternalError);
+  reducer.attach(*ddp_model);
+  const auto zeros = [](models::Module& m) {
+    for (auto& p : m.parameters()) {
+      for (float v : p.param->grad.to_vector<float>()) {
+        if (v != 0.0f) return false;
+      }
+    }
+    return true;
+  };
+  for (int round = 0; round < 2; ++round) {
+    step(*local_model, local, true);
+    step(*ddp_model, reducer, true);
+    REQUIRE_FALSE(zeros(*ddp_model));
+    local.zero_gradients();
+    reducer.zero_gradients();
+    CHECK(zeros(*local_model));
+    CHECK(zeros(*ddp_model));
+  }
+  // A step after the fill equals a step from fresh gradients.
+  step(*local_model, local, true);
+  step(*ddp_model, reducer, true);
+  CHECK(gradients(*ddp_model) == gradients(*local_model));
+  // A gradient that no longer lives in its bucket would keep its values: refused.
+  ddp_model->parameters().front().param->grad = Tensor::zeros({100, 100});
+  CHECK_THROWS_WITH(reducer.zero_gradients(), Contains("the gradient of 0.weight is no longer a view into its bucket"));
+}
+
 TEST_CASE("a parameter whose gradient never arrives is named", "[reducer]") {
   SoloGroup solo;
   auto model = three_linears();

@@ -16,6 +16,12 @@ void LocalGradients::attach(models::Module& model) {
   for (const auto& p : model.parameters()) names_.push_back(p.name);
   ready_count_.assign(names_.size(), 0);
   model.set_grad_ready_hook([this](models::Parameter& p) { on_gradient_ready(p); });
+  model_ = &model;
+}
+
+void LocalGradients::zero_gradients() {
+  MTRAIN_CHECK(model_ != nullptr, "zero_gradients before attach");
+  model_->zero_grad();
 }
 
 void LocalGradients::before_backward(const MicroBatchInfo& micro_batch) {

@@ -95,6 +95,8 @@ class Reducer final : public GradientSynchronizer {
   // collective on `control`: throws InvalidArgument naming the ranks whose parameters or layout
   // differ from rank 0's, or when the parameters are not all float32 on one device.
   void attach(models::Module& model) override;
+  // Fills each bucket with zeros: every gradient is a view into one (InternalError before attach).
+  void zero_gradients() override;
   // Issues the exchange of stop votes, waits and sample counts (Note [Agreeing to stop]) and
   // returns without waiting for it. With weight_by_sample_count, a synchronized micro-batch
   // must name its world_samples (InternalError otherwise; InvalidArgument when it is 0), and
@@ -147,6 +149,7 @@ class Reducer final : public GradientSynchronizer {
   std::vector<int> bucket_of_;                  // parameter index -> bucket
   std::vector<std::vector<int>> bucket_params_;
   std::vector<Bucket> buckets_;
+  bool attached_ = false;
   std::vector<int> ready_count_;                // hook calls per parameter this backward
   int params_pending_ = 0;
   size_t next_launch_ = 0;
