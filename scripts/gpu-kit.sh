@@ -437,15 +437,17 @@ EOF
 # have; Nsight Systems they lack), for mtrain and for PyTorch eager in the same set-up:
 # the GPU's busy time per step against the step's wall time tells waiting from working,
 # and the kernel table says where the work goes. --clock-control none leaves the clocks
-# as training runs them; gpu__time_duration needs one pass, so nothing is replayed.
+# as training runs them, --cache-control none the caches as the previous kernel left them;
+# gpu__time_duration needs one pass, so nothing is replayed. ncu runs the kernels one at a
+# time, so kernels that overlap in training (NCCL's beside backward) add up here.
 stage_profile() {
   [[ -n $no_gpu ]] && { echo "SKIP|no GPU: $no_gpu"; return; }
   local ncu
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [[ -n $ncu ]] || { echo "SKIP|no ncu on PATH, in /usr/local/cuda/bin or /opt/nvidia/nsight-compute"; return; }
   local half=$(($1 / 2)) notes=() tag
-  local profile=("$ncu" --clock-control none --metrics gpu__time_duration.sum --target-processes all
-                 --force-overwrite)
+  local profile=("$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum
+                 --target-processes all --force-overwrite)
   run_limited "$half" "$out/profile-mtrain.log" "${profile[@]}" --export "$work/profile-mtrain" \
     "$kit_dir/bin/mtrain-launch" --nproc_per_node=1 train --device cuda --backend nccl --model resnet18 \
     --data-dir "$kit_dir/data/fashion-mnist" --batch-size 256 --lr 0.1 --momentum 0 --max-steps "$PROFILE_STEPS" \
