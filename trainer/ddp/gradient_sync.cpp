@@ -10,10 +10,35 @@ namespace mtrain {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // With one process there is nothing to exchange, so LocalGradients only checks the hook contract
 // (every parameter exactly once per backward). That keeps the path the DDP Reducer takes (the
-// grad-ready hook, before/after_backward) exercised by every single-process run.
+// grad-ready hook, before/after_backward) exercised by every single-process run. Like the
+// Reducer's buckets, one flat tensor holds every gradient (each parameter's is a view into
+// it), so zeroing them is one fill, one launch on a GPU, where per tensor it is one each.
 void LocalGradients::attach(models::Module& model) {
   names_.clear();
-  for (const auto& p : model.parameters()) names_.push_back(p.name);
+  const auto named = model.parameters();
+  // Each gradient starts on a 64-byte boundary, as a tensor of its own would (the
+  // allocator's alignment), so the CPU kernels that write it see the same addresses.
+  constexpr int64_t kAlign = 64 / sizeof(float);
+  std::vector<int64_t> offsets;
+  int64_t total = 0;
+  bool uniform = true;  // one flat tensor needs one device and float32 throughout
+  for (const auto& p : named) {
+    names_.push_back(p.name);
+    offsets.push_back(total);
+    total += (p.param->grad.numel() + kAlign - 1) / kAlign * kAlign;
+    uniform = uniform && p.param->grad.dtype() == DType::Float32 &&
+              p.param->grad.device() == named.front().param->grad.device();
+  }
+  arena_ = Tensor();
+  if (!named.empty() && uniform) {
+    arena_ = Tensor::zeros({total}, DType::Float32, named.front().param->grad.device());
+    for (size_t i = 0; i < named.size(); ++i) {
+      models::Parameter& p = *named[i].param;
+      Tensor view = arena_.flat_view(offsets[i], p.grad.shape());
+      view.copy_(p.grad);
+      p.grad = view;
+    }
+  }
   ready_count_.assign(names_.size(), 0);
   model.set_grad_ready_hook([this](models::Parameter& p) { on_gradient_ready(p); });
   model_ = &model;
@@ -21,7 +46,16 @@ void LocalGradients::attach(models::Module& model) {
 
 void LocalGradients::zero_gradients() {
   MTRAIN_CHECK(model_ != nullptr, "zero_gradients before attach");
-  model_->zero_grad();
+  if (!arena_.defined()) {
+    model_->zero_grad();
+    return;
+  }
+  for (const auto& p : model_->parameters()) {
+    // A gradient re-seated since attach would keep its values through the fill.
+    MTRAIN_CHECK(p.param->grad.shares_storage_with(arena_), "the gradient of {} is no longer a view into the "
+                 "gradient arena", p.name);
+  }
+  arena_.zero_();
 }
 
 void LocalGradients::before_backward(const MicroBatchInfo& micro_batch) {

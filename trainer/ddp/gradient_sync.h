@@ -44,8 +44,10 @@ class GradientSynchronizer {
   // Installs the grad-ready hook in `model`; call once the model's structure is final.
   virtual void attach(models::Module& model) = 0;
   // Zeroes every gradient of the attached model (the loop's zero_grad before a step's first
-  // micro-batch). The Reducer fills its buckets, one fill each where Module::zero_grad fills
-  // every tensor: 3 instead of 76 for resnet18, each a kernel launch on a GPU.
+  // micro-batch). attach() makes the gradients views into flat tensors (the Reducer's
+  // buckets, LocalGradients' one arena), so this is one fill per flat tensor where
+  // Module::zero_grad fills every tensor: 3 or 1 instead of 76 for resnet18, each a kernel
+  // launch on a GPU.
   virtual void zero_gradients() = 0;
   // Called right before each backward.
   virtual void before_backward(const MicroBatchInfo& micro_batch) = 0;
@@ -65,8 +67,9 @@ class GradientSynchronizer {
   virtual std::vector<RankCompute> ranks_compute() const = 0;
 };
 
-// The world-of-one synchronizer: no exchange; after_backward() throws InternalError when a
-// parameter reported its gradient other than once.
+// The world-of-one synchronizer: no exchange; attach() moves every float32 gradient on one
+// device into one flat arena; after_backward() throws InternalError when a parameter
+// reported its gradient other than once.
 class LocalGradients final : public GradientSynchronizer {
  public:
   void attach(models::Module& model) override;
@@ -81,6 +84,7 @@ class LocalGradients final : public GradientSynchronizer {
   void on_gradient_ready(const models::Parameter& param);
 
   models::Module* model_ = nullptr;
+  Tensor arena_;  // every gradient, each parameter's a view (Note [Gradient synchronizer])
   int64_t stop_vote_ = 0;
   RankCompute compute_;
 
