@@ -14,10 +14,11 @@
 // free, and perhaps some later work), and the block moves only once that event has
 // completed. Recording it at free time instead costs an event per freed tensor, some
 // 300 per resnet18 training step on a GPU, nearly all of them never queried, since a
-// stream almost always takes back its own blocks. Work on other streams that used the block (the caller said so with
-// record_stream: a copy on a side stream, a collective on the group's stream) gets an
-// event each at free time too, and the block serves nobody, not even its own stream,
-// until those have completed. This is PyTorch's record_stream contract.
+// stream almost always takes back its own blocks. Work on other streams that used the
+// block (the caller said so with record_stream: a copy on a side stream, a collective on
+// the group's stream) gets an event each at free time, and the block serves nobody, not
+// even its own stream, until those have completed. This is PyTorch's record_stream
+// contract.
 //
 // Sizes are rounded (512 B below 1 MiB, 256 KiB above) so that near-equal requests share
 // blocks. A cached block serves a request it exceeds by at most 2x (small) or 25%

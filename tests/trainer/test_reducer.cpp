@@ -314,12 +314,12 @@ TEST_CASE("zero_gradients clears every gradient: the reducer through its buckets
   CHECK(gradients(*ddp_model) == gradients(*local_model));
   // A gradient that no longer lives in its bucket (or arena) would keep its values: refused.
   ddp_model->parameters().front().param->grad = Tensor::zeros({100, 100});
-  CHECK_THROWS_WITH(reducer.zero_gradients(), Contains("the gradient of 0.weight is no longer a view into its bucket"));
+  CHECK_THROWS_WITH(reducer.zero_gradients(), Contains("the gradient of 0.weight is no longer a view into the flat"));
   for (const auto& p : local_model->parameters()) {
     CHECK(p.param->grad.shares_storage_with(local_model->parameters().front().param->grad));
   }
   local_model->parameters().back().param->grad = Tensor::zeros({100});
-  CHECK_THROWS_WITH(local.zero_gradients(), Contains("the gradient of 2.bias is no longer a view into the gradient arena"));
+  CHECK_THROWS_WITH(local.zero_gradients(), Contains("the gradient of 2.bias is no longer a view into the flat"));
 }
 
 TEST_CASE("a parameter whose gradient never arrives is named", "[reducer]") {

@@ -6,6 +6,17 @@
 
 namespace mtrain {
 
+void seat_gradient(models::Parameter& p, const Tensor& flat, int64_t offset) {
+  Tensor view = flat.flat_view(offset, p.grad.shape());
+  view.copy_(p.grad);
+  p.grad = view;
+}
+
+void check_seated(const models::Parameter& p, const std::string& name, const Tensor& flat) {
+  MTRAIN_CHECK(p.grad.shares_storage_with(flat), "the gradient of {} is no longer a view into the flat tensor "
+               "that holds the gradients", name);
+}
+
 // Note [Gradient synchronizer]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // With one process there is nothing to exchange, so LocalGradients only checks the hook contract
@@ -32,12 +43,7 @@ void LocalGradients::attach(models::Module& model) {
   arena_ = Tensor();
   if (!named.empty() && uniform) {
     arena_ = Tensor::zeros({total}, DType::Float32, named.front().param->grad.device());
-    for (size_t i = 0; i < named.size(); ++i) {
-      models::Parameter& p = *named[i].param;
-      Tensor view = arena_.flat_view(offsets[i], p.grad.shape());
-      view.copy_(p.grad);
-      p.grad = view;
-    }
+    for (size_t i = 0; i < named.size(); ++i) seat_gradient(*named[i].param, arena_, offsets[i]);
   }
   ready_count_.assign(names_.size(), 0);
   model.set_grad_ready_hook([this](models::Parameter& p) { on_gradient_ready(p); });
@@ -50,11 +56,7 @@ void LocalGradients::zero_gradients() {
     model_->zero_grad();
     return;
   }
-  for (const auto& p : model_->parameters()) {
-    // A gradient re-seated since attach would keep its values through the fill.
-    MTRAIN_CHECK(p.param->grad.shares_storage_with(arena_), "the gradient of {} is no longer a view into the "
-                 "gradient arena", p.name);
-  }
+  for (const auto& p : model_->parameters()) check_seated(*p.param, p.name, arena_);
   arena_.zero_();
 }
 

@@ -38,6 +38,13 @@ struct MicroBatchInfo {
   std::optional<int64_t> world_samples = std::nullopt;
 };
 
+// Gradients as views into a flat tensor (the Reducer's buckets, LocalGradients' arena):
+// seat_gradient makes p's gradient the view of `flat` at `offset`, its values copied in;
+// check_seated throws InternalError unless it still is one (a gradient re-seated since
+// would keep its values through a fill of `flat`).
+void seat_gradient(models::Parameter& p, const Tensor& flat, int64_t offset);
+void check_seated(const models::Parameter& p, const std::string& name, const Tensor& flat);
+
 class GradientSynchronizer {
  public:
   virtual ~GradientSynchronizer() = default;

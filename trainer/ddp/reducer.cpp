@@ -198,10 +198,7 @@ void Reducer::attach(models::Module& model) {
     // Note [Gradients are views into the buckets]: from here on each gradient lives in
     // its bucket, so launching a bucket needs no copy in and the wait no copy out.
     for (size_t k = 0; k < bucket.params.size(); ++k) {
-      models::Parameter& p = *params_[bucket.params[k]];
-      Tensor view = bucket.flat.flat_view(bucket.offsets[k], p.value.shape());
-      view.copy_(p.grad);
-      p.grad = view;
+      seat_gradient(*params_[bucket.params[k]], bucket.flat, bucket.offsets[k]);
     }
     layout = fnv1a(bucket.params.data(), bucket.params.size() * sizeof(int), layout);
     layout = fnv1a(&total, sizeof total, layout);
@@ -216,6 +213,14 @@ void Reducer::attach(models::Module& model) {
   ready_count_.assign(n, 0);
   model.set_grad_ready_hook([this](models::Parameter& p) { on_gradient_ready(p); });
   attached_ = true;
+}
+
+void Reducer::zero_gradients() {
+  MTRAIN_CHECK(attached_, "zero_gradients before attach");
+  for (Bucket& b : buckets_) {
+    for (const int i : b.params) check_seated(*params_[i], names_[i], b.flat);
+    b.flat.zero_();
+  }
 }
 
 // Note [Reducer gradient weighting]
@@ -239,19 +244,6 @@ void Reducer::attach(models::Module& model) {
 // not through SyncBatchNorm: its backward sums dy over the ranks before any bucket exists, and a
 // rank with 2 of 10 images would weigh its dy 2x in those sums (the resnet18 --sync-bn test on 3
 // ranks with shares 4, 4, 2 checks this against one rank).
-void Reducer::zero_gradients() {
-  MTRAIN_CHECK(attached_, "zero_gradients before attach");
-  for (Bucket& b : buckets_) {
-    for (const int i : b.params) {
-      // Note [Gradients are views into the buckets]; a gradient re-seated since would keep
-      // its values through the fill.
-      MTRAIN_CHECK(params_[i]->grad.shares_storage_with(b.flat), "the gradient of {} is no longer a view into its "
-                   "bucket", names_[i]);
-    }
-    b.flat.zero_();
-  }
-}
-
 void Reducer::before_backward(const MicroBatchInfo& micro_batch) {
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
   for (auto& b : buckets_) {
