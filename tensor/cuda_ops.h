@@ -65,7 +65,7 @@ NumericsOptions numerics();
 // ---- the CUDA entry of every op in tensor/ops.def -----------------------------------------
 // cross_entropy and count_correct detect a label outside [0, K) on the device and report it
 // (InvalidArgument naming the first bad row and label) when the result is read back, as the
-// CPU kernels do.
+// CPU kernels do; loss_stats leaves the row in its result for its reader.
 #define MTRAIN_OP(RETURN, NAME, PARAMS, ARGS, DEVICE, WITHOUT_CUDA) RETURN NAME PARAMS;
 #include "tensor/ops.def"
 #undef MTRAIN_OP

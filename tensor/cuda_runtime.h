@@ -70,4 +70,23 @@ class GpuStopwatch {
   std::unique_ptr<Events> events_;
 };
 
+// A point of the calling thread's current stream on `device` (an event without timing),
+// queued when made: wait() blocks the host until the stream has passed it, and not for
+// the work queued after it. Throws InvalidArgument in a build without CUDA, Error when
+// the runtime refuses.
+class GpuMark {
+ public:
+  explicit GpuMark(int device);
+  ~GpuMark();
+  GpuMark(const GpuMark&) = delete;
+  GpuMark& operator=(const GpuMark&) = delete;
+
+  bool passed() const;
+  void wait() const;
+
+ private:
+  struct Event;
+  std::unique_ptr<Event> event_;
+};
+
 }  // namespace mtrain

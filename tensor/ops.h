@@ -166,6 +166,13 @@ void batchnorm_merge_stats(const Tensor& rows, Tensor& mean, Tensor& var);
 double cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& dlogits, float grad_scale);
 // Number of rows whose argmax equals the label.
 int64_t count_correct(const Tensor& logits, const Tensor& labels);
+// Both of the above without waiting for them: writes stats, Int64 [kLossStats] on the
+// logits' device, with {the bits of the double loss sum, the correct count, the first
+// row whose label lies outside [0, K) or -1}, queued like any kernel (Note [Loss
+// statistics stay on the device] in models/loss.cpp). A bad label throws nothing here:
+// its row is skipped, and the sum, the count and dlogits are unspecified.
+constexpr int64_t kLossStats = 3;
+void loss_stats(const Tensor& logits, const Tensor& labels, Tensor& dlogits, float grad_scale, Tensor& stats);
 
 // ---- optimizer -----------------------------------------------------------------
 // One SGD step on one parameter with PyTorch's semantics (torch.optim.SGD).

@@ -1,5 +1,6 @@
 // Softmax cross-entropy and accuracy counting over logits[N,K].
 #include <cmath>
+#include <cstring>
 
 #include "tensor/cpu/checks.h"
 #include "tensor/cpu/cpu_ops.h"
@@ -9,20 +10,32 @@
 namespace mtrain::ops {
 namespace {
 
-// Checks logits[N,K] and Int64 labels[N]; every label must lie in [0, K).
-void check_logits_labels(const char* op, const Tensor& logits, const Tensor& labels) {
+// Checks logits[N,K] and Int64 labels[N] (not the labels' values).
+void check_logits_labels_shapes(const char* op, const Tensor& logits, const Tensor& labels) {
   cpu::check_float(op, "logits", logits);
   cpu::check_ndim(op, "logits", logits, 2);
   cpu::check_dtype(op, "labels", labels, DType::Int64);
   cpu::check_shape(op, "labels", labels, {logits.size(0)});
+}
+
+// The first row whose label lies outside [0, K), or -1.
+int64_t first_bad_row(const Tensor& logits, const Tensor& labels) {
   const int64_t k = logits.size(1);
   const int64_t* pl = labels.data<int64_t>();
   for (int64_t i = 0; i < labels.numel(); ++i) {
-    if (pl[i] < 0 || pl[i] >= k) {
-      throw InvalidArgument(fmt::format("{}: label {} of sample {} is outside [0, {}): the data's "
-                                        "classes do not match the model's {} outputs",
-                                        op, pl[i], i, k, k));
-    }
+    if (pl[i] < 0 || pl[i] >= k) return i;
+  }
+  return -1;
+}
+
+// Checks logits[N,K] and Int64 labels[N]; every label must lie in [0, K).
+void check_logits_labels(const char* op, const Tensor& logits, const Tensor& labels) {
+  check_logits_labels_shapes(op, logits, labels);
+  if (const int64_t row = first_bad_row(logits, labels); row >= 0) {
+    const int64_t k = logits.size(1);
+    throw InvalidArgument(fmt::format("{}: label {} of sample {} is outside [0, {}): the data's "
+                                      "classes do not match the model's {} outputs",
+                                      op, labels.data<int64_t>()[row], row, k, k));
   }
 }
 
@@ -78,6 +91,24 @@ int64_t cpu::count_correct(const Tensor& logits, const Tensor& labels) {
     if (best == pl[r]) ++correct;
   }
   return correct;
+}
+
+void cpu::loss_stats(const Tensor& logits, const Tensor& labels, Tensor& dlogits, float grad_scale,
+                     Tensor& stats) {
+  check_logits_labels_shapes("loss_stats", logits, labels);
+  cpu::check_dtype("loss_stats", "stats", stats, DType::Int64);
+  cpu::check_shape("loss_stats", "stats", stats, {kLossStats});
+  int64_t* out = stats.data<int64_t>();
+  const int64_t bad = first_bad_row(logits, labels);
+  double sum = 0.0;
+  int64_t correct = 0;
+  if (bad < 0) {
+    sum = cpu::cross_entropy(logits, labels, dlogits, grad_scale);
+    correct = cpu::count_correct(logits, labels);
+  }
+  std::memcpy(&out[0], &sum, sizeof(sum));
+  out[1] = correct;
+  out[2] = bad;
 }
 
 }  // namespace mtrain::ops

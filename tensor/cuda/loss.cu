@@ -3,9 +3,11 @@
 //
 // Note [Host results of GPU kernels]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Both functions return a host value, so each ends with one small device-to-host copy
-// on the current stream and a wait for that stream alone (not the device: other
-// streams, such as a collective's, keep running). Labels are checked on the device
+// cross_entropy and count_correct return a host value, so each ends with one small
+// device-to-host copy on the current stream and a wait for that stream alone (not the
+// device: other streams, such as a collective's, keep running). loss_stats runs the same
+// kernels into one device tensor and waits for nothing; whoever reads it checks the bad
+// row (models/loss.cpp). Labels are checked on the device
 // while the rows are processed: the kernels record the first row whose label lies
 // outside [0, K) (atomicMin, so the row is the same whatever the scheduling), skip that
 // row, and the host throws InvalidArgument with the CPU kernel's wording after the
@@ -174,6 +176,40 @@ __global__ void count_correct_kernel(const float* logits, const int64_t* labels,
 
 unsigned grid_for_rows(int64_t n) { return detail::grid_for(n, kWarpsPerBlock); }
 
+// Queues the loss kernels: *total <- the sum of the rows' losses, dlogits (when defined)
+// <- their gradient, *bad_row <- min(*bad_row, the first row with a label outside [0, K)).
+// The row-loss scratch goes back to the allocator at once: its block is reused only by
+// work queued after these kernels on the same stream.
+void launch_cross_entropy(const Device device, const Tensor& logits, const Tensor& labels,
+                          const Tensor& dlogits, float grad_scale, double* total,
+                          unsigned long long* bad_row, cudaStream_t stream) {
+  const int64_t n = logits.size(0), k = logits.size(1);
+  Tensor row_loss = Tensor::empty({n}, DType::Int64, device);  // doubles, in an Int64 tensor's bytes
+  cross_entropy_rows_kernel<<<grid_for_rows(n), kThreads, 0, stream>>>(
+      logits.data<float>(), labels.data<int64_t>(),
+      dlogits.defined() ? dlogits.data<float>() : nullptr, grad_scale, n, k,
+      static_cast<double*>(row_loss.raw_data()), bad_row);
+  MTRAIN_CUDA_CHECK(cudaGetLastError());
+  sum_rows_kernel<<<1, kThreads, 0, stream>>>(static_cast<const double*>(row_loss.raw_data()), n, total);
+  MTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+// Queues *correct += the rows whose argmax is the label, *bad_row as above.
+void launch_count_correct(const Tensor& logits, const Tensor& labels, unsigned long long* correct,
+                          unsigned long long* bad_row, cudaStream_t stream) {
+  const int64_t n = logits.size(0), k = logits.size(1);
+  count_correct_kernel<<<grid_for_rows(n), kThreads, 0, stream>>>(
+      logits.data<float>(), labels.data<int64_t>(), n, k, correct, bad_row);
+  MTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+// Zeroes words [0, zeros) and sets words [zeros, zeros + no_rows) to kNoBadRow.
+void clear_words(unsigned long long* words, int zeros, int no_rows, cudaStream_t stream) {
+  const size_t w = sizeof(unsigned long long);
+  if (zeros > 0) MTRAIN_CUDA_CHECK(cudaMemsetAsync(words, 0, zeros * w, stream));
+  MTRAIN_CUDA_CHECK(cudaMemsetAsync(words + zeros, 0xff, no_rows * w, stream));
+}
+
 }  // namespace
 
 double cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& dlogits,
@@ -184,21 +220,14 @@ double cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& dlogits
   const int64_t n = logits.size(0), k = logits.size(1);
   double total = 0.0;
   if (n > 0) {
-    // Layout (64-bit words): [0] the total, [1] the first bad row, [2, 2 + n) row losses.
-    // Tensor has no float64 dtype, so the doubles live in an Int64 tensor's bytes.
-    Tensor scratch = Tensor::empty({2 + n}, DType::Int64, device);
+    // [0] the total (a double in an Int64 tensor's bytes), [1] the first bad row.
+    Tensor scratch = Tensor::empty({2}, DType::Int64, device);
     auto* words = static_cast<unsigned long long*>(scratch.raw_data());
-    auto* doubles = static_cast<double*>(scratch.raw_data());
     const cudaStream_t stream = detail::stream_for(device.index);
     cuda::DeviceGuard guard(device.index);
-    MTRAIN_CUDA_CHECK(cudaMemsetAsync(words + 1, 0xff, sizeof(unsigned long long), stream));
-    cross_entropy_rows_kernel<<<grid_for_rows(n), kThreads, 0, stream>>>(
-        logits.data<float>(), labels.data<int64_t>(),
-        dlogits.defined() ? dlogits.data<float>() : nullptr, grad_scale, n, k, doubles + 2,
-        words + 1);
-    MTRAIN_CUDA_CHECK(cudaGetLastError());
-    sum_rows_kernel<<<1, kThreads, 0, stream>>>(doubles + 2, n, doubles);
-    MTRAIN_CUDA_CHECK(cudaGetLastError());
+    clear_words(words + 1, 0, 1, stream);
+    launch_cross_entropy(device, logits, labels, dlogits, grad_scale, reinterpret_cast<double*>(words),
+                         words + 1, stream);
     struct {
       double total;
       unsigned long long first_bad_row;
@@ -224,15 +253,30 @@ int64_t count_correct(const Tensor& logits, const Tensor& labels) {
   auto* words = static_cast<unsigned long long*>(scratch.raw_data());
   const cudaStream_t stream = detail::stream_for(device.index);
   cuda::DeviceGuard guard(device.index);
-  MTRAIN_CUDA_CHECK(cudaMemsetAsync(words, 0, sizeof(unsigned long long), stream));
-  MTRAIN_CUDA_CHECK(cudaMemsetAsync(words + 1, 0xff, sizeof(unsigned long long), stream));
-  count_correct_kernel<<<grid_for_rows(n), kThreads, 0, stream>>>(
-      logits.data<float>(), labels.data<int64_t>(), n, k, words, words + 1);
-  MTRAIN_CUDA_CHECK(cudaGetLastError());
+  clear_words(words, 1, 1, stream);
+  launch_count_correct(logits, labels, words, words + 1, stream);
   unsigned long long result[2];
   read_back(device.index, words, result, sizeof(result));
   if (result[1] != kNoBadRow) throw_bad_label(op, labels, static_cast<int64_t>(result[1]), k);
   return static_cast<int64_t>(result[0]);
+}
+
+void loss_stats(const Tensor& logits, const Tensor& labels, Tensor& dlogits, float grad_scale,
+                Tensor& stats) {
+  const char* op = "loss_stats";
+  const Device device = check_logits_labels(op, logits, labels);
+  if (dlogits.defined()) check_on_shape(op, "dlogits", dlogits, device, logits.shape());
+  check_on_shape(op, "stats", stats, device, {ops::kLossStats}, DType::Int64);
+  // [0] the loss sum (a double's bits: 0 is 0.0), [1] the count, [2] the first bad row
+  // (kNoBadRow is -1 as an Int64).
+  auto* words = static_cast<unsigned long long*>(stats.raw_data());
+  const cudaStream_t stream = detail::stream_for(device.index);
+  cuda::DeviceGuard guard(device.index);
+  clear_words(words, 2, 1, stream);
+  if (logits.size(0) == 0) return;
+  launch_cross_entropy(device, logits, labels, dlogits, grad_scale, reinterpret_cast<double*>(words),
+                       words + 2, stream);
+  launch_count_correct(logits, labels, words + 1, words + 2, stream);
 }
 
 }  // namespace mtrain::cuda_ops

@@ -188,4 +188,19 @@ std::optional<double> GpuStopwatch::seconds() const {
   return static_cast<double>(ms) * 1e-3;
 }
 
+struct GpuMark::Event {
+  explicit Event(int device) : event(device) {}
+  cuda::Event event;
+};
+
+GpuMark::GpuMark(int device) : event_(std::make_unique<Event>(device)) {
+  event_->event.record(cuda::current_stream(device));
+}
+
+GpuMark::~GpuMark() = default;
+
+bool GpuMark::passed() const { return event_->event.completed(); }
+
+void GpuMark::wait() const { event_->event.synchronize(); }
+
 }  // namespace mtrain

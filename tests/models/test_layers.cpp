@@ -264,7 +264,7 @@ TEST_CASE("CrossEntropyLoss is the batch mean, counts hits and has the right gra
     const int argmax = static_cast<int>(std::max_element(row, row + 3) - row);
     hits += argmax == labels.data<int64_t>()[i];
   }
-  const LossResult r = criterion.forward(logits, labels);
+  const LossResult r = criterion.forward(logits, labels).read();
   CHECK(r.loss == Approx(mean_loss(logits)).epsilon(1e-5));
   CHECK(r.correct == hits);
   CHECK(r.count == 4);
@@ -285,16 +285,16 @@ TEST_CASE("CrossEntropyLoss is the batch mean, counts hits and has the right gra
   CHECK(compare_gradients("logits", analytic, numeric, {}) == "");
 
   // value(): the same figures without a gradient, and backward() still the forward's.
-  const LossResult v = criterion.value(logits, labels);
+  const LossResult v = criterion.value(logits, labels).read();
   CHECK(v.loss == r.loss);
   CHECK(v.correct == r.correct);
   CHECK(v.count == r.count);
-  CHECK_FALSE(criterion.value(uniform_tensor({4, 3}, rng, -2.0f, 2.0f), labels).loss == r.loss);
+  CHECK_FALSE(criterion.value(uniform_tensor({4, 3}, rng, -2.0f, 2.0f), labels).read().loss == r.loss);
   CHECK(criterion.backward().to_vector<float>() == analytic);
-  CHECK_THROWS_AS(criterion.value(logits, Tensor::from_vector<int64_t>({0, 3, 1, 2}, {4})), InvalidArgument);
-
-  CHECK_THROWS_AS(criterion.forward(logits, Tensor::from_vector<int64_t>({0, 3, 1, 2}, {4})),
-                  InvalidArgument);
+  // A label outside [0, K) is reported when the figures are read, naming its sample.
+  CHECK_THROWS_AS(criterion.value(logits, Tensor::from_vector<int64_t>({0, 3, 1, 2}, {4})).read(), InvalidArgument);
+  CHECK_THROWS_WITH(criterion.forward(logits, Tensor::from_vector<int64_t>({0, 1, -1, 3}, {4})).read(),
+                    Catch::Contains("label -1 of sample 2 is outside [0, 3)"));
   CHECK_THROWS_AS(criterion.forward(logits, Tensor::zeros({3}, DType::Int64)), InvalidArgument);
   CHECK_THROWS_AS(criterion.forward(logits, Tensor::zeros({4})), InvalidArgument);  // float labels
   CHECK_THROWS_AS(CrossEntropyLoss().backward(), InvalidArgument);

@@ -61,8 +61,10 @@
 #include "collectives/process_group.h"
 #include "collectives/store.h"
 #include "models/sync_batchnorm.h"
+#include "tensor/cuda/stream.h"
 #include "tensor/cuda_ops.h"
 #include "tensor/ops.h"
+#include "tests/support/stream_gate.h"
 #endif
 
 using namespace mtrain;
@@ -348,8 +350,8 @@ TEST_CASE("CrossEntropyLoss on the GPU equals the CPU", "[cuda][loss]") {
   const Tensor logits = uniform_tensor({9, 7}, rng, -4.0f, 4.0f);
   const Tensor labels = Tensor::from_vector<int64_t>({0, 6, 3, 3, 1, 2, 5, 4, 0}, {9});
   CrossEntropyLoss cpu_loss, gpu_loss;
-  const LossResult on_cpu = cpu_loss.forward(logits, labels);
-  const LossResult on_gpu = gpu_loss.forward(logits.to(kGpu), labels.to(kGpu));
+  const LossResult on_cpu = cpu_loss.forward(logits, labels).read();
+  const LossResult on_gpu = gpu_loss.forward(logits.to(kGpu), labels.to(kGpu)).read();
   // Log-sum-exp of 7 values per row: float32 exp and log, a few ulp apart.
   CHECK(on_gpu.loss == Approx(on_cpu.loss).epsilon(1e-6));
   CHECK(on_gpu.correct == on_cpu.correct);
@@ -358,6 +360,43 @@ TEST_CASE("CrossEntropyLoss on the GPU equals the CPU", "[cuda][loss]") {
 
   CHECK_THROWS_WITH(gpu_loss.forward(logits.to(kGpu), labels),
                     Catch::Contains("the logits are on cuda:0 but the labels are on cpu"));
+}
+
+// Note [Loss statistics stay on the device]: reading a forward's figures waits for the
+// loss's own kernels and copy, not for what the stream queued after them (the training
+// loop queues the whole backward first). A read that waited for the stream would sit
+// behind the gate until it opened by itself.
+TEST_CASE("a loss is read without waiting for the work queued after it", "[cuda][loss]") {
+  require_gpu();
+  std::mt19937_64 rng(6);
+  const Tensor logits = uniform_tensor({33, 10}, rng, -4.0f, 4.0f);
+  std::vector<int64_t> classes(33);
+  for (size_t i = 0; i < classes.size(); ++i) classes[i] = static_cast<int64_t>((i * 7) % 10);
+  const Tensor labels = Tensor::from_vector<int64_t>(classes, {33});
+  const Tensor bad_labels = Tensor::from_vector<int64_t>({3, 1, 12, 0, -2, 5}, {6});
+  CrossEntropyLoss cpu_loss, gpu_loss;
+  const LossResult expected = cpu_loss.forward(logits, labels).read();
+
+  cuda::OwnedStream side(0);
+  const cuda::StreamGuard on_side(side.stream());
+  const Tensor g_logits = logits.to(kGpu), g_labels = labels.to(kGpu);
+  const Tensor g_bad = bad_labels.to(kGpu), g_bad_logits = g_logits.narrow0(0, 6);
+  const PendingLoss pending = gpu_loss.forward(g_logits, g_labels);
+  const PendingLoss pending_bad = gpu_loss.value(g_bad_logits, g_bad);
+  mtrain::testing::StreamGate gate(side.stream().handle());
+  Tensor after = Tensor::empty({1 << 20}, DType::Float32, kGpu);
+  after.fill_(3.0f);  // queued behind the gate
+
+  const LossResult got = pending.read();
+  CHECK(got.loss == Approx(expected.loss).epsilon(1e-6));
+  CHECK(got.correct == expected.correct);
+  CHECK(got.count == 33);
+  CHECK_FALSE(gate.timed_out());
+  gate.open();
+  // The error path fetches the bad label itself, a copy that waits for the stream.
+  CHECK_THROWS_WITH(pending_bad.read(), Catch::Contains("label 12 of sample 2 is outside [0, 10)"));
+  CHECK(after.to_vector<float>() == std::vector<float>(1 << 20, 3.0f));
+  check_close("dlogits", gpu_loss.backward(), cpu_loss.backward(), kElementwise);
 }
 
 TEST_CASE("a GPU model given a host input names both devices and the fix", "[cuda][layers]") {
@@ -481,8 +520,8 @@ void check_model_step(const std::string& name, int batch, GradientCheck how) {
   const Tensor logits_cpu = pair.cpu->forward(x);
   const Tensor logits_gpu = pair.gpu->forward(x.to(kGpu));
   check_close(name + " logits", logits_gpu, logits_cpu, kModel);
-  const LossResult l_cpu = cpu_loss.forward(logits_cpu, labels);
-  const LossResult l_gpu = gpu_loss.forward(logits_gpu, labels.to(kGpu));
+  const LossResult l_cpu = cpu_loss.forward(logits_cpu, labels).read();
+  const LossResult l_gpu = gpu_loss.forward(logits_gpu, labels.to(kGpu)).read();
   CHECK(l_gpu.loss == Approx(l_cpu.loss).epsilon(kModel.rtol));
   pair.cpu->backward(cpu_loss.backward());
   pair.gpu->backward(gpu_loss.backward());

@@ -145,8 +145,8 @@ TEST_CASE("a moved model computes on its device what it computes on the CPU, bit
     CHECK(y_there.device() == kOtherHost);
     require_same_values(y_there, y_here);
 
-    const LossResult l_here = here_loss.forward(y_here, labels);
-    const LossResult l_there = there_loss.forward(y_there, labels.to(kOtherHost));
+    const LossResult l_here = here_loss.forward(y_here, labels).read();
+    const LossResult l_there = there_loss.forward(y_there, labels.to(kOtherHost)).read();
     CHECK(l_there.loss == l_here.loss);
     const Tensor dlogits = there_loss.backward();
     CHECK(dlogits.device() == kOtherHost);

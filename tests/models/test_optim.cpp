@@ -85,14 +85,14 @@ TEST_CASE("resnet18 learns a tiny batch in five SGD steps", "[optim][resnet18]")
   std::vector<double> losses;
   for (int step = 0; step < 5; ++step) {
     sgd.zero_grad();
-    const LossResult r = criterion.forward(model->forward(images), labels);
+    const LossResult r = criterion.forward(model->forward(images), labels).read();
     REQUIRE(std::isfinite(r.loss));
     CHECK(r.count == 8);
     losses.push_back(r.loss);
     model->backward(criterion.backward());
     sgd.step();
   }
-  const LossResult after = criterion.forward(model->forward(images), labels);
+  const LossResult after = criterion.forward(model->forward(images), labels).read();
   INFO("losses " << losses[0] << " " << losses[1] << " " << losses[2] << " " << losses[3] << " "
                  << losses[4] << " -> " << after.loss);
   // Ten classes at random init: about ln 10 = 2.30.

@@ -66,6 +66,28 @@ TEST_CASE("count_correct counts rows whose first maximum is the label", "[loss]"
   CHECK(ops::count_correct(logits, Tensor::from_vector<int64_t>({0, 1, 0, 2}, {4})) == 1);
 }
 
+TEST_CASE("loss_stats holds cross_entropy's sum, count_correct's count and the first bad row", "[loss]") {
+  const Tensor logits = random_tensor({6, 4}, 63, -3.0f, 3.0f);
+  const Tensor labels = Tensor::from_vector<int64_t>({0, 3, 2, 2, 1, 0}, {6});
+  Tensor d_expected = Tensor::empty({6, 4}), d = Tensor::empty({6, 4});
+  const double sum = ops::cross_entropy(logits, labels, d_expected, 0.25f);
+  Tensor stats = Tensor::empty({ops::kLossStats}, DType::Int64);
+  ops::loss_stats(logits, labels, d, 0.25f, stats);
+  const std::vector<int64_t> words = stats.to_vector<int64_t>();
+  double got = 0.0;
+  std::memcpy(&got, &words[0], sizeof(got));
+  CHECK(got == sum);
+  CHECK(words[1] == ops::count_correct(logits, labels));
+  CHECK(words[2] == -1);
+  CHECK(d.to_vector<float>() == d_expected.to_vector<float>());
+
+  // A bad label is left for the reader: no throw, its row in the last word.
+  ops::loss_stats(logits, Tensor::from_vector<int64_t>({0, 3, 2, 4, -1, 0}, {6}), d, 0.25f, stats);
+  CHECK(stats.to_vector<int64_t>()[2] == 3);
+  Tensor wrong_shape = Tensor::empty({2}, DType::Int64);
+  CHECK_THROWS_AS(ops::loss_stats(logits, labels, d, 0.25f, wrong_shape), InternalError);
+}
+
 namespace {
 
 // torch.optim.SGD's single-tensor update, transcribed in double.

@@ -72,7 +72,7 @@ void step(models::Module& m, GradientSynchronizer& sync, bool synchronize) {
   info.world_samples = 4;
   sync.before_backward(info);
   m.backward(Tensor::full(y.shape(), 0.25f));
-  sync.after_backward();
+  sync.after_backward({});
 }
 
 // Runs body(rank, store) for ranks 0 and 1 on two threads, each with its own client of
@@ -256,7 +256,7 @@ TEST_CASE("two ranks: the one that sleeps before its backward is the slowest, an
       reducer.before_backward({4, true});
       if (r == 1) std::this_thread::sleep_for(kSleep);
       model->backward(Tensor::full(y.shape(), 0.25f));
-      reducer.after_backward();
+      reducer.after_backward({});
       if (s < kSteps - 1) own_wait[static_cast<size_t>(r)] += reducer.last_step().wait_seconds;
     }
     seen[static_cast<size_t>(r)] = reducer.rank_waits();
@@ -329,7 +329,7 @@ TEST_CASE("a parameter whose gradient never arrives is named", "[reducer]") {
   reducer.attach(*model);
   reducer.before_backward({4, true});
   // No backward ran: no hook fired.
-  CHECK_THROWS_WITH(reducer.after_backward(), Contains("parameter 0.weight reported its gradient ready 0 times"));
+  CHECK_THROWS_WITH(reducer.after_backward({}), Contains("parameter 0.weight reported its gradient ready 0 times"));
 }
 
 TEST_CASE("an empty micro-batch still takes part in the exchange", "[reducer]") {
@@ -340,7 +340,7 @@ TEST_CASE("an empty micro-batch still takes part in the exchange", "[reducer]") 
   model->zero_grad();
   // No backward runs for an empty micro-batch; every bucket is still launched.
   reducer.before_backward({0, true});
-  reducer.after_backward();
+  reducer.after_backward({});
   CHECK(reducer.last_step().launches.size() == reducer.bucket_parameters().size());
   for (const auto& g : gradients(*model)) CHECK(g == std::vector<float>(g.size(), 0.0f));
 
@@ -370,7 +370,7 @@ TEST_CASE("weighted by sample count: uneven ranks give the one-process gradient;
   reference->forward(x);
   local.before_backward({4, true});
   reference->backward(Tensor::full({4, 100}, 0.25f / 4.0f));
-  local.after_backward();
+  local.after_backward({});
   const auto expected = gradients(*reference);
 
   std::vector<std::vector<std::vector<float>>> got(2);
@@ -396,7 +396,7 @@ TEST_CASE("weighted by sample count: uneven ranks give the one-process gradient;
       reducer.before_backward(info);
       // The mean over this rank's rows, scaled as the loop scales it.
       model->backward(Tensor::full({rows, 100}, 0.25f / static_cast<float>(rows) * reducer.loss_gradient_scale()));
-      reducer.after_backward();
+      reducer.after_backward({});
     };
     run_step(4);
     got[static_cast<size_t>(r)] = gradients(*model);

@@ -61,10 +61,7 @@ void LocalGradients::zero_gradients() {
 }
 
 void LocalGradients::before_backward(const MicroBatchInfo& micro_batch) {
-  if (micro_batch.sync) {
-    stop_vote_ = micro_batch.stop_vote;
-    compute_ = micro_batch.previous_compute;
-  }
+  sync_ = micro_batch.sync;
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
 }
 
@@ -75,11 +72,15 @@ void LocalGradients::on_gradient_ready(const models::Parameter& param) {
   ++ready_count_[param.index];
 }
 
-void LocalGradients::after_backward() {
+void LocalGradients::after_backward(const StepReport& report) {
   for (size_t i = 0; i < ready_count_.size(); ++i) {
     MTRAIN_CHECK(ready_count_[i] == 1,
                  "parameter {} reported its gradient ready {} times in one backward (expected once)",
                  names_[i], ready_count_[i]);
+  }
+  if (sync_) {
+    stop_vote_ = report.stop_vote;
+    compute_ = report.previous_compute;
   }
 }
 

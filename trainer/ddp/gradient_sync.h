@@ -1,7 +1,7 @@
 // GradientSynchronizer: what the training loop does with gradients between backward and the
 // optimizer step. Per micro-batch the loop calls
-//     [zero_grad] -> forward -> loss -> before_backward(mb) -> model.backward() -> after_backward()
-//       -> [optimizer.step()]
+//     [zero_grad] -> forward -> loss -> before_backward(mb) -> model.backward()
+//       -> after_backward(report) -> [optimizer.step()]
 // with zero_grad and the step once per group of --grad-accum micro-batches, `sync` set only on a
 // group's last micro-batch. attach() installs the model's grad-ready hook (Note [Grad-ready hook]
 // in models/module.cpp), which must report every parameter exactly once per backward. All calls
@@ -27,15 +27,20 @@ struct RankCompute {
 struct MicroBatchInfo {
   int64_t samples = 0;  // rows of this rank's micro-batch
   bool sync = true;     // false: accumulate locally, no communication (no_sync)
-  // This rank's stop vote, exchanged with the gradients when `sync` is set (Note
-  // [Agreeing to stop] in reducer.cpp); 0 means carry on.
-  int64_t stop_vote = 0;
-  // This rank's compute of its previous synchronized step, exchanged with the stop vote
-  // (--balance, Note [Measuring each rank's speed] in share_balancer.cpp).
-  RankCompute previous_compute{};
   // With --global-batch-size: the samples of every rank's micro-batch of this step together,
   // as this rank's sampler plans them (Note [Reducer gradient weighting] in reducer.cpp).
   std::optional<int64_t> world_samples = std::nullopt;
+};
+
+// What this rank tells the others with a synchronized micro-batch, in after_backward: by
+// then its loss has been read (Note [The loss is read after backward is queued] in
+// trainer/loop/train_loop.cpp). Ignored for a micro-batch that is not synchronized.
+struct StepReport {
+  // This rank's stop vote (Note [Agreeing to stop] in reducer.cpp); 0 means carry on.
+  int64_t stop_vote = 0;
+  // This rank's compute of its previous synchronized step (--balance, Note [Measuring
+  // each rank's speed] in share_balancer.cpp).
+  RankCompute previous_compute{};
 };
 
 // Gradients as views into a flat tensor (the Reducer's buckets, LocalGradients' arena):
@@ -62,12 +67,13 @@ class GradientSynchronizer {
   // this backward (Note [Reducer gradient weighting] in reducer.cpp); 1 unless ranks
   // hold different numbers of samples.
   virtual float loss_gradient_scale() const { return 1.0f; }
-  // Called right after each backward; on return every gradient is final.
-  virtual void after_backward() = 0;
+  // Called right after each backward is queued, with what this rank reports; on return
+  // every gradient is final.
+  virtual void after_backward(const StepReport& report) = 0;
   // One line for logs.
   virtual std::string describe() const = 0;
   // After the after_backward of a synchronized micro-batch: the maximum of the stop
-  // votes all ranks passed with it (Note [Agreeing to stop]); 0 before the first.
+  // votes all ranks reported with it (Note [Agreeing to stop]); 0 before the first.
   virtual int64_t agreed_stop_vote() const = 0;
   // After the after_backward of a synchronized micro-batch: every rank's previous_compute
   // of it, by rank (the same on every rank); before the first, empty or {-1, 0} per rank.
@@ -82,7 +88,7 @@ class LocalGradients final : public GradientSynchronizer {
   void attach(models::Module& model) override;
   void zero_gradients() override;
   void before_backward(const MicroBatchInfo& micro_batch) override;
-  void after_backward() override;
+  void after_backward(const StepReport& report) override;
   std::string describe() const override;
   int64_t agreed_stop_vote() const override { return stop_vote_; }
   std::vector<RankCompute> ranks_compute() const override { return {compute_}; }
@@ -92,6 +98,7 @@ class LocalGradients final : public GradientSynchronizer {
 
   models::Module* model_ = nullptr;
   Tensor arena_;  // every gradient, each parameter's a view (Note [Gradient synchronizer])
+  bool sync_ = true;  // the current micro-batch's MicroBatchInfo::sync
   int64_t stop_vote_ = 0;
   RankCompute compute_;
 

@@ -261,14 +261,8 @@ void Reducer::before_backward(const MicroBatchInfo& micro_batch) {
   MTRAIN_CHECK(sync_ || !options_.weight_by_sample_count,
                "the reducer weights gradients by sample count, which needs every micro-batch synchronized");
   if (!sync_) return;
-  // Issued first, so it travels ahead of the buckets and is done by the time they are.
+  samples_ = micro_batch.samples;
   const int world = group_->size();
-  exchange_mine_ = Tensor::from_vector<int64_t>({micro_batch.stop_vote, previous_wait_ns_,
-                                                 micro_batch.previous_compute.nanoseconds,
-                                                 micro_batch.previous_compute.images, micro_batch.samples},
-                                                {kExchangeFields});
-  exchange_all_ = Tensor::empty({kExchangeFields * static_cast<int64_t>(world)}, DType::Int64);
-  exchange_work_ = control_->allgather(exchange_mine_, exchange_all_);
   scale_ = 1.0f / static_cast<float>(world);
   loss_scale_ = 1.0f;
   world_samples_.reset();
@@ -367,7 +361,7 @@ void Reducer::launch(Bucket& bucket) {
 // on communication (Note [Asynchronous collectives] in collectives/process_group.cpp); its
 // wait_seconds is only the exchange of stop votes. A failed all-reduce surfaces through the group
 // (a later wait, the next operation or its watchdog at the deadline) rather than in this call.
-void Reducer::after_backward() {
+void Reducer::after_backward(const StepReport& report) {
   if (empty_micro_batch_) {
     for (auto* p : params_) on_gradient_ready(*p);
   }
@@ -380,6 +374,7 @@ void Reducer::after_backward() {
     }
   }
   if (!sync_) return;
+  issue_exchange(report);
   MTRAIN_CHECK(next_launch_ == buckets_.size(), "{} of {} gradient buckets were launched", next_launch_,
                buckets_.size());
   const auto backward_end = Clock::now();
@@ -427,10 +422,14 @@ void Reducer::trace_buckets(Clock::time_point all_done) const {
 // A stop signal (Note [Stopping on a signal] in stop_signals.cpp) reaches the ranks at slightly
 // different moments, or only one of them, yet every rank must stop after the same optimizer step,
 // or the ones that carry on wait forever in the next all-reduce. The last micro-batch of every
-// step carries this rank's stop vote (Note [Stop votes]): before_backward all-gathers {vote,
-// previous wait} of every rank (Note [Every rank's wait]) on the control group, ahead of the
-// buckets, and after_backward waits for it with them, so the agreement costs no extra round trip.
-// The same exchange carries each rank's compute time of its previous step for --balance (Note
+// step carries this rank's stop vote (Note [Stop votes]): after_backward all-gathers {vote,
+// previous wait} of every rank (Note [Every rank's wait]) on the control group and waits for it
+// with the buckets. It is issued once the backward is queued, because a rank whose loss is not
+// finite votes to stop too, and the loss is read only then (Note [The loss is read after backward
+// is queued] in trainer/loop/train_loop.cpp): on a GPU the exchange's round trip passes while the
+// GPU runs the backward; on the CPU, where the host ran it, the exchange follows the last bucket
+// (one small all-gather's latency a step, when the control group is the gradients' own). The same
+// exchange carries each rank's compute time of its previous step for --balance (Note
 // [Measuring each rank's speed] in share_balancer.cpp) and its sample count (Note [Ranks that
 // split differently]). After the step every rank reads the same agreed_stop_vote(), the largest
 // vote: a vote cast at step N is honoured after step N on every rank. With one process
@@ -446,6 +445,15 @@ void Reducer::trace_buckets(Clock::time_point all_done) const {
 // error before the optimizer applies it: better to stop than to train on images skipped or read
 // twice. (With three or more ranks two could disagree on a boundary with equal totals; that this
 // check does not see.)
+void Reducer::issue_exchange(const StepReport& report) {
+  exchange_mine_ = Tensor::from_vector<int64_t>({report.stop_vote, previous_wait_ns_,
+                                                 report.previous_compute.nanoseconds,
+                                                 report.previous_compute.images, samples_},
+                                                {kExchangeFields});
+  exchange_all_ = Tensor::empty({kExchangeFields * static_cast<int64_t>(group_->size())}, DType::Int64);
+  exchange_work_ = control_->allgather(exchange_mine_, exchange_all_);
+}
+
 void Reducer::take_exchange() {
   const int64_t* all = exchange_all_.data<int64_t>();
   const size_t world = static_cast<size_t>(exchange_all_.numel() / kExchangeFields);

@@ -97,18 +97,18 @@ class Reducer final : public GradientSynchronizer {
   void attach(models::Module& model) override;
   // Fills each bucket with zeros: every gradient is a view into one (InternalError before attach).
   void zero_gradients() override;
-  // Issues the exchange of stop votes, waits and sample counts (Note [Agreeing to stop]) and
-  // returns without waiting for it. With weight_by_sample_count, a synchronized micro-batch
-  // must name its world_samples (InternalError otherwise; InvalidArgument when it is 0), and
-  // the loss gradient scale follows from it (Note [Reducer gradient weighting]).
+  // Prepares the buckets for a backward. With weight_by_sample_count, a synchronized
+  // micro-batch must name its world_samples (InternalError otherwise; InvalidArgument when it
+  // is 0), and the loss gradient scale follows from it (Note [Reducer gradient weighting]).
   void before_backward(const MicroBatchInfo& micro_batch) override;
   float loss_gradient_scale() const override { return loss_scale_; }
-  // Waits for every bucket (on a GPU: on the current stream, Note [Reducer on a GPU]) and the
+  // Issues the exchange of stop votes, waits and sample counts (Note [Agreeing to stop]), then
+  // waits for every bucket (on a GPU: on the current stream, Note [Reducer on a GPU]) and the
   // exchange; on return every gradient is final (Note [Reducer launch order]). Throws
   // InternalError when a parameter reported its gradient other than once, or when the ranks'
   // sample counts do not add up to the world_samples this rank was given (Note [Ranks that
   // split differently]), and the operations' errors.
-  void after_backward() override;
+  void after_backward(const StepReport& report) override;
   std::string describe() const override;
   int64_t agreed_stop_vote() const override { return agreed_stop_vote_; }
   std::vector<RankCompute> ranks_compute() const override { return ranks_compute_; }
@@ -164,6 +164,8 @@ class Reducer final : public GradientSynchronizer {
   // The per-step exchange of this rank, and of all: kExchangeFields values per rank.
   // stop vote, previous wait (ns), previous compute (ns, images), this micro-batch's samples
   static constexpr int64_t kExchangeFields = 5;
+  void issue_exchange(const StepReport& report);
+  int64_t samples_ = 0;  // the current synchronized micro-batch's MicroBatchInfo::samples
   Tensor exchange_mine_;  // int64 [kExchangeFields]
   Tensor exchange_all_;   // int64 [kExchangeFields * world]
   WorkPtr exchange_work_;

@@ -21,8 +21,9 @@ ComputeTimer::ComputeTimer(Device device, models::Module& model) : device_(devic
 // cost. Two timing events on the current stream do: the start mark is passed when the stream
 // actually begins the forward (after the previous step's optimizer, which waited for the
 // all-reduces), the stop mark when the backward's kernels are done. Reading them never blocks: a
-// step's marks are read during the next step (its loss, copied to the host, has passed them by
-// then), and the two stopwatches alternate so that the next step's marks do not overwrite them.
+// step's marks are read during the next step, once its loss is on the host (Note [The loss is
+// read after backward is queued] in train_loop.cpp), which the stream has passed them by, and the
+// two stopwatches alternate so that the next step's marks do not overwrite them.
 // What the marks cannot separate is SyncBatchNorm's collectives queued on the stream between them.
 void ComputeTimer::start() {
   before_ = stopped_;

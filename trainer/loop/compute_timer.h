@@ -1,8 +1,8 @@
 // ComputeTimer: this rank's forward and backward time per step, for --balance (Note [Measuring
 // each rank's speed] in trainer/ddp/share_balancer.cpp). The loop calls start() right before a
 // step's forward, pause() after it, resume() right before its backward and stop(images) right
-// after it (an empty batch too: start, stop), so the collectives between forward and backward
-// are not counted; during the next step, previous() gives that step's time. On the CPU it is the host's time less what
+// after it (an empty batch too: start, stop), so what the loop does between forward and backward
+// is not counted; during the next step, previous() gives that step's time. On the CPU it is the host's time less what
 // SyncBatchNorm spent waiting for its peers; on a GPU the device's time between the two marks on
 // the current stream, read without blocking (Note [Timing on a GPU] in compute_timer.cpp).
 #pragma once

@@ -309,23 +309,22 @@ void TrainLoop::train_micro_batch(RunState& rs, EpochState& e, StepState& step, 
     const trace::Span span("buffer broadcast", "comm");
     config_.hooks.sync_buffers();
   }
-  if (last_of_step && config_.hooks.stop_vote) info.stop_vote = config_.hooks.stop_vote();
+  StepReport report;
+  if (last_of_step && config_.hooks.stop_vote) report.stop_vote = config_.hooks.stop_vote();
   if (batch.size() == 0) {
     // An empty shard (see Note [Gradients are views into the buckets] in reducer.cpp): nothing
     // to compute, but the synchronizer still takes part in the exchange.
     if (rs.timer) {
       rs.timer->start();
-      rs.timer->pause();
-      info.previous_compute = rs.timer->previous();
-      rs.timer->resume();
       rs.timer->stop(0);
+      report.previous_compute = rs.timer->previous();
     }
     sync_.before_backward(info);
     const trace::Span span("gradient sync wait", "comm");
-    sync_.after_backward();
+    sync_.after_backward(report);
     return;
   }
-  const models::LossResult r = forward_backward(rs, e, batch, info, last_of_step);
+  const models::LossResult r = forward_backward(rs, e, batch, info, report, last_of_step);
   e.summary.images += r.count;
   e.summary.loss_sum += r.loss * static_cast<double>(r.count);
   e.summary.correct += r.correct;
@@ -333,25 +332,30 @@ void TrainLoop::train_micro_batch(RunState& rs, EpochState& e, StepState& step, 
   step.images += r.count;
 }
 
+// Note [The loss is read after backward is queued]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The step needs its loss before the optimizer (a rank whose loss is not finite votes to
+// stop, Note [Agreeing to diverge]) but not before the backward. So the backward is queued
+// first and the loss read after it (Note [Loss statistics stay on the device] in
+// models/loss.cpp): on a GPU the host then waits for the forward alone while the GPU has the
+// whole backward before it, and the exchange that carries the vote (after_backward) travels
+// while that backward runs. Read before the backward, the loss left the GPU idle from the
+// forward's end until the host had queued the backward's first kernels. The previous step's
+// compute time is read at the same point: by the time this step's loss is on the host, the
+// stream has passed that step's marks (Note [Timing on a GPU] in compute_timer.cpp). On the CPU
+// the order changes nothing but when the exchange is issued. A label outside [0, K) is
+// reported here too, after a backward on gradients that are never applied.
 models::LossResult TrainLoop::forward_backward(RunState& rs, EpochState& e, const data::Batch& batch,
-                                               MicroBatchInfo& info, bool last_of_step) {
+                                               const MicroBatchInfo& info, StepReport& report, bool last_of_step) {
   if (rs.timer) rs.timer->start();
-  const models::LossResult r = [&] {
+  const models::PendingLoss pending = [&] {
     const trace::Span span("forward", "compute", "images", batch.size());
     const Tensor logits = model_.forward(batch.images);
     return rs.loss_fn.forward(logits, batch.labels);
   }();
-  // Note [Agreeing to diverge]
-  if (!std::isfinite(r.loss) && e.divergence.empty()) {
-    e.divergence = fmt::format("the loss is {} at epoch {} step {}", r.loss, e.epoch, total_steps_ + 1);
-  }
-  if (last_of_step && !e.divergence.empty()) info.stop_vote = encode_stop_vote(kDivergedVote, config_.rank);
   Tensor dlogits = rs.loss_fn.backward();
   if (rs.accum > 1) ops::scale_(dlogits, 1.0f / static_cast<float>(rs.accum));
-  if (rs.timer) {
-    rs.timer->pause();  // the collectives of before_backward are not compute
-    info.previous_compute = rs.timer->previous();
-  }
+  if (rs.timer) rs.timer->pause();  // the synchronizer's bookkeeping is not compute
   sync_.before_backward(info);
   float k = sync_.loss_gradient_scale();
   if (rs.scaler != nullptr) k *= rs.scaler->scale();
@@ -362,9 +366,19 @@ models::LossResult TrainLoop::forward_backward(RunState& rs, EpochState& e, cons
     model_.backward(dlogits);
   }
   if (rs.timer) rs.timer->stop(batch.size());
+  const models::LossResult r = [&] {
+    const trace::Span span("loss read", "compute");
+    return pending.read();
+  }();
+  // Note [Agreeing to diverge]
+  if (!std::isfinite(r.loss) && e.divergence.empty()) {
+    e.divergence = fmt::format("the loss is {} at epoch {} step {}", r.loss, e.epoch, total_steps_ + 1);
+  }
+  if (last_of_step && !e.divergence.empty()) report.stop_vote = encode_stop_vote(kDivergedVote, config_.rank);
+  if (rs.timer) report.previous_compute = rs.timer->previous();
   {
     const trace::Span span("gradient sync wait", "comm");
-    sync_.after_backward();
+    sync_.after_backward(report);
   }
   return r;
 }

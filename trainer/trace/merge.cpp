@@ -124,7 +124,7 @@ std::vector<RankSummary> summarize(const nlohmann::json& events, int world) {
     if (ts > steps[r][step].end) continue;
     StepFigures& f = figures[r][step];
     if (name == "gradient sync wait") f.wait += dur;
-    if (name == "forward" || name == "backward" || name == "optimizer") f.compute += dur;
+    if (name == "forward" || name == "backward" || name == "loss read" || name == "optimizer") f.compute += dur;
     if (name == "all-reduce") {
       f.first_launch = std::min(f.first_launch, ts);
       f.last_done = std::max(f.last_done, ts + dur);
