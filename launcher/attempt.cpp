@@ -50,7 +50,8 @@ struct LocalWorker {
   int global_rank = 0;
   WorkerProcess process;
   fs::path error_file;
-  bool sigkilled = false;
+  bool sigkilled = false;             // ignored SIGTERM for --term_timeout
+  bool killed_while_stopped = false;  // Note [Stopped workers at teardown]
   std::optional<StopInfo> stopped;  // Note [Workers stopped on a signal]
 };
 
@@ -279,7 +280,7 @@ void Attempt::spawn_workers() {
     spec.stdout_fd = streams.stdout_fd;
     spec.stderr_fd = streams.stderr_fd;
     try {
-      workers_.push_back(LocalWorker{local, global, WorkerProcess::spawn(spec), error_file, false, std::nullopt});
+      workers_.push_back(LocalWorker{local, global, WorkerProcess::spawn(spec), error_file, false, false, std::nullopt});
     } catch (...) {
       logs_.close_child_ends(streams);
       kill_spawned_workers();
@@ -581,12 +582,25 @@ void Attempt::signal_running(int sig) {
   }
 }
 
+// Note [Stopped workers at teardown]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A stopped worker (SIGSTOP, a terminal's ^Z) would hold the teardown's signal pending
+// until --term_timeout ran out; continuing it delivers the signal now. After a failure,
+// though, a worker found stopped is SIGKILLed instead: continued, it resumes inside the
+// step it was stopped in, and a collective whose peers are gone can hold it there for the
+// whole --timeout before it sees the SIGTERM (a 2-rank run took --timeout twice over to
+// end, test_preemption). Its peers have failed, so it has no step left to finish or
+// checkpoint. A teardown for a signal the launcher received still continues it: that
+// signal may ask for a clean stop.
 void Attempt::begin_teardown(TeardownReason why, int sig) {
   reason_ = why;
   teardown_wall_ = WallClock::now();
   for (auto& w : workers_) {
-    // A stopped worker (SIGSTOP, a debugger, a terminal's ^Z) would hold the signal
-    // pending until --term_timeout ran out; continuing it delivers the signal now.
+    if (why != TeardownReason::kSignal && w.process.stopped()) {
+      w.process.signal_group(SIGKILL);
+      w.killed_while_stopped = true;
+      continue;
+    }
     w.process.signal_group(sig);
     w.process.signal_group(SIGCONT);
   }
@@ -719,9 +733,11 @@ std::vector<Failure> Attempt::classify_workers(AttemptResult& result) const {
     const double started_teardown = epoch_seconds(teardown_wall_);
     const double when = record && record->timestamp ? *record->timestamp : exit_time;
     // The launcher sends SIGTERM at teardown, forwards SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
-    // and SIGKILLs only those it marks sigkilled: a death by any other signal (the OOM
-    // killer's SIGKILL, a segfault) is the worker's own, however late the launcher saw it.
-    const bool killed_by_another_signal = st.signaled && !w.sigkilled && st.signal != SIGTERM &&
+    // and SIGKILLs only those it marks sigkilled or killed_while_stopped: a death by any other
+    // signal (the OOM killer's SIGKILL, a segfault) is the worker's own, however late the
+    // launcher saw it.
+    const bool by_launcher = w.sigkilled || w.killed_while_stopped;
+    const bool killed_by_another_signal = st.signaled && !by_launcher && st.signal != SIGTERM &&
                                           st.signal != SIGINT && st.signal != SIGHUP && st.signal != SIGUSR1 &&
                                           st.signal != SIGUSR2 && st.signal != SIGQUIT;
     const bool failed_on_its_own = (!st.success() && exit_time < started_teardown) ||

@@ -233,6 +233,15 @@ void WorkerProcess::signal_group(int sig) const {
   ::killpg(pid_, sig);
 }
 
+bool WorkerProcess::stopped() const {
+  if (status_) return false;
+  std::ifstream in(fmt::format("/proc/{}/stat", pid_));
+  std::string stat((std::istreambuf_iterator<char>(in)), {});
+  // "pid (comm) state ...": comm may hold spaces and parentheses, so from the last ')'.
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
+}
+
 bool WorkerProcess::try_reap() {
   if (status_) return false;
   int status = 0;

@@ -58,6 +58,9 @@ class WorkerProcess {
   // After the worker was reaped, only while a child of the launcher is still in it
   // (Note [Signalling a reaped worker's group]).
   void signal_group(int sig) const;
+  // True while the worker itself is stopped by a signal (SIGSTOP, SIGTSTP, ...; state T in
+  // /proc/<pid>/stat), not when traced. False once reaped or when that cannot be read.
+  bool stopped() const;
   // Reaps the worker if it has exited (never blocks); true when it exited just now.
   bool try_reap();
   // After the worker was reaped: SIGKILLs whatever is left of its process group and

@@ -541,3 +541,29 @@ TEST_CASE("an error that will repeat travels in the error file and the root caus
   CHECK_THAT(format_failure_report(report),
              Catch::Contains("FAILED (attempt 0, 2 restart(s) left, not used: the root cause says it would repeat)"));
 }
+
+// Note [Stopped workers at teardown] rests on telling a stopped worker from a running one.
+TEST_CASE("a worker stopped by a signal is seen as stopped until it continues") {
+  using mtrain::launch::WorkerProcess;
+  using mtrain::launch::WorkerSpec;
+  WorkerSpec spec;
+  spec.executable = "/bin/sleep";
+  spec.argv = {"sleep", "30"};
+  WorkerProcess w = WorkerProcess::spawn(spec);
+  const auto becomes = [&](bool stopped) {
+    for (int i = 0; i < 200; ++i) {
+      if (w.stopped() == stopped) return true;
+      ::usleep(10000);
+    }
+    return false;
+  };
+  CHECK(becomes(false));
+  w.signal_group(SIGSTOP);
+  CHECK(becomes(true));
+  w.signal_group(SIGCONT);
+  CHECK(becomes(false));
+  w.signal_group(SIGKILL);
+  for (int i = 0; i < 200 && !w.try_reap(); ++i) ::usleep(10000);
+  REQUIRE_FALSE(w.running());
+  CHECK_FALSE(w.stopped());
+}
