@@ -24,6 +24,8 @@ class PendingLoss {
   // Waits for the loss's own kernels, not for work queued after them. Throws
   // InvalidArgument when a label lies outside [0, K), naming the first such sample.
   LossResult read() const;
+  // True when computed on the host: read() returns at once.
+  bool on_host() const { return stats_.from_host(); }
 
  private:
   friend class CrossEntropyLoss;

@@ -81,7 +81,6 @@ class GpuMark {
   GpuMark(const GpuMark&) = delete;
   GpuMark& operator=(const GpuMark&) = delete;
 
-  bool passed() const;
   void wait() const;
 
  private:

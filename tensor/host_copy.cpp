@@ -15,8 +15,6 @@ HostCopy::HostCopy(const Tensor& src) {
   copied_ = std::make_unique<GpuMark>(src.device().index);
 }
 
-bool HostCopy::ready() const { return copied_ == nullptr || copied_->passed(); }
-
 const Tensor& HostCopy::wait() const {
   MTRAIN_CHECK(host_.defined(), "HostCopy::wait on an empty HostCopy");
   if (copied_ != nullptr) copied_->wait();

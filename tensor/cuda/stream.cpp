@@ -199,8 +199,6 @@ GpuMark::GpuMark(int device) : event_(std::make_unique<Event>(device)) {
 
 GpuMark::~GpuMark() = default;
 
-bool GpuMark::passed() const { return event_->event.completed(); }
-
 void GpuMark::wait() const { event_->event.synchronize(); }
 
 }  // namespace mtrain

@@ -72,7 +72,8 @@ void step(models::Module& m, GradientSynchronizer& sync, bool synchronize) {
   info.world_samples = 4;
   sync.before_backward(info);
   m.backward(Tensor::full(y.shape(), 0.25f));
-  sync.after_backward({});
+  sync.report({});
+  sync.after_backward();
 }
 
 // Runs body(rank, store) for ranks 0 and 1 on two threads, each with its own client of
@@ -256,7 +257,8 @@ TEST_CASE("two ranks: the one that sleeps before its backward is the slowest, an
       reducer.before_backward({4, true});
       if (r == 1) std::this_thread::sleep_for(kSleep);
       model->backward(Tensor::full(y.shape(), 0.25f));
-      reducer.after_backward({});
+      reducer.report({});
+      reducer.after_backward();
       if (s < kSteps - 1) own_wait[static_cast<size_t>(r)] += reducer.last_step().wait_seconds;
     }
     seen[static_cast<size_t>(r)] = reducer.rank_waits();
@@ -322,6 +324,61 @@ TEST_CASE("zero_gradients clears every gradient: the reducer through its buckets
   CHECK_THROWS_WITH(local.zero_gradients(), Contains("the gradient of 2.bias is no longer a view into the flat"));
 }
 
+TEST_CASE("a report reaches every rank whether it is issued before or after the backward", "[reducer]") {
+  // Note [The loss is read after backward is queued]: the CPU reports before the backward,
+  // a GPU after it; every rank at the same point, since the exchange and the buckets may
+  // share one group. Rank 1 reports a vote, both a compute time; both read the same.
+  const bool before = GENERATE(true, false);
+  INFO((before ? "reported before the backward" : "reported after the backward"));
+  std::vector<int64_t> agreed(2, -1);
+  std::vector<std::vector<RankCompute>> computes(2);
+  const std::vector<std::string> errors = on_two_ranks([&](int r, std::shared_ptr<Store> store) {
+    ProcessGroupOptions options;
+    options.timeout = Millis(10000);
+    const TrainingGroups groups = create_training_groups("gloo", store, r, 2, Device::cpu(), options);
+    auto model = three_linears();
+    Reducer reducer(groups.gradients, ReducerOptions{}, groups.control);
+    reducer.attach(*model);
+    const Tensor y = model->forward(random_input(4));
+    reducer.before_backward({4, true});
+    const StepReport mine{r == 1 ? 77 : 0, RankCompute{1000 + r, 4}};
+    if (before) reducer.report(mine);
+    model->backward(Tensor::full(y.shape(), 0.25f));
+    if (!before) reducer.report(mine);
+    reducer.after_backward();
+    agreed[static_cast<size_t>(r)] = reducer.agreed_stop_vote();
+    computes[static_cast<size_t>(r)] = reducer.ranks_compute();
+  });
+  for (size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    REQUIRE(errors[r].empty());
+    CHECK(agreed[r] == 77);
+    REQUIRE(computes[r].size() == 2);
+    CHECK(computes[r][1].nanoseconds == 1001);
+    CHECK(computes[r][0].images == 4);
+  }
+
+  // A synchronized micro-batch is reported exactly once; one that is not needs no report.
+  SoloGroup solo;
+  auto model = three_linears();
+  Reducer reducer(solo.group, ReducerOptions{});
+  reducer.attach(*model);
+  Tensor y = model->forward(random_input(4));
+  reducer.before_backward({4, true});
+  model->backward(Tensor::full(y.shape(), 0.25f));
+  CHECK_THROWS_WITH(reducer.after_backward(), Contains("without report()"));
+  y = model->forward(random_input(4));
+  reducer.before_backward({4, true});
+  reducer.report({});
+  CHECK_THROWS_WITH(reducer.report({}), Contains("report() twice"));
+  model->backward(Tensor::full(y.shape(), 0.25f));
+  reducer.after_backward();
+  y = model->forward(random_input(4));
+  reducer.before_backward({4, false});
+  model->backward(Tensor::full(y.shape(), 0.25f));
+  CHECK_NOTHROW(reducer.after_backward());
+}
+
 TEST_CASE("a parameter whose gradient never arrives is named", "[reducer]") {
   SoloGroup solo;
   auto model = three_linears();
@@ -329,7 +386,8 @@ TEST_CASE("a parameter whose gradient never arrives is named", "[reducer]") {
   reducer.attach(*model);
   reducer.before_backward({4, true});
   // No backward ran: no hook fired.
-  CHECK_THROWS_WITH(reducer.after_backward({}), Contains("parameter 0.weight reported its gradient ready 0 times"));
+  reducer.report({});
+  CHECK_THROWS_WITH(reducer.after_backward(), Contains("parameter 0.weight reported its gradient ready 0 times"));
 }
 
 TEST_CASE("an empty micro-batch still takes part in the exchange", "[reducer]") {
@@ -340,7 +398,8 @@ TEST_CASE("an empty micro-batch still takes part in the exchange", "[reducer]") 
   model->zero_grad();
   // No backward runs for an empty micro-batch; every bucket is still launched.
   reducer.before_backward({0, true});
-  reducer.after_backward({});
+  reducer.report({});
+  reducer.after_backward();
   CHECK(reducer.last_step().launches.size() == reducer.bucket_parameters().size());
   for (const auto& g : gradients(*model)) CHECK(g == std::vector<float>(g.size(), 0.0f));
 
@@ -370,7 +429,8 @@ TEST_CASE("weighted by sample count: uneven ranks give the one-process gradient;
   reference->forward(x);
   local.before_backward({4, true});
   reference->backward(Tensor::full({4, 100}, 0.25f / 4.0f));
-  local.after_backward({});
+  local.report({});
+  local.after_backward();
   const auto expected = gradients(*reference);
 
   std::vector<std::vector<std::vector<float>>> got(2);
@@ -396,7 +456,8 @@ TEST_CASE("weighted by sample count: uneven ranks give the one-process gradient;
       reducer.before_backward(info);
       // The mean over this rank's rows, scaled as the loop scales it.
       model->backward(Tensor::full({rows, 100}, 0.25f / static_cast<float>(rows) * reducer.loss_gradient_scale()));
-      reducer.after_backward({});
+      reducer.report({});
+      reducer.after_backward();
     };
     run_step(4);
     got[static_cast<size_t>(r)] = gradients(*model);

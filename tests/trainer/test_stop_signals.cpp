@@ -105,10 +105,10 @@ TEST_CASE("a real signal sets the pending stop, and a world of one agrees with i
   // LocalGradients takes the vote of the synchronizing micro-batch only.
   mtrain::LocalGradients local;
   local.before_backward({8, false});
-  local.after_backward({mtrain::encode_stop_vote(SIGUSR1, 0)});
+  local.report({mtrain::encode_stop_vote(SIGUSR1, 0)});
   CHECK(local.agreed_stop_vote() == 0);
   local.before_backward({8, true});
-  local.after_backward({mtrain::encode_stop_vote(mtrain::pending_stop_signal(), 0)});
+  local.report({mtrain::encode_stop_vote(mtrain::pending_stop_signal(), 0)});
   CHECK(mtrain::decode_stop_vote(local.agreed_stop_vote()).signal == SIGUSR1);
   mtrain::clear_pending_stop_signal();
   CHECK(mtrain::pending_stop_signal() == 0);

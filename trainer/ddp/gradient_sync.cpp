@@ -72,15 +72,17 @@ void LocalGradients::on_gradient_ready(const models::Parameter& param) {
   ++ready_count_[param.index];
 }
 
-void LocalGradients::after_backward(const StepReport& report) {
+void LocalGradients::report(const StepReport& report) {
+  if (!sync_) return;
+  stop_vote_ = report.stop_vote;
+  compute_ = report.previous_compute;
+}
+
+void LocalGradients::after_backward() {
   for (size_t i = 0; i < ready_count_.size(); ++i) {
     MTRAIN_CHECK(ready_count_[i] == 1,
                  "parameter {} reported its gradient ready {} times in one backward (expected once)",
                  names_[i], ready_count_[i]);
-  }
-  if (sync_) {
-    stop_vote_ = report.stop_vote;
-    compute_ = report.previous_compute;
   }
 }
 

@@ -1,8 +1,10 @@
 // GradientSynchronizer: what the training loop does with gradients between backward and the
 // optimizer step. Per micro-batch the loop calls
-//     [zero_grad] -> forward -> loss -> before_backward(mb) -> model.backward()
-//       -> after_backward(report) -> [optimizer.step()]
-// with zero_grad and the step once per group of --grad-accum micro-batches, `sync` set only on a
+//     [zero_grad] -> forward -> loss -> before_backward(mb) -> model.backward() -> after_backward()
+//       -> [optimizer.step()]
+// and report(r) once between before_backward and after_backward, before or after
+// model.backward() (Note [The loss is read after backward is queued] in
+// trainer/loop/train_loop.cpp); zero_grad and the step once per group of --grad-accum micro-batches, `sync` set only on a
 // group's last micro-batch. attach() installs the model's grad-ready hook (Note [Grad-ready hook]
 // in models/module.cpp), which must report every parameter exactly once per backward. All calls
 // come from the training thread. LocalGradients is the world of one (Note [Gradient synchronizer]
@@ -32,9 +34,8 @@ struct MicroBatchInfo {
   std::optional<int64_t> world_samples = std::nullopt;
 };
 
-// What this rank tells the others with a synchronized micro-batch, in after_backward: by
-// then its loss has been read (Note [The loss is read after backward is queued] in
-// trainer/loop/train_loop.cpp). Ignored for a micro-batch that is not synchronized.
+// What this rank tells the others with a synchronized micro-batch (report()), once its loss
+// has been read. Ignored for a micro-batch that is not synchronized.
 struct StepReport {
   // This rank's stop vote (Note [Agreeing to stop] in reducer.cpp); 0 means carry on.
   int64_t stop_vote = 0;
@@ -67,9 +68,13 @@ class GradientSynchronizer {
   // this backward (Note [Reducer gradient weighting] in reducer.cpp); 1 unless ranks
   // hold different numbers of samples.
   virtual float loss_gradient_scale() const { return 1.0f; }
-  // Called right after each backward is queued, with what this rank reports; on return
-  // every gradient is final.
-  virtual void after_backward(const StepReport& report) = 0;
+  // Once per micro-batch, between before_backward and after_backward, as soon as this rank
+  // knows what to report: with a synchronized micro-batch it issues the exchange that
+  // carries `report` to every rank (Note [Agreeing to stop] in reducer.cpp), without
+  // waiting for it.
+  virtual void report(const StepReport& report) = 0;
+  // Called right after each backward; on return every gradient is final.
+  virtual void after_backward() = 0;
   // One line for logs.
   virtual std::string describe() const = 0;
   // After the after_backward of a synchronized micro-batch: the maximum of the stop
@@ -88,7 +93,8 @@ class LocalGradients final : public GradientSynchronizer {
   void attach(models::Module& model) override;
   void zero_gradients() override;
   void before_backward(const MicroBatchInfo& micro_batch) override;
-  void after_backward(const StepReport& report) override;
+  void report(const StepReport& report) override;
+  void after_backward() override;
   std::string describe() const override;
   int64_t agreed_stop_vote() const override { return stop_vote_; }
   std::vector<RankCompute> ranks_compute() const override { return {compute_}; }

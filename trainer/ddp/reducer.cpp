@@ -361,7 +361,7 @@ void Reducer::launch(Bucket& bucket) {
 // on communication (Note [Asynchronous collectives] in collectives/process_group.cpp); its
 // wait_seconds is only the exchange of stop votes. A failed all-reduce surfaces through the group
 // (a later wait, the next operation or its watchdog at the deadline) rather than in this call.
-void Reducer::after_backward(const StepReport& report) {
+void Reducer::after_backward() {
   if (empty_micro_batch_) {
     for (auto* p : params_) on_gradient_ready(*p);
   }
@@ -374,7 +374,7 @@ void Reducer::after_backward(const StepReport& report) {
     }
   }
   if (!sync_) return;
-  issue_exchange(report);
+  MTRAIN_CHECK(exchange_work_ != nullptr, "a synchronized micro-batch ended its backward without report()");
   MTRAIN_CHECK(next_launch_ == buckets_.size(), "{} of {} gradient buckets were launched", next_launch_,
                buckets_.size());
   const auto backward_end = Clock::now();
@@ -422,13 +422,12 @@ void Reducer::trace_buckets(Clock::time_point all_done) const {
 // A stop signal (Note [Stopping on a signal] in stop_signals.cpp) reaches the ranks at slightly
 // different moments, or only one of them, yet every rank must stop after the same optimizer step,
 // or the ones that carry on wait forever in the next all-reduce. The last micro-batch of every
-// step carries this rank's stop vote (Note [Stop votes]): after_backward all-gathers {vote,
-// previous wait} of every rank (Note [Every rank's wait]) on the control group and waits for it
-// with the buckets. It is issued once the backward is queued, because a rank whose loss is not
-// finite votes to stop too, and the loss is read only then (Note [The loss is read after backward
-// is queued] in trainer/loop/train_loop.cpp): on a GPU the exchange's round trip passes while the
-// GPU runs the backward; on the CPU, where the host ran it, the exchange follows the last bucket
-// (one small all-gather's latency a step, when the control group is the gradients' own). The same
+// step carries this rank's stop vote (Note [Stop votes]): report() all-gathers {vote, previous
+// wait} of every rank (Note [Every rank's wait]) on the control group, and after_backward waits
+// for it with the buckets, so the agreement costs no extra round trip. A rank whose loss is not
+// finite votes to stop too, so the loop reports once it has read the loss (Note [The loss is read
+// after backward is queued] in trainer/loop/train_loop.cpp): on the CPU before the backward,
+// ahead of the buckets; from a GPU once the backward is queued, while the GPU runs it. The same
 // exchange carries each rank's compute time of its previous step for --balance (Note
 // [Measuring each rank's speed] in share_balancer.cpp) and its sample count (Note [Ranks that
 // split differently]). After the step every rank reads the same agreed_stop_vote(), the largest
@@ -445,7 +444,9 @@ void Reducer::trace_buckets(Clock::time_point all_done) const {
 // error before the optimizer applies it: better to stop than to train on images skipped or read
 // twice. (With three or more ranks two could disagree on a boundary with equal totals; that this
 // check does not see.)
-void Reducer::issue_exchange(const StepReport& report) {
+void Reducer::report(const StepReport& report) {
+  if (!sync_) return;
+  MTRAIN_CHECK(exchange_work_ == nullptr, "report() twice for one micro-batch");
   exchange_mine_ = Tensor::from_vector<int64_t>({report.stop_vote, previous_wait_ns_,
                                                  report.previous_compute.nanoseconds,
                                                  report.previous_compute.images, samples_},

@@ -102,13 +102,16 @@ class Reducer final : public GradientSynchronizer {
   // is 0), and the loss gradient scale follows from it (Note [Reducer gradient weighting]).
   void before_backward(const MicroBatchInfo& micro_batch) override;
   float loss_gradient_scale() const override { return loss_scale_; }
-  // Issues the exchange of stop votes, waits and sample counts (Note [Agreeing to stop]), then
-  // waits for every bucket (on a GPU: on the current stream, Note [Reducer on a GPU]) and the
+  // Issues the exchange of stop votes, waits and sample counts (Note [Agreeing to stop]) and
+  // returns without waiting for it.
+  void report(const StepReport& report) override;
+  // Waits for every bucket (on a GPU: on the current stream, Note [Reducer on a GPU]) and the
   // exchange; on return every gradient is final (Note [Reducer launch order]). Throws
-  // InternalError when a parameter reported its gradient other than once, or when the ranks'
-  // sample counts do not add up to the world_samples this rank was given (Note [Ranks that
-  // split differently]), and the operations' errors.
-  void after_backward(const StepReport& report) override;
+  // InternalError when a parameter reported its gradient other than once, when a synchronized
+  // micro-batch was not reported, or when the ranks' sample counts do not add up to the
+  // world_samples this rank was given (Note [Ranks that split differently]), and the
+  // operations' errors.
+  void after_backward() override;
   std::string describe() const override;
   int64_t agreed_stop_vote() const override { return agreed_stop_vote_; }
   std::vector<RankCompute> ranks_compute() const override { return ranks_compute_; }
@@ -164,7 +167,6 @@ class Reducer final : public GradientSynchronizer {
   // The per-step exchange of this rank, and of all: kExchangeFields values per rank.
   // stop vote, previous wait (ns), previous compute (ns, images), this micro-batch's samples
   static constexpr int64_t kExchangeFields = 5;
-  void issue_exchange(const StepReport& report);
   int64_t samples_ = 0;  // the current synchronized micro-batch's MicroBatchInfo::samples
   Tensor exchange_mine_;  // int64 [kExchangeFields]
   Tensor exchange_all_;   // int64 [kExchangeFields * world]

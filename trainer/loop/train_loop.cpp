@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "core/error.h"
 #include "core/trace.h"
@@ -320,8 +321,9 @@ void TrainLoop::train_micro_batch(RunState& rs, EpochState& e, StepState& step, 
       report.previous_compute = rs.timer->previous();
     }
     sync_.before_backward(info);
+    sync_.report(report);
     const trace::Span span("gradient sync wait", "comm");
-    sync_.after_backward(report);
+    sync_.after_backward();
     return;
   }
   const models::LossResult r = forward_backward(rs, e, batch, info, report, last_of_step);
@@ -335,16 +337,22 @@ void TrainLoop::train_micro_batch(RunState& rs, EpochState& e, StepState& step, 
 // Note [The loss is read after backward is queued]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The step needs its loss before the optimizer (a rank whose loss is not finite votes to
-// stop, Note [Agreeing to diverge]) but not before the backward. So the backward is queued
-// first and the loss read after it (Note [Loss statistics stay on the device] in
-// models/loss.cpp): on a GPU the host then waits for the forward alone while the GPU has the
-// whole backward before it, and the exchange that carries the vote (after_backward) travels
-// while that backward runs. Read before the backward, the loss left the GPU idle from the
-// forward's end until the host had queued the backward's first kernels. The previous step's
-// compute time is read at the same point: by the time this step's loss is on the host, the
-// stream has passed that step's marks (Note [Timing on a GPU] in compute_timer.cpp). On the CPU
-// the order changes nothing but when the exchange is issued. A label outside [0, K) is
-// reported here too, after a backward on gradients that are never applied.
+// stop, Note [Agreeing to diverge]), and the vote travels in the exchange that report()
+// issues, but the backward needs neither. From a GPU (Note [Loss statistics stay on the
+// device] in models/loss.cpp) the loss is therefore read once the backward is queued: the
+// host waits for the forward alone while the GPU has the whole backward before it, and the
+// exchange travels while that backward runs. Read before the backward, the loss left the
+// GPU idle from the forward's end until the host had queued the backward's first kernels.
+// On the CPU the loss is on the host when the forward returns, and the report goes out
+// before the backward, which hides the exchange's round trip: issued after it, behind the
+// last bucket, the round trip cost the 2-rank LeNet step 0.9 ms on the 2-core VM
+// (docs/benchmarks.md). Every rank reports at the same point, as the ranks train on one kind
+// of device (Note [Agreeing on the backend first] in training_groups.cpp): on Gloo and MPI the
+// exchange shares its group with the buckets, whose collectives must come in one order on
+// every rank. The previous step's compute time is read with the loss: by then the
+// stream has passed that step's marks (Note [Timing on a GPU] in compute_timer.cpp). A
+// label outside [0, K) is reported where the loss is read, from a GPU after a backward
+// whose gradients are never applied.
 models::LossResult TrainLoop::forward_backward(RunState& rs, EpochState& e, const data::Batch& batch,
                                                const MicroBatchInfo& info, StepReport& report, bool last_of_step) {
   if (rs.timer) rs.timer->start();
@@ -355,8 +363,10 @@ models::LossResult TrainLoop::forward_backward(RunState& rs, EpochState& e, cons
   }();
   Tensor dlogits = rs.loss_fn.backward();
   if (rs.accum > 1) ops::scale_(dlogits, 1.0f / static_cast<float>(rs.accum));
-  if (rs.timer) rs.timer->pause();  // the synchronizer's bookkeeping is not compute
+  if (rs.timer) rs.timer->pause();  // the synchronizer's work is not compute
   sync_.before_backward(info);
+  std::optional<models::LossResult> r;
+  if (pending.on_host()) r = read_and_report(rs, e, pending, report, last_of_step);
   float k = sync_.loss_gradient_scale();
   if (rs.scaler != nullptr) k *= rs.scaler->scale();
   if (k != 1.0f) ops::scale_(dlogits, k);
@@ -366,6 +376,17 @@ models::LossResult TrainLoop::forward_backward(RunState& rs, EpochState& e, cons
     model_.backward(dlogits);
   }
   if (rs.timer) rs.timer->stop(batch.size());
+  if (!r) r = read_and_report(rs, e, pending, report, last_of_step);
+  {
+    const trace::Span span("gradient sync wait", "comm");
+    sync_.after_backward();
+  }
+  return *r;
+}
+
+// Reads the micro-batch's loss, adds a divergence to the report, and reports.
+models::LossResult TrainLoop::read_and_report(RunState& rs, EpochState& e, const models::PendingLoss& pending,
+                                              StepReport& report, bool last_of_step) {
   const models::LossResult r = [&] {
     const trace::Span span("loss read", "compute");
     return pending.read();
@@ -376,10 +397,7 @@ models::LossResult TrainLoop::forward_backward(RunState& rs, EpochState& e, cons
   }
   if (last_of_step && !e.divergence.empty()) report.stop_vote = encode_stop_vote(kDivergedVote, config_.rank);
   if (rs.timer) report.previous_compute = rs.timer->previous();
-  {
-    const trace::Span span("gradient sync wait", "comm");
-    sync_.after_backward(report);
-  }
+  sync_.report(report);
   return r;
 }
 

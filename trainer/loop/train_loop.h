@@ -198,6 +198,8 @@ class TrainLoop {
   void train_micro_batch(RunState& rs, EpochState& e, StepState& step, const data::Batch& batch, bool last_of_step);
   models::LossResult forward_backward(RunState& rs, EpochState& e, const data::Batch& batch,
                                       const MicroBatchInfo& info, StepReport& report, bool last_of_step);
+  models::LossResult read_and_report(RunState& rs, EpochState& e, const models::PendingLoss& pending,
+                                     StepReport& report, bool last_of_step);
   void apply_step(RunState& rs, const EpochState& e);
   void record_step(RunState& rs, EpochState& e, StepState& step);
   void log_window(RunState& rs, const EpochState& e);
