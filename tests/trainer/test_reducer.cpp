@@ -50,6 +50,26 @@ std::unique_ptr<models::Sequential> three_linears() {
   return m;
 }
 
+// One of two ranks training three_linears() with a Reducer over real Gloo groups (10 s
+// timeouts); the groups outlive the reducer.
+struct GlooRank {
+  GlooRank(int rank, std::shared_ptr<Store> store, ReducerOptions o = {})
+      : groups(create_training_groups("gloo", std::move(store), rank, 2, Device::cpu(), ten_seconds())),
+        model(three_linears()),
+        reducer(groups.gradients, o, groups.control) {
+    reducer.attach(*model);
+  }
+  static ProcessGroupOptions ten_seconds() {
+    ProcessGroupOptions options;
+    options.timeout = Millis(10000);
+    return options;
+  }
+
+  const TrainingGroups groups;
+  std::unique_ptr<models::Sequential> model;
+  Reducer reducer;
+};
+
 Tensor random_input(int64_t rows) {
   Tensor x = Tensor::empty({rows, 100});
   std::mt19937 gen(11);
@@ -245,12 +265,9 @@ TEST_CASE("two ranks: the one that sleeps before its backward is the slowest, an
   std::vector<RankWaits> seen(2);
   std::vector<double> own_wait(2, 0.0);
   const std::vector<std::string> errors = on_two_ranks([&](int r, std::shared_ptr<Store> store) {
-    ProcessGroupOptions options;
-    options.timeout = Millis(10000);
-    const TrainingGroups groups = create_training_groups("gloo", store, r, 2, Device::cpu(), options);
-    auto model = three_linears();
-    Reducer reducer(groups.gradients, ReducerOptions{}, groups.control);
-    reducer.attach(*model);
+    GlooRank rank(r, store);
+    auto& model = rank.model;
+    Reducer& reducer = rank.reducer;
     for (int s = 0; s < kSteps; ++s) {
       const Tensor x = random_input(4);
       const Tensor y = model->forward(x);
@@ -333,12 +350,9 @@ TEST_CASE("a report reaches every rank whether it is issued before or after the 
   std::vector<int64_t> agreed(2, -1);
   std::vector<std::vector<RankCompute>> computes(2);
   const std::vector<std::string> errors = on_two_ranks([&](int r, std::shared_ptr<Store> store) {
-    ProcessGroupOptions options;
-    options.timeout = Millis(10000);
-    const TrainingGroups groups = create_training_groups("gloo", store, r, 2, Device::cpu(), options);
-    auto model = three_linears();
-    Reducer reducer(groups.gradients, ReducerOptions{}, groups.control);
-    reducer.attach(*model);
+    GlooRank rank(r, store);
+    auto& model = rank.model;
+    Reducer& reducer = rank.reducer;
     const Tensor y = model->forward(random_input(4));
     reducer.before_backward({4, true});
     const StepReport mine{r == 1 ? 77 : 0, RankCompute{1000 + r, 4}};
@@ -436,14 +450,11 @@ TEST_CASE("weighted by sample count: uneven ranks give the one-process gradient;
   std::vector<std::vector<std::vector<float>>> got(2);
   std::vector<std::string> disagreement(2);
   const std::vector<std::string> errors = on_two_ranks([&](int r, std::shared_ptr<Store> store) {
-    ProcessGroupOptions options;
-    options.timeout = Millis(10000);
-    const TrainingGroups groups = create_training_groups("gloo", store, r, 2, Device::cpu(), options);
-    auto model = three_linears();
     ReducerOptions o;
     o.weight_by_sample_count = true;
-    Reducer reducer(groups.gradients, o, groups.control);
-    reducer.attach(*model);
+    GlooRank rank(r, store, o);
+    auto& model = rank.model;
+    Reducer& reducer = rank.reducer;
     const int64_t first = r == 0 ? 0 : 3;
     const int64_t rows = r == 0 ? 3 : 1;
     const auto run_step = [&](int64_t planned) {
