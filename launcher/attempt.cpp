@@ -590,13 +590,14 @@ void Attempt::signal_running(int sig) {
 // step it was stopped in, and a collective whose peers are gone can hold it there for the
 // whole --timeout before it sees the SIGTERM (a 2-rank run took --timeout twice over to
 // end, test_preemption). Its peers have failed, so it has no step left to finish or
-// checkpoint. A teardown for a signal the launcher received still continues it: that
-// signal may ask for a clean stop.
+// checkpoint. Only a failure of this node's own workers does so: every other teardown (a
+// signal, another node's stop or failure, a membership change, a lost store) still
+// continues it, since it may be asked to finish its step cleanly.
 void Attempt::begin_teardown(TeardownReason why, int sig) {
   reason_ = why;
   teardown_wall_ = WallClock::now();
   for (auto& w : workers_) {
-    if (why != TeardownReason::kSignal && w.process.stopped()) {
+    if (why == TeardownReason::kLocalFailure && w.process.stopped()) {
       w.process.signal_group(SIGKILL);
       w.killed_while_stopped = true;
       continue;
@@ -765,7 +766,7 @@ Failure Attempt::worker_failure(const LocalWorker& w, const std::optional<ErrorR
   f.status = *w.process.status();
   f.timestamp = when;
   f.timestamp_from_error_file = record && record->timestamp.has_value();
-  f.sigkilled_by_launcher = w.sigkilled;
+  f.sigkilled_by_launcher = w.sigkilled || w.killed_while_stopped;
   if (record) {
     f.error_file = w.error_file.string();
     f.message = record->message;

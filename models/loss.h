@@ -22,7 +22,8 @@ struct LossResult {
 class PendingLoss {
  public:
   // Waits for the loss's own kernels, not for work queued after them. Throws
-  // InvalidArgument when a label lies outside [0, K), naming the first such sample.
+  // InvalidArgument when a label lies outside [0, K), naming the first such sample
+  // (fetching that label waits for the whole stream).
   LossResult read() const;
   // True when computed on the host: read() returns at once.
   bool on_host() const { return stats_.from_host(); }

@@ -25,7 +25,8 @@ struct EvalResult {
 // batches go to `device`, where the model lives (Note [Batches to the device] in
 // device_batches.cpp); the sums come back to the host. Errors of the model and the loader pass
 // through.
-// `on_batch(done, batches)` is called after each batch (progress reports).
+// `on_batch(done, batches)` is called once each batch's figures are read, one batch behind its
+// forward (progress reports).
 EvalResult evaluate(models::Module& model, data::DataLoader& loader, Device device = Device::cpu(),
                     const std::function<void(int64_t done, int64_t batches)>& on_batch = {});
 
