@@ -35,14 +35,17 @@ using Shares = std::vector<int64_t>;
 
 namespace {
 
+// `niceness` > 0 starts the launcher, and so its workers, under nice(1) at that niceness.
 ProcessResult launch(int nproc, const std::vector<std::string>& train_args,
-                     const std::vector<std::string>& launcher_args = {}) {
+                     const std::vector<std::string>& launcher_args = {}, int niceness = 0) {
   std::vector<std::string> args = {fmt::format("--nproc_per_node={}", nproc)};
   args.insert(args.end(), launcher_args.begin(), launcher_args.end());
   args.push_back("train");
   args.insert(args.end(), train_args.begin(), train_args.end());
   args.insert(args.end(), {"--threads", "1", "--data-dir", kMiniSet});
-  return mtrain::testing::run_process(kLauncher, args);
+  if (niceness == 0) return mtrain::testing::run_process(kLauncher, args);
+  args.insert(args.begin(), {"-n", std::to_string(niceness), kLauncher});
+  return mtrain::testing::run_process("/usr/bin/nice", args);
 }
 
 void require_success(const ProcessResult& r) {
@@ -52,8 +55,8 @@ void require_success(const ProcessResult& r) {
 
 const std::vector<std::string> kMlp = {"--model", "mlp", "--max-steps", "10", "--lr", "0.1", "--no-eval"};
 
-// A process spinning on one CPU for as long as this object lives: the neighbour that halves the
-// speed of whatever else runs there.
+// A process spinning on one CPU for as long as this object lives: a neighbour that takes its
+// share of that CPU from whatever else runs there.
 class BusyNeighbour {
  public:
   explicit BusyNeighbour(int cpu) {
@@ -149,8 +152,12 @@ TEST_CASE("--balance auto gives fewer images to a rank that shares its core with
   const auto balanced = dir.file("balanced.safetensors");
   const auto one = dir.file("one.safetensors");
   // Global batches of 256: each rank computes for tens of milliseconds per step, long enough
-  // for the busy loop to take its half of rank 1's CPU in every step (with lenet's 5 ms steps at
-  // batch 64 the rank sometimes ran unpreempted for a whole step).
+  // for the busy loop to take its share of rank 1's CPU in every step (with lenet's 5 ms steps
+  // at batch 64 the rank sometimes ran unpreempted for a whole step). The ranks run at nice 8,
+  // so the busy loop (nice 0) takes about 85 % of rank 1's CPU rather than half: at equal
+  // niceness, on a 6.18 kernel (EEVDF), a rank that slept through its wait for the all-reduce
+  // ran its next compute ahead of the loop, and rank 1 measured from 1.0x to 1.6x rank 0's
+  // time per image, too close to call within 10 steps.
   const std::vector<std::string> run = {"--model", "lenet", "--epochs", "2", "--global-batch-size", "256", "--no-eval"};
   ProcessResult r;
   {
@@ -158,7 +165,7 @@ TEST_CASE("--balance auto gives fewer images to a rank that shares its core with
     r = launch(2,
                concat(run, {"--balance", "auto", "--metrics", metrics, "--log-every", "1", "--save-final", balanced,
                             "--log-level", "debug"}),
-               {"--cpu_bind", "cores"});
+               {"--cpu_bind", "cores"}, /*niceness=*/8);
   }
   require_success(r);
   // However often the split moved, every step was the single-process step on the same 256
