@@ -25,8 +25,6 @@ class PendingLoss {
   // InvalidArgument when a label lies outside [0, K), naming the first such sample
   // (fetching that label waits for the whole stream).
   LossResult read() const;
-  // True when computed on the host: read() returns at once.
-  bool on_host() const { return stats_.from_host(); }
 
  private:
   friend class CrossEntropyLoss;

@@ -17,8 +17,6 @@ class HostCopy {
   HostCopy() = default;  // holds nothing; wait() throws InternalError
   explicit HostCopy(const Tensor& src);
 
-  // True when made from a host tensor: wait() never waits.
-  bool from_host() const { return copied_ == nullptr; }
   // The values, on the host; valid until this object is destroyed or reassigned.
   const Tensor& wait() const;
 

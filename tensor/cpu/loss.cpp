@@ -98,6 +98,7 @@ void cpu::loss_stats(const Tensor& logits, const Tensor& labels, Tensor& dlogits
   check_logits_labels_shapes("loss_stats", logits, labels);
   cpu::check_dtype("loss_stats", "stats", stats, DType::Int64);
   cpu::check_shape("loss_stats", "stats", stats, {kLossStats});
+  if (dlogits.defined()) cpu::check_float_shape("loss_stats", "dlogits", dlogits, logits.shape());
   int64_t* out = stats.data<int64_t>();
   const int64_t bad = first_bad_row(logits, labels);
   double sum = 0.0;

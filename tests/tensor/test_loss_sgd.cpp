@@ -86,6 +86,10 @@ TEST_CASE("loss_stats holds cross_entropy's sum, count_correct's count and the f
   CHECK(stats.to_vector<int64_t>()[2] == 3);
   Tensor wrong_shape = Tensor::empty({2}, DType::Int64);
   CHECK_THROWS_AS(ops::loss_stats(logits, labels, d, 0.25f, wrong_shape), InternalError);
+  // The gradient's shape is checked whatever the labels hold.
+  Tensor wrong_d = Tensor::empty({6, 3});
+  const Tensor bad_labels = Tensor::from_vector<int64_t>({0, 9, 0, 0, 0, 0}, {6});
+  CHECK_THROWS_AS(ops::loss_stats(logits, bad_labels, wrong_d, 0.25f, stats), InternalError);
 }
 
 namespace {

@@ -393,6 +393,52 @@ TEST_CASE("a report reaches every rank whether it is issued before or after the 
   CHECK_NOTHROW(reducer.after_backward());
 }
 
+TEST_CASE("a rank with an empty micro-batch issues its collectives in its peers' order", "[reducer]") {
+  // Note [The loss is read after backward is queued]: on Gloo the exchange and the buckets
+  // share one group. Rank 0 runs a backward; rank 1 holds no samples and skips it. Both report
+  // at the same point, before or after. Were rank 1 to issue the exchange and the buckets in
+  // another order than rank 0, their collectives would not match (an error, or the 10 s
+  // timeout).
+  const bool before = GENERATE(true, false);
+  INFO((before ? "reported before the backward" : "reported after the backward"));
+  // Each rank scales its bucket by 1/2 and rank 1 adds zeros: rank 0's gradient for dy / 2.
+  auto reference = three_linears();
+  const Tensor x = random_input(4);
+  reference->zero_grad();
+  reference->forward(x);
+  reference->backward(Tensor::full({4, 100}, 0.125f));
+  const auto expected = gradients(*reference);
+
+  std::vector<std::vector<std::vector<float>>> got(2);
+  std::vector<int64_t> agreed(2, -1);
+  const std::vector<std::string> errors = on_two_ranks([&](int r, std::shared_ptr<Store> store) {
+    GlooRank rank(r, store);
+    auto& model = rank.model;
+    Reducer& reducer = rank.reducer;
+    reducer.zero_gradients();
+    const bool empty = r == 1;
+    if (!empty) model->forward(x);
+    reducer.before_backward({empty ? 0 : 4, true});
+    const StepReport mine{empty ? 5 : 0, RankCompute{}};
+    if (before) reducer.report(mine);
+    if (empty) {
+      reducer.skip_backward();
+    } else {
+      model->backward(Tensor::full({4, 100}, 0.25f));
+    }
+    if (!before) reducer.report(mine);
+    reducer.after_backward();
+    got[static_cast<size_t>(r)] = gradients(*model);
+    agreed[static_cast<size_t>(r)] = reducer.agreed_stop_vote();
+  });
+  for (size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    REQUIRE(errors[r].empty());
+    CHECK(got[r] == expected);
+    CHECK(agreed[r] == 5);
+  }
+}
+
 TEST_CASE("a parameter whose gradient never arrives is named", "[reducer]") {
   SoloGroup solo;
   auto model = three_linears();
@@ -410,12 +456,28 @@ TEST_CASE("an empty micro-batch still takes part in the exchange", "[reducer]") 
   Reducer reducer(solo.group, ReducerOptions{});
   reducer.attach(*model);
   model->zero_grad();
-  // No backward runs for an empty micro-batch; every bucket is still launched.
+  // No backward runs for an empty micro-batch; skipping it launches every bucket.
   reducer.before_backward({0, true});
   reducer.report({});
-  reducer.after_backward();
+  CHECK(reducer.last_step().launches.empty());
+  reducer.skip_backward();
   CHECK(reducer.last_step().launches.size() == reducer.bucket_parameters().size());
+  reducer.after_backward();
   for (const auto& g : gradients(*model)) CHECK(g == std::vector<float>(g.size(), 0.0f));
+  // A skip is for empty micro-batches only, and an empty one must be skipped.
+  reducer.before_backward({4, true});
+  CHECK_THROWS_WITH(reducer.skip_backward(), Contains("holds samples"));
+  reducer.before_backward({0, true});
+  reducer.report({});
+  CHECK_THROWS_WITH(reducer.after_backward(), Contains("reported its gradient ready 0 times"));
+  LocalGradients local;
+  local.attach(*model);
+  local.before_backward({4, true});
+  CHECK_THROWS_WITH(local.skip_backward(), Contains("skip_backward for a micro-batch of 4 samples"));
+  local.before_backward({0, true});
+  local.skip_backward();
+  local.report({});
+  CHECK_NOTHROW(local.after_backward());
 
   // Weighted by sample counts, a world whose global micro-batch is empty is an error.
   ReducerOptions weighted;

@@ -182,6 +182,25 @@ TEST_CASE("two ranks sharing one GPU over Gloo train the model one rank with the
   CHECK(different > 10 * kWeightTolerance);
 }
 
+TEST_CASE("a GPU rank whose micro-batch is empty keeps its Gloo collectives in its peer's order", "[gpu]") {
+  // Note [The loss is read after backward is queued]: a GPU rank reports after its backward,
+  // and over Gloo that report shares a group with the buckets. With --global-batch-size 1 rank 1
+  // holds no sample at any step, so it skips the backward; its collectives must still come in
+  // rank 0's order, or the first step waits out --timeout.
+  require_gpu();
+  const ScopedEnv one_gpu("CUDA_VISIBLE_DEVICES", first_visible_gpu());
+  TempDir dir;
+  const auto two = dir.file("two.safetensors");
+  const auto one = dir.file("one.safetensors");
+  const std::vector<std::string> args =
+      concat(kMlp, {"--device", "cuda", "--global-batch-size", "1", "--no-eval", "--timeout", "20"});
+  require_success(launch(2, concat(args, {"--backend", "gloo", "--check-replicas", "5", "--save-final", two})));
+  require_success(launch(1, concat(args, {"--save-final", one})));
+  const double difference = max_abs_difference(two, one);
+  INFO("2 ranks with global batch 1 vs 1 rank: " << difference);
+  CHECK(difference <= kWeightTolerance);
+}
+
 TEST_CASE("--balance auto on two ranks sharing one GPU: the GPU timers measure every step", "[gpu]") {
   // Note [Timing on a GPU] in trainer/loop/compute_timer.cpp: each rank's forward and
   // backward are timed by events on its stream and read a step later without waiting.

@@ -62,7 +62,13 @@ void LocalGradients::zero_gradients() {
 
 void LocalGradients::before_backward(const MicroBatchInfo& micro_batch) {
   sync_ = micro_batch.sync;
+  samples_ = micro_batch.samples;
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
+}
+
+void LocalGradients::skip_backward() {
+  MTRAIN_CHECK(samples_ == 0, "skip_backward for a micro-batch of {} samples", samples_);
+  for (int& count : ready_count_) ++count;
 }
 
 void LocalGradients::on_gradient_ready(const models::Parameter& param) {

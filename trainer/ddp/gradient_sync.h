@@ -2,10 +2,11 @@
 // optimizer step. Per micro-batch the loop calls
 //     [zero_grad] -> forward -> loss -> before_backward(mb) -> model.backward() -> after_backward()
 //       -> [optimizer.step()]
-// and report(r) once between before_backward and after_backward, before or after
-// model.backward() (Note [The loss is read after backward is queued] in
-// trainer/loop/train_loop.cpp); zero_grad and the step once per group of --grad-accum micro-batches, `sync` set only on a
-// group's last micro-batch. attach() installs the model's grad-ready hook (Note [Grad-ready hook]
+// with skip_backward() in place of model.backward() for an empty micro-batch, and report(r)
+// once between before_backward and after_backward, either before or after the backward (or
+// its skip), at the same point on every rank (Note [The loss is read after backward is
+// queued] in trainer/loop/train_loop.cpp); zero_grad and the step once per group of
+// --grad-accum micro-batches, `sync` set only on a group's last micro-batch. attach() installs the model's grad-ready hook (Note [Grad-ready hook]
 // in models/module.cpp), which must report every parameter exactly once per backward. All calls
 // come from the training thread. LocalGradients is the world of one (Note [Gradient synchronizer]
 // in gradient_sync.cpp); the DDP Reducer is in reducer.h.
@@ -68,6 +69,10 @@ class GradientSynchronizer {
   // this backward (Note [Reducer gradient weighting] in reducer.cpp); 1 unless ranks
   // hold different numbers of samples.
   virtual float loss_gradient_scale() const { return 1.0f; }
+  // In place of model.backward() when the micro-batch holds no samples: every gradient is
+  // final as it stands, and goes out where the backward would have sent it, so that the
+  // ranks' collectives come in one order. Throws InternalError for a non-empty micro-batch.
+  virtual void skip_backward() = 0;
   // Once per micro-batch, between before_backward and after_backward, as soon as this rank
   // knows what to report: with a synchronized micro-batch it issues the exchange that
   // carries `report` to every rank (Note [Agreeing to stop] in reducer.cpp), without
@@ -93,6 +98,7 @@ class LocalGradients final : public GradientSynchronizer {
   void attach(models::Module& model) override;
   void zero_gradients() override;
   void before_backward(const MicroBatchInfo& micro_batch) override;
+  void skip_backward() override;
   void report(const StepReport& report) override;
   void after_backward() override;
   std::string describe() const override;
@@ -105,6 +111,7 @@ class LocalGradients final : public GradientSynchronizer {
   models::Module* model_ = nullptr;
   Tensor arena_;  // every gradient, each parameter's a view (Note [Gradient synchronizer])
   bool sync_ = true;  // the current micro-batch's MicroBatchInfo::sync
+  int64_t samples_ = 0;  // the current micro-batch's MicroBatchInfo::samples
   int64_t stop_vote_ = 0;
   RankCompute compute_;
 

@@ -138,9 +138,10 @@ Reducer::Reducer(std::shared_ptr<ProcessGroup> group, ReducerOptions options, st
 // keep an old Tensor handle (the optimizer and the layers do).
 //
 // A rank whose micro-batch is empty (a --global-batch-size chunk that torch.chunk leaves empty,
-// e.g. G = 5 on 4 ranks, or an epoch's small last batch) runs no backward; the loop still calls
-// before/after_backward, and the reducer launches every bucket with weight 0 so the collectives
-// still match.
+// e.g. G = 5 on 4 ranks, or an epoch's small last batch) runs no backward; the loop calls
+// skip_backward() in its place, which launches every bucket (zeros, with weight 0) there, so
+// the buckets and the exchange that report() issues come in the same order as on the ranks
+// that ran one.
 void Reducer::attach(models::Module& model) {
   names_.clear();
   params_.clear();
@@ -361,10 +362,12 @@ void Reducer::launch(Bucket& bucket) {
 // on communication (Note [Asynchronous collectives] in collectives/process_group.cpp); its
 // wait_seconds is only the exchange of stop votes. A failed all-reduce surfaces through the group
 // (a later wait, the next operation or its watchdog at the deadline) rather than in this call.
+void Reducer::skip_backward() {
+  MTRAIN_CHECK(empty_micro_batch_, "skip_backward for a micro-batch that holds samples");
+  for (auto* p : params_) on_gradient_ready(*p);
+}
+
 void Reducer::after_backward() {
-  if (empty_micro_batch_) {
-    for (auto* p : params_) on_gradient_ready(*p);
-  }
   for (size_t i = 0; i < ready_count_.size(); ++i) {
     if (ready_count_[i] != 1) {
       throw InternalError(fmt::format(

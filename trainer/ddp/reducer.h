@@ -102,6 +102,9 @@ class Reducer final : public GradientSynchronizer {
   // is 0), and the loss gradient scale follows from it (Note [Reducer gradient weighting]).
   void before_backward(const MicroBatchInfo& micro_batch) override;
   float loss_gradient_scale() const override { return loss_scale_; }
+  // Marks every gradient ready, which launches every bucket of a synchronized micro-batch
+  // (zeros, with weight 0 under weight_by_sample_count).
+  void skip_backward() override;
   // Issues the exchange of stop votes, waits and sample counts (Note [Agreeing to stop]) and
   // returns without waiting for it.
   void report(const StepReport& report) override;
@@ -157,7 +160,7 @@ class Reducer final : public GradientSynchronizer {
   int params_pending_ = 0;
   size_t next_launch_ = 0;
   bool sync_ = true;
-  bool empty_micro_batch_ = false;  // no backward runs: every gradient is final as is
+  bool empty_micro_batch_ = false;  // the current micro-batch holds no samples
   float scale_ = 1.0f;
   float loss_scale_ = 1.0f;  // loss_gradient_scale() of the current micro-batch
   bool first_launch_seen_ = false;

@@ -57,7 +57,8 @@ TrainLoop::TrainLoop(models::Module& model, models::Sgd& optimizer, GradientSync
       train_loader_(train_loader),
       test_loader_(test_loader),
       metrics_(metrics),
-      config_(std::move(config)) {}
+      config_(std::move(config)),
+      report_after_backward_(config_.device.is_cuda()) {}
 
 bool TrainLoop::step_limit_reached() const {
   return config_.max_steps && total_steps_ >= *config_.max_steps;
@@ -314,16 +315,13 @@ void TrainLoop::train_micro_batch(RunState& rs, EpochState& e, StepState& step, 
   if (last_of_step && config_.hooks.stop_vote) report.stop_vote = config_.hooks.stop_vote();
   if (batch.size() == 0) {
     // An empty shard (see Note [Gradients are views into the buckets] in reducer.cpp): nothing
-    // to compute, but the synchronizer still takes part in the exchange.
+    // to compute, but the synchronizer still takes part in the collectives, in their order.
     if (rs.timer) {
       rs.timer->start();
       rs.timer->stop(0);
       report.previous_compute = rs.timer->previous();
     }
-    sync_.before_backward(info);
-    sync_.report(report);
-    const trace::Span span("gradient sync wait", "comm");
-    sync_.after_backward();
+    synchronize_backward(info, [&] { sync_.skip_backward(); }, [&] { sync_.report(report); });
     return;
   }
   const models::LossResult r = forward_backward(rs, e, batch, info, report, last_of_step);
@@ -346,13 +344,17 @@ void TrainLoop::train_micro_batch(RunState& rs, EpochState& e, StepState& step, 
 // On the CPU the loss is on the host when the forward returns, and the report goes out
 // before the backward, which hides the exchange's round trip: issued after it, behind the
 // last bucket, the round trip cost the 2-rank LeNet step 0.9 ms on the 2-core VM
-// (docs/benchmarks.md). Every rank reports at the same point, as the ranks train on one kind
-// of device (Note [Agreeing on the backend first] in training_groups.cpp): on Gloo and MPI the
-// exchange shares its group with the buckets, whose collectives must come in one order on
-// every rank. The previous step's compute time is read with the loss: by then the
-// stream has passed that step's marks (Note [Timing on a GPU] in compute_timer.cpp). A
-// label outside [0, K) is reported where the loss is read, from a GPU after a backward
-// whose gradients are never applied.
+// (docs/benchmarks.md). The previous step's compute time is read with the loss: by then the
+// stream has passed that step's marks (Note [Timing on a GPU] in compute_timer.cpp). A label
+// outside [0, K) is reported where the loss is read, from a GPU after a backward whose
+// gradients are never applied.
+//
+// On Gloo and MPI the exchange shares its group with the buckets, whose collectives must come
+// in one order on every rank, so every rank reports at the same point: the device alone
+// decides it (report_after_backward_), and the ranks train on one kind of device (Note
+// [Agreeing on the backend first] in training_groups.cpp). A rank with an empty micro-batch
+// follows the same order through synchronize_backward, its skipped backward launching the
+// buckets where a backward would.
 models::LossResult TrainLoop::forward_backward(RunState& rs, EpochState& e, const data::Batch& batch,
                                                const MicroBatchInfo& info, StepReport& report, bool last_of_step) {
   if (rs.timer) rs.timer->start();
@@ -364,24 +366,32 @@ models::LossResult TrainLoop::forward_backward(RunState& rs, EpochState& e, cons
   Tensor dlogits = rs.loss_fn.backward();
   if (rs.accum > 1) ops::scale_(dlogits, 1.0f / static_cast<float>(rs.accum));
   if (rs.timer) rs.timer->pause();  // the synchronizer's work is not compute
+  const auto backward = [&] {
+    float k = sync_.loss_gradient_scale();
+    if (rs.scaler != nullptr) k *= rs.scaler->scale();
+    if (k != 1.0f) ops::scale_(dlogits, k);
+    if (rs.timer) rs.timer->resume();
+    {
+      const trace::Span span("backward", "compute");
+      model_.backward(dlogits);
+    }
+    if (rs.timer) rs.timer->stop(batch.size());
+  };
+  models::LossResult r;
+  synchronize_backward(info, backward, [&] { r = read_and_report(rs, e, pending, report, last_of_step); });
+  return r;
+}
+
+// The synchronizer's calls around one micro-batch's backward (or its skip), in the order
+// every rank makes them (Note [The loss is read after backward is queued]).
+void TrainLoop::synchronize_backward(const MicroBatchInfo& info, const std::function<void()>& backward,
+                                     const std::function<void()>& report) {
   sync_.before_backward(info);
-  std::optional<models::LossResult> r;
-  if (pending.on_host()) r = read_and_report(rs, e, pending, report, last_of_step);
-  float k = sync_.loss_gradient_scale();
-  if (rs.scaler != nullptr) k *= rs.scaler->scale();
-  if (k != 1.0f) ops::scale_(dlogits, k);
-  if (rs.timer) rs.timer->resume();
-  {
-    const trace::Span span("backward", "compute");
-    model_.backward(dlogits);
-  }
-  if (rs.timer) rs.timer->stop(batch.size());
-  if (!r) r = read_and_report(rs, e, pending, report, last_of_step);
-  {
-    const trace::Span span("gradient sync wait", "comm");
-    sync_.after_backward();
-  }
-  return *r;
+  if (!report_after_backward_) report();
+  backward();
+  if (report_after_backward_) report();
+  const trace::Span span("gradient sync wait", "comm");
+  sync_.after_backward();
 }
 
 // Reads the micro-batch's loss, adds a divergence to the report, and reports.

@@ -198,6 +198,8 @@ class TrainLoop {
   void train_micro_batch(RunState& rs, EpochState& e, StepState& step, const data::Batch& batch, bool last_of_step);
   models::LossResult forward_backward(RunState& rs, EpochState& e, const data::Batch& batch,
                                       const MicroBatchInfo& info, StepReport& report, bool last_of_step);
+  void synchronize_backward(const MicroBatchInfo& info, const std::function<void()>& backward,
+                            const std::function<void()>& report);
   models::LossResult read_and_report(RunState& rs, EpochState& e, const models::PendingLoss& pending,
                                      StepReport& report, bool last_of_step);
   void apply_step(RunState& rs, const EpochState& e);
@@ -219,6 +221,8 @@ class TrainLoop {
   data::DataLoader* test_loader_;
   MetricsWriter& metrics_;
   TrainLoopConfig config_;
+  // Where every rank reports its step (Note [The loss is read after backward is queued]).
+  const bool report_after_backward_;
   int64_t total_steps_ = 0;
 };
 
