@@ -6,9 +6,10 @@
 // once between before_backward and after_backward, either before or after the backward (or
 // its skip), at the same point on every rank (Note [The loss is read after backward is
 // queued] in trainer/loop/train_loop.cpp); zero_grad and the step once per group of
-// --grad-accum micro-batches, `sync` set only on a group's last micro-batch. attach() installs the model's grad-ready hook (Note [Grad-ready hook]
-// in models/module.cpp), which must report every parameter exactly once per backward. All calls
-// come from the training thread. LocalGradients is the world of one (Note [Gradient synchronizer]
+// --grad-accum micro-batches, `sync` set only on a group's last micro-batch. attach()
+// installs the model's grad-ready hook (Note [Grad-ready hook] in models/module.cpp), which
+// must report every parameter exactly once per backward. All calls come from the training
+// thread. LocalGradients is the world of one (Note [Gradient synchronizer]
 // in gradient_sync.cpp); the DDP Reducer is in reducer.h.
 #pragma once
 

@@ -303,6 +303,11 @@ void Reducer::on_gradient_ready(models::Parameter& param) {
   if (--bucket.pending == 0) launch_ready_buckets();
 }
 
+void Reducer::skip_backward() {
+  MTRAIN_CHECK(empty_micro_batch_, "skip_backward for a micro-batch that holds samples");
+  for (auto* p : params_) on_gradient_ready(*p);
+}
+
 void Reducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     launch(buckets_[next_launch_]);
@@ -362,11 +367,6 @@ void Reducer::launch(Bucket& bucket) {
 // on communication (Note [Asynchronous collectives] in collectives/process_group.cpp); its
 // wait_seconds is only the exchange of stop votes. A failed all-reduce surfaces through the group
 // (a later wait, the next operation or its watchdog at the deadline) rather than in this call.
-void Reducer::skip_backward() {
-  MTRAIN_CHECK(empty_micro_batch_, "skip_backward for a micro-batch that holds samples");
-  for (auto* p : params_) on_gradient_ready(*p);
-}
-
 void Reducer::after_backward() {
   for (size_t i = 0; i < ready_count_.size(); ++i) {
     if (ready_count_[i] != 1) {

@@ -57,8 +57,7 @@ TrainLoop::TrainLoop(models::Module& model, models::Sgd& optimizer, GradientSync
       train_loader_(train_loader),
       test_loader_(test_loader),
       metrics_(metrics),
-      config_(std::move(config)),
-      report_after_backward_(config_.device.is_cuda()) {}
+      config_(std::move(config)) {}
 
 bool TrainLoop::step_limit_reached() const {
   return config_.max_steps && total_steps_ >= *config_.max_steps;
@@ -351,7 +350,7 @@ void TrainLoop::train_micro_batch(RunState& rs, EpochState& e, StepState& step, 
 //
 // On Gloo and MPI the exchange shares its group with the buckets, whose collectives must come
 // in one order on every rank, so every rank reports at the same point: the device alone
-// decides it (report_after_backward_), and the ranks train on one kind of device (Note
+// decides it (report_after_backward()), and the ranks train on one kind of device (Note
 // [Agreeing on the backend first] in training_groups.cpp). A rank with an empty micro-batch
 // follows the same order through synchronize_backward, its skipped backward launching the
 // buckets where a backward would.
@@ -387,9 +386,9 @@ models::LossResult TrainLoop::forward_backward(RunState& rs, EpochState& e, cons
 void TrainLoop::synchronize_backward(const MicroBatchInfo& info, const std::function<void()>& backward,
                                      const std::function<void()>& report) {
   sync_.before_backward(info);
-  if (!report_after_backward_) report();
+  if (!report_after_backward()) report();
   backward();
-  if (report_after_backward_) report();
+  if (report_after_backward()) report();
   const trace::Span span("gradient sync wait", "comm");
   sync_.after_backward();
 }

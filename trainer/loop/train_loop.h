@@ -200,6 +200,8 @@ class TrainLoop {
                                       const MicroBatchInfo& info, StepReport& report, bool last_of_step);
   void synchronize_backward(const MicroBatchInfo& info, const std::function<void()>& backward,
                             const std::function<void()>& report);
+  // Where every rank reports its step (Note [The loss is read after backward is queued]).
+  bool report_after_backward() const { return config_.device.is_cuda(); }
   models::LossResult read_and_report(RunState& rs, EpochState& e, const models::PendingLoss& pending,
                                      StepReport& report, bool last_of_step);
   void apply_step(RunState& rs, const EpochState& e);
@@ -221,8 +223,6 @@ class TrainLoop {
   data::DataLoader* test_loader_;
   MetricsWriter& metrics_;
   TrainLoopConfig config_;
-  // Where every rank reports its step (Note [The loss is read after backward is queued]).
-  const bool report_after_backward_;
   int64_t total_steps_ = 0;
 };
 
