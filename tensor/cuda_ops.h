@@ -37,12 +37,21 @@ namespace mtrain::cuda_ops {
 // allow_tf32 (convolutions; PyTorch's cudnn.allow_tf32, default true) lets cuDNN use
 // TF32 tensor cores for float32 (10-bit mantissa products). allow_tf32_matmul (cuBLAS;
 // PyTorch's cuda.matmul.allow_tf32, default false since 1.12) does the same for matmul
-// and linear. The GPU-against-CPU tests turn both off.
+// and linear. The GPU-against-CPU tests turn both off. batchnorm_one_pass computes
+// batch-norm statistics in one read of the input (Note [One-pass batch-norm statistics]
+// in tensor/cuda/batchnorm.cu) instead of two.
 struct NumericsOptions {
   bool cudnn_benchmark = false;
   bool deterministic = false;
   bool allow_tf32 = true;
   bool allow_tf32_matmul = false;
+  bool batchnorm_one_pass = false;
+  // (Spelled out: .cu files are compiled as C++17, which has no defaulted ==.)
+  bool operator==(const NumericsOptions& o) const {
+    return cudnn_benchmark == o.cudnn_benchmark && deterministic == o.deterministic &&
+           allow_tf32 == o.allow_tf32 && allow_tf32_matmul == o.allow_tf32_matmul &&
+           batchnorm_one_pass == o.batchnorm_one_pass;
+  }
 };
 void set_numerics(const NumericsOptions& options);
 NumericsOptions numerics();

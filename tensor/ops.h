@@ -137,6 +137,41 @@ void batchnorm_backward_apply(const Tensor& dy, const Tensor& x, const Tensor& m
                               const Tensor& invstd, const Tensor& gamma, const Tensor& sum_dy,
                               const Tensor& sum_dy_xmu, double count, Tensor& dx);
 
+// ---- batch norm fused with the ReLU after it (Note [Fused batch norm]) ------------
+// Note [Fused batch norm]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Almost every batch norm feeds a ReLU, directly (conv, bn, relu) or through a residual
+// add (relu(bn(x) + shortcut)). These ops fold that ReLU, and the add, into the batch
+// norm's own elementwise passes, so the activation is read and written once instead of
+// two or three times, in one kernel instead of two or three:
+//   batchnorm_apply_relu           = batchnorm_apply, then add, then relu_forward;
+//   batchnorm_backward_reduce_relu = relu_backward, then batchnorm_backward_reduce;
+//   batchnorm_backward_apply_relu  = relu_backward, then batchnorm_backward_apply.
+// The ReLU's mask is its output y (y > 0), as relu_backward reads it. Each does the
+// operations of its unfused sequence in the same order, so on one device the results
+// are bitwise those of the sequence.
+//
+// y = relu(x * scale + shift + residual), scale and shift as batchnorm_apply's; an
+// undefined residual is left out (relu(bn(x))). y may not alias x or residual.
+void batchnorm_apply_relu(const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                          const Tensor& gamma, const Tensor& beta, const Tensor& residual,
+                          Tensor& y);
+// batchnorm_backward_reduce over g = (y > 0 ? dy : 0), where y is the fused output.
+void batchnorm_backward_reduce_relu(const Tensor& dy, const Tensor& y, const Tensor& x,
+                                    const Tensor& mean, Tensor& sum_dy, Tensor& sum_dy_xmu);
+// batchnorm_backward_apply over the same g; also writes g itself to `dmasked` when it is
+// defined (the residual's gradient: the add passes it on unchanged).
+void batchnorm_backward_apply_relu(const Tensor& dy, const Tensor& y, const Tensor& x,
+                                   const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
+                                   const Tensor& sum_dy, const Tensor& sum_dy_xmu, double count,
+                                   Tensor& dx, Tensor& dmasked);
+// batchnorm_update_running(mean, var, count, momentum, ...) then batchnorm_invstd(var,
+// eps, invstd): the training forward's per-channel step between the statistics and the
+// apply, one kernel on a GPU instead of two.
+void batchnorm_prepare(const Tensor& mean, const Tensor& var, int64_t count, double momentum,
+                       double eps, Tensor& running_mean, Tensor& running_var,
+                       Tensor& num_batches_tracked, Tensor& invstd);
+
 // ---- batch norm: the per-channel arithmetic around the kernels above ---------------
 // C values each; the layers call these instead of looping on the host so that the same
 // code runs on a GPU (tensor/cpu/batchnorm_channels.cpp, tensor/cuda/batchnorm_channels.cu).

@@ -107,45 +107,55 @@ void cpu::batchnorm_stats(const Tensor& x, Tensor& mean, Tensor& var) {
   }
 }
 
-void cpu::batchnorm_apply(const Tensor& x, const Tensor& mean, const Tensor& invstd,
-                          const Tensor& gamma, const Tensor& beta, Tensor& y) {
-  const BnGeometry g = bn_geometry("batchnorm_apply", "x", x);
-  cpu::check_float_shape("batchnorm_apply", "mean", mean, {g.c});
-  cpu::check_float_shape("batchnorm_apply", "invstd", invstd, {g.c});
-  cpu::check_float_shape("batchnorm_apply", "y", y, x.shape());
-  const float* pg = optional_param("batchnorm_apply", "gamma", gamma, g.c);
-  const float* pb = optional_param("batchnorm_apply", "beta", beta, g.c);
-  cpu::use_configured_threads();
-  const float* px = x.data<float>();
-  const float* pm = mean.data<float>();
-  const float* pi = invstd.data<float>();
-  float* py = y.data<float>();
+namespace {
+
+// The elementwise and reduction passes below serve the plain ops and their fused
+// variants (Note [Fused batch norm] in ops.h) alike: one template per pass, its options
+// compile-time, so each instantiation is the loop of its op and the fused one does the
+// unfused sequence's operations in its order.
+
+// y = x * scale + shift, plus residual when kResidual, through a ReLU when kRelu.
+struct ApplyArgs {
+  const float *x, *mean, *invstd, *gamma, *beta, *residual;
+  float* y;
+};
+
+template <bool kResidual, bool kRelu>
+void apply_planes(const BnGeometry& g, const ApplyArgs& a) {
   const int64_t planes = g.n * g.c;
 #pragma omp parallel for if (parallel_over_planes(g))
   for (int64_t plane = 0; plane < planes; ++plane) {
     const int64_t c = plane % g.c;
     // y = x * scale + shift with the per-channel constants folded once.
-    const float scale = pi[c] * (pg ? pg[c] : 1.0f);
-    const float shift = (pb ? pb[c] : 0.0f) - pm[c] * scale;
-    const float* xp = px + plane * g.area;
-    float* yp = py + plane * g.area;
+    const float scale = a.invstd[c] * (a.gamma ? a.gamma[c] : 1.0f);
+    const float shift = (a.beta ? a.beta[c] : 0.0f) - a.mean[c] * scale;
+    const float* xp = a.x + plane * g.area;
+    const float* rp = kResidual ? a.residual + plane * g.area : nullptr;
+    float* yp = a.y + plane * g.area;
 #pragma omp simd
-    for (int64_t i = 0; i < g.area; ++i) yp[i] = xp[i] * scale + shift;
+    for (int64_t i = 0; i < g.area; ++i) {
+      float v = xp[i] * scale + shift;
+      if constexpr (kResidual) v = v + rp[i];
+      if constexpr (kRelu) v = v > 0.0f ? v : 0.0f;
+      yp[i] = v;
+    }
   }
 }
 
-void cpu::batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Tensor& mean,
-                                    Tensor& sum_dy, Tensor& sum_dy_xmu) {
-  const BnGeometry g = bn_geometry("batchnorm_backward_reduce", "x", x);
-  cpu::check_float_shape("batchnorm_backward_reduce", "dy", dy, x.shape());
-  cpu::check_float_shape("batchnorm_backward_reduce", "mean", mean, {g.c});
-  cpu::check_float_shape("batchnorm_backward_reduce", "sum_dy", sum_dy, {g.c});
-  cpu::check_float_shape("batchnorm_backward_reduce", "sum_dy_xmu", sum_dy_xmu, {g.c});
-  cpu::use_configured_threads();
+// The gradient reaching the batch norm's output: dy, or dy through the ReLU whose output
+// is y (relu_backward's formula; both loads unconditional so the select vectorises).
+template <bool kMask>
+inline float output_grad(const float* dyp, const float* yp, int64_t i) {
+  const float g = dyp[i];
+  if constexpr (kMask) return yp[i] > 0.0f ? g : 0.0f;
+  return g;
+}
+
+// Per channel: sum_dy = sum g, sum_dy_xmu = sum g * (x - mean), g = output_grad<kMask>.
+template <bool kMask>
+void reduce_planes(const BnGeometry& g, const float* pdy, const float* py, const float* px,
+                   const float* pm, float* out_dy, float* out_dy_xmu) {
   const int64_t planes = g.n * g.c;
-  const float* pdy = dy.data<float>();
-  const float* px = x.data<float>();
-  const float* pm = mean.data<float>();
   std::vector<double>& partial = plane_scratch(static_cast<size_t>(2 * planes));
   double* p_dy = partial.data();
   double* p_dy_xmu = partial.data() + planes;
@@ -154,17 +164,17 @@ void cpu::batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Ten
     const double m = pm[plane % g.c];
     const float* xp = px + plane * g.area;
     const float* dyp = pdy + plane * g.area;
+    const float* yp = kMask ? py + plane * g.area : nullptr;
     double s = 0.0, sx = 0.0;
 #pragma omp simd reduction(+ : s, sx)
     for (int64_t i = 0; i < g.area; ++i) {
-      s += dyp[i];
-      sx += static_cast<double>(dyp[i]) * (xp[i] - m);
+      const float gi = output_grad<kMask>(dyp, yp, i);
+      s += gi;
+      sx += static_cast<double>(gi) * (xp[i] - m);
     }
     p_dy[plane] = s;
     p_dy_xmu[plane] = sx;
   }
-  float* out_dy = sum_dy.data<float>();
-  float* out_dy_xmu = sum_dy_xmu.data<float>();
   for (int64_t c = 0; c < g.c; ++c) {
     double s = 0.0, sx = 0.0;
     for (int64_t n = 0; n < g.n; ++n) {
@@ -176,41 +186,162 @@ void cpu::batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Ten
   }
 }
 
-void cpu::batchnorm_backward_apply(const Tensor& dy, const Tensor& x, const Tensor& mean,
-                                   const Tensor& invstd, const Tensor& gamma, const Tensor& sum_dy,
-                                   const Tensor& sum_dy_xmu, double count, Tensor& dx) {
-  const BnGeometry g = bn_geometry("batchnorm_backward_apply", "x", x);
-  cpu::check_float_shape("batchnorm_backward_apply", "dy", dy, x.shape());
-  cpu::check_float_shape("batchnorm_backward_apply", "mean", mean, {g.c});
-  cpu::check_float_shape("batchnorm_backward_apply", "invstd", invstd, {g.c});
-  cpu::check_float_shape("batchnorm_backward_apply", "sum_dy", sum_dy, {g.c});
-  cpu::check_float_shape("batchnorm_backward_apply", "sum_dy_xmu", sum_dy_xmu, {g.c});
-  cpu::check_float_shape("batchnorm_backward_apply", "dx", dx, x.shape());
-  MTRAIN_CHECK(count >= 0.0, "batchnorm_backward_apply: count must be >= 0, got {}", count);
-  const float* pg = optional_param("batchnorm_backward_apply", "gamma", gamma, g.c);
-  cpu::use_configured_threads();
-  const float* pdy = dy.data<float>();
-  const float* px = x.data<float>();
-  const float* pm = mean.data<float>();
-  const float* pi = invstd.data<float>();
-  const float* psd = sum_dy.data<float>();
-  const float* psdx = sum_dy_xmu.data<float>();
-  float* pdx = dx.data<float>();
+struct BackwardApplyArgs {
+  const float *dy, *y, *x, *mean, *invstd, *gamma, *sum_dy, *sum_dy_xmu;
+  double count;
+  float *dx, *dmasked;
+};
+
+// dx = scale * (g - mean_dy - (x - mean) * proj) with g = output_grad<kMask>; g itself
+// to dmasked when kWriteMasked.
+template <bool kMask, bool kWriteMasked>
+void backward_apply_planes(const BnGeometry& g, const BackwardApplyArgs& a) {
   // With no elements anywhere the reductions are empty: their means are 0, not 0/0.
-  const double inv_count = count > 0.0 ? 1.0 / count : 0.0;
+  const double inv_count = a.count > 0.0 ? 1.0 / a.count : 0.0;
   const int64_t planes = g.n * g.c;
 #pragma omp parallel for if (parallel_over_planes(g))
   for (int64_t plane = 0; plane < planes; ++plane) {
     const int64_t c = plane % g.c;
-    const float scale = (pg ? pg[c] : 1.0f) * pi[c];
-    const float mean_dy = static_cast<float>(psd[c] * inv_count);
-    const float proj = static_cast<float>(static_cast<double>(pi[c]) * pi[c] * psdx[c] * inv_count);
-    const float m = pm[c];
-    const float* xp = px + plane * g.area;
-    const float* dyp = pdy + plane * g.area;
-    float* dxp = pdx + plane * g.area;
+    const float scale = (a.gamma ? a.gamma[c] : 1.0f) * a.invstd[c];
+    const float mean_dy = static_cast<float>(a.sum_dy[c] * inv_count);
+    const float proj =
+        static_cast<float>(static_cast<double>(a.invstd[c]) * a.invstd[c] * a.sum_dy_xmu[c] * inv_count);
+    const float m = a.mean[c];
+    const float* xp = a.x + plane * g.area;
+    const float* dyp = a.dy + plane * g.area;
+    const float* yp = kMask ? a.y + plane * g.area : nullptr;
+    float* dxp = a.dx + plane * g.area;
+    float* gp = kWriteMasked ? a.dmasked + plane * g.area : nullptr;
 #pragma omp simd
-    for (int64_t i = 0; i < g.area; ++i) dxp[i] = scale * (dyp[i] - mean_dy - (xp[i] - m) * proj);
+    for (int64_t i = 0; i < g.area; ++i) {
+      const float gi = output_grad<kMask>(dyp, yp, i);
+      dxp[i] = scale * (gi - mean_dy - (xp[i] - m) * proj);
+      if constexpr (kWriteMasked) gp[i] = gi;
+    }
+  }
+}
+
+// The checks every apply shares; returns x's geometry.
+BnGeometry check_apply(const char* op, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                       const Tensor& y) {
+  const BnGeometry g = bn_geometry(op, "x", x);
+  cpu::check_float_shape(op, "mean", mean, {g.c});
+  cpu::check_float_shape(op, "invstd", invstd, {g.c});
+  cpu::check_float_shape(op, "y", y, x.shape());
+  return g;
+}
+
+BnGeometry check_reduce(const char* op, const Tensor& dy, const Tensor& x, const Tensor& mean,
+                        const Tensor& sum_dy, const Tensor& sum_dy_xmu) {
+  const BnGeometry g = bn_geometry(op, "x", x);
+  cpu::check_float_shape(op, "dy", dy, x.shape());
+  cpu::check_float_shape(op, "mean", mean, {g.c});
+  cpu::check_float_shape(op, "sum_dy", sum_dy, {g.c});
+  cpu::check_float_shape(op, "sum_dy_xmu", sum_dy_xmu, {g.c});
+  return g;
+}
+
+// Checks the backward apply's arguments (but the mask's) and gathers them.
+BackwardApplyArgs backward_apply_args(const char* op, const BnGeometry& g, const Tensor& dy,
+                                      const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                                      const Tensor& gamma, const Tensor& sum_dy,
+                                      const Tensor& sum_dy_xmu, double count, Tensor& dx) {
+  cpu::check_float_shape(op, "dy", dy, x.shape());
+  cpu::check_float_shape(op, "mean", mean, {g.c});
+  cpu::check_float_shape(op, "invstd", invstd, {g.c});
+  cpu::check_float_shape(op, "sum_dy", sum_dy, {g.c});
+  cpu::check_float_shape(op, "sum_dy_xmu", sum_dy_xmu, {g.c});
+  cpu::check_float_shape(op, "dx", dx, x.shape());
+  MTRAIN_CHECK(count >= 0.0, "{}: count must be >= 0, got {}", op, count);
+  return {dy.data<float>(),     nullptr,
+          x.data<float>(),      mean.data<float>(),
+          invstd.data<float>(), optional_param(op, "gamma", gamma, g.c),
+          sum_dy.data<float>(), sum_dy_xmu.data<float>(),
+          count,                dx.data<float>(),
+          nullptr};
+}
+
+}  // namespace
+
+void cpu::batchnorm_apply(const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                          const Tensor& gamma, const Tensor& beta, Tensor& y) {
+  const char* op = "batchnorm_apply";
+  const BnGeometry g = check_apply(op, x, mean, invstd, y);
+  const ApplyArgs a{x.data<float>(), mean.data<float>(), invstd.data<float>(),
+                    optional_param(op, "gamma", gamma, g.c), optional_param(op, "beta", beta, g.c),
+                    nullptr, y.data<float>()};
+  cpu::use_configured_threads();
+  apply_planes<false, false>(g, a);
+}
+
+void cpu::batchnorm_apply_relu(const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                               const Tensor& gamma, const Tensor& beta, const Tensor& residual,
+                               Tensor& y) {
+  const char* op = "batchnorm_apply_relu";
+  const BnGeometry g = check_apply(op, x, mean, invstd, y);
+  if (residual.defined()) cpu::check_float_shape(op, "residual", residual, x.shape());
+  const ApplyArgs a{x.data<float>(),
+                    mean.data<float>(),
+                    invstd.data<float>(),
+                    optional_param(op, "gamma", gamma, g.c),
+                    optional_param(op, "beta", beta, g.c),
+                    residual.defined() ? residual.data<float>() : nullptr,
+                    y.data<float>()};
+  cpu::use_configured_threads();
+  if (residual.defined()) {
+    apply_planes<true, true>(g, a);
+  } else {
+    apply_planes<false, true>(g, a);
+  }
+}
+
+void cpu::batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                                    Tensor& sum_dy, Tensor& sum_dy_xmu) {
+  const BnGeometry g = check_reduce("batchnorm_backward_reduce", dy, x, mean, sum_dy, sum_dy_xmu);
+  cpu::use_configured_threads();
+  reduce_planes<false>(g, dy.data<float>(), nullptr, x.data<float>(), mean.data<float>(),
+                       sum_dy.data<float>(), sum_dy_xmu.data<float>());
+}
+
+void cpu::batchnorm_backward_reduce_relu(const Tensor& dy, const Tensor& y, const Tensor& x,
+                                         const Tensor& mean, Tensor& sum_dy, Tensor& sum_dy_xmu) {
+  const char* op = "batchnorm_backward_reduce_relu";
+  const BnGeometry g = check_reduce(op, dy, x, mean, sum_dy, sum_dy_xmu);
+  cpu::check_float_shape(op, "y", y, x.shape());
+  cpu::use_configured_threads();
+  reduce_planes<true>(g, dy.data<float>(), y.data<float>(), x.data<float>(), mean.data<float>(),
+                      sum_dy.data<float>(), sum_dy_xmu.data<float>());
+}
+
+void cpu::batchnorm_backward_apply(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                                   const Tensor& invstd, const Tensor& gamma, const Tensor& sum_dy,
+                                   const Tensor& sum_dy_xmu, double count, Tensor& dx) {
+  const char* op = "batchnorm_backward_apply";
+  const BnGeometry g = bn_geometry(op, "x", x);
+  const BackwardApplyArgs a =
+      backward_apply_args(op, g, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xmu, count, dx);
+  cpu::use_configured_threads();
+  backward_apply_planes<false, false>(g, a);
+}
+
+void cpu::batchnorm_backward_apply_relu(const Tensor& dy, const Tensor& y, const Tensor& x,
+                                        const Tensor& mean, const Tensor& invstd,
+                                        const Tensor& gamma, const Tensor& sum_dy,
+                                        const Tensor& sum_dy_xmu, double count, Tensor& dx,
+                                        Tensor& dmasked) {
+  const char* op = "batchnorm_backward_apply_relu";
+  const BnGeometry g = bn_geometry(op, "x", x);
+  BackwardApplyArgs a =
+      backward_apply_args(op, g, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xmu, count, dx);
+  cpu::check_float_shape(op, "y", y, x.shape());
+  a.y = y.data<float>();
+  cpu::use_configured_threads();
+  if (dmasked.defined()) {
+    cpu::check_float_shape(op, "dmasked", dmasked, x.shape());
+    a.dmasked = dmasked.data<float>();
+    backward_apply_planes<true, true>(g, a);
+  } else {
+    backward_apply_planes<true, false>(g, a);
   }
 }
 

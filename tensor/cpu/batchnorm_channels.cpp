@@ -1,6 +1,7 @@
 // The per-channel arithmetic of the batch-norm layers (C values per call): the inverse
-// standard deviation, the running-statistics update, the weight and bias gradients and
-// SyncBatchNorm's merge of every rank's statistics, on the CPU.
+// standard deviation, the running-statistics update (and both at once,
+// batchnorm_prepare), the weight and bias gradients and SyncBatchNorm's merge of every
+// rank's statistics, on the CPU.
 //
 // Note [Batch-norm channel arithmetic]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -67,6 +68,14 @@ void cpu::batchnorm_update_running(const Tensor& mean, const Tensor& var, int64_
     rv[i] += f.take_var * pv[i];
   }
   num_batches_tracked.data<int64_t>()[0] += 1;
+}
+
+void cpu::batchnorm_prepare(const Tensor& mean, const Tensor& var, int64_t count, double momentum,
+                            double eps, Tensor& running_mean, Tensor& running_var,
+                            Tensor& num_batches_tracked, Tensor& invstd) {
+  cpu::batchnorm_update_running(mean, var, count, momentum, running_mean, running_var,
+                                num_batches_tracked);
+  cpu::batchnorm_invstd(var, eps, invstd);
 }
 
 void cpu::batchnorm_param_grads(const Tensor& sum_dy, const Tensor& sum_dy_xmu,

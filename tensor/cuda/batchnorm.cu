@@ -4,11 +4,12 @@
 // Note [Deterministic batch-norm reductions on the GPU]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A channel's sums run over N*H*W elements, millions in a large batch. As on the CPU
-// (Note [Batch-norm reductions]) they accumulate in double and the variance is two-pass,
-// so nothing cancels catastrophically. Unlike the CPU, the deviations are taken from
-// the mean already rounded to float: where a channel's spread is near the float
-// resolution of its mean (1e6 and its neighbours) the variance comes out higher by up to
-// (half an ulp of the mean)^2. Each channel's elements, flattened in (n, h, w) order, are cut into
+// (Note [Batch-norm reductions]) they accumulate in double and the variance is two-pass
+// (or one pass over shifted values, Note [One-pass batch-norm statistics]), so nothing
+// cancels catastrophically. Unlike the CPU, the two-pass deviations are taken from the
+// mean already rounded to float: where a channel's spread is near the float resolution
+// of its mean (1e6 and its neighbours) the variance comes out higher by up to (half an
+// ulp of the mean)^2. Each channel's elements, flattened in (n, h, w) order, are cut into
 // `chunks` equal ranges; one block sums a range into a partial (per-thread double
 // sums, then a fixed-order tree), and a second kernel adds a channel's partials in
 // chunk order. No atomics: the result is the same on every run and every GPU model
@@ -16,9 +17,10 @@
 // and reproducible training rely on. Double accumulation costs little here: the
 // kernels are bound by memory bandwidth, not arithmetic.
 //
-// The elementwise halves (apply, backward apply) round as the CPU kernels do (Note
-// [Unfused float arithmetic] in tensor/cuda/launch.cuh), from per-channel constants
-// computed with the CPU's formulas.
+// The elementwise halves (apply, backward apply, and their variants fused with a ReLU:
+// Note [Fused batch norm] in tensor/ops.h) round as the CPU kernels do (Note [Unfused
+// float arithmetic] in tensor/cuda/launch.cuh), from per-channel constants computed with
+// the CPU's formulas.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -77,7 +79,7 @@ int64_t chunks_per_channel(const BnGeometry& g) {
 // partials[s * blocks + b], s < kSums. `Index` is 32-bit when a channel's count fits,
 // which makes the per-element division cheap.
 template <int kSums, class Index, class Term>
-__global__ void channel_partials_kernel(Term term, BnGeometry g, int64_t chunks,
+__global__ void bn_partials_kernel(Term term, BnGeometry g, int64_t chunks,
                                         double* partials) {
   __shared__ double shared[kWarpsPerBlock];
   const int64_t block = blockIdx.x;
@@ -104,7 +106,7 @@ __global__ void channel_partials_kernel(Term term, BnGeometry g, int64_t chunks,
 
 // One block per channel adds its partials in a fixed order and hands the sums to `finish`.
 template <int kSums, class Finish>
-__global__ void channel_finish_kernel(Finish finish, const double* partials, int64_t c,
+__global__ void bn_finish_kernel(Finish finish, const double* partials, int64_t c,
                                       int64_t chunks) {
   __shared__ double shared[kWarpsPerBlock];
   const int64_t channel = blockIdx.x;
@@ -133,14 +135,14 @@ void reduce_channels(Device device, const BnGeometry& g, Term term, Finish finis
   const cudaStream_t stream = detail::stream_for(device.index);
   cuda::DeviceGuard guard(device.index);
   if (g.count() <= std::numeric_limits<uint32_t>::max() - kThreads) {
-    channel_partials_kernel<kSums, uint32_t>
+    bn_partials_kernel<kSums, uint32_t>
         <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(term, g, chunks, partials);
   } else {
-    channel_partials_kernel<kSums, uint64_t>
+    bn_partials_kernel<kSums, uint64_t>
         <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(term, g, chunks, partials);
   }
   MTRAIN_CUDA_CHECK(cudaGetLastError());
-  channel_finish_kernel<kSums><<<static_cast<unsigned>(g.c), kThreads, 0, stream>>>(
+  bn_finish_kernel<kSums><<<static_cast<unsigned>(g.c), kThreads, 0, stream>>>(
       finish, partials, g.c, chunks);
   MTRAIN_CUDA_CHECK(cudaGetLastError());
 }
@@ -160,12 +162,55 @@ struct SquaredDeviation {
   }
 };
 
+// Note [One-pass batch-norm statistics]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With NumericsOptions::batchnorm_one_pass the mean and the variance come from one read
+// of x instead of two: the sums of d = x - k and d^2, in double, where the shift k is the
+// channel's first element, then mean = k + S1/n and var = S2/n - (S1/n)^2. The shift
+// keeps the sums near the spread rather than the magnitude of the values, so the final
+// subtraction cancels only where the first element lies far out in its channel: at
+// (mean - k)^2 = 1e8 var it loses 8 of double's 16 digits, still more than float keeps.
+// The result is as deterministic as the two-pass kernels' (same chunking, fixed order).
+struct ShiftedMoments {
+  const float* x;
+  int64_t area;
+  __device__ void operator()(int64_t offset, int64_t channel, double* acc) const {
+    const double d = static_cast<double>(x[offset]) - static_cast<double>(x[channel * area]);
+    acc[0] += d;
+    acc[1] += d * d;
+  }
+};
+
+struct StoreMeanVar {
+  const float* x;
+  int64_t area;
+  double count;
+  float* mean;
+  float* var;
+  __device__ void operator()(int64_t channel, const double* sums) const {
+    const double shift_mean = sums[0] / count;
+    const double v = sums[1] / count - shift_mean * shift_mean;
+    mean[channel] = static_cast<float>(static_cast<double>(x[channel * area]) + shift_mean);
+    var[channel] = static_cast<float>(v > 0.0 ? v : 0.0);
+  }
+};
+
+// The gradient reaching the batch norm's output: dy, or dy through the ReLU whose output
+// is y (relu_backward's formula, Note [Fused batch norm] in tensor/ops.h).
+template <bool kMask>
+__device__ __forceinline__ float output_grad(const float* dy, const float* y, int64_t i) {
+  if constexpr (kMask) return y[i] > 0.0f ? dy[i] : 0.0f;
+  return dy[i];
+}
+
+template <bool kMask>
 struct GradientTerms {
   const float* dy;
+  const float* y;  // the fused ReLU's output (kMask)
   const float* x;
   const float* mean;
   __device__ void operator()(int64_t offset, int64_t channel, double* acc) const {
-    const double g = dy[offset];
+    const double g = output_grad<kMask>(dy, y, offset);
     acc[0] += g;
     acc[1] += g * (static_cast<double>(x[offset]) - static_cast<double>(mean[channel]));
   }
@@ -191,26 +236,35 @@ struct StoreGradientSums {
 
 // ---- elementwise halves ---------------------------------------------------------------
 
+struct ApplyArgs {
+  const float *x, *mean, *invstd, *gamma, *beta, *residual;
+  float* y;
+};
+
 // y = x * scale + shift with scale = invstd * gamma, shift = beta - mean * scale, each
-// rounded as in tensor/cpu/batchnorm.cpp.
-template <class Index>
-__global__ void apply_kernel(const float* x, const float* mean, const float* invstd,
-                             const float* gamma, const float* beta, float* y, Index total,
-                             Index c, Index area) {
+// rounded as in tensor/cpu/batchnorm.cpp; then + residual (kResidual) and the ReLU
+// (kRelu), rounded as ops::add and relu_forward.
+template <class Index, bool kResidual, bool kRelu>
+__global__ void bn_apply_kernel(ApplyArgs a, Index total, Index c, Index area) {
   for (Index i = static_cast<Index>(detail::global_thread_index()); i < total;
        i += static_cast<Index>(detail::grid_stride())) {
     const Index ch = (i / area) % c;
-    const float scale = __fmul_rn(invstd[ch], gamma != nullptr ? gamma[ch] : 1.0f);
-    const float shift = __fsub_rn(beta != nullptr ? beta[ch] : 0.0f, __fmul_rn(mean[ch], scale));
-    y[i] = __fadd_rn(__fmul_rn(x[i], scale), shift);
+    const float scale = __fmul_rn(a.invstd[ch], a.gamma != nullptr ? a.gamma[ch] : 1.0f);
+    const float shift =
+        __fsub_rn(a.beta != nullptr ? a.beta[ch] : 0.0f, __fmul_rn(a.mean[ch], scale));
+    float v = __fadd_rn(__fmul_rn(a.x[i], scale), shift);
+    if constexpr (kResidual) v = __fadd_rn(v, a.residual[i]);
+    if constexpr (kRelu) v = v > 0.0f ? v : 0.0f;
+    a.y[i] = v;
   }
 }
 
 // The CPU's per-channel constants of the backward apply, in [3, C]: scale = gamma *
 // invstd, mean_dy = sum_dy / count and proj = invstd^2 * sum_dy_xmu / count (in double).
-__global__ void backward_coefficients_kernel(const float* gamma, const float* invstd,
-                                             const float* sum_dy, const float* sum_dy_xmu,
-                                             double inv_count, int64_t c, float* coefficients) {
+__global__ void bn_backward_coefficients_kernel(const float* gamma, const float* invstd,
+                                                const float* sum_dy, const float* sum_dy_xmu,
+                                                double inv_count, int64_t c,
+                                                float* coefficients) {
   for (int64_t ch = detail::global_thread_index(); ch < c; ch += detail::grid_stride()) {
     const double is = invstd[ch];
     coefficients[ch] = __fmul_rn(gamma != nullptr ? gamma[ch] : 1.0f, invstd[ch]);
@@ -219,37 +273,137 @@ __global__ void backward_coefficients_kernel(const float* gamma, const float* in
   }
 }
 
-// dx = scale * (dy - mean_dy - (x - mean) * proj).
-template <class Index>
-__global__ void backward_apply_kernel(const float* dy, const float* x, const float* mean,
-                                      const float* coefficients, float* dx, Index total, Index c,
-                                      Index area) {
+struct BackwardApplyArgs {
+  const float *dy, *y, *x, *mean, *coefficients;
+  float *dx, *dmasked;
+};
+
+// dx = scale * (g - mean_dy - (x - mean) * proj), g = output_grad<kMask>; g itself to
+// dmasked when kWriteMasked.
+template <class Index, bool kMask, bool kWriteMasked>
+__global__ void bn_backward_apply_kernel(BackwardApplyArgs a, Index total, Index c, Index area) {
   for (Index i = static_cast<Index>(detail::global_thread_index()); i < total;
        i += static_cast<Index>(detail::grid_stride())) {
     const Index ch = (i / area) % c;
-    const float scale = coefficients[ch];
-    const float mean_dy = coefficients[c + ch];
-    const float proj = coefficients[2 * c + ch];
-    const float centered = __fmul_rn(__fsub_rn(x[i], mean[ch]), proj);
-    dx[i] = __fmul_rn(scale, __fsub_rn(__fsub_rn(dy[i], mean_dy), centered));
+    const float scale = a.coefficients[ch];
+    const float mean_dy = a.coefficients[c + ch];
+    const float proj = a.coefficients[2 * c + ch];
+    const float g = output_grad<kMask>(a.dy, a.y, i);
+    const float centered = __fmul_rn(__fsub_rn(a.x[i], a.mean[ch]), proj);
+    a.dx[i] = __fmul_rn(scale, __fsub_rn(__fsub_rn(g, mean_dy), centered));
+    if constexpr (kWriteMasked) a.dmasked[i] = g;
   }
 }
 
-// Launches an elementwise kernel over `total` elements with 32-bit indices when they fit
-// (grid_for keeps total + grid stride below 2^32 then).
-template <class Launch32, class Launch64>
-void launch_elementwise(Device device, int64_t total, Launch32 launch32, Launch64 launch64) {
+// Launches `kernel<Index>(args, total, c, area)` over `total` elements with 32-bit
+// indices when they fit (grid_for keeps total + grid stride below 2^32 then).
+template <template <class> class Kernel, class Args>
+void launch_elementwise(Device device, const BnGeometry& g, const Args& args) {
+  const int64_t total = g.n * g.c * g.area;
   if (total == 0) return;
   cuda::DeviceGuard guard(device.index);
   const unsigned grid = detail::grid_for(total);
   const cudaStream_t stream = detail::stream_for(device.index);
   const int64_t max_index = total + static_cast<int64_t>(grid) * kThreads;
   if (max_index <= std::numeric_limits<uint32_t>::max()) {
-    launch32(grid, stream);
+    Kernel<uint32_t>::launch(grid, stream, args, static_cast<uint32_t>(total),
+                             static_cast<uint32_t>(g.c), static_cast<uint32_t>(g.area));
   } else {
-    launch64(grid, stream);
+    Kernel<uint64_t>::launch(grid, stream, args, static_cast<uint64_t>(total),
+                             static_cast<uint64_t>(g.c), static_cast<uint64_t>(g.area));
   }
   MTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+template <bool kResidual, bool kRelu>
+struct Apply {
+  template <class Index>
+  struct Kernel {
+    static void launch(unsigned grid, cudaStream_t stream, const ApplyArgs& a, Index total,
+                       Index c, Index area) {
+      bn_apply_kernel<Index, kResidual, kRelu><<<grid, kThreads, 0, stream>>>(a, total, c, area);
+    }
+  };
+};
+
+template <bool kMask, bool kWriteMasked>
+struct BackwardApply {
+  template <class Index>
+  struct Kernel {
+    static void launch(unsigned grid, cudaStream_t stream, const BackwardApplyArgs& a,
+                       Index total, Index c, Index area) {
+      bn_backward_apply_kernel<Index, kMask, kWriteMasked>
+          <<<grid, kThreads, 0, stream>>>(a, total, c, area);
+    }
+  };
+};
+
+// The checks every apply shares; returns x's geometry.
+BnGeometry check_apply(const char* op, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                       const Tensor& y) {
+  const BnGeometry g = bn_geometry(op, "x", x);
+  const Device device = x.device();
+  check_on_shape(op, "mean", mean, device, {g.c});
+  check_on_shape(op, "invstd", invstd, device, {g.c});
+  check_on_shape(op, "y", y, device, x.shape());
+  return g;
+}
+
+ApplyArgs apply_args(const char* op, const BnGeometry& g, const Tensor& x, const Tensor& mean,
+                     const Tensor& invstd, const Tensor& gamma, const Tensor& beta, Tensor& y) {
+  const Device device = x.device();
+  return {x.data<float>(),
+          mean.data<float>(),
+          invstd.data<float>(),
+          optional_param(op, "gamma", gamma, device, g.c),
+          optional_param(op, "beta", beta, device, g.c),
+          nullptr,
+          y.data<float>()};
+}
+
+// Checks a backward reduce's tensors (dy first: it sets the device); returns x's geometry.
+BnGeometry check_reduce(const char* op, const Tensor& dy, const Tensor& x, const Tensor& mean,
+                        const Tensor& sum_dy, const Tensor& sum_dy_xmu) {
+  const Device device = first_gpu(op, "dy", dy);
+  const BnGeometry g = bn_geometry(op, "x", x);
+  check_on_shape(op, "x", x, device, dy.shape());
+  check_on_shape(op, "mean", mean, device, {g.c});
+  check_on_shape(op, "sum_dy", sum_dy, device, {g.c});
+  check_on_shape(op, "sum_dy_xmu", sum_dy_xmu, device, {g.c});
+  return g;
+}
+
+// Checks a backward apply's tensors (but the mask's), queues the per-channel
+// coefficients and gathers the elementwise pass's arguments; `coefficients` keeps them.
+BackwardApplyArgs backward_apply_args(const char* op, const Tensor& dy, const Tensor& x,
+                                      const Tensor& mean, const Tensor& invstd,
+                                      const Tensor& gamma, const Tensor& sum_dy,
+                                      const Tensor& sum_dy_xmu, double count, Tensor& dx,
+                                      BnGeometry& g, Tensor& coefficients) {
+  const Device device = first_gpu(op, "dy", dy);
+  g = bn_geometry(op, "x", x);
+  check_on_shape(op, "x", x, device, dy.shape());
+  check_on_shape(op, "mean", mean, device, {g.c});
+  check_on_shape(op, "invstd", invstd, device, {g.c});
+  check_on_shape(op, "sum_dy", sum_dy, device, {g.c});
+  check_on_shape(op, "sum_dy_xmu", sum_dy_xmu, device, {g.c});
+  check_on_shape(op, "dx", dx, device, x.shape());
+  MTRAIN_CHECK(count >= 0.0, "{}: count must be >= 0, got {}", op, count);
+  const float* pg = optional_param(op, "gamma", gamma, device, g.c);
+  BackwardApplyArgs a{dy.data<float>(), nullptr, x.data<float>(), mean.data<float>(), nullptr,
+                      dx.data<float>(), nullptr};
+  if (x.numel() == 0) return a;
+  // With no elements anywhere the reductions are empty: their means are 0, not 0/0.
+  const double inv_count = count > 0.0 ? 1.0 / count : 0.0;
+  coefficients = Tensor::empty({3, g.c}, DType::Float32, device);
+  a.coefficients = coefficients.data<float>();
+  cuda::DeviceGuard guard(device.index);
+  bn_backward_coefficients_kernel<<<detail::grid_for(g.c), kThreads, 0,
+                                    detail::stream_for(device.index)>>>(
+      pg, invstd.data<float>(), sum_dy.data<float>(), sum_dy_xmu.data<float>(), inv_count, g.c,
+      coefficients.data<float>());
+  MTRAIN_CUDA_CHECK(cudaGetLastError());
+  return a;
 }
 
 }  // namespace
@@ -267,6 +421,12 @@ void batchnorm_stats(const Tensor& x, Tensor& mean, Tensor& var) {
     return;
   }
   const double count = static_cast<double>(g.count());
+  if (numerics().batchnorm_one_pass) {
+    reduce_channels<2>(device, g, ShiftedMoments{x.data<float>(), g.area},
+                       StoreMeanVar{x.data<float>(), g.area, count, mean.data<float>(),
+                                    var.data<float>()});
+    return;
+  }
   reduce_channels<1>(device, g, SumX{x.data<float>()}, StoreAverage{mean.data<float>(), count});
   reduce_channels<1>(device, g, SquaredDeviation{x.data<float>(), mean.data<float>()},
                      StoreAverage{var.data<float>(), count});
@@ -275,91 +435,76 @@ void batchnorm_stats(const Tensor& x, Tensor& mean, Tensor& var) {
 void batchnorm_apply(const Tensor& x, const Tensor& mean, const Tensor& invstd,
                      const Tensor& gamma, const Tensor& beta, Tensor& y) {
   const char* op = "batchnorm_apply";
-  const BnGeometry g = bn_geometry(op, "x", x);
-  const Device device = x.device();
-  check_on_shape(op, "mean", mean, device, {g.c});
-  check_on_shape(op, "invstd", invstd, device, {g.c});
-  check_on_shape(op, "y", y, device, x.shape());
-  const float* pg = optional_param(op, "gamma", gamma, device, g.c);
-  const float* pb = optional_param(op, "beta", beta, device, g.c);
-  const float* px = x.data<float>();
-  const float* pm = mean.data<float>();
-  const float* pi = invstd.data<float>();
-  float* py = y.data<float>();
-  const int64_t total = x.numel();
-  launch_elementwise(
-      device, total,
-      [&](unsigned grid, cudaStream_t stream) {
-        apply_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(
-            px, pm, pi, pg, pb, py, static_cast<uint32_t>(total), static_cast<uint32_t>(g.c),
-            static_cast<uint32_t>(g.area));
-      },
-      [&](unsigned grid, cudaStream_t stream) {
-        apply_kernel<uint64_t><<<grid, kThreads, 0, stream>>>(
-            px, pm, pi, pg, pb, py, static_cast<uint64_t>(total), static_cast<uint64_t>(g.c),
-            static_cast<uint64_t>(g.area));
-      });
+  const BnGeometry g = check_apply(op, x, mean, invstd, y);
+  const ApplyArgs a = apply_args(op, g, x, mean, invstd, gamma, beta, y);
+  launch_elementwise<Apply<false, false>::Kernel>(x.device(), g, a);
+}
+
+void batchnorm_apply_relu(const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                          const Tensor& gamma, const Tensor& beta, const Tensor& residual,
+                          Tensor& y) {
+  const char* op = "batchnorm_apply_relu";
+  const BnGeometry g = check_apply(op, x, mean, invstd, y);
+  ApplyArgs a = apply_args(op, g, x, mean, invstd, gamma, beta, y);
+  if (residual.defined()) {
+    check_on_shape(op, "residual", residual, x.device(), x.shape());
+    a.residual = residual.data<float>();
+    launch_elementwise<Apply<true, true>::Kernel>(x.device(), g, a);
+  } else {
+    launch_elementwise<Apply<false, true>::Kernel>(x.device(), g, a);
+  }
 }
 
 void batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Tensor& mean,
                                Tensor& sum_dy, Tensor& sum_dy_xmu) {
-  const char* op = "batchnorm_backward_reduce";
-  // dy is the first tensor and sets the device; x then must match it.
-  const Device device = first_gpu(op, "dy", dy);
-  const BnGeometry g = bn_geometry(op, "x", x);
-  check_on_shape(op, "x", x, device, dy.shape());
-  check_on_shape(op, "mean", mean, device, {g.c});
-  check_on_shape(op, "sum_dy", sum_dy, device, {g.c});
-  check_on_shape(op, "sum_dy_xmu", sum_dy_xmu, device, {g.c});
-  reduce_channels<2>(device, g,
-                     GradientTerms{dy.data<float>(), x.data<float>(), mean.data<float>()},
-                     StoreGradientSums{sum_dy.data<float>(), sum_dy_xmu.data<float>()});
+  const BnGeometry g =
+      check_reduce("batchnorm_backward_reduce", dy, x, mean, sum_dy, sum_dy_xmu);
+  reduce_channels<2>(
+      dy.device(), g,
+      GradientTerms<false>{dy.data<float>(), nullptr, x.data<float>(), mean.data<float>()},
+      StoreGradientSums{sum_dy.data<float>(), sum_dy_xmu.data<float>()});
+}
+
+void batchnorm_backward_reduce_relu(const Tensor& dy, const Tensor& y, const Tensor& x,
+                                    const Tensor& mean, Tensor& sum_dy, Tensor& sum_dy_xmu) {
+  const char* op = "batchnorm_backward_reduce_relu";
+  const BnGeometry g = check_reduce(op, dy, x, mean, sum_dy, sum_dy_xmu);
+  check_on_shape(op, "y", y, dy.device(), x.shape());
+  reduce_channels<2>(
+      dy.device(), g,
+      GradientTerms<true>{dy.data<float>(), y.data<float>(), x.data<float>(), mean.data<float>()},
+      StoreGradientSums{sum_dy.data<float>(), sum_dy_xmu.data<float>()});
 }
 
 void batchnorm_backward_apply(const Tensor& dy, const Tensor& x, const Tensor& mean,
                               const Tensor& invstd, const Tensor& gamma, const Tensor& sum_dy,
                               const Tensor& sum_dy_xmu, double count, Tensor& dx) {
-  const char* op = "batchnorm_backward_apply";
-  const Device device = first_gpu(op, "dy", dy);
-  const BnGeometry g = bn_geometry(op, "x", x);
-  check_on_shape(op, "x", x, device, dy.shape());
-  check_on_shape(op, "mean", mean, device, {g.c});
-  check_on_shape(op, "invstd", invstd, device, {g.c});
-  check_on_shape(op, "sum_dy", sum_dy, device, {g.c});
-  check_on_shape(op, "sum_dy_xmu", sum_dy_xmu, device, {g.c});
-  check_on_shape(op, "dx", dx, device, x.shape());
-  MTRAIN_CHECK(count >= 0.0, "{}: count must be >= 0, got {}", op, count);
-  const float* pg = optional_param(op, "gamma", gamma, device, g.c);
-  const int64_t total = x.numel();
-  if (total == 0) return;
-  // With no elements anywhere the reductions are empty: their means are 0, not 0/0.
-  const double inv_count = count > 0.0 ? 1.0 / count : 0.0;
-  Tensor coefficients = Tensor::empty({3, g.c}, DType::Float32, device);
-  float* pc = coefficients.data<float>();
-  {
-    cuda::DeviceGuard guard(device.index);
-    backward_coefficients_kernel<<<detail::grid_for(g.c), kThreads, 0,
-                                   detail::stream_for(device.index)>>>(
-        pg, invstd.data<float>(), sum_dy.data<float>(), sum_dy_xmu.data<float>(), inv_count, g.c,
-        pc);
-    MTRAIN_CUDA_CHECK(cudaGetLastError());
+  BnGeometry g{};
+  Tensor coefficients;
+  const BackwardApplyArgs a =
+      backward_apply_args("batchnorm_backward_apply", dy, x, mean, invstd, gamma, sum_dy,
+                          sum_dy_xmu, count, dx, g, coefficients);
+  launch_elementwise<BackwardApply<false, false>::Kernel>(dy.device(), g, a);
+}
+
+void batchnorm_backward_apply_relu(const Tensor& dy, const Tensor& y, const Tensor& x,
+                                   const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
+                                   const Tensor& sum_dy, const Tensor& sum_dy_xmu, double count,
+                                   Tensor& dx, Tensor& dmasked) {
+  const char* op = "batchnorm_backward_apply_relu";
+  BnGeometry g{};
+  Tensor coefficients;
+  BackwardApplyArgs a = backward_apply_args(op, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xmu,
+                                            count, dx, g, coefficients);
+  check_on_shape(op, "y", y, dy.device(), x.shape());
+  a.y = y.data<float>();
+  if (dmasked.defined()) {
+    check_on_shape(op, "dmasked", dmasked, dy.device(), x.shape());
+    a.dmasked = dmasked.data<float>();
+    launch_elementwise<BackwardApply<true, true>::Kernel>(dy.device(), g, a);
+  } else {
+    launch_elementwise<BackwardApply<true, false>::Kernel>(dy.device(), g, a);
   }
-  const float* pdy = dy.data<float>();
-  const float* px = x.data<float>();
-  const float* pm = mean.data<float>();
-  float* pdx = dx.data<float>();
-  launch_elementwise(
-      device, total,
-      [&](unsigned grid, cudaStream_t stream) {
-        backward_apply_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(
-            pdy, px, pm, pc, pdx, static_cast<uint32_t>(total), static_cast<uint32_t>(g.c),
-            static_cast<uint32_t>(g.area));
-      },
-      [&](unsigned grid, cudaStream_t stream) {
-        backward_apply_kernel<uint64_t><<<grid, kThreads, 0, stream>>>(
-            pdy, px, pm, pc, pdx, static_cast<uint64_t>(total), static_cast<uint64_t>(g.c),
-            static_cast<uint64_t>(g.area));
-      });
 }
 
 }  // namespace mtrain::cuda_ops

@@ -1,6 +1,6 @@
 // The per-channel batch-norm arithmetic on the GPU (ops::batchnorm_invstd,
-// batchnorm_update_running, batchnorm_param_grads, batchnorm_merge_stats): the
-// counterparts of tensor/cpu/batchnorm_channels.cpp.
+// batchnorm_update_running, batchnorm_prepare, batchnorm_param_grads,
+// batchnorm_merge_stats): the counterparts of tensor/cpu/batchnorm_channels.cpp.
 //
 // One thread per channel: C is at most a few thousand, so a launch is a handful of
 // blocks and the cost is the launch itself. Every floating-point operation is spelled
@@ -30,28 +30,48 @@ unsigned blocks_for(int64_t channels) {
   return static_cast<unsigned>(blocks > 0 ? blocks : 1);
 }
 
-__global__ void invstd_kernel(const float* __restrict__ var, double eps,
-                              float* __restrict__ invstd, int64_t channels) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= channels) return;
-  const double denominator = __dsqrt_rn(__dadd_rn(static_cast<double>(var[c]), eps));
-  invstd[c] = __double2float_rn(__ddiv_rn(1.0, denominator));
+__device__ __forceinline__ float inverse_std(float var, double eps) {
+  const double denominator = __dsqrt_rn(__dadd_rn(static_cast<double>(var), eps));
+  return __double2float_rn(__ddiv_rn(1.0, denominator));
 }
 
-__global__ void update_running_kernel(const float* __restrict__ mean,
-                                      const float* __restrict__ var, float keep, float take_mean,
-                                      float take_var, float* __restrict__ running_mean,
-                                      float* __restrict__ running_var,
-                                      int64_t* __restrict__ num_batches_tracked,
-                                      int64_t channels) {
+__global__ void bn_invstd_kernel(const float* __restrict__ var, double eps,
+                                 float* __restrict__ invstd, int64_t channels) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c == 0) *num_batches_tracked += 1;
   if (c >= channels) return;
-  running_mean[c] = __fadd_rn(__fmul_rn(running_mean[c], keep), __fmul_rn(take_mean, mean[c]));
-  running_var[c] = __fadd_rn(__fmul_rn(running_var[c], keep), __fmul_rn(take_var, var[c]));
+  invstd[c] = inverse_std(var[c], eps);
 }
 
-__global__ void param_grads_kernel(const float* __restrict__ sum_dy,
+struct RunningUpdate {
+  const float* __restrict__ mean;
+  const float* __restrict__ var;
+  float keep, take_mean, take_var;
+  float* __restrict__ running_mean;
+  float* __restrict__ running_var;
+  int64_t* __restrict__ num_batches_tracked;
+  int64_t channels;
+
+  // Channel c's update (thread c of the grid; thread 0 also counts the batch).
+  __device__ __forceinline__ void operator()(int64_t c) const {
+    if (c == 0) *num_batches_tracked += 1;
+    if (c >= channels) return;
+    running_mean[c] = __fadd_rn(__fmul_rn(running_mean[c], keep), __fmul_rn(take_mean, mean[c]));
+    running_var[c] = __fadd_rn(__fmul_rn(running_var[c], keep), __fmul_rn(take_var, var[c]));
+  }
+};
+
+__global__ void bn_update_running_kernel(RunningUpdate update) {
+  update(static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
+}
+
+// batchnorm_update_running and batchnorm_invstd in one launch.
+__global__ void bn_prepare_kernel(RunningUpdate update, double eps, float* __restrict__ invstd) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  update(c);
+  if (c < update.channels) invstd[c] = inverse_std(update.var[c], eps);
+}
+
+__global__ void bn_param_grads_kernel(const float* __restrict__ sum_dy,
                                    const float* __restrict__ sum_dy_xmu,
                                    const float* __restrict__ invstd, float* __restrict__ dgamma,
                                    float* __restrict__ dbeta, int64_t channels) {
@@ -63,7 +83,7 @@ __global__ void param_grads_kernel(const float* __restrict__ sum_dy,
 
 // Note [SyncBatchNorm merge] (models/sync_batchnorm.h), per channel, with the CPU loop's
 // order of operations.
-__global__ void merge_stats_kernel(const float* __restrict__ rows, int64_t world,
+__global__ void bn_merge_stats_kernel(const float* __restrict__ rows, int64_t world,
                                    int64_t channels, float* __restrict__ mean,
                                    float* __restrict__ var) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -93,18 +113,19 @@ __global__ void merge_stats_kernel(const float* __restrict__ rows, int64_t world
 void launch_batchnorm_invstd(const float* var, double eps, float* invstd, int64_t channels,
                              cudaStream_t stream) {
   if (channels == 0) return;
-  invstd_kernel<<<blocks_for(channels), kThreads, 0, stream>>>(var, eps, invstd, channels);
+  bn_invstd_kernel<<<blocks_for(channels), kThreads, 0, stream>>>(var, eps, invstd, channels);
   MTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_batchnorm_update_running(const float* mean, const float* var, float keep,
-                                     float take_mean, float take_var, float* running_mean,
-                                     float* running_var, int64_t* num_batches_tracked,
-                                     int64_t channels, cudaStream_t stream) {
+void launch_batchnorm_update_running(const RunningUpdate& update, cudaStream_t stream) {
   // Launched even for 0 channels: the batch still counts in num_batches_tracked.
-  update_running_kernel<<<blocks_for(channels), kThreads, 0, stream>>>(
-      mean, var, keep, take_mean, take_var, running_mean, running_var, num_batches_tracked,
-      channels);
+  bn_update_running_kernel<<<blocks_for(update.channels), kThreads, 0, stream>>>(update);
+  MTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_batchnorm_prepare(const RunningUpdate& update, double eps, float* invstd,
+                              cudaStream_t stream) {
+  bn_prepare_kernel<<<blocks_for(update.channels), kThreads, 0, stream>>>(update, eps, invstd);
   MTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -112,7 +133,7 @@ void launch_batchnorm_param_grads(const float* sum_dy, const float* sum_dy_xmu,
                                   const float* invstd, float* dgamma, float* dbeta,
                                   int64_t channels, cudaStream_t stream) {
   if (channels == 0 || (dgamma == nullptr && dbeta == nullptr)) return;
-  param_grads_kernel<<<blocks_for(channels), kThreads, 0, stream>>>(sum_dy, sum_dy_xmu, invstd,
+  bn_param_grads_kernel<<<blocks_for(channels), kThreads, 0, stream>>>(sum_dy, sum_dy_xmu, invstd,
                                                                     dgamma, dbeta, channels);
   MTRAIN_CUDA_CHECK(cudaGetLastError());
 }
@@ -120,7 +141,7 @@ void launch_batchnorm_param_grads(const float* sum_dy, const float* sum_dy_xmu,
 void launch_batchnorm_merge_stats(const float* rows, int64_t world, int64_t channels,
                                   float* mean, float* var, cudaStream_t stream) {
   if (channels == 0) return;
-  merge_stats_kernel<<<blocks_for(channels), kThreads, 0, stream>>>(rows, world, channels, mean,
+  bn_merge_stats_kernel<<<blocks_for(channels), kThreads, 0, stream>>>(rows, world, channels, mean,
                                                                     var);
   MTRAIN_CUDA_CHECK(cudaGetLastError());
 }
@@ -146,6 +167,28 @@ int64_t channels_on(const char* op, const char* name, const Tensor& t) {
 
 cudaStream_t stream_of(Device device) { return cuda::current_stream(device.index).handle(); }
 
+// Checks the running update's tensors and gathers its arguments.
+cuda::RunningUpdate running_update(const char* op, const Tensor& mean, const Tensor& var,
+                                   int64_t count, double momentum, Tensor& running_mean,
+                                   Tensor& running_var, Tensor& num_batches_tracked) {
+  const Device device = mean.device();
+  const int64_t c = channels_on(op, "mean", mean);
+  check_on_shape(op, "var", var, device, {c});
+  check_on_shape(op, "running_mean", running_mean, device, {c});
+  check_on_shape(op, "running_var", running_var, device, {c});
+  check_on_shape(op, "num_batches_tracked", num_batches_tracked, device, {}, DType::Int64);
+  const RunningUpdateFactors f = running_update_factors(op, count, momentum);
+  return {mean.data<float>(),
+          var.data<float>(),
+          f.keep,
+          f.take_mean,
+          f.take_var,
+          running_mean.data<float>(),
+          running_var.data<float>(),
+          num_batches_tracked.data<int64_t>(),
+          c};
+}
+
 }  // namespace
 
 void batchnorm_invstd(const Tensor& var, double eps, Tensor& invstd) {
@@ -161,19 +204,22 @@ void batchnorm_invstd(const Tensor& var, double eps, Tensor& invstd) {
 void batchnorm_update_running(const Tensor& mean, const Tensor& var, int64_t count,
                               double momentum, Tensor& running_mean, Tensor& running_var,
                               Tensor& num_batches_tracked) {
-  const char* op = "batchnorm_update_running";
-  const Device device = mean.device();
-  const int64_t c = channels_on(op, "mean", mean);
-  check_on_shape(op, "var", var, device, {c});
-  check_on_shape(op, "running_mean", running_mean, device, {c});
-  check_on_shape(op, "running_var", running_var, device, {c});
-  check_on_shape(op, "num_batches_tracked", num_batches_tracked, device, {}, DType::Int64);
-  const RunningUpdateFactors f = running_update_factors(op, count, momentum);
-  cuda::DeviceGuard guard(device.index);
-  cuda::launch_batchnorm_update_running(mean.data<float>(), var.data<float>(), f.keep,
-                                        f.take_mean, f.take_var, running_mean.data<float>(),
-                                        running_var.data<float>(),
-                                        num_batches_tracked.data<int64_t>(), c, stream_of(device));
+  const cuda::RunningUpdate update = running_update("batchnorm_update_running", mean, var, count,
+                                                    momentum, running_mean, running_var,
+                                                    num_batches_tracked);
+  cuda::DeviceGuard guard(mean.device().index);
+  cuda::launch_batchnorm_update_running(update, stream_of(mean.device()));
+}
+
+void batchnorm_prepare(const Tensor& mean, const Tensor& var, int64_t count, double momentum,
+                       double eps, Tensor& running_mean, Tensor& running_var,
+                       Tensor& num_batches_tracked, Tensor& invstd) {
+  const char* op = "batchnorm_prepare";
+  const cuda::RunningUpdate update =
+      running_update(op, mean, var, count, momentum, running_mean, running_var, num_batches_tracked);
+  check_on_shape(op, "invstd", invstd, mean.device(), {update.channels});
+  cuda::DeviceGuard guard(mean.device().index);
+  cuda::launch_batchnorm_prepare(update, eps, invstd.data<float>(), stream_of(mean.device()));
 }
 
 void batchnorm_param_grads(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tensor& invstd,

@@ -17,11 +17,13 @@ enum NumericsBit : uint32_t {
   kDeterministic = 1u << 1,
   kAllowTf32 = 1u << 2,
   kAllowTf32Matmul = 1u << 3,
+  kBatchnormOnePass = 1u << 4,
 };
 
 constexpr uint32_t pack(const NumericsOptions& o) {
   return (o.cudnn_benchmark ? kCudnnBenchmark : 0u) | (o.deterministic ? kDeterministic : 0u) |
-         (o.allow_tf32 ? kAllowTf32 : 0u) | (o.allow_tf32_matmul ? kAllowTf32Matmul : 0u);
+         (o.allow_tf32 ? kAllowTf32 : 0u) | (o.allow_tf32_matmul ? kAllowTf32Matmul : 0u) |
+         (o.batchnorm_one_pass ? kBatchnormOnePass : 0u);
 }
 
 NumericsOptions unpack(uint32_t bits) {
@@ -30,6 +32,7 @@ NumericsOptions unpack(uint32_t bits) {
   o.deterministic = (bits & kDeterministic) != 0;
   o.allow_tf32 = (bits & kAllowTf32) != 0;
   o.allow_tf32_matmul = (bits & kAllowTf32Matmul) != 0;
+  o.batchnorm_one_pass = (bits & kBatchnormOnePass) != 0;
   return o;
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -49,6 +50,37 @@ inline void require_close(const Tensor& actual, const Tensor& expected, double a
                           double rtol = 1e-5) {
   REQUIRE(actual.shape() == expected.shape());
   require_close(actual, to_double(expected), atol, rtol);
+}
+
+// Largest |actual - expected| over the float32 elements (same shapes).
+inline double max_abs_gap(const Tensor& actual, const Tensor& expected) {
+  REQUIRE(actual.shape() == expected.shape());
+  double m = 0.0;
+  for (int64_t i = 0; i < actual.numel(); ++i) {
+    m = std::max(m, std::fabs(static_cast<double>(actual.data<float>()[i]) - expected.data<float>()[i]));
+  }
+  return m;
+}
+
+// Every bit equal, on any devices (== on floats would pass -0 for 0 and fail NaN against
+// NaN); names the first element that differs.
+inline void require_same_bits(const Tensor& actual, const Tensor& expected) {
+  const Tensor got = actual.to(Device::cpu());
+  const Tensor want = expected.to(Device::cpu());
+  REQUIRE(got.shape() == want.shape());
+  REQUIRE(got.dtype() == want.dtype());
+  const size_t width = dtype_size(got.dtype());
+  const auto* a = static_cast<const unsigned char*>(got.raw_data());
+  const auto* b = static_cast<const unsigned char*>(want.raw_data());
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    if (std::memcmp(a + i * width, b + i * width, width) != 0) {
+      if (got.dtype() == DType::Float32) {
+        FAIL("element " << i << " of " << actual.str() << ": " << got.data<float>()[i] << ", expected "
+                        << want.data<float>()[i]);
+      }
+      FAIL("element " << i << " of " << actual.str() << " differs");
+    }
+  }
 }
 
 // sum_i a[i] * b[i] in double: the scalar "loss" whose gradient a backward op computes.

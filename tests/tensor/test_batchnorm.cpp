@@ -2,6 +2,7 @@
 // finite differences (see Note [Separable batch norm] in tensor/ops.h).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -11,6 +12,7 @@
 using namespace mtrain;
 using mtrain::testing::random_tensor;
 using mtrain::testing::require_close;
+using mtrain::testing::require_same_bits;
 
 namespace {
 
@@ -145,4 +147,71 @@ TEST_CASE("batchnorm_backward_apply in eval mode and with no elements", "[batchn
   const Tensor ones = Tensor::full({2}, 1.0f);
   ops::batchnorm_backward_apply(dy, x, mean, invstd, gamma, ones, ones, 0.0, dx);
   require_close(dx, expected, 1e-6, 1e-6);
+}
+
+// Note [Fused batch norm] in tensor/ops.h: each fused op does its unfused sequence's
+// operations in the same order, so the results are the same bits.
+TEST_CASE("the batch norm ops fused with a ReLU give the unfused sequence's bits", "[batchnorm]") {
+  const Shape shape =
+      GENERATE(Shape{4, 3, 5, 7}, Shape{2, 5, 1, 1}, Shape{64, 2, 12, 12}, Shape{37, 11});
+  const bool with_affine = GENERATE(true, false);
+  CAPTURE(shape_str(shape), with_affine);
+  const int64_t c = shape[1];
+  const Tensor x = random_tensor(shape, 60, -2.0f, 2.0f);
+  const Tensor residual = random_tensor(shape, 61);
+  const Tensor dy = random_tensor(shape, 62);
+  const Tensor mean = random_tensor({c}, 63, -0.5f, 0.5f);
+  const Tensor invstd = random_tensor({c}, 64, 0.5f, 2.0f);
+  const Tensor gamma = with_affine ? random_tensor({c}, 65, 0.5f, 1.5f) : Tensor();
+  const Tensor beta = with_affine ? random_tensor({c}, 66) : Tensor();
+
+  for (const bool add : {false, true}) {
+    CAPTURE(add);
+    // Forward: apply, add, relu.
+    Tensor bn = Tensor::empty(shape), sum = Tensor::empty(shape), unfused = Tensor::empty(shape);
+    ops::batchnorm_apply(x, mean, invstd, gamma, beta, bn);
+    if (add) ops::add(bn, residual, sum);
+    ops::relu_forward(add ? sum : bn, unfused);
+    Tensor fused = Tensor::empty(shape);
+    ops::batchnorm_apply_relu(x, mean, invstd, gamma, beta, add ? residual : Tensor(), fused);
+    require_same_bits(fused, unfused);
+    // Both signs occur, so the mask matters.
+    CHECK(std::count(fused.data<float>(), fused.data<float>() + fused.numel(), 0.0f) > 0);
+
+    // Backward: relu_backward, then the reduce and the apply over its result.
+    Tensor g = Tensor::empty(shape);
+    ops::relu_backward(unfused, dy, g);
+    Tensor sum_dy = Tensor::empty({c}), sum_dy_xmu = Tensor::empty({c});
+    ops::batchnorm_backward_reduce(g, x, mean, sum_dy, sum_dy_xmu);
+    Tensor fused_sum_dy = Tensor::empty({c}), fused_sum_dy_xmu = Tensor::empty({c});
+    ops::batchnorm_backward_reduce_relu(dy, fused, x, mean, fused_sum_dy, fused_sum_dy_xmu);
+    require_same_bits(fused_sum_dy, sum_dy);
+    require_same_bits(fused_sum_dy_xmu, sum_dy_xmu);
+    const double local = static_cast<double>(shape[0] * (shape.size() == 4 ? shape[2] * shape[3] : 1));
+    for (const double count : {local, 0.0}) {
+      Tensor dx = Tensor::empty(shape);
+      ops::batchnorm_backward_apply(g, x, mean, invstd, gamma, sum_dy, sum_dy_xmu, count, dx);
+      Tensor fused_dx = Tensor::empty(shape), dmasked = Tensor::empty(shape), none;
+      ops::batchnorm_backward_apply_relu(dy, fused, x, mean, invstd, gamma, sum_dy, sum_dy_xmu,
+                                         count, fused_dx, add ? dmasked : none);
+      require_same_bits(fused_dx, dx);
+      if (add) require_same_bits(dmasked, g);
+    }
+  }
+}
+
+TEST_CASE("the fused batch norm ops check their extra arguments", "[batchnorm]") {
+  const Tensor x = random_tensor({2, 3, 4, 4}, 67);
+  const Tensor stats = Tensor::full({3}, 1.0f);
+  Tensor y = Tensor::empty(x.shape());
+  const Tensor other = Tensor::empty({2, 3, 4, 3});
+  CHECK_THROWS_WITH(ops::batchnorm_apply_relu(x, stats, stats, Tensor(), Tensor(), other, y),
+                    Catch::Contains("batchnorm_apply_relu") && Catch::Contains("residual"));
+  Tensor sums = Tensor::empty({3});
+  CHECK_THROWS_WITH(ops::batchnorm_backward_reduce_relu(x, other, x, stats, sums, sums),
+                    Catch::Contains("batchnorm_backward_reduce_relu") && Catch::Contains(": y expected"));
+  Tensor dx = Tensor::empty(x.shape()), wrong = Tensor::empty({3});
+  CHECK_THROWS_WITH(
+      ops::batchnorm_backward_apply_relu(x, y, x, stats, stats, Tensor(), stats, stats, 4.0, dx, wrong),
+      Catch::Contains("dmasked"));
 }

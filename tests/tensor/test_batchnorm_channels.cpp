@@ -1,8 +1,8 @@
 // The per-channel batch-norm ops (batchnorm_invstd, batchnorm_update_running,
-// batchnorm_param_grads, batchnorm_merge_stats) on the CPU: hand-computed values, the
-// formulas the layers used before these ops existed (bit for bit, since the
-// multi-process SyncBatchNorm tests compare against single-process runs), and the merge
-// against the statistics of the concatenated batch.
+// batchnorm_prepare, batchnorm_param_grads, batchnorm_merge_stats) on the CPU:
+// hand-computed values, the formulas the layers used before these ops existed (bit for
+// bit, since the multi-process SyncBatchNorm tests compare against single-process runs),
+// and the merge against the statistics of the concatenated batch.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -247,4 +247,30 @@ TEST_CASE("batchnorm_merge_stats: one contributing rank is returned exactly, non
   CHECK_THROWS_AS(ops::batchnorm_merge_stats(Tensor::zeros({3, 4}), mean, var), InternalError);
   CHECK_THROWS_AS(ops::batchnorm_merge_stats(Tensor::zeros({15}), mean, var), InternalError);
   CHECK_THROWS_AS(ops::batchnorm_merge_stats(Tensor::zeros({3, 7}), mean, var), InternalError);
+}
+
+TEST_CASE("batchnorm_prepare is batchnorm_update_running then batchnorm_invstd, bit for bit",
+          "[batchnorm_channels]") {
+  const Tensor mean = vec({3.0f, -1.0f, 0.125f, 1e6f});
+  const Tensor var = vec({2.0f, 0.5f, 8.0f, 1e-7f});
+  Tensor rm = vec({1.0f, 2.0f, -0.5f, 0.0f}), rv = vec({1.0f, 4.0f, 0.25f, 1.0f});
+  Tensor tracked = scalar_count(3);
+  Tensor invstd = Tensor::empty({4});
+  ops::batchnorm_prepare(mean, var, 7, 0.1, 1e-5, rm, rv, tracked, invstd);
+
+  Tensor rm2 = vec({1.0f, 2.0f, -0.5f, 0.0f}), rv2 = vec({1.0f, 4.0f, 0.25f, 1.0f});
+  Tensor tracked2 = scalar_count(3);
+  Tensor invstd2 = Tensor::empty({4});
+  ops::batchnorm_update_running(mean, var, 7, 0.1, rm2, rv2, tracked2);
+  ops::batchnorm_invstd(var, 1e-5, invstd2);
+  CHECK(rm.to_vector<float>() == rm2.to_vector<float>());
+  CHECK(rv.to_vector<float>() == rv2.to_vector<float>());
+  CHECK(invstd.to_vector<float>() == invstd2.to_vector<float>());
+  CHECK(tracked.data<int64_t>()[0] == 4);
+  // Its preconditions are update_running's.
+  CHECK_THROWS_AS(ops::batchnorm_prepare(mean, var, 1, 0.1, 1e-5, rm, rv, tracked, invstd),
+                  InternalError);
+  Tensor short_invstd = Tensor::empty({3});
+  CHECK_THROWS_AS(ops::batchnorm_prepare(mean, var, 7, 0.1, 1e-5, rm, rv, tracked, short_invstd),
+                  InternalError);
 }

@@ -28,6 +28,7 @@
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
 #include "tests/support/skip.h"
+#include "tests/tensor/numerics_scope.h"
 #include "tests/tensor/reference.h"
 
 #ifdef MTRAIN_HAVE_CUDA
@@ -39,31 +40,9 @@
 using namespace mtrain;
 using mtrain::cuda_ops::NumericsOptions;
 using mtrain::ops::Conv2dParams;
+using mtrain::testing::NumericsScope;
 using mtrain::testing::random_tensor;
 using mtrain::testing::require_close;
-
-namespace {
-
-bool same_options(const NumericsOptions& a, const NumericsOptions& b) {
-  return a.cudnn_benchmark == b.cudnn_benchmark && a.deterministic == b.deterministic &&
-         a.allow_tf32 == b.allow_tf32 && a.allow_tf32_matmul == b.allow_tf32_matmul;
-}
-
-// Sets the numerics for one test and restores what was there before.
-class NumericsScope {
- public:
-  explicit NumericsScope(const NumericsOptions& options) : saved_(cuda_ops::numerics()) {
-    cuda_ops::set_numerics(options);
-  }
-  ~NumericsScope() { cuda_ops::set_numerics(saved_); }
-  NumericsScope(const NumericsScope&) = delete;
-  NumericsScope& operator=(const NumericsScope&) = delete;
-
- private:
-  NumericsOptions saved_;
-};
-
-}  // namespace
 
 TEST_CASE("numerics settings start at PyTorch's defaults and round-trip every combination") {
   const NumericsOptions defaults = cuda_ops::numerics();
@@ -71,16 +50,18 @@ TEST_CASE("numerics settings start at PyTorch's defaults and round-trip every co
   CHECK_FALSE(defaults.deterministic);
   CHECK(defaults.allow_tf32);
   CHECK_FALSE(defaults.allow_tf32_matmul);
-  for (int bits = 0; bits < 16; ++bits) {
+  CHECK_FALSE(defaults.batchnorm_one_pass);
+  for (int bits = 0; bits < 32; ++bits) {
     NumericsOptions o;
     o.cudnn_benchmark = (bits & 1) != 0;
     o.deterministic = (bits & 2) != 0;
     o.allow_tf32 = (bits & 4) != 0;
     o.allow_tf32_matmul = (bits & 8) != 0;
+    o.batchnorm_one_pass = (bits & 16) != 0;
     NumericsScope scope(o);
-    CHECK(same_options(cuda_ops::numerics(), o));
+    CHECK(cuda_ops::numerics() == o);
   }
-  CHECK(same_options(cuda_ops::numerics(), defaults));
+  CHECK(cuda_ops::numerics() == defaults);
 }
 
 #ifdef MTRAIN_HAVE_CUDA

@@ -8,9 +8,9 @@
 // a tolerance stated next to them.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <vector>
 
@@ -20,12 +20,14 @@
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
 #include "tests/support/skip.h"
+#include "tests/tensor/numerics_scope.h"
 #include "tests/tensor/reference.h"
 
 using namespace mtrain;
 using mtrain::ops::Pool2dParams;
 using mtrain::testing::random_tensor;
 using mtrain::testing::require_close;
+using mtrain::testing::require_same_bits;
 
 #ifdef MTRAIN_HAVE_CUDA
 
@@ -39,26 +41,6 @@ const Device kGpu = Device::cuda(0);
 
 Tensor on_gpu(const Tensor& t) { return t.to(kGpu); }
 Tensor on_cpu(const Tensor& t) { return t.to(Device::cpu()); }
-
-// Every bit equal (== on floats would pass -0 for 0 and fail NaN against NaN); names the
-// first element that differs.
-void require_same_bits(const Tensor& gpu_result, const Tensor& cpu_result) {
-  const Tensor got = on_cpu(gpu_result);
-  REQUIRE(got.shape() == cpu_result.shape());
-  REQUIRE(got.dtype() == cpu_result.dtype());
-  const size_t width = dtype_size(got.dtype());
-  const auto* a = static_cast<const unsigned char*>(got.raw_data());
-  const auto* b = static_cast<const unsigned char*>(cpu_result.raw_data());
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    if (std::memcmp(a + i * width, b + i * width, width) != 0) {
-      if (got.dtype() == DType::Float32) {
-        FAIL("element " << i << " of " << gpu_result.str() << ": GPU " << got.data<float>()[i]
-                        << ", CPU " << cpu_result.data<float>()[i]);
-      }
-      FAIL("element " << i << " of " << gpu_result.str() << " differs from the CPU's");
-    }
-  }
-}
 
 // GPU result within atol + rtol * |cpu| of the CPU result, elementwise.
 void require_near(const Tensor& gpu_result, const Tensor& cpu_result, double atol, double rtol) {
@@ -316,6 +298,122 @@ TEST_CASE("GPU batch norm equals the CPU's", "[cuda][batchnorm]") {
                                   on_gpu(sum_dy_xmu), count, gdx);
     require_same_bits(gdx, dx);
   }
+}
+
+TEST_CASE("GPU one-pass batch-norm statistics equal the CPU's", "[cuda][batchnorm]") {
+  require_gpu();
+  cuda_ops::NumericsOptions one_pass = cuda_ops::numerics();
+  one_pass.batchnorm_one_pass = true;
+  const testing::NumericsScope scope(one_pass);
+  const Shape shape = GENERATE(Shape{4, 3, 5, 7}, Shape{2, 5, 1, 1}, Shape{1, 2, 150, 151},
+                               Shape{16, 64, 28, 28}, Shape{0, 3, 4, 4}, Shape{5000, 3},
+                               Shape{1, 4});
+  // Around 0, around 100 (where E[x^2] - E[x]^2 in float would lose 4 digits) and a tiny
+  // spread around 1e6; Note [One-pass batch-norm statistics] shifts by a sample.
+  const float offset = GENERATE(0.0f, 100.0f, 1e6f);
+  const float spread = offset == 1e6f ? 0.25f : 1.0f;
+  CAPTURE(shape_str(shape), offset);
+  const int64_t c = shape[1];
+  const Tensor x = random_tensor(shape, 36, offset - spread, offset + spread);
+  Tensor mean = Tensor::empty({c}), var = Tensor::empty({c});
+  ops::batchnorm_stats(x, mean, var);
+  const Tensor gx = on_gpu(x);
+  Tensor gmean = Tensor::full({c}, NAN).to(kGpu), gvar = Tensor::full({c}, NAN).to(kGpu);
+  ops::batchnorm_stats(gx, gmean, gvar);
+  // The CPU's two passes and these shifted sums are both double throughout and round once
+  // to float: an ulp apart at most, rarely. The variance's absolute part covers a
+  // variance of 0 (one element per channel), which both give exactly.
+  require_near(gmean, mean, 0.0, 1e-6);
+  require_near(gvar, var, 1e-12, 1e-6);
+  Tensor again_mean = Tensor::empty({c}, DType::Float32, kGpu);
+  Tensor again_var = Tensor::empty({c}, DType::Float32, kGpu);
+  ops::batchnorm_stats(gx, again_mean, again_var);
+  require_same_bits(again_mean, gmean);
+  require_same_bits(again_var, gvar);
+}
+
+// Note [Fused batch norm] in tensor/ops.h: the GPU's fused kernels do the CPU's float
+// operations in its order (exact), and their unfused GPU sequence's (exact); only the
+// reduce sums in double in another order than the CPU.
+TEST_CASE("GPU fused batch norm equals the CPU's and its unfused sequence", "[cuda][batchnorm]") {
+  require_gpu();
+  const Shape shape = GENERATE(Shape{4, 3, 5, 7}, Shape{16, 64, 28, 28}, Shape{37, 11},
+                               Shape{0, 3, 4, 4});
+  const bool add = GENERATE(false, true);
+  CAPTURE(shape_str(shape), add);
+  const int64_t c = shape[1];
+  const Tensor x = random_tensor(shape, 37, -2.0f, 2.0f);
+  const Tensor residual = add ? random_tensor(shape, 38) : Tensor();
+  const Tensor dy = random_tensor(shape, 39);
+  const Tensor mean = random_tensor({c}, 40, -0.5f, 0.5f);
+  const Tensor invstd = random_tensor({c}, 41, 0.5f, 2.0f);
+  const Tensor gamma = random_tensor({c}, 42, 0.5f, 1.5f);
+  const Tensor beta = random_tensor({c}, 43);
+  const Tensor gx = on_gpu(x), gdy = on_gpu(dy), gres = add ? on_gpu(residual) : Tensor();
+  const Tensor gmean = on_gpu(mean), ginvstd = on_gpu(invstd), ggamma = on_gpu(gamma);
+  const Tensor gbeta = on_gpu(beta);
+
+  Tensor y = Tensor::empty(shape), gy = Tensor::empty(shape, DType::Float32, kGpu);
+  ops::batchnorm_apply_relu(x, mean, invstd, gamma, beta, residual, y);
+  ops::batchnorm_apply_relu(gx, gmean, ginvstd, ggamma, gbeta, gres, gy);
+  require_same_bits(gy, y);
+  // The unfused sequence on the GPU: apply, add, relu.
+  Tensor gbn = Tensor::empty(shape, DType::Float32, kGpu);
+  ops::batchnorm_apply(gx, gmean, ginvstd, ggamma, gbeta, gbn);
+  if (add) ops::add(gbn, gres, gbn);
+  Tensor gunfused = Tensor::empty(shape, DType::Float32, kGpu);
+  ops::relu_forward(gbn, gunfused);
+  require_same_bits(gy, gunfused);
+
+  Tensor sum_dy = Tensor::empty({c}), sum_dy_xmu = Tensor::empty({c});
+  ops::batchnorm_backward_reduce_relu(dy, y, x, mean, sum_dy, sum_dy_xmu);
+  Tensor gsum_dy = Tensor::empty({c}, DType::Float32, kGpu);
+  Tensor gsum_dy_xmu = Tensor::empty({c}, DType::Float32, kGpu);
+  ops::batchnorm_backward_reduce_relu(gdy, gy, gx, gmean, gsum_dy, gsum_dy_xmu);
+  require_near(gsum_dy, sum_dy, 1e-6, 1e-6);
+  require_near(gsum_dy_xmu, sum_dy_xmu, 1e-6, 1e-6);
+  Tensor gmasked = Tensor::empty(shape, DType::Float32, kGpu);
+  ops::relu_backward(gy, gdy, gmasked);
+  Tensor unfused_sum_dy = Tensor::empty({c}, DType::Float32, kGpu);
+  Tensor unfused_sum_dy_xmu = Tensor::empty({c}, DType::Float32, kGpu);
+  ops::batchnorm_backward_reduce(gmasked, gx, gmean, unfused_sum_dy, unfused_sum_dy_xmu);
+  require_same_bits(gsum_dy, unfused_sum_dy);
+  require_same_bits(gsum_dy_xmu, unfused_sum_dy_xmu);
+
+  // The CPU's sums on both sides: the elementwise pass is exact.
+  const double count = static_cast<double>(std::max<int64_t>(x.numel() / c, 1));
+  Tensor dx = Tensor::empty(shape), dmasked = Tensor::empty(shape);
+  Tensor gdx = Tensor::empty(shape, DType::Float32, kGpu);
+  Tensor gdmasked = Tensor::empty(shape, DType::Float32, kGpu);
+  Tensor none;
+  ops::batchnorm_backward_apply_relu(dy, y, x, mean, invstd, gamma, sum_dy, sum_dy_xmu, count, dx,
+                                     add ? dmasked : none);
+  ops::batchnorm_backward_apply_relu(gdy, gy, gx, gmean, ginvstd, ggamma, on_gpu(sum_dy),
+                                     on_gpu(sum_dy_xmu), count, gdx, add ? gdmasked : none);
+  require_same_bits(gdx, dx);
+  if (add) require_same_bits(gdmasked, dmasked);
+  Tensor gunfused_dx = Tensor::empty(shape, DType::Float32, kGpu);
+  ops::batchnorm_backward_apply(gmasked, gx, gmean, ginvstd, ggamma, on_gpu(sum_dy),
+                                on_gpu(sum_dy_xmu), count, gunfused_dx);
+  require_same_bits(gdx, gunfused_dx);
+}
+
+TEST_CASE("GPU batchnorm_prepare equals the CPU's", "[cuda][batchnorm]") {
+  require_gpu();
+  const int64_t c = GENERATE(1, 3, 300, 513);
+  CAPTURE(c);
+  const Tensor mean = random_tensor({c}, 44, -3.0f, 3.0f);
+  const Tensor var = random_tensor({c}, 45, 0.0f, 4.0f);
+  Tensor rm = random_tensor({c}, 46), rv = random_tensor({c}, 47, 0.5f, 2.0f);
+  Tensor grm = on_gpu(rm), grv = on_gpu(rv);
+  Tensor tracked = Tensor::zeros({}, DType::Int64), gtracked = on_gpu(tracked);
+  Tensor invstd = Tensor::empty({c}), ginvstd = Tensor::empty({c}, DType::Float32, kGpu);
+  ops::batchnorm_prepare(mean, var, 12, 0.1, 1e-5, rm, rv, tracked, invstd);
+  ops::batchnorm_prepare(on_gpu(mean), on_gpu(var), 12, 0.1, 1e-5, grm, grv, gtracked, ginvstd);
+  require_same_bits(grm, rm);
+  require_same_bits(grv, rv);
+  require_same_bits(ginvstd, invstd);
+  require_same_bits(gtracked, tracked);
 }
 
 TEST_CASE("GPU batch norm checks devices and shapes", "[cuda][batchnorm]") {

@@ -34,15 +34,6 @@ Tensor rounded(const Tensor& t, DType to) {
   return r;
 }
 
-// Largest |a - b| over the elements.
-double max_gap(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  double m = 0.0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    m = std::max(m, std::fabs(static_cast<double>(a.data<float>()[i]) - b.data<float>()[i]));
-  }
-  return m;
-}
 
 bool bf16_convolutions() {
   if (ops::compute_dtype_supported(DType::BFloat16, Device::cpu())) return true;
@@ -111,7 +102,7 @@ TEST_CASE("bfloat16 convolutions equal float32 ones on rounded operands", "[mixe
     require_close(y16, y_ref, 1e-5, 1e-5);
     // ... and not what float32 computes on the unrounded operands (bf16 moved them by up
     // to 2^-8 relative each, so the sums move by about 1e-3).
-    CHECK(max_gap(y16, y32) > 1e-4);
+    CHECK(testing::max_abs_gap(y16, y32) > 1e-4);
 
     Tensor dx16 = Tensor::empty(x.shape()), dx_ref = Tensor::empty(x.shape());
     ops::conv2d_backward_data(dy, w, dx16, p16);
@@ -204,13 +195,13 @@ TEST_CASE("under bfloat16 the own few-channel kernels run on rounded operands, c
     CHECK(ops::cpu::conv_primitives_created() == primitives);
     ops::conv2d_forward(xr, wr, b, y_ref, p32);
     if (c.c == 1) {
-      CHECK(max_gap(y16, y_ref) == 0.0);
+      CHECK(testing::max_abs_gap(y16, y_ref) == 0.0);
     } else {
       require_close(y16, y_ref, 1e-5, 1e-5);
     }
     Tensor dw_ref = Tensor::zeros(w.shape()), db_ref = Tensor::zeros({c.o}), db_unused = Tensor::zeros({c.o});
     ops::conv2d_backward_weights(xr, dyr, dw_ref, db_unused, p32, true);
-    CHECK(max_gap(dw16, dw_ref) == 0.0);
+    CHECK(testing::max_abs_gap(dw16, dw_ref) == 0.0);
     Tensor dw_unused = Tensor::zeros(w.shape());
     ops::conv2d_backward_weights(x, dy, dw_unused, db_ref, p32, true);
     // From the float32 dy, summed in another order than the lanes kernel sums 9216 terms.
@@ -218,7 +209,7 @@ TEST_CASE("under bfloat16 the own few-channel kernels run on rounded operands, c
     if (c.c > 1) {
       Tensor dx_ref = Tensor::empty(x.shape());
       ops::conv2d_backward_data(dyr, wr, dx_ref, p32);
-      CHECK(max_gap(dx16, dx_ref) == 0.0);
+      CHECK(testing::max_abs_gap(dx16, dx_ref) == 0.0);
     }
   }
 }
