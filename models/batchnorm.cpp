@@ -65,6 +65,23 @@ int64_t BatchNorm2d::num_batches_tracked() const {
   return num_batches_tracked_.to(Device::cpu()).data<int64_t>()[0];
 }
 
+void BatchNorm2d::set_fused(bool fused, bool relu) {
+  fused_ = fused;
+  relu_ = fused && relu;
+}
+
+Tensor BatchNorm2d::forward(const Tensor& x) {
+  return run_forward(x, Tensor(), fused_relu() ? Output::Relu : Output::Plain);
+}
+
+Tensor BatchNorm2d::forward_add_relu(const Tensor& x, const Tensor& residual) {
+  if (!residual.defined() || residual.shape() != x.shape() || residual.device() != x.device()) {
+    throw InvalidArgument(fmt::format("{}: the residual added to the output must match the input {}, found {}",
+                                      description(), x.str(), residual.defined() ? residual.str() : "none"));
+  }
+  return run_forward(x, residual, Output::AddRelu);
+}
+
 // Note [Batch norm statistics hooks]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Training mode follows Note [Separable batch norm] in tensor/ops.h, with two virtual steps where
@@ -76,68 +93,119 @@ int64_t BatchNorm2d::num_batches_tracked() const {
 //             sum_dy_xmu) -> batchnorm_backward_apply with the merged count.
 // The base class leaves both steps as identity. Eval mode normalises with the running statistics
 // and never calls either step (torch's SyncBatchNorm does not sync in eval). convert_sync_batchnorm
-// uses replace_modules (module.h) and copy_state_from.
-Tensor BatchNorm2d::forward(const Tensor& x) {
+// uses replace_modules (module.h) and copy_state_from. A fused layer (Note [Batch norm with its
+// ReLU] in batchnorm.h) runs the same steps with the _relu variants of the apply and backward
+// kernels, and batchnorm_prepare for the running statistics and the inverse deviation.
+Tensor BatchNorm2d::run_forward(const Tensor& x, const Tensor& residual, Output output) {
   detail::check_image_batch(description(), x, num_features_);
   detail::check_input_device(description(), x, weight_.value);
   forward_was_training_ = is_training();
   if (forward_was_training_) {
-    BatchStats stats{channel_tensor(num_features_, x.device()),
-                     channel_tensor(num_features_, x.device()), x.size(0) * x.size(2) * x.size(3)};
-    ops::batchnorm_stats(x, stats.mean, stats.var);
-    merge_batch_stats(stats);
-    // The unbiased running variance divides by count - 1 (torch raises the same error).
-    if (stats.count <= 1) {
-      throw InvalidArgument(fmt::format(
-          "{}: expected more than 1 value per channel when training, found {} (input {})",
-          description(), stats.count, shape_str(x.shape())));
-    }
-    update_running_stats(stats);
-    mean_ = stats.mean;
-    invstd_ = inverse_std(stats.var, eps_);
-    count_ = stats.count;
+    take_batch_statistics(x);
   } else {
     mean_ = running_mean_.clone();
+    if (input_bias_ != nullptr) ops::add_(mean_, input_bias_->value, -1.0f);
     invstd_ = inverse_std(running_var_, eps_);
     count_ = 0;
   }
   Tensor y = Tensor::empty(x.shape(), DType::Float32, x.device());
-  ops::batchnorm_apply(x, mean_, invstd_, weight_.value, bias_.value, y);
+  if (output == Output::Plain) {
+    ops::batchnorm_apply(x, mean_, invstd_, weight_.value, bias_.value, y);
+    output_ = Tensor();
+  } else {
+    ops::batchnorm_apply_relu(x, mean_, invstd_, weight_.value, bias_.value, residual, y);
+    output_ = y;
+  }
+  output_kind_ = output;
   input_ = x;
   return y;
 }
 
-void BatchNorm2d::update_running_stats(const BatchStats& stats) {
-  ops::batchnorm_update_running(stats.mean, stats.var, stats.count, momentum_, running_mean_,
-                                running_var_, num_batches_tracked_);
+void BatchNorm2d::take_batch_statistics(const Tensor& x) {
+  BatchStats stats{channel_tensor(num_features_, x.device()),
+                   channel_tensor(num_features_, x.device()), x.size(0) * x.size(2) * x.size(3)};
+  ops::batchnorm_stats(x, stats.mean, stats.var);
+  merge_batch_stats(stats);
+  // The unbiased running variance divides by count - 1 (torch raises the same error).
+  if (stats.count <= 1) {
+    throw InvalidArgument(fmt::format(
+        "{}: expected more than 1 value per channel when training, found {} (input {})",
+        description(), stats.count, shape_str(x.shape())));
+  }
+  mean_ = stats.mean;
+  count_ = stats.count;
+  // The running mean is the mean of what the layer before produces, its bias included.
+  if (input_bias_ != nullptr) {
+    stats.mean = channel_tensor(num_features_, x.device());
+    ops::add(mean_, input_bias_->value, stats.mean);
+  }
+  if (fused_) {
+    invstd_ = channel_tensor(num_features_, x.device());
+    ops::batchnorm_prepare(stats.mean, stats.var, stats.count, momentum_, eps_, running_mean_,
+                           running_var_, num_batches_tracked_, invstd_);
+  } else {
+    ops::batchnorm_update_running(stats.mean, stats.var, stats.count, momentum_, running_mean_,
+                                  running_var_, num_batches_tracked_);
+    invstd_ = inverse_std(stats.var, eps_);
+  }
 }
 
 Tensor BatchNorm2d::backward(const Tensor& dy) {
+  if (output_kind_ == Output::AddRelu && input_.defined()) {
+    throw InternalError(fmt::format("{}: backward() after forward_add_relu(); call backward_add_relu()",
+                                    description()));
+  }
+  return run_backward(dy, nullptr);
+}
+
+Tensor BatchNorm2d::backward_add_relu(const Tensor& dy, Tensor& dresidual) {
+  if (output_kind_ != Output::AddRelu && input_.defined()) {
+    throw InternalError(fmt::format("{}: backward_add_relu() after a forward without the residual",
+                                    description()));
+  }
+  return run_backward(dy, &dresidual);
+}
+
+Tensor BatchNorm2d::run_backward(const Tensor& dy, Tensor* dresidual) {
   detail::check_output_grad(description(), dy, input_.defined() ? input_.shape() : Shape{});
   const Device device = input_.device();
   detail::check_output_grad_device(description(), dy, device);
+  const bool masked = output_kind_ != Output::Plain;
   Tensor sum_dy = channel_tensor(num_features_, device);
   Tensor sum_dy_xmu = channel_tensor(num_features_, device);
-  ops::batchnorm_backward_reduce(dy, input_, mean_, sum_dy, sum_dy_xmu);
+  if (masked) {
+    ops::batchnorm_backward_reduce_relu(dy, output_, input_, mean_, sum_dy, sum_dy_xmu);
+  } else {
+    ops::batchnorm_backward_reduce(dy, input_, mean_, sum_dy, sum_dy_xmu);
+  }
 
   // dL/dweight = sum dy * xhat = invstd * sum_dy_xmu; dL/dbias = sum dy.
   ops::batchnorm_param_grads(sum_dy, sum_dy_xmu, invstd_, weight_.grad, bias_.grad);
   notify_grad_ready(bias_);
   notify_grad_ready(weight_);
 
-  Tensor dx = Tensor::empty(input_.shape(), DType::Float32, device);
+  double count = static_cast<double>(count_);
   if (forward_was_training_) {
     reduce_backward_sums(sum_dy, sum_dy_xmu);
-    ops::batchnorm_backward_apply(dy, input_, mean_, invstd_, weight_.value, sum_dy, sum_dy_xmu,
-                                  static_cast<double>(count_), dx);
   } else {
     // The running statistics are constants: dx = dy * weight * invstd.
     sum_dy.zero_();
     sum_dy_xmu.zero_();
+    count = 1.0;
+  }
+  Tensor dx = Tensor::empty(input_.shape(), DType::Float32, device);
+  if (masked) {
+    if (dresidual != nullptr) *dresidual = Tensor::empty(input_.shape(), DType::Float32, device);
+    Tensor no_residual;
+    ops::batchnorm_backward_apply_relu(dy, output_, input_, mean_, invstd_, weight_.value, sum_dy,
+                                       sum_dy_xmu, count, dx,
+                                       dresidual != nullptr ? *dresidual : no_residual);
+  } else {
     ops::batchnorm_backward_apply(dy, input_, mean_, invstd_, weight_.value, sum_dy, sum_dy_xmu,
-                                  /*count=*/1.0, dx);
+                                  count, dx);
   }
   input_ = Tensor();  // Note [Saved tensors die with backward] (module.cpp)
+  output_ = Tensor();
   return dx;
 }
 

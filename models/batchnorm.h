@@ -31,6 +31,32 @@ class BatchNorm2d : public Module {
   // Copies weight, bias and the three buffers from `other` (same num_features).
   void copy_state_from(const BatchNorm2d& other);
 
+  // Note [Batch norm with its ReLU]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A fused layer computes with the fused kernels (Note [Fused batch norm] in tensor/ops.h):
+  // its running statistics and inverse deviation in one step (batchnorm_prepare) and,
+  // with `relu`, the ReLU that follows it in its own passes: forward returns relu(bn(x))
+  // and backward takes the gradient of that. fuse_batchnorm (models/fusion.h) sets this
+  // where a ReLU follows and takes that ReLU out of the model. Results are bitwise the
+  // unfused layer's followed by the ReLU. Off by default.
+  void set_fused(bool fused, bool relu);
+  bool fused() const { return fused_; }
+  bool fused_relu() const { return fused_ && relu_; }
+  // relu(bn(x) + residual) in the fused kernels, whatever set_fused says (Residual's
+  // last three steps); backward_add_relu is its backward and returns dL/dx, with
+  // dL/d(residual) in `dresidual`. A plain backward() after it is an error, and the
+  // other way round.
+  Tensor forward_add_relu(const Tensor& x, const Tensor& residual);
+  Tensor backward_add_relu(const Tensor& dy, Tensor& dresidual);
+
+  // The bias of the Conv2d before this layer, which that layer no longer adds
+  // (Conv2d::set_bias_skipped; Note [Conv bias before a batch norm] in models/fusion.h):
+  // the running mean then tracks the batch mean plus the bias, and eval mode subtracts
+  // the bias from the running mean, so buffers and outputs are those of a convolution
+  // that adds it. nullptr (the default): the input is taken as it comes.
+  void set_input_bias(const Parameter* bias) { input_bias_ = bias; }
+  const Parameter* input_bias() const { return input_bias_; }
+
   int64_t num_features() const { return num_features_; }
   double eps() const { return eps_; }
   double momentum() const { return momentum_; }
@@ -52,7 +78,13 @@ class BatchNorm2d : public Module {
   std::string description() const;
 
  private:
-  void update_running_stats(const BatchStats& stats);
+  // What the last forward returned: bn(x), relu(bn(x)) or relu(bn(x) + residual).
+  enum class Output { Plain, Relu, AddRelu };
+
+  Tensor run_forward(const Tensor& x, const Tensor& residual, Output output);
+  // Training-mode statistics: sets mean_, invstd_ and count_, updates the running ones.
+  void take_batch_statistics(const Tensor& x);
+  Tensor run_backward(const Tensor& dy, Tensor* dresidual);
 
   int64_t num_features_;
   double eps_;
@@ -63,7 +95,13 @@ class BatchNorm2d : public Module {
   Tensor running_var_;
   Tensor num_batches_tracked_;  // int64 scalar, shape []
 
+  bool fused_ = false;
+  bool relu_ = false;
+  const Parameter* input_bias_ = nullptr;
+
   // Cached by forward for backward.
+  Output output_kind_ = Output::Plain;
+  Tensor output_;  // the ReLU's mask (not Plain)
   Tensor input_;
   Tensor mean_;    // batch (train) or running (eval) mean used to normalise
   Tensor invstd_;  // 1 / sqrt(var + eps) for that var

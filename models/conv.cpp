@@ -45,9 +45,10 @@ Tensor Conv2d::forward(const Tensor& x) {
                                       shape_str(x.shape())));
   }
   Tensor y = Tensor::empty({x.size(0), options_.out_channels, oh, ow}, DType::Float32, x.device());
-  ops::conv2d_forward(x, weight_.value, bias_.value, y, geometry_);
+  ops::conv2d_forward(x, weight_.value, bias_skipped_ ? Tensor() : bias_.value, y, geometry_);
   input_ = x;
   output_shape_ = y.shape();
+  forward_was_training_ = is_training();
   return y;
 }
 
@@ -55,8 +56,12 @@ Tensor Conv2d::backward(const Tensor& dy) {
   detail::check_output_grad(description_, dy, output_shape_);
   detail::check_output_grad_device(description_, dy, input_.device());
   // Parameter gradients first, so the reducer can start on them while dx is computed.
-  ops::conv2d_backward_weights(input_, dy, weight_.grad, bias_.grad, geometry_,
-                               /*accumulate=*/true);
+  Tensor bias_grad = bias_skipped_ && forward_was_training_ ? Tensor() : bias_.grad;
+  // One flag covers both gradients (Note [Gradient accumulation in modules]).
+  const bool weight_fresh = take_fresh(weight_);
+  const bool bias_fresh = !bias_grad.defined() || take_fresh(bias_);
+  ops::conv2d_backward_weights(input_, dy, weight_.grad, bias_grad, geometry_,
+                               /*accumulate=*/!(weight_fresh && bias_fresh));
   if (options_.bias) notify_grad_ready(bias_);
   notify_grad_ready(weight_);
   Tensor dx;

@@ -33,6 +33,13 @@ class Conv2d : public Module {
   // The type the convolution multiplies in (Note [Mixed precision] in mixed_precision.cpp).
   void set_compute_dtype(DType compute) { geometry_.compute = compute; }
   DType compute_dtype() const { return geometry_.compute; }
+  // Leaves the bias out of the output, for a batch norm after this layer that takes it
+  // into account instead (Note [Conv bias before a batch norm] in models/fusion.h): the
+  // forward adds no bias, and a training backward leaves the bias gradient alone (its
+  // exact value, with the batch norm subtracting the batch mean, is zero). An eval-mode
+  // backward still sums it, as the batch norm then subtracts a constant.
+  void set_bias_skipped(bool skipped) { bias_skipped_ = skipped && options_.bias; }
+  bool bias_skipped() const { return bias_skipped_; }
 
  private:
   Conv2dOptions options_;
@@ -40,8 +47,10 @@ class Conv2d : public Module {
   ops::Conv2dParams geometry_;
   Parameter weight_;
   Parameter bias_;
+  bool bias_skipped_ = false;
   Tensor input_;       // cached for backward
   Shape output_shape_;
+  bool forward_was_training_ = false;
 };
 
 }  // namespace mtrain::models

@@ -42,8 +42,11 @@ Tensor Linear::backward(const Tensor& dy) {
   // One kernel call produces dx, dw and db together; the hook fires right after it.
   Tensor dx = input_grad_needed() ? Tensor::empty(input_.shape(), DType::Float32, input_.device())
                                   : Tensor();  // undefined: not computed
+  // One flag covers both gradients (Note [Gradient accumulation in modules]).
+  const bool weight_fresh = take_fresh(weight_);
+  const bool bias_fresh = !has_bias_ || take_fresh(bias_);
   ops::linear_backward(input_, weight_.value, dy, dx, weight_.grad, bias_.grad,
-                       /*accumulate=*/true, compute_);
+                       /*accumulate=*/!(weight_fresh && bias_fresh), compute_);
   if (has_bias_) notify_grad_ready(bias_);
   notify_grad_ready(weight_);
   input_ = Tensor();  // Note [Saved tensors die with backward] (module.cpp)

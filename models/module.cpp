@@ -32,11 +32,14 @@
 //
 // Note [Gradient accumulation in modules]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Layers always call the kernels with accumulate = true, and zero_grad writes zeros rather than
-// dropping the gradient tensor: the reducer may have replaced `grad` with a view into its bucket,
-// and that view must stay valid and read as zero. Overwriting on the first backward after
-// zero_grad would save one read per gradient element, which is not worth a flag that every writer
-// of `grad` would have to honour.
+// zero_grad writes zeros rather than dropping the gradient tensor: the reducer may have replaced
+// `grad` with a view into its bucket, and that view must stay valid and read as zero. Layers call
+// the kernels with accumulate = true, except where the gradient is fresh (Parameter::grad_fresh:
+// the loop marks every gradient after zeroing it, with MTRAIN_SPEEDUPS=fresh-grads): Conv2d and
+// Linear then overwrite (cuDNN's and cuBLAS's beta = 0, which can pick other kernels) and clear
+// the mark, so a second micro-batch adds. A writer that ignores the mark (batch norm) adds to
+// zeros, which is right too; what the mark forbids is two writers of one gradient in a backward
+// of which only the second honours it, and no model here shares a parameter between layers.
 //
 // Note [Saved tensors die with backward]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -179,6 +182,16 @@ void Module::collect_modules(const std::string& prefix,
 void Module::install_hook(const std::shared_ptr<GradReadyHook>& hook) {
   grad_ready_hook_ = hook;
   for (Child& c : children_) c.module->install_hook(hook);
+}
+
+void mark_gradients_fresh(Module& root) {
+  for (const NamedParameter& p : root.parameters()) p.param->grad_fresh = true;
+}
+
+bool take_fresh(Parameter& p) {
+  const bool fresh = p.grad_fresh;
+  p.grad_fresh = false;
+  return fresh;
 }
 
 int replace_modules(Module& root, const ModuleReplacer& replacer) {

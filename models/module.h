@@ -22,6 +22,9 @@ struct Parameter {
   Tensor value;
   Tensor grad;     // same shape as value; accumulates until zero_grad
   int index = -1;  // position in the hooked root's parameters(), see Note [Grad-ready hook] (module.cpp)
+  // grad holds zeros that nothing has added to yet: its next writer may overwrite it
+  // instead of adding (Note [Gradient accumulation in modules] in module.cpp).
+  bool grad_fresh = false;
 };
 
 struct NamedParameter {
@@ -134,6 +137,14 @@ class Module {
   std::vector<Child> children_;
   std::shared_ptr<GradReadyHook> grad_ready_hook_;
 };
+
+// Marks every gradient of the subtree fresh (Parameter::grad_fresh): call right after
+// zeroing them, when their writers should overwrite rather than add.
+void mark_gradients_fresh(Module& root);
+
+// Whether a layer writing p's gradient may overwrite it, and from now on it may not:
+// the layer's `accumulate` is the negation.
+bool take_fresh(Parameter& p);
 
 // Walks the subtree below `root` in pre-order and calls `replacer` on every module
 // except the root; a non-null result takes that module's place in its parent (and is

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "models/activation.h"
+#include "models/batchnorm.h"
 #include "models/module.h"
 
 namespace mtrain::models {
@@ -24,8 +25,20 @@ class Residual : public Module {
 
   bool has_shortcut_conv() const { return has_conv3_; }
 
+  // The rewrites of models/fusion.h inside the block. fuse_batchnorm: bn1 does the ReLU
+  // after it and bn2 the add and the ReLU after it, in their own kernels (Note [Batch norm
+  // with its ReLU] in batchnorm.h). skip_conv_bias: conv1 and conv2 leave their biases to
+  // bn1 and bn2 (Note [Conv bias before a batch norm] in fusion.h). Each needs the
+  // children in the batch-norm slots to be BatchNorm2d (SyncBatchNorm is one) and returns
+  // false, changing nothing, otherwise.
+  bool fuse_batchnorm();
+  bool skip_conv_bias();
+
  private:
+  BatchNorm2d* batchnorm(size_t slot) const;
+
   bool has_conv3_;
+  bool fused_ = false;
   size_t conv1_, conv2_, conv3_, bn1_, bn2_;  // child slots
   // torch's block calls F.relu: these hold state for backward but are not children.
   ReLU inner_relu_;

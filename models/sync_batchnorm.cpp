@@ -162,6 +162,8 @@ int convert_sync_batchnorm(Module& root, std::shared_ptr<ProcessGroup> group) {
     // Beside the layer it replaces: a model already moved with to() stays on its device.
     sync->to(bn->weight().value.device());
     sync->copy_state_from(*bn);
+    sync->set_fused(bn->fused(), bn->fused_relu());
+    sync->set_input_bias(bn->input_bias());
     sync->train(bn->is_training());
     return sync;
   });

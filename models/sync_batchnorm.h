@@ -48,8 +48,9 @@ class SyncBatchNorm : public BatchNorm2d {
 double sync_batchnorm_wait_seconds(Module& root);
 
 // Replaces every BatchNorm2d strictly below `root` by a SyncBatchNorm with the same
-// name, num_features, eps, momentum, weights, running statistics, num_batches_tracked
-// and train/eval mode; existing SyncBatchNorms are kept. Returns how many were
+// name, num_features, eps, momentum, weights, running statistics, num_batches_tracked,
+// train/eval mode, fusion and input bias (set_fused, set_input_bias); existing
+// SyncBatchNorms are kept. Returns how many were
 // replaced. The new layers carry no grad-ready hook and unnumbered parameters: call
 // root.set_grad_ready_hook again afterwards (Note [Grad-ready hook] in module.cpp).
 // `root` itself cannot be swapped in place, so a BatchNorm2d root is InvalidArgument.
