@@ -202,6 +202,7 @@ TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks
   config.items_per_step = items_per_step(o, run.env.world_size);
   config.start_holds_rest_only = run.resumed_rest_only;
   config.trace_steps = {o.trace_first_step, o.trace_last_step};
+  config.fresh_gradients = run.speedups.fresh_grads;
   std::optional<LossScaler> scaler;
   if (uses_loss_scaler(o)) {
     LossScalerOptions scaling;

@@ -197,6 +197,47 @@ TEST_CASE("--dataset cifar10: colour 32x32 images train simplecnn and resnet18; 
   CHECK_THAT(r.err, Contains("model 'lenet' takes 28x28 images, the data has 32x32; pick resnet18 or simplecnn"));
 }
 
+// Note [Speed switches] in core/speedups.h: how a step is computed, not what is trained.
+TEST_CASE("MTRAIN_SPEEDUPS: fused-bn and fresh-grads train the same bits, skip-conv-bias the same model",
+          "[e2e]") {
+  TempDir dir;
+  const std::string data_dir = dir.file("slice");
+  std::filesystem::create_directory(data_dir);
+  mtrain::testing::write_idx_slice(kMiniSet, data_dir, 16);
+  const auto run = [&](const std::string& tag, const std::string& speedups, const std::string& steps,
+                       const std::string& lr) {
+    const mtrain::testing::ScopedEnv env("MTRAIN_SPEEDUPS", speedups);
+    const std::string weights = dir.file(tag + ".safetensors");
+    const auto r = train({"--model", "resnet18", "--data-dir", data_dir, "--batch-size", "8", "--max-steps", steps,
+                          "--lr", lr, "--momentum", "0.9", "--seed", "4", "--save-final", weights});
+    require_success(r);
+    if (!speedups.empty()) CHECK_THAT(r.out + r.err, Contains("speedups (MTRAIN_SPEEDUPS): "));
+    return weights;
+  };
+  const auto exact = mtrain::testing::compare_weights(run("exact", "fused-bn,fresh-grads", "3", "0.01"),
+                                                      run("plain", "", "3", "0.01"));
+  INFO(exact.describe());
+  CHECK(exact.identical());
+  // skip-conv-bias adds each skipped bias to a mean instead of to every element: float
+  // rounding, which resnet18's ReLUs amplify (Note [Equivalence tolerance] in
+  // test_distributed_train.cpp; one ulp of noise on the input moved the first step's
+  // gradients by 2e-3 of their size). Hence a rate at which a step barely changes the next
+  // one's gradient, and a bound on how far the updates disagree, not bit equality.
+  const std::string start = run("start", "", "0", "1e-5");
+  const std::string all = run("all", "all", "2", "1e-5");
+  const std::string plain = run("plain-slow", "", "2", "1e-5");
+  const auto close = mtrain::testing::compare_training(all, plain, start);
+  INFO(close.describe());
+  CHECK(close.update < 2e-2);
+  CHECK(close.statistics < 1e-4);
+  CHECK_FALSE(mtrain::testing::compare_weights(all, plain).identical());
+
+  const mtrain::testing::ScopedEnv bad("MTRAIN_SPEEDUPS", "fused-bn,warp-drive");
+  const auto r = train({"--model", "mlp", "--max-steps", "1"});
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Contains("MTRAIN_SPEEDUPS") && Contains("'warp-drive'") && Contains("fused-bn"));
+}
+
 TEST_CASE("--save-final then --init-from gives back the same weights and evaluation", "[e2e]") {
   TempDir dir;
   const std::string trained = dir.file("trained.safetensors");

@@ -12,6 +12,11 @@ void seat_gradient(models::Parameter& p, const Tensor& flat, int64_t offset) {
   p.grad = view;
 }
 
+int64_t next_gradient_offset(int64_t offset, int64_t numel) {
+  constexpr int64_t kAlign = 64 / sizeof(float);
+  return offset + (numel + kAlign - 1) / kAlign * kAlign;
+}
+
 void check_seated(const models::Parameter& p, const std::string& name, const Tensor& flat) {
   MTRAIN_CHECK(p.grad.shares_storage_with(flat), "the gradient of {} is no longer a view into the flat tensor "
                "that holds the gradients", name);
@@ -27,16 +32,13 @@ void check_seated(const models::Parameter& p, const std::string& name, const Ten
 void LocalGradients::attach(models::Module& model) {
   names_.clear();
   const auto named = model.parameters();
-  // Each gradient starts on a 64-byte boundary, as a tensor of its own would (the
-  // allocator's alignment), so the CPU kernels that write it see the same addresses.
-  constexpr int64_t kAlign = 64 / sizeof(float);
   std::vector<int64_t> offsets;
   int64_t total = 0;
   bool uniform = true;  // one flat tensor needs one device and float32 throughout
   for (const auto& p : named) {
     names_.push_back(p.name);
     offsets.push_back(total);
-    total += (p.param->grad.numel() + kAlign - 1) / kAlign * kAlign;
+    total = next_gradient_offset(total, p.param->grad.numel());
     uniform = uniform && p.param->grad.dtype() == DType::Float32 &&
               p.param->grad.device() == named.front().param->grad.device();
   }

@@ -51,6 +51,11 @@ struct StepReport {
 // check_seated throws InternalError unless it still is one (a gradient re-seated since
 // would keep its values through a fill of `flat`).
 void seat_gradient(models::Parameter& p, const Tensor& flat, int64_t offset);
+// Where the next gradient goes in a flat tensor after one of `numel` floats at `offset`:
+// every gradient starts on a 64-byte boundary, as a tensor of its own would (the
+// allocators' alignment), so kernels that write it see the addresses they would see
+// outside (vector loads and stores need 16 bytes; the CPU kernels' paths depend on it).
+int64_t next_gradient_offset(int64_t offset, int64_t numel);
 void check_seated(const models::Parameter& p, const std::string& name, const Tensor& flat);
 
 class GradientSynchronizer {

@@ -133,8 +133,9 @@ Reducer::Reducer(std::shared_ptr<ProcessGroup> group, ReducerOptions options, st
 // Every parameter's gradient is re-seated as a view into its bucket (PyTorch's
 // gradient_as_bucket_view=True): layers accumulate straight into the bucket, a launch scales and
 // all-reduces it in place, and nothing is copied back. That saves a second copy of every gradient
-// (45 MiB for ResNet-18) and two passes over them per step. Under no_sync (--grad-accum) the views
-// accumulate like any gradient. Whoever holds a Parameter must read `grad` through it rather than
+// (45 MiB for ResNet-18) and two passes over them per step. Each view starts on a 64-byte
+// boundary (next_gradient_offset); the gaps hold zeros, which the all-reduce sums with the rest.
+// Under no_sync (--grad-accum) the views accumulate like any gradient. Whoever holds a Parameter must read `grad` through it rather than
 // keep an old Tensor handle (the optimizer and the layers do).
 //
 // A rank whose micro-batch is empty (a --global-batch-size chunk that torch.chunk leaves empty,
@@ -192,7 +193,7 @@ void Reducer::attach(models::Module& model) {
     for (int i : bucket.params) {
       bucket_of_[i] = static_cast<int>(b);
       bucket.offsets.push_back(total);
-      total += params_[i]->value.numel();
+      total = next_gradient_offset(total, params_[i]->value.numel());
     }
     bucket.flat = Tensor::zeros({total}, DType::Float32, device_);
     if (options_.compression != DType::Float32) bucket.wire = Tensor::empty({total}, options_.compression, device_);

@@ -295,6 +295,7 @@ bool TrainLoop::train_epoch(RunState& rs, EpochState& e) {
 // The first micro-batch of a step: fresh gradients, the schedule's learning rate.
 void TrainLoop::begin_step(const EpochState& e) {
   sync_.zero_gradients();
+  if (config_.fresh_gradients) models::mark_gradients_fresh(model_);
   if (config_.lr_schedule == nullptr) return;
   const double steps = static_cast<double>(std::max<int64_t>(e.steps_per_epoch, 1));
   const double progress = static_cast<double>(e.epoch - 1) + static_cast<double>(e.summary.steps) / steps;

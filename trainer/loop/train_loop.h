@@ -137,6 +137,10 @@ struct TrainLoopConfig {
   // Time each step's forward and backward (trainer/loop/compute_timer.h) and pass it to the
   // synchronizer with the next step (--balance); needs grad_accum 1.
   bool time_compute = false;
+  // Mark the gradients fresh after zeroing them, so their first writer overwrites
+  // (MTRAIN_SPEEDUPS=fresh-grads; Note [Gradient accumulation in modules] in
+  // models/module.cpp).
+  bool fresh_gradients = false;
 };
 
 // Optimizer steps in an epoch of `batches` micro-batches, `grad_accum` per step (the

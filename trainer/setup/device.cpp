@@ -88,7 +88,8 @@ DeviceBinding bind_device(const DeviceRequest& r, bool mpi_launched) {
   return b;
 }
 
-TrainingDevice set_up_training_device(const TrainOptions& o, const WorkerEnvironment& env) {
+TrainingDevice set_up_training_device(const TrainOptions& o, const WorkerEnvironment& env,
+                                      const Speedups& speedups) {
   const CudaInfo& cuda = cuda_info();
   DeviceRequest request;
   request.device = o.device;
@@ -107,6 +108,7 @@ TrainingDevice set_up_training_device(const TrainOptions& o, const WorkerEnviron
   numerics.deterministic = o.deterministic;
   numerics.allow_tf32 = o.allow_tf32;
   numerics.allow_tf32_matmul = false;  // PyTorch's default since 1.12; no flag turns it on
+  numerics.batchnorm_one_pass = speedups.fused_bn;
   cuda_ops::set_numerics(numerics);
 
   const Device device = d.binding.device;

@@ -10,6 +10,7 @@
 
 #include "collectives/process_group.h"
 #include "tensor/tensor.h"
+#include "core/speedups.h"
 #include "trainer/options.h"
 #include "trainer/setup/environment.h"
 
@@ -49,10 +50,11 @@ struct TrainingDevice {
 
 // Binds this worker's device from --device, --backend, its local rank and the GPUs the
 // CUDA runtime sees (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER); on a GPU makes it the
-// current device; applies --cudnn-benchmark, --deterministic and --no-tf32 (kept and
-// unused on the CPU). Throws InvalidArgument for a request that cannot be met (e.g.
-// --device cuda without a usable GPU, quoting the runtime's reason).
-TrainingDevice set_up_training_device(const TrainOptions& options, const WorkerEnvironment& env);
+// current device; applies --cudnn-benchmark, --deterministic, --no-tf32 and the kernels'
+// speed switches (kept and unused on the CPU). Throws InvalidArgument for a request that
+// cannot be met (e.g. --device cuda without a usable GPU, quoting the runtime's reason).
+TrainingDevice set_up_training_device(const TrainOptions& options, const WorkerEnvironment& env,
+                                      const Speedups& speedups);
 
 // Every rank's device for the epoch line and metrics, the same list on every rank:
 // "cuda:<index>" for GPU ranks, "cpu:<global rank>" for CPU ranks ("cpu" or the one

@@ -15,6 +15,7 @@
 #include "data/sampler.h"
 #include "trainer/plot/chart.h"
 #include "models/init.h"
+#include "models/fusion.h"
 #include "models/mixed_precision.h"
 #include "models/sync_batchnorm.h"
 #include "models/zoo.h"
@@ -103,7 +104,9 @@ std::shared_ptr<data::DataLoader> make_loader(std::shared_ptr<const data::Datase
 // "auto" only names once the device is known (nccl on a GPU even under mpirun).
 void bind_training_device(const TrainOptions& o, TrainingRun& run) {
   check_backend_environment();
-  run.device = set_up_training_device(o, run.env);
+  run.speedups = speedups_from_environment();
+  run.device = set_up_training_device(o, run.env, run.speedups);
+  if (run.speedups.any()) spdlog::info("speedups (MTRAIN_SPEEDUPS): {}", run.speedups.str());
   run.amp = amp_compute_dtype(o, run.compute());
   const std::string& backend = run.device.binding.backend;
   if (backend != o.backend && run.env.distributed()) run.env = discover_environment(backend);
@@ -219,6 +222,20 @@ void load_data(const TrainOptions& o, TrainingRun& run) {
   if (o.sync_bn && run.groups) run.batch_stats_group = create_batch_stats_group(run.groups);
 }
 
+// The model rewrites among the speed switches (Note [Speed switches] in core/speedups.h),
+// after the SyncBatchNorm conversion and before anything hooks into the parameters.
+void apply_speedups(const Speedups& speedups, models::Module& model) {
+  if (speedups.fused_bn) {
+    const int folded = models::fuse_batchnorm(model);
+    spdlog::info("speedup fused-bn: batch norms in the fused kernels, {} ReLUs folded into them", folded);
+  }
+  if (speedups.skip_conv_bias) {
+    const int skipped = models::skip_conv_bias(model);
+    spdlog::info("speedup skip-conv-bias: {} convolutions leave their bias to the batch norm after them",
+                 skipped);
+  }
+}
+
 // Built and initialised on the host (the seeded generators fill host tensors, so every
 // device starts from the same weights), moved before anything holds views of its
 // gradients (the reducer's buckets) or state derived from it (momentum), then every
@@ -248,6 +265,7 @@ void build_model(const TrainOptions& o, TrainingRun& run) {
     spdlog::info("--sync-bn: a world of one, so BatchNorm2d already sees the whole batch; nothing converted");
   }
   if (run.amp != DType::Float32) models::set_compute_dtype(model, run.amp);
+  apply_speedups(run.speedups, model);
   // Nothing uses the gradient of the images: the first layer skips computing it.
   model.set_input_grad_needed(false);
   model.to(run.compute());

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "collectives/process_group.h"
+#include "core/speedups.h"
 #include "data/dataloader.h"
 #include "data/dataset.h"
 #include "models/module.h"
@@ -31,6 +32,7 @@ struct TrainingRun {
   WorkerEnvironment env;
   TrainingDevice device;
   DType amp = DType::Float32;  // the compute type of convolutions and linear layers
+  Speedups speedups;           // MTRAIN_SPEEDUPS (Note [Speed switches] in core/speedups.h)
   MetricsWriter metrics;       // enabled on rank 0 with --metrics
   // The process groups; empty in a world of one (except a one-rank NCCL group).
   TrainingGroups groups;
