@@ -19,6 +19,7 @@ constexpr Switch kSwitches[] = {
     {"fused-bn", &Speedups::fused_bn},
     {"skip-conv-bias", &Speedups::skip_conv_bias},
     {"fresh-grads", &Speedups::fresh_grads},
+    {"cudnn-graph", &Speedups::cudnn_graph},
 };
 
 constexpr const char* kVariable = "MTRAIN_SPEEDUPS";

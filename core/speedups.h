@@ -22,8 +22,9 @@ struct Speedups {
   bool fused_bn = false;        // batch norm with its ReLU (and residual add) in one pass
   bool skip_conv_bias = false;  // a convolution before a batch norm adds no bias
   bool fresh_grads = false;     // the first gradient write of a step overwrites (cuDNN beta 0)
+  bool cudnn_graph = false;     // convolutions on cuDNN's graph API where it has an engine
 
-  bool any() const { return fused_bn || skip_conv_bias || fresh_grads; }
+  bool any() const { return fused_bn || skip_conv_bias || fresh_grads || cudnn_graph; }
   // "fused-bn, skip-conv-bias", or "none".
   std::string str() const;
   bool operator==(const Speedups&) const = default;

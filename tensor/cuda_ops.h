@@ -39,18 +39,21 @@ namespace mtrain::cuda_ops {
 // PyTorch's cuda.matmul.allow_tf32, default false since 1.12) does the same for matmul
 // and linear. The GPU-against-CPU tests turn both off. batchnorm_one_pass computes
 // batch-norm statistics in one read of the input (Note [One-pass batch-norm statistics]
-// in tensor/cuda/batchnorm.cu) instead of two.
+// in tensor/cuda/batchnorm.cu) instead of two; cudnn_graph_api runs convolutions on
+// cuDNN's graph API, where it has an engine for them (Note [Convolutions on the graph
+// API] in tensor/cuda/cudnn_graph.cpp), instead of the legacy API.
 struct NumericsOptions {
   bool cudnn_benchmark = false;
   bool deterministic = false;
   bool allow_tf32 = true;
   bool allow_tf32_matmul = false;
   bool batchnorm_one_pass = false;
+  bool cudnn_graph_api = false;
   // (Spelled out: .cu files are compiled as C++17, which has no defaulted ==.)
   bool operator==(const NumericsOptions& o) const {
     return cudnn_benchmark == o.cudnn_benchmark && deterministic == o.deterministic &&
            allow_tf32 == o.allow_tf32 && allow_tf32_matmul == o.allow_tf32_matmul &&
-           batchnorm_one_pass == o.batchnorm_one_pass;
+           batchnorm_one_pass == o.batchnorm_one_pass && cudnn_graph_api == o.cudnn_graph_api;
   }
 };
 void set_numerics(const NumericsOptions& options);

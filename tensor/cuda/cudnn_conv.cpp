@@ -43,6 +43,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -51,6 +52,7 @@
 
 #include "core/error.h"
 #include "tensor/caching_block_allocator.h"
+#include "tensor/cuda/cudnn_graph.h"
 #include "tensor/cuda/library_handles.h"
 #include "tensor/cuda/mixed_precision.h"
 #include "tensor/cuda/op_checks.h"
@@ -140,12 +142,10 @@ struct Candidate {
 constexpr size_t kMathTypes = 4;  // cudnnMathType_t has values 0..3
 
 struct ConvPlan {
-  explicit ConvPlan(const std::string& context)
-      : x(context), y(context), y_float(context), bias(context), w(context) {}
+  explicit ConvPlan(const std::string& context) : x(context), y(context), w(context) {}
 
-  // x [n,c,h,w], y [n,o,oh,ow] and w in the compute type; y_float and bias [1,o,1,1] in
-  // float32, for the bias and its gradient (Note [16-bit kernels on the GPU]).
-  TensorDesc x, y, y_float, bias;
+  // x [n,c,h,w], y [n,o,oh,ow] and w in the compute type.
+  TensorDesc x, y;
   FilterDesc w;           // [o,c,kh,kw]
   std::array<std::unique_ptr<ConvDesc>, kMathTypes> conv;  // by math type
   std::vector<Candidate> candidates;                        // best first, never empty
@@ -405,12 +405,6 @@ std::unique_ptr<ConvPlan> make_plan(const ConvKey& key, const ConvShape& s,
   MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->y.get(), CUDNN_TENSOR_NCHW, data,
                                                 i(s.n), i(s.o), i(s.oh), i(s.ow)),
                      context);
-  MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->y_float.get(), CUDNN_TENSOR_NCHW,
-                                                CUDNN_DATA_FLOAT, i(s.n), i(s.o), i(s.oh), i(s.ow)),
-                     context);
-  MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->bias.get(), CUDNN_TENSOR_NCHW,
-                                                CUDNN_DATA_FLOAT, 1, i(s.o), 1, 1),
-                     context);
   MTRAIN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w.get(), data, CUDNN_TENSOR_NCHW,
                                                 i(s.o), i(s.c), i(s.kh), i(s.kw)),
                      context);
@@ -496,6 +490,54 @@ void run_plan(ConvPlan& plan, int device, const char* call, const ConvCall& what
                           what.str(), plan.candidates.size(), failures));
 }
 
+// The bias and its gradient, the same whichever API runs the convolution: y [n,o,oh,ow]
+// and b [1,o,1,1], both float32 (Note [16-bit kernels on the GPU]), per output shape,
+// kept for the life of the process as the plans are.
+struct BiasDescriptors {
+  explicit BiasDescriptors(const std::string& context) : y(context), bias(context) {}
+  TensorDesc y, bias;
+};
+
+const BiasDescriptors& bias_descriptors(const ConvCall& call) {
+  static std::mutex mu;
+  static auto* cache = new std::map<std::array<int64_t, 4>, std::unique_ptr<BiasDescriptors>>();
+  const ConvShape& s = call.s;
+  const std::array<int64_t, 4> key = {s.n, s.o, s.oh, s.ow};
+  std::lock_guard<std::mutex> lock(mu);
+  auto& entry = (*cache)[key];
+  if (!entry) {
+    const std::string context = call.str();
+    auto d = std::make_unique<BiasDescriptors>(context);
+    const auto i = [](int64_t v) { return static_cast<int>(v); };  // sizes checked by conv_shape
+    MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d->y.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(s.n),
+                                                  i(s.o), i(s.oh), i(s.ow)),
+                       context);
+    MTRAIN_CUDNN_CHECK(
+        cudnnSetTensor4dDescriptor(d->bias.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, i(s.o), 1, 1), context);
+    entry = std::move(d);
+  }
+  return *entry;
+}
+
+// Runs `call` on cuDNN's graph API when NumericsOptions::cudnn_graph_api asks for it (Note
+// [Convolutions on the graph API] in cudnn_graph.cpp), out = op(in0, in1) + beta * out with
+// the operands of cuda::run_graph_convolution; false when the legacy plans are to run it.
+bool ran_on_graph_api(int device, const ConvCall& call, const void* in0, const void* in1, void* out, float beta) {
+  if (!numerics().cudnn_graph_api) return false;
+  const ConvShape& s = call.s;
+  cuda::GraphConvolution g;
+  g.direction = call.direction == ConvDirection::Forward        ? cuda::GraphConvolution::Direction::Forward
+                : call.direction == ConvDirection::BackwardData ? cuda::GraphConvolution::Direction::BackwardData
+                                                                : cuda::GraphConvolution::Direction::BackwardWeights;
+  g.data = call.p.compute == DType::BFloat16  ? CUDNN_DATA_BFLOAT16
+           : call.p.compute == DType::Float16 ? CUDNN_DATA_HALF
+                                              : CUDNN_DATA_FLOAT;
+  g.n = s.n, g.c = s.c, g.h = s.h, g.w = s.w, g.o = s.o, g.kh = s.kh, g.kw = s.kw, g.oh = s.oh, g.ow = s.ow;
+  g.stride_h = call.p.stride_h, g.stride_w = call.p.stride_w, g.pad_h = call.p.pad_h, g.pad_w = call.p.pad_w;
+  g.beta = beta;
+  return cuda::run_graph_convolution(device, g, in0, in1, out, call.str());
+}
+
 // cuDNN's legacy descriptors take int sizes, and it indexes tensors with int.
 void check_fits_int(const char* op, const char* name, const Tensor& t) {
   if (t.numel() > INT_MAX) {
@@ -565,21 +607,24 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
   const void* pw = detail::compute_operand(w, p.compute, w16);
   void* py = output_in(y, p.compute, y16);
   const ConvCall what{dir, s, p};
-  ConvPlan& plan = cached_plan(what, device, {px, pw, y.shape(), p.compute});
-  std::lock_guard<std::mutex> lock(plan.mu);
-  cudnnHandle_t handle = cuda::cudnn_handle(device);
   const float one = 1.0f, zero = 0.0f;
-  run_plan(plan, device, "cudnnConvolutionForward", what,
-           [&](const Candidate& c, cudnnConvolutionDescriptor_t conv, void* ws, size_t ws_bytes) {
-             return cudnnConvolutionForward(handle, &one, plan.x.get(), px, plan.w.get(), pw, conv,
-                                            static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws,
-                                            ws_bytes, &zero, plan.y.get(), py);
-           });
+  if (!ran_on_graph_api(device, what, px, pw, py, zero)) {
+    ConvPlan& plan = cached_plan(what, device, {px, pw, y.shape(), p.compute});
+    std::lock_guard<std::mutex> lock(plan.mu);
+    cudnnHandle_t handle = cuda::cudnn_handle(device);
+    run_plan(plan, device, "cudnnConvolutionForward", what,
+             [&](const Candidate& c, cudnnConvolutionDescriptor_t conv, void* ws, size_t ws_bytes) {
+               return cudnnConvolutionForward(handle, &one, plan.x.get(), px, plan.w.get(), pw, conv,
+                                              static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws,
+                                              ws_bytes, &zero, plan.y.get(), py);
+             });
+  }
   if (y16.defined()) detail::widen_into(y16, y, /*accumulate=*/false);
   if (b.defined()) {
     // y += b broadcast over n, h, w, in float32.
-    MTRAIN_CUDNN_CHECK(cudnnAddTensor(handle, &one, plan.bias.get(), b.raw_data(), &one,
-                                      plan.y_float.get(), y.raw_data()),
+    const BiasDescriptors& d = bias_descriptors(what);
+    MTRAIN_CUDNN_CHECK(cudnnAddTensor(cuda::cudnn_handle(device), &one, d.bias.get(), b.raw_data(), &one,
+                                      d.y.get(), y.raw_data()),
                        what.str());
   }
 }
@@ -605,17 +650,19 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
   const void* pw = detail::compute_operand(w, p.compute, w16);
   void* pdx = output_in(dx, p.compute, dx16);
   const ConvCall what{dir, s, p};
-  ConvPlan& plan = cached_plan(what, device, {pw, pdy, dx.shape(), p.compute});
-  std::lock_guard<std::mutex> lock(plan.mu);
-  cudnnHandle_t handle = cuda::cudnn_handle(device);
   const float one = 1.0f, zero = 0.0f;
-  run_plan(plan, device, "cudnnConvolutionBackwardData", what,
-           [&](const Candidate& c, cudnnConvolutionDescriptor_t conv, void* ws, size_t ws_bytes) {
-             return cudnnConvolutionBackwardData(
-                 handle, &one, plan.w.get(), pw, plan.y.get(), pdy, conv,
-                 static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws, ws_bytes, &zero,
-                 plan.x.get(), pdx);
-           });
+  if (!ran_on_graph_api(device, what, pw, pdy, pdx, zero)) {
+    ConvPlan& plan = cached_plan(what, device, {pw, pdy, dx.shape(), p.compute});
+    std::lock_guard<std::mutex> lock(plan.mu);
+    cudnnHandle_t handle = cuda::cudnn_handle(device);
+    run_plan(plan, device, "cudnnConvolutionBackwardData", what,
+             [&](const Candidate& c, cudnnConvolutionDescriptor_t conv, void* ws, size_t ws_bytes) {
+               return cudnnConvolutionBackwardData(
+                   handle, &one, plan.w.get(), pw, plan.y.get(), pdy, conv,
+                   static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws, ws_bytes, &zero,
+                   plan.x.get(), pdx);
+             });
+  }
   if (dx16.defined()) detail::widen_into(dx16, dx, /*accumulate=*/false);
 }
 
@@ -640,25 +687,28 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tens
   const void* pdy = detail::compute_operand(dy, p.compute, dy16);
   void* pdw = output_in(dw, p.compute, dw16);
   const ConvCall what{dir, s, p};
-  ConvPlan& plan = cached_plan(what, device, {px, pdy, dw.shape(), p.compute});
-  std::lock_guard<std::mutex> lock(plan.mu);
-  cudnnHandle_t handle = cuda::cudnn_handle(device);
   const float one = 1.0f;
   const float beta = accumulate ? 1.0f : 0.0f;
   // A 16-bit dw is written whole, then added into the float32 gradient.
   const float filter_beta = dw16.defined() ? 0.0f : beta;
-  run_plan(plan, device, "cudnnConvolutionBackwardFilter", what,
-           [&](const Candidate& c, cudnnConvolutionDescriptor_t conv, void* ws, size_t ws_bytes) {
-             return cudnnConvolutionBackwardFilter(
-                 handle, &one, plan.x.get(), px, plan.y.get(), pdy, conv,
-                 static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws, ws_bytes, &filter_beta,
-                 plan.w.get(), pdw);
-           });
+  if (!ran_on_graph_api(device, what, px, pdy, pdw, filter_beta)) {
+    ConvPlan& plan = cached_plan(what, device, {px, pdy, dw.shape(), p.compute});
+    std::lock_guard<std::mutex> lock(plan.mu);
+    cudnnHandle_t handle = cuda::cudnn_handle(device);
+    run_plan(plan, device, "cudnnConvolutionBackwardFilter", what,
+             [&](const Candidate& c, cudnnConvolutionDescriptor_t conv, void* ws, size_t ws_bytes) {
+               return cudnnConvolutionBackwardFilter(
+                   handle, &one, plan.x.get(), px, plan.y.get(), pdy, conv,
+                   static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws, ws_bytes, &filter_beta,
+                   plan.w.get(), pdw);
+             });
+  }
   if (dw16.defined()) detail::widen_into(dw16, dw, accumulate);
   if (db.defined()) {
     // From the float32 dy, as the linear layers' bias gradient.
-    MTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardBias(handle, &one, plan.y_float.get(), dy.raw_data(),
-                                                    &beta, plan.bias.get(), db.raw_data()),
+    const BiasDescriptors& d = bias_descriptors(what);
+    MTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardBias(cuda::cudnn_handle(device), &one, d.y.get(), dy.raw_data(),
+                                                    &beta, d.bias.get(), db.raw_data()),
                        what.str());
   }
 }

@@ -154,11 +154,15 @@ size_t workspace_limit(int device) {
   return free_bytes + cuda_memory_stats(device).cached_bytes;
 }
 
+std::string cudnn_error_text(cudnnStatus_t status) {
+  const std::string detail = cudnn_last_error_detail();
+  return fmt::format("{}{}{}", cudnnGetErrorString(status), detail.empty() ? "" : ": ", detail);
+}
+
 void throw_cudnn_error(cudnnStatus_t status, const char* call, const std::string& context,
                        const char* file, int line) {
-  const std::string detail = cudnn_last_error_detail();
-  throw Error(fmt::format("{} failed at {}:{} while {}: {}{}{}", call, file, line, context,
-                          cudnnGetErrorString(status), detail.empty() ? "" : ": ", detail));
+  throw Error(fmt::format("{} failed at {}:{} while {}: {}", call, file, line, context,
+                          cudnn_error_text(status)));
 }
 
 void throw_cublas_error(cublasStatus_t status, const char* call, const std::string& context,

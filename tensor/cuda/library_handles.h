@@ -34,6 +34,10 @@ Tensor workspace(int device, size_t bytes);
 // before giving up).
 size_t workspace_limit(int device);
 
+// A failed cuDNN call's status name and description, with cuDNN's more detailed message
+// for this thread's last failure when it has one.
+std::string cudnn_error_text(cudnnStatus_t status);
+
 // Throw mtrain::Error naming the failed call, what it was doing (`context`: the op and
 // its shapes), the file and line, and the library's status name and description.
 [[noreturn]] void throw_cudnn_error(cudnnStatus_t status, const char* call,

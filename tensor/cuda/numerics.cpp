@@ -18,12 +18,13 @@ enum NumericsBit : uint32_t {
   kAllowTf32 = 1u << 2,
   kAllowTf32Matmul = 1u << 3,
   kBatchnormOnePass = 1u << 4,
+  kCudnnGraphApi = 1u << 5,
 };
 
 constexpr uint32_t pack(const NumericsOptions& o) {
   return (o.cudnn_benchmark ? kCudnnBenchmark : 0u) | (o.deterministic ? kDeterministic : 0u) |
          (o.allow_tf32 ? kAllowTf32 : 0u) | (o.allow_tf32_matmul ? kAllowTf32Matmul : 0u) |
-         (o.batchnorm_one_pass ? kBatchnormOnePass : 0u);
+         (o.batchnorm_one_pass ? kBatchnormOnePass : 0u) | (o.cudnn_graph_api ? kCudnnGraphApi : 0u);
 }
 
 NumericsOptions unpack(uint32_t bits) {
@@ -33,6 +34,7 @@ NumericsOptions unpack(uint32_t bits) {
   o.allow_tf32 = (bits & kAllowTf32) != 0;
   o.allow_tf32_matmul = (bits & kAllowTf32Matmul) != 0;
   o.batchnorm_one_pass = (bits & kBatchnormOnePass) != 0;
+  o.cudnn_graph_api = (bits & kCudnnGraphApi) != 0;
   return o;
 }
 

@@ -33,6 +33,7 @@
 
 #ifdef MTRAIN_HAVE_CUDA
 #include "tensor/cuda/cublas_loader.h"
+#include "tensor/cuda/cudnn_graph.h"
 #include "tensor/cuda/stream.h"
 #include "tests/support/stream_gate.h"
 #endif
@@ -51,13 +52,15 @@ TEST_CASE("numerics settings start at PyTorch's defaults and round-trip every co
   CHECK(defaults.allow_tf32);
   CHECK_FALSE(defaults.allow_tf32_matmul);
   CHECK_FALSE(defaults.batchnorm_one_pass);
-  for (int bits = 0; bits < 32; ++bits) {
+  CHECK_FALSE(defaults.cudnn_graph_api);
+  for (int bits = 0; bits < 64; ++bits) {
     NumericsOptions o;
     o.cudnn_benchmark = (bits & 1) != 0;
     o.deterministic = (bits & 2) != 0;
     o.allow_tf32 = (bits & 4) != 0;
     o.allow_tf32_matmul = (bits & 8) != 0;
     o.batchnorm_one_pass = (bits & 16) != 0;
+    o.cudnn_graph_api = (bits & 32) != 0;
     NumericsScope scope(o);
     CHECK(cuda_ops::numerics() == o);
   }
@@ -276,6 +279,44 @@ TEST_CASE("deterministic convolutions match the CPU kernels and repeat bitwise")
       }
     }
   }
+}
+
+// Note [Convolutions on the graph API] in tensor/cuda/cudnn_graph.cpp: the same calls, the
+// same tolerances, with heuristics and benchmark mode, deterministic engines repeating
+// bitwise; and every case did run there (a shape the graph API cannot take would fall
+// back to the legacy API without telling the caller).
+TEST_CASE("cuDNN's graph API runs the convolutions with the legacy API's results") {
+  require_gpu();
+  for (const bool benchmark : {false, true}) {
+    for (const bool deterministic : {false, true}) {
+      INFO("benchmark " << benchmark << ", deterministic " << deterministic);
+      NumericsOptions o = exact_float32(benchmark, deterministic);
+      o.cudnn_graph_api = true;
+      NumericsScope scope(o);
+      uint32_t seed = 800 + 100 * benchmark + 200 * deterministic;
+      for (const ConvCase& k : conv_cases()) {
+        const int64_t before = cuda::graph_convolutions_run();
+        require_conv_matches_cpu(k, seed += 10);
+        // Forward, data, and the weights twice (overwriting and accumulating).
+        CHECK(cuda::graph_convolutions_run() - before == 4);
+        if (!deterministic) continue;
+        const ConvInputs in = conv_inputs(k, seed);
+        const ConvOutputs first = run_conv(k, in, kGpu);
+        const ConvOutputs again = run_conv(k, in, kGpu);
+        CHECK(bitwise_equal(again.y, first.y));
+        CHECK(bitwise_equal(again.dx, first.dx));
+        CHECK(bitwise_equal(again.dw, first.dw));
+        CHECK(bitwise_equal(again.dw_acc, first.dw_acc));
+      }
+    }
+  }
+  NumericsOptions tf32 = exact_float32();
+  tf32.allow_tf32 = true;
+  tf32.cudnn_graph_api = true;
+  NumericsScope scope(tf32);
+  uint32_t seed = 1200;
+  // The TF32 bound of the legacy API's test below.
+  for (const ConvCase& k : conv_cases()) require_conv_matches_cpu(k, seed += 10, 5e-2, 1e-2);
 }
 
 TEST_CASE("convolutions with TF32 allowed stay within TF32 rounding of the CPU result") {

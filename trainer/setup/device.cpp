@@ -109,6 +109,7 @@ TrainingDevice set_up_training_device(const TrainOptions& o, const WorkerEnviron
   numerics.allow_tf32 = o.allow_tf32;
   numerics.allow_tf32_matmul = false;  // PyTorch's default since 1.12; no flag turns it on
   numerics.batchnorm_one_pass = speedups.fused_bn;
+  numerics.cudnn_graph_api = speedups.cudnn_graph;
   cuda_ops::set_numerics(numerics);
 
   const Device device = d.binding.device;
