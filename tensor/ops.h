@@ -88,6 +88,8 @@ struct Conv2dParams {
   int stride_h = 1, stride_w = 1;
   int pad_h = 0, pad_w = 0;
   DType compute = DType::Float32;  // Note [Reduced-precision compute]
+  // x, y, dx and dy are [N, H, W, C] (Note [Channels last]); w and dw stay [O, C, KH, KW].
+  bool channels_last = false;
 };
 // Output spatial size for input size `in`, kernel `k`, stride `s`, padding `p`.
 int64_t conv_out_size(int64_t in, int64_t k, int64_t s, int64_t p);
@@ -119,6 +121,27 @@ void avgpool2d_backward(const Tensor& dy, Tensor& dx, const Pool2dParams& p);
 // Adaptive average pooling to 1x1: y[N,C,1,1] = mean over H,W.
 void global_avgpool_forward(const Tensor& x, Tensor& y);
 void global_avgpool_backward(const Tensor& dy, Tensor& dx);
+
+// ---- channels last -------------------------------------------------------------
+// Note [Channels last]
+// ~~~~~~~~~~~~~~~~~~~~
+// A model may keep its activations channels last, [N, H, W, C] in memory instead of
+// [N, C, H, W] (PyTorch's channels_last memory format): the layout cuDNN's tensor-core
+// convolutions read and write natively, where NCHW costs them a transpose of their
+// operands. Tensors have no strides (Note [Tensor semantics]), so such an activation is a
+// tensor of shape [N, H, W, C], and the ops that care are told: convolutions by
+// Conv2dParams::channels_last, batch norm by taking the [N*H*W, C] view (its [N, C] case),
+// global average pooling by its _channels_last variant; elementwise ops do not care.
+// Weights keep PyTorch's [O, C, KH, KW] whatever the activations' layout, so files and
+// optimizers never see the difference.
+// y [N, H, W, C] = x [N, C, H, W] rearranged (any 4-d tensor, an [O, C, KH, KW] weight too).
+void to_channels_last(const Tensor& x, Tensor& y);
+// The inverse: x [N, H, W, C] -> y [N, C, H, W].
+void from_channels_last(const Tensor& x, Tensor& y);
+// Global average pooling over H and W of a channels-last x [N, H, W, C]: y [N, 1, 1, C],
+// each average summed in row order (h, w), then scaled, as on either device.
+void global_avgpool_forward_channels_last(const Tensor& x, Tensor& y);
+void global_avgpool_backward_channels_last(const Tensor& dy, Tensor& dx);
 
 // ---- batch norm (see Note [Separable batch norm]) ----------------------------------
 // x may be [N,C,H,W] or [N,C] (BatchNorm1d); an undefined gamma/beta means 1/0.

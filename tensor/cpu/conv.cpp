@@ -412,8 +412,43 @@ int64_t conv_out_size(int64_t in, int64_t k, int64_t s, int64_t p) {
   return span < 0 ? 0 : span / s + 1;
 }
 
+// Note [Channels last on the CPU]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The own kernels and the oneDNN primitives here are tuned for NCHW, and the CPU is not
+// where channels last pays (Note [Channels last] in tensor/ops.h), so a channels-last call
+// runs the NCHW kernel between transposes: the same bits as the NCHW call, two copies of
+// the activation more.
+namespace {
+
+Tensor as_nchw(const Tensor& nhwc) {
+  MTRAIN_CHECK(nhwc.ndim() == 4, "a channels-last convolution operand must be [N, H, W, C], found {}",
+               shape_str(nhwc.shape()));
+  Tensor t = Tensor::empty({nhwc.size(0), nhwc.size(3), nhwc.size(1), nhwc.size(2)});
+  cpu::from_channels_last(nhwc, t);
+  return t;
+}
+
+Tensor empty_nchw_of(const Tensor& nhwc) {
+  MTRAIN_CHECK(nhwc.ndim() == 4, "a channels-last convolution operand must be [N, H, W, C], found {}",
+               shape_str(nhwc.shape()));
+  return Tensor::empty({nhwc.size(0), nhwc.size(3), nhwc.size(1), nhwc.size(2)});
+}
+
+Conv2dParams nchw(const Conv2dParams& p) {
+  Conv2dParams q = p;
+  q.channels_last = false;
+  return q;
+}
+
+}  // namespace
+
 void cpu::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
                          const Conv2dParams& p) {
+  if (p.channels_last) {
+    Tensor y_nchw = empty_nchw_of(y);
+    cpu::conv2d_forward(as_nchw(x), w, b, y_nchw, nchw(p));
+    return cpu::to_channels_last(y_nchw, y);
+  }
   const ConvShape s = conv_shape("conv2d_forward", "x", x, w, "y", y, p);
   if (b.defined()) cpu::check_float_shape("conv2d_forward", "b", b, {s.o});
   if (s.n == 0 || s.o == 0) return;
@@ -448,6 +483,11 @@ void cpu::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tens
 
 void cpu::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
                                const Conv2dParams& p) {
+  if (p.channels_last) {
+    Tensor dx_nchw = empty_nchw_of(dx);
+    cpu::conv2d_backward_data(as_nchw(dy), w, dx_nchw, nchw(p));
+    return cpu::to_channels_last(dx_nchw, dx);
+  }
   const ConvShape s = conv_shape("conv2d_backward_data", "dx", dx, w, "dy", dy, p);
   if (s.n == 0 || s.c == 0) return;
   cpu::use_configured_threads();
@@ -470,6 +510,7 @@ void cpu::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
 
 void cpu::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db,
                                   const Conv2dParams& p, bool accumulate) {
+  if (p.channels_last) return cpu::conv2d_backward_weights(as_nchw(x), as_nchw(dy), dw, db, nchw(p), accumulate);
   const ConvShape s = conv_shape("conv2d_backward_weights", "x", x, dw, "dy", dy, p);
   if (db.defined()) cpu::check_float_shape("conv2d_backward_weights", "db", db, {s.o});
   cpu::use_configured_threads();

@@ -23,6 +23,7 @@
 // the CPU's formulas.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -38,6 +39,7 @@ namespace {
 using detail::check_on_shape;
 using detail::first_gpu;
 using detail::kThreads;
+using detail::kWarpSize;
 using detail::kWarpsPerBlock;
 
 struct BnGeometry {
@@ -104,6 +106,51 @@ __global__ void bn_partials_kernel(Term term, BnGeometry g, int64_t chunks,
   }
 }
 
+// Note [Batch-norm reductions over rows]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An [M, C] input (BatchNorm1d, or a channels-last activation viewed as [N*H*W, C]: Note
+// [Channels last] in tensor/ops.h) has each channel's M elements C floats apart, where a
+// block of bn_partials_kernel would read one float per cache line. Here a block takes 32
+// neighbouring channels (a warp reads 32 neighbours, one line) over a range of rows, its
+// kColumnRows thread rows each summing every kColumnRows-th row of the range in order, then
+// the rows' sums added in row order: partial[s][channel][chunk], as the other kernel
+// leaves them for bn_finish_kernel. Deterministic as that one.
+constexpr int kColumnRows = 8;
+
+template <int kSums, class Term>
+__global__ void bn_column_partials_kernel(Term term, BnGeometry g, int64_t chunks,
+                                          double* partials) {
+  __shared__ double shared[kSums][kColumnRows][kWarpSize + 1];
+  const int64_t channel = static_cast<int64_t>(blockIdx.x) * kWarpSize + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  const int64_t per_chunk = (g.n + chunks - 1) / chunks;
+  const int64_t begin = chunk * per_chunk;
+  const int64_t end = begin + per_chunk < g.n ? begin + per_chunk : g.n;
+  double acc[kSums] = {};
+  if (channel < g.c) {
+    for (int64_t row = begin + threadIdx.y; row < end; row += kColumnRows) {
+      term(row * g.c + channel, channel, acc);
+    }
+  }
+  for (int s = 0; s < kSums; ++s) shared[s][threadIdx.y][threadIdx.x] = acc[s];
+  __syncthreads();
+  if (threadIdx.y != 0 || channel >= g.c) return;
+  for (int s = 0; s < kSums; ++s) {
+    double total = 0.0;
+    for (int j = 0; j < kColumnRows; ++j) total += shared[s][j][threadIdx.x];
+    partials[(s * g.c + channel) * chunks + chunk] = total;
+  }
+}
+
+// Row ranges for bn_column_partials_kernel: about kTargetBlocks blocks in all, at least
+// 16 rows per thread row.
+int64_t column_chunks(const BnGeometry& g) {
+  const int64_t groups = (g.c + kWarpSize - 1) / kWarpSize;
+  const int64_t by_size = (g.n + 16 * kColumnRows - 1) / (16 * kColumnRows);
+  const int64_t by_grid = std::max<int64_t>(kTargetBlocks / groups, 1);
+  return std::clamp<int64_t>(std::min(by_size, by_grid), 1, 65535);
+}
+
 // One block per channel adds its partials in a fixed order and hands the sums to `finish`.
 template <int kSums, class Finish>
 __global__ void bn_finish_kernel(Finish finish, const double* partials, int64_t c,
@@ -124,7 +171,9 @@ __global__ void bn_finish_kernel(Finish finish, const double* partials, int64_t 
 template <int kSums, class Term, class Finish>
 void reduce_channels(Device device, const BnGeometry& g, Term term, Finish finish) {
   if (g.c == 0) return;
-  const int64_t chunks = chunks_per_channel(g);
+  // Rows ([M, C], Note [Batch-norm reductions over rows]) or planes of each channel.
+  const bool rows = g.area == 1;
+  const int64_t chunks = rows ? column_chunks(g) : chunks_per_channel(g);
   const int64_t blocks = g.c * chunks;
   MTRAIN_CHECK(g.c <= std::numeric_limits<int32_t>::max(),
                "batch norm: {} channels are more than one launch can cover", g.c);
@@ -134,7 +183,10 @@ void reduce_channels(Device device, const BnGeometry& g, Term term, Finish finis
   double* partials = static_cast<double*>(scratch.raw_data());
   const cudaStream_t stream = detail::stream_for(device.index);
   cuda::DeviceGuard guard(device.index);
-  if (g.count() <= std::numeric_limits<uint32_t>::max() - kThreads) {
+  if (rows) {
+    const dim3 grid(static_cast<unsigned>((g.c + kWarpSize - 1) / kWarpSize), static_cast<unsigned>(chunks));
+    bn_column_partials_kernel<kSums><<<grid, dim3(kWarpSize, kColumnRows), 0, stream>>>(term, g, chunks, partials);
+  } else if (g.count() <= std::numeric_limits<uint32_t>::max() - kThreads) {
     bn_partials_kernel<kSums, uint32_t>
         <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(term, g, chunks, partials);
   } else {

@@ -91,9 +91,10 @@ struct ConvCall {
 
   std::string str() const {
     return fmt::format("running {} on cuDNN with x [{}, {}, {}, {}], w [{}, {}, {}, {}], "
-                       "y [{}, {}, {}, {}], stride {}x{}, padding {}x{}",
+                       "y [{}, {}, {}, {}], stride {}x{}, padding {}x{}{}",
                        op_name(direction), s.n, s.c, s.h, s.w, s.o, s.c, s.kh, s.kw, s.n, s.o,
-                       s.oh, s.ow, p.stride_h, p.stride_w, p.pad_h, p.pad_w);
+                       s.oh, s.ow, p.stride_h, p.stride_w, p.pad_h, p.pad_w,
+                       p.channels_last ? ", channels last" : "");
   }
 };
 
@@ -165,7 +166,7 @@ struct ConvKey {
   ConvDirection direction;
   DType compute;
   int device;
-  bool benchmark, deterministic, allow_tf32;
+  bool benchmark, deterministic, allow_tf32, channels_last;
   std::array<int64_t, 13> dims;
   bool operator==(const ConvKey&) const = default;
 };
@@ -173,7 +174,7 @@ struct ConvKey {
 struct ConvKeyHash {
   size_t operator()(const ConvKey& k) const {
     size_t h = (static_cast<size_t>(k.direction) * 8 + static_cast<size_t>(k.compute)) * 16 +
-               k.benchmark * 8 + k.deterministic * 4 + k.allow_tf32 * 2;
+               k.benchmark * 8 + k.deterministic * 4 + k.allow_tf32 * 2 + k.channels_last;
     h = h * 1000003u ^ static_cast<size_t>(k.device);
     for (int64_t d : k.dims) h = h * 1000003u ^ static_cast<size_t>(d);
     return h;
@@ -399,13 +400,15 @@ std::unique_ptr<ConvPlan> make_plan(const ConvKey& key, const ConvShape& s,
   const cudnnDataType_t data = key.compute == DType::BFloat16  ? CUDNN_DATA_BFLOAT16
                                : key.compute == DType::Float16 ? CUDNN_DATA_HALF
                                                                : CUDNN_DATA_FLOAT;
-  MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->x.get(), CUDNN_TENSOR_NCHW, data,
+  // Channels last (Note [Channels last] in tensor/ops.h): x, y and the transposed w NHWC.
+  const cudnnTensorFormat_t format = key.channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->x.get(), format, data,
                                                 i(s.n), i(s.c), i(s.h), i(s.w)),
                      context);
-  MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->y.get(), CUDNN_TENSOR_NCHW, data,
+  MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->y.get(), format, data,
                                                 i(s.n), i(s.o), i(s.oh), i(s.ow)),
                      context);
-  MTRAIN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w.get(), data, CUDNN_TENSOR_NCHW,
+  MTRAIN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w.get(), data, format,
                                                 i(s.o), i(s.c), i(s.kh), i(s.kw)),
                      context);
   switch (key.direction) {
@@ -438,6 +441,7 @@ ConvPlan& cached_plan(const ConvCall& call, int device, const FindBuffers& buffe
                     options.cudnn_benchmark,
                     options.deterministic,
                     options.allow_tf32,
+                    p.channels_last,
                     {s.n, s.c, s.h, s.w, s.o, s.kh, s.kw, s.oh, s.ow, p.stride_h, p.stride_w,
                      p.pad_h, p.pad_w}};
   {
@@ -500,20 +504,21 @@ struct BiasDescriptors {
 
 const BiasDescriptors& bias_descriptors(const ConvCall& call) {
   static std::mutex mu;
-  static auto* cache = new std::map<std::array<int64_t, 4>, std::unique_ptr<BiasDescriptors>>();
+  static auto* cache = new std::map<std::array<int64_t, 5>, std::unique_ptr<BiasDescriptors>>();
   const ConvShape& s = call.s;
-  const std::array<int64_t, 4> key = {s.n, s.o, s.oh, s.ow};
+  const std::array<int64_t, 5> key = {s.n, s.o, s.oh, s.ow, call.p.channels_last};
+  const cudnnTensorFormat_t format = call.p.channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
   std::lock_guard<std::mutex> lock(mu);
   auto& entry = (*cache)[key];
   if (!entry) {
     const std::string context = call.str();
     auto d = std::make_unique<BiasDescriptors>(context);
     const auto i = [](int64_t v) { return static_cast<int>(v); };  // sizes checked by conv_shape
-    MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d->y.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(s.n),
-                                                  i(s.o), i(s.oh), i(s.ow)),
+    MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d->y.get(), format, CUDNN_DATA_FLOAT, i(s.n), i(s.o), i(s.oh),
+                                                  i(s.ow)),
                        context);
-    MTRAIN_CUDNN_CHECK(
-        cudnnSetTensor4dDescriptor(d->bias.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, i(s.o), 1, 1), context);
+    MTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d->bias.get(), format, CUDNN_DATA_FLOAT, 1, i(s.o), 1, 1),
+                       context);
     entry = std::move(d);
   }
   return *entry;
@@ -535,6 +540,7 @@ bool ran_on_graph_api(int device, const ConvCall& call, const void* in0, const v
   g.n = s.n, g.c = s.c, g.h = s.h, g.w = s.w, g.o = s.o, g.kh = s.kh, g.kw = s.kw, g.oh = s.oh, g.ow = s.ow;
   g.stride_h = call.p.stride_h, g.stride_w = call.p.stride_w, g.pad_h = call.p.pad_h, g.pad_w = call.p.pad_w;
   g.beta = beta;
+  g.channels_last = call.p.channels_last;
   return cuda::run_graph_convolution(device, g, in0, in1, out, call.str());
 }
 
@@ -563,7 +569,10 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
   check_on(op, y_name, y, device);
   check_ndim(op, x_name, x, 4);
   check_ndim(op, "w", w, 4);
-  ConvShape s{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), 0, 0};
+  // Channels last (Note [Channels last] in tensor/ops.h): x and y are [N, H, W, C].
+  ConvShape s = p.channels_last
+                    ? ConvShape{x.size(0), x.size(3), x.size(1), x.size(2), w.size(0), w.size(2), w.size(3), 0, 0}
+                    : ConvShape{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), 0, 0};
   MTRAIN_CHECK(w.size(1) == s.c, "{}: w {} expects {} input channels, {} {} has {}", op,
                shape_str(w.shape()), w.size(1), x_name, shape_str(x.shape()), s.c);
   s.oh = ops::conv_out_size(s.h, s.kh, p.stride_h, p.pad_h);
@@ -571,7 +580,8 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
   MTRAIN_CHECK(s.kh >= 1 && s.kw >= 1 && s.oh >= 1 && s.ow >= 1,
                "{}: kernel {}x{} with padding {}x{} does not fit {} {}", op, s.kh, s.kw, p.pad_h,
                p.pad_w, x_name, shape_str(x.shape()));
-  check_on_shape(op, y_name, y, device, {s.n, s.o, s.oh, s.ow});
+  check_on_shape(op, y_name, y, device,
+                 p.channels_last ? Shape{s.n, s.oh, s.ow, s.o} : Shape{s.n, s.o, s.oh, s.ow});
   check_fits_int(op, x_name, x);
   check_fits_int(op, "w", w);
   check_fits_int(op, y_name, y);
@@ -584,6 +594,24 @@ void* output_in(Tensor& t, DType compute, Tensor& keep) {
   if (compute == DType::Float32) return t.raw_data();
   keep = Tensor::empty(t.shape(), compute, t.device());
   return keep.raw_data();
+}
+
+// The weight as a call reads it: w itself, or for channels-last data its [O, KH, KW, C]
+// copy (Note [Channels last] in tensor/ops.h: cuDNN's NHWC kernels take the filter in the
+// layout of the data).
+const Tensor& weights_for(const Tensor& w, const ops::Conv2dParams& p, Tensor& keep) {
+  if (!p.channels_last) return w;
+  keep = Tensor::empty({w.size(0), w.size(2), w.size(3), w.size(1)}, DType::Float32, w.device());
+  to_channels_last(w, keep);
+  return keep;
+}
+
+// dw (+)= `last`, a weight gradient in [O, KH, KW, C], in dw's [O, C, KH, KW] order.
+void put_weight_gradient(const Tensor& last, Tensor& dw, bool accumulate) {
+  if (!accumulate) return from_channels_last(last, dw);
+  Tensor ordered = Tensor::empty(dw.shape(), DType::Float32, dw.device());
+  from_channels_last(last, ordered);
+  add_(dw, ordered, 1.0f);
 }
 
 void check_compute(const char* op, DType compute) {
@@ -602,9 +630,9 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
   if (b.defined()) check_on_shape(op_name(dir), "b", b, x.device(), {s.o});
   if (s.n == 0 || s.o == 0) return;
   cuda::DeviceGuard guard(device);
-  Tensor x16, w16, y16;
+  Tensor x16, w16, y16, w_last;
   const void* px = detail::compute_operand(x, p.compute, x16);
-  const void* pw = detail::compute_operand(w, p.compute, w16);
+  const void* pw = detail::compute_operand(weights_for(w, p, w_last), p.compute, w16);
   void* py = output_in(y, p.compute, y16);
   const ConvCall what{dir, s, p};
   const float one = 1.0f, zero = 0.0f;
@@ -645,9 +673,9 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
     dx.zero_();
     return;
   }
-  Tensor dy16, w16, dx16;
+  Tensor dy16, w16, dx16, w_last;
   const void* pdy = detail::compute_operand(dy, p.compute, dy16);
-  const void* pw = detail::compute_operand(w, p.compute, w16);
+  const void* pw = detail::compute_operand(weights_for(w, p, w_last), p.compute, w16);
   void* pdx = output_in(dx, p.compute, dx16);
   const ConvCall what{dir, s, p};
   const float one = 1.0f, zero = 0.0f;
@@ -682,15 +710,19 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tens
     }
     return;
   }
-  Tensor x16, dy16, dw16;
+  Tensor x16, dy16, dw16, dw_last;
   const void* px = detail::compute_operand(x, p.compute, x16);
   const void* pdy = detail::compute_operand(dy, p.compute, dy16);
-  void* pdw = output_in(dw, p.compute, dw16);
+  // Channels last: the gradient comes in [O, KH, KW, C] and is put into dw at the end.
+  Tensor& dw_out =
+      p.channels_last ? (dw_last = Tensor::empty({s.o, s.kh, s.kw, s.c}, DType::Float32, dw.device())) : dw;
+  const bool accumulate_out = accumulate && !p.channels_last;
+  void* pdw = output_in(dw_out, p.compute, dw16);
   const ConvCall what{dir, s, p};
   const float one = 1.0f;
   const float beta = accumulate ? 1.0f : 0.0f;
   // A 16-bit dw is written whole, then added into the float32 gradient.
-  const float filter_beta = dw16.defined() ? 0.0f : beta;
+  const float filter_beta = dw16.defined() || !accumulate_out ? 0.0f : 1.0f;
   if (!ran_on_graph_api(device, what, px, pdy, pdw, filter_beta)) {
     ConvPlan& plan = cached_plan(what, device, {px, pdy, dw.shape(), p.compute});
     std::lock_guard<std::mutex> lock(plan.mu);
@@ -703,7 +735,8 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tens
                    plan.w.get(), pdw);
              });
   }
-  if (dw16.defined()) detail::widen_into(dw16, dw, accumulate);
+  if (dw16.defined()) detail::widen_into(dw16, dw_out, accumulate_out);
+  if (p.channels_last) put_weight_gradient(dw_last, dw, accumulate);
   if (db.defined()) {
     // From the float32 dy, as the linear layers' bias gradient.
     const BiasDescriptors& d = bias_descriptors(what);

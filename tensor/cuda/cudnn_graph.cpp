@@ -111,8 +111,11 @@ void set_handle(Backend& d, cudnnBackendAttributeName_t name, cudnnHandle_t hand
 // The tensors' unique ids: x (dx), w (dw), y (dy).
 enum : int64_t { kX = 1, kW = 2, kY = 3 };
 
-Backend tensor(int64_t uid, cudnnDataType_t data, const std::array<int64_t, 4>& dims) {
-  const std::array<int64_t, 4> strides = {dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
+// A 4-d operand with logical dimensions [N, C, H, W], laid out NCHW or channels last.
+Backend tensor(int64_t uid, cudnnDataType_t data, const std::array<int64_t, 4>& dims, bool channels_last) {
+  const std::array<int64_t, 4> strides =
+      channels_last ? std::array<int64_t, 4>{dims[1] * dims[2] * dims[3], 1, dims[3] * dims[1], dims[1]}
+                    : std::array<int64_t, 4>{dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
   // Every operand starts on 16 bytes at least (gradients are views at 64-byte offsets).
   const int64_t alignment = 16;
   Backend t(CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor");
@@ -149,8 +152,9 @@ struct Operation {
 };
 
 Operation operation(const GraphConvolution& c) {
-  Operation o{tensor(kX, c.data, {c.n, c.c, c.h, c.w}), tensor(kW, c.data, {c.o, c.c, c.kh, c.kw}),
-              tensor(kY, c.data, {c.n, c.o, c.oh, c.ow}), convolution(c),
+  Operation o{tensor(kX, c.data, {c.n, c.c, c.h, c.w}, c.channels_last),
+              tensor(kW, c.data, {c.o, c.c, c.kh, c.kw}, c.channels_last),
+              tensor(kY, c.data, {c.n, c.o, c.oh, c.ow}, c.channels_last), convolution(c),
               Backend(c.direction == Direction::Forward        ? CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR
                       : c.direction == Direction::BackwardData ? CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR
                                                                : CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
@@ -215,12 +219,13 @@ struct GraphKey {
   cudnnDataType_t data;
   int device;
   cudnnHandle_t handle;
-  bool benchmark, deterministic, allow_tf32;
+  bool benchmark, deterministic, allow_tf32, channels_last;
   float beta;
   std::array<int64_t, 13> dims;
   bool operator==(const GraphKey& k) const {
     return direction == k.direction && data == k.data && device == k.device && handle == k.handle &&
            benchmark == k.benchmark && deterministic == k.deterministic && allow_tf32 == k.allow_tf32 &&
+           channels_last == k.channels_last &&
            std::memcmp(&beta, &k.beta, sizeof beta) == 0 && dims == k.dims;
   }
 };
@@ -230,7 +235,7 @@ struct GraphKeyHash {
     size_t h = static_cast<size_t>(k.direction) * 31 + static_cast<size_t>(k.data);
     h = h * 1000003u ^ (static_cast<size_t>(k.device) * 8 + k.benchmark * 4 + k.deterministic * 2 + k.allow_tf32);
     h = h * 1000003u ^ reinterpret_cast<uintptr_t>(k.handle);
-    h = h * 1000003u ^ static_cast<size_t>(k.beta != 0.0f);
+    h = h * 1000003u ^ (static_cast<size_t>(k.beta != 0.0f) * 2 + k.channels_last);
     for (int64_t d : k.dims) h = h * 1000003u ^ static_cast<size_t>(d);
     return h;
   }
@@ -452,6 +457,7 @@ bool run_graph_convolution(int device, const GraphConvolution& conv, const void*
                      numerics.cudnn_benchmark,
                      numerics.deterministic,
                      numerics.allow_tf32,
+                     conv.channels_last,
                      conv.beta,
                      {conv.n, conv.c, conv.h, conv.w, conv.o, conv.kh, conv.kw, conv.oh, conv.ow, conv.stride_h,
                       conv.stride_w, conv.pad_h, conv.pad_w}};

@@ -12,7 +12,8 @@
 namespace mtrain::cuda {
 
 // One convolution call: x[n,c,h,w] * w[o,c,kh,kw] -> y[n,o,oh,ow], dilation 1, one group,
-// every tensor contiguous NCHW in `data` (float, bfloat16 or half), computed in float32.
+// every tensor contiguous in `data` (float, bfloat16 or half), computed in float32: NCHW
+// (and OIHW), or with channels_last NHWC (and OHWI; Note [Channels last] in tensor/ops.h).
 // The output becomes alpha * op + beta * output with alpha 1.
 struct GraphConvolution {
   enum class Direction : uint8_t { Forward, BackwardData, BackwardWeights };
@@ -21,6 +22,7 @@ struct GraphConvolution {
   int64_t n = 0, c = 0, h = 0, w = 0, o = 0, kh = 0, kw = 0, oh = 0, ow = 0;
   int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
   float beta = 0.0f;  // 0 overwrites the output, 1 adds to it
+  bool channels_last = false;
 };
 
 // Runs `conv` on the calling thread's current stream of `device` (made current by the

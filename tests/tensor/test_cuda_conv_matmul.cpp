@@ -172,12 +172,47 @@ ConvOutputs run_conv(const ConvCase& k, const ConvInputs& in, Device device) {
   return out;
 }
 
+// [N, C, H, W] <-> [N, H, W, C] on the tensor's device (Note [Channels last]).
+Tensor channels_last(const Tensor& t) {
+  Tensor out = Tensor::empty({t.size(0), t.size(2), t.size(3), t.size(1)}, DType::Float32, t.device());
+  ops::to_channels_last(t, out);
+  return out;
+}
+Tensor channels_first(const Tensor& t) {
+  Tensor out = Tensor::empty({t.size(0), t.size(3), t.size(1), t.size(2)}, DType::Float32, t.device());
+  ops::from_channels_last(t, out);
+  return out;
+}
+
+// run_conv on the GPU with the activations channels last, the results back in NCHW.
+ConvOutputs run_conv_channels_last(const ConvCase& k, const ConvInputs& in) {
+  ConvCase cl = k;
+  cl.p.channels_last = true;
+  const Tensor x = channels_last(in.x.to(kGpu)), w = in.w.to(kGpu), dy = channels_last(in.dy.to(kGpu));
+  const Tensor b = k.bias ? in.b.to(kGpu) : Tensor();
+  ConvOutputs out;
+  const Shape y = output_shape(k);
+  Tensor y_last = poisoned({y[0], y[2], y[3], y[1]}, kGpu);
+  ops::conv2d_forward(x, w, b, y_last, cl.p);
+  out.y = channels_first(y_last);
+  Tensor dx_last = poisoned(x.shape(), kGpu);
+  ops::conv2d_backward_data(dy, w, dx_last, cl.p);
+  out.dx = channels_first(dx_last);
+  out.dw = poisoned(w.shape(), kGpu);
+  out.db = poisoned({k.o}, kGpu);
+  ops::conv2d_backward_weights(x, dy, out.dw, out.db, cl.p, /*accumulate=*/false);
+  out.dw_acc = in.dw0.clone().to(kGpu);
+  out.db_acc = in.db0.clone().to(kGpu);
+  ops::conv2d_backward_weights(x, dy, out.dw_acc, out.db_acc, cl.p, /*accumulate=*/true);
+  return out;
+}
+
 void require_conv_matches_cpu(const ConvCase& k, uint32_t seed, double atol = kAtol,
-                              double rtol = kRtol) {
-  INFO("case: " << k.name);
+                              double rtol = kRtol, bool channels_last = false) {
+  INFO("case: " << k.name << (channels_last ? ", channels last on the GPU" : ""));
   const ConvInputs in = conv_inputs(k, seed);
   const ConvOutputs cpu = run_conv(k, in, Device::cpu());
-  const ConvOutputs gpu = run_conv(k, in, kGpu);
+  const ConvOutputs gpu = channels_last ? run_conv_channels_last(k, in) : run_conv(k, in, kGpu);
   REQUIRE(gpu.y.device() == kGpu);
   {
     INFO("forward");
@@ -317,6 +352,22 @@ TEST_CASE("cuDNN's graph API runs the convolutions with the legacy API's results
   uint32_t seed = 1200;
   // The TF32 bound of the legacy API's test below.
   for (const ConvCase& k : conv_cases()) require_conv_matches_cpu(k, seed += 10, 5e-2, 1e-2);
+}
+
+// Note [Channels last] in tensor/ops.h: NHWC activations, weights still [O, C, KH, KW],
+// on both APIs, the same tolerances as NCHW.
+TEST_CASE("channels-last convolutions match the CPU's NCHW results on both cuDNN APIs") {
+  require_gpu();
+  for (const bool graph : {false, true}) {
+    for (const bool benchmark : {false, true}) {
+      INFO("graph API " << graph << ", benchmark " << benchmark);
+      NumericsOptions o = exact_float32(benchmark);
+      o.cudnn_graph_api = graph;
+      NumericsScope scope(o);
+      uint32_t seed = 1400 + 100 * graph + 50 * benchmark;
+      for (const ConvCase& k : conv_cases()) require_conv_matches_cpu(k, seed += 10, kAtol, kRtol, true);
+    }
+  }
 }
 
 TEST_CASE("convolutions with TF32 allowed stay within TF32 rounding of the CPU result") {

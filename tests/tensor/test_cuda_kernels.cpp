@@ -416,6 +416,61 @@ TEST_CASE("GPU batchnorm_prepare equals the CPU's", "[cuda][batchnorm]") {
   require_same_bits(gtracked, tracked);
 }
 
+// Note [Channels last] in tensor/ops.h.
+TEST_CASE("GPU channels-last layout changes and pooling equal the CPU's", "[cuda][channels_last]") {
+  require_gpu();
+  const Shape shape = GENERATE(Shape{2, 3, 4, 5}, Shape{16, 64, 28, 28}, Shape{3, 33, 7, 65},
+                               Shape{512, 256, 3, 3}, Shape{0, 3, 2, 2}, Shape{70000, 2, 1, 1});
+  CAPTURE(shape_str(shape));
+  const Tensor x = random_tensor(shape, 48);
+  const Shape last_shape = {shape[0], shape[2], shape[3], shape[1]};
+  Tensor y = Tensor::empty(last_shape), gy = Tensor::empty(last_shape, DType::Float32, kGpu);
+  ops::to_channels_last(x, y);
+  ops::to_channels_last(on_gpu(x), gy);
+  require_same_bits(gy, y);
+  Tensor back = Tensor::empty(shape, DType::Float32, kGpu);
+  ops::from_channels_last(gy, back);
+  require_same_bits(back, x);
+
+  Tensor pooled = Tensor::empty({shape[0], 1, 1, shape[1]});
+  Tensor gpooled = Tensor::empty({shape[0], 1, 1, shape[1]}, DType::Float32, kGpu);
+  ops::global_avgpool_forward_channels_last(y, pooled);
+  ops::global_avgpool_forward_channels_last(gy, gpooled);
+  require_same_bits(gpooled, pooled);  // the same float sums in the same order
+  const Tensor dy = random_tensor({shape[0], 1, 1, shape[1]}, 49);
+  Tensor dx = Tensor::empty(last_shape), gdx = Tensor::empty(last_shape, DType::Float32, kGpu);
+  ops::global_avgpool_backward_channels_last(dy, dx);
+  ops::global_avgpool_backward_channels_last(on_gpu(dy), gdx);
+  require_same_bits(gdx, dx);
+}
+
+// Note [Batch-norm reductions over rows]: an [M, C] input (a channels-last activation's
+// view) takes the column kernel; the sums equal the CPU's up to the order of double adds.
+TEST_CASE("GPU batch norm over rows equals the CPU's", "[cuda][batchnorm]") {
+  require_gpu();
+  const Shape shape = GENERATE(Shape{16 * 28 * 28, 64}, Shape{37, 11}, Shape{5000, 3}, Shape{256 * 16, 512},
+                               Shape{1, 40}, Shape{100, 1000});
+  const bool one_pass = GENERATE(false, true);
+  CAPTURE(shape_str(shape), one_pass);
+  cuda_ops::NumericsOptions numerics = cuda_ops::numerics();
+  numerics.batchnorm_one_pass = one_pass;
+  const testing::NumericsScope scope(numerics);
+  const int64_t c = shape[1];
+  const Tensor x = random_tensor(shape, 50, 99.0f, 101.0f), dy = random_tensor(shape, 51);
+  Tensor mean = Tensor::empty({c}), var = Tensor::empty({c});
+  ops::batchnorm_stats(x, mean, var);
+  Tensor gmean = Tensor::empty({c}, DType::Float32, kGpu), gvar = Tensor::empty({c}, DType::Float32, kGpu);
+  ops::batchnorm_stats(on_gpu(x), gmean, gvar);
+  require_near(gmean, mean, 1e-9, 1e-6);
+  require_near(gvar, var, 1e-9, 1e-6);
+  Tensor sum_dy = Tensor::empty({c}), sum_dy_xmu = Tensor::empty({c});
+  ops::batchnorm_backward_reduce(dy, x, mean, sum_dy, sum_dy_xmu);
+  Tensor gsum_dy = Tensor::empty({c}, DType::Float32, kGpu), gsum_dy_xmu = Tensor::empty({c}, DType::Float32, kGpu);
+  ops::batchnorm_backward_reduce(on_gpu(dy), on_gpu(x), on_gpu(mean), gsum_dy, gsum_dy_xmu);
+  require_near(gsum_dy, sum_dy, 1e-6, 1e-6);
+  require_near(gsum_dy_xmu, sum_dy_xmu, 1e-6, 1e-6);
+}
+
 TEST_CASE("GPU batch norm checks devices and shapes", "[cuda][batchnorm]") {
   require_gpu();
   const Tensor gx = on_gpu(random_tensor({2, 3, 4, 4}, 35));

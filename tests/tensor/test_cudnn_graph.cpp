@@ -34,12 +34,14 @@ TEST_CASE("graph-API convolution operations build for every direction and data t
   const D direction = GENERATE(D::Forward, D::BackwardData, D::BackwardWeights);
   const cudnnDataType_t data = GENERATE(CUDNN_DATA_FLOAT, CUDNN_DATA_BFLOAT16, CUDNN_DATA_HALF);
   const float beta = GENERATE(0.0f, 1.0f);
-  CAPTURE(static_cast<int>(direction), static_cast<int>(data), beta);
+  const bool channels_last = GENERATE(false, true);
+  CAPTURE(static_cast<int>(direction), static_cast<int>(data), beta, channels_last);
   // resnet18's: the stem, a block's 3x3, a strided 3x3 and its 1x1 shortcut.
   for (GraphConvolution g :
        {conv(direction, data, 1, 64, 3, 1, 1, 28), conv(direction, data, 64, 64, 3, 1, 1, 28),
         conv(direction, data, 64, 128, 3, 2, 1, 28), conv(direction, data, 64, 128, 1, 2, 0, 28)}) {
     g.beta = beta;
+    g.channels_last = channels_last;
     CHECK_NOTHROW(mtrain::cuda::check_graph_operation(g));
   }
 }
