@@ -96,9 +96,17 @@ Tensor BatchNorm2d::forward_add_relu(const Tensor& x, const Tensor& residual) {
 // uses replace_modules (module.h) and copy_state_from. A fused layer (Note [Batch norm with its
 // ReLU] in batchnorm.h) runs the same steps with the _relu variants of the apply and backward
 // kernels, and batchnorm_prepare for the running statistics and the inverse deviation.
-Tensor BatchNorm2d::run_forward(const Tensor& x, const Tensor& residual, Output output) {
-  detail::check_image_batch(description(), x, num_features_);
-  detail::check_input_device(description(), x, weight_.value);
+Tensor BatchNorm2d::run_forward(const Tensor& input, const Tensor& residual_input, Output output) {
+  if (channels_last_) {
+    detail::check_image_batch_channels_last(description(), input, num_features_);
+  } else {
+    detail::check_image_batch(description(), input, num_features_);
+  }
+  detail::check_input_device(description(), input, weight_.value);
+  // Channels last, the kernels take the [N*H*W, C] view (Note [Channels last] in tensor/ops.h).
+  shape_ = input.shape();
+  const Tensor x = channels_last_ ? input.view({-1, num_features_}) : input;
+  const Tensor residual = residual_input.defined() ? residual_input.view(x.shape()) : Tensor();
   forward_was_training_ = is_training();
   if (forward_was_training_) {
     take_batch_statistics(x);
@@ -118,12 +126,13 @@ Tensor BatchNorm2d::run_forward(const Tensor& x, const Tensor& residual, Output 
   }
   output_kind_ = output;
   input_ = x;
-  return y;
+  return y.view(shape_);
 }
 
 void BatchNorm2d::take_batch_statistics(const Tensor& x) {
+  // Per channel: N*H*W values of [N, C, H, W], M of [M, C].
   BatchStats stats{channel_tensor(num_features_, x.device()),
-                   channel_tensor(num_features_, x.device()), x.size(0) * x.size(2) * x.size(3)};
+                   channel_tensor(num_features_, x.device()), x.numel() / num_features_};
   ops::batchnorm_stats(x, stats.mean, stats.var);
   merge_batch_stats(stats);
   // The unbiased running variance divides by count - 1 (torch raises the same error).
@@ -166,10 +175,11 @@ Tensor BatchNorm2d::backward_add_relu(const Tensor& dy, Tensor& dresidual) {
   return run_backward(dy, &dresidual);
 }
 
-Tensor BatchNorm2d::run_backward(const Tensor& dy, Tensor* dresidual) {
-  detail::check_output_grad(description(), dy, input_.defined() ? input_.shape() : Shape{});
+Tensor BatchNorm2d::run_backward(const Tensor& output_grad, Tensor* dresidual) {
+  detail::check_output_grad(description(), output_grad, input_.defined() ? shape_ : Shape{});
   const Device device = input_.device();
-  detail::check_output_grad_device(description(), dy, device);
+  detail::check_output_grad_device(description(), output_grad, device);
+  const Tensor dy = output_grad.view(input_.shape());
   const bool masked = output_kind_ != Output::Plain;
   Tensor sum_dy = channel_tensor(num_features_, device);
   Tensor sum_dy_xmu = channel_tensor(num_features_, device);
@@ -206,7 +216,8 @@ Tensor BatchNorm2d::run_backward(const Tensor& dy, Tensor* dresidual) {
   }
   input_ = Tensor();  // Note [Saved tensors die with backward] (module.cpp)
   output_ = Tensor();
-  return dx;
+  if (dresidual != nullptr) *dresidual = dresidual->view(shape_);
+  return dx.view(shape_);
 }
 
 }  // namespace mtrain::models

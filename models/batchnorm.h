@@ -36,7 +36,7 @@ class BatchNorm2d : public Module {
   // A fused layer computes with the fused kernels (Note [Fused batch norm] in tensor/ops.h):
   // its running statistics and inverse deviation in one step (batchnorm_prepare) and,
   // with `relu`, the ReLU that follows it in its own passes: forward returns relu(bn(x))
-  // and backward takes the gradient of that. fuse_batchnorm (models/fusion.h) sets this
+  // and backward takes the gradient of that. fuse_batchnorm (models/rewrites.h) sets this
   // where a ReLU follows and takes that ReLU out of the model. Results are bitwise the
   // unfused layer's followed by the ReLU. Off by default.
   void set_fused(bool fused, bool relu);
@@ -50,12 +50,18 @@ class BatchNorm2d : public Module {
   Tensor backward_add_relu(const Tensor& dy, Tensor& dresidual);
 
   // The bias of the Conv2d before this layer, which that layer no longer adds
-  // (Conv2d::set_bias_skipped; Note [Conv bias before a batch norm] in models/fusion.h):
+  // (Conv2d::set_bias_skipped; Note [Conv bias before a batch norm] in models/rewrites.h):
   // the running mean then tracks the batch mean plus the bias, and eval mode subtracts
   // the bias from the running mean, so buffers and outputs are those of a convolution
   // that adds it. nullptr (the default): the input is taken as it comes.
   void set_input_bias(const Parameter* bias) { input_bias_ = bias; }
   const Parameter* input_bias() const { return input_bias_; }
+
+  // Channels-last activations (Note [Channels last] in tensor/ops.h): input and output
+  // [N, H, W, C], normalised through their [N*H*W, C] view. use_channels_last
+  // (models/rewrites.h) sets it.
+  void set_channels_last(bool on) { channels_last_ = on; }
+  bool channels_last() const { return channels_last_; }
 
   int64_t num_features() const { return num_features_; }
   double eps() const { return eps_; }
@@ -98,11 +104,13 @@ class BatchNorm2d : public Module {
   bool fused_ = false;
   bool relu_ = false;
   const Parameter* input_bias_ = nullptr;
+  bool channels_last_ = false;
 
   // Cached by forward for backward.
   Output output_kind_ = Output::Plain;
+  Shape shape_;    // of the input and output, as the caller sees them
   Tensor output_;  // the ReLU's mask (not Plain)
-  Tensor input_;
+  Tensor input_;   // as the kernels see it (channels last: the [N*H*W, C] view)
   Tensor mean_;    // batch (train) or running (eval) mean used to normalise
   Tensor invstd_;  // 1 / sqrt(var + eps) for that var
   int64_t count_ = 0;

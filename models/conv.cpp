@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "models/init.h"
 #include "models/input_checks.h"
+#include "models/layout.h"
 
 namespace mtrain::models {
 
@@ -34,17 +35,32 @@ void Conv2d::reset_parameters(ParameterInitializer& init) {
   if (options_.bias) init.init_bias(bias_.value, fan_in);
 }
 
-Tensor Conv2d::forward(const Tensor& x) {
-  detail::check_image_batch(description_, x, options_.in_channels);
-  detail::check_input_device(description_, x, weight_.value);
+void Conv2d::set_channels_last(bool on, bool nchw_input) {
+  geometry_.channels_last = on;
+  nchw_input_ = on && nchw_input;
+}
+
+// Channels last (Note [Channels last] in tensor/ops.h): the kernels see [N, H, W, C]; a
+// layer that takes the model's images lays them out first.
+Tensor Conv2d::forward(const Tensor& input) {
+  const bool last = geometry_.channels_last;
+  if (last && !nchw_input_) {
+    detail::check_image_batch_channels_last(description_, input, options_.in_channels);
+  } else {
+    detail::check_image_batch(description_, input, options_.in_channels);
+  }
+  detail::check_input_device(description_, input, weight_.value);
+  const Tensor x = nchw_input_ ? channels_last_copy(input) : input;
+  const int64_t h = last ? x.size(1) : x.size(2), w = last ? x.size(2) : x.size(3);
   const int64_t k = options_.kernel_size;
-  const int64_t oh = ops::conv_out_size(x.size(2), k, options_.stride, options_.padding);
-  const int64_t ow = ops::conv_out_size(x.size(3), k, options_.stride, options_.padding);
+  const int64_t oh = ops::conv_out_size(h, k, options_.stride, options_.padding);
+  const int64_t ow = ops::conv_out_size(w, k, options_.stride, options_.padding);
   if (oh < 1 || ow < 1) {
     throw InvalidArgument(fmt::format("{}: input {} is smaller than the kernel", description_,
-                                      shape_str(x.shape())));
+                                      shape_str(input.shape())));
   }
-  Tensor y = Tensor::empty({x.size(0), options_.out_channels, oh, ow}, DType::Float32, x.device());
+  const int64_t n = x.size(0), o = options_.out_channels;
+  Tensor y = Tensor::empty(last ? Shape{n, oh, ow, o} : Shape{n, o, oh, ow}, DType::Float32, x.device());
   ops::conv2d_forward(x, weight_.value, bias_skipped_ ? Tensor() : bias_.value, y, geometry_);
   input_ = x;
   output_shape_ = y.shape();
@@ -68,6 +84,7 @@ Tensor Conv2d::backward(const Tensor& dy) {
   if (input_grad_needed()) {
     dx = Tensor::empty(input_.shape(), DType::Float32, input_.device());
     ops::conv2d_backward_data(dy, weight_.value, dx, geometry_);
+    if (nchw_input_) dx = channels_first_copy(dx);
   }
   input_ = Tensor();  // Note [Saved tensors die with backward] (module.cpp)
   output_shape_ = {};

@@ -34,12 +34,18 @@ class Conv2d : public Module {
   void set_compute_dtype(DType compute) { geometry_.compute = compute; }
   DType compute_dtype() const { return geometry_.compute; }
   // Leaves the bias out of the output, for a batch norm after this layer that takes it
-  // into account instead (Note [Conv bias before a batch norm] in models/fusion.h): the
+  // into account instead (Note [Conv bias before a batch norm] in models/rewrites.h): the
   // forward adds no bias, and a training backward leaves the bias gradient alone (its
   // exact value, with the batch norm subtracting the batch mean, is zero). An eval-mode
   // backward still sums it, as the batch norm then subtracts a constant.
   void set_bias_skipped(bool skipped) { bias_skipped_ = skipped && options_.bias; }
   bool bias_skipped() const { return bias_skipped_; }
+  // Channels-last activations (Note [Channels last] in tensor/ops.h): input and output
+  // [N, H, W, C]. With `nchw_input` the input comes [N, C, H, W] (the model's images) and
+  // is laid out here, and its gradient goes back so. use_channels_last (models/rewrites.h)
+  // sets it.
+  void set_channels_last(bool on, bool nchw_input = false);
+  bool channels_last() const { return geometry_.channels_last; }
 
  private:
   Conv2dOptions options_;
@@ -48,6 +54,7 @@ class Conv2d : public Module {
   Parameter weight_;
   Parameter bias_;
   bool bias_skipped_ = false;
+  bool nchw_input_ = false;
   Tensor input_;       // cached for backward
   Shape output_shape_;
   bool forward_was_training_ = false;

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "models/input_checks.h"
+#include "models/layout.h"
 
 namespace mtrain::models {
 
@@ -14,7 +15,9 @@ Tensor Flatten::forward(const Tensor& x) {
   for (int d = 1; d < x.ndim(); ++d) features *= x.size(d);
   input_shape_ = x.shape();
   output_shape_ = {x.size(0), features};
-  return x.view(output_shape_);
+  // Channels last: into [N, C, H, W] first (a view where that moves nothing).
+  const bool relayout = channels_last_ && x.ndim() == 4;
+  return (relayout ? channels_first_copy(x) : x).view(output_shape_);
 }
 
 Tensor Flatten::backward(const Tensor& dy) {
@@ -25,7 +28,9 @@ Tensor Flatten::backward(const Tensor& dy) {
     return Tensor();
   }
   detail::check_output_grad("Flatten", dy, output_shape_);
-  Tensor dx = dy.view(input_shape_);
+  const Shape& s = input_shape_;
+  Tensor dx = channels_last_ && s.size() == 4 ? channels_last_copy(dy.view({s[0], s[3], s[1], s[2]}))
+                                               : dy.view(input_shape_);
   output_shape_ = {};  // Note [Saved tensors die with backward] (module.cpp): a second backward is an error
   return dx;
 }

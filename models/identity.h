@@ -1,5 +1,5 @@
 // Identity: returns its input (torch.nn.Identity). What a layer folded into its
-// neighbour leaves in its place (fuse_batchnorm, models/fusion.h), so the names of the
+// neighbour leaves in its place (fuse_batchnorm, models/rewrites.h), so the names of the
 // modules around it stay those of the model as built.
 #pragma once
 

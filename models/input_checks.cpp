@@ -22,6 +22,15 @@ void check_image_batch(const std::string& layer, const Tensor& x, int64_t channe
   }
 }
 
+void check_image_batch_channels_last(const std::string& layer, const Tensor& x, int64_t channels) {
+  check_float(layer, x);
+  if (x.ndim() != 4 || (channels >= 0 && x.size(3) != channels)) {
+    const std::string c = channels >= 0 ? std::to_string(channels) : "C";
+    throw InvalidArgument(fmt::format("{}: expected a channels-last input [N, H, W, {}], found {}", layer, c,
+                                      shape_str(x.shape())));
+  }
+}
+
 void check_matrix_batch(const std::string& layer, const Tensor& x, int64_t features) {
   check_float(layer, x);
   if (x.ndim() != 2 || x.size(1) != features) {

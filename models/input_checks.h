@@ -12,6 +12,9 @@ namespace mtrain::models::detail {
 
 // x must be float32 [N, channels, H, W] (channels < 0: any).
 void check_image_batch(const std::string& layer, const Tensor& x, int64_t channels);
+// x must be float32 [N, H, W, channels]: an image batch channels last (Note [Channels last]
+// in tensor/ops.h).
+void check_image_batch_channels_last(const std::string& layer, const Tensor& x, int64_t channels);
 // x must be float32 [N, features].
 void check_matrix_batch(const std::string& layer, const Tensor& x, int64_t features);
 // dy must have the shape of the output of the last forward (and that forward happened).

@@ -6,7 +6,7 @@
 #include "models/batchnorm.h"   // BatchNorm2d, BatchStats
 #include "models/conv.h"        // Conv2d, Conv2dOptions
 #include "models/flatten.h"     // Flatten
-#include "models/fusion.h"      // fuse_batchnorm, skip_conv_bias
+#include "models/rewrites.h"      // fuse_batchnorm, skip_conv_bias
 #include "models/identity.h"    // Identity
 #include "models/init.h"        // InitScheme, InitOptions, init_parameters
 #include "models/linear.h"      // Linear

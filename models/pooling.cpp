@@ -91,13 +91,24 @@ AdaptiveAvgPool2d::AdaptiveAvgPool2d(int output_size) {
 }
 
 Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
-  detail::check_image_batch("AdaptiveAvgPool2d(1)", x, -1);
-  if (x.size(2) < 1 || x.size(3) < 1) {
+  if (channels_last_) {
+    detail::check_image_batch_channels_last("AdaptiveAvgPool2d(1)", x, -1);
+  } else {
+    detail::check_image_batch("AdaptiveAvgPool2d(1)", x, -1);
+  }
+  const int64_t h = channels_last_ ? x.size(1) : x.size(2), w = channels_last_ ? x.size(2) : x.size(3);
+  if (h < 1 || w < 1) {
     throw InvalidArgument(fmt::format("AdaptiveAvgPool2d(1): input {} has an empty plane",
                                       shape_str(x.shape())));
   }
-  Tensor y = Tensor::empty({x.size(0), x.size(1), 1, 1}, DType::Float32, x.device());
-  ops::global_avgpool_forward(x, y);
+  const int64_t c = channels_last_ ? x.size(3) : x.size(1);
+  Tensor y = Tensor::empty(channels_last_ ? Shape{x.size(0), 1, 1, c} : Shape{x.size(0), c, 1, 1}, DType::Float32,
+                           x.device());
+  if (channels_last_) {
+    ops::global_avgpool_forward_channels_last(x, y);
+  } else {
+    ops::global_avgpool_forward(x, y);
+  }
   input_shape_ = x.shape();
   output_shape_ = y.shape();
   return y;
@@ -106,7 +117,11 @@ Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
 Tensor AdaptiveAvgPool2d::backward(const Tensor& dy) {
   detail::check_output_grad("AdaptiveAvgPool2d(1)", dy, output_shape_);
   Tensor dx = Tensor::empty(input_shape_, DType::Float32, dy.device());
-  ops::global_avgpool_backward(dy, dx);
+  if (channels_last_) {
+    ops::global_avgpool_backward_channels_last(dy, dx);
+  } else {
+    ops::global_avgpool_backward(dy, dx);
+  }
   output_shape_ = {};  // Note [Saved tensors die with backward] (module.cpp)
   return dx;
 }

@@ -56,8 +56,12 @@ class AdaptiveAvgPool2d : public Module {
   Tensor forward(const Tensor& x) override;
   Tensor backward(const Tensor& dy) override;
   std::string type_name() const override { return "AdaptiveAvgPool2d"; }
+  // Channels-last input and output (Note [Channels last] in tensor/ops.h): [N, H, W, C]
+  // to [N, 1, 1, C].
+  void set_channels_last(bool on) { channels_last_ = on; }
 
  private:
+  bool channels_last_ = false;
   Shape input_shape_;
   Shape output_shape_;
 };

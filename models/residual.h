@@ -25,10 +25,10 @@ class Residual : public Module {
 
   bool has_shortcut_conv() const { return has_conv3_; }
 
-  // The rewrites of models/fusion.h inside the block. fuse_batchnorm: bn1 does the ReLU
+  // The rewrites of models/rewrites.h inside the block. fuse_batchnorm: bn1 does the ReLU
   // after it and bn2 the add and the ReLU after it, in their own kernels (Note [Batch norm
   // with its ReLU] in batchnorm.h). skip_conv_bias: conv1 and conv2 leave their biases to
-  // bn1 and bn2 (Note [Conv bias before a batch norm] in fusion.h). Each needs the
+  // bn1 and bn2 (Note [Conv bias before a batch norm] in rewrites.h). Each needs the
   // children in the batch-norm slots to be BatchNorm2d (SyncBatchNorm is one) and returns
   // false, changing nothing, otherwise.
   bool fuse_batchnorm();

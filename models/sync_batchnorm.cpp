@@ -164,6 +164,7 @@ int convert_sync_batchnorm(Module& root, std::shared_ptr<ProcessGroup> group) {
     sync->copy_state_from(*bn);
     sync->set_fused(bn->fused(), bn->fused_relu());
     sync->set_input_bias(bn->input_bias());
+    sync->set_channels_last(bn->channels_last());
     sync->train(bn->is_training());
     return sync;
   });

@@ -49,8 +49,8 @@ double sync_batchnorm_wait_seconds(Module& root);
 
 // Replaces every BatchNorm2d strictly below `root` by a SyncBatchNorm with the same
 // name, num_features, eps, momentum, weights, running statistics, num_batches_tracked,
-// train/eval mode, fusion and input bias (set_fused, set_input_bias); existing
-// SyncBatchNorms are kept. Returns how many were
+// train/eval mode, fusion, input bias and layout (set_fused, set_input_bias,
+// set_channels_last); existing SyncBatchNorms are kept. Returns how many were
 // replaced. The new layers carry no grad-ready hook and unnumbered parameters: call
 // root.set_grad_ready_hook again afterwards (Note [Grad-ready hook] in module.cpp).
 // `root` itself cannot be swapped in place, so a BatchNorm2d root is InvalidArgument.

@@ -412,6 +412,7 @@ cxxopts::Options train_command_spec(const TrainChoices& choices) {
     ("cudnn-benchmark", "GPU: time cuDNN's convolution algorithms for each new shape and keep the fastest (torch.backends.cudnn.benchmark)")
     ("deterministic", "GPU: only convolution algorithms cuDNN documents as deterministic (torch.backends.cudnn.deterministic)")
     ("no-tf32", "GPU: full float32 convolutions, no TF32 tensor cores (matrix products never use TF32)")
+    ("channels-last", "keep activations [N, H, W, C] in memory (PyTorch's channels_last), the layout cuDNN's tensor-core convolutions take natively; on the CPU only slower")
     ("amp", "mixed precision: off | bf16 | fp16 (convolutions and linear layers multiply in 16 bits, everything else stays float32; bf16 needs a GPU of compute capability 8.0+ or an AVX-512 CPU, at full speed with AVX512_BF16; fp16 a GPU of 7.0+ or a CPU with AVX512_FP16)", cxxopts::value<std::string>()->default_value(d.amp))
     ("loss-scale", "auto (dynamic with --amp fp16, else none) | dynamic (scale the loss, skip steps whose gradients overflow, as GradScaler) | none", cxxopts::value<std::string>()->default_value(d.loss_scale))
     ("initial-loss-scale", "the dynamic loss scale's starting value", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.initial_loss_scale)))
@@ -530,6 +531,7 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   o.cudnn_benchmark = switch_on(r, "cudnn-benchmark");
   o.deterministic = switch_on(r, "deterministic");
   o.allow_tf32 = !switch_on(r, "no-tf32");
+  o.channels_last = switch_on(r, "channels-last");
   o.amp = r["amp"].as<std::string>();
   o.loss_scale = r["loss-scale"].as<std::string>();
   read_double(r, "initial-loss-scale", o.initial_loss_scale);

@@ -62,6 +62,7 @@ struct TrainOptions {
   bool cudnn_benchmark = false;         // time cuDNN's algorithms per shape, keep the fastest
   bool deterministic = false;           // only algorithms cuDNN documents as deterministic
   bool allow_tf32 = true;               // TF32 tensor cores for convolutions (--no-tf32 turns off)
+  bool channels_last = false;           // activations [N, H, W, C] (Note [Channels-last models])
 
   // Mixed precision (Note [Mixed precision] in models/mixed_precision.cpp) and loss
   // scaling (Note [Dynamic loss scaling] in trainer/loop/loss_scaler.cpp).

@@ -502,9 +502,12 @@ double largest_norm(const std::vector<Tensor>& tensors) {
 
 enum class GradientCheck { Elementwise, InNorm };
 
-void check_model_step(const std::string& name, int batch, GradientCheck how) {
+// `rewrite` changes the GPU model's way of computing (models/rewrites.h), not its function.
+void check_model_step(const std::string& name, int batch, GradientCheck how,
+                      const std::function<void(Module&)>& rewrite = {}) {
   std::mt19937_64 rng(7);
   auto pair = make_pair_of([&] { return build_model(name, 1, 10); }, 17);
+  if (rewrite) rewrite(*pair.gpu);
   const SgdOptions options{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f};
   Sgd cpu_opt(*pair.cpu, options), gpu_opt(*pair.gpu, options);
   std::vector<Tensor> before;
@@ -575,6 +578,26 @@ TEST_CASE("lenet: a training step on the GPU equals the CPU's", "[cuda][zoo]") {
 TEST_CASE("resnet18: a training step on the GPU equals the CPU's", "[cuda][zoo]") {
   require_gpu();
   check_model_step("resnet18", 8, GradientCheck::InNorm);
+}
+
+// Note [Speed switches] in core/speedups.h: each way of computing a GPU step faster keeps
+// the CPU's step to the tolerances above.
+TEST_CASE("resnet18 with the speed switches and channels last on the GPU equals the CPU's step",
+          "[cuda][zoo]") {
+  require_gpu();
+  const bool graph = GENERATE(false, true);
+  CAPTURE(graph);
+  cuda_ops::NumericsOptions numerics = cuda_ops::numerics();
+  numerics.batchnorm_one_pass = true;
+  numerics.cudnn_graph_api = graph;
+  cuda_ops::set_numerics(numerics);
+  check_model_step("resnet18", 8, GradientCheck::InNorm, [](Module& m) { CHECK(use_channels_last(m) == 39); });
+  check_model_step("resnet18", 8, GradientCheck::InNorm, [](Module& m) {
+    fuse_batchnorm(m);
+    skip_conv_bias(m);
+    use_channels_last(m);
+  });
+  require_gpu();  // back to the file's numerics
 }
 
 TEST_CASE("the per-channel batch-norm ops on the GPU equal the CPU's bit for bit",

@@ -238,6 +238,36 @@ TEST_CASE("MTRAIN_SPEEDUPS: fused-bn and fresh-grads train the same bits, skip-c
   CHECK_THAT(r.err, Contains("MTRAIN_SPEEDUPS") && Contains("'warp-drive'") && Contains("fused-bn"));
 }
 
+// Note [Channels-last models] in models/rewrites.h: the same model, another layout.
+TEST_CASE("--channels-last trains resnet18 to the same model; lenet's pooling is refused", "[e2e]") {
+  TempDir dir;
+  const std::string data_dir = dir.file("slice");
+  std::filesystem::create_directory(data_dir);
+  mtrain::testing::write_idx_slice(kMiniSet, data_dir, 16);
+  const auto run = [&](const std::string& tag, std::vector<std::string> extra) {
+    const std::string weights = dir.file(tag + ".safetensors");
+    std::vector<std::string> args = {"--model", "resnet18", "--data-dir", data_dir, "--batch-size", "8",
+                                     "--lr", "1e-5", "--momentum", "0.9", "--seed", "4", "--save-final", weights};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto r = train(args);
+    require_success(r);
+    return std::pair{weights, r.out + r.err};
+  };
+  const auto [start, unused] = run("start", {"--max-steps", "0"});
+  const auto [plain, plain_log] = run("plain", {"--max-steps", "2"});
+  const auto [last, last_log] = run("last", {"--max-steps", "2", "--channels-last"});
+  CHECK_THAT(last_log, Contains("--channels-last: 39 layers of model resnet18"));
+  // Batch norm sums in another order: rounding, amplified by the ReLUs (as skip-conv-bias).
+  const auto close = mtrain::testing::compare_training(last, plain, start);
+  INFO(close.describe());
+  CHECK(close.update < 2e-2);
+  CHECK(close.statistics < 1e-4);
+
+  const auto r = train({"--model", "lenet", "--max-steps", "1", "--channels-last"});
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Contains("AvgPool2d") && Contains("channels last"));
+}
+
 TEST_CASE("--save-final then --init-from gives back the same weights and evaluation", "[e2e]") {
   TempDir dir;
   const std::string trained = dir.file("trained.safetensors");

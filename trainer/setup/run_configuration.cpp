@@ -137,6 +137,7 @@ const std::vector<std::string>& per_rank_flags() {
       "--cudnn-benchmark",  // a GPU's own algorithm choice: the gradients are averaged
       "--deterministic",
       "--no-tf32",
+      "--channels-last",    // the layout of a rank's own activations: float rounding alone
   };
   return flags;
 }

@@ -15,7 +15,7 @@
 #include "data/sampler.h"
 #include "trainer/plot/chart.h"
 #include "models/init.h"
-#include "models/fusion.h"
+#include "models/rewrites.h"
 #include "models/mixed_precision.h"
 #include "models/sync_batchnorm.h"
 #include "models/zoo.h"
@@ -236,6 +236,19 @@ void apply_speedups(const Speedups& speedups, models::Module& model) {
   }
 }
 
+// --channels-last (Note [Channels-last models] in models/rewrites.h).
+void use_channels_last(const TrainOptions& o, const TrainingRun& run, models::Module& model) {
+  if (!o.channels_last) return;
+  const int switched = models::use_channels_last(model);
+  if (switched == 0) {
+    spdlog::info("--channels-last: model {} has no convolution, so no layout to choose; nothing changed", o.model);
+  } else {
+    spdlog::info("--channels-last: {} layers of model {} keep their activations [N, H, W, C]{}", switched, o.model,
+                 run.compute().is_cpu() ? " (on the CPU that only costs: its kernels run NCHW between transposes)"
+                                        : "");
+  }
+}
+
 // Built and initialised on the host (the seeded generators fill host tensors, so every
 // device starts from the same weights), moved before anything holds views of its
 // gradients (the reducer's buckets) or state derived from it (momentum), then every
@@ -266,6 +279,7 @@ void build_model(const TrainOptions& o, TrainingRun& run) {
   }
   if (run.amp != DType::Float32) models::set_compute_dtype(model, run.amp);
   apply_speedups(run.speedups, model);
+  use_channels_last(o, run, model);
   // Nothing uses the gradient of the images: the first layer skips computing it.
   model.set_input_grad_needed(false);
   model.to(run.compute());

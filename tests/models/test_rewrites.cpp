@@ -1,8 +1,9 @@
-// The model rewrites of models/fusion.h against the model as built: fuse_batchnorm changes
+// The model rewrites of models/rewrites.h against the model as built: fuse_batchnorm changes
 // no bit of resnet18's outputs, gradients or buffers (also under SyncBatchNorm and in eval
 // mode); skip_conv_bias changes them by float rounding only and leaves the skipped biases'
-// gradients exactly zero; and the fresh-gradient mark (Parameter::grad_fresh) makes a
-// layer's first write overwrite and its next one add.
+// gradients exactly zero; use_channels_last keeps the function, to float rounding; and the
+// fresh-gradient mark (Parameter::grad_fresh) makes a layer's first write overwrite and its
+// next one add.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -260,4 +261,98 @@ TEST_CASE("a fresh gradient is overwritten by its first writer and added to by t
       CHECK(mtrain::testing::max_abs_gap(params[i].param->grad, twice) <= 1e-6 * max_abs(twice));
     }
   }
+}
+
+namespace {
+
+// Relative distance of two float tensors: ||a - b|| / ||b||.
+double relative_gap(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  double apart = 0.0, size = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.data<float>()[i], y = b.data<float>()[i];
+    apart += (x - y) * (x - y);
+    size += y * y;
+  }
+  return std::sqrt(apart / std::max(size, 1e-30));
+}
+
+}  // namespace
+
+// Note [Channels-last models]: the same model, its activations [N, H, W, C]: outputs to
+// float rounding (batch norm sums in another order), gradients to the rounding that
+// resnet18's ReLUs amplify (test above: one ulp on the input moved them by 2e-3).
+TEST_CASE("use_channels_last keeps resnet18's function, with every rewrite and SyncBatchNorm",
+          "[channels_last]") {
+  std::mt19937_64 rng(13);
+  const Tensor x = uniform_tensor({4, 1, 12, 12}, rng);
+  const Tensor dy = uniform_tensor({4, 10}, rng);
+  const bool others = GENERATE(false, true);
+  CAPTURE(others);
+  auto plain = resnet18();
+  auto last = resnet18();
+  mtrain::testing::SoloGroup solo;
+  if (others) {
+    fuse_batchnorm(*last);
+    convert_sync_batchnorm(*last, solo.group);
+  }
+  // 20 convolutions (3 of them shortcuts), 17 batch norms, the pool and the flatten.
+  CHECK(use_channels_last(*last) == 20 + 17 + 2);
+  CHECK(dynamic_cast<Conv2d&>(last->child(0).child(0)).channels_last());
+  for (int i = 0; i < 2; ++i) {
+    const auto [y_plain, dx_plain] = step(*plain, x, dy, 1e-4f);
+    const auto [y_last, dx_last] = step(*last, x, dy, 1e-4f);
+    CHECK(y_last.shape() == y_plain.shape());
+    CHECK(dx_last.shape() == dx_plain.shape());  // the images' gradient comes back NCHW
+    CHECK(relative_gap(y_last, y_plain) < 1e-5);
+    CHECK(relative_gap(dx_last, dx_plain) < 1e-2);
+    for_each_state(*plain, *last, [](const std::string& name, const Tensor& a, const Tensor& b) {
+      INFO(name);
+      if (a.dtype() != DType::Float32) {
+        CHECK(same_bits(a, b));
+      } else {
+        CHECK(relative_gap(b, a) < 2e-2);
+      }
+    });
+  }
+  plain->eval();
+  last->eval();
+  CHECK(relative_gap(last->forward(x), plain->forward(x)) < 1e-4);
+}
+
+TEST_CASE("use_channels_last refuses layers without channels-last kernels and needs a convolution first",
+          "[channels_last]") {
+  auto lenet = build_model("lenet", 1, 10);
+  CHECK_THROWS_WITH(use_channels_last(*lenet), Catch::Contains("AvgPool2d") && Catch::Contains("channels last"));
+  // Nothing changed: the model still takes NCHW images through NCHW kernels.
+  CHECK_FALSE(dynamic_cast<Conv2d&>(lenet->child(0)).channels_last());
+  auto mlp = build_model("mlp", 1, 10);
+  CHECK(use_channels_last(*mlp) == 0);  // no convolution: no layout to choose
+  auto odd = make_sequential(std::make_unique<ReLU>(),
+                             std::make_unique<Conv2d>(Conv2dOptions{.in_channels = 1, .out_channels = 2}));
+  CHECK_THROWS_WITH(use_channels_last(*odd), Catch::Contains("ReLU first"));
+}
+
+TEST_CASE("a channels-last Flatten gives PyTorch's (c, h, w) order", "[channels_last]") {
+  std::mt19937_64 rng(14);
+  // A conv, then Flatten over 3x3 planes: the layout must change back before flattening.
+  auto plain = make_sequential(
+      std::make_unique<Conv2d>(Conv2dOptions{.in_channels = 2, .out_channels = 3, .kernel_size = 3, .stride = 2}),
+      std::make_unique<Flatten>(), std::make_unique<Linear>(27, 4));
+  auto last = make_sequential(
+      std::make_unique<Conv2d>(Conv2dOptions{.in_channels = 2, .out_channels = 3, .kernel_size = 3, .stride = 2}),
+      std::make_unique<Flatten>(), std::make_unique<Linear>(27, 4));
+  InitOptions init;
+  init.seed = 15;
+  init_parameters(*plain, init);
+  init_parameters(*last, init);
+  CHECK(use_channels_last(*last) == 2);
+  const Tensor x = uniform_tensor({2, 2, 7, 7}, rng);
+  const Tensor dy = uniform_tensor({2, 4}, rng);
+  const auto [y_plain, dx_plain] = step(*plain, x, dy);
+  const auto [y_last, dx_last] = step(*last, x, dy);
+  // No batch norm and no pooling: the CPU's channels-last convolution is its NCHW one.
+  CHECK(same_bits(y_last, y_plain));
+  CHECK(same_bits(dx_last, dx_plain));
+  require_same_bits(*plain, *last);
 }

@@ -38,4 +38,19 @@ int fuse_batchnorm(Module& root);
 // convolutions skip their bias.
 int skip_conv_bias(Module& root);
 
+// Note [Channels-last models]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Keeps every activation of `root` channels last (Note [Channels last] in tensor/ops.h):
+// each Conv2d, BatchNorm2d (SyncBatchNorm too), AdaptiveAvgPool2d and Flatten is told, the
+// layers that do not care (ReLU, Sigmoid, Identity, Linear after a Flatten, the
+// containers) stay as they are. The model still takes [N, C, H, W] images and gives what
+// it gave: the convolution that sees the model's input lays it out (a view for one
+// channel), and Flatten gives PyTorch's (c, h, w) order. Results differ from NCHW by the
+// order of batch norm's sums, that is by float rounding. InvalidArgument, changing
+// nothing, for a layer without channels-last kernels (MaxPool2d, AvgPool2d) or unknown
+// here, or a model whose input does not go to a convolution first (through the first
+// child of Sequentials). Returns how many layers were switched; 0 for a model with no
+// convolution, which has no layout to choose.
+int use_channels_last(Module& root);
+
 }  // namespace mtrain::models
