@@ -202,7 +202,10 @@ std::array<int64_t, 3> operand_uids(Direction d) {
 
 // ---- plans --------------------------------------------------------------------------
 
+// A usable plan, with the engine configuration it was built from (kept alive with it, as
+// cudnn-frontend keeps what a finalized descriptor refers to).
 struct Candidate {
+  Backend config;
   Backend plan;
   int64_t workspace_bytes;
 };
@@ -305,7 +308,7 @@ std::vector<Backend> rated_configurations(const Backend& graph) {
 
 // The execution plan of `config`, or nothing when cuDNN cannot build it for this graph or
 // its workspace is larger than `limit`.
-std::optional<Candidate> plan_of(cudnnHandle_t handle, const Backend& config, size_t limit) {
+std::optional<Candidate> plan_of(cudnnHandle_t handle, Backend&& config, size_t limit) {
   Backend plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
@@ -319,7 +322,7 @@ std::optional<Candidate> plan_of(cudnnHandle_t handle, const Backend& config, si
       bytes < 0 || static_cast<size_t>(bytes) > limit) {
     return std::nullopt;
   }
-  return Candidate{std::move(plan), bytes};
+  return Candidate{std::move(config), std::move(plan), bytes};
 }
 
 // Queues one run of `c` with the operands in run()'s order; returns cuDNN's status.
@@ -400,13 +403,15 @@ void make_plan(GraphPlan& plan, const GraphKey& key, const GraphConvolution& con
     plan.graph->finalize();
     const size_t limit = workspace_limit(key.device);
     int rated = 0, numerics_ruled_out = 0;
-    for (const Backend& config : rated_configurations(*plan.graph)) {
+    for (Backend& config : rated_configurations(*plan.graph)) {
       ++rated;
       if (!allowed(config, key)) {
         ++numerics_ruled_out;
         continue;
       }
-      if (std::optional<Candidate> c = plan_of(key.handle, config, limit)) plan.candidates.push_back(std::move(*c));
+      if (std::optional<Candidate> c = plan_of(key.handle, std::move(config), limit)) {
+        plan.candidates.push_back(std::move(*c));
+      }
       if (plan.candidates.size() == kCandidates) break;
     }
     if (plan.candidates.empty()) {
