@@ -432,7 +432,7 @@ cxxopts::Options train_command_spec(const TrainChoices& choices) {
     ("lr-schedule", "constant | step (x0.1 at 50% and 75%) | cosine", cxxopts::value<std::string>()->default_value(d.lr_schedule));
   spec.add_options("Output")
     ("save-final", "write every parameter and buffer to this safetensors file at the end", cxxopts::value<std::string>())
-    ("checkpoint-dir", "keep a checkpoint (model, momentum, position) in DIR/checkpoint.safetensors, and resume from it when it exists", cxxopts::value<std::string>())
+    ("checkpoint-dir", "keep checkpoints (model, momentum, position) in DIR: the latest, DIR/checkpoint.safetensors, and the one before, DIR/checkpoint.previous.safetensors; resume from the latest that passes its checks", cxxopts::value<std::string>())
     ("checkpoint-every", "also checkpoint every N optimizer steps (checkpoints are always written at the end of each epoch and when a stop signal arrives)", cxxopts::value<std::string>()->default_value(std::to_string(d.checkpoint_every)))
     ("metrics", "write JSON lines (one object per logged step and per epoch) to this file", cxxopts::value<std::string>())
     ("plot", "draw the training curves (train loss, train and test accuracy per epoch, as d2l) to this .png or .svg file, redrawn after every epoch", cxxopts::value<std::string>())

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <thread>
@@ -68,6 +69,12 @@ void require_identical_weights(const std::string& a_path, const std::string& b_p
   const auto d = mtrain::testing::compare_weights(a_path, b_path);
   INFO(d.describe());
   CHECK(d.identical());
+}
+
+// A whole file's bytes.
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 int64_t checkpoint_total_steps(const std::string& path) {
@@ -600,13 +607,20 @@ TEST_CASE("a corrupt latest checkpoint resumes from the previous one, with a war
     f.seekp(-5, std::ios::end);
     f.put('\x7f');
   }
+  const std::string damaged_bytes = read_file(latest);
   const auto resumed =
       train({"--batch-size", "32", "--max-steps", "8", "--checkpoint-dir", ckpt, "--log-level", "info"});
   require_exit(resumed, 0);
   CHECK_THAT(resumed.out + resumed.err, Contains("checksum mismatch") && Contains("resuming the previous checkpoint " +
                                                                                     previous));
-  CHECK_THAT(resumed.out, Contains(fmt::format("{} steps in total", previous_step)));
+  CHECK_THAT(resumed.out, Contains(fmt::format("resuming from {}: ", previous)) &&
+                              Contains(fmt::format("{} steps in total", previous_step)));
   CHECK(checkpoint_total_steps(latest) == 8);
+  // The damaged file was set aside, not rotated into the previous slot by the save at step 8:
+  // the previous checkpoint is still the good one it resumed from.
+  CHECK(read_file(ckpt + "/checkpoint.damaged.safetensors") == damaged_bytes);
+  CHECK(checkpoint_total_steps(previous) == previous_step);
+  CHECK_FALSE(std::filesystem::exists(ckpt + "/checkpoint.incoming.safetensors"));
 
   // Both damaged: the error names both, and the launcher spends no restart on it.
   for (const auto& path : {latest, previous}) {

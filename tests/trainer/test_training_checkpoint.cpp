@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 
 #include "core/error.h"
@@ -18,6 +19,7 @@
 #include "trainer/checkpoint/weights.h"
 #include "trainer/checkpoint/checkpointer.h"
 #include "trainer/checkpoint/checkpoint_file.h"
+#include "trainer/checkpoint/safetensors.h"
 
 using Catch::Matchers::Contains;
 using mtrain::IoError;
@@ -329,6 +331,94 @@ TEST_CASE("resume refuses a checkpoint it cannot look at and clears interrupted 
 
   std::filesystem::remove(path);
   CHECK_FALSE(checkpointer.resume().has_value());
+}
+
+namespace {
+
+// The total_steps a checkpoint file records (it must pass its checks).
+int64_t saved_steps(const std::string& path) {
+  return std::stoll(mtrain::load_safetensors(path).metadata.at("mtrain.position.total_steps"));
+}
+
+TrainPosition at_step(int64_t steps) {
+  TrainPosition p = mid_epoch();
+  p.total_steps = steps;
+  return p;
+}
+
+void flip_a_byte(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(-5, std::ios::end);
+  f.put('\x7f');
+}
+
+std::string bytes_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+// Note [The previous checkpoint] in trainer/checkpoint/checkpointer.cpp.
+TEST_CASE("a damaged latest checkpoint is set aside, never rotated over the good previous one") {
+  TempDir dir;
+  const std::string d = dir.path().string();
+  const std::string latest = mtrain::checkpoint_path(d), previous = mtrain::previous_checkpoint_path(d);
+  const std::string damaged = mtrain::damaged_checkpoint_path(d);
+  auto model = make_mlp(1);
+  mtrain::models::Sgd sgd(*model, sgd_options());
+  train_one_step(*model, sgd);
+  {
+    mtrain::Checkpointer first(d, nullptr, 0, *model, sgd, kConfig);
+    CHECK_FALSE(first.resume().has_value());
+    first.save(at_step(10), mtrain::CheckpointReason::kEvery);
+    first.save(at_step(20), mtrain::CheckpointReason::kEvery);
+  }
+  CHECK(saved_steps(latest) == 20);
+  CHECK(saved_steps(previous) == 10);
+
+  SECTION("damaged before a resume") {
+    flip_a_byte(latest);
+    const std::string bad = bytes_of(latest);
+    mtrain::Checkpointer second(d, nullptr, 0, *model, sgd, kConfig);
+    const auto position = second.resume();
+    REQUIRE(position.has_value());
+    CHECK(position->total_steps == 10);
+    CHECK(second.resumed_from() == previous);
+    CHECK(bytes_of(damaged) == bad);
+    CHECK_FALSE(std::filesystem::exists(latest));
+    second.save(at_step(15), mtrain::CheckpointReason::kStop);
+    CHECK(saved_steps(latest) == 15);
+    CHECK(saved_steps(previous) == 10);  // the good one, not the damaged file
+    second.save(at_step(20), mtrain::CheckpointReason::kEvery);
+    CHECK(saved_steps(latest) == 20);
+    CHECK(saved_steps(previous) == 15);
+  }
+  SECTION("a latest the run resumed from moves to the previous slot unread") {
+    mtrain::Checkpointer second(d, nullptr, 0, *model, sgd, kConfig);
+    REQUIRE(second.resume().has_value());
+    CHECK(second.resumed_from() == latest);
+    // The run checked it when it resumed, so its save moves it without reading it again.
+    second.save(at_step(30), mtrain::CheckpointReason::kEvery);
+    CHECK(saved_steps(previous) == 20);
+  }
+  SECTION("a latest this run did not check is checked before it moves") {
+    mtrain::Checkpointer second(d, nullptr, 0, *model, sgd, kConfig);
+    flip_a_byte(latest);  // never resumed: the save finds it damaged
+    second.save(at_step(30), mtrain::CheckpointReason::kEvery);
+    CHECK(saved_steps(latest) == 30);
+    CHECK(saved_steps(previous) == 10);
+    CHECK(std::filesystem::exists(damaged));
+  }
+  SECTION("a save killed before its new file moved into place leaves it, and the next start removes it") {
+    std::filesystem::copy_file(latest, mtrain::incoming_checkpoint_path(d));
+    std::ofstream(dir.file(".checkpoint.incoming.safetensors.tmp-99-0")) << "partial";
+    mtrain::Checkpointer second(d, nullptr, 0, *model, sgd, kConfig);
+    REQUIRE(second.resume().has_value());
+    CHECK_FALSE(std::filesystem::exists(mtrain::incoming_checkpoint_path(d)));
+    CHECK_FALSE(std::filesystem::exists(dir.file(".checkpoint.incoming.safetensors.tmp-99-0")));
+    CHECK(saved_steps(latest) == 20);
+  }
 }
 
 TEST_CASE("a weights file, or a checkpoint with missing momentum, is not resumed from") {

@@ -148,6 +148,14 @@ std::string previous_checkpoint_path(const std::string& dir) {
   return (std::filesystem::path(dir) / kPreviousCheckpointFileName).string();
 }
 
+std::string incoming_checkpoint_path(const std::string& dir) {
+  return (std::filesystem::path(dir) / kIncomingCheckpointFileName).string();
+}
+
+std::string damaged_checkpoint_path(const std::string& dir) {
+  return (std::filesystem::path(dir) / kDamagedCheckpointFileName).string();
+}
+
 void save_training_checkpoint(const std::string& path, models::Module& model, models::Sgd& optimizer,
                               const TrainPosition& position, const RunConfiguration& configuration) {
   NamedTensors tensors = model_state(model);

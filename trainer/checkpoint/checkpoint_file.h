@@ -21,6 +21,10 @@ inline constexpr const char* kCheckpointFileName = "checkpoint.safetensors";
 // The checkpoint before the latest, kept so that one damaged file does not mean starting
 // over (Note [The previous checkpoint] in checkpointer.cpp).
 inline constexpr const char* kPreviousCheckpointFileName = "checkpoint.previous.safetensors";
+// A save's new checkpoint until it is checked and moved into place.
+inline constexpr const char* kIncomingCheckpointFileName = "checkpoint.incoming.safetensors";
+// A latest checkpoint found damaged, set aside where no resume reads it.
+inline constexpr const char* kDamagedCheckpointFileName = "checkpoint.damaged.safetensors";
 inline constexpr const char* kCheckpointVersionKey = "mtrain.checkpoint_version";
 inline constexpr const char* kCheckpointVersion = "1";
 
@@ -32,6 +36,10 @@ using RunConfiguration = std::vector<std::pair<std::string, std::string>>;
 std::string checkpoint_path(const std::string& dir);
 // DIR/checkpoint.previous.safetensors.
 std::string previous_checkpoint_path(const std::string& dir);
+// DIR/checkpoint.incoming.safetensors.
+std::string incoming_checkpoint_path(const std::string& dir);
+// DIR/checkpoint.damaged.safetensors.
+std::string damaged_checkpoint_path(const std::string& dir);
 
 // Atomically writes the model's parameters and buffers, the optimizer's momentum
 // buffers, `position` and `configuration` to `path` (Note [Checkpoint contents]).

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -13,17 +14,25 @@ namespace mtrain {
 
 namespace {
 
-// A save killed between writing its temporary file and renaming it (SIGKILL after the
-// launcher's --term_timeout, a node lost) leaves `.checkpoint.safetensors.tmp-PID-N`
-// behind, as large as a checkpoint; every such run would add one. Rank 0, the only
-// writer, removes them before it saves again. Failing to remove one is only worth a
-// warning.
-void remove_interrupted_saves(const std::string& dir, const std::string& path) {
-  const std::string prefix = temporary_file_prefix(path);
+// A save killed before it moved its new checkpoint into place (SIGKILL after the
+// launcher's --term_timeout, a node lost) leaves `.checkpoint.incoming.safetensors.tmp-PID-N`
+// or checkpoint.incoming.safetensors behind, as large as a checkpoint; every such run would
+// add one. Rank 0, the only writer, removes them before it saves again. Failing to remove
+// one is only worth a warning.
+void remove_interrupted_saves(const std::string& dir) {
+  // Temporary files of the incoming checkpoint (and of the latest, which earlier versions
+  // wrote directly), and the incoming file itself (a save killed between writing it and
+  // moving it into place; Note [The previous checkpoint]).
+  const std::string prefixes[] = {temporary_file_prefix(incoming_checkpoint_path(dir)),
+                                  temporary_file_prefix(checkpoint_path(dir))};
+  const std::string incoming = std::filesystem::path(incoming_checkpoint_path(dir)).filename().string();
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind(prefix, 0) != 0) continue;
+    const bool leftover = name == incoming || std::any_of(std::begin(prefixes), std::end(prefixes), [&](const auto& p) {
+                            return name.rfind(p, 0) == 0;
+                          });
+    if (!leftover) continue;
     std::error_code removed;
     std::filesystem::remove(entry.path(), removed);
     if (removed) {
@@ -114,13 +123,19 @@ void share_outcome(ProcessGroup* group, int rank, std::exception_ptr failure) {
 // Note [The previous checkpoint]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // One damaged file (a disk error, a copy cut short, a bit flipped in storage) must not
-// mean starting over from step 0. So a save first moves the checkpoint it replaces to
-// checkpoint.previous.safetensors, and a resume whose latest checkpoint fails its checks
-// (IoError: truncated, corrupt, not a checkpoint) resumes the previous one, with a
-// warning naming both; a configuration that differs (InvalidArgument) is the user's to
-// fix and is never bypassed. A save killed between the move and its own rename leaves
-// only the previous file, which a resume then takes. Both renames are atomic, so every
-// moment leaves at least one whole checkpoint on disk.
+// mean starting over from step 0, nor cost the good checkpoint beside it. Rank 0 keeps
+// two: checkpoint.safetensors (the latest) and checkpoint.previous.safetensors (the one
+// before). A save writes the new checkpoint as checkpoint.incoming.safetensors (itself
+// atomic: temporary file, fsync, rename), reads it back and checks it, and only then
+// moves the latest into the previous slot and the new one into the latest's, each rename
+// made durable: every moment leaves the last good checkpoint in a slot a resume reads,
+// and a save killed midway leaves at most an incoming file, which the next start removes.
+// A file known to be damaged never moves into the previous slot: a resume whose latest
+// fails its checks (IoError: truncated, corrupt, not a checkpoint) resumes the previous
+// one and sets the damaged file aside as checkpoint.damaged.safetensors (replacing an
+// older one), saying so; and a save first checks a latest that this run neither resumed
+// from nor wrote. A configuration that differs (InvalidArgument) is the user's to fix and
+// is never bypassed.
 
 // Whether `path` is certainly absent. Only then is it skipped: one that cannot be looked
 // at (EACCES, EIO, a symlink loop) would be overwritten by the first save.
@@ -140,21 +155,63 @@ std::optional<TrainPosition> Checkpointer::load_latest_good() {
     if (!have_previous) return std::nullopt;
     spdlog::warn("--checkpoint-dir {}: no {} (a save was interrupted), resuming the previous checkpoint {}", dir_,
                  path_, previous);
-    return load_training_checkpoint(previous, model_, optimizer_, configuration_);
+    return load_from(previous);
   }
   try {
-    return load_training_checkpoint(path_, model_, optimizer_, configuration_);
+    return load_from(path_);
   } catch (const IoError& latest) {
     if (!have_previous) throw;
-    spdlog::warn("{}; resuming the previous checkpoint {} instead (the steps since it are trained again)",
-                 latest.what(), previous);
+    std::optional<TrainPosition> position;
     try {
-      return load_training_checkpoint(previous, model_, optimizer_, configuration_);
+      position = load_from(previous);
     } catch (const IoError& older) {
       throw IoError(fmt::format("{}; the previous checkpoint cannot be resumed either: {}", latest.what(),
                                 older.what()));
     }
+    spdlog::warn("{}; resuming the previous checkpoint {} instead (the steps since it are trained again)",
+                 latest.what(), previous);
+    set_aside_damaged(path_);
+    return position;
   }
+}
+
+TrainPosition Checkpointer::load_from(const std::string& file) {
+  TrainPosition position = load_training_checkpoint(file, model_, optimizer_, configuration_);
+  resumed_from_ = file;
+  latest_checked_ = file == path_;
+  return position;
+}
+
+void Checkpointer::set_aside_damaged(const std::string& file) {
+  const std::string damaged = damaged_checkpoint_path(dir_);
+  rename_durably(file, damaged);
+  spdlog::warn("--checkpoint-dir {}: the damaged {} is kept as {}, where no resume reads it", dir_, file, damaged);
+}
+
+// Note [The previous checkpoint]: the new checkpoint is in place and checked before the
+// latest moves, and a latest that fails its checks is set aside rather than moved.
+void Checkpointer::write_and_rotate(const TrainPosition& p) {
+  const std::string incoming = incoming_checkpoint_path(dir_);
+  save_training_checkpoint(incoming, model_, optimizer_, p, configuration_);
+  load_safetensors(incoming);  // reads it back whole: checksum, header, every tensor's bytes
+  if (!certainly_absent(dir_, path_)) {
+    bool good = latest_checked_;
+    if (!good) {
+      try {
+        load_safetensors(path_);
+        good = true;
+      } catch (const IoError& e) {
+        spdlog::warn("{}", e.what());
+      }
+    }
+    if (good) {
+      rename_durably(path_, previous_checkpoint_path(dir_));
+    } else {
+      set_aside_damaged(path_);
+    }
+  }
+  rename_durably(incoming, path_);
+  latest_checked_ = true;
 }
 
 // Note [One reader, one writer]
@@ -199,7 +256,7 @@ std::optional<TrainPosition> Checkpointer::resume() {
       std::error_code ec;
       std::filesystem::create_directories(dir_, ec);
       if (ec) throw IoError(fmt::format("--checkpoint-dir {}: cannot create it: {}", dir_, ec.message()));
-      remove_interrupted_saves(dir_, path_);
+      remove_interrupted_saves(dir_);
       position = load_latest_good();
     } catch (...) {
       failure = std::current_exception();
@@ -275,16 +332,7 @@ void Checkpointer::save(const TrainPosition& position, CheckpointReason reason) 
   std::exception_ptr failure;
   if (rank_ == 0) {
     try {
-      // Note [The previous checkpoint].
-      if (!certainly_absent(dir_, path_)) {
-        std::error_code ec;
-        std::filesystem::rename(path_, previous_checkpoint_path(dir_), ec);
-        if (ec) {
-          throw IoError(fmt::format("--checkpoint-dir {}: cannot keep {} as the previous checkpoint: {}", dir_,
-                                    path_, ec.message()));
-        }
-      }
-      save_training_checkpoint(path_, model_, optimizer_, p, configuration_);
+      write_and_rotate(p);
     } catch (...) {
       failure = std::current_exception();
     }

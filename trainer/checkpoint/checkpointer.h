@@ -32,6 +32,9 @@ class Checkpointer {
                RunConfiguration configuration, ProcessGroup* control = nullptr);
 
   const std::string& path() const { return path_; }
+  // The file resume() loaded on rank 0 (the latest or the previous checkpoint); empty
+  // before, elsewhere, or when there was none.
+  const std::string& resumed_from() const { return resumed_from_; }
 
   // Collective. Rank 0 creates the directory when needed and loads the checkpoint if
   // there is one; every rank then holds its model state and momentum buffers. Returns
@@ -48,6 +51,11 @@ class Checkpointer {
   // Rank 0: the latest checkpoint that passes its checks, or the previous one (Note [The
   // previous checkpoint]); nullopt when there is none.
   std::optional<TrainPosition> load_latest_good();
+  TrainPosition load_from(const std::string& file);
+  // Moves a checkpoint that failed its checks to checkpoint.damaged.safetensors.
+  void set_aside_damaged(const std::string& file);
+  // Rank 0's save: the new file in place and checked, the latest moved or set aside.
+  void write_and_rotate(const TrainPosition& position);
 
   std::string dir_;
   std::string path_;
@@ -57,6 +65,9 @@ class Checkpointer {
   models::Module& model_;
   models::Sgd& optimizer_;
   RunConfiguration configuration_;
+  std::string resumed_from_;
+  // The file at path_ passed its checks in this run (resumed from, or written by it).
+  bool latest_checked_ = false;
 };
 
 }  // namespace mtrain

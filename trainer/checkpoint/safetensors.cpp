@@ -324,6 +324,13 @@ void check_layout(std::vector<HeaderEntry>& entries, uint64_t data_size, const s
 
 }  // namespace
 
+void rename_durably(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  std::filesystem::rename(from, to, ec);
+  if (ec) throw IoError(fmt::format("cannot rename {} to {}: {}", from, to, ec.message()));
+  fsync_directory(std::filesystem::path(to).parent_path(), to);
+}
+
 Tensor SafetensorsFile::find(const std::string& name) const {
   for (const auto& [n, t] : tensors) {
     if (n == name) return t;

@@ -60,6 +60,10 @@ SafetensorsFile load_safetensors(const std::string& path);
 // rename leaves one behind.
 std::string temporary_file_prefix(const std::string& path);
 
+// Renames `from` over `to` (same directory) and fsyncs the directory, so that the rename
+// survives a power cut. Throws IoError naming both and the reason.
+void rename_durably(const std::string& from, const std::string& to);
+
 // What an existing path is, for messages ("a FIFO", "a character device", ...), or
 // nullopt when it is a regular file (a symlink is followed) or does not exist.
 std::optional<std::string> non_regular_file_kind(const std::string& path);

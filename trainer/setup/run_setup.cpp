@@ -352,7 +352,9 @@ void resume_from_checkpoint(const TrainOptions& o, TrainingRun& run, StartupStop
             ? fmt::format("epoch {} finished", r->epoch)
             : fmt::format("epoch {} stopped by --max-steps after {} of its {} steps; the rest of it follows",
                           r->epoch, r->steps_in_epoch, per_epoch);
-    spdlog::info("resuming from {}: {}, {} steps in total", run.checkpointer->path(), where, r->total_steps);
+    const std::string& file = run.checkpointer->resumed_from();
+    spdlog::info("resuming from {}: {}, {} steps in total", file.empty() ? run.checkpointer->path() : file, where,
+                 r->total_steps);
   } else {
     spdlog::info("checkpoints: none in {} yet; this run starts from the beginning and writes {}", o.checkpoint_dir,
                  run.checkpointer->path());
