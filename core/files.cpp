@@ -1,6 +1,7 @@
 #include "core/files.h"
 
 #include <fmt/format.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -29,6 +30,14 @@ void replace_file(const std::string& path, std::string_view contents) {
     std::remove(temporary.c_str());
     throw IoError(fmt::format("cannot rename {} to {}: {}", temporary, path, std::strerror(err)));
   }
+}
+
+uint64_t free_bytes(const std::string& dir) {
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) != 0) {
+    throw IoError(fmt::format("cannot tell the free space of {}: {}", dir, std::strerror(errno)));
+  }
+  return static_cast<uint64_t>(fs.f_bavail) * static_cast<uint64_t>(fs.f_frsize);
 }
 
 }  // namespace mtrain

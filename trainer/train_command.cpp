@@ -280,7 +280,7 @@ void save_final_weights(const TrainOptions& o, const TrainingRun& run, int64_t s
       // An image folder's class names, by label, as a JSON list: what each output means.
       const auto& classes = run.train_set->class_names();
       if (!classes.empty()) metadata["mtrain.classes"] = nlohmann::json(classes).dump();
-      save_model_weights(o.save_final, *run.model, metadata);
+      save_model_weights_or_keep(o.save_final, *run.model, metadata);
       spdlog::info("saved final weights ({} steps) to {}", steps, o.save_final);
     } catch (...) {
       failure = std::current_exception();

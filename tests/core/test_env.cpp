@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "core/env.h"
+#include "core/files.h"
 #include "core/error.h"
 
 using namespace mtrain;
@@ -41,4 +42,9 @@ TEST_CASE("get_choice returns a listed value, the first when unset, and names th
   ::setenv("MTRAIN_TEST_CHOICE", "", 1);  // set but empty is not a choice
   CHECK_THROWS_AS(env::get_choice("MTRAIN_TEST_CHOICE", {"idle", "normal"}), InvalidArgument);
   ::unsetenv("MTRAIN_TEST_CHOICE");
+}
+
+TEST_CASE("free_bytes asks the filesystem, and names a directory it cannot ask about") {
+  CHECK(free_bytes("/") > 0);
+  CHECK_THROWS_WITH(free_bytes("/no/such/directory"), Catch::Contains("/no/such/directory"));
 }

@@ -328,6 +328,15 @@ TEST_CASE("metrics are one flushed JSON object per line, non-finite numbers as n
   CHECK_THROWS_WITH(mtrain::MetricsWriter(dir.file("no/dir/m.jsonl")), Contains("no/dir/m.jsonl"));
 }
 
+TEST_CASE("a metrics file that cannot be written turns the writer off, never the run", "[metrics]") {
+  // /dev/full opens, and every write to it fails with ENOSPC: a full disk.
+  mtrain::MetricsWriter writer("/dev/full");
+  REQUIRE(writer.enabled());
+  CHECK_NOTHROW(writer.write({{"event", "step"}, {"step", 1}}));
+  CHECK_FALSE(writer.enabled());
+  CHECK_NOTHROW(writer.write({{"event", "step"}, {"step", 2}}));
+}
+
 // Note [Which flags must agree]: a flag missing from both lists would be neither
 // compared nor known to be harmless, and a rank given it alone could hang its peers.
 TEST_CASE("every flag is compared across ranks or known to be harmless per rank", "[options]") {

@@ -268,6 +268,59 @@ TEST_CASE("--channels-last trains resnet18 to the same model; lenet's pooling is
   CHECK_THAT(r.err, Contains("AvgPool2d") && Contains("channels last"));
 }
 
+namespace {
+
+// A tmpfs of `size` mounted at `dir` for one test (root only; mounted() says whether it is).
+class SmallDisk {
+ public:
+  SmallDisk(const std::string& dir, const std::string& size) : dir_(dir) {
+    std::filesystem::create_directories(dir);
+    mounted_ = mtrain::testing::run_process("/bin/mount", {"-t", "tmpfs", "-o", "size=" + size, "tmpfs", dir})
+                   .exit_code == 0;
+  }
+  ~SmallDisk() {
+    if (mounted_) mtrain::testing::run_process("/bin/umount", {dir_});
+  }
+  SmallDisk(const SmallDisk&) = delete;
+  SmallDisk& operator=(const SmallDisk&) = delete;
+  bool mounted() const { return mounted_; }
+
+ private:
+  std::string dir_;
+  bool mounted_ = false;
+};
+
+}  // namespace
+
+// Note [Room for the outputs] in trainer/setup/run_setup.cpp.
+TEST_CASE("outputs on a disk without room: refused before the first step, or metrics only warn", "[e2e]") {
+  TempDir dir;
+  SmallDisk disk(dir.file("small"), "16k");
+  if (!disk.mounted()) {
+    WARN("skipped: cannot mount a tmpfs here (needs root)");
+    return;
+  }
+  const std::string small = dir.file("small");
+  // resnet18's weights are 45 MiB: no room for them in 16 KiB, nor for a checkpoint.
+  const auto final_weights = train({"--model", "resnet18", "--max-steps", "1", "--save-final", small + "/w.safetensors"});
+  CHECK(final_weights.exit_code == 2);
+  CHECK_THAT(final_weights.err, Contains("--save-final " + small + "/w.safetensors") && Contains("MiB free") &&
+                                    Contains("the final weights take"));
+  const auto checkpoints = train({"--model", "resnet18", "--max-steps", "1", "--checkpoint-dir", small + "/ckpt"});
+  CHECK(checkpoints.exit_code == 2);
+  CHECK_THAT(checkpoints.err, Contains("--checkpoint-dir") && Contains("a checkpoint's weights and momentum take"));
+
+  // Metrics fill the 16 KiB within the first 100 steps (a line a step): a warning, and the
+  // run ends with its weights.
+  const std::string weights = dir.file("mlp.safetensors");
+  const auto r = train({"--model", "mlp", "--max-steps", "200", "--log-every", "1", "--metrics",
+                        small + "/m.jsonl", "--save-final", weights});
+  require_success(r);
+  CHECK_THAT(r.out + r.err, Contains("--metrics " + small + "/m.jsonl: cannot write") &&
+                                Contains("training goes on without metrics"));
+  CHECK(mtrain::load_safetensors(weights).metadata.at("mtrain.steps") == "200");
+}
+
 TEST_CASE("--save-final then --init-from gives back the same weights and evaluation", "[e2e]") {
   TempDir dir;
   const std::string trained = dir.file("trained.safetensors");

@@ -3,6 +3,8 @@
 // that says why: another configuration, corruption, truncation, a weights file.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +15,7 @@
 #include "models/loss.h"
 #include "models/optim.h"
 #include "models/zoo.h"
+#include "tests/support/scoped_env.h"
 #include "tests/support/solo_group.h"
 #include "tests/trainer/counting_group.h"
 #include "tests/trainer/temp_dir.h"
@@ -419,6 +422,25 @@ TEST_CASE("a damaged latest checkpoint is set aside, never rotated over the good
     CHECK_FALSE(std::filesystem::exists(dir.file(".checkpoint.incoming.safetensors.tmp-99-0")));
     CHECK(saved_steps(latest) == 20);
   }
+}
+
+// Note [Room for the outputs] in trainer/setup/run_setup.cpp: a finished run's weights
+// survive a final write that fails.
+TEST_CASE("final weights that cannot be written where asked are kept in the temporary directory") {
+  TempDir dir;
+  const mtrain::testing::ScopedEnv tmpdir("TMPDIR", dir.path().string());
+  auto model = make_mlp(1);
+  const std::string asked = dir.file("gone/final.safetensors");  // no such directory
+  const std::string kept = dir.file(fmt::format("mtrain-final-{}.safetensors", ::getpid()));
+  CHECK_THROWS_WITH(mtrain::save_model_weights_or_keep(asked, *model), Contains(asked) &&
+                                                                            Contains("the weights are kept in " + kept));
+  auto reloaded = make_mlp(2);
+  mtrain::load_model_weights(kept, *reloaded);
+  CHECK(same_values(reloaded->parameters()[0].param->value, model->parameters()[0].param->value));
+  // Written where asked, nothing is kept elsewhere.
+  std::filesystem::remove(kept);
+  CHECK_NOTHROW(mtrain::save_model_weights_or_keep(dir.file("final.safetensors"), *model));
+  CHECK_FALSE(std::filesystem::exists(kept));
 }
 
 TEST_CASE("a weights file, or a checkpoint with missing momentum, is not resumed from") {

@@ -1,5 +1,8 @@
 #include "trainer/checkpoint/weights.h"
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <set>
 
 #include "core/error.h"
@@ -37,6 +40,25 @@ NamedTensors on_host(const NamedTensors& state) {
 void save_model_weights(const std::string& path, models::Module& model,
                         const SafetensorsMetadata& metadata) {
   save_safetensors(path, on_host(model_state(model)), metadata);
+}
+
+void save_model_weights_or_keep(const std::string& path, models::Module& model,
+                                const SafetensorsMetadata& metadata) {
+  try {
+    save_model_weights(path, model, metadata);
+  } catch (const IoError& failed) {
+    std::error_code ec;
+    const std::filesystem::path dir = std::filesystem::temp_directory_path(ec);
+    const std::string kept = ((ec ? std::filesystem::path("/tmp") : dir) /
+                              fmt::format("mtrain-final-{}.safetensors", ::getpid()))
+                                 .string();
+    try {
+      save_model_weights(kept, model, metadata);
+    } catch (const IoError& also) {
+      throw IoError(fmt::format("{}; keeping the weights in {} failed too: {}", failed.what(), kept, also.what()));
+    }
+    throw IoError(fmt::format("{}; the weights are kept in {} instead", failed.what(), kept));
+  }
 }
 
 void load_state_into(const SafetensorsFile& file, const NamedTensors& destinations,

@@ -27,6 +27,14 @@ NamedTensors on_host(const NamedTensors& state);
 void save_model_weights(const std::string& path, models::Module& model,
                         const SafetensorsMetadata& metadata = {});
 
+// save_model_weights, and when that fails the weights of a finished run are not lost: they
+// are written to the temporary directory instead (TMPDIR, else /tmp) as
+// mtrain-final-PID.safetensors, and the IoError names the failure and where the weights
+// are (or, when that write fails too, both reasons). Returns normally only when `path`
+// was written.
+void save_model_weights_or_keep(const std::string& path, models::Module& model,
+                                const SafetensorsMetadata& metadata = {});
+
 // Copies the tensors of `file` (read from `path`, for messages) into `destinations`,
 // wherever those live (a model on a GPU receives host-to-device copies).
 // Every destination name must be in the file with the same shape and dtype, and the

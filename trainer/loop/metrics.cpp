@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include <spdlog/spdlog.h>
+
 #include "core/error.h"
 #include "tensor/cuda_memory.h"
 #include "trainer/ddp/reducer.h"
@@ -33,14 +35,17 @@ MetricsWriter::MetricsWriter(const std::string& path, Mode mode) : path_(path) {
   }
 }
 
+// A metrics line must never end a training run: invalid UTF-8 in a string (a file name) is
+// replaced rather than thrown on, and a write that fails (a full disk) is said once, after
+// which the writer is off and training goes on.
 void MetricsWriter::write(const nlohmann::json& event) {
   if (!file_) return;
-  // Invalid UTF-8 in a string (a file name) is replaced rather than thrown on: a
-  // metrics line must never abort a training run.
   const std::string line = event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   if (std::fwrite(line.data(), 1, line.size(), file_.get()) != line.size() ||
       std::fflush(file_.get()) != 0) {
-    throw IoError(fmt::format("writing metrics file {}: {}", path_, std::strerror(errno)));
+    spdlog::warn("--metrics {}: cannot write: {}; training goes on without metrics from here", path_,
+                 std::strerror(errno));
+    file_.reset();
   }
 }
 

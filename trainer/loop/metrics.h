@@ -28,7 +28,8 @@ class MetricsWriter {
   bool enabled() const { return file_ != nullptr; }
   const std::string& path() const { return path_; }
 
-  // Appends `event` as one line and flushes. Throws IoError when the write fails.
+  // Appends `event` as one line and flushes. A write that fails is logged once as a
+  // warning and turns the writer off: metrics never end a run.
   void write(const nlohmann::json& event);
 
  private:

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "data/data_source.h"
 #include "data/distributed_sampler.h"
 #include "data/sampler.h"
@@ -288,6 +289,59 @@ void build_model(const TrainOptions& o, TrainingRun& run) {
                model.parameters().size(), model.buffers().size());
 }
 
+// Note [Room for the outputs]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A run that trains for hours must not learn at its end that its final weights have no
+// room. Before the first step rank 0, the only writer, checks that --save-final's
+// directory has room for the weights and --checkpoint-dir's for one more checkpoint (the
+// weights and the momentum buffers: the incoming file is written before the oldest goes,
+// Note [The previous checkpoint] in checkpoint/checkpointer.cpp), with 1 MiB to spare for
+// the headers; every rank stops with the same error when not (share_outcome). A disk that
+// fills up during the run is still possible: the final write then keeps the weights in
+// the temporary directory (save_model_weights_or_keep), and --metrics, --plot and --trace
+// only warn and stop writing.
+void check_room_for_outputs(const TrainOptions& o, const TrainingRun& run) {
+  std::exception_ptr failure;
+  if (run.lead()) {
+    try {
+      uint64_t weights = 0, parameters = 0;
+      for (const models::NamedParameter& p : run.model->parameters()) parameters += p.param->value.nbytes();
+      for (const models::NamedBuffer& b : run.model->buffers()) weights += b.buffer->nbytes();
+      weights += parameters;
+      constexpr uint64_t kSpare = uint64_t{1} << 20;
+      const auto require = [](const std::string& flag, const std::string& place, const std::string& dir,
+                              const std::string& what, uint64_t need) {
+        // The checkpoint directory is created later: ask the filesystem it will be on.
+        std::filesystem::path existing = dir;
+        std::error_code ec;
+        while (!std::filesystem::exists(existing, ec) && existing.has_parent_path() &&
+               existing.parent_path() != existing) {
+          existing = existing.parent_path();
+        }
+        const uint64_t available = free_bytes(existing.empty() ? "." : existing.string());
+        if (available >= need) return;
+        throw InvalidArgument(fmt::format("{} {}: {} has {:.1f} MiB free, {} take {:.1f} MiB; free some space or "
+                                          "choose another place",
+                                          flag, place, dir, static_cast<double>(available) / (1 << 20), what,
+                                          static_cast<double>(need) / (1 << 20)));
+      };
+      if (!o.save_final.empty()) {
+        const std::filesystem::path parent = std::filesystem::path(o.save_final).parent_path();
+        require("--save-final", o.save_final, parent.empty() ? "." : parent.string(), "the final weights",
+                weights + kSpare);
+      }
+      if (!o.checkpoint_dir.empty()) {
+        const uint64_t momentum = o.momentum > 0 ? parameters : 0;
+        require("--checkpoint-dir", o.checkpoint_dir, o.checkpoint_dir, "a checkpoint's weights and momentum",
+                weights + momentum + kSpare);
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  share_outcome(run.control(), run.env.rank, failure);
+}
+
 void make_optimizer(const TrainOptions& o, TrainingRun& run) {
   const int world = run.env.world_size;
   run.world_scale = o.lr_scaling == "linear" && !o.global_batch_size ? static_cast<double>(world) : 1.0;
@@ -538,6 +592,7 @@ TrainingRun set_up_run(const TrainOptions& options, WorkerEnvironment env, Start
   load_data(options, run);
   build_model(options, run);
   make_optimizer(options, run);
+  check_room_for_outputs(options, run);
   make_loaders(options, run);
   resume_from_checkpoint(options, run, startup);
   attach_gradient_sync(options, run);
