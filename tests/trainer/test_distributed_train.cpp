@@ -604,6 +604,17 @@ TEST_CASE("a rank that compresses its gradients while the others do not is named
   CHECK_THAT(r.err, Contains("--grad-compression on rank 1 differs from rank 0"));
 }
 
+TEST_CASE("--init-from on one rank only is named as --init-from, not as --init", "[multiproc]") {
+  TempDir dir;
+  const std::string weights = dir.file("start.safetensors");
+  require_success(launch(1, concat(kMlp, {"--batch-size", "8", "--max-steps", "0", "--save-final", weights})));
+  const auto r = launch_with_rank1_extra(dir, "--init-from " + weights);
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Contains("--init-from on rank 1 differs from rank 0"));
+  CHECK_THAT(r.err, !Contains("--init on rank"));
+}
+
 TEST_CASE("a rank with a different model is named in the error", "[multiproc]") {
   TempDir dir;
   const auto r = launch_with_rank1_extra(dir, "--model lenet");

@@ -31,7 +31,10 @@ std::vector<NamedHash> training_configuration(const TrainOptions& o, int64_t tra
   add("--weight-decay", fmt::format("{}", o.weight_decay));
   add("--nesterov", o.nesterov ? "on" : "off");
   add("--seed", std::to_string(o.seed));
-  add("--init", o.init_from.empty() ? o.init : "file");
+  add("--init", o.init);
+  // Whether it is given (rank 0's weights are broadcast, so the file may differ): a rank
+  // given it alone is told so by name.
+  add("--init-from", o.init_from.empty() ? "unset" : "set");
   add("--no-shuffle", o.shuffle ? "off" : "on");
   add("--shuffle-order", o.shuffle_order);
   add("--drop-last", o.drop_last ? "on" : "off");
@@ -126,7 +129,6 @@ RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size,
 const std::vector<std::string>& per_rank_flags() {
   static const std::vector<std::string> flags = {
       "--data-dir",         // the training set's fingerprint is compared instead
-      "--init-from",        // rank 0's weights are broadcast; whether it is set: --init
       "--threads",          // host kernel threads
       "--log-level",        // rank 0 alone logs at info level
       "--log-every",        // progress lines and step events: rank 0, no collective
