@@ -427,6 +427,7 @@ cxxopts::Options train_command_spec(const TrainChoices& choices) {
     ("global-batch-size", "images per optimizer step over all ranks, split like torch.chunk (instead of --batch-size per rank)", cxxopts::value<std::string>())
     ("balance", "with --global-batch-size: even (torch.chunk's split) | auto (split by each rank's measured speed) | static:N0,N1,... (one share per rank, summing to the global batch)", cxxopts::value<std::string>()->default_value(d.balance))
     ("timeout", "seconds any collective may take before the run fails", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.timeout_seconds)))
+    ("unauthenticated-store", "workers started without mtrain-launch, MPI or MTRAIN_STORE_TOKEN: let rank 0 host the rendezvous store without a secret on an address other hosts can reach, where anyone who reaches it can join or disrupt the job")
     ("lr-scaling", "none | linear (lr x world size)", cxxopts::value<std::string>()->default_value(d.lr_scaling))
     ("warmup-epochs", "linear warm-up from --lr to the scaled rate over this many epochs", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.warmup_epochs)))
     ("lr-schedule", "constant | step (x0.1 at 50% and 75%) | cosine", cxxopts::value<std::string>()->default_value(d.lr_schedule));
@@ -554,6 +555,7 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   }
   o.balance = r["balance"].as<std::string>();
   read_double(r, "timeout", o.timeout_seconds);
+  o.unauthenticated_store = switch_on(r, "unauthenticated-store");
   o.lr_scaling = r["lr-scaling"].as<std::string>();
   read_double(r, "warmup-epochs", o.warmup_epochs);
   o.lr_schedule = r["lr-schedule"].as<std::string>();

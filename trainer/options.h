@@ -85,6 +85,7 @@ struct TrainOptions {
   std::optional<int64_t> global_batch_size;  // split across ranks instead of --batch-size per rank
   std::string balance = "even";         // even|auto|static:N0,N1,... (trainer/ddp/share_balancer.h)
   double timeout_seconds = 1800;        // per collective
+  bool unauthenticated_store = false;   // Note [Workers without a shared secret] (worker_store.cpp)
   std::string lr_scaling = "none";      // none|linear (Note [Learning-rate scaling and warm-up])
   double warmup_epochs = 0;
   std::string lr_schedule = "constant"; // constant|step|cosine

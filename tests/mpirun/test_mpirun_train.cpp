@@ -32,6 +32,7 @@
 #include <map>
 #include <thread>
 
+#include "tests/collectives/store_test_util.h"
 #include "tests/trainer/e2e_paths.h"
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
@@ -182,6 +183,22 @@ TEST_CASE("mpirun --backend gloo without MASTER_ADDR: rank 0's store is announce
   const WeightDifference d = compare_weights(weights, launcher_weights(np));
   INFO(np << " ranks: " << d.describe());
   CHECK(d.differing == 0);
+}
+
+// Note [Workers without a shared secret] in trainer/setup/worker_store.cpp: ranks that MPI
+// started share a secret for the store even when MASTER_ADDR names its address.
+TEST_CASE("mpirun with MASTER_ADDR and no MTRAIN_STORE_TOKEN: rank 0 draws the store's secret and shares it over MPI",
+          "[mpi][multiproc]") {
+  TempDir dir;
+  const auto weights = dir.file("secret.safetensors");
+  const std::string port = std::to_string(mtrain::testing::unused_loopback_port());
+  const auto r = mpirun(2, {"-x", "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=" + port}, kTrainer,
+                        training_flags("gloo", weights));
+  require_success(r);
+  CHECK_THAT(log_of(r), Contains("its secret was drawn by rank 0 and shared over MPI") &&
+                            Contains("hosted by rank 0 at 127.0.0.1:" + port));
+  CHECK_THAT(log_of(r), !Contains("MTRAIN_STORE_TOKEN is not set"));
+  CHECK(compare_weights(weights, launcher_weights(2)).differing == 0);
 }
 
 TEST_CASE("mpirun inside a SLURM allocation: Open MPI's ranks win over SLURM_PROCID=0 on every rank",

@@ -3,6 +3,8 @@
 // process environment.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -333,7 +335,7 @@ TEST_CASE("rank 0 hosts the store for an IPv6 MASTER_ADDR too", "[environment]")
   env.master_port = port;
   env.store_mode = StoreMode::kRank0;
   env.store_token = "ipv6-token";
-  auto store = mtrain::open_worker_store(env, mtrain::Millis(5000)).store;
+  auto store = mtrain::open_worker_store(env, false, mtrain::Millis(5000)).store;
   store->set("k", std::string("v"));
   mtrain::TcpStore other("::1", static_cast<uint16_t>(port), "ipv6-token", mtrain::Millis(5000));
   CHECK(other.get_string("k") == "v");
@@ -371,7 +373,7 @@ TEST_CASE("rank 0's store listens on MASTER_ADDR's address only and admits no co
   env.master_port = port;
   env.store_mode = StoreMode::kRank0;
   env.job_id = "";
-  auto store = mtrain::open_worker_store(env, mtrain::Millis(5000));
+  auto store = mtrain::open_worker_store(env, false, mtrain::Millis(5000));
   CHECK(store.host == "127.0.0.1");
   CHECK(listening_address(port) == "0100007F");  // 127.0.0.1, not 00000000 (every interface)
   // The token the store used to derive from what anyone can see is refused.
@@ -383,4 +385,56 @@ TEST_CASE("rank 0's store listens on MASTER_ADDR's address only and admits no co
   mtrain::TcpStore peer("127.0.0.1", static_cast<uint16_t>(port), "", mtrain::Millis(5000));
   store.store->set("k", std::string("v"));
   CHECK(peer.get_string("k") == "v");
+}
+
+namespace {
+
+// An IPv4 address of this host other than loopback, or "" when it has none.
+std::string routable_address() {
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return {};
+  std::string found;
+  for (ifaddrs* a = all; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+    if (std::string(text).rfind("127.", 0) != 0) found = text;
+  }
+  ::freeifaddrs(all);
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("a store other hosts can reach needs a secret, or --unauthenticated-store", "[environment]") {
+  // Note [Workers without a shared secret].
+  const std::string address = routable_address();
+  if (address.empty()) {
+    WARN("skipped: this host has no address but loopback");
+    return;
+  }
+  mtrain::WorkerEnvironment env;
+  env.rank = 1;  // every rank refuses, before anything connects
+  env.world_size = 2;
+  env.master_addr = address;
+  env.master_port = mtrain::testing::unused_loopback_port();
+  env.store_mode = StoreMode::kRank0;
+  CHECK_THROWS_WITH(mtrain::open_worker_store(env, false, mtrain::Millis(2000)),
+                    Contains("an address other hosts can reach") && Contains("MTRAIN_STORE_TOKEN is not set") &&
+                        Contains("--unauthenticated-store"));
+  env.rank = 0;
+  CHECK_THROWS_AS(mtrain::open_worker_store(env, false, mtrain::Millis(2000)), mtrain::InvalidArgument);
+  // Accepted: rank 0 hosts it without authentication.
+  auto store = mtrain::open_worker_store(env, true, mtrain::Millis(5000));
+  CHECK(store.host == address);
+  mtrain::TcpStore peer(address, static_cast<uint16_t>(env.master_port), "", mtrain::Millis(5000));
+  store.store->set("k", std::string("v"));
+  CHECK(peer.get_string("k") == "v");
+  // With a token, no question.
+  env.store_token = "secret";
+  env.master_port = mtrain::testing::unused_loopback_port();
+  auto guarded = mtrain::open_worker_store(env, false, mtrain::Millis(5000));
+  CHECK_THROWS_WITH(mtrain::TcpStore(address, static_cast<uint16_t>(env.master_port), "", mtrain::Millis(2000),
+                                     mtrain::Millis(2000)),
+                    Contains("rejected the job token"));
 }

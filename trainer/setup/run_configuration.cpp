@@ -140,6 +140,7 @@ const std::vector<std::string>& per_rank_flags() {
       "--deterministic",
       "--no-tf32",
       "--channels-last",    // the layout of a rank's own activations: float rounding alone
+      "--unauthenticated-store",  // whether this rank accepts a store without a secret
   };
   return flags;
 }

@@ -173,7 +173,8 @@ void join_process_groups(const TrainOptions& o, TrainingRun& run, StartupStop& s
     // No store for the MPI backend under an MPI starter, which bootstraps itself.
     // The store is waited for no longer than a collective would be (--timeout), nor than
     // the store's own default.
-    StoreConnection store = open_worker_store(run.env, std::min(kDefaultStoreTimeout, pg_options.timeout));
+    StoreConnection store =
+        open_worker_store(run.env, o.unauthenticated_store, std::min(kDefaultStoreTimeout, pg_options.timeout));
     pg_options.rendezvous_host = store.host;
     pg_options.rendezvous_port = store.port;
     run.groups = create_training_groups(backend, std::move(store.store), run.env.rank, run.env.world_size,

@@ -90,33 +90,74 @@ std::shared_ptr<TcpStore> connect(const std::string& host, uint16_t port, const 
 
 // Note [Workers without a shared secret]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Workers started by hand or by SLURM with torch-style variables share nothing secret: the
-// job id, the address and the port are visible to anyone on the cluster, so a token derived
-// from them would only pretend to keep strangers out. Without MTRAIN_STORE_TOKEN the store
-// therefore runs without authentication, as PyTorch's TCPStore always does, and rank 0 says
-// plainly what protects the job: the one address it listens on (loopback for a one-node job
-// on 127.0.0.1, which no other host can reach) and whoever can reach that address. With the
-// same random MTRAIN_STORE_TOKEN exported to every rank (the templates in scripts/slurm do)
-// a client must present it. mtrain-launch and the MPI bootstrap always use a fresh token.
-StoreConnection open_rank0_store(const WorkerEnvironment& env, Millis timeout) {
+// Workers started by hand, by SLURM or by an orchestrator with torch-style variables share
+// nothing secret: the job id, the address and the port are visible to anyone on the
+// cluster, so a token derived from them would only pretend to keep strangers out. So:
+//   - MTRAIN_STORE_TOKEN, the same random secret exported to every rank (the templates in
+//     scripts/slurm do), is what a client must present;
+//   - without it, ranks that MPI started (mpirun, srun --mpi=pmix) share one: rank 0 draws
+//     a random token and broadcasts it over MPI_COMM_WORLD before the store starts, as the
+//     MPI bootstrap does for the address (kMpiBroadcast);
+//   - otherwise a store on a loopback address (a one-node job, which no other host can
+//     reach) runs without authentication, as PyTorch's TCPStore always does, and rank 0
+//     says so; on any other address every rank refuses to start (each computes the same
+//     address), naming how to set a token, unless --unauthenticated-store accepts the risk.
+// mtrain-launch always uses a fresh token of its own.
+namespace {
+
+bool loopback(const std::string& address) { return address.rfind("127.", 0) == 0 || address == "::1"; }
+
+}  // namespace
+
+// The token every rank uses with a store at `address` (Note [Workers without a shared secret]).
+std::string rank0_store_token(const WorkerEnvironment& env, const std::string& address, uint16_t port,
+                              bool allow_unauthenticated, Millis timeout) {
+  if (!env.store_token.empty()) return env.store_token;
+#ifdef MTRAIN_HAVE_MPI
+  if (env.mpi_launched) {
+    const std::string token = mpi_broadcast_from_rank0(env.rank == 0 ? random_token() : "", "the store's secret",
+                                                       timeout);
+    if (env.rank == 0) spdlog::info("rendezvous store: its secret was drawn by rank 0 and shared over MPI");
+    return token;
+  }
+#endif
+  if (loopback(address)) {
+    if (env.rank == 0) {
+      spdlog::warn("MTRAIN_STORE_TOKEN is not set: the store admits every process of this host that connects to "
+                   "{}:{} (loopback). Export the same random MTRAIN_STORE_TOKEN to every rank to require it",
+                   address, port);
+    }
+    return "";
+  }
+  if (!allow_unauthenticated) {
+    throw InvalidArgument(fmt::format(
+        "the rendezvous store would listen on {}:{}, an address other hosts can reach, and MTRAIN_STORE_TOKEN is "
+        "not set: any process that reaches it could join this job or disrupt it. Export the same secret to every "
+        "rank (e.g. `export MTRAIN_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')` before starting "
+        "them), start them with mpirun or srun --mpi=pmix, which share one over MPI, or pass "
+        "--unauthenticated-store to accept the risk",
+        address, port));
+  }
+  if (env.rank == 0) {
+    spdlog::warn("--unauthenticated-store: the store at {}:{} admits every process that can connect to it; nothing "
+                 "but who can reach that address protects this job",
+                 address, port);
+  }
+  return "";
+}
+
+StoreConnection open_rank0_store(const WorkerEnvironment& env, bool allow_unauthenticated, Millis timeout) {
   const auto port = static_cast<uint16_t>(env.master_port);
   // Every rank on rank 0's host reaches it at the address it listens on; the others at
   // MASTER_ADDR (Note [The store's address]).
   const std::string address = store_address_for(env.master_addr, port);
+  const std::string token = rank0_store_token(env, address, port, allow_unauthenticated, timeout);
   std::shared_ptr<TcpStoreServer> server;
   if (env.rank == 0) {
-    server = start_server(address, port, env.store_token, fmt::format("MASTER_ADDR={}", env.master_addr));
+    server = start_server(address, port, token, fmt::format("MASTER_ADDR={}", env.master_addr));
     spdlog::info("rendezvous store: hosted by rank 0 at {}:{} (MASTER_ADDR={})", address, port, env.master_addr);
-    if (env.store_token.empty()) {
-      spdlog::warn("MTRAIN_STORE_TOKEN is not set: the store admits every process that can connect to {}:{}{}; "
-                   "nothing but who can reach that address protects this job. Export the same random "
-                   "MTRAIN_STORE_TOKEN to every rank to require it",
-                   address, port,
-                   address.rfind("127.", 0) == 0 || address == "::1" ? " (loopback: processes of this host only)"
-                                                                     : "");
-    }
   }
-  auto client = connect(address, port, env.store_token, timeout, server != nullptr);
+  auto client = connect(address, port, token, timeout, server != nullptr);
   return {server ? hold_server(client, server) : client, address, port};
 }
 
@@ -150,14 +191,14 @@ StoreConnection open_mpi_broadcast_store(const WorkerEnvironment& env, Millis ti
 
 }  // namespace
 
-StoreConnection open_worker_store(const WorkerEnvironment& env, Millis timeout) {
+StoreConnection open_worker_store(const WorkerEnvironment& env, bool allow_unauthenticated, Millis timeout) {
   switch (env.store_mode) {
     case StoreMode::kNone:
       return {};
     case StoreMode::kLauncher:
       return connect_store_from_env(timeout);
     case StoreMode::kRank0:
-      return open_rank0_store(env, timeout);
+      return open_rank0_store(env, allow_unauthenticated, timeout);
     case StoreMode::kMpiBroadcast:
 #ifdef MTRAIN_HAVE_MPI
       return open_mpi_broadcast_store(env, timeout);

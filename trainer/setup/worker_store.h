@@ -15,8 +15,11 @@ namespace mtrain {
 // Connects this worker to its store; on rank 0 in the
 // modes that need it, first starts the server, which lives as long as the returned
 // store. A null store for StoreMode::kNone. Throws InvalidArgument for a configuration that
-// cannot work (e.g. rank 0 asked to bind an address that is not its own) and CommError
-// when the store cannot be reached within `timeout`.
-StoreConnection open_worker_store(const WorkerEnvironment& env, Millis timeout = kDefaultStoreTimeout);
+// cannot work (e.g. rank 0 asked to bind an address that is not its own, or a store other
+// hosts can reach without a secret unless `allow_unauthenticated`: Note [Workers without
+// a shared secret] in worker_store.cpp) and CommError when the store cannot be reached
+// within `timeout`.
+StoreConnection open_worker_store(const WorkerEnvironment& env, bool allow_unauthenticated = false,
+                                  Millis timeout = kDefaultStoreTimeout);
 
 }  // namespace mtrain
