@@ -312,7 +312,7 @@ int run_train_command(const TrainOptions& o) {
   // Before set-up, which may disarm the start-up exit early (under MPI).
   const bool trains = !(o.max_steps && *o.max_steps == 0);
   g_checkpointing.store(!o.checkpoint_dir.empty());
-  if (trains) set_stop_acknowledgement(acknowledge_stop);
+  ScopedStopAcknowledgement acknowledgement(trains ? acknowledge_stop : nullptr);
   TrainingRun run = set_up_run(o, std::move(env), startup);
   g_steps_done.store(run.resumed ? run.resumed->total_steps : 0);
   startup.disarm();  // from here a stop signal stops the run after a step, with a checkpoint
@@ -333,7 +333,7 @@ int run_train_command(const TrainOptions& o) {
         throw;
       }
     }();
-    set_stop_acknowledgement(nullptr);  // a signal from here on is "after the last step"
+    acknowledgement.clear();  // a signal from here on is "after the last step"
     trace.finish(run);
     steps = result.end.total_steps;
     if (result.stop_vote != 0) return finish_stopped_run(run, result);

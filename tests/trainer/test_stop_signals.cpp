@@ -3,7 +3,7 @@
 // that a real signal reaches the flag the training loop reads, that it never runs on a
 // thread inside a oneDNN kernel (Note [Signals never interrupt kernels]), and the
 // start-up exit's armed and disarmed states, in child processes (Note [A stop signal
-// during start-up]).
+// during start-up]), and that clearing the acknowledgement waits for one in progress.
 #include <signal.h>
 #include <unistd.h>
 
@@ -259,7 +259,28 @@ TEST_CASE("startup child: an action that throws", "[.startup-child]") {
   std::this_thread::sleep_for(std::chrono::seconds(10));
 }
 
-TEST_CASE("the start-up exit: armed it exits 75 after its action, disarmed it leaves the signal to the step",
+std::atomic<bool> g_acknowledging{false}, g_acknowledged{false};
+
+TEST_CASE("startup child: an acknowledgement cleared while it runs", "[.startup-child]") {
+  if (!in_startup_child()) return;
+  mtrain::install_stop_signal_handlers();
+  mtrain::set_stop_acknowledgement([](int) {
+    g_acknowledging.store(true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    g_acknowledged.store(true);
+  });
+  ::kill(::getpid(), SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!g_acknowledging.load() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  // Note [An acknowledgement never outlives the run]: what follows clearing may be the exit.
+  mtrain::set_stop_acknowledgement(nullptr);
+  write_marker(g_acknowledged.load() ? "cleared after it finished" : "cleared while it ran");
+}
+
+TEST_CASE("the start-up exit: armed it exits 75 after its action, disarmed it leaves the signal to the step; "
+          "clearing an acknowledgement waits for it",
           "[unit]") {
   using Catch::Matchers::Equals;
   struct Expected {
@@ -270,7 +291,9 @@ TEST_CASE("the start-up exit: armed it exits 75 after its action, disarmed it le
   for (const Expected& e : {Expected{"startup child: armed then a stop signal", mtrain::kStoppedExitCode, "action SIGTERM"},
                             Expected{"startup child: a stop signal before arming", mtrain::kStoppedExitCode, "action SIGINT"},
                             Expected{"startup child: disarmed then a stop signal", 0, "still running, pending SIGTERM"},
-                            Expected{"startup child: an action that throws", mtrain::kStoppedExitCode, "thrown"}}) {
+                            Expected{"startup child: an action that throws", mtrain::kStoppedExitCode, "thrown"},
+                            Expected{"startup child: an acknowledgement cleared while it runs", 0,
+                                     "cleared after it finished"}}) {
     const ChildOutcome outcome = run_startup_child(e.child);
     INFO(outcome.output);
     CHECK(outcome.exit_code == e.exit_code);

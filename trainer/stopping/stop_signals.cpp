@@ -61,7 +61,11 @@ int64_t monotonic_ns() {
 enum StartupState : int { kNotArmed, kArmed, kExiting, kDone };
 std::atomic<int> g_startup{kNotArmed};
 StartupStopAction g_startup_action;  // written before arming; run by the CAS winner only
-std::atomic<StopAcknowledgement> g_acknowledge{nullptr};  // set_stop_acknowledgement
+// Note [An acknowledgement never outlives the run]: the signal thread calls it holding the
+// mutex, so setting it waits for a call in progress. Both trivially destructible: the
+// signal thread may still use them during exit.
+std::mutex g_acknowledge_mu;
+StopAcknowledgement g_acknowledge = nullptr;
 
 // Runs the start-up action and ends the process. Only for the thread whose
 // compare-exchange armed -> exiting succeeded.
@@ -149,9 +153,10 @@ void unblock_in_child() {
     // Recorded first, then the start-up state read (Note [A stop signal during start-up]).
     if (sigwait(&set, &sig) != 0 || !record_stop_signal(sig)) continue;
     if (begin_startup_exit()) exit_during_startup(sig);
-    if (const StopAcknowledgement acknowledge = g_acknowledge.load()) {
+    std::lock_guard<std::mutex> lock(g_acknowledge_mu);
+    if (g_acknowledge) {
       try {
-        acknowledge(sig);
+        g_acknowledge(sig);
       } catch (...) {
       }
     }
@@ -217,7 +222,17 @@ void disarm_startup_stop() {
 
 int pending_stop_signal() { return g_pending_sig.load(); }
 
-void set_stop_acknowledgement(StopAcknowledgement acknowledge) { g_acknowledge.store(acknowledge); }
+// Note [An acknowledgement never outlives the run]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The acknowledgement logs through spdlog. Left set when a run ended on an error, a SIGTERM the
+// launcher sent while the process was exiting (another rank failed too) made the signal thread log
+// through a logger the static destructors had already taken apart: a SIGSEGV on the way out, in
+// place of the rank's exit code. So the run clears it on every way out
+// (ScopedStopAcknowledgement), and clearing waits for a call in progress.
+void set_stop_acknowledgement(StopAcknowledgement acknowledge) {
+  std::lock_guard<std::mutex> lock(g_acknowledge_mu);
+  g_acknowledge = acknowledge;
+}
 
 void clear_pending_stop_signal() {
   g_pending_sig.store(0);

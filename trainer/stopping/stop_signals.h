@@ -79,8 +79,20 @@ int pending_stop_signal();
 // request is acknowledged at once rather than when the step ends (it may take
 // seconds). A plain function (what it reads must be static, since the signal thread
 // may outlive the run); nullptr: no acknowledgement (the default, and after training).
+// Returns once no call of the previous one is running.
 using StopAcknowledgement = void (*)(int sig);
 void set_stop_acknowledgement(StopAcknowledgement acknowledge);
+
+// An acknowledgement for the life of the object (or until clear()), so that none is left
+// set on any way out of a run (Note [An acknowledgement never outlives the run]).
+class ScopedStopAcknowledgement {
+ public:
+  explicit ScopedStopAcknowledgement(StopAcknowledgement acknowledge) { set_stop_acknowledgement(acknowledge); }
+  ~ScopedStopAcknowledgement() { clear(); }
+  ScopedStopAcknowledgement(const ScopedStopAcknowledgement&) = delete;
+  ScopedStopAcknowledgement& operator=(const ScopedStopAcknowledgement&) = delete;
+  void clear() { set_stop_acknowledgement(nullptr); }
+};
 
 // Forgets a pending stop signal (for tests that raise one in-process).
 void clear_pending_stop_signal();
