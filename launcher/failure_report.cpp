@@ -252,8 +252,11 @@ int causality_class(const Failure& f) {
   if (f.sigkilled_by_launcher) return 2;  // ended by the teardown another failure began
   // SIGPIPE: a write to a socket whose peer is gone, the signal form of "reset by peer".
   if (f.status.signaled && f.status.signal == SIGPIPE) return 2;
-  if (f.global_rank >= 0 && f.status.signaled && f.error_file.empty()) return 0;
-  return says_a_peer_vanished(f.message) ? 2 : 1;
+  // A signal the launcher did not send outranks another rank's exit code, even when the
+  // rank wrote an error first (it crashed on its way out); unless that error says a peer
+  // vanished, which makes the crash a consequence.
+  if (says_a_peer_vanished(f.message)) return 2;
+  return f.global_rank >= 0 && f.status.signaled ? 0 : 1;
 }
 
 }  // namespace

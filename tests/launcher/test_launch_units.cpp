@@ -505,6 +505,18 @@ TEST_CASE("the root cause is chosen by causality before time (Note [Root cause])
   Failure straggler = killed;
   straggler.sigkilled_by_launcher = true;
   CHECK(pick_root_cause({straggler, genuine}) == 1);
+  // A rank that wrote its error and then crashed on the way out outranks an earlier exit code...
+  Failure crashed = genuine;
+  crashed.global_rank = 3;
+  crashed.timestamp = 200;
+  crashed.status = {};
+  crashed.status.signaled = true;
+  crashed.status.signal = SIGSEGV;
+  CHECK(pick_root_cause({other, crashed}) == 1);
+  // ...unless its error says a peer vanished: then the crash followed another rank's failure.
+  Failure crashed_after_peer = noticed;
+  crashed_after_peer.status = crashed.status;
+  CHECK(pick_root_cause({crashed_after_peer, genuine}) == 1);
 }
 
 TEST_CASE("a collective timeout's message names the ranks that never reached it") {
