@@ -17,13 +17,15 @@
 // Connecting needs no token, so the number of connections is bounded too: the server
 // shares its process's descriptors (the launcher's pipes to its workers, its own store
 // clients), and a flood of idle connections must not take those away.
-// * At most kMaxPendingHandshakes connections may be waiting to present the token. One
-//   more closes the oldest of them if it has waited kPendingGrace: a real client sends
-//   HELLO as soon as it connects, so one that has said nothing for that long is idle.
-//   Younger ones are not closed (a job's ranks all connect at once, and the accept loop
-//   runs before their HELLOs are read); the server then stops accepting for
-//   kPendingPause and reads what the pending connections sent. So the number waiting
-//   exceeds the cap by at most one per pause within the grace, 50.
+// * Every connection is read as soon as it is accepted, so a real client, whose HELLO
+//   follows its connect at once, is through the handshake before the next accept.
+// * At most kMaxPendingHandshakes connections may be waiting to present the token. Each
+//   one beyond that closes the oldest of them if it has waited kPendingGrace: one that
+//   has said nothing for that long is idle. Younger ones are not closed (a job's ranks
+//   all connect at once), and the server never stops accepting for them: a paused
+//   accept fills the kernel's backlog, and a real client behind a flood of idle ones
+//   then waits out SYN retransmissions there, past its handshake timeout. So the number
+//   waiting exceeds the cap by what arrives within the grace, bounded by the next rule.
 // * At most max_connections() in all: the soft RLIMIT_NOFILE less kReservedDescriptors
 //   for the rest of the process (and never below kMinConnections). At the cap the server
 //   stops accepting, and new connections wait in the kernel's backlog until one closes.
@@ -52,6 +54,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -81,7 +84,9 @@ constexpr size_t kReadBudgetBytes = 1024 * 1024;
 // Note [Store connection limits].
 constexpr size_t kMaxPendingHandshakes = 128;
 constexpr auto kPendingGrace = std::chrono::seconds(1);
-constexpr auto kPendingPause = std::chrono::milliseconds(20);
+// Accepts per poll round, so that a flood of connections delays the others' requests
+// by one bounded batch at a time.
+constexpr int kAcceptsPerRound = 512;
 constexpr size_t kReservedDescriptors = 256;
 constexpr size_t kMinConnections = 64;
 constexpr auto kWarningWindow = std::chrono::seconds(10);
@@ -160,6 +165,7 @@ struct TcpStoreServer::Impl {
   // Note [Store connection limits]: read once, from the open-file limit at start.
   const size_t connection_cap = max_connections();
   size_t pending = 0;           // open connections that have not authenticated
+  std::deque<WaiterId> pending_order;  // their ids in accept order (and some no longer pending)
   // Rate limit of warnings about unauthenticated peers (Note [Store connection limits]).
   Clock::time_point warning_window_start{};
   int warnings_in_window = 0;
@@ -185,8 +191,12 @@ struct TcpStoreServer::Impl {
   void reject(Connection& c, const std::string& why);
   void warn_unauthenticated(const std::string& message);
   void end_warning_window();  // says how many were suppressed once the window is over
+  // The oldest connection that has not authenticated, or nullptr; the mutable form first
+  // drops the ids at the front of pending_order that are no longer pending.
+  const Connection* oldest_pending() const;
+  Connection* oldest_pending();
   // Closes the oldest unauthenticated connection if it has waited kPendingGrace.
-  bool close_oldest_pending();
+  void close_oldest_pending();
   void close(Connection& c, const char* why);
 };
 
@@ -319,12 +329,7 @@ void TcpStoreServer::Impl::run() noexcept {
 
 int TcpStoreServer::Impl::next_poll_timeout() const {
   std::optional<Clock::time_point> deadline;
-  for (const auto& [id, c] : connections) {
-    if (!c->authenticated) {
-      const auto d = c->accepted_at + kHandshakeTimeout;
-      if (!deadline || d < *deadline) deadline = d;
-    }
-  }
+  if (const Connection* oldest = oldest_pending()) deadline = oldest->accepted_at + kHandshakeTimeout;
   if (accept_paused_until > Clock::now() && (!deadline || accept_paused_until < *deadline)) {
     deadline = accept_paused_until;
   }
@@ -395,7 +400,7 @@ void TcpStoreServer::Impl::serve() {
 }
 
 void TcpStoreServer::Impl::accept_from(int listener) {
-  while (true) {
+  for (int accepted = 0; accepted < kAcceptsPerRound; ++accepted) {
     SocketAddress peer;
     peer.length = sizeof peer.storage;
     const int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&peer.storage), &peer.length,
@@ -426,31 +431,45 @@ void TcpStoreServer::Impl::accept_from(int listener) {
     } catch (const CommError& e) {
       spdlog::warn("{}", e.what());
     }
-    connections.emplace(c->id, std::move(c));
+    Connection& added = *connections.emplace(c->id, std::move(c)).first->second;
     ++pending;
-    if (pending > kMaxPendingHandshakes && !close_oldest_pending()) {
-      // Every pending connection is young: read their HELLOs before taking more.
-      accept_paused_until = Clock::now() + kPendingPause;
-      return;
+    pending_order.push_back(added.id);
+    try {
+      read_from(added);  // Note [Store connection limits]: a real client's HELLO is there
+    } catch (const std::exception& e) {
+      spdlog::error("store: closing connection from {} after an internal error: {}", added.peer, e.what());
+      close(added, "internal error");
     }
+    if (pending > kMaxPendingHandshakes) close_oldest_pending();
     if (connections.size() >= connection_cap) return;  // serve() stops polling the listener
   }
 }
 
-bool TcpStoreServer::Impl::close_oldest_pending() {
-  Connection* oldest = nullptr;
-  for (auto& [id, c] : connections) {
-    // Ids grow in accept order, so the smallest is the oldest.
-    if (!c->closed && !c->authenticated && (oldest == nullptr || c->id < oldest->id)) {
-      oldest = c.get();
-    }
+const Connection* TcpStoreServer::Impl::oldest_pending() const {
+  for (const WaiterId id : pending_order) {
+    const auto it = connections.find(id);
+    if (it != connections.end() && !it->second->closed && !it->second->authenticated) return it->second.get();
   }
-  if (oldest == nullptr || Clock::now() - oldest->accepted_at < kPendingGrace) return false;
+  return nullptr;
+}
+
+Connection* TcpStoreServer::Impl::oldest_pending() {
+  // Ids leave the queue lazily: those that authenticated or closed since go here.
+  while (!pending_order.empty()) {
+    const auto it = connections.find(pending_order.front());
+    if (it != connections.end() && !it->second->closed && !it->second->authenticated) return it->second.get();
+    pending_order.pop_front();
+  }
+  return nullptr;
+}
+
+void TcpStoreServer::Impl::close_oldest_pending() {
+  Connection* oldest = oldest_pending();
+  if (oldest == nullptr || Clock::now() - oldest->accepted_at < kPendingGrace) return;
   reject(*oldest, fmt::format("{} connections are waiting to present the job token; the "
                               "oldest, silent for {} s, is closed to make room",
                               kMaxPendingHandshakes,
                               std::chrono::duration<double>(Clock::now() - oldest->accepted_at).count()));
-  return true;
 }
 
 void TcpStoreServer::Impl::read_from(Connection& c) {
@@ -702,11 +721,11 @@ void TcpStoreServer::Impl::flush(Connection& c) {
 
 void TcpStoreServer::Impl::expire_handshakes() {
   const auto now = Clock::now();
-  for (auto& [id, c] : connections) {
-    if (!c->closed && !c->authenticated && now - c->accepted_at >= kHandshakeTimeout) {
-      reject(*c, fmt::format("no job token presented within {} s",
-                             std::chrono::seconds(kHandshakeTimeout).count()));
-    }
+  // In accept order, so the first one still in time ends the search.
+  while (Connection* oldest = oldest_pending()) {
+    if (now - oldest->accepted_at < kHandshakeTimeout) return;
+    reject(*oldest, fmt::format("no job token presented within {} s",
+                                std::chrono::seconds(kHandshakeTimeout).count()));
   }
 }
 

@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <future>
 #include <memory>
@@ -369,4 +370,50 @@ TEST_CASE("peers without the token cannot flood the log", "[store]") {
   CHECK(std::count(log.begin(), log.end(), '\n') == 10);
   CHECK_THAT(log, Contains("closing the connection from 127.0.0.1"));
   CHECK_THAT(log, !Contains("without a byte"));
+}
+
+TEST_CASE("8,000 idle connections: every real client meanwhile gets through its handshake", "[store]") {
+  // Note [Store connection limits]: the server must not stop accepting while the idle
+  // connections are young, or the kernel's backlog overflows and a real client's
+  // connection waits out SYN retransmissions there (seconds each), past its timeout.
+  constexpr int kIdle = 8000;
+  rlimit files{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &files) == 0);
+  const rlim_t needed = 2 * kIdle + 512;  // both ends live in this process
+  if (files.rlim_max != RLIM_INFINITY && files.rlim_max < needed) {
+    WARN("skipped: the hard open-file limit " << files.rlim_max << " is below the " << needed << " this needs");
+    return;
+  }
+  ScopedFileLimit limit(files.rlim_max == RLIM_INFINITY ? needed : files.rlim_max);
+  ServerFixture f;
+  std::atomic<bool> flooding{true};
+  int ok = 0;
+  std::vector<std::string> failures;
+  std::thread real_clients([&] {
+    // A timeout of 3 s: one dropped SYN costs 1 s, two 3 s.
+    for (int i = 0; flooding.load(); ++i) {
+      try {
+        TcpStore c("127.0.0.1", f.server.port(), f.token, Millis{3000}, Millis{3000});
+        c.set(fmt::format("real/{}", i), std::string("v"));
+        ++ok;
+      } catch (const Error& e) {  // CommError, TimeoutError
+        failures.push_back(e.what());
+      }
+    }
+  });
+  std::vector<std::unique_ptr<RawConnection>> idle;
+  for (int i = 0; i < kIdle; ++i) {
+    idle.push_back(std::make_unique<RawConnection>(f.server.port()));
+    REQUIRE(idle.back()->connect_errno() == 0);
+  }
+  // Past the grace, when the newest idle ones start making room, and the first
+  // handshake deadlines.
+  std::this_thread::sleep_for(6s);
+  flooding = false;
+  real_clients.join();
+  INFO(ok << " real clients got through; " << failures.size() << " did not, the first: "
+          << (failures.empty() ? "" : failures.front()));
+  CHECK(failures.empty());
+  CHECK(ok > 0);
+  require_server_still_serves(f);
 }
