@@ -74,7 +74,7 @@ struct Agent::Impl {
   // TORCHELASTIC_RESTART_COUNT number attempts.
   std::optional<int> conclude(const AttemptResult& r, int attempt);
   void print_stop_report(const AttemptResult& r, int attempt) const;
-  void print_failure_report(const AttemptResult& r, int attempt, bool restarts_withheld);
+  void print_failure_report(const AttemptResult& r, int attempt, std::string restarts_unused_because);
   void keep_error_file(const std::string& error_file);
   void leave_store(int num_nodes, bool hosting);
 
@@ -174,7 +174,8 @@ int Agent::Impl::run() {
       continue;
     }
     if (const std::optional<int> status = conclude(r, restarts_used)) {
-      leave_store(world.num_nodes, job.store.is_host());
+      // Note [A lost store is not asked again] in attempt.cpp.
+      if (!r.store_lost) leave_store(world.num_nodes, job.store.is_host());
       return *status;
     }
     ++restarts_used;
@@ -291,13 +292,21 @@ std::optional<int> Agent::Impl::conclude(const AttemptResult& r, int attempt) {
   // corrupt file: mtrain-train's InvalidArgument and IoError) says so in its error file,
   // "will_repeat": true. Restarting would fail the same way --max_restarts times, so the
   // job ends at once and the report says why the restarts were not used.
-  const bool restarts_left = r.restartable && attempt < options.max_restarts;
-  if (restarts_left && !r.root_cause.will_repeat) {
+  const bool restarts_left = attempt < options.max_restarts;
+  if (restarts_left && r.restartable && !r.root_cause.will_repeat) {
     spdlog::warn("attempt {} failed: {}; restarting the gang ({} of {} restarts)", attempt,
                  describe(r.root_cause), attempt + 1, options.max_restarts);
     return std::nullopt;
   }
-  print_failure_report(r, attempt, restarts_left);
+  std::string unused;
+  if (restarts_left && r.restartable) {
+    unused = "the root cause says it would repeat";
+  } else if (restarts_left && r.store_lost) {
+    unused = "a lost store ends the job (its host is gone or out of reach)";
+  } else if (restarts_left && r.nodes_lost > 0) {
+    unused = "fewer nodes remain than --nnodes needs";
+  }
+  print_failure_report(r, attempt, std::move(unused));
   const int status = r.root_cause.status.shell_status();
   return status == 0 ? 1 : status;
 }
@@ -324,10 +333,10 @@ void Agent::Impl::keep_error_file(const std::string& error_file) {
                job.run_dir.string());
 }
 
-void Agent::Impl::print_failure_report(const AttemptResult& r, int attempt, bool restarts_withheld) {
+void Agent::Impl::print_failure_report(const AttemptResult& r, int attempt, std::string restarts_unused_because) {
   if (!r.root_cause_remote) keep_error_file(r.root_cause.error_file);
   FailureReport report;
-  report.restarts_withheld = restarts_withheld;
+  report.restarts_unused_because = std::move(restarts_unused_because);
   report.program = options.program;
   report.attempt = attempt;
   report.max_restarts = options.max_restarts;

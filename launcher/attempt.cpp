@@ -473,7 +473,16 @@ bool Attempt::elastic() const {
 
 // Beats go on through a teardown, so the host does not take a node that is still
 // stopping its workers for a lost one.
+//
+// Note [A lost store is not asked again]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Once a request to the store has failed (no reply within --heartbeat_timeout, or no
+// connection), every later one would wait as long again: a node cut off from the store's
+// host took three more such waits (heartbeats through the teardown, which also held back
+// the SIGKILL of --term_timeout, then leaving) to end, 15 s instead of 6. So after a lost
+// store this agent sends nothing more: no beat, no notice, no root cause, no goodbye.
 void Attempt::beat_and_watch_nodes() {
+  if (reason_ == TeardownReason::kStoreLost) return;
   try {
     if (auto lost = heartbeats_->tick(/*watch=*/reason_ == TeardownReason::kNone)) {
       begin_teardown(TeardownReason::kNodeLost, SIGTERM);
@@ -693,6 +702,7 @@ AttemptResult Attempt::result(bool succeeded) {
   result.received_signal = received_signal_;
   result.forwarded_signal = forwarded_signal_;
   result.nodes_lost = std::max(nodes_lost_, winner_ ? winner_->lost_nodes : 0);
+  result.store_lost = reason_ == TeardownReason::kStoreLost;
   if (reason_ == TeardownReason::kMembership && winner_) {
     // Note [Joining a running job]: not a failure; no root cause to settle.
     result.reform_nodes = winner_->reform_nodes;
@@ -701,9 +711,10 @@ AttemptResult Attempt::result(bool succeeded) {
   for (const auto& w : workers_) {
     if (w.stopped) result.stopped_on_signal.push_back({w.global_rank, w.local_rank, world_.node_rank, *w.stopped});
   }
-  // Workers that stopped cleanly on the SIGTERM of a teardown for a failure or a lost node
-  // were stopped by the launcher, not by a signal asking the job to stop.
+  // Workers that stopped cleanly on the SIGTERM of a teardown for a failure, a lost node or
+  // a lost store were stopped by the launcher, not by a signal asking the job to stop.
   const bool for_a_failure = reason_ == TeardownReason::kLocalFailure || reason_ == TeardownReason::kNodeLost ||
+                             reason_ == TeardownReason::kStoreLost ||
                              (reason_ == TeardownReason::kRemoteFailure && winner_ &&
                               (winner_->restartable || winner_->lost_nodes > 0));
   result.all_stopped = !for_a_failure && result.stopped_on_signal.size() == workers_.size();

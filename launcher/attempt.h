@@ -60,6 +60,8 @@ struct AttemptResult {
   // Not a failure: nodes waited to join, and the job re-forms with this many nodes
   // without spending a restart (Note [Joining a running job] in rendezvous.cpp); 0 otherwise.
   int reform_nodes = 0;
+  // This agent lost the store: nothing more is asked of it (Note [A lost store is not asked again]).
+  bool store_lost = false;
 };
 
 // Runs round world.attempt; `restarts_used` is what the workers' TORCHELASTIC_RESTART_COUNT says.

@@ -308,9 +308,9 @@ std::string format_failure_report(const FailureReport& r) {
                      r.attempt >= r.max_restarts
                          ? (r.max_restarts == 0 ? "no restarts configured"
                                                 : "no restarts left")
-                     : r.restarts_withheld
-                         ? fmt::format("{} restart(s) left, not used: the root cause says it would repeat",
-                                       r.max_restarts - r.attempt)
+                     : !r.restarts_unused_because.empty()
+                         ? fmt::format("{} restart(s) left, not used: {}", r.max_restarts - r.attempt,
+                                       r.restarts_unused_because)
                          : fmt::format("{} restart(s) left", r.max_restarts - r.attempt));
   out += light + "\n";
   out += fmt::format("Root cause{}:\n",
@@ -363,8 +363,9 @@ std::string format_failure_report(const FailureReport& r) {
                        fmt::join(r.stopped_ranks, ", "));
   }
   if (!r.sigkilled_ranks.empty()) {
-    out += fmt::format("  of which ignored SIGTERM for --term_timeout {} s and got SIGKILL: {}\n",
-                       r.term_timeout_s, fmt::join(r.sigkilled_ranks, ", "));
+    out += fmt::format("  of which ignored SIGTERM for --term_timeout {} s and got SIGKILL: rank{} {}\n",
+                       r.term_timeout_s, r.sigkilled_ranks.size() == 1 ? "" : "s",
+                       fmt::join(r.sigkilled_ranks, ", "));
   }
   if (!r.exited_early_ranks.empty()) {
     out += fmt::format("Exited with status 0 before the failure, while their peers ran on: rank{} {}\n",

@@ -84,7 +84,8 @@ struct FailureReport {
   int max_restarts = 0;
   Failure root_cause;
   bool root_cause_remote = false;    // reported by another node's agent
-  bool restarts_withheld = false;    // restarts were left, but the root cause will repeat
+  // Why restarts that were left are not used ("" when none were, or they were used).
+  std::string restarts_unused_because;
   std::vector<Failure> other_failures;
   std::vector<int> stopped_ranks;    // ended by the launcher's teardown
   std::vector<int> sigkilled_ranks;  // of those, the ones that ignored SIGTERM

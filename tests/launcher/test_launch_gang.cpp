@@ -228,7 +228,7 @@ TEST_CASE("a worker that ignores SIGTERM is SIGKILLed after --term_timeout") {
   CHECK(r.seconds >= 1.1);
   CHECK(r.seconds < 4.0);
   CHECK_THAT(r.err, Catch::Contains("exit code 5"));
-  CHECK_THAT(r.err, Catch::Contains("ignored SIGTERM for --term_timeout 1 s and got SIGKILL: 1"));
+  CHECK_THAT(r.err, Catch::Contains("ignored SIGTERM for --term_timeout 1 s and got SIGKILL: rank 1"));
   require_all_reaped(recorded_pids(dir.path()));
 }
 

@@ -549,7 +549,7 @@ TEST_CASE("an error that will repeat travels in the error file and the root caus
   report.program = "train";
   report.max_restarts = 2;
   report.root_cause = f;
-  report.restarts_withheld = true;
+  report.restarts_unused_because = "the root cause says it would repeat";
   CHECK_THAT(format_failure_report(report),
              Catch::Contains("FAILED (attempt 0, 2 restart(s) left, not used: the root cause says it would repeat)"));
 }

@@ -95,6 +95,13 @@ class NetnsPair {
   // `ip args...` in the root namespace (use "-n <ns>" to address one of the pair).
   ProcessResult ip_command(const std::vector<std::string>& args) const { return run_process(ip_, args); }
 
+  // The `ip` tool, for starting `ip netns exec` in the background.
+  const std::string& ip_tool() const { return ip_; }
+
+  // Takes namespace B's end of the link down or up: B is cut off from A (both ways), as a
+  // pulled cable would, and back. Throws if `ip` fails.
+  void set_link_b(bool up) const { ip({"-n", ns_b_, "link", "set", "dev", veth_b_, up ? "up" : "down"}); }
+
  private:
   static constexpr const char* kNamePrefix = "mtrain-mh-";
 

@@ -29,8 +29,8 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/multihost/multihost_agents.h"
 #include "tests/multihost/netns_pair.h"
-#include "tests/support/skip.h"
 #include "tests/trainer/e2e_paths.h"
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
@@ -44,36 +44,13 @@ using mtrain::testing::TempDir;
 using mtrain::testing::kLauncher;
 using mtrain::testing::kMiniSet;
 using mtrain::testing::concat;
+using mtrain::testing::netns_pair_or_skip;
+using mtrain::testing::prepare_agent_environment;
+using mtrain::testing::run_agent;
 
 namespace {
 
-const std::string kTimeoutTool = "/usr/bin/timeout";
 constexpr int kMaxSteps = 10;
-// Every agent is wrapped in `timeout` so a hang ends the run (and the namespaces are
-// removed) well before CTest's limit; --rdzv_timeout and the trainer's --timeout make
-// the usual hangs fail faster, with a message.
-constexpr int kAgentLimitSeconds = 90;
-
-std::unique_ptr<NetnsPair> netns_pair_or_skip() {
-  if (::access(kTimeoutTool.c_str(), X_OK) != 0) mtrain::testing::skip_test_binary("coreutils `timeout` not found");
-  try {
-    return std::make_unique<NetnsPair>();
-  } catch (const mtrain::testing::NetnsUnavailable& e) {
-    mtrain::testing::skip_test_binary(e.what());
-  }
-}
-
-// Same environment for every run: a shared token (several nodes need one), one OpenMP
-// thread (Note [Multi-host equivalence]), and none of a surrounding launcher's
-// variables, which would otherwise leak into the agents.
-void prepare_environment() {
-  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                           "MASTER_PORT", "MTRAIN_STORE_PREFIX", "MTRAIN_RUN_ID", "SPDLOG_LEVEL"}) {
-    ::unsetenv(name);
-  }
-  ::setenv("MTRAIN_STORE_TOKEN", fmt::format("multihost-{}", ::getpid()).c_str(), 1);
-  ::setenv("OMP_NUM_THREADS", "1", 1);
-}
 
 std::vector<std::string> training_flags(const std::string& save_final) {
   return {"train",
@@ -87,12 +64,6 @@ std::vector<std::string> training_flags(const std::string& save_final) {
           "--timeout", "60",
           "--check-replicas", "5",
           "--save-final", save_final};
-}
-
-// One agent inside namespace `ns`.
-ProcessResult run_agent(const NetnsPair& net, const std::string& ns, const std::vector<std::string>& launcher_args) {
-  return net.run_in(ns, kTimeoutTool,
-                    concat({"-k", "5", std::to_string(kAgentLimitSeconds), kLauncher}, launcher_args));
 }
 
 void require_success(const std::string& who, const ProcessResult& r) {
@@ -221,7 +192,7 @@ void check_two_hosts_trained_one_world(const NetnsPair& net, const TempDir& dir,
 TEST_CASE("static rendezvous: two hosts, one worker each, train what one host with two workers trains",
           "[multiproc][multihost]") {
   const auto net = netns_pair_or_skip();
-  prepare_environment();
+  prepare_agent_environment();
   TempDir dir;
   const auto saved = dir.file("two-hosts.safetensors");
   constexpr int kPort = 29500;
@@ -245,7 +216,7 @@ TEST_CASE("static rendezvous: two hosts, one worker each, train what one host wi
 TEST_CASE("dynamic rendezvous: the agent that owns the endpoint hosts it, and the two hosts train one world",
           "[multiproc][multihost]") {
   const auto net = netns_pair_or_skip();
-  prepare_environment();
+  prepare_agent_environment();
   TempDir dir;
   const auto saved = dir.file("two-hosts.safetensors");
   constexpr int kPort = 29400;

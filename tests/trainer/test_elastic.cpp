@@ -9,42 +9,30 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
-#include <filesystem>
 #include <functional>
-#include <map>
 #include <memory>
 #include <thread>
 
 #include "tests/support/held_port.h"
 #include "tests/trainer/background_process.h"
 #include "tests/trainer/e2e_paths.h"
-#include "tests/trainer/metrics_events.h"
+#include "tests/trainer/elastic_run.h"
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
-#include "tests/trainer/weights_compare.h"
 
 using Catch::Matchers::Contains;
 using mtrain::testing::BackgroundProcess;
 using mtrain::testing::HeldPort;
 using mtrain::testing::ProcessResult;
 using mtrain::testing::TempDir;
-using mtrain::testing::kEquivalenceTolerance;
+using mtrain::testing::check_elastic_training;
+using mtrain::testing::elastic_checkpoint_written;
+using mtrain::testing::elastic_training;
+using mtrain::testing::require_exit_0;
 using mtrain::testing::concat;
 using mtrain::testing::kLauncher;
-using mtrain::testing::kMiniSet;
-using mtrain::testing::kTrainer;
 
 namespace {
-
-// LeNet (sigmoid) with a global batch of 256 on 1, 2 or 3 ranks stays within 3e-7 of one process
-// over these 240 steps, well inside kEquivalenceTolerance.
-constexpr int kSteps = 240;  // 10 epochs of 24 steps (the last of 112 images)
-
-std::vector<std::string> training(const TempDir& dir) {
-  return {"--model", "lenet", "--no-eval", "--threads", "1", "--data-dir", kMiniSet, "--global-batch-size", "256",
-          "--max-steps", std::to_string(kSteps), "--checkpoint-dir", dir.file("ckpt"), "--checkpoint-every", "3",
-          "--metrics", dir.file("metrics.jsonl"), "--save-final", dir.file("elastic.safetensors")};
-}
 
 // One node's launcher: one worker, a dynamic rendezvous at `endpoint`, heartbeats missed
 // for 3 s taken as a lost node.
@@ -54,37 +42,7 @@ std::unique_ptr<BackgroundProcess> start_node(const std::string& endpoint, const
       kLauncher, concat({"--rdzv_endpoint", endpoint, "--rdzv_id", "elastic", "--nnodes", nnodes, "--nproc_per_node",
                          "1", "--max_restarts", std::to_string(max_restarts), "--rdzv_last_call", "1",
                          "--term_timeout", "3", "--monitor_interval", "0.2", "--heartbeat_timeout", "3", "train"},
-                        training(dir)));
-}
-
-bool checkpoint_written(const TempDir& dir) { return std::filesystem::exists(dir.file("ckpt/checkpoint.safetensors")); }
-
-void require_success(const ProcessResult& r, const std::string& who) {
-  INFO(who << " stdout:\n" << r.out << "\nstderr:\n" << r.err);
-  REQUIRE(r.exit_code == 0);
-}
-
-// The weights of one process training the same global batches, and the check that every
-// epoch (its last event: work redone after a rollback to a checkpoint logs the epoch
-// again) trained on all 6000 images once.
-void check_training(const TempDir& dir) {
-  const std::string one = dir.file("one.safetensors");
-  const ProcessResult r = mtrain::testing::run_process(
-      kTrainer, {"--model", "lenet", "--no-eval", "--threads", "1", "--data-dir", kMiniSet, "--global-batch-size", "256",
-                 "--max-steps", std::to_string(kSteps), "--log-level", "warn", "--save-final", one});
-  require_success(r, "one process");
-  const auto d = mtrain::testing::compare_weights(dir.file("elastic.safetensors"), one);
-  INFO(d.describe());
-  CHECK(d.max_abs <= kEquivalenceTolerance);
-  std::map<int64_t, int64_t> images;  // epoch -> images of its last event
-  for (const auto& e : mtrain::testing::read_events(dir.file("metrics.jsonl"), "epoch")) {
-    images[e.at("epoch").get<int64_t>()] = e.at("images").get<int64_t>();
-  }
-  REQUIRE(images.size() == 10);
-  for (const auto& [epoch, n] : images) {
-    INFO("epoch " << epoch);
-    CHECK(n == 6000);
-  }
+                        elastic_training(dir)));
 }
 
 // Three nodes with MIN 2, so losing one leaves enough: a (the first, hosting the store), b
@@ -100,20 +58,20 @@ void lose_third_node(const std::function<void(BackgroundProcess&)>& lose_c, cons
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   auto b = start_node(endpoint, "2:3", 1, dir);
   auto c = start_node(endpoint, "2:3", 1, dir);
-  REQUIRE(mtrain::testing::wait_until([&] { return checkpoint_written(dir); }, std::chrono::seconds(60)));
+  REQUIRE(mtrain::testing::wait_until([&] { return elastic_checkpoint_written(dir); }, std::chrono::seconds(60)));
   REQUIRE(c->running());
   lose_c(*c);
   const ProcessResult ra = a->wait();
   const ProcessResult rb = b->wait();
   if (c->running()) c->signal(SIGKILL);  // a frozen one; its worker goes with it (PR_SET_PDEATHSIG)
   c->wait();
-  require_success(ra, "node a");
-  require_success(rb, "node b");
+  require_exit_0(ra, "node a");
+  require_exit_0(rb, "node b");
   CHECK_THAT(ra.err, Contains(a_says));
   CHECK_THAT(ra.err, Contains("the job now runs on 2 node(s) instead of 3"));
   // Rank 0 logs it, on whichever node joined the new round first.
   CHECK_THAT(ra.err + ra.out + rb.err + rb.out, Contains("world 3 -> 2: the checkpoint's 3 rank(s) took"));
-  check_training(dir);
+  check_elastic_training(dir);
 }
 
 }  // namespace
@@ -138,16 +96,16 @@ TEST_CASE("a node that arrives mid-run joins the job: no restart spent, the same
   const std::string endpoint = fmt::format("127.0.0.1:{}", port.port());
   // --max_restarts 0: a re-form that spent a restart would end the job.
   auto a = start_node(endpoint, "1:2", 0, dir);
-  REQUIRE(mtrain::testing::wait_until([&] { return checkpoint_written(dir); }, std::chrono::seconds(60)));
+  REQUIRE(mtrain::testing::wait_until([&] { return elastic_checkpoint_written(dir); }, std::chrono::seconds(60)));
   REQUIRE(a->running());
   auto b = start_node(endpoint, "1:2", 0, dir);
   const ProcessResult rb = b->wait();
   const ProcessResult ra = a->wait();
-  require_success(ra, "node a");
-  require_success(rb, "node b");
+  require_exit_0(ra, "node a");
+  require_exit_0(rb, "node b");
   CHECK_THAT(rb.err, Contains("closed with 1 node(s) before this node joined; waiting for them to re-form the job"));
   CHECK_THAT(ra.err, Contains("1 node(s) waiting to join; re-forming the job with 2 nodes (no restart spent)"));
   CHECK_THAT(ra.err, Contains("the job now runs on 2 node(s) instead of 1"));
   CHECK_THAT(ra.err + ra.out + rb.err + rb.out, Contains("world 1 -> 2: the checkpoint's 1 rank(s) took"));
-  check_training(dir);
+  check_elastic_training(dir);
 }
