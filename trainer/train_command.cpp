@@ -94,7 +94,7 @@ void evaluate_initial_weights(TrainingRun& run) {
 }
 
 // What the loop calls out for in a data-parallel run: epoch and evaluation sums over
-// the ranks, replica checks, buffers from rank 0, the reducer's metrics.
+// the ranks, replica checks, buffers from rank 0, the reducer's and the exchange's metrics.
 void add_data_parallel_hooks(const TrainOptions& o, TrainingRun& run, TrainLoopHooks& hooks, ReplicaChecks& checks) {
   ProcessGroup& control = *run.control();
   models::Module& model = *run.model;
@@ -118,8 +118,10 @@ void add_data_parallel_hooks(const TrainOptions& o, TrainingRun& run, TrainLoopH
     // on the gradient group, as at start-up. A group of one has nothing to follow.
     hooks.sync_buffers = [gradients = run.groups.gradients, &model] { broadcast_module_buffers(*gradients, model); };
   }
-  hooks.extend_metrics = [reducer = run.reducer, &model, sync_bn = o.sync_bn](nlohmann::json& event) {
-    add_reducer_fields(event, *reducer, sync_bn ? models::sync_batchnorm_wait_seconds(model) : -1.0);
+  hooks.extend_metrics = [reducer = run.reducer, &exchange = *run.exchange, &model,
+                          sync_bn = o.sync_bn](nlohmann::json& event) {
+    add_data_parallel_fields(event, *reducer, exchange,
+                             sync_bn ? models::sync_batchnorm_wait_seconds(model) : -1.0);
   };
 }
 
@@ -221,12 +223,10 @@ TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks
   const std::unique_ptr<BatchBalance> balance = start_balance(o, run);
   if (balance) add_balance_hooks(*balance, config);
   add_plot_hook(o, run, config.hooks);
-  TrainLoop loop(*run.model, *run.optimizer, *run.sync, *run.train_loader, run.test_loader.get(), run.metrics,
-                 config);
+  TrainLoop loop(*run.model, *run.optimizer, *run.sync, *run.exchange, *run.train_loader, run.test_loader.get(),
+                 run.metrics, config);
   const TrainResult result = loop.run();
-  if (run.reducer != nullptr && run.reducer->rank_waits().steps > 0) {
-    spdlog::info("{}", describe_rank_waits(run.reducer->rank_waits()));
-  }
+  if (run.exchange->rank_waits().steps > 0) spdlog::info("{}", describe_rank_waits(run.exchange->rank_waits()));
   if (balance) spdlog::info("{}", balance->summary());
   return result;
 }

@@ -370,7 +370,7 @@ TEST_CASE("the reducer launches a bucket's all-reduce while backward is still ru
 
 TEST_CASE("every rank's wait: the rank without images never finishes backward last, and rank 0 says who did",
           "[multiproc]") {
-  // Note [Every rank's wait] in trainer/ddp/reducer.cpp. --global-batch-size 4 on 3 ranks
+  // Note [Every rank's wait] in trainer/ddp/step_exchange.cpp. --global-batch-size 4 on 3 ranks
   // gives shares 2, 2, 0 (torch.chunk): rank 2 runs no forward or backward, so it waits
   // the whole of its peers' (a resnet18 step on 2 images, tens of ms) every step.
   TempDir dir;

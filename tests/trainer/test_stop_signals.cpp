@@ -27,7 +27,7 @@
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
 #include "trainer/stopping/error_file.h"
-#include "trainer/ddp/gradient_sync.h"
+#include "trainer/ddp/step_exchange.h"
 #include "trainer/stopping/stop_signals.h"
 
 using mtrain::StopSignalAction;
@@ -102,13 +102,10 @@ TEST_CASE("a real signal sets the pending stop, and a world of one agrees with i
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   CHECK(mtrain::pending_stop_signal() == SIGUSR1);
 
-  // LocalGradients takes the vote of the synchronizing micro-batch only.
-  mtrain::LocalGradients local;
-  local.before_backward({8, false});
-  local.report({mtrain::encode_stop_vote(SIGUSR1, 0)});
-  CHECK(local.agreed_stop_vote() == 0);
-  local.before_backward({8, true});
-  local.report({mtrain::encode_stop_vote(mtrain::pending_stop_signal(), 0)});
+  // A world of one's step exchange agrees with its own vote.
+  mtrain::StepExchange local(nullptr, mtrain::Device::cpu());
+  local.issue({mtrain::encode_stop_vote(mtrain::pending_stop_signal(), 0)}, {8, true}, -1);
+  local.finish();
   CHECK(mtrain::decode_stop_vote(local.agreed_stop_vote()).signal == SIGUSR1);
   mtrain::clear_pending_stop_signal();
   CHECK(mtrain::pending_stop_signal() == 0);

@@ -23,15 +23,15 @@ std::string per_image(const std::vector<double>& seconds) {
 }  // namespace
 
 BatchBalance::BatchBalance(ShareBalancer balancer, data::GlobalBatchShardSampler& sampler, data::DataLoader& loader,
-                           const GradientSynchronizer& sync, MetricsWriter& metrics)
-    : balancer_(std::move(balancer)), sampler_(sampler), loader_(loader), sync_(sync), metrics_(metrics) {
+                           const StepExchange& exchange, MetricsWriter& metrics)
+    : balancer_(std::move(balancer)), sampler_(sampler), loader_(loader), exchange_(exchange), metrics_(metrics) {
   MTRAIN_CHECK(sampler_.shares() == balancer_.shares(), "the sampler splits by {}, the balancer starts from {}",
                format_shares(sampler_.shares()), format_shares(balancer_.shares()));
 }
 
 void BatchBalance::after_step(int64_t step, int64_t batches_taken) {
   // The exchange of this step carried every rank's compute of the step before.
-  const std::vector<RankCompute> ranks = sync_.ranks_compute();
+  const std::vector<RankCompute>& ranks = exchange_.ranks_compute();
   if (spdlog::should_log(spdlog::level::debug)) {
     std::string figures;
     for (const RankCompute& c : ranks) figures += fmt::format(" {:.2f}ms/{}", static_cast<double>(c.nanoseconds) * 1e-6, c.images);

@@ -1,5 +1,5 @@
 // BatchBalance: --balance in a running job. After every step it hands the step's exchanged compute
-// times (GradientSynchronizer::ranks_compute) to a ShareBalancer and, when the shares move,
+// times (StepExchange::ranks_compute) to a ShareBalancer and, when the shares move,
 // re-splits the later global batches in the sampler and re-plans the loader (Note [Shares that
 // change mid-epoch] in data/distributed_sampler.cpp), logs why and writes a "balance" metrics
 // event. Every rank runs it on the same figures, so every rank moves its shares at the same step.
@@ -11,7 +11,7 @@
 
 #include "data/dataloader.h"
 #include "data/distributed_sampler.h"
-#include "trainer/ddp/gradient_sync.h"
+#include "trainer/ddp/step_exchange.h"
 #include "trainer/ddp/share_balancer.h"
 #include "trainer/loop/metrics.h"
 
@@ -22,7 +22,7 @@ class BatchBalance {
   // Everything must outlive this object; `sampler` must be the one `loader` reads, already
   // splitting by the balancer's initial shares (InternalError otherwise).
   BatchBalance(ShareBalancer balancer, data::GlobalBatchShardSampler& sampler, data::DataLoader& loader,
-               const GradientSynchronizer& sync, MetricsWriter& metrics);
+               const StepExchange& exchange, MetricsWriter& metrics);
 
   // After optimizer step `step` (1-based over the run), with `batches_taken` batches of the
   // epoch taken: reads the step's exchange and applies a change from batch batches_taken + 1.
@@ -38,7 +38,7 @@ class BatchBalance {
   ShareBalancer balancer_;
   data::GlobalBatchShardSampler& sampler_;
   data::DataLoader& loader_;
-  const GradientSynchronizer& sync_;
+  const StepExchange& exchange_;
   MetricsWriter& metrics_;
 };
 

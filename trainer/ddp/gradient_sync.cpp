@@ -63,7 +63,6 @@ void LocalGradients::zero_gradients() {
 }
 
 void LocalGradients::before_backward(const MicroBatchInfo& micro_batch) {
-  sync_ = micro_batch.sync;
   samples_ = micro_batch.samples;
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
 }
@@ -78,12 +77,6 @@ void LocalGradients::on_gradient_ready(const models::Parameter& param) {
                "grad-ready hook for parameter index {} of a model with {} parameters", param.index,
                ready_count_.size());
   ++ready_count_[param.index];
-}
-
-void LocalGradients::report(const StepReport& report) {
-  if (!sync_) return;
-  stop_vote_ = report.stop_vote;
-  compute_ = report.previous_compute;
 }
 
 void LocalGradients::after_backward() {

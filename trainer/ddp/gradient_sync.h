@@ -2,11 +2,10 @@
 // optimizer step. Per micro-batch the loop calls
 //     [zero_grad] -> forward -> loss -> before_backward(mb) -> model.backward() -> after_backward()
 //       -> [optimizer.step()]
-// with skip_backward() in place of model.backward() for an empty micro-batch, and report(r)
-// once between before_backward and after_backward, either before or after the backward (or
-// its skip), at the same point on every rank (Note [The loss is read after backward is
-// queued] in trainer/loop/train_loop.cpp); zero_grad and the step once per group of
-// --grad-accum micro-batches, `sync` set only on a group's last micro-batch. attach()
+// with skip_backward() in place of model.backward() for an empty micro-batch; zero_grad and the
+// step once per group of --grad-accum micro-batches, `sync` set only on a group's last
+// micro-batch. The step's control exchange (stop votes, compute times, sample counts) is not
+// the synchronizer's: StepExchange (step_exchange.h) sends it around the same backward. attach()
 // installs the model's grad-ready hook (Note [Grad-ready hook] in models/module.cpp), which
 // must report every parameter exactly once per backward. All calls come from the training
 // thread. LocalGradients is the world of one (Note [Gradient synchronizer]
@@ -22,28 +21,12 @@
 
 namespace mtrain {
 
-// One rank's forward and backward of one step, timed by that rank (trainer/loop/compute_timer.h).
-struct RankCompute {
-  int64_t nanoseconds = -1;  // -1: not measured
-  int64_t images = 0;
-};
-
 struct MicroBatchInfo {
   int64_t samples = 0;  // rows of this rank's micro-batch
   bool sync = true;     // false: accumulate locally, no communication (no_sync)
   // With --global-batch-size: the samples of every rank's micro-batch of this step together,
   // as this rank's sampler plans them (Note [Reducer gradient weighting] in reducer.cpp).
   std::optional<int64_t> world_samples = std::nullopt;
-};
-
-// What this rank tells the others with a synchronized micro-batch (report()), once its loss
-// has been read. Ignored for a micro-batch that is not synchronized.
-struct StepReport {
-  // This rank's stop vote (Note [Agreeing to stop] in reducer.cpp); 0 means carry on.
-  int64_t stop_vote = 0;
-  // This rank's compute of its previous synchronized step (--balance, Note [Measuring
-  // each rank's speed] in share_balancer.cpp).
-  RankCompute previous_compute{};
 };
 
 // Gradients as views into a flat tensor (the Reducer's buckets, LocalGradients' arena):
@@ -79,24 +62,17 @@ class GradientSynchronizer {
   // final as it stands, and goes out where the backward would have sent it, so that the
   // ranks' collectives come in one order. Throws InternalError for a non-empty micro-batch.
   virtual void skip_backward() = 0;
-  // Once per micro-batch, between before_backward and after_backward, as soon as this rank
-  // knows what to report: with a synchronized micro-batch it issues the exchange that
-  // carries `report` to every rank (Note [Agreeing to stop] in reducer.cpp), without
-  // waiting for it.
-  virtual void report(const StepReport& report) = 0;
   // Called right after each backward; on return every gradient is final.
   virtual void after_backward() = 0;
   // One line for logs.
   virtual std::string describe() const = 0;
-  // After the after_backward of a synchronized micro-batch: the maximum of the stop
-  // votes all ranks reported with it (Note [Agreeing to stop]); 0 before the first.
-  virtual int64_t agreed_stop_vote() const = 0;
-  // After the after_backward of a synchronized micro-batch: every rank's previous_compute
-  // of it, by rank (the same on every rank); before the first, empty or {-1, 0} per rank.
-  virtual std::vector<RankCompute> ranks_compute() const = 0;
+  // This rank's host wait for the gradients after its last synchronized backward, in ns
+  // (Note [Every rank's wait] in step_exchange.cpp); -1 before the first, and where the wait
+  // is not measured (a GPU, a world of one).
+  virtual int64_t last_wait_ns() const { return -1; }
 };
 
-// The world-of-one synchronizer: no exchange; attach() moves every float32 gradient on one
+// The world-of-one synchronizer: nothing to reduce; attach() moves every float32 gradient on one
 // device into one flat arena; after_backward() throws InternalError when a parameter
 // reported its gradient other than once.
 class LocalGradients final : public GradientSynchronizer {
@@ -105,21 +81,15 @@ class LocalGradients final : public GradientSynchronizer {
   void zero_gradients() override;
   void before_backward(const MicroBatchInfo& micro_batch) override;
   void skip_backward() override;
-  void report(const StepReport& report) override;
   void after_backward() override;
   std::string describe() const override;
-  int64_t agreed_stop_vote() const override { return stop_vote_; }
-  std::vector<RankCompute> ranks_compute() const override { return {compute_}; }
 
  private:
   void on_gradient_ready(const models::Parameter& param);
 
   models::Module* model_ = nullptr;
   Tensor arena_;  // every gradient, each parameter's a view (Note [Gradient synchronizer])
-  bool sync_ = true;  // the current micro-batch's MicroBatchInfo::sync
   int64_t samples_ = 0;  // the current micro-batch's MicroBatchInfo::samples
-  int64_t stop_vote_ = 0;
-  RankCompute compute_;
 
   std::vector<std::string> names_;  // by Parameter::index
   std::vector<int> ready_count_;    // hook calls per parameter in the current backward

@@ -1,7 +1,6 @@
 #include "trainer/ddp/reducer.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,8 +20,6 @@ double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::ste
 
 double mib(size_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
-std::string steps_text(int64_t n) { return fmt::format("{} {}", n, n == 1 ? "step" : "steps"); }
-
 // Share of the all-reduce span that did not show up as waiting after backward.
 double hidden_fraction(double wait_seconds, double span_seconds) {
   if (span_seconds <= 0.0) return 0.0;
@@ -30,79 +27,6 @@ double hidden_fraction(double wait_seconds, double span_seconds) {
 }
 
 }  // namespace
-
-// Note [Every rank's wait]
-// ~~~~~~~~~~~~~~~~~~~~~~~~
-// Rank 0's wait after backward mixes two costs: communication that backward did not hide, and
-// time spent while a slower rank was still in its backward (the last bucket's all-reduce cannot
-// finish before the last rank launches it). They call for different remedies (bucket sizes, a
-// faster link; or finding what slows that rank), and one rank cannot tell them apart. The rank
-// that finishes backward last can: its peers are done, so all it waits for is communication. So
-// each step's exchange carries every rank's wait of the step before, and rank 0 sums them
-// (RankWaits): per rank the wait, per rank the steps in which it waited least (it was the step's
-// slowest rank), and the per-step minimum over the ranks, the communication no rank hid. The mean
-// wait less that minimum is the time ranks spent waiting for the slowest. The figures run one
-// step behind (the last step's waits never travel), cost 8 bytes per rank on an exchange that
-// happens anyway, and are not measured when the buckets are awaited on a GPU (there the host's
-// wait is not the communication's).
-//
-// What the split does not see: waiting anywhere else. Without --sync-bn, the buffer broadcast
-// before forward (models with BatchNorm) lines the ranks up again, so an imbalance in data loading
-// is spent there and not seen here; so is SyncBatchNorm's per-layer waiting (its own metric). With
-// --grad-compression the conversion back to float32 counts as communication. With many noisy
-// ranks the per-step minimum tends low: some rank is usually lucky.
-void RankWaits::add_step(const std::vector<double>& waits) {
-  MTRAIN_CHECK(!waits.empty(), "a step's waits name no rank");
-  if (steps == 0) {
-    wait_seconds.assign(waits.size(), 0.0);
-    slowest_steps.assign(waits.size(), 0);
-  }
-  MTRAIN_CHECK(waits.size() == wait_seconds.size(), "a step's waits name {} ranks, earlier steps {}", waits.size(),
-               wait_seconds.size());
-  size_t slowest = 0;
-  for (size_t r = 0; r < waits.size(); ++r) {
-    wait_seconds[r] += waits[r];
-    if (waits[r] < waits[slowest]) slowest = r;
-  }
-  ++slowest_steps[slowest];
-  exposed_seconds += waits[slowest];
-  ++steps;
-}
-
-double RankWaits::mean_wait_seconds() const {
-  if (steps == 0) return 0.0;
-  double sum = 0.0;
-  for (double w : wait_seconds) sum += w;
-  return sum / static_cast<double>(wait_seconds.size()) / static_cast<double>(steps);
-}
-
-std::string describe_rank_waits(const RankWaits& waits) {
-  if (waits.steps == 0) return "after backward: no step's waits were reported by every rank yet";
-  const double mean = waits.mean_wait_seconds();
-  const double exposed = waits.exposed_seconds / static_cast<double>(waits.steps);
-  std::vector<size_t> ranks;
-  for (size_t r = 0; r < waits.slowest_steps.size(); ++r) {
-    if (waits.slowest_steps[r] > 0) ranks.push_back(r);
-  }
-  std::stable_sort(ranks.begin(), ranks.end(),
-                   [&](size_t a, size_t b) { return waits.slowest_steps[a] > waits.slowest_steps[b]; });
-  constexpr size_t kNamed = 3;
-  std::string slowest;
-  for (size_t k = 0; k < std::min(ranks.size(), kNamed); ++k) {
-    const int64_t n = waits.slowest_steps[ranks[k]];
-    slowest += k == 0 ? fmt::format("rank {} in {}", ranks[k], steps_text(n))
-                      : fmt::format(", rank {} in {}", ranks[k], n);
-  }
-  if (ranks.size() > kNamed) {
-    int64_t rest = 0;
-    for (size_t k = kNamed; k < ranks.size(); ++k) rest += waits.slowest_steps[ranks[k]];
-    slowest += fmt::format(", {} more ranks in {}", ranks.size() - kNamed, rest);
-  }
-  return fmt::format(
-      "after backward the {} ranks waited {:.3f} s per step on average over {}: {:.3f} s for communication "
-      "that no rank hid, {:.3f} s for the slowest rank to finish its backward (slowest: {})",
-      waits.wait_seconds.size(), mean, steps_text(waits.steps), exposed, std::max(mean - exposed, 0.0), slowest);
-}
 
 double ReducerTotals::hidden_fraction() const { return mtrain::hidden_fraction(wait_seconds, comm_span_seconds); }
 
@@ -141,8 +65,8 @@ Reducer::Reducer(std::shared_ptr<ProcessGroup> group, ReducerOptions options, st
 // A rank whose micro-batch is empty (a --global-batch-size chunk that torch.chunk leaves empty,
 // e.g. G = 5 on 4 ranks, or an epoch's small last batch) runs no backward; the loop calls
 // skip_backward() in its place, which launches every bucket (zeros, with weight 0) there, so
-// the buckets and the exchange that report() issues come in the same order as on the ranks
-// that ran one.
+// the buckets come in the same order as on the ranks that ran one, before or after the step's
+// exchange (Note [The exchange's place in the step] in step_exchange.cpp).
 void Reducer::attach(models::Module& model) {
   names_.clear();
   params_.clear();
@@ -239,7 +163,7 @@ void Reducer::zero_gradients() {
 // different speed (--balance) the faster one waited there for the slower one's forward, and again
 // after backward for its backward, losing whatever the two phases' imbalances could cancel. The
 // counts travel with the step's exchange instead, and after backward every rank checks they add up
-// to its total (Note [Ranks that split differently]). Every rank's loss
+// to its total (Note [Ranks that split differently] in step_exchange.cpp). Every rank's loss
 // gradient is then W times the gradient of the global mean loss, the same scale everywhere, and
 // the 1/W pre-scale and the sum give exactly the single-process gradient. Scaling the buckets by
 // count_r / total instead would be right for layers that see only their own rank's samples, but
@@ -263,17 +187,14 @@ void Reducer::before_backward(const MicroBatchInfo& micro_batch) {
   MTRAIN_CHECK(sync_ || !options_.weight_by_sample_count,
                "the reducer weights gradients by sample count, which needs every micro-batch synchronized");
   if (!sync_) return;
-  samples_ = micro_batch.samples;
   const int world = group_->size();
   scale_ = 1.0f / static_cast<float>(world);
   loss_scale_ = 1.0f;
-  world_samples_.reset();
   if (options_.weight_by_sample_count) {
     // Note [Reducer gradient weighting]
     MTRAIN_CHECK(micro_batch.world_samples.has_value(),
                  "the reducer weights gradients by sample count, which needs the step's total samples");
     const int64_t total = *micro_batch.world_samples;
-    world_samples_ = total;
     if (total <= 0) {
       throw InvalidArgument(fmt::format("every rank's micro-batch is empty (total 0 samples) at this step"));
     }
@@ -366,7 +287,7 @@ void Reducer::launch(Bucket& bucket) {
 // after_backward then calls Work::wait_on_current_stream() for each bucket: it returns at once and
 // the optimizer step queued next runs after the all-reduces on the GPU, so the host never blocks
 // on communication (Note [Asynchronous collectives] in collectives/process_group.cpp); its
-// wait_seconds is only the exchange of stop votes. A failed all-reduce surfaces through the group
+// wait_seconds is next to nothing. A failed all-reduce surfaces through the group
 // (a later wait, the next operation or its watchdog at the deadline) rather than in this call.
 void Reducer::after_backward() {
   for (size_t i = 0; i < ready_count_.size(); ++i) {
@@ -378,7 +299,6 @@ void Reducer::after_backward() {
     }
   }
   if (!sync_) return;
-  MTRAIN_CHECK(exchange_work_ != nullptr, "a synchronized micro-batch ended its backward without report()");
   MTRAIN_CHECK(next_launch_ == buckets_.size(), "{} of {} gradient buckets were launched", next_launch_,
                buckets_.size());
   const auto backward_end = Clock::now();
@@ -392,11 +312,8 @@ void Reducer::after_backward() {
     // On a GPU queued after the wait on the current stream, like the optimizer step.
     if (b.wire.defined()) ops::convert(b.wire, b.flat);
   }
-  exchange_work_->wait(control_->options().timeout);
-  exchange_work_.reset();
   const auto all_done = Clock::now();
   trace_buckets(all_done);
-  take_exchange();
   last_step_.wait_seconds = seconds_between(backward_end, all_done);
   last_step_.comm_span_seconds = seconds_between(first_launch_, all_done);
   last_step_.hidden_fraction = last_step_.waited_on_device
@@ -405,7 +322,7 @@ void Reducer::after_backward() {
   ++totals_.synced_steps;
   totals_.wait_seconds += last_step_.wait_seconds;
   totals_.comm_span_seconds += last_step_.comm_span_seconds;
-  previous_wait_ns_ =
+  last_wait_ns_ =
       last_step_.waited_on_device ? -1 : static_cast<int64_t>(std::llround(last_step_.wait_seconds * 1e9));
 }
 
@@ -418,73 +335,6 @@ void Reducer::trace_buckets(Clock::time_point all_done) const {
     const Clock::time_point done = b.work->completed_at().value_or(all_done);
     trace::record("all-reduce", "comm", trace::bucket_row(static_cast<int>(k)), b.launched_at,
                   std::max(done, b.launched_at), "bytes", static_cast<int64_t>(b.flat.nbytes()));
-  }
-}
-
-// Note [Agreeing to stop]
-// ~~~~~~~~~~~~~~~~~~~~~~~
-// A stop signal (Note [Stopping on a signal] in stop_signals.cpp) reaches the ranks at slightly
-// different moments, or only one of them, yet every rank must stop after the same optimizer step,
-// or the ones that carry on wait forever in the next all-reduce. The last micro-batch of every
-// step carries this rank's stop vote (Note [Stop votes]): report() all-gathers {vote, previous
-// wait} of every rank (Note [Every rank's wait]) on the control group, and after_backward waits
-// for it with the buckets, so the agreement costs no extra round trip. A rank whose loss is not
-// finite votes to stop too, so the loop reports once it has read the loss (Note [The loss is read
-// after backward is queued] in trainer/loop/train_loop.cpp): on the CPU before the backward,
-// ahead of the buckets; from a GPU once the backward is queued, while the GPU runs it. The same
-// exchange carries each rank's compute time of its previous step for --balance (Note
-// [Measuring each rank's speed] in share_balancer.cpp) and its sample count (Note [Ranks that
-// split differently]). After the step every rank reads the same agreed_stop_vote(), the largest
-// vote: a vote cast at step N is honoured after step N on every rank. With one process
-// (LocalGradients) the agreed vote is the local one.
-//
-// Note [Ranks that split differently]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Every rank computes the split of each global batch by itself (Note [Shares by integer
-// arithmetic] in data/distributed_sampler.cpp). Should two ranks not agree (a build that computes
-// differently on some host), their chunks would no longer tile the global batch, and the loss
-// gradient scale would rest on a total the micro-batches do not hold. The step's exchange carries
-// every rank's count; where they do not add up to this rank's planned total, the step ends in an
-// error before the optimizer applies it: better to stop than to train on images skipped or read
-// twice. (With three or more ranks two could disagree on a boundary with equal totals; that this
-// check does not see.)
-void Reducer::report(const StepReport& report) {
-  if (!sync_) return;
-  MTRAIN_CHECK(exchange_work_ == nullptr, "report() twice for one micro-batch");
-  exchange_mine_ = Tensor::from_vector<int64_t>({report.stop_vote, previous_wait_ns_,
-                                                 report.previous_compute.nanoseconds,
-                                                 report.previous_compute.images, samples_},
-                                                {kExchangeFields});
-  exchange_all_ = Tensor::empty({kExchangeFields * static_cast<int64_t>(group_->size())}, DType::Int64);
-  exchange_work_ = control_->allgather(exchange_mine_, exchange_all_);
-}
-
-void Reducer::take_exchange() {
-  const int64_t* all = exchange_all_.data<int64_t>();
-  const size_t world = static_cast<size_t>(exchange_all_.numel() / kExchangeFields);
-  agreed_stop_vote_ = all[0];
-  std::vector<double> waits(world);
-  std::vector<int64_t> samples(world);
-  ranks_compute_.assign(world, RankCompute{});
-  bool every_rank_measured = true;
-  for (size_t r = 0; r < world; ++r) {
-    const int64_t* fields = all + kExchangeFields * r;
-    agreed_stop_vote_ = std::max(agreed_stop_vote_, fields[0]);
-    every_rank_measured = every_rank_measured && fields[1] >= 0;
-    waits[r] = static_cast<double>(fields[1]) * 1e-9;
-    ranks_compute_[r] = {fields[2], fields[3]};
-    samples[r] = fields[4];
-  }
-  // Note [Every rank's wait]: none before the first step, none on a GPU.
-  if (every_rank_measured) rank_waits_.add_step(waits);
-  if (!world_samples_) return;
-  int64_t held = 0;
-  for (int64_t n : samples) held += n;
-  if (held != *world_samples_) {
-    throw InternalError(fmt::format(
-        "the ranks' micro-batches held {} images together ({} by rank) where this rank's split of the global batch "
-        "has {}: the ranks split the global batch differently",
-        held, fmt::join(samples, ", "), *world_samples_));
   }
 }
 

@@ -54,25 +54,6 @@ struct ReducerStepStats {
   bool waited_on_device = false;
 };
 
-// Sums over the synchronized steps whose waits every rank has reported (Note [Every rank's
-// wait]).
-struct RankWaits {
-  int64_t steps = 0;
-  std::vector<double> wait_seconds;    // by rank, summed over the steps
-  std::vector<int64_t> slowest_steps;  // by rank: steps in which it waited least (ties: the lowest rank)
-  double exposed_seconds = 0.0;        // summed per-step minimum over the ranks
-
-  // One step's waits, one per rank; every step must name the same number of ranks (else
-  // InternalError).
-  void add_step(const std::vector<double>& waits);
-  // Mean over ranks and steps (0 before the first step).
-  double mean_wait_seconds() const;
-};
-
-// One line for the log: the mean wait per step split into communication and waiting
-// for the slowest rank, and which ranks were slowest how often.
-std::string describe_rank_waits(const RankWaits& waits);
-
 struct ReducerTotals {
   int64_t synced_steps = 0;
   double wait_seconds = 0.0;
@@ -84,8 +65,8 @@ struct ReducerTotals {
 class Reducer final : public GradientSynchronizer {
  public:
   // `group` reduces the gradient buckets (on the parameters' device); `control` carries
-  // the host values (Note [Control-plane collectives] in training_groups.cpp) and
-  // defaults to `group`. Both must have the same ranks (else InternalError); a zero bucket
+  // attach()'s check of the layout (Note [Control-plane collectives] in training_groups.cpp)
+  // and defaults to `group`. Both must have the same ranks (else InternalError); a zero bucket
   // cap throws InvalidArgument.
   Reducer(std::shared_ptr<ProcessGroup> group, ReducerOptions options,
           std::shared_ptr<ProcessGroup> control = nullptr);
@@ -105,26 +86,17 @@ class Reducer final : public GradientSynchronizer {
   // Marks every gradient ready, which launches every bucket of a synchronized micro-batch
   // (zeros, with weight 0 under weight_by_sample_count).
   void skip_backward() override;
-  // Issues the exchange of stop votes, waits and sample counts (Note [Agreeing to stop]) and
-  // returns without waiting for it.
-  void report(const StepReport& report) override;
-  // Waits for every bucket (on a GPU: on the current stream, Note [Reducer on a GPU]) and the
-  // exchange; on return every gradient is final (Note [Reducer launch order]). Throws
-  // InternalError when a parameter reported its gradient other than once, when a synchronized
-  // micro-batch was not reported, or when the ranks' sample counts do not add up to the
-  // world_samples this rank was given (Note [Ranks that split differently]), and the
-  // operations' errors.
+  // Waits for every bucket (on a GPU: on the current stream, Note [Reducer on a GPU]); on
+  // return every gradient is final (Note [Reducer launch order]). Throws InternalError when a
+  // parameter reported its gradient other than once, and the all-reduces' errors.
   void after_backward() override;
   std::string describe() const override;
-  int64_t agreed_stop_vote() const override { return agreed_stop_vote_; }
-  std::vector<RankCompute> ranks_compute() const override { return ranks_compute_; }
+  int64_t last_wait_ns() const override { return last_wait_ns_; }
 
   // Bucket k holds these parameter indices (positions in model.parameters()).
   const std::vector<std::vector<int>>& bucket_parameters() const { return bucket_params_; }
   const ReducerStepStats& last_step() const { return last_step_; }
   const ReducerTotals& totals() const { return totals_; }
-  // Every rank's waits (Note [Every rank's wait]); steps stays 0 on a GPU.
-  const RankWaits& rank_waits() const { return rank_waits_; }
 
  private:
   struct Bucket {
@@ -141,8 +113,6 @@ class Reducer final : public GradientSynchronizer {
   void on_gradient_ready(models::Parameter& param);
   void launch_ready_buckets();
   void launch(Bucket& bucket);
-  // Reads the finished exchange: the agreed stop vote, every rank's previous wait.
-  void take_exchange();
   // Records each bucket's all-reduce, launch to completion, on its --trace row.
   void trace_buckets(Clock::time_point all_done) const;
 
@@ -167,20 +137,9 @@ class Reducer final : public GradientSynchronizer {
   Clock::time_point first_launch_;
   ReducerStepStats last_step_;
   ReducerTotals totals_;
-  // The per-step exchange of this rank, and of all: kExchangeFields values per rank.
-  // stop vote, previous wait (ns), previous compute (ns, images), this micro-batch's samples
-  static constexpr int64_t kExchangeFields = 5;
-  int64_t samples_ = 0;  // the current synchronized micro-batch's MicroBatchInfo::samples
-  Tensor exchange_mine_;  // int64 [kExchangeFields]
-  Tensor exchange_all_;   // int64 [kExchangeFields * world]
-  WorkPtr exchange_work_;
-  int64_t agreed_stop_vote_ = 0;
-  // This rank's wait in the last synchronized step, in ns; -1 before the first and
-  // when it was not measured (Note [Every rank's wait]).
-  int64_t previous_wait_ns_ = -1;
-  RankWaits rank_waits_;
-  std::vector<RankCompute> ranks_compute_;  // of the last exchange
-  std::optional<int64_t> world_samples_;    // the planned total of a count-weighted micro-batch
+  // This rank's wait in the last synchronized micro-batch, in ns; -1 before the first and
+  // on a GPU (Note [Every rank's wait] in step_exchange.cpp).
+  int64_t last_wait_ns_ = -1;
 };
 
 }  // namespace mtrain

@@ -58,7 +58,7 @@ ShareBalancer::ShareBalancer(BalanceOptions options)
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Each rank times its own forward and backward of every step (trainer/loop/compute_timer.h): the
 // work that scales with its share, without the data wait, the optimizer or the wait for its
-// peers after backward. The last micro-batch's exchange (Note [Agreeing to stop] in reducer.cpp)
+// peers after backward. The last micro-batch's exchange (Note [Agreeing to stop] in step_exchange.cpp)
 // carries that time and the step's image count to every rank, one step late and at no extra
 // round trip, so every rank observes the same figures. Per image, in integer picoseconds, each
 // rank's speed is the mean of its last window_steps values. A mean, not a median or a short

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/ddp/gradient_sync.h"
+#include "trainer/ddp/step_exchange.h"
 
 namespace mtrain {
 

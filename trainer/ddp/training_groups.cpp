@@ -31,7 +31,7 @@ void require_rank0_backend(Store& store, int rank, const std::string& backend, D
 // Note [Control-plane collectives]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Besides the gradients, a run exchanges small values the host needs at once: the configuration
-// and replica hashes (rank_consensus.h), the reducer's stop votes and per-rank sample counts, the
+// and replica hashes (rank_consensus.h), each step's exchange (step_exchange.h), the
 // epoch and evaluation sums, the checkpoint headers and error texts (checkpointer.h), and the
 // final barrier. NCCL only takes GPU tensors, so when the gradient group is NCCL the run opens a
 // second group, "control", with Gloo over the same store, and every control-plane collective goes

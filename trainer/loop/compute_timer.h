@@ -14,7 +14,7 @@
 #include "models/module.h"
 #include "tensor/cuda_runtime.h"
 #include "tensor/tensor.h"
-#include "trainer/ddp/gradient_sync.h"
+#include "trainer/ddp/step_exchange.h"
 
 namespace mtrain {
 

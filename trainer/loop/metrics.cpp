@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "tensor/cuda_memory.h"
 #include "trainer/ddp/reducer.h"
+#include "trainer/ddp/step_exchange.h"
 
 namespace mtrain {
 
@@ -69,7 +70,8 @@ void add_memory_fields(nlohmann::json& event, Device device) {
   }
 }
 
-void add_reducer_fields(nlohmann::json& event, const Reducer& reducer, double syncbn_wait_seconds) {
+void add_data_parallel_fields(nlohmann::json& event, const Reducer& reducer, const StepExchange& exchange,
+                              double syncbn_wait_seconds) {
   const ReducerStepStats& last = reducer.last_step();
   nlohmann::json launches = nlohmann::json::array();
   for (const auto& l : last.launches) {
@@ -81,7 +83,7 @@ void add_reducer_fields(nlohmann::json& event, const Reducer& reducer, double sy
       last.waited_on_device ? nlohmann::json(nullptr) : nlohmann::json(reducer.totals().hidden_fraction());
   event["bucket_launches"] = std::move(launches);
   // Note [Every rank's wait]; running totals like comm_wait_sec.
-  const RankWaits& waits = reducer.rank_waits();
+  const RankWaits& waits = exchange.rank_waits();
   event["rank_waits"] = last.waited_on_device ? nlohmann::json(nullptr)
                                               : nlohmann::json{{"steps", waits.steps},
                                                                {"wait_sec", waits.wait_seconds},

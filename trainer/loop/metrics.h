@@ -15,6 +15,7 @@
 namespace mtrain {
 
 class Reducer;
+class StepExchange;
 
 class MetricsWriter {
  public:
@@ -46,9 +47,11 @@ nlohmann::json json_number(double v);
 void add_memory_fields(nlohmann::json& event, Device device);
 
 // Adds the data-parallel figures of step and epoch events (docs/training.md,
-// "Metrics"): comm_wait_sec, comm_hidden_fraction, bucket_launches and rank_waits of
-// `reducer`, and syncbn_wait_sec when SyncBatchNorm runs (`syncbn_wait_seconds` >= 0).
-void add_reducer_fields(nlohmann::json& event, const Reducer& reducer, double syncbn_wait_seconds);
+// "Metrics"): comm_wait_sec, comm_hidden_fraction and bucket_launches of `reducer`,
+// rank_waits of `exchange`, and syncbn_wait_sec when SyncBatchNorm runs
+// (`syncbn_wait_seconds` >= 0).
+void add_data_parallel_fields(nlohmann::json& event, const Reducer& reducer, const StepExchange& exchange,
+                              double syncbn_wait_seconds);
 
 // The evaluation of the initial weights when a run trains no step (--max-steps 0).
 nlohmann::json initial_eval_event(const EvalResult& result);

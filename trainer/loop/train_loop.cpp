@@ -49,11 +49,12 @@ std::string format_epoch_line(const EpochSummary& s, const std::vector<std::stri
 }
 
 TrainLoop::TrainLoop(models::Module& model, models::Sgd& optimizer, GradientSynchronizer& sync,
-                     data::DataLoader& train_loader, data::DataLoader* test_loader,
+                     StepExchange& exchange, data::DataLoader& train_loader, data::DataLoader* test_loader,
                      MetricsWriter& metrics, TrainLoopConfig config)
     : model_(model),
       optimizer_(optimizer),
       sync_(sync),
+      exchange_(exchange),
       train_loader_(train_loader),
       test_loader_(test_loader),
       metrics_(metrics),
@@ -117,7 +118,7 @@ void TrainLoop::checkpoint(const TrainPosition& position, CheckpointReason reaso
 // the others waiting in the step's collectives until the timeout or the launcher's teardown.
 // Instead the rank finishes the step's backward (its gradients are NaN, harmlessly: nothing is
 // applied) and casts kDivergedVote in the step's stop vote (Note [Agreeing to stop] in
-// reducer.cpp); after the exchange and before the optimizer step every rank raises the
+// ddp/step_exchange.cpp); after the exchange and before the optimizer step every rank raises the
 // divergence, naming the lowest rank whose loss was not finite, and the weights stay those of the
 // step before.
 //
@@ -321,10 +322,10 @@ void TrainLoop::train_micro_batch(RunState& rs, EpochState& e, StepState& step, 
       rs.timer->stop(0);
       report.previous_compute = rs.timer->previous();
     }
-    synchronize_backward(info, [&] { sync_.skip_backward(); }, [&] { sync_.report(report); });
+    synchronize_backward(info, [&] { sync_.skip_backward(); }, [&] { send_report(report, info); });
     return;
   }
-  const models::LossResult r = forward_backward(rs, e, batch, info, report, last_of_step);
+  const models::LossResult r = forward_backward(rs, e, batch, info, report);
   e.summary.images += r.count;
   e.summary.loss_sum += r.loss * static_cast<double>(r.count);
   e.summary.correct += r.correct;
@@ -335,28 +336,21 @@ void TrainLoop::train_micro_batch(RunState& rs, EpochState& e, StepState& step, 
 // Note [The loss is read after backward is queued]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The step needs its loss before the optimizer (a rank whose loss is not finite votes to
-// stop, Note [Agreeing to diverge]), and the vote travels in the exchange that report()
-// issues, but the backward needs neither. From a GPU (Note [Loss statistics stay on the
-// device] in models/loss.cpp) the loss is therefore read once the backward is queued: the
-// host waits for the forward alone while the GPU has the whole backward before it, and the
-// exchange travels while that backward runs. Read before the backward, the loss left the
+// stop, Note [Agreeing to diverge]), and the vote travels in the step's exchange (Note
+// [Agreeing to stop] in trainer/ddp/step_exchange.cpp), but the backward needs neither. From
+// a GPU (Note [Loss statistics stay on the device] in models/loss.cpp) the loss is therefore
+// read once the backward is queued: the host waits for the forward alone while the GPU has
+// the whole backward before it, and the exchange travels while that backward runs. Read before the backward, the loss left the
 // GPU idle from the forward's end until the host had queued the backward's first kernels.
-// On the CPU the loss is on the host when the forward returns, and the report goes out
-// before the backward, which hides the exchange's round trip: issued after it, behind the
-// last bucket, the round trip cost the 2-rank LeNet step 0.9 ms on the 2-core VM
-// (docs/benchmarks.md). The previous step's compute time is read with the loss: by then the
-// stream has passed that step's marks (Note [Timing on a GPU] in compute_timer.cpp). A label
-// outside [0, K) is reported where the loss is read, from a GPU after a backward whose
-// gradients are never applied.
-//
-// On Gloo and MPI the exchange shares its group with the buckets, whose collectives must come
-// in one order on every rank, so every rank reports at the same point: the device alone
-// decides it (report_after_backward()), and the ranks train on one kind of device (Note
-// [Agreeing on the backend first] in training_groups.cpp). A rank with an empty micro-batch
-// follows the same order through synchronize_backward, its skipped backward launching the
-// buckets where a backward would.
+// On the CPU the loss is on the host when the forward returns, and is read then. Where the
+// exchange goes, before or after the backward, its own unit decides for every rank (Note
+// [The exchange's place in the step] in trainer/ddp/step_exchange.cpp); synchronize_backward
+// follows it, for an empty micro-batch too. The previous step's compute time is read with the
+// loss: by then the stream has passed that step's marks (Note [Timing on a GPU] in
+// compute_timer.cpp). A label outside [0, K) is reported where the loss is read, from a GPU
+// after a backward whose gradients are never applied.
 models::LossResult TrainLoop::forward_backward(RunState& rs, EpochState& e, const data::Batch& batch,
-                                               const MicroBatchInfo& info, StepReport& report, bool last_of_step) {
+                                               const MicroBatchInfo& info, StepReport& report) {
   if (rs.timer) rs.timer->start();
   const models::PendingLoss pending = [&] {
     const trace::Span span("forward", "compute", "images", batch.size());
@@ -378,25 +372,32 @@ models::LossResult TrainLoop::forward_backward(RunState& rs, EpochState& e, cons
     if (rs.timer) rs.timer->stop(batch.size());
   };
   models::LossResult r;
-  synchronize_backward(info, backward, [&] { r = read_and_report(rs, e, pending, report, last_of_step); });
+  synchronize_backward(info, backward, [&] { r = read_and_report(rs, e, pending, info, report); });
   return r;
 }
 
-// The synchronizer's calls around one micro-batch's backward (or its skip), in the order
-// every rank makes them (Note [The loss is read after backward is queued]).
+// The synchronizer's and the exchange's calls around one micro-batch's backward (or its skip),
+// in the order every rank makes them (Note [The exchange's place in the step] in
+// trainer/ddp/step_exchange.cpp).
 void TrainLoop::synchronize_backward(const MicroBatchInfo& info, const std::function<void()>& backward,
                                      const std::function<void()>& report) {
   sync_.before_backward(info);
-  if (!report_after_backward()) report();
+  if (!exchange_.issued_after_backward()) report();
   backward();
-  if (report_after_backward()) report();
+  if (exchange_.issued_after_backward()) report();
   const trace::Span span("gradient sync wait", "comm");
   sync_.after_backward();
+  if (info.sync) exchange_.finish();
+}
+
+// A synchronized micro-batch sends this rank's record; the others send nothing.
+void TrainLoop::send_report(const StepReport& report, const MicroBatchInfo& info) {
+  if (info.sync) exchange_.issue(report, info, sync_.last_wait_ns());
 }
 
 // Reads the micro-batch's loss, adds a divergence to the report, and reports.
 models::LossResult TrainLoop::read_and_report(RunState& rs, EpochState& e, const models::PendingLoss& pending,
-                                              StepReport& report, bool last_of_step) {
+                                              const MicroBatchInfo& info, StepReport& report) {
   const models::LossResult r = [&] {
     const trace::Span span("loss read", "compute");
     return pending.read();
@@ -405,15 +406,15 @@ models::LossResult TrainLoop::read_and_report(RunState& rs, EpochState& e, const
   if (!std::isfinite(r.loss) && e.divergence.empty()) {
     e.divergence = fmt::format("the loss is {} at epoch {} step {}", r.loss, e.epoch, total_steps_ + 1);
   }
-  if (last_of_step && !e.divergence.empty()) report.stop_vote = encode_stop_vote(kDivergedVote, config_.rank);
+  if (info.sync && !e.divergence.empty()) report.stop_vote = encode_stop_vote(kDivergedVote, config_.rank);
   if (rs.timer) report.previous_compute = rs.timer->previous();
-  sync_.report(report);
+  send_report(report, info);
   return r;
 }
 
 // After the step's exchange: raise an agreed divergence, else update the weights.
 void TrainLoop::apply_step(RunState& rs, const EpochState& e) {
-  if (const StopVote vote = decode_stop_vote(sync_.agreed_stop_vote()); vote.signal == kDivergedVote) {
+  if (const StopVote vote = decode_stop_vote(exchange_.agreed_stop_vote()); vote.signal == kDivergedVote) {
     // Note [Agreeing to diverge]
     throw InvalidArgument(
         !e.divergence.empty()
@@ -482,7 +483,7 @@ void TrainLoop::log_window(RunState& rs, const EpochState& e) {
 // After a step: true when the ranks agreed to stop (then checkpointed, the result set).
 bool TrainLoop::stop_agreed(RunState& rs, const EpochState& e) {
   // Every rank read the same agreed vote after this step (Note [Agreeing to stop]).
-  const int64_t vote = sync_.agreed_stop_vote();
+  const int64_t vote = exchange_.agreed_stop_vote();
   if (vote == 0) return false;
   rs.result.end = position(rs, e, false);
   rs.result.stop_vote = vote;

@@ -1,7 +1,8 @@
 // The training loop: epochs of forward, loss, backward, gradient synchronization and SGD steps,
 // progress lines every few steps and the d2l-style line after each epoch. It owns nothing: the
-// caller builds the model, optimizer, loaders, synchronizer and metrics writer (a distributed run
-// passes a DistributedSampler and a Reducer) and joins through TrainLoopHooks. run() drives
+// caller builds the model, optimizer, loaders, synchronizer, step exchange and metrics writer (a
+// distributed run passes a DistributedSampler, a Reducer and an exchange over its control group)
+// and joins through TrainLoopHooks. run() drives
 // every step from the calling thread. The why is in train_loop.cpp's Notes: [Resuming
 // mid-epoch], [Buffers follow rank 0], [Agreeing to diverge], [Micro-batches per step].
 #pragma once
@@ -19,6 +20,7 @@
 #include "models/optim.h"
 #include "trainer/loop/evaluate.h"
 #include "trainer/ddp/gradient_sync.h"
+#include "trainer/ddp/step_exchange.h"
 #include "trainer/loop/loss_scaler.h"
 #include "trainer/loop/lr_schedule.h"
 #include "trainer/loop/metrics.h"
@@ -33,7 +35,7 @@ struct TrainPosition;
 enum class CheckpointReason {
   kEvery,     // --checkpoint-every N steps
   kEpochEnd,  // after an epoch's summary and evaluation
-  kStop,      // the ranks agreed to stop (Note [Agreeing to stop] in reducer.cpp)
+  kStop,      // the ranks agreed to stop (Note [Agreeing to stop] in ddp/step_exchange.cpp)
 };
 
 // Hooks through which a distributed run joins the loop without the loop knowing about
@@ -175,7 +177,7 @@ std::string format_epoch_line(const EpochSummary& s, const std::vector<std::stri
 class TrainLoop {
  public:
   // `test_loader` may be null (no evaluation). Everything must outlive the loop.
-  TrainLoop(models::Module& model, models::Sgd& optimizer, GradientSynchronizer& sync,
+  TrainLoop(models::Module& model, models::Sgd& optimizer, GradientSynchronizer& sync, StepExchange& exchange,
             data::DataLoader& train_loader, data::DataLoader* test_loader, MetricsWriter& metrics,
             TrainLoopConfig config);
 
@@ -201,13 +203,12 @@ class TrainLoop {
   void begin_step(const EpochState& e);
   void train_micro_batch(RunState& rs, EpochState& e, StepState& step, const data::Batch& batch, bool last_of_step);
   models::LossResult forward_backward(RunState& rs, EpochState& e, const data::Batch& batch,
-                                      const MicroBatchInfo& info, StepReport& report, bool last_of_step);
+                                      const MicroBatchInfo& info, StepReport& report);
   void synchronize_backward(const MicroBatchInfo& info, const std::function<void()>& backward,
                             const std::function<void()>& report);
-  // Where every rank reports its step (Note [The loss is read after backward is queued]).
-  bool report_after_backward() const { return config_.device.is_cuda(); }
+  void send_report(const StepReport& report, const MicroBatchInfo& info);
   models::LossResult read_and_report(RunState& rs, EpochState& e, const models::PendingLoss& pending,
-                                     StepReport& report, bool last_of_step);
+                                     const MicroBatchInfo& info, StepReport& report);
   void apply_step(RunState& rs, const EpochState& e);
   void record_step(RunState& rs, EpochState& e, StepState& step);
   void log_window(RunState& rs, const EpochState& e);
@@ -223,6 +224,7 @@ class TrainLoop {
   models::Module& model_;
   models::Sgd& optimizer_;
   GradientSynchronizer& sync_;
+  StepExchange& exchange_;
   data::DataLoader& train_loader_;
   data::DataLoader* test_loader_;
   MetricsWriter& metrics_;

@@ -526,6 +526,7 @@ void attach_gradient_sync(const TrainOptions& o, TrainingRun& run) {
   } else {
     run.sync = std::make_unique<LocalGradients>();
   }
+  run.exchange = std::make_unique<StepExchange>(run.groups ? run.groups.control : nullptr, run.compute());
   // Note [Set-up memory]
   // ~~~~~~~~~~~~~~~~~~~~
   // Set-up leaves large blocks in the host allocator's cache: the flat buffer that
@@ -560,7 +561,7 @@ std::unique_ptr<BatchBalance> start_balance(const TrainOptions& o, TrainingRun& 
   spdlog::info("--balance {}: shares {}{}", o.balance, format_shares(options.initial_shares),
                options.automatic ? ", then in proportion to each rank's measured compute time per image" : "");
   return std::make_unique<BatchBalance>(ShareBalancer(options), *run.global_batch_sampler, *run.train_loader,
-                                        *run.sync, run.metrics);
+                                        *run.exchange, run.metrics);
 }
 
 namespace {

@@ -16,6 +16,7 @@
 #include "trainer/ddp/batch_balance.h"
 #include "trainer/ddp/gradient_sync.h"
 #include "trainer/ddp/reducer.h"
+#include "trainer/ddp/step_exchange.h"
 #include "trainer/ddp/training_groups.h"
 #include "trainer/loop/lr_schedule.h"
 #include "trainer/loop/metrics.h"
@@ -57,6 +58,7 @@ struct TrainingRun {
   std::shared_ptr<data::DataLoader> test_loader;  // null under --no-eval
   std::unique_ptr<GradientSynchronizer> sync;
   Reducer* reducer = nullptr;  // `sync` when the run is data-parallel
+  std::unique_ptr<StepExchange> exchange;  // each step's records, over the control group
   std::unique_ptr<LrSchedule> schedule;
 
   bool lead() const { return env.rank == 0; }  // logs, writes metrics and final weights

@@ -89,7 +89,7 @@ bool begin_startup_exit() {
 // and SIGUSR1 ahead of time with `--signal=USR1@T`; mtrain-launch forwards SIGUSR1/SIGUSR2 and
 // answers SIGTERM/SIGINT by sending SIGTERM to the workers. The signal thread only records the
 // first such signal (an atomic store); the training loop reads it at step boundaries, the ranks
-// agree on the step to stop after (Note [Agreeing to stop] in trainer/ddp/reducer.cpp), write the
+// agree on the step to stop after (Note [Agreeing to stop] in trainer/ddp/step_exchange.cpp), write the
 // checkpoint, and exit with kStoppedExitCode.
 //
 // A second SIGINT or SIGTERM while a stop is pending means "now": the default action is restored

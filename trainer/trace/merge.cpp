@@ -86,7 +86,7 @@ struct Interval {
 // did backward hide: of the span from a step's first bucket launch to its last bucket's
 // completion, the share the rank did not spend in "gradient sync wait". Which rank did each step
 // wait for: the rank that waited least after backward was the last to finish it (its peers waited
-// for it), as Note [Every rank's wait] in reducer.cpp reasons; the summary counts the steps each
+// for it), as Note [Every rank's wait] in ddp/step_exchange.cpp reasons; the summary counts the steps each
 // rank was that one. On a GPU neither is visible from the host: the buckets are awaited on the
 // stream (Note [Reducer on a GPU]), so the wait after backward holds no communication and the
 // compute spans end when the host queued the kernels, not when they ran; the summary then gives
