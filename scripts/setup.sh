@@ -3,8 +3,12 @@
 # build/, then installs the binaries under PREFIX (default /usr/local: mtrain-launch,
 # mtrain-train, mtrain-bench, mtrain-plot and mtrain-trace on PATH, the shipped data beside
 # them). Idempotent: a second run installs no package and rebuilds only what changed.
+# Without --tests it installs and builds what training needs, nothing more; --tests adds the
+# test suite and the packages only the tests use (Catch2, PyTorch, Pillow, SLURM, munge,
+# iproute2).
 #
 #   bash scripts/setup.sh            # Release build in build/, installed in /usr/local
+#   bash scripts/setup.sh --tests    # the same, with the test suite (ctest --test-dir build)
 #   BUILD_DIR=out CMAKE_ARGS="-DMTRAIN_CUDA=OFF" bash scripts/setup.sh
 #   PREFIX=$HOME/.local bash scripts/setup.sh    # install without root
 #   PREFIX= bash scripts/setup.sh                # build only, install nothing
@@ -14,29 +18,41 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${BUILD_DIR:-$root/build}
 jobs=${JOBS:-$(nproc)}
 
+with_tests=OFF
+for arg in "$@"; do
+  case $arg in
+    --tests) with_tests=ON ;;
+    *) echo "setup: unknown argument '$arg' (expected nothing, or --tests)" >&2; exit 2 ;;
+  esac
+done
+
 # Verified package names: docs/building.md. ocl-icd-opencl-dev is only a Recommends of
 # libdnnl-dev, but oneDNN's CMake config needs it.
 packages=(
   build-essential cmake ninja-build pkg-config
   libdnnl-dev ocl-icd-opencl-dev
   libgloo-dev libopenmpi-dev openmpi-bin
-  libcxxopts-dev libspdlog-dev nlohmann-json3-dev catch2 zlib1g-dev libcairo2-dev
+  libcxxopts-dev libspdlog-dev nlohmann-json3-dev zlib1g-dev libcairo2-dev
   libpng-dev libturbojpeg0-dev
-  python3
-  # Only for the `slurm` tests (tests/slurm): they run their own munged, slurmctld and
-  # slurmd under a temporary directory and use neither the packaged services nor
-  # /etc/slurm. Nothing in mtrain links to them; without them those tests are skipped.
+)
+test_packages=(
+  catch2 python3
+  # The `slurm` tests (tests/slurm) run their own munged, slurmctld and slurmd under a
+  # temporary directory and use neither the packaged services nor /etc/slurm. Nothing in
+  # mtrain links to them; without them those tests are skipped.
   slurm-wlm munge
-  # Only for the `multihost` tests (tests/multihost): `ip` builds two network namespaces
-  # joined by a veth pair, so two launchers talk over a real interface.
+  # The `multihost` tests (tests/multihost): `ip` builds two network namespaces joined by a
+  # veth pair, so two launchers talk over a real interface.
   iproute2
-  # Only for the tests that run real PyTorch programs under mtrain-launch and torchrun
-  # (tests/launcher/test_launch_torch.cpp) and for PyTorch's columns in the benchmarks.
+  # The tests that run real PyTorch programs under mtrain-launch and torchrun
+  # (tests/launcher/test_launch_torch.cpp) and compare with PyTorch; PyTorch's columns in
+  # the benchmarks.
   python3-torch
-  # Only for the test that compares image folders with Pillow's decoding and resizing
+  # The test that compares image folders with Pillow's decoding and resizing
   # (tests/data/test_image_folder_pil.cpp).
   python3-pil
 )
+[[ $with_tests == ON ]] && packages+=("${test_packages[@]}")
 
 missing=()
 for p in "${packages[@]}"; do
@@ -59,9 +75,9 @@ else
 fi
 
 # shellcheck disable=SC2086  # CMAKE_ARGS is a list of flags on purpose
-cmake -S "$root" -B "$build_dir" -G Ninja ${CMAKE_ARGS:-}
+cmake -S "$root" -B "$build_dir" -G Ninja -DMTRAIN_BUILD_TESTS=$with_tests ${CMAKE_ARGS:-}
 cmake --build "$build_dir" -j "$jobs"
-echo "setup: built into $build_dir/bin"
+echo "setup: built into $build_dir/bin$([[ $with_tests == ON ]] && echo ', with the tests' || true)"
 
 prefix=${PREFIX-/usr/local}
 if [[ -n $prefix ]]; then

@@ -1,5 +1,5 @@
 // mtrain-launch as a drop-in for torchrun: unmodified PyTorch programs (Debian's
-// python3-torch at /usr/bin/python3, which scripts/setup.sh installs), compared with the
+// python3-torch at /usr/bin/python3, which scripts/setup.sh --tests installs), compared with the
 // same programs under torchrun. Skips as a whole when that Python cannot import torch.
 #include <catch2/catch.hpp>
 

@@ -66,7 +66,7 @@ slurm_require_tools() {
     command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
   done
   if ((${#missing[@]})); then
-    slurm_skip "SLURM is not installed (missing: ${missing[*]}); scripts/setup.sh installs slurm-wlm and munge"
+    slurm_skip "SLURM is not installed (missing: ${missing[*]}); scripts/setup.sh --tests installs slurm-wlm and munge"
   fi
   if [[ $(id -u) -ne 0 ]]; then
     slurm_skip "the test cluster runs slurmd, which starts jobs, and it must be root to do so (running as $(id -un))"
