@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "collectives/store.h"
+#include "store/store.h"
 
 namespace mtrain {
 

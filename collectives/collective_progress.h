@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-#include "collectives/store.h"
+#include "store/store.h"
 
 namespace mtrain {
 

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "core/error.h"
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 
 #ifdef MTRAIN_HAVE_CUDA
 #include "tensor/cuda/stream.h"
@@ -63,7 +63,7 @@ class StagingStream {
 
   // Makes the group's GPU current for the calling (copy-back) thread, so that its CUDA
   // calls open no context elsewhere (Note [Helper threads and the process's GPU] in
-  // tensor/cuda_runtime.h). An error resurfaces at the thread's first checked call.
+  // tensor/cuda_devices.h). An error resurfaces at the thread's first checked call.
   void bind_thread() const {
     if (cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();
   }

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/store.h"
+#include "store/store.h"
 #include "tensor/tensor.h"
 
 namespace mtrain {

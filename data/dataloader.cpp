@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 
 namespace mtrain::data {
 namespace {

@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "tensor/cuda_memory.h"
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 
 #ifdef MTRAIN_HAVE_CUDA
 #include "tensor/cuda/stream.h"

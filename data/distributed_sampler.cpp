@@ -285,7 +285,7 @@ GlobalBatchShardSampler::GlobalBatchShardSampler(int64_t dataset_size, int rank,
 // The plan is a list of (first step, shares) within the current epoch; set_epoch keeps only the
 // latest shares, from step 0. A partial last batch of m < G images is split in proportion to the
 // shares (apportion), at least one image per rank that has a share when the batch has that many
-// images (run_setup's check refuses --sync-bn where a split leaves a rank without). Without set_shares the split is torch.chunk's,
+// images (start_up's check refuses --sync-bn where a split leaves a rank without). Without set_shares the split is torch.chunk's,
 // as before --balance existed.
 void GlobalBatchShardSampler::plan_batches() {
   batch_sizes_.clear();

@@ -13,7 +13,7 @@
 #include <optional>
 #include <vector>
 
-#include "collectives/network_address.h"
+#include "store/network_address.h"
 #include "core/error.h"
 #include "launcher/heartbeats.h"
 #include "launcher/log_streams.h"

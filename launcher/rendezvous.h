@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/store.h"
+#include "store/store.h"
 #include "launcher/failure_report.h"
 #include "launcher/options.h"
 

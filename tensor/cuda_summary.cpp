@@ -1,7 +1,7 @@
 // cuda_summary() for both builds, and cuda_info() for the build without CUDA.
 #include <fmt/format.h>
 
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 
 namespace mtrain {
 

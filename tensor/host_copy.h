@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 #include "tensor/tensor.h"
 
 namespace mtrain {

@@ -3,9 +3,9 @@
 
 #include "core/error.h"
 #include "tensor/cuda_memory.h"
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 #include "tensor/cuda_ops.h"
-#include "tensor/device_dispatch.h"
+#include "tensor/cuda_hooks.h"
 
 namespace mtrain {
 namespace {

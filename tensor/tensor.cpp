@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "tensor/device_dispatch.h"
+#include "tensor/cuda_hooks.h"
 
 namespace mtrain {
 

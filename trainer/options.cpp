@@ -16,7 +16,7 @@
 #include "collectives/process_group.h"
 #include "core/error.h"
 #include "trainer/checkpoint/checkpoint_file.h"
-#include "trainer/ddp/share_balancer.h"
+#include "trainer/ddp/share_policy.h"
 
 namespace mtrain {
 

@@ -83,7 +83,7 @@ struct TrainOptions {
   int64_t check_replicas = 0;           // every N steps compare parameter hashes; 0 = never
   bool sync_bn = false;                 // convert BatchNorm2d to SyncBatchNorm
   std::optional<int64_t> global_batch_size;  // split across ranks instead of --batch-size per rank
-  std::string balance = "even";         // even|auto|static:N0,N1,... (trainer/ddp/share_balancer.h)
+  std::string balance = "even";         // even|auto|static:N0,N1,... (trainer/ddp/share_policy.h)
   double timeout_seconds = 1800;        // per collective
   bool unauthenticated_store = false;   // Note [Workers without a shared secret] (worker_store.cpp)
   std::string lr_scaling = "none";      // none|linear (Note [Learning-rate scaling and warm-up])

@@ -16,7 +16,7 @@
 #include "trainer/loop/evaluate.h"
 #include "trainer/loop/progress.h"
 #include "trainer/plot/curves.h"
-#include "trainer/setup/run_setup.h"
+#include "trainer/setup/start_up.h"
 #include "trainer/stopping/error_file.h"
 #include "trainer/stopping/stop_signals.h"
 #include "trainer/trace/run_trace.h"
@@ -127,7 +127,7 @@ void add_data_parallel_hooks(const TrainOptions& o, TrainingRun& run, TrainLoopH
 
 // --balance: every step is timed, and after it the split of later steps may move; the shares in
 // force go into every step and epoch event.
-void add_balance_hooks(BatchBalance& balance, TrainLoopConfig& config) {
+void add_balance_hooks(BatchResplitter& balance, TrainLoopConfig& config) {
   config.time_compute = true;
   config.hooks.plan_batches = [&balance](int64_t step, int64_t batches_taken) {
     balance.after_step(step, batches_taken);
@@ -220,7 +220,7 @@ TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks
     };
   }
   if (run.groups) add_data_parallel_hooks(o, run, config.hooks, checks);
-  const std::unique_ptr<BatchBalance> balance = start_balance(o, run);
+  const std::unique_ptr<BatchResplitter> balance = start_balance(o, run);
   if (balance) add_balance_hooks(*balance, config);
   add_plot_hook(o, run, config.hooks);
   TrainLoop loop(*run.model, *run.optimizer, *run.sync, *run.exchange, *run.train_loader, run.test_loader.get(),

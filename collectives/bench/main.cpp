@@ -19,7 +19,7 @@
 #include "collectives/bench/bench_pattern.h"
 #include "collectives/bootstrap.h"
 #include "collectives/process_group.h"
-#include "collectives/store.h"
+#include "store/store.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/main_guard.h"

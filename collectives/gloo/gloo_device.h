@@ -8,12 +8,12 @@
 #include <memory>
 #include <string>
 
-#include "collectives/network_address.h"
+#include "store/network_address.h"
 
 namespace mtrain {
 
 // The address this host uses to reach `master_host:master_port` (route_local_address in
-// collectives/network_address.h, naming "gloo" in its errors), unless
+// store/network_address.h, naming "gloo" in its errors), unless
 // GLOO_SOCKET_IFNAME=IFACE[,...] names the interface: then the first one's address, as in
 // PyTorch. Throws CommError naming the master when it cannot be resolved or routed,
 // InvalidArgument when GLOO_SOCKET_IFNAME names no interface with an address.

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/store.h"
+#include "store/store.h"
 
 namespace mtrain {
 

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "collectives/store.h"
+#include "store/store.h"
 
 namespace mtrain {
 

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "collectives/store.h"
+#include "store/store.h"
 
 namespace mtrain {
 

@@ -17,7 +17,7 @@
 #include "core/error.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/stream.h"
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 
 namespace mtrain {
 namespace {

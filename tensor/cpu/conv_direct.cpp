@@ -30,7 +30,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "tensor/cpu/batch_kernels.h"
+#include "tensor/cpu/conv_support.h"
 
 namespace mtrain::ops::cpu {
 namespace {

@@ -50,7 +50,7 @@
 // pixels: the per-thread buffers grow with it, and padding wider than that is not
 // something a network does. These figures are AVX-512's, so the rules require it
 // (cpu_has_avx512()), with one exception. On a Zen 3 EPYC with AVX2 and FMA and no
-// AVX-512, which runs the x86-64-v3 clones (batch_kernels.h), the single-channel
+// AVX-512, which runs the x86-64-v3 clones (conv_support.h), the single-channel
 // weight gradient runs too (2026-11-26, `bench_kernels 1 256 64 cpu`, six alternating
 // runs with the rules on and off; that VM's spread between runs is wide):
 //
@@ -74,7 +74,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "tensor/cpu/batch_kernels.h"
+#include "tensor/cpu/conv_support.h"
 
 namespace mtrain::ops::cpu {
 namespace {

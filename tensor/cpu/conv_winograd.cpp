@@ -32,7 +32,7 @@
 // a dU of its own, added to the others in a fixed order at the end, so the result
 // depends on the thread count only through that grouping (as oneDNN's does).
 //
-// Layout: blocks of sixteen images go through the lanes layout of batch_kernels.h
+// Layout: blocks of sixteen images go through the lanes layout of conv_support.h
 // (Note [Images in the vector lanes] in conv_lanes.cpp), zero-padded, so the
 // transforms are plain vector additions with one image per lane; the columns of V and
 // M are (tile, lane) pairs. A block goes through in chunks of whole tile rows, as many
@@ -134,7 +134,7 @@
 
 #include <algorithm>
 
-#include "tensor/cpu/batch_kernels.h"
+#include "tensor/cpu/conv_support.h"
 #include "tensor/cpu/dnnl_support.h"
 #include "tensor/tensor.h"
 

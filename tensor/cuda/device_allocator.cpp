@@ -13,8 +13,8 @@
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/stream.h"
 #include "tensor/cuda_memory.h"
-#include "tensor/cuda_runtime.h"
-#include "tensor/device_dispatch.h"
+#include "tensor/cuda_devices.h"
+#include "tensor/cuda_hooks.h"
 
 namespace mtrain {
 namespace {

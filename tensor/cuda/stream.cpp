@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "tensor/cuda/cuda_check.h"
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 
 namespace mtrain::cuda {
 

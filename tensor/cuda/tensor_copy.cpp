@@ -1,12 +1,12 @@
-// Copies, zero_ and fill_ of GPU tensors, on the current stream (tensor/device_dispatch.h).
+// Copies, zero_ and fill_ of GPU tensors, on the current stream (tensor/cuda_hooks.h).
 #include <fmt/format.h>
 
 #include "core/error.h"
 #include "tensor/cuda/cuda_check.h"
-#include "tensor/cuda/kernels.h"
+#include "tensor/cuda/fill.h"
 #include "tensor/cuda/stream.h"
 #include "tensor/cuda_memory.h"
-#include "tensor/device_dispatch.h"
+#include "tensor/cuda_hooks.h"
 
 namespace mtrain::detail {
 

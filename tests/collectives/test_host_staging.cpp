@@ -22,10 +22,10 @@
 #include "collectives/bootstrap.h"
 #include "collectives/host_staging.h"
 #include "collectives/process_group.h"
-#include "collectives/store.h"
+#include "store/store.h"
 #include "core/env.h"
 #include "core/error.h"
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 #include "tests/launcher/launch_harness.h"
 #include "tests/support/skip.h"
 

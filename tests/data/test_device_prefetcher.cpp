@@ -16,7 +16,7 @@
 #include "data/dataloader.h"
 #include "tests/data/traceable_dataset.h"
 #include "data/device_prefetcher.h"
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 #include "tests/support/skip.h"
 
 #ifdef MTRAIN_HAVE_CUDA

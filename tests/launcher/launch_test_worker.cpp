@@ -31,7 +31,7 @@
 #include <string>
 #include <thread>
 
-#include "collectives/store.h"
+#include "store/store.h"
 
 namespace {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/collectives/store_test_util.h"
+#include "tests/store/store_test_util.h"
 #include "tests/launcher/launch_harness.h"
 #include "tests/support/skip.h"
 #include "tests/support/test_paths.h"

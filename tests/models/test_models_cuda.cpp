@@ -53,13 +53,13 @@
 #include "models/layers.h"
 #include "models/optim.h"
 #include "models/zoo.h"
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 #include "tests/models/grad_check.h"
 #include "tests/support/skip.h"
 
 #ifdef MTRAIN_HAVE_CUDA
 #include "collectives/process_group.h"
-#include "collectives/store.h"
+#include "store/store.h"
 #include "models/sync_batchnorm.h"
 #include "tensor/cuda/stream.h"
 #include "tensor/cuda_ops.h"

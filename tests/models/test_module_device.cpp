@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "models/layers.h"
 #include "models/optim.h"
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 #include "tests/models/grad_check.h"
 
 using namespace mtrain;

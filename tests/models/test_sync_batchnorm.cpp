@@ -11,7 +11,7 @@
 
 #include "tests/support/solo_group.h"
 #include "collectives/process_group.h"
-#include "collectives/store.h"
+#include "store/store.h"
 #include "core/error.h"
 #include "models/batchnorm.h"
 #include "models/sequential.h"

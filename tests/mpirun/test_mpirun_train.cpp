@@ -32,7 +32,7 @@
 #include <map>
 #include <thread>
 
-#include "tests/collectives/store_test_util.h"
+#include "tests/store/store_test_util.h"
 #include "tests/trainer/e2e_paths.h"
 #include "tests/trainer/run_process.h"
 #include "tests/trainer/temp_dir.h"
@@ -162,7 +162,7 @@ TEST_CASE("mpirun --backend mpi with --balance: a split by hand trains what mtra
   const WeightDifference same = compare_weights(balanced, launcher_weights(2));
   INFO("static:20,12 over MPI against 2 x 16 over Gloo: " << same.describe());
   CHECK(same.max_abs <= 1e-4);
-  // Every step checks that the ranks' batches held the global batch together (BatchBalance).
+  // Every step checks that the ranks' batches held the global batch together (BatchResplitter).
   for (size_t k = 0; k < flags.size(); ++k) {
     if (flags[k] == "--max-steps") flags[k + 1] = "30";
   }

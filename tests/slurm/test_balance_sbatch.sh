@@ -17,7 +17,7 @@ slurm_run_batch balance-sbatch 60 --ntasks-per-node=2 "$src/scripts/slurm/train.
 expect_output "\[info\] world: 2 ranks from SLURM variables, this is rank 0" "rank 0 found a world of 2 in SLURM's variables"
 expect_output "\[info\] --balance auto: shares 32,32, then in proportion" "the split started even"
 expect_two_rank_training gloo 24
-# Every step checked that the ranks' batches tiled the global batch (BatchBalance); the summary
+# Every step checked that the ranks' batches tiled the global batch (BatchResplitter); the summary
 # counts the steps every rank measured.
 expect_output "\[info\] balance: shares [0-9]+,[0-9]+ \([0-9]+ changes?\); over [0-9]+ measured steps" \
   "rank 0 summarised the split and its measurements"

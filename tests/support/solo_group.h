@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "collectives/process_group.h"
-#include "collectives/store.h"
+#include "store/store.h"
 
 namespace mtrain::testing {
 

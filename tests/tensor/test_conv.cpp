@@ -6,7 +6,7 @@
 #include <omp.h>
 
 #include "core/error.h"
-#include "tensor/cpu/batch_kernels.h"
+#include "tensor/cpu/conv_support.h"
 #include "tensor/cpu/conv_gemm_weights.h"
 #include "tensor/cpu/conv_geometry.h"
 #include "tensor/cpu/conv_layout.h"
@@ -403,7 +403,7 @@ TEST_CASE("the own kernels process every image when OpenMP runs fewer threads th
   // Inside another parallel region (nesting off) OpenMP runs an inner region on a team
   // of one, however many threads it asks for. The kernels split their work into as
   // many parts as they asked threads for, and the team runs all of them
-  // (for_each_part in tensor/cpu/batch_kernels.h): direct forward, lanes
+  // (for_each_part in tensor/cpu/conv_support.h): direct forward, lanes
   // backward-data and backward-weights, Winograd forward and backward-data, each on
   // 40 images (three blocks of sixteen). Only passes that run on the own kernels are
   // called: oneDNN's primitives spin forever in such a region (a backward-weights

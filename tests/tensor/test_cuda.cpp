@@ -5,12 +5,12 @@
 #include <thread>
 #include <vector>
 
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 #include "tests/support/skip.h"
 
 #ifdef MTRAIN_HAVE_CUDA
 #include "tensor/cuda/cuda_check.h"
-#include "tensor/cuda/kernels.h"
+#include "tensor/cuda/fill.h"
 #include "tensor/cuda/stream.h"
 #include "tests/support/stream_gate.h"
 #endif

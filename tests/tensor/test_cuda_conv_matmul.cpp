@@ -24,7 +24,7 @@
 
 #include "core/error.h"
 #include "tensor/cuda_ops.h"
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
 #include "tests/support/skip.h"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "tensor/cuda_memory.h"
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 #include "tensor/tensor.h"
 #include "tests/support/skip.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "tensor/cpu/batch_kernels.h"
+#include "tensor/cpu/conv_support.h"
 #include "tensor/cpu/conv_layout.h"
 #include "tensor/ops.h"
 #include "tests/tensor/reference.h"

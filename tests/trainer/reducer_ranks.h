@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/store.h"
+#include "store/store.h"
 #include "models/linear.h"
 #include "models/sequential.h"
 #include "trainer/ddp/reducer.h"

@@ -413,7 +413,7 @@ double peak_tensor_mib(const ProcessResult& r) {
 
 TEST_CASE("on 2 ranks the gradient buckets hold no more tensor memory than 1 rank's gradients",
           "[multiproc]") {
-  // Note [Set-up memory] in setup/run_setup.cpp: a bucket must not land in a cached
+  // Note [Set-up memory] in setup/start_up.cpp: a bucket must not land in a cached
   // set-up block up to twice its size. At batch 2 ResNet-18's 85 MiB of parameters and
   // gradients dominate the peak; a bucket in the broadcast buffer's block added 19 MiB.
   const std::vector<std::string> args = {"--model", "resnet18", "--dataset", "synthetic", "--batch-size", "2",

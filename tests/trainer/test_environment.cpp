@@ -17,8 +17,8 @@
 #include <string>
 
 #include "core/error.h"
-#include "tests/collectives/store_test_util.h"
-#include "collectives/store.h"
+#include "tests/store/store_test_util.h"
+#include "store/store.h"
 #include "tensor/tensor.h"
 #include "trainer/setup/environment.h"
 #include "trainer/setup/worker_store.h"

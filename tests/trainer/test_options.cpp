@@ -14,7 +14,7 @@
 #include "trainer/loop/metrics.h"
 #include "trainer/loop/progress.h"
 #include "trainer/options.h"
-#include "trainer/setup/run_configuration.h"
+#include "trainer/setup/agreement.h"
 
 using Catch::Matchers::Contains;
 using mtrain::InvalidArgument;

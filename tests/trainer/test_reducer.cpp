@@ -16,7 +16,7 @@
 #include "tests/trainer/counting_group.h"
 #include "tests/trainer/reducer_ranks.h"
 #include "collectives/process_group.h"
-#include "collectives/store.h"
+#include "store/store.h"
 #include "core/error.h"
 #include "models/init.h"
 #include "models/linear.h"

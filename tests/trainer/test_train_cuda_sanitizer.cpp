@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 #include "tests/support/skip.h"
 #include "tests/trainer/e2e_paths.h"
 #include "tests/trainer/idx_slice.h"

@@ -19,7 +19,7 @@
 
 #include "models/zoo.h"
 #include "tests/data/cifar_fixtures.h"
-#include "tests/collectives/store_test_util.h"
+#include "tests/store/store_test_util.h"
 #include "tests/support/scoped_env.h"
 #include "tests/trainer/idx_slice.h"
 #include "tests/trainer/run_process.h"
@@ -292,7 +292,7 @@ class SmallDisk {
 
 }  // namespace
 
-// Note [Room for the outputs] in trainer/setup/run_setup.cpp.
+// Note [Room for the outputs] in trainer/setup/start_up.cpp.
 TEST_CASE("outputs on a disk without room: refused before the first step, or metrics only warn", "[e2e]") {
   TempDir dir;
   SmallDisk disk(dir.file("small"), "16k");

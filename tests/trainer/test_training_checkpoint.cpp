@@ -424,7 +424,7 @@ TEST_CASE("a damaged latest checkpoint is set aside, never rotated over the good
   }
 }
 
-// Note [Room for the outputs] in trainer/setup/run_setup.cpp: a finished run's weights
+// Note [Room for the outputs] in trainer/setup/start_up.cpp: a finished run's weights
 // survive a final write that fails.
 TEST_CASE("final weights that cannot be written where asked are kept in the temporary directory") {
   TempDir dir;

@@ -98,7 +98,7 @@ std::string describe_rank_waits(const RankWaits& waits) {
 // waits for it after the buckets, so the agreement costs no extra round trip. A rank whose loss
 // is not finite votes to stop too (Note [Agreeing to diverge] in trainer/loop/train_loop.cpp), so
 // a rank issues once it has read its loss. The same record carries the rank's compute time of
-// its previous step for --balance (Note [Measuring each rank's speed] in share_balancer.cpp), its
+// its previous step for --balance (Note [Measuring each rank's speed] in share_policy.cpp), its
 // wait (Note [Every rank's wait]) and its sample count (Note [Ranks that split differently]).
 // After the step every rank reads the same agreed_stop_vote(), the largest vote: a vote cast at
 // step N is honoured after step N on every rank. In a world of one the agreed vote is the local

@@ -37,7 +37,7 @@ struct StepReport {
   // This rank's stop vote (Note [Agreeing to stop]); 0 means carry on.
   int64_t stop_vote = 0;
   // This rank's compute of its previous synchronized step (--balance, Note [Measuring each
-  // rank's speed] in share_balancer.cpp).
+  // rank's speed] in share_policy.cpp).
   RankCompute previous_compute{};
 };
 

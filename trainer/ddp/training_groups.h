@@ -11,7 +11,7 @@
 #include <string>
 
 #include "collectives/process_group.h"
-#include "collectives/store.h"
+#include "store/store.h"
 
 namespace mtrain {
 

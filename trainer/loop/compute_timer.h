@@ -1,5 +1,5 @@
 // ComputeTimer: this rank's forward and backward time per step, for --balance (Note [Measuring
-// each rank's speed] in trainer/ddp/share_balancer.cpp). The loop calls start() right before a
+// each rank's speed] in trainer/ddp/share_policy.cpp). The loop calls start() right before a
 // step's forward, pause() after it, resume() right before its backward and stop(images) right
 // after it (an empty batch too: start, stop), so what the loop does between forward and backward
 // is not counted; during the next step, previous() gives that step's time. On the CPU it is the host's time less what
@@ -12,7 +12,7 @@
 #include <memory>
 
 #include "models/module.h"
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 #include "tensor/tensor.h"
 #include "trainer/ddp/step_exchange.h"
 

@@ -10,7 +10,7 @@ namespace mtrain {
 // data/device_prefetcher.cpp): batch k+1 is copied to the GPU on a stream of its own while step k
 // runs, and the step's kernels are ordered after the copy on the GPU, not by blocking the host. The
 // copy overlaps only from pinned host memory, so a loader that feeds a GPU is built with
-// pin_memory (run_setup.cpp).
+// pin_memory (start_up.cpp).
 DeviceBatches::DeviceBatches(data::DataLoader& loader, Device device) : loader_(loader), device_(device) {
   if (device_.is_cuda()) prefetcher_ = std::make_unique<data::DevicePrefetcher>(loader_, device_);
 }

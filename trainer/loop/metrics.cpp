@@ -27,7 +27,7 @@ namespace mtrain {
 //   {"event":"eval","epoch":0,"step":0,"test_loss":..,"test_acc":..}
 //       when a run trains no step (--max-steps 0), the evaluation of the initial weights;
 //   {"event":"balance","step":7,"shares_before":[32,32],"shares":[40,24],..}
-//       when --balance auto moves the split (trainer/ddp/batch_balance.cpp).
+//       when --balance auto moves the split (trainer/ddp/batch_resplitter.cpp).
 // Non-finite numbers (a diverged loss) are written as null: JSON has no NaN.
 MetricsWriter::MetricsWriter(const std::string& path, Mode mode) : path_(path) {
   file_.reset(std::fopen(path.c_str(), mode == Mode::kAppend ? "a" : "w"));

@@ -5,7 +5,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "tensor/cuda_ops.h"
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 
 namespace mtrain {
 

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "collectives/bootstrap.h"
-#include "collectives/network_address.h"
+#include "store/network_address.h"
 #include "core/error.h"
 #ifdef MTRAIN_HAVE_MPI
 #include "collectives/mpi/mpi_bootstrap.h"
@@ -25,7 +25,7 @@
 //   - kRank0: the address is known to every rank in advance: MASTER_ADDR/MASTER_PORT when set,
 //     else under SLURM the first host of SLURM_JOB_NODELIST and a port derived from SLURM_JOB_ID
 //     (environment.cpp). Rank 0 listens on exactly one address, the one through which its host
-//     reaches MASTER_ADDR (Note [The store's address] in collectives/network_address.cpp), and
+//     reaches MASTER_ADDR (Note [The store's address] in store/network_address.cpp), and
 //     checks that it reaches itself there, so MASTER_ADDR must name rank 0's own host. The
 //     token is MTRAIN_STORE_TOKEN (Note [Workers without a shared secret] when it is unset).
 //   - kMpiBroadcast: under mpirun without MASTER_ADDR, rank 0 binds a free port on its own host

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "collectives/bootstrap.h"
-#include "collectives/store.h"
+#include "store/store.h"
 #include "trainer/setup/environment.h"
 
 namespace mtrain {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "core/trace.h"
-#include "trainer/setup/run_setup.h"
+#include "trainer/setup/start_up.h"
 
 namespace mtrain {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "collectives/nccl/device_identity.h"
-#include "collectives/store.h"
+#include "store/store.h"
 #include "core/error.h"
 
 using namespace mtrain;

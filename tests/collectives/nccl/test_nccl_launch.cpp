@@ -7,7 +7,7 @@
 #include <regex>
 #include <string>
 
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 #include "tests/launcher/launch_harness.h"
 #include "tests/support/skip.h"
 

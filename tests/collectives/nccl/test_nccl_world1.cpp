@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "collectives/process_group.h"
-#include "collectives/store.h"
+#include "store/store.h"
 #include "core/error.h"
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 #include "tests/support/skip.h"
 
 #ifdef MTRAIN_HAVE_CUDA

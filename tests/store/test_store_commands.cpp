@@ -10,9 +10,9 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/store.h"
+#include "store/store.h"
 #include "core/error.h"
-#include "tests/collectives/store_test_util.h"
+#include "tests/store/store_test_util.h"
 
 using namespace mtrain;
 using namespace mtrain::testing;

@@ -1,4 +1,4 @@
-#include "trainer/setup/run_configuration.h"
+#include "trainer/setup/agreement.h"
 
 #include <fmt/format.h>
 

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "collectives/store.h"
-#include "collectives/store_wire.h"
+#include "store/store.h"
+#include "store/wire.h"
 #include "core/error.h"
-#include "tests/collectives/store_test_util.h"
+#include "tests/store/store_test_util.h"
 
 using namespace mtrain;
 using namespace mtrain::testing;
@@ -249,7 +249,7 @@ TEST_CASE("a client whose server vanished gets a CommError, not a hang or SIGPIP
 TEST_CASE("connections waiting for the handshake are capped: the oldest makes room", "[store]") {
   ServerFixture f;
   const uint64_t before = f.server.rejected_connections();
-  constexpr int kPendingCap = 128;  // kMaxPendingHandshakes in store_server.cpp
+  constexpr int kPendingCap = 128;  // kMaxPendingHandshakes in store/server.cpp
   std::vector<std::unique_ptr<RawConnection>> idle;
   for (int i = 0; i <= kPendingCap; ++i) {
     idle.push_back(std::make_unique<RawConnection>(f.server.port()));
@@ -320,7 +320,7 @@ TEST_CASE("at the descriptor limit the server stops accepting until a connection
     ~Restore() { spdlog::set_default_logger(logger); }
   } restore{previous};
   // 256 descriptors are kept for the rest of the process: 320 leaves room for 64
-  // connections (kReservedDescriptors, kMinConnections in store_server.cpp). The server
+  // connections (kReservedDescriptors, kMinConnections in store/server.cpp). The server
   // reads the limit when it starts.
   constexpr int kCap = 64;
   ScopedFileLimit limit(320);

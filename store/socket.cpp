@@ -1,4 +1,4 @@
-#include "collectives/store_socket.h"
+#include "store/socket.h"
 
 #include <fcntl.h>
 #include <netdb.h>

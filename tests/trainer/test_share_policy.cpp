@@ -1,4 +1,4 @@
-// The share arithmetic of --balance (trainer/ddp/share_balancer.h), fed with made-up
+// The share arithmetic of --balance (trainer/ddp/share_policy.h), fed with made-up
 // measurements: proportional shares, warm-up, hysteresis, the minimum interval, hopeless
 // ranks, the savings estimate and --balance's parsing.
 #include <catch2/catch.hpp>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "trainer/ddp/share_balancer.h"
+#include "trainer/ddp/share_policy.h"
 
 using namespace mtrain;
 using Catch::Matchers::Contains;
@@ -39,7 +39,7 @@ std::vector<RankCompute> measured(const Shares& shares, const std::vector<double
 // Feeds `steps` steps in which every rank computes at its speed with the shares in force,
 // as the job would (a change applies to the steps after it); returns the steps at which
 // the shares changed.
-std::vector<int64_t> run(ShareBalancer& b, int64_t first, int64_t steps, const std::vector<double>& ms_per_image,
+std::vector<int64_t> run(SharePolicy& b, int64_t first, int64_t steps, const std::vector<double>& ms_per_image,
                          const std::vector<std::vector<double>>& noise = {}) {
   std::vector<int64_t> changes;
   for (int64_t step = first; step < first + steps; ++step) {
@@ -52,7 +52,7 @@ std::vector<int64_t> run(ShareBalancer& b, int64_t first, int64_t steps, const s
 }  // namespace
 
 TEST_CASE("a rank at half speed gets a third of the global batch within a few steps", "[balance]") {
-  ShareBalancer b(automatic(90, {45, 45}));
+  SharePolicy b(automatic(90, {45, 45}));
   // The first step (a new shape), two warm-up steps and the first two samples decide nothing.
   for (int64_t step = 1; step <= 5; ++step) CHECK_FALSE(b.observe(step, measured({45, 45}, {1.0, 2.0})));
   const auto change = b.observe(6, measured({45, 45}, {1.0, 2.0}));
@@ -71,7 +71,7 @@ TEST_CASE("a rank at half speed gets a third of the global batch within a few st
 }
 
 TEST_CASE("noise within a few percent never moves the split", "[balance]") {
-  ShareBalancer b(automatic(256, {128, 128}));
+  SharePolicy b(automatic(256, {128, 128}));
   // Equal speeds, each step one rank 4 % slower than the other, alternating.
   const std::vector<std::vector<double>> noise = {{1.04, 1.0}, {1.0, 1.04}, {1.03, 0.99}, {0.98, 1.02}};
   CHECK(run(b, 1, 300, {2.0, 2.0}, noise).empty());
@@ -88,15 +88,15 @@ TEST_CASE("noisy short steps of equal speed do not move the split; a real differ
     const double b = k % 3 == 0 ? 1.2 : k % 11 == 0 ? 0.8 : 1.0;
     noise.push_back({a, b});
   }
-  ShareBalancer equal(automatic(64, {32, 32}));
+  SharePolicy equal(automatic(64, {32, 32}));
   CHECK(run(equal, 1, 400, {0.13, 0.13}, noise).empty());
-  ShareBalancer half(automatic(64, {32, 32}));
+  SharePolicy half(automatic(64, {32, 32}));
   CHECK_FALSE(run(half, 1, 40, {0.13, 0.26}, noise).empty());
   CHECK(half.shares()[0] > half.shares()[1]);
 }
 
 TEST_CASE("the split follows a drift, but not sooner than the minimum interval", "[balance]") {
-  ShareBalancer b(automatic(120, {60, 60}));
+  SharePolicy b(automatic(120, {60, 60}));
   REQUIRE(run(b, 1, 10, {1.0, 1.0}).empty());
   // Rank 0 gets a busy neighbour at step 11: half speed.
   const std::vector<int64_t> changes = run(b, 11, 60, {2.0, 1.0});
@@ -114,45 +114,45 @@ TEST_CASE("the split follows a drift, but not sooner than the minimum interval",
 
 TEST_CASE("ties and proportions: integer shares summing to the global batch", "[balance]") {
   // 1 : 1 : 0.5 of 10 images.
-  ShareBalancer three(automatic(10, {4, 3, 3}));
+  SharePolicy three(automatic(10, {4, 3, 3}));
   run(three, 1, 20, {1.0, 1.0, 2.0});
   CHECK(three.shares() == Shares{4, 4, 2});
   // Equal speeds, an odd global batch: torch.chunk's 3,2 is already the best split.
-  ShareBalancer equal(automatic(5, {3, 2}));
+  SharePolicy equal(automatic(5, {3, 2}));
   CHECK(run(equal, 1, 30, {1.0, 1.0}).empty());
 }
 
 TEST_CASE("a hopeless rank gets no images, unless SyncBatchNorm needs it in every forward", "[balance]") {
   // Rank 2 needs 50 ms per image; ranks 0 and 1 do all 16 images in 8 ms.
-  ShareBalancer b(automatic(16, {6, 5, 5}));
+  SharePolicy b(automatic(16, {6, 5, 5}));
   run(b, 1, 10, {1.0, 1.0, 50.0});
   CHECK(b.shares() == Shares{8, 8, 0});
   BalanceOptions sync_bn = automatic(16, {6, 5, 5});
   sync_bn.allow_empty_share = false;
-  ShareBalancer kept(sync_bn);
+  SharePolicy kept(sync_bn);
   std::optional<ShareChange> change;
   for (int64_t step = 1; step < 10 && !change; ++step) change = kept.observe(step, measured(kept.shares(), {1.0, 1.0, 50.0}));
   REQUIRE(change);
   CHECK(change->after == Shares{8, 7, 1});
   CHECK(change->hopeless.empty());
   // The change that left rank 2 out names it.
-  ShareBalancer named(automatic(16, {6, 5, 5}));
+  SharePolicy named(automatic(16, {6, 5, 5}));
   std::optional<ShareChange> out;
   for (int64_t step = 1; step < 10 && !out; ++step) out = named.observe(step, measured(named.shares(), {1.0, 1.0, 50.0}));
   REQUIRE(out);
   CHECK(out->hopeless == std::vector<int>{2});
   // Never rank 0: every rank takes its BatchNorm statistics.
-  ShareBalancer first(automatic(16, {6, 5, 5}));
+  SharePolicy first(automatic(16, {6, 5, 5}));
   run(first, 1, 10, {50.0, 1.0, 1.0});
   CHECK(first.shares()[0] >= 1);
   // A rank that is slow but still worth an image keeps one.
-  ShareBalancer slow(automatic(16, {6, 5, 5}));
+  SharePolicy slow(automatic(16, {6, 5, 5}));
   run(slow, 1, 10, {1.0, 1.0, 4.0});
   CHECK(slow.shares()[2] >= 1);
 }
 
 TEST_CASE("steps with a new shape and unmeasured ranks are skipped", "[balance]") {
-  ShareBalancer b(automatic(90, {45, 45}));
+  SharePolicy b(automatic(90, {45, 45}));
   // A rank that could not measure (a GPU whose marks are not passed yet) holds the decision.
   for (int64_t step = 1; step < 20; ++step) {
     CHECK_FALSE(b.observe(step, {{-1, 45}, {90'000'000, 45}}));
@@ -173,7 +173,7 @@ TEST_CASE("static shares never move; the summary's estimate compares them with t
   o.global_batch = 90;
   o.initial_shares = {60, 30};
   o.automatic = false;
-  ShareBalancer b(o);
+  SharePolicy b(o);
   CHECK(run(b, 1, 30, {1.0, 2.0}).empty());
   CHECK(b.shares() == Shares{60, 30});
   // 27 measured steps (one new shape, two warm-up): 60 ms each; the even split 45 x 2 ms.
@@ -186,8 +186,8 @@ TEST_CASE("static shares never move; the summary's estimate compares them with t
 TEST_CASE("every rank computes the same shares from the same figures", "[balance]") {
   // The balancer holds no clock and no randomness: two instances fed the same reports agree
   // at every step, also on awkward speeds.
-  ShareBalancer a(automatic(1000, {334, 333, 333}));
-  ShareBalancer b(automatic(1000, {334, 333, 333}));
+  SharePolicy a(automatic(1000, {334, 333, 333}));
+  SharePolicy b(automatic(1000, {334, 333, 333}));
   const std::vector<double> speeds = {1.0 / 3.0, 0.7, 0.1 * std::sqrt(2.0)};
   for (int64_t step = 1; step < 200; ++step) {
     const auto ra = measured(a.shares(), speeds, {1.0 + 0.01 * static_cast<double>(step % 7), 1.0, 1.0});
@@ -199,9 +199,9 @@ TEST_CASE("every rank computes the same shares from the same figures", "[balance
 }
 
 TEST_CASE("bad initial shares and --balance texts are refused, saying what was expected", "[balance]") {
-  CHECK_THROWS_WITH(ShareBalancer(automatic(10, {4, 4})), Contains("summing to the global batch 10") &&
+  CHECK_THROWS_WITH(SharePolicy(automatic(10, {4, 4})), Contains("summing to the global batch 10") &&
                                                               Contains("found 4,4"));
-  CHECK_THROWS_WITH(ShareBalancer(automatic(10, {11, -1})), Contains("expected shares >= 0, found -1"));
+  CHECK_THROWS_WITH(SharePolicy(automatic(10, {11, -1})), Contains("expected shares >= 0, found -1"));
   CHECK(parse_balance("even").kind == BalanceSpec::Kind::kEven);
   CHECK(parse_balance("auto").kind == BalanceSpec::Kind::kAuto);
   const BalanceSpec s = parse_balance("static:3,1");

@@ -1,7 +1,7 @@
 // The rendezvous key-value store: an abstract Store, the TCP client (TcpStore), the server
 // (TcpStoreServer) and a key-prefixing view (PrefixStore). The server binds only the address it
 // is given and serves only connections that present the job token (Note [Store security] in
-// store_server.cpp); the wire format is docs/store-protocol.md. Blocking calls end by timeout()
+// store/server.cpp); the wire format is docs/store-protocol.md. Blocking calls end by timeout()
 // with a TimeoutError naming the keys; connection failures are CommError.
 #pragma once
 

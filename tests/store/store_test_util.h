@@ -18,8 +18,8 @@
 #include <string>
 #include <thread>
 
-#include "collectives/store.h"
-#include "collectives/store_wire.h"
+#include "store/store.h"
+#include "store/wire.h"
 #include "core/error.h"
 
 namespace mtrain::testing {

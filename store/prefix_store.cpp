@@ -1,6 +1,6 @@
 #include <utility>
 
-#include "collectives/store.h"
+#include "store/store.h"
 
 namespace mtrain {
 

@@ -26,7 +26,7 @@ std::vector<NamedHash> training_configuration(const TrainOptions& options, int64
 
 // What a checkpoint must have been written under to be resumed by this run: every
 // setting that changes the sequence of updates (Note [What a resume must match] in
-// run_configuration.cpp).
+// agreement.cpp).
 RunConfiguration resume_configuration(const TrainOptions& options, int64_t train_size,
                                       const std::string& fingerprint);
 

@@ -1,4 +1,4 @@
-#include "tensor/cpu/batch_kernels.h"
+#include "tensor/cpu/conv_support.h"
 
 #include <omp.h>
 

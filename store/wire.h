@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "collectives/store.h"
+#include "store/store.h"
 
 namespace mtrain::store_wire {
 
 // Every message is one frame: a uint32 little-endian length, then that many payload bytes
 // starting with an Opcode (request) or a Status (reply). A frame must be consumed exactly.
-// Details: Note [Store frames] in store_wire.cpp.
+// Details: Note [Store frames] in store/wire.cpp.
 
 enum class Opcode : uint8_t {
   kHello = 0x01,       // u32 magic, u32 version, bytes token        -> kOk (or close)

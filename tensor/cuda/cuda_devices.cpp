@@ -3,14 +3,14 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
-#include "tensor/cuda_runtime.h"
+#include "tensor/cuda_devices.h"
 #include "core/error.h"
 #include "tensor/cuda/cuda_check.h"
 
 namespace mtrain {
 namespace {
 
-// Note [Helper threads and the process's GPU] (tensor/cuda_runtime.h).
+// Note [Helper threads and the process's GPU] (tensor/cuda_devices.h).
 std::atomic<int>& process_device() {
   static std::atomic<int> device{-1};
   return device;

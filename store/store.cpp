@@ -1,14 +1,14 @@
 // The parts of store.h that are not tied to a transport: byte/string conversion, the
 // barrier built on add/set/wait, and job-token generation.
-#include "collectives/store.h"
+#include "store/store.h"
 
 #include <sys/random.h>
 
 #include <algorithm>
 #include <cerrno>
 
-#include "collectives/store_socket.h"
-#include "collectives/store_wire.h"
+#include "store/socket.h"
+#include "store/wire.h"
 #include "core/error.h"
 
 namespace mtrain {

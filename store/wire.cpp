@@ -1,4 +1,4 @@
-#include "collectives/store_wire.h"
+#include "store/wire.h"
 
 #include <fmt/format.h>
 

@@ -23,9 +23,9 @@
 #include <optional>
 #include <thread>
 
-#include "collectives/store.h"
-#include "collectives/store_socket.h"
-#include "collectives/store_wire.h"
+#include "store/store.h"
+#include "store/socket.h"
+#include "store/wire.h"
 #include "core/error.h"
 
 namespace mtrain {

@@ -1,4 +1,4 @@
-#include "collectives/network_address.h"
+#include "store/network_address.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>

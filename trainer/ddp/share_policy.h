@@ -1,7 +1,7 @@
-// ShareBalancer: how many images of each global batch each rank takes (--balance), decided from
+// SharePolicy: how many images of each global batch each rank takes (--balance), decided from
 // every rank's measured compute time per image. Pure arithmetic on what every rank passes in the
 // same order, so every rank reaches the same shares without another collective (Note [Shares by
-// integer arithmetic] in data/distributed_sampler.cpp). The policy is in share_balancer.cpp:
+// integer arithmetic] in data/distributed_sampler.cpp). The policy is in share_policy.cpp:
 // Note [Measuring each rank's speed], Note [When the shares change], Note [A hopeless rank].
 #pragma once
 
@@ -39,10 +39,10 @@ struct ShareChange {
   std::vector<int> hopeless;  // ranks given no images (Note [A hopeless rank])
 };
 
-class ShareBalancer {
+class SharePolicy {
  public:
   // Throws InvalidArgument for initial shares of the wrong sum or a negative share.
-  explicit ShareBalancer(BalanceOptions options);
+  explicit SharePolicy(BalanceOptions options);
 
   // One step's measurements, by rank (every rank passes the same values). Returns the new
   // shares when the balancer moves them; the caller applies them to later steps.

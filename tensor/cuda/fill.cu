@@ -1,7 +1,7 @@
 // Device kernels. For now: fill, used by the gpu-labelled plumbing test; the CUDA
 // kernel set grows with the GPU path.
 #include "tensor/cuda/cuda_check.h"
-#include "tensor/cuda/kernels.h"
+#include "tensor/cuda/fill.h"
 
 namespace mtrain::cuda {
 namespace {

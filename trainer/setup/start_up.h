@@ -13,7 +13,7 @@
 #include "models/module.h"
 #include "models/optim.h"
 #include "trainer/checkpoint/checkpointer.h"
-#include "trainer/ddp/batch_balance.h"
+#include "trainer/ddp/batch_resplitter.h"
 #include "trainer/ddp/gradient_sync.h"
 #include "trainer/ddp/reducer.h"
 #include "trainer/ddp/step_exchange.h"
@@ -72,9 +72,9 @@ struct TrainingRun {
 // cannot start as asked, IoError for files, CommError for peers).
 TrainingRun set_up_run(const TrainOptions& options, WorkerEnvironment env, StartupStop& startup);
 
-// --balance auto or static in a data-parallel run: the BatchBalance that re-splits the global
+// --balance auto or static in a data-parallel run: the BatchResplitter that re-splits the global
 // batches (it refers into `run`, which must stay where it is); null for --balance even and in
 // a world of one.
-std::unique_ptr<BatchBalance> start_balance(const TrainOptions& options, TrainingRun& run);
+std::unique_ptr<BatchResplitter> start_balance(const TrainOptions& options, TrainingRun& run);
 
 }  // namespace mtrain

@@ -8,14 +8,14 @@
 #include <unordered_set>
 #include <vector>
 
-#include "collectives/store.h"
+#include "store/store.h"
 
 namespace mtrain::store_server {
 
 using WaiterId = uint64_t;
 
 // A WAIT whose keys do not all exist is parked until they do (Note [Parked waits] in
-// store_table.cpp): every mutation that creates a key reports the waiters that became ready;
+// store/table.cpp): every mutation that creates a key reports the waiters that became ready;
 // a deletion never un-satisfies a parked wait.
 class StoreTable {
  public:

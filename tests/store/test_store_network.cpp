@@ -15,9 +15,9 @@
 #include <thread>
 #include <utility>
 
-#include "collectives/store.h"
+#include "store/store.h"
 #include "core/error.h"
-#include "tests/collectives/store_test_util.h"
+#include "tests/store/store_test_util.h"
 
 using namespace mtrain;
 using namespace mtrain::testing;

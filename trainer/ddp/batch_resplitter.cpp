@@ -1,4 +1,4 @@
-#include "trainer/ddp/batch_balance.h"
+#include "trainer/ddp/batch_resplitter.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -22,14 +22,14 @@ std::string per_image(const std::vector<double>& seconds) {
 
 }  // namespace
 
-BatchBalance::BatchBalance(ShareBalancer balancer, data::GlobalBatchShardSampler& sampler, data::DataLoader& loader,
+BatchResplitter::BatchResplitter(SharePolicy balancer, data::GlobalBatchShardSampler& sampler, data::DataLoader& loader,
                            const StepExchange& exchange, MetricsWriter& metrics)
     : balancer_(std::move(balancer)), sampler_(sampler), loader_(loader), exchange_(exchange), metrics_(metrics) {
   MTRAIN_CHECK(sampler_.shares() == balancer_.shares(), "the sampler splits by {}, the balancer starts from {}",
                format_shares(sampler_.shares()), format_shares(balancer_.shares()));
 }
 
-void BatchBalance::after_step(int64_t step, int64_t batches_taken) {
+void BatchResplitter::after_step(int64_t step, int64_t batches_taken) {
   // The exchange of this step carried every rank's compute of the step before.
   const std::vector<RankCompute>& ranks = exchange_.ranks_compute();
   if (spdlog::should_log(spdlog::level::debug)) {
@@ -41,7 +41,7 @@ void BatchBalance::after_step(int64_t step, int64_t batches_taken) {
   if (change) apply(*change, step, batches_taken + 1);
 }
 
-void BatchBalance::apply(const ShareChange& change, int64_t step, int64_t from_batch) {
+void BatchResplitter::apply(const ShareChange& change, int64_t step, int64_t from_batch) {
   sampler_.set_shares(from_batch, change.after);
   const bool this_epoch = from_batch < sampler_.steps();
   if (this_epoch) loader_.replan(from_batch);
@@ -68,9 +68,9 @@ void BatchBalance::apply(const ShareChange& change, int64_t step, int64_t from_b
                   {"hopeless_ranks", change.hopeless}});
 }
 
-void BatchBalance::add_fields(nlohmann::json& event) const { event["shares"] = balancer_.shares(); }
+void BatchResplitter::add_fields(nlohmann::json& event) const { event["shares"] = balancer_.shares(); }
 
-std::string BatchBalance::summary() const {
+std::string BatchResplitter::summary() const {
   const double measured = balancer_.measured_seconds();
   const double even = balancer_.even_split_seconds();
   const std::string changes = balancer_.options().automatic

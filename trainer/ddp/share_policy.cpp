@@ -1,4 +1,4 @@
-#include "trainer/ddp/share_balancer.h"
+#include "trainer/ddp/share_policy.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -29,7 +29,7 @@ double seconds_from_picoseconds(__int128 ps) { return static_cast<double>(ps) * 
 
 }  // namespace
 
-ShareBalancer::ShareBalancer(BalanceOptions options)
+SharePolicy::SharePolicy(BalanceOptions options)
     : options_(std::move(options)), shares_(options_.initial_shares) {
   const int world = static_cast<int>(shares_.size());
   if (world < 1 || options_.global_batch < 1) {
@@ -69,7 +69,7 @@ ShareBalancer::ShareBalancer(BalanceOptions options)
 // allocations, algorithm searches) and any step whose per-rank image counts differ from the step
 // before (a new batch shape costs its own first-time work, and the last partial batch of an
 // epoch is no guide). A rank without images at a step measures nothing.
-std::optional<ShareChange> ShareBalancer::observe(int64_t step, const std::vector<RankCompute>& ranks) {
+std::optional<ShareChange> SharePolicy::observe(int64_t step, const std::vector<RankCompute>& ranks) {
   if (ranks.empty()) return std::nullopt;  // no exchange yet
   MTRAIN_CHECK(ranks.size() == shares_.size(), "{} ranks measured, {} have shares", ranks.size(), shares_.size());
   std::vector<int64_t> images(ranks.size());
@@ -125,7 +125,7 @@ std::optional<ShareChange> ShareBalancer::observe(int64_t step, const std::vecto
 // Note [When the shares change]: (gain / now)^2 >= 4 * max over the ranks with images of
 // var_r / (n_r * mean_r^2), in parts per million, in 128-bit integers: with n values x of a window,
 // var / mean^2 = (n * sum x^2 - (sum x)^2) / (sum x)^2.
-bool ShareBalancer::beats_noise(__int128 now, __int128 then) const {
+bool SharePolicy::beats_noise(__int128 now, __int128 then) const {
   constexpr __int128 kPpm = 1'000'000;
   __int128 noisiest = 0;  // max of var / (n mean^2), in ppm
   for (size_t r = 0; r < windows_.size(); ++r) {
@@ -147,7 +147,7 @@ bool ShareBalancer::beats_noise(__int128 now, __int128 then) const {
   return gain_ppm * gain_ppm >= 4 * noisiest * kPpm;
 }
 
-std::vector<int64_t> ShareBalancer::picoseconds_per_image() const {
+std::vector<int64_t> SharePolicy::picoseconds_per_image() const {
   std::vector<int64_t> mean(windows_.size(), 0);
   for (size_t r = 0; r < windows_.size(); ++r) {
     if (windows_[r].empty()) continue;
@@ -184,7 +184,7 @@ std::vector<int64_t> ShareBalancer::picoseconds_per_image() const {
 // 0] in train_loop.cpp), which a rank without images would never update. A rank without
 // images measures nothing, so it stays out while its last figure stands; it comes back when the
 // others slow down enough that one image on it no longer holds the step back.
-std::optional<ShareChange> ShareBalancer::propose(int64_t step) {
+std::optional<ShareChange> SharePolicy::propose(int64_t step) {
   const size_t world = shares_.size();
   const std::vector<int64_t> picoseconds = picoseconds_per_image();
   std::vector<int64_t> weights(world, 0);
@@ -234,7 +234,7 @@ std::optional<ShareChange> ShareBalancer::propose(int64_t step) {
   return change;
 }
 
-std::vector<std::optional<double>> ShareBalancer::seconds_per_image() const {
+std::vector<std::optional<double>> SharePolicy::seconds_per_image() const {
   std::vector<std::optional<double>> out;
   for (int64_t ps : picoseconds_per_image()) {
     out.push_back(ps > 0 ? std::optional<double>(seconds_from_picoseconds(ps)) : std::nullopt);

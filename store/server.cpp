@@ -61,10 +61,10 @@
 #include <thread>
 #include <unordered_map>
 
-#include "collectives/store.h"
-#include "collectives/store_socket.h"
-#include "collectives/store_table.h"
-#include "collectives/store_wire.h"
+#include "store/store.h"
+#include "store/socket.h"
+#include "store/table.h"
+#include "store/wire.h"
 #include "core/error.h"
 
 namespace mtrain {

@@ -1,4 +1,4 @@
-#include "trainer/setup/run_setup.h"
+#include "trainer/setup/start_up.h"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -24,7 +24,7 @@
 #include "trainer/checkpoint/checkpoint_file.h"
 #include "trainer/checkpoint/weights.h"
 #include "trainer/ddp/rank_consensus.h"
-#include "trainer/setup/run_configuration.h"
+#include "trainer/setup/agreement.h"
 #include "trainer/setup/worker_store.h"
 
 namespace mtrain {
@@ -544,9 +544,9 @@ void attach_gradient_sync(const TrainOptions& o, TrainingRun& run) {
 
 }  // namespace
 
-// Note [When the shares change] in ddp/share_balancer.cpp. Built after set_up_run, since it holds
+// Note [When the shares change] in ddp/share_policy.cpp. Built after set_up_run, since it holds
 // references into the run (its metrics writer), which must not move afterwards.
-std::unique_ptr<BatchBalance> start_balance(const TrainOptions& o, TrainingRun& run) {
+std::unique_ptr<BatchResplitter> start_balance(const TrainOptions& o, TrainingRun& run) {
   const BalanceSpec spec = parse_balance(o.balance);
   if (spec.kind == BalanceSpec::Kind::kEven) return nullptr;
   if (!run.groups) {
@@ -560,7 +560,7 @@ std::unique_ptr<BatchBalance> start_balance(const TrainOptions& o, TrainingRun& 
   options.allow_empty_share = !o.sync_bn;
   spdlog::info("--balance {}: shares {}{}", o.balance, format_shares(options.initial_shares),
                options.automatic ? ", then in proportion to each rank's measured compute time per image" : "");
-  return std::make_unique<BatchBalance>(ShareBalancer(options), *run.global_batch_sampler, *run.train_loader,
+  return std::make_unique<BatchResplitter>(SharePolicy(options), *run.global_batch_sampler, *run.train_loader,
                                         *run.exchange, run.metrics);
 }
 

@@ -1,9 +1,9 @@
-#include "collectives/store_table.h"
+#include "store/table.h"
 
 #include <algorithm>
 #include <charconv>
 
-#include "collectives/store_wire.h"
+#include "store/wire.h"
 #include "core/error.h"
 
 namespace mtrain::store_server {
