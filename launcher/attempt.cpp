@@ -739,28 +739,25 @@ std::vector<Failure> Attempt::classify_workers(AttemptResult& result) const {
       if (torn_down && w.process.exit_time() >= teardown_wall_) result.stopped_ranks.push_back(w.global_rank);
       continue;
     }
-    const ExitStatus& st = *w.process.status();
     const auto record = read_error_file(w.error_file);
-    const double exit_time = epoch_seconds(w.process.exit_time());
-    const double started_teardown = epoch_seconds(teardown_wall_);
-    const double when = record && record->timestamp ? *record->timestamp : exit_time;
-    // The launcher sends SIGTERM at teardown, forwards SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
-    // and SIGKILLs only those it marks sigkilled or killed_while_stopped: a death by any other
-    // signal (the OOM killer's SIGKILL, a segfault) is the worker's own, however late the
-    // launcher saw it.
-    const bool by_launcher = w.sigkilled || w.killed_while_stopped;
-    const bool killed_by_another_signal = st.signaled && !by_launcher && st.signal != SIGTERM &&
-                                          st.signal != SIGINT && st.signal != SIGHUP && st.signal != SIGUSR1 &&
-                                          st.signal != SIGUSR2 && st.signal != SIGQUIT;
-    const bool failed_on_its_own = (!st.success() && exit_time < started_teardown) ||
-                                   (record && when < started_teardown) || killed_by_another_signal;
-    if (failed_on_its_own) {
-      failures.push_back(worker_failure(w, record, when));
-    } else if (w.process.exit_time() >= teardown_wall_ && teardown_wall_ != WallClock::time_point{}) {
-      result.stopped_ranks.push_back(w.global_rank);
-      if (w.sigkilled) result.sigkilled_ranks.push_back(w.global_rank);
-    } else if (st.success()) {
-      result.exited_early_ranks.push_back(w.global_rank);
+    WorkerEnd end;
+    end.status = *w.process.status();
+    end.exit_time = epoch_seconds(w.process.exit_time());
+    if (record) end.error_time = record->timestamp.value_or(end.exit_time);
+    end.sigkilled_by_launcher = w.sigkilled || w.killed_while_stopped;
+    switch (classify_worker_end(end, torn_down ? epoch_seconds(teardown_wall_) : 0.0)) {
+      case WorkerEndKind::kFailedOnItsOwn:
+        failures.push_back(worker_failure(w, record, end.error_time.value_or(end.exit_time)));
+        break;
+      case WorkerEndKind::kStoppedByTeardown:
+        result.stopped_ranks.push_back(w.global_rank);
+        if (w.sigkilled) result.sigkilled_ranks.push_back(w.global_rank);
+        break;
+      case WorkerEndKind::kExitedEarly:
+        result.exited_early_ranks.push_back(w.global_rank);
+        break;
+      case WorkerEndKind::kUncounted:
+        break;
     }
   }
   return failures;

@@ -271,6 +271,26 @@ size_t pick_root_cause(const std::vector<Failure>& failures) {
   return best;
 }
 
+bool launcher_sends(int sig) {
+  // SIGTERM at teardown; SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 forwarded.
+  return sig == SIGTERM || sig == SIGINT || sig == SIGHUP || sig == SIGQUIT || sig == SIGUSR1 || sig == SIGUSR2;
+}
+
+// Note [Root cause]: a worker failed on its own when it failed before the teardown began (by
+// its exit, or by the moment in its error record, however late the launcher saw it exit), or
+// died of a signal the launcher did not send (the OOM killer's SIGKILL, a segfault) at any
+// moment. The launcher's own SIGKILLs it marks, so they are not taken for the worker's.
+WorkerEndKind classify_worker_end(const WorkerEnd& end, double teardown_started) {
+  const ExitStatus& st = end.status;
+  const bool killed_by_another_signal =
+      st.signaled && !end.sigkilled_by_launcher && !launcher_sends(st.signal);
+  const bool failed_before_teardown = (!st.success() && end.exit_time < teardown_started) ||
+                                      (end.error_time && *end.error_time < teardown_started);
+  if (failed_before_teardown || killed_by_another_signal) return WorkerEndKind::kFailedOnItsOwn;
+  if (teardown_started > 0 && end.exit_time >= teardown_started) return WorkerEndKind::kStoppedByTeardown;
+  return st.success() ? WorkerEndKind::kExitedEarly : WorkerEndKind::kUncounted;
+}
+
 std::vector<int> ranks_named_missing(const std::string& message) {
   // collectives/collective_progress.cpp: "rank 3 never reached it (...)" or
   // "ranks 1, 2 never reached it (...)".

@@ -74,6 +74,27 @@ std::string failure_hint(const Failure& f);
 // its class (Note [Root cause] in failure_report.cpp). `failures` must not be empty.
 size_t pick_root_cause(const std::vector<Failure>& failures);
 
+// How one worker of a failed attempt ended, as the report counts it (Note [Root cause] in
+// failure_report.cpp).
+struct WorkerEnd {
+  ExitStatus status;
+  double exit_time = 0;                   // seconds since the epoch, as the launcher saw it
+  std::optional<double> error_time;       // its error record's moment; nullopt without a record
+  bool sigkilled_by_launcher = false;     // the launcher SIGKILLed it (teardown, or found stopped)
+};
+enum class WorkerEndKind {
+  kFailedOnItsOwn,     // a failure of its own: a candidate for the root cause
+  kStoppedByTeardown,  // ended by the launcher's teardown, not a failure
+  kExitedEarly,        // exited 0, not after a teardown (often what its peers failed on)
+  kUncounted,          // failed, but no teardown began to tell when (none is reported)
+};
+// `teardown_started`: when the teardown began, in seconds since the epoch; 0 when none did.
+WorkerEndKind classify_worker_end(const WorkerEnd& end, double teardown_started);
+
+// Whether the launcher sends `sig` to its workers (the teardown's SIGTERM, the signals it
+// forwards); a death by any other signal is the worker's own.
+bool launcher_sends(int sig);
+
 // The ranks a collective's timeout message names as never having reached it; empty when
 // the message names none.
 std::vector<int> ranks_named_missing(const std::string& message);

@@ -579,3 +579,29 @@ TEST_CASE("a worker stopped by a signal is seen as stopped until it continues") 
   REQUIRE_FALSE(w.running());
   CHECK_FALSE(w.stopped());
 }
+
+TEST_CASE("a worker's end is counted against the teardown: its own failure, stopped, or exited early") {
+  // Note [Root cause]; the teardown began at t = 100.
+  const auto kind = [](ExitStatus st, double exit_time, std::optional<double> error_time = std::nullopt,
+                       bool sigkilled_by_launcher = false) {
+    return classify_worker_end({st, exit_time, error_time, sigkilled_by_launcher}, 100.0);
+  };
+  const ExitStatus exit1{false, 1, 0};
+  const ExitStatus ok{false, 0, 0};
+  const auto signaled = [](int sig) { return ExitStatus{true, 0, sig}; };
+  CHECK(kind(exit1, 99) == WorkerEndKind::kFailedOnItsOwn);
+  // Seen late, but its error record says it failed before the teardown.
+  CHECK(kind(exit1, 105, 98.5) == WorkerEndKind::kFailedOnItsOwn);
+  CHECK(kind(exit1, 105) == WorkerEndKind::kStoppedByTeardown);
+  CHECK(kind(signaled(SIGTERM), 101) == WorkerEndKind::kStoppedByTeardown);
+  CHECK(kind(signaled(SIGKILL), 104, std::nullopt, true) == WorkerEndKind::kStoppedByTeardown);
+  // A signal the launcher never sends is the worker's own, however late.
+  CHECK(kind(signaled(SIGSEGV), 101) == WorkerEndKind::kFailedOnItsOwn);
+  CHECK(kind(signaled(SIGKILL), 104) == WorkerEndKind::kFailedOnItsOwn);
+  CHECK(kind(ok, 50) == WorkerEndKind::kExitedEarly);
+  CHECK(kind(ok, 101) == WorkerEndKind::kStoppedByTeardown);
+  // Without a teardown there is nothing to count a failure against.
+  CHECK(classify_worker_end({exit1, 99, std::nullopt, false}, 0.0) == WorkerEndKind::kUncounted);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) CHECK(launcher_sends(sig));
+  for (int sig : {SIGKILL, SIGSEGV, SIGABRT, SIGPIPE}) CHECK_FALSE(launcher_sends(sig));
+}
