@@ -7,7 +7,7 @@
 // recording() is on, which the training loop switches per step. Off, a Span costs one relaxed
 // atomic load. Spans on one row must nest or follow one another; each
 // gradient bucket has a row of its own because its all-reduce overlaps backward and the other
-// buckets' (tests/trainer/test_trace.cpp checks a real run's rows).
+// buckets' (tests/trainer/trace/test_trace.cpp checks a real run's rows).
 #pragma once
 
 #include <chrono>

@@ -364,7 +364,7 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
 // convolutions, is still near 0.35 (docs/benchmarks.md, "Each model's recipe"). So the flags a
 // recipe covers take, when the command line leaves them out, the chosen model's values below:
 // each reaches a sensible accuracy on the shipped set at its defaults (docs/training.md lists what
-// each reaches, tests/trainer/test_model_recipes.cpp checks that each learns). A flag given
+// each reaches, tests/trainer/runs/test_model_recipes.cpp checks that each learns). A flag given
 // always wins, and the log names the values the recipe supplied.
 const std::vector<ModelRecipe>& model_recipes() {
   static const std::vector<ModelRecipe> recipes = {

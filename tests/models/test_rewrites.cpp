@@ -207,7 +207,7 @@ TEST_CASE("skip_conv_bias leaves resnet18's bits alone where the biases are zero
   // A bias of 0 added to every element changes no bit, and neither does 0 added to the
   // running mean, so the skipped model must give the same bits; with other biases the
   // two differ by rounding, which resnet18 amplifies (Note [Equivalence tolerance] in
-  // tests/trainer/test_distributed_train.cpp: an input moved by one ulp moved the first
+  // tests/trainer/ddp/test_distributed_train.cpp: an input moved by one ulp moved the first
   // step's gradients by 2e-3), and the pair test above covers the arithmetic.
   const auto [y_plain, dx_plain] = step(*plain, x, dy);
   const auto [y_skipped, dx_skipped] = step(*skipped, x, dy);

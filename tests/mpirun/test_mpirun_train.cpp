@@ -150,7 +150,7 @@ TEST_CASE("mpirun --backend mpi with --balance: a split by hand trains what mtra
           "[mpi][multiproc]") {
   // static:20,12 of a global batch of 32 reads the images mtrain-launch's 2 x 16 reads at every
   // step, in other per-rank sums: equal within Note [Equivalence tolerance] of
-  // tests/trainer/test_distributed_train.cpp (1e-4), not bit for bit.
+  // tests/trainer/ddp/test_distributed_train.cpp (1e-4), not bit for bit.
   TempDir dir;
   const auto balanced = dir.file("balanced.safetensors");
   std::vector<std::string> flags = training_flags("mpi", balanced);

@@ -1,4 +1,4 @@
-// The training the elastic tests change the membership of (tests/trainer/test_elastic.cpp,
+// The training the elastic tests change the membership of (tests/trainer/ddp/test_elastic.cpp,
 // tests/multihost/test_multihost_partition.cpp): LeNet on the mini set with a global batch
 // of 256, checkpointed every 3 steps, and the check that whatever happened to the nodes,
 // the weights are those one process trains on the same global batches and every epoch

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "tests/support/solo_group.h"
-#include "tests/trainer/counting_group.h"
-#include "tests/trainer/reducer_ranks.h"
+#include "tests/trainer/ddp/counting_group.h"
+#include "tests/trainer/ddp/reducer_ranks.h"
 #include "collectives/process_group.h"
 #include "store/store.h"
 #include "core/error.h"

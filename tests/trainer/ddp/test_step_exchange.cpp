@@ -13,7 +13,7 @@
 
 #include "core/error.h"
 #include "tests/support/scoped_env.h"
-#include "tests/trainer/reducer_ranks.h"
+#include "tests/trainer/ddp/reducer_ranks.h"
 #include "tests/trainer/run_process.h"
 #include "trainer/ddp/step_exchange.h"
 

@@ -17,7 +17,7 @@
 #include "models/zoo.h"
 #include "tests/support/scoped_env.h"
 #include "tests/support/solo_group.h"
-#include "tests/trainer/counting_group.h"
+#include "tests/trainer/ddp/counting_group.h"
 #include "tests/trainer/temp_dir.h"
 #include "trainer/checkpoint/weights.h"
 #include "trainer/checkpoint/checkpointer.h"
