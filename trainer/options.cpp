@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cxxopts.hpp>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -64,9 +65,6 @@ double parse_double(const std::string& text, const std::string& flag) {
   return v;
 }
 
-// A switch (--sync-bn): cxxopts also takes --sync-bn=false, which must mean off, not on.
-bool switch_on(const cxxopts::ParseResult& r, const char* name) { return r.count(name) != 0 && r[name].as<bool>(); }
-
 // cxxopts takes --sync-bn=VALUE for a switch and reports a value it cannot read as
 // "Argument 'yes' failed to parse", without the flag; this check comes first and names it.
 void check_switch_values(const cxxopts::Options& spec, int argc, const char* const* argv) {
@@ -91,16 +89,6 @@ void check_switch_values(const cxxopts::Options& spec, int argc, const char* con
   }
 }
 
-// Numbers are taken as strings and parsed here so every bad value gets the same
-// "flag: expected ..., found ..." message (cxxopts' own conversion errors do not
-// say which flag or what range).
-template <class T>
-void read_int(const cxxopts::ParseResult& r, const char* name, T& out, int64_t min, int64_t max) {
-  if (r.count(name) != 0) {
-    out = static_cast<T>(env::parse_int(r[name].as<std::string>(), fmt::format("--{}", name), min, max));
-  }
-}
-
 const ModelRecipe* recipe_for(const std::string& model) {
   for (const ModelRecipe& recipe : model_recipes()) {
     if (recipe.model == model) return &recipe;
@@ -119,23 +107,8 @@ void apply_model_recipe(TrainOptions& o) {
   o.epochs = recipe->epochs;
 }
 
-// The values the recipe supplied, as flags, for the log ("--init xavier --lr 0.1 ...").
-void describe_recipe(const cxxopts::ParseResult& r, TrainOptions& o) {
-  if (recipe_for(o.model) == nullptr) return;
-  std::vector<std::string> taken;
-  const auto add = [&](const char* flag, const std::string& value) {
-    if (r.count(flag) == 0) taken.push_back(fmt::format("--{} {}", flag, value));
-  };
-  if (o.init_from.empty()) add("init", o.init);
-  add("epochs", std::to_string(o.epochs));
-  if (!o.global_batch_size) add("batch-size", std::to_string(o.batch_size));
-  add("lr", fmt::format("{}", o.lr));
-  add("momentum", fmt::format("{}", o.momentum));
-  o.recipe = fmt::format("{}", fmt::join(taken, " "));
-}
-
 // "FIRST:LAST", 1 <= FIRST <= LAST.
-void read_step_range(const std::string& text, const char* flag, int64_t& first, int64_t& last) {
+void read_step_range(const std::string& text, const std::string& flag, int64_t& first, int64_t& last) {
   const size_t colon = text.find(':');
   if (colon == std::string::npos) {
     throw InvalidArgument(fmt::format("{}: expected FIRST:LAST (optimizer steps, e.g. 11:30), found '{}'", flag, text));
@@ -143,16 +116,6 @@ void read_step_range(const std::string& text, const char* flag, int64_t& first, 
   first = env::parse_int(text.substr(0, colon), fmt::format("{}'s FIRST", flag), 1, std::numeric_limits<int64_t>::max());
   last = env::parse_int(text.substr(colon + 1), fmt::format("{}'s LAST", flag), 1, std::numeric_limits<int64_t>::max());
   if (last < first) throw InvalidArgument(fmt::format("{}: expected FIRST <= LAST, found {}", flag, text));
-}
-
-void read_double(const cxxopts::ParseResult& r, const char* name, double& out) {
-  if (r.count(name) != 0) out = parse_double(r[name].as<std::string>(), fmt::format("--{}", name));
-}
-
-void read_path(const cxxopts::ParseResult& r, const char* name, std::string& out) {
-  if (r.count(name) == 0) return;
-  out = r[name].as<std::string>();
-  if (out.empty()) throw InvalidArgument(fmt::format("--{}: expected a path, found an empty string", name));
 }
 
 // The files a run reads and writes, compared as the paths they resolve to (so that
@@ -244,118 +207,6 @@ int64_t items_per_step(const TrainOptions& o, int world_size) {
   return o.global_batch_size ? *o.global_batch_size : o.batch_size * o.grad_accum * world_size;
 }
 
-void validate_train_options(const TrainOptions& o, const TrainChoices& choices) {
-  check_choice("--model", o.model, choices.models);
-  check_choice("--dataset", o.dataset, choices.datasets);
-  check_choice("--init", o.init, {std::begin(kInitSchemes), std::end(kInitSchemes)});
-  data::parse_permutation(o.shuffle_order);  // the one place that knows the names
-  parse_normalize(o.normalize);
-  data::require_folder_options_apply(o.dataset, image_folder_options(o));
-  check_choice("--log-level", o.log_level, {std::begin(kLogLevels), std::end(kLogLevels)});
-  if (o.epochs < 1) throw InvalidArgument(fmt::format("--epochs: expected an integer >= 1, found {}", o.epochs));
-  if (o.max_steps && *o.max_steps < 0) {
-    throw InvalidArgument(fmt::format("--max-steps: expected an integer >= 0, found {}", *o.max_steps));
-  }
-  if (o.batch_size < 1) {
-    throw InvalidArgument(fmt::format("--batch-size: expected an integer >= 1, found {}", o.batch_size));
-  }
-  // The optimizer works in float32: a larger value would become infinity there.
-  constexpr double kFloatMax = std::numeric_limits<float>::max();
-  if (!(std::isfinite(o.lr) && o.lr > 0 && o.lr <= kFloatMax)) {
-    throw InvalidArgument(fmt::format("--lr: expected a number > 0 and at most {:g} (float32's largest), found {}",
-                                      kFloatMax, o.lr));
-  }
-  if (!(std::isfinite(o.momentum) && o.momentum >= 0 && o.momentum < 1)) {
-    throw InvalidArgument(fmt::format("--momentum: expected a number in [0, 1), found {}", o.momentum));
-  }
-  if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0 && o.weight_decay <= kFloatMax)) {
-    throw InvalidArgument(fmt::format("--weight-decay: expected a number >= 0 and at most {:g}, found {}", kFloatMax,
-                                      o.weight_decay));
-  }
-  if (o.nesterov && o.momentum == 0) {
-    throw InvalidArgument("--nesterov needs a momentum > 0 (as torch.optim.SGD); add --momentum 0.9");
-  }
-  if (o.threads && *o.threads < 1) {
-    throw InvalidArgument(fmt::format("--threads: expected an integer >= 1, found {}", *o.threads));
-  }
-  if (!(o.progress_every > 0 && o.progress_every <= 1e6)) {
-    throw InvalidArgument(
-        fmt::format("--progress-every: expected a number of seconds > 0 and at most 1e6, found {}", o.progress_every));
-  }
-  if (o.log_every < 1) {
-    throw InvalidArgument(fmt::format("--log-every: expected an integer >= 1, found {}", o.log_every));
-  }
-  check_choice("--backend", o.backend, backend_choices());
-  check_choice("--device", o.device, {"auto", "cuda", "cpu"});
-  if (o.device == "cpu" && o.backend != "auto" && backend_info(o.backend).device_tensors_only) {
-    throw InvalidArgument(fmt::format(
-        "--backend {} needs GPUs, but --device cpu trains on the CPU: use --backend gloo or mpi", o.backend));
-  }
-  check_choice("--amp", o.amp, {"off", "bf16", "fp16"});
-  check_choice("--grad-compression", o.grad_compression, {"none", "bf16", "fp16"});
-  check_choice("--loss-scale", o.loss_scale, {"auto", "dynamic", "none"});
-  // A normal float32 whose reciprocal is finite (both multiply gradients in float32).
-  if (!(o.initial_loss_scale >= std::numeric_limits<float>::min() &&
-        o.initial_loss_scale <= std::numeric_limits<float>::max())) {
-    throw InvalidArgument(fmt::format(
-        "--initial-loss-scale: expected a number from 1.2e-38 to 3.4e38 (a normal float32), found {}",
-        o.initial_loss_scale));
-  }
-  if (o.loss_scale_growth_interval < 1) {
-    throw InvalidArgument(fmt::format("--loss-scale-growth-interval: expected an integer >= 1, found {}",
-                                      o.loss_scale_growth_interval));
-  }
-  check_choice("--lr-scaling", o.lr_scaling, {"none", "linear"});
-  check_choice("--lr-schedule", o.lr_schedule, {"constant", "step", "cosine"});
-  // The cap becomes a byte count (size_t): bounded so that the conversion is defined.
-  if (!(std::isfinite(o.bucket_cap_mb) && o.bucket_cap_mb > 0 && o.bucket_cap_mb <= 1e6)) {
-    throw InvalidArgument(fmt::format("--bucket-cap-mb: expected a number > 0 and at most 1e6, found {}",
-                                      o.bucket_cap_mb));
-  }
-  if (o.grad_accum < 1) {
-    throw InvalidArgument(fmt::format("--grad-accum: expected an integer >= 1, found {}", o.grad_accum));
-  }
-  if (o.check_replicas < 0) {
-    throw InvalidArgument(fmt::format("--check-replicas: expected an integer >= 0, found {}", o.check_replicas));
-  }
-  if (o.global_batch_size && *o.global_batch_size < 1) {
-    throw InvalidArgument(fmt::format("--global-batch-size: expected an integer >= 1, found {}", *o.global_batch_size));
-  }
-  if (o.global_batch_size && o.lr_scaling == "linear") {
-    throw InvalidArgument(
-        "--lr-scaling linear multiplies --lr by the world size because a per-rank --batch-size grows the global "
-        "batch with it; --global-batch-size fixes the global batch, so there is nothing to scale (give --lr for "
-        "that batch)");
-  }
-  if (parse_balance(o.balance).kind != BalanceSpec::Kind::kEven && !o.global_batch_size) {
-    throw InvalidArgument(fmt::format(
-        "--balance {} splits a global batch between the ranks: give --global-batch-size G (with --batch-size every "
-        "rank takes the same number of images)",
-        o.balance));
-  }
-  if (o.global_batch_size && o.grad_accum > 1) {
-    // The sample weighting is per micro-batch (Note [Reducer gradient weighting]);
-    // accumulated micro-batches of different sizes would need per-micro-batch weights.
-    throw InvalidArgument("--global-batch-size cannot be combined with --grad-accum > 1 (use --batch-size)");
-  }
-  // Whole milliseconds, added to clock readings: from 1 ms to about 115 days.
-  if (!(std::isfinite(o.timeout_seconds) && o.timeout_seconds >= 0.001 && o.timeout_seconds <= 1e7)) {
-    throw InvalidArgument(fmt::format("--timeout: expected a number of seconds from 0.001 to 1e7, found {}",
-                                      o.timeout_seconds));
-  }
-  if (!(std::isfinite(o.warmup_epochs) && o.warmup_epochs >= 0)) {
-    throw InvalidArgument(fmt::format("--warmup-epochs: expected a number >= 0, found {}", o.warmup_epochs));
-  }
-  if (o.checkpoint_every < 0) {
-    throw InvalidArgument(fmt::format("--checkpoint-every: expected an integer >= 0, found {}", o.checkpoint_every));
-  }
-  if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) {
-    throw InvalidArgument(fmt::format("--checkpoint-every {} needs --checkpoint-dir DIR to write to",
-                                      o.checkpoint_every));
-  }
-  check_distinct_files(o);
-}
-
 // Note [Each model's recipe]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // One set of hyperparameters cannot serve four models: at mlp's batch 256 and lr 0.1, d2l's
@@ -376,96 +227,353 @@ const std::vector<ModelRecipe>& model_recipes() {
   return recipes;
 }
 
+// Note [One table of flags]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Each flag of mtrain-train is one row of train_flags(): its name, --help section and text,
+// how its text becomes the option's value (with the range or choices it accepts, said once),
+// how that value is shown (in --help's default, the recipe's log line, and the start-up
+// comparison of the ranks), and whether every rank must give it alike (Note [Which flags must
+// agree] in setup/agreement.cpp). --help, the parser, the validation of a TrainOptions filled
+// by hand and the ranks' comparison all read the table, so a new flag is one row and a field of
+// TrainOptions; rules between flags stay in validate_train_options.
 namespace {
 
-cxxopts::Options train_command_spec(const TrainChoices& choices) {
-  const TrainOptions d;  // defaults, shown in --help
+using ReadFlag = std::function<void(TrainOptions& o, const std::string& flag, const std::string& text)>;
+using CheckFlag = std::function<void(const TrainOptions& o, const std::string& flag)>;
+using ShowFlag = std::function<std::string(const TrainOptions& o)>;
+
+struct TrainFlag {
+  TrainFlag(std::string flag_name, std::string help_group, std::string help_text)
+      : name(std::move(flag_name)), group(std::move(help_group)), help(std::move(help_text)) {}
+
+  std::string name;   // without the dashes
+  std::string group;  // --help's section
+  std::string help;
+  bool is_switch = false;
+  FlagAgreement agreement = FlagAgreement::kAllRanks;
+  bool help_default = false;  // --help shows show(TrainOptions{})
+  bool from_recipe = false;   // the model's recipe supplies it when absent (Note [Each model's recipe])
+  ReadFlag read;              // the given text into the options (a switch: called when on, with "")
+  CheckFlag check;            // the value's own range or choices; empty: any value the reader stores
+  ShowFlag show;              // the value as text
+  ShowFlag compared;          // what the ranks compare; empty: show
+};
+
+std::string on_off(bool on) { return on ? "on" : "off"; }
+
+// An integer in [min, max] (a max of INT64_MAX: no upper bound); the range is said here only.
+template <class T>
+TrainFlag integer(std::string name, std::string group, std::string help, T TrainOptions::*field, int64_t min,
+                  int64_t max) {
+  TrainFlag f{std::move(name), std::move(group), std::move(help)};
+  f.read = [=](TrainOptions& o, const std::string& flag, const std::string& text) {
+    o.*field = static_cast<T>(env::parse_int(text, flag, min, max));
+  };
+  f.check = [=](const TrainOptions& o, const std::string& flag) {
+    env::parse_int(std::to_string(o.*field), flag, min, max);
+  };
+  f.show = [=](const TrainOptions& o) { return std::to_string(o.*field); };
+  return f;
+}
+
+// An integer in [min, max], or absent ("unset").
+template <class T>
+TrainFlag optional_integer(std::string name, std::string group, std::string help,
+                           std::optional<T> TrainOptions::*field, int64_t min, int64_t max) {
+  TrainFlag f{std::move(name), std::move(group), std::move(help)};
+  f.read = [=](TrainOptions& o, const std::string& flag, const std::string& text) {
+    o.*field = static_cast<T>(env::parse_int(text, flag, min, max));
+  };
+  f.check = [=](const TrainOptions& o, const std::string& flag) {
+    if (o.*field) env::parse_int(std::to_string(*(o.*field)), flag, min, max);
+  };
+  f.show = [=](const TrainOptions& o) { return o.*field ? std::to_string(*(o.*field)) : std::string("unset"); };
+  return f;
+}
+
+// A finite number that `in_range` accepts (else it throws, naming the flag and the range).
+TrainFlag number(std::string name, std::string group, std::string help, double TrainOptions::*field,
+                 std::function<void(double value, const std::string& flag)> in_range) {
+  TrainFlag f{std::move(name), std::move(group), std::move(help)};
+  f.read = [=](TrainOptions& o, const std::string& flag, const std::string& text) {
+    o.*field = parse_double(text, flag);
+  };
+  f.check = [=](const TrainOptions& o, const std::string& flag) { in_range(o.*field, flag); };
+  f.show = [=](const TrainOptions& o) { return fmt::format("{}", o.*field); };
+  return f;
+}
+
+// `ok(value)` or InvalidArgument "FLAG: expected EXPECTED, found VALUE".
+std::function<void(double, const std::string&)> within(std::function<bool(double)> ok, std::string expected) {
+  return [=](double v, const std::string& flag) {
+    if (!(std::isfinite(v) && ok(v))) throw InvalidArgument(fmt::format("{}: expected {}, found {}", flag, expected, v));
+  };
+}
+
+// One of `valid`.
+TrainFlag choice(std::string name, std::string group, std::string help, std::string TrainOptions::*field,
+                 std::vector<std::string> valid) {
+  TrainFlag f{std::move(name), std::move(group), std::move(help)};
+  f.read = [=](TrainOptions& o, const std::string&, const std::string& text) { o.*field = text; };
+  f.check = [=](const TrainOptions& o, const std::string& flag) { check_choice(flag, o.*field, valid); };
+  f.show = [=](const TrainOptions& o) { return o.*field; };
+  return f;
+}
+
+// Text that `parse` accepts (it throws naming the flag otherwise).
+TrainFlag parsed_text(std::string name, std::string group, std::string help, std::string TrainOptions::*field,
+                      std::function<void(const std::string&)> parse) {
+  TrainFlag f{std::move(name), std::move(group), std::move(help)};
+  f.read = [=](TrainOptions& o, const std::string&, const std::string& text) { o.*field = text; };
+  f.check = [=](const TrainOptions& o, const std::string&) { parse(o.*field); };
+  f.show = [=](const TrainOptions& o) { return o.*field; };
+  return f;
+}
+
+// A file or directory; empty means unset. The ranks compare whether it is given, not where.
+TrainFlag path(std::string name, std::string group, std::string help, std::string TrainOptions::*field) {
+  TrainFlag f{std::move(name), std::move(group), std::move(help)};
+  f.read = [=](TrainOptions& o, const std::string& flag, const std::string& text) {
+    if (text.empty()) throw InvalidArgument(fmt::format("{}: expected a path, found an empty string", flag));
+    o.*field = text;
+  };
+  f.show = [=](const TrainOptions& o) { return o.*field; };
+  f.compared = [=](const TrainOptions& o) { return std::string((o.*field).empty() ? "unset" : "set"); };
+  return f;
+}
+
+// A switch that sets `field` to `when_given` (--no-eval sets eval to false); "on" when given.
+TrainFlag switch_flag(std::string name, std::string group, std::string help, bool TrainOptions::*field,
+                      bool when_given = true) {
+  TrainFlag f{std::move(name), std::move(group), std::move(help)};
+  f.is_switch = true;
+  f.read = [=](TrainOptions& o, const std::string&, const std::string&) { o.*field = when_given; };
+  f.show = [=](const TrainOptions& o) { return on_off(o.*field == when_given); };
+  return f;
+}
+
+TrainFlag&& per_rank(TrainFlag&& f) {
+  f.agreement = FlagAgreement::kPerRank;
+  return std::move(f);
+}
+TrainFlag&& shown_default(TrainFlag&& f) {
+  f.help_default = true;
+  return std::move(f);
+}
+TrainFlag&& from_recipe(TrainFlag&& f) {
+  f.from_recipe = true;
+  return std::move(f);
+}
+
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+// The optimizer works in float32: a larger value would become infinity there.
+constexpr double kFloatMax = std::numeric_limits<float>::max();
+
+std::vector<TrainFlag> train_flags(const TrainChoices& choices) {
+  const char* data = "Model and data";
+  const char* training = "Training";
+  const char* device = "Device";
+  const char* distributed = "Distributed";
+  const char* output = "Output";
+  std::vector<TrainFlag> flags;
+  const auto add = [&](TrainFlag&& f) { flags.push_back(std::move(f)); };
+  using O = TrainOptions;
+
+  add(shown_default(choice("model", data, fmt::format("model: {}", fmt::join(choices.models, "|")), &O::model,
+                           choices.models)));
+  add(shown_default(choice("dataset", data, fmt::format("dataset: {}", fmt::join(choices.datasets, "|")), &O::dataset,
+                           choices.datasets)));
+  // The training set's fingerprint is compared instead.
+  add(per_rank(path("data-dir", data, "directory with the IDX files (default: data/<dataset> if it holds the full set, else the shipped mini set)", &O::data_dir)));
+  add(from_recipe(choice("init", data, "initialisation: default (PyTorch's) | normal (N(0, 0.01) conv/linear weights, as d2l) | xavier (nn.init.xavier_uniform_ conv/linear weights, d2l's LeNet recipe); default: the model's recipe", &O::init,
+                         {std::begin(kInitSchemes), std::end(kInitSchemes)})));
+  // Whether it is given (rank 0's weights are broadcast, so the file may differ): a rank given
+  // it alone is told so by name.
+  add(path("init-from", data, "start from the weights in this safetensors file", &O::init_from));
+  add(shown_default(integer("seed", data, "seed for initialisation, shuffling and synthetic data", &O::seed, 0, kMax)));
+
+  add(from_recipe(integer("epochs", training, "passes over the training set (default: the model's recipe)", &O::epochs, 1, 1'000'000)));
+  add(optional_integer("max-steps", training, "stop after this many optimizer steps in total (default: no limit; 0 trains nothing, so --save-final writes the initial weights)", &O::max_steps, 0, kMax));
+  add(from_recipe(integer("batch-size", training, "images per rank per micro-batch (x world size x --grad-accum per optimizer step; default: the model's recipe)", &O::batch_size, 1, 1'000'000)));
+  add(from_recipe(number("lr", training, "learning rate (default: the model's recipe)", &O::lr,
+                         within([](double v) { return v > 0 && v <= kFloatMax; },
+                                fmt::format("a number > 0 and at most {:g} (float32's largest)", kFloatMax)))));
+  add(from_recipe(number("momentum", training, "SGD momentum, in [0, 1) (default: the model's recipe)", &O::momentum,
+                         within([](double v) { return v >= 0 && v < 1; }, "a number in [0, 1)"))));
+  add(shown_default(number("weight-decay", training, "L2 penalty added to the gradient (torch.optim.SGD weight_decay)", &O::weight_decay,
+                           within([](double v) { return v >= 0 && v <= kFloatMax; },
+                                  fmt::format("a number >= 0 and at most {:g}", kFloatMax)))));
+  add(switch_flag("nesterov", training, "Nesterov momentum", &O::nesterov));
+  add(switch_flag("no-shuffle", training, "read the training set in file order (to compare runs with other frameworks)", &O::shuffle, false));
+  add(shown_default(parsed_text("shuffle-order", training, "the shuffled order: mtrain (its own generator) | torch (torch.randperm's for a generator seeded --seed + epoch, as PyTorch's DistributedSampler draws it)", &O::shuffle_order,
+                                [](const std::string& v) { data::parse_permutation(v); })));  // the one place that knows the names
+  add(optional_integer("random-crop", training, "training images: torchvision's RandomCrop(size, padding=PAD), the image's own size after PAD zero pixels on every side (CIFAR recipes use 4)", &O::random_crop, 0, 4096));
+  add(switch_flag("random-flip", training, "training images: torchvision's RandomHorizontalFlip() (mirrored with probability 1/2)", &O::random_flip));
+  add(shown_default(parsed_text("normalize", training, "pixels/255 then (x - mean) / std per channel: none | auto (the training set's mean and std, computed once) | M1,M2,M3:S1,S2,S3 (one value each, or one per channel)", &O::normalize,
+                                [](const std::string& v) { parse_normalize(v); })));
+  add(switch_flag("skip-bad-images", training, "--dataset imagefolder: leave out (and count in the log) files that are not images or do not decode, instead of stopping", &O::skip_bad_images));
+  add(shown_default(parsed_text("resize", training, "--dataset imagefolder: every image resampled to HxW as it is decoded (torchvision's Resize((H, W)) on a PIL image, bilinear); N means NxN; off keeps each image's size, which must then be one", &O::resize,
+                                [](const std::string& v) { parse_resize(v); })));
+  add(switch_flag("drop-last", training, "the training sampler drops the last N mod world-size images instead of repeating some (DistributedSampler's drop_last); with --global-batch-size, the last partial global batch", &O::drop_last));
+  // Host kernel threads.
+  add(per_rank(optional_integer("threads", training, "intra-op threads (default: OMP_NUM_THREADS if set, else 1 per rank when several ranks share the node, else every core)", &O::threads, 1, 4096)));
+
+  // Compared as the device it resolves to (training_configuration in setup/agreement.cpp).
+  TrainFlag where = shown_default(choice("device", device, "where each replica trains: auto (its GPU when one is usable, else the CPU) | cuda | cpu", &O::device, {"auto", "cuda", "cpu"}));
+  where.agreement = FlagAgreement::kAsResolved;
+  add(std::move(where));
+  // A GPU's own algorithm choices and layout: float rounding alone; the gradients are averaged.
+  add(per_rank(switch_flag("cudnn-benchmark", device, "GPU: time cuDNN's convolution algorithms for each new shape and keep the fastest (torch.backends.cudnn.benchmark)", &O::cudnn_benchmark)));
+  add(per_rank(switch_flag("deterministic", device, "GPU: only convolution algorithms cuDNN documents as deterministic (torch.backends.cudnn.deterministic)", &O::deterministic)));
+  add(per_rank(switch_flag("no-tf32", device, "GPU: full float32 convolutions, no TF32 tensor cores (matrix products never use TF32)", &O::allow_tf32, false)));
+  add(per_rank(switch_flag("channels-last", device, "keep activations [N, H, W, C] in memory (PyTorch's channels_last), the layout cuDNN's tensor-core convolutions take natively; on the CPU only slower", &O::channels_last)));
+  // A rank rounding its operands differently would send gradients of another size into the average.
+  add(shown_default(choice("amp", device, "mixed precision: off | bf16 | fp16 (convolutions and linear layers multiply in 16 bits, everything else stays float32; bf16 needs a GPU of compute capability 8.0+ or an AVX-512 CPU, at full speed with AVX512_BF16; fp16 a GPU of 7.0+ or a CPU with AVX512_FP16)", &O::amp, {"off", "bf16", "fp16"})));
+  TrainFlag scaling = shown_default(choice("loss-scale", device, "auto (dynamic with --amp fp16, else none) | dynamic (scale the loss, skip steps whose gradients overflow, as GradScaler) | none", &O::loss_scale, {"auto", "dynamic", "none"}));
+  scaling.compared = [](const TrainOptions& o) { return std::string(uses_loss_scaler(o) ? "dynamic" : "none"); };
+  add(std::move(scaling));
+  // A normal float32 whose reciprocal is finite (both multiply gradients in float32).
+  add(shown_default(number("initial-loss-scale", device, "the dynamic loss scale's starting value", &O::initial_loss_scale,
+                           within([](double v) { return v >= std::numeric_limits<float>::min() && v <= kFloatMax; },
+                                  "a number from 1.2e-38 to 3.4e38 (a normal float32)"))));
+  add(shown_default(integer("loss-scale-growth-interval", device, "steps with finite gradients after which the dynamic loss scale doubles", &O::loss_scale_growth_interval, 1, kMax)));
+
+  add(shown_default(choice("backend", distributed, backend_help(), &O::backend, backend_choices())));
+  // The cap becomes a byte count (size_t): bounded so that the conversion is defined.
+  add(shown_default(number("bucket-cap-mb", distributed, "gradient bucket size cap in MiB (the first bucket is 1 MiB)", &O::bucket_cap_mb,
+                           within([](double v) { return v > 0 && v <= 1e6; }, "a number > 0 and at most 1e6"))));
+  add(shown_default(choice("grad-compression", distributed, "none | bf16 | fp16: all-reduce the gradient buckets in 16 bits (DDP's bf16/fp16 compress hooks)", &O::grad_compression, {"none", "bf16", "fp16"})));
+  add(shown_default(integer("grad-accum", distributed, "micro-batches per optimizer step; gradients are exchanged on the last only", &O::grad_accum, 1, 1'000'000)));
+  add(shown_default(integer("check-replicas", distributed, "every N optimizer steps verify that every rank holds the same parameters (0 = never)", &O::check_replicas, 0, kMax)));
+  add(switch_flag("sync-bn", distributed, "convert every BatchNorm2d to SyncBatchNorm (statistics over the global batch)", &O::sync_bn));
+  add(optional_integer("global-batch-size", distributed, "images per optimizer step over all ranks, split like torch.chunk (instead of --batch-size per rank)", &O::global_batch_size, 1, 1'000'000));
+  // Every rank must split each global batch the same way (and time its steps for auto).
+  add(shown_default(parsed_text("balance", distributed, "with --global-batch-size: even (torch.chunk's split) | auto (split by each rank's measured speed) | static:N0,N1,... (one share per rank, summing to the global batch)", &O::balance,
+                                [](const std::string& v) { parse_balance(v); })));
+  // Whole milliseconds, added to clock readings: from 1 ms to about 115 days.
+  add(shown_default(number("timeout", distributed, "seconds any collective may take before the run fails", &O::timeout_seconds,
+                           within([](double v) { return v >= 0.001 && v <= 1e7; }, "a number of seconds from 0.001 to 1e7"))));
+  // Whether this rank accepts a store without a secret.
+  add(per_rank(switch_flag("unauthenticated-store", distributed, "workers started without mtrain-launch, MPI or MTRAIN_STORE_TOKEN: let rank 0 host the rendezvous store without a secret on an address other hosts can reach, where anyone who reaches it can join or disrupt the job", &O::unauthenticated_store)));
+  add(shown_default(choice("lr-scaling", distributed, "none | linear (lr x world size)", &O::lr_scaling, {"none", "linear"})));
+  add(shown_default(number("warmup-epochs", distributed, "linear warm-up from --lr to the scaled rate over this many epochs", &O::warmup_epochs,
+                           within([](double v) { return v >= 0; }, "a number >= 0"))));
+  add(shown_default(choice("lr-schedule", distributed, "constant | step (x0.1 at 50% and 75%) | cosine", &O::lr_schedule, {"constant", "step", "cosine"})));
+
+  // Rank 0 writes the file and every rank learns the outcome in a collective.
+  add(path("save-final", output, "write every parameter and buffer to this safetensors file at the end", &O::save_final));
+  add(path("checkpoint-dir", output, "keep checkpoints (model, momentum, position) in DIR: the latest, DIR/checkpoint.safetensors, and the one before, DIR/checkpoint.previous.safetensors; resume from the latest that passes its checks", &O::checkpoint_dir));
+  add(shown_default(integer("checkpoint-every", output, "also checkpoint every N optimizer steps (checkpoints are always written at the end of each epoch and when a stop signal arrives)", &O::checkpoint_every, 0, kMax)));
+  // Written, or drawn, by rank 0 alone.
+  add(per_rank(path("metrics", output, "write JSON lines (one object per logged step and per epoch) to this file", &O::metrics)));
+  add(per_rank(path("plot", output, "draw the training curves (train loss, train and test accuracy per epoch, as d2l) to this .png or .svg file, redrawn after every epoch", &O::plot)));
+  add(switch_flag("no-eval", output, "skip the test-set evaluation at the end of each epoch", &O::eval, false));
+  // Rank 0 alone logs at info level; progress lines and step events are rank 0's, no collective.
+  add(per_rank(shown_default(choice("log-level", output, "trace|debug|info|warn|error|critical|off", &O::log_level,
+                                    {std::begin(kLogLevels), std::end(kLogLevels)}))));
+  add(per_rank(shown_default(integer("log-every", output, "optimizer steps between progress lines", &O::log_every, 1, kMax))));
+  // Tracing aligns the ranks' clocks with barriers; each rank may write to a directory of its own.
+  add(path("trace", output, "write a timeline (Chrome trace events: forward, backward, each bucket's all-reduce, SyncBatchNorm, data, optimizer, evaluation, checkpoints) to DIR/rank-R.json per rank, merged into DIR/trace.json for Perfetto or chrome://tracing", &O::trace_dir));
+  // What each rank records, no collective.
+  TrainFlag steps{"trace-steps", output, "the optimizer steps --trace records, FIRST:LAST (evaluations and checkpoints are always recorded)"};
+  steps.read = [](TrainOptions& o, const std::string& flag, const std::string& text) {
+    read_step_range(text, flag, o.trace_first_step, o.trace_last_step);
+  };
+  steps.check = [](const TrainOptions& o, const std::string& flag) {
+    int64_t first = 0, last = 0;
+    read_step_range(fmt::format("{}:{}", o.trace_first_step, o.trace_last_step), flag, first, last);
+  };
+  steps.show = [](const TrainOptions& o) { return fmt::format("{}:{}", o.trace_first_step, o.trace_last_step); };
+  add(per_rank(shown_default(std::move(steps))));
+  add(per_rank(shown_default(number("progress-every", output, "in a log file or under a scheduler: a progress line (training or evaluation) whenever this many seconds passed without one; on a terminal a bar redraws in place instead", &O::progress_every,
+                                    within([](double v) { return v > 0 && v <= 1e6; }, "a number of seconds > 0 and at most 1e6")))));
+  return flags;
+}
+
+cxxopts::Options train_command_spec(const std::vector<TrainFlag>& flags) {
+  const TrainOptions defaults;
   cxxopts::Options spec("mtrain-train", "Train an image classifier with data-parallel SGD (one replica per process; see docs/training.md).");
   spec.set_width(100);
-  // clang-format off
-  spec.add_options("Model and data")
-    ("model", fmt::format("model: {}", fmt::join(choices.models, "|")), cxxopts::value<std::string>()->default_value(d.model))
-    ("dataset", fmt::format("dataset: {}", fmt::join(choices.datasets, "|")), cxxopts::value<std::string>()->default_value(d.dataset))
-    ("data-dir", "directory with the IDX files (default: data/<dataset> if it holds the full set, else the shipped mini set)", cxxopts::value<std::string>())
-    ("init", "initialisation: default (PyTorch's) | normal (N(0, 0.01) conv/linear weights, as d2l) | xavier (nn.init.xavier_uniform_ conv/linear weights, d2l's LeNet recipe); default: the model's recipe", cxxopts::value<std::string>())
-    ("init-from", "start from the weights in this safetensors file", cxxopts::value<std::string>())
-    ("seed", "seed for initialisation, shuffling and synthetic data", cxxopts::value<std::string>()->default_value(std::to_string(d.seed)));
-  spec.add_options("Training")
-    ("epochs", "passes over the training set (default: the model's recipe)", cxxopts::value<std::string>())
-    ("max-steps", "stop after this many optimizer steps in total (default: no limit; 0 trains nothing, so --save-final writes the initial weights)", cxxopts::value<std::string>())
-    ("batch-size", "images per rank per micro-batch (x world size x --grad-accum per optimizer step; default: the model's recipe)", cxxopts::value<std::string>())
-    ("lr", "learning rate (default: the model's recipe)", cxxopts::value<std::string>())
-    ("momentum", "SGD momentum, in [0, 1) (default: the model's recipe)", cxxopts::value<std::string>())
-    ("weight-decay", "L2 penalty added to the gradient (torch.optim.SGD weight_decay)", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.weight_decay)))
-    ("nesterov", "Nesterov momentum")
-    ("no-shuffle", "read the training set in file order (to compare runs with other frameworks)")
-    ("shuffle-order", "the shuffled order: mtrain (its own generator) | torch (torch.randperm's for a generator seeded --seed + epoch, as PyTorch's DistributedSampler draws it)", cxxopts::value<std::string>()->default_value(d.shuffle_order))
-    ("random-crop", "training images: torchvision's RandomCrop(size, padding=PAD), the image's own size after PAD zero pixels on every side (CIFAR recipes use 4)", cxxopts::value<std::string>())
-    ("random-flip", "training images: torchvision's RandomHorizontalFlip() (mirrored with probability 1/2)")
-    ("normalize", "pixels/255 then (x - mean) / std per channel: none | auto (the training set's mean and std, computed once) | M1,M2,M3:S1,S2,S3 (one value each, or one per channel)", cxxopts::value<std::string>()->default_value(d.normalize))
-    ("skip-bad-images", "--dataset imagefolder: leave out (and count in the log) files that are not images or do not decode, instead of stopping")
-    ("resize", "--dataset imagefolder: every image resampled to HxW as it is decoded (torchvision's Resize((H, W)) on a PIL image, bilinear); N means NxN; off keeps each image's size, which must then be one", cxxopts::value<std::string>()->default_value(d.resize))
-    ("drop-last", "the training sampler drops the last N mod world-size images instead of repeating some (DistributedSampler's drop_last); with --global-batch-size, the last partial global batch")
-    ("threads", "intra-op threads (default: OMP_NUM_THREADS if set, else 1 per rank when several ranks share the node, else every core)", cxxopts::value<std::string>());
-  spec.add_options("Device")
-    ("device", "where each replica trains: auto (its GPU when one is usable, else the CPU) | cuda | cpu", cxxopts::value<std::string>()->default_value(d.device))
-    ("cudnn-benchmark", "GPU: time cuDNN's convolution algorithms for each new shape and keep the fastest (torch.backends.cudnn.benchmark)")
-    ("deterministic", "GPU: only convolution algorithms cuDNN documents as deterministic (torch.backends.cudnn.deterministic)")
-    ("no-tf32", "GPU: full float32 convolutions, no TF32 tensor cores (matrix products never use TF32)")
-    ("channels-last", "keep activations [N, H, W, C] in memory (PyTorch's channels_last), the layout cuDNN's tensor-core convolutions take natively; on the CPU only slower")
-    ("amp", "mixed precision: off | bf16 | fp16 (convolutions and linear layers multiply in 16 bits, everything else stays float32; bf16 needs a GPU of compute capability 8.0+ or an AVX-512 CPU, at full speed with AVX512_BF16; fp16 a GPU of 7.0+ or a CPU with AVX512_FP16)", cxxopts::value<std::string>()->default_value(d.amp))
-    ("loss-scale", "auto (dynamic with --amp fp16, else none) | dynamic (scale the loss, skip steps whose gradients overflow, as GradScaler) | none", cxxopts::value<std::string>()->default_value(d.loss_scale))
-    ("initial-loss-scale", "the dynamic loss scale's starting value", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.initial_loss_scale)))
-    ("loss-scale-growth-interval", "steps with finite gradients after which the dynamic loss scale doubles", cxxopts::value<std::string>()->default_value(std::to_string(d.loss_scale_growth_interval)));
-  spec.add_options("Distributed")
-    ("backend", backend_help(), cxxopts::value<std::string>()->default_value(d.backend))
-    ("bucket-cap-mb", "gradient bucket size cap in MiB (the first bucket is 1 MiB)", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.bucket_cap_mb)))
-    ("grad-compression", "none | bf16 | fp16: all-reduce the gradient buckets in 16 bits (DDP's bf16/fp16 compress hooks)", cxxopts::value<std::string>()->default_value(d.grad_compression))
-    ("grad-accum", "micro-batches per optimizer step; gradients are exchanged on the last only", cxxopts::value<std::string>()->default_value(std::to_string(d.grad_accum)))
-    ("check-replicas", "every N optimizer steps verify that every rank holds the same parameters (0 = never)", cxxopts::value<std::string>()->default_value(std::to_string(d.check_replicas)))
-    ("sync-bn", "convert every BatchNorm2d to SyncBatchNorm (statistics over the global batch)")
-    ("global-batch-size", "images per optimizer step over all ranks, split like torch.chunk (instead of --batch-size per rank)", cxxopts::value<std::string>())
-    ("balance", "with --global-batch-size: even (torch.chunk's split) | auto (split by each rank's measured speed) | static:N0,N1,... (one share per rank, summing to the global batch)", cxxopts::value<std::string>()->default_value(d.balance))
-    ("timeout", "seconds any collective may take before the run fails", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.timeout_seconds)))
-    ("unauthenticated-store", "workers started without mtrain-launch, MPI or MTRAIN_STORE_TOKEN: let rank 0 host the rendezvous store without a secret on an address other hosts can reach, where anyone who reaches it can join or disrupt the job")
-    ("lr-scaling", "none | linear (lr x world size)", cxxopts::value<std::string>()->default_value(d.lr_scaling))
-    ("warmup-epochs", "linear warm-up from --lr to the scaled rate over this many epochs", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.warmup_epochs)))
-    ("lr-schedule", "constant | step (x0.1 at 50% and 75%) | cosine", cxxopts::value<std::string>()->default_value(d.lr_schedule));
-  spec.add_options("Output")
-    ("save-final", "write every parameter and buffer to this safetensors file at the end", cxxopts::value<std::string>())
-    ("checkpoint-dir", "keep checkpoints (model, momentum, position) in DIR: the latest, DIR/checkpoint.safetensors, and the one before, DIR/checkpoint.previous.safetensors; resume from the latest that passes its checks", cxxopts::value<std::string>())
-    ("checkpoint-every", "also checkpoint every N optimizer steps (checkpoints are always written at the end of each epoch and when a stop signal arrives)", cxxopts::value<std::string>()->default_value(std::to_string(d.checkpoint_every)))
-    ("metrics", "write JSON lines (one object per logged step and per epoch) to this file", cxxopts::value<std::string>())
-    ("plot", "draw the training curves (train loss, train and test accuracy per epoch, as d2l) to this .png or .svg file, redrawn after every epoch", cxxopts::value<std::string>())
-    ("no-eval", "skip the test-set evaluation at the end of each epoch")
-    ("log-level", "trace|debug|info|warn|error|critical|off", cxxopts::value<std::string>()->default_value(d.log_level))
-    ("log-every", "optimizer steps between progress lines", cxxopts::value<std::string>()->default_value(std::to_string(d.log_every)))
-    ("trace", "write a timeline (Chrome trace events: forward, backward, each bucket's all-reduce, SyncBatchNorm, data, optimizer, evaluation, checkpoints) to DIR/rank-R.json per rank, merged into DIR/trace.json for Perfetto or chrome://tracing", cxxopts::value<std::string>())
-    ("trace-steps", "the optimizer steps --trace records, FIRST:LAST (evaluations and checkpoints are always recorded)", cxxopts::value<std::string>()->default_value(fmt::format("{}:{}", d.trace_first_step, d.trace_last_step)))
-    ("progress-every", "in a log file or under a scheduler: a progress line (training or evaluation) whenever this many seconds passed without one; on a terminal a bar redraws in place instead", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.progress_every)))
-    ("h,help", "print this help");
-  // clang-format on
+  for (const TrainFlag& f : flags) {
+    auto adder = spec.add_options(f.group);
+    if (f.is_switch) {
+      adder(f.name, f.help);
+    } else if (f.help_default) {
+      adder(f.name, f.help, cxxopts::value<std::string>()->default_value(f.show(defaults)));
+    } else {
+      adder(f.name, f.help, cxxopts::value<std::string>());
+    }
+  }
+  spec.add_options(flags.back().group)("h,help", "print this help");
   return spec;
+}
+
+// The values the recipe supplied, as flags, for the log ("--init xavier --lr 0.1 ...").
+std::string describe_recipe(const std::vector<TrainFlag>& flags, const cxxopts::ParseResult& r, const TrainOptions& o) {
+  if (recipe_for(o.model) == nullptr) return {};
+  std::vector<std::string> taken;
+  for (const TrainFlag& f : flags) {
+    if (!f.from_recipe || r.count(f.name) != 0) continue;
+    if (f.name == "init" && !o.init_from.empty()) continue;           // the file's weights, not an init
+    if (f.name == "batch-size" && o.global_batch_size) continue;      // the global batch rules
+    taken.push_back(fmt::format("--{} {}", f.name, f.show(o)));
+  }
+  return fmt::format("{}", fmt::join(taken, " "));
+}
+
+// Every flag given, in the table's order, after --model and the recipe it brings.
+void read_given(const std::vector<TrainFlag>& flags, const cxxopts::ParseResult& r, TrainOptions& o) {
+  const auto read = [&](const TrainFlag& f) {
+    if (r.count(f.name) == 0) return;
+    if (f.is_switch) {
+      if (r[f.name].as<bool>()) f.read(o, "--" + f.name, "");  // --sync-bn=false is off
+    } else {
+      f.read(o, "--" + f.name, r[f.name].as<std::string>());
+    }
+  };
+  for (const TrainFlag& f : flags) {
+    if (f.name == "model") read(f);
+  }
+  apply_model_recipe(o);
+  for (const TrainFlag& f : flags) {
+    if (f.name != "model") read(f);
+  }
+  if (r.count("global-batch-size") != 0 && r.count("batch-size") != 0) {
+    throw InvalidArgument(fmt::format(
+        "--batch-size {} and --global-batch-size {}: give one; --batch-size is per rank, --global-batch-size "
+        "is split across the ranks",
+        r["batch-size"].as<std::string>(), r["global-batch-size"].as<std::string>()));
+  }
 }
 
 }  // namespace
 
 std::vector<std::string> train_flag_names() {
-  const cxxopts::Options spec = train_command_spec(TrainChoices{});
   std::vector<std::string> names;
-  for (const std::string& group : spec.groups()) {
-    for (const auto& option : spec.group_help(group).options) {
-      for (const std::string& name : option.l) {
-        if (name != "help") names.push_back("--" + name);
-      }
-    }
+  for (const TrainFlag& f : train_flags(TrainChoices{})) names.push_back("--" + f.name);
+  return names;
+}
+
+std::vector<ComparedFlag> flags_ranks_compare(const TrainOptions& o) {
+  std::vector<ComparedFlag> out;
+  for (const TrainFlag& f : train_flags(TrainChoices{})) {
+    if (f.agreement == FlagAgreement::kAllRanks) out.push_back({"--" + f.name, (f.compared ? f.compared : f.show)(o)});
+  }
+  return out;
+}
+
+std::vector<std::string> per_rank_flags() {
+  std::vector<std::string> names;
+  for (const TrainFlag& f : train_flags(TrainChoices{})) {
+    if (f.agreement == FlagAgreement::kPerRank) names.push_back("--" + f.name);
   }
   return names;
 }
 
 ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* argv,
                                                 const TrainChoices& choices) {
-  cxxopts::Options spec = train_command_spec(choices);
+  const std::vector<TrainFlag> flags = train_flags(choices);
+  cxxopts::Options spec = train_command_spec(flags);
   check_switch_values(spec, argc, argv);
   cxxopts::ParseResult r;
   try {
@@ -483,86 +591,47 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
     throw InvalidArgument(fmt::format("unexpected argument '{}' (flags start with --; see --help)",
                                       r.unmatched().front()));
   }
-
-  TrainOptions& o = out.options;
-  o.model = r["model"].as<std::string>();
-  o.dataset = r["dataset"].as<std::string>();
-  read_path(r, "data-dir", o.data_dir);
-  apply_model_recipe(o);
-  if (r.count("init") != 0) o.init = r["init"].as<std::string>();
-  read_path(r, "init-from", o.init_from);
-  o.seed = static_cast<uint64_t>(
-      env::parse_int(r["seed"].as<std::string>(), "--seed", 0, std::numeric_limits<int64_t>::max()));
-  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  read_int(r, "epochs", o.epochs, 1, 1'000'000);
-  if (r.count("max-steps") != 0) {
-    o.max_steps = env::parse_int(r["max-steps"].as<std::string>(), "--max-steps", 0, kMax);
-  }
-  read_int(r, "batch-size", o.batch_size, 1, 1'000'000);
-  read_double(r, "lr", o.lr);
-  read_double(r, "momentum", o.momentum);
-  read_double(r, "weight-decay", o.weight_decay);
-  o.nesterov = switch_on(r, "nesterov");
-  o.shuffle = !switch_on(r, "no-shuffle");
-  o.shuffle_order = r["shuffle-order"].as<std::string>();
-  o.drop_last = switch_on(r, "drop-last");
-  if (r.count("random-crop") != 0) o.random_crop = env::parse_int(r["random-crop"].as<std::string>(), "--random-crop", 0, 4096);
-  o.random_flip = switch_on(r, "random-flip");
-  o.skip_bad_images = switch_on(r, "skip-bad-images");
-  o.resize = r["resize"].as<std::string>();
-  o.normalize = r["normalize"].as<std::string>();
-  if (r.count("threads") != 0) {
-    int threads = 0;
-    read_int(r, "threads", threads, 1, 4096);
-    o.threads = threads;
-  }
-  read_path(r, "save-final", o.save_final);
-  read_path(r, "metrics", o.metrics);
-  read_path(r, "plot", o.plot);
-  read_path(r, "checkpoint-dir", o.checkpoint_dir);
-  read_int(r, "checkpoint-every", o.checkpoint_every, 0, kMax);
-  o.eval = !switch_on(r, "no-eval");
-  o.log_level = r["log-level"].as<std::string>();
-  read_double(r, "progress-every", o.progress_every);
-  read_path(r, "trace", o.trace_dir);
-  read_step_range(r["trace-steps"].as<std::string>(), "--trace-steps", o.trace_first_step, o.trace_last_step);
-  read_int(r, "log-every", o.log_every, 1, kMax);
-
-  o.device = r["device"].as<std::string>();
-  o.cudnn_benchmark = switch_on(r, "cudnn-benchmark");
-  o.deterministic = switch_on(r, "deterministic");
-  o.allow_tf32 = !switch_on(r, "no-tf32");
-  o.channels_last = switch_on(r, "channels-last");
-  o.amp = r["amp"].as<std::string>();
-  o.loss_scale = r["loss-scale"].as<std::string>();
-  read_double(r, "initial-loss-scale", o.initial_loss_scale);
-  read_int(r, "loss-scale-growth-interval", o.loss_scale_growth_interval, 1, kMax);
-
-  o.backend = r["backend"].as<std::string>();
-  read_double(r, "bucket-cap-mb", o.bucket_cap_mb);
-  o.grad_compression = r["grad-compression"].as<std::string>();
-  read_int(r, "grad-accum", o.grad_accum, 1, 1'000'000);
-  read_int(r, "check-replicas", o.check_replicas, 0, kMax);
-  o.sync_bn = switch_on(r, "sync-bn");
-  if (r.count("global-batch-size") != 0) {
-    if (r.count("batch-size") != 0) {
-      throw InvalidArgument(fmt::format(
-          "--batch-size {} and --global-batch-size {}: give one; --batch-size is per rank, --global-batch-size "
-          "is split across the ranks",
-          r["batch-size"].as<std::string>(), r["global-batch-size"].as<std::string>()));
-    }
-    o.global_batch_size = env::parse_int(r["global-batch-size"].as<std::string>(), "--global-batch-size", 1, 1'000'000);
-  }
-  o.balance = r["balance"].as<std::string>();
-  read_double(r, "timeout", o.timeout_seconds);
-  o.unauthenticated_store = switch_on(r, "unauthenticated-store");
-  o.lr_scaling = r["lr-scaling"].as<std::string>();
-  read_double(r, "warmup-epochs", o.warmup_epochs);
-  o.lr_schedule = r["lr-schedule"].as<std::string>();
-
-  describe_recipe(r, o);
-  validate_train_options(o, choices);
+  read_given(flags, r, out.options);
+  out.options.recipe = describe_recipe(flags, r, out.options);
+  validate_train_options(out.options, choices);
   return out;
+}
+
+// Each flag's own range or choices (train_flags), then the rules between flags.
+void validate_train_options(const TrainOptions& o, const TrainChoices& choices) {
+  for (const TrainFlag& f : train_flags(choices)) {
+    if (f.check) f.check(o, "--" + f.name);
+  }
+  data::require_folder_options_apply(o.dataset, image_folder_options(o));
+  if (o.nesterov && o.momentum == 0) {
+    throw InvalidArgument("--nesterov needs a momentum > 0 (as torch.optim.SGD); add --momentum 0.9");
+  }
+  if (o.device == "cpu" && o.backend != "auto" && backend_info(o.backend).device_tensors_only) {
+    throw InvalidArgument(fmt::format(
+        "--backend {} needs GPUs, but --device cpu trains on the CPU: use --backend gloo or mpi", o.backend));
+  }
+  if (o.global_batch_size && o.lr_scaling == "linear") {
+    throw InvalidArgument(
+        "--lr-scaling linear multiplies --lr by the world size because a per-rank --batch-size grows the global "
+        "batch with it; --global-batch-size fixes the global batch, so there is nothing to scale (give --lr for "
+        "that batch)");
+  }
+  if (parse_balance(o.balance).kind != BalanceSpec::Kind::kEven && !o.global_batch_size) {
+    throw InvalidArgument(fmt::format(
+        "--balance {} splits a global batch between the ranks: give --global-batch-size G (with --batch-size every "
+        "rank takes the same number of images)",
+        o.balance));
+  }
+  if (o.global_batch_size && o.grad_accum > 1) {
+    // The sample weighting is per micro-batch (Note [Reducer gradient weighting]);
+    // accumulated micro-batches of different sizes would need per-micro-batch weights.
+    throw InvalidArgument("--global-batch-size cannot be combined with --grad-accum > 1 (use --batch-size)");
+  }
+  if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) {
+    throw InvalidArgument(fmt::format("--checkpoint-every {} needs --checkpoint-dir DIR to write to",
+                                      o.checkpoint_every));
+  }
+  check_distinct_files(o);
 }
 
 bool uses_loss_scaler(const TrainOptions& o) {

@@ -151,8 +151,24 @@ data::ImageFolderOptions image_folder_options(const TrainOptions& options);
 // global batch, or batch x grad_accum x world (Note [Resuming in another world]).
 int64_t items_per_step(const TrainOptions& options, int world_size);
 
-// Every flag mtrain-train accepts, as "--name" (--help left out).
+// Every flag mtrain-train accepts, as "--name" (--help left out), in --help's order.
 std::vector<std::string> train_flag_names();
+
+// Whether the ranks of a run must give a flag alike (Note [Which flags must agree] in
+// setup/agreement.cpp): each flag's row in the table says (Note [One table of flags]).
+enum class FlagAgreement {
+  kAllRanks,    // compared at start-up as flags_ranks_compare shows it
+  kPerRank,     // changes neither what is trained nor the collectives
+  kAsResolved,  // compared in the form it resolves to (--device: the device kind)
+};
+struct ComparedFlag {
+  std::string name;   // "--lr"
+  std::string value;  // as the ranks compare it ("set" for a path given, ...)
+};
+// Every kAllRanks flag with its value in `options`, in --help's order.
+std::vector<ComparedFlag> flags_ranks_compare(const TrainOptions& options);
+// Every kPerRank flag, as "--name".
+std::vector<std::string> per_rank_flags();
 
 // Whether the run scales its loss dynamically: --loss-scale dynamic, or auto with
 // --amp fp16, which needs it (Note [Dynamic loss scaling] in loop/loss_scaler.cpp).

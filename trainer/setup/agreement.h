@@ -30,8 +30,4 @@ std::vector<NamedHash> training_configuration(const TrainOptions& options, int64
 RunConfiguration resume_configuration(const TrainOptions& options, int64_t train_size,
                                       const std::string& fingerprint);
 
-// The flags that may differ from rank to rank: every other flag is in
-// training_configuration (Note [Which flags must agree]).
-const std::vector<std::string>& per_rank_flags();
-
 }  // namespace mtrain

@@ -358,3 +358,59 @@ TEST_CASE("every flag is compared across ranks or known to be harmless per rank"
   }
   for (const std::string& flag : mtrain::per_rank_flags()) CHECK(has(flags, flag));
 }
+
+// Note [One table of flags]: a flag's range is said once, so options filled by hand are
+// refused with the parser's own words.
+TEST_CASE("options filled by hand are checked against the same ranges as the command line", "[options]") {
+  const auto refused = [](const mtrain::TrainOptions& o) {
+    try {
+      mtrain::validate_train_options(o, kChoices);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const auto parsed = [](std::vector<std::string> args) {
+    try {
+      parse(std::move(args));
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  mtrain::TrainOptions o;
+  o.batch_size = 0;
+  CHECK(refused(o) == parsed({"--batch-size", "0"}));
+  o = {};
+  o.lr = 0;
+  CHECK(refused(o) == parsed({"--lr", "0"}));
+  o = {};
+  o.threads = 5000;
+  CHECK(refused(o) == parsed({"--threads", "5000"}));
+  o = {};
+  o.trace_first_step = 9;
+  o.trace_last_step = 3;
+  CHECK(refused(o) == parsed({"--trace-steps", "9:3"}));
+  o = {};
+  o.amp = "fp8";
+  CHECK(refused(o) == parsed({"--amp", "fp8"}));
+  CHECK(refused(mtrain::TrainOptions{}) == "accepted");
+}
+
+TEST_CASE("the ranks compare every flag's value as its row shows it", "[options]") {
+  const auto value_of = [](const mtrain::TrainOptions& o, const std::string& name) {
+    for (const auto& f : mtrain::flags_ranks_compare(o)) {
+      if (f.name == name) return f.value;
+    }
+    return std::string("absent");
+  };
+  const auto o = parse({"--init-from", "w.safetensors", "--no-shuffle", "--amp", "fp16", "--lr", "0.25"}).options;
+  CHECK(value_of(o, "--init-from") == "set");  // whether given, not where
+  CHECK(value_of(o, "--no-shuffle") == "on");
+  CHECK(value_of(o, "--amp") == "fp16");
+  CHECK(value_of(o, "--loss-scale") == "dynamic");  // auto resolves with --amp fp16
+  CHECK(value_of(o, "--lr") == "0.25");
+  CHECK(value_of(o, "--metrics") == "absent");  // per rank
+  CHECK(value_of(o, "--device") == "absent");   // compared as the device it resolves to
+  CHECK(value_of(mtrain::TrainOptions{}, "--init-from") == "unset");
+}
