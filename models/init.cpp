@@ -27,16 +27,6 @@
 
 namespace mtrain::models {
 
-InitScheme parse_init_scheme(const std::string& name) {
-  if (name == "default") return InitScheme::kPyTorchDefault;
-  if (name == "normal") return InitScheme::kNormal;
-  if (name == "xavier") return InitScheme::kXavier;
-  throw InvalidArgument(
-      fmt::format("unknown init scheme '{}': expected 'default' (PyTorch's), 'normal' "
-                  "(N(0, 0.01) weights, zero biases) or 'xavier' (Xavier-uniform weights)",
-                  name));
-}
-
 ParameterInitializer::ParameterInitializer(const InitOptions& options)
     : scheme_(options.scheme), rng_(options.seed) {}
 

@@ -15,10 +15,6 @@ namespace mtrain::models {
 // kXavier: nn.init.xavier_uniform_ weights (d2l's LeNet recipe), PyTorch's default biases.
 enum class InitScheme { kPyTorchDefault, kNormal, kXavier };
 
-// "default" -> kPyTorchDefault, "normal" -> kNormal, "xavier" -> kXavier; anything else
-// is InvalidArgument.
-InitScheme parse_init_scheme(const std::string& name);
-
 struct InitOptions {
   InitScheme scheme = InitScheme::kPyTorchDefault;
   uint64_t seed = 0;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -24,7 +25,6 @@ namespace mtrain {
 namespace {
 
 constexpr const char* kLogLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
-constexpr const char* kInitSchemes[] = {"default", "normal", "xavier"};
 
 bool contains(const std::vector<std::string>& names, const std::string& name) {
   for (const auto& n : names) {
@@ -89,6 +89,28 @@ void check_switch_values(const cxxopts::Options& spec, int argc, const char* con
   }
 }
 
+// One of `names`, each standing for a value.
+template <class T>
+std::function<T(const std::string&, const std::string&)> one_of(std::vector<std::pair<std::string, T>> names) {
+  return [names = std::move(names)](const std::string& text, const std::string& flag) {
+    std::vector<std::string> valid;
+    for (const auto& [name, value] : names) {
+      if (name == text) return value;
+      valid.push_back(name);
+    }
+    check_choice(flag, text, valid);  // throws: `text` is none of them
+    throw InternalError(fmt::format("{}: '{}' passed the choice check", flag, text));
+  };
+}
+
+// --init's names, for the flag and the models' recipes.
+models::InitScheme init_scheme(const std::string& text, const std::string& flag) {
+  static const auto parse = one_of<models::InitScheme>({{"default", models::InitScheme::kPyTorchDefault},
+                                                        {"normal", models::InitScheme::kNormal},
+                                                        {"xavier", models::InitScheme::kXavier}});
+  return parse(text, flag);
+}
+
 const ModelRecipe* recipe_for(const std::string& model) {
   for (const ModelRecipe& recipe : model_recipes()) {
     if (recipe.model == model) return &recipe;
@@ -100,7 +122,7 @@ const ModelRecipe* recipe_for(const std::string& model) {
 void apply_model_recipe(TrainOptions& o) {
   const ModelRecipe* recipe = recipe_for(o.model);
   if (recipe == nullptr) return;
-  o.init = recipe->init;
+  o.init = {recipe->init, init_scheme(recipe->init, "the recipe's --init")};
   o.lr = recipe->lr;
   o.momentum = recipe->momentum;
   o.batch_size = recipe->batch_size;
@@ -199,8 +221,7 @@ ImageSize parse_resize(const std::string& value) {
 }
 
 data::ImageFolderOptions image_folder_options(const TrainOptions& o) {
-  const ImageSize size = parse_resize(o.resize);
-  return {.skip_bad_files = o.skip_bad_images, .height = size.height, .width = size.width};
+  return {.skip_bad_files = o.skip_bad_images, .height = o.resize.value.height, .width = o.resize.value.width};
 }
 
 int64_t items_per_step(const TrainOptions& o, int world_size) {
@@ -235,7 +256,11 @@ const std::vector<ModelRecipe>& model_recipes() {
 // comparison of the ranks), and whether every rank must give it alike (Note [Which flags must
 // agree] in setup/agreement.cpp). --help, the parser, the validation of a TrainOptions filled
 // by hand and the ranks' comparison all read the table, so a new flag is one row and a field of
-// TrainOptions; rules between flags stay in validate_train_options.
+// TrainOptions; rules between flags stay in validate_train_options. A value with structure or
+// a fixed set of names is parsed once, by its row, into a Given<T>: the run reads the typed
+// value and never parses or compares the words again; the words stay beside it for the log,
+// the ranks' comparison and the checkpoints (whose stored settings are the words, so files
+// written before keep resuming).
 namespace {
 
 using ReadFlag = std::function<void(TrainOptions& o, const std::string& flag, const std::string& text)>;
@@ -320,14 +345,23 @@ TrainFlag choice(std::string name, std::string group, std::string help, std::str
   return f;
 }
 
-// Text that `parse` accepts (it throws naming the flag otherwise).
-TrainFlag parsed_text(std::string name, std::string group, std::string help, std::string TrainOptions::*field,
-                      std::function<void(const std::string&)> parse) {
+// A value parsed once from its text by `parse` (which throws naming the flag); the text is
+// kept beside it (Given).
+template <class T>
+TrainFlag given(std::string name, std::string group, std::string help, Given<T> TrainOptions::*field,
+                std::type_identity_t<std::function<T(const std::string& text, const std::string& flag)>> parse) {
   TrainFlag f{std::move(name), std::move(group), std::move(help)};
-  f.read = [=](TrainOptions& o, const std::string&, const std::string& text) { o.*field = text; };
-  f.check = [=](const TrainOptions& o, const std::string&) { parse(o.*field); };
-  f.show = [=](const TrainOptions& o) { return o.*field; };
+  f.read = [=](TrainOptions& o, const std::string& flag, const std::string& text) {
+    o.*field = Given<T>{text, parse(text, flag)};
+  };
+  f.show = [=](const TrainOptions& o) { return (o.*field).text; };
   return f;
+}
+
+// A parser that names its flag itself.
+template <class T>
+std::function<T(const std::string&, const std::string&)> by(T (*parse)(const std::string&)) {
+  return [parse](const std::string& text, const std::string&) { return parse(text); };
 }
 
 // A file or directory; empty means unset. The ranks compare whether it is given, not where.
@@ -385,8 +419,7 @@ std::vector<TrainFlag> train_flags(const TrainChoices& choices) {
                            choices.datasets)));
   // The training set's fingerprint is compared instead.
   add(per_rank(path("data-dir", data, "directory with the IDX files (default: data/<dataset> if it holds the full set, else the shipped mini set)", &O::data_dir)));
-  add(from_recipe(choice("init", data, "initialisation: default (PyTorch's) | normal (N(0, 0.01) conv/linear weights, as d2l) | xavier (nn.init.xavier_uniform_ conv/linear weights, d2l's LeNet recipe); default: the model's recipe", &O::init,
-                         {std::begin(kInitSchemes), std::end(kInitSchemes)})));
+  add(from_recipe(given("init", data, "initialisation: default (PyTorch's) | normal (N(0, 0.01) conv/linear weights, as d2l) | xavier (nn.init.xavier_uniform_ conv/linear weights, d2l's LeNet recipe); default: the model's recipe", &O::init, init_scheme)));
   // Whether it is given (rank 0's weights are broadcast, so the file may differ): a rank given
   // it alone is told so by name.
   add(path("init-from", data, "start from the weights in this safetensors file", &O::init_from));
@@ -405,15 +438,12 @@ std::vector<TrainFlag> train_flags(const TrainChoices& choices) {
                                   fmt::format("a number >= 0 and at most {:g}", kFloatMax)))));
   add(switch_flag("nesterov", training, "Nesterov momentum", &O::nesterov));
   add(switch_flag("no-shuffle", training, "read the training set in file order (to compare runs with other frameworks)", &O::shuffle, false));
-  add(shown_default(parsed_text("shuffle-order", training, "the shuffled order: mtrain (its own generator) | torch (torch.randperm's for a generator seeded --seed + epoch, as PyTorch's DistributedSampler draws it)", &O::shuffle_order,
-                                [](const std::string& v) { data::parse_permutation(v); })));  // the one place that knows the names
+  add(shown_default(given("shuffle-order", training, "the shuffled order: mtrain (its own generator) | torch (torch.randperm's for a generator seeded --seed + epoch, as PyTorch's DistributedSampler draws it)", &O::shuffle_order, by(data::parse_permutation))));  // the one place that knows the names
   add(optional_integer("random-crop", training, "training images: torchvision's RandomCrop(size, padding=PAD), the image's own size after PAD zero pixels on every side (CIFAR recipes use 4)", &O::random_crop, 0, 4096));
   add(switch_flag("random-flip", training, "training images: torchvision's RandomHorizontalFlip() (mirrored with probability 1/2)", &O::random_flip));
-  add(shown_default(parsed_text("normalize", training, "pixels/255 then (x - mean) / std per channel: none | auto (the training set's mean and std, computed once) | M1,M2,M3:S1,S2,S3 (one value each, or one per channel)", &O::normalize,
-                                [](const std::string& v) { parse_normalize(v); })));
+  add(shown_default(given("normalize", training, "pixels/255 then (x - mean) / std per channel: none | auto (the training set's mean and std, computed once) | M1,M2,M3:S1,S2,S3 (one value each, or one per channel)", &O::normalize, by(parse_normalize))));
   add(switch_flag("skip-bad-images", training, "--dataset imagefolder: leave out (and count in the log) files that are not images or do not decode, instead of stopping", &O::skip_bad_images));
-  add(shown_default(parsed_text("resize", training, "--dataset imagefolder: every image resampled to HxW as it is decoded (torchvision's Resize((H, W)) on a PIL image, bilinear); N means NxN; off keeps each image's size, which must then be one", &O::resize,
-                                [](const std::string& v) { parse_resize(v); })));
+  add(shown_default(given("resize", training, "--dataset imagefolder: every image resampled to HxW as it is decoded (torchvision's Resize((H, W)) on a PIL image, bilinear); N means NxN; off keeps each image's size, which must then be one", &O::resize, by(parse_resize))));
   add(switch_flag("drop-last", training, "the training sampler drops the last N mod world-size images instead of repeating some (DistributedSampler's drop_last); with --global-batch-size, the last partial global batch", &O::drop_last));
   // Host kernel threads.
   add(per_rank(optional_integer("threads", training, "intra-op threads (default: OMP_NUM_THREADS if set, else 1 per rank when several ranks share the node, else every core)", &O::threads, 1, 4096)));
@@ -428,8 +458,8 @@ std::vector<TrainFlag> train_flags(const TrainChoices& choices) {
   add(per_rank(switch_flag("no-tf32", device, "GPU: full float32 convolutions, no TF32 tensor cores (matrix products never use TF32)", &O::allow_tf32, false)));
   add(per_rank(switch_flag("channels-last", device, "keep activations [N, H, W, C] in memory (PyTorch's channels_last), the layout cuDNN's tensor-core convolutions take natively; on the CPU only slower", &O::channels_last)));
   // A rank rounding its operands differently would send gradients of another size into the average.
-  add(shown_default(choice("amp", device, "mixed precision: off | bf16 | fp16 (convolutions and linear layers multiply in 16 bits, everything else stays float32; bf16 needs a GPU of compute capability 8.0+ or an AVX-512 CPU, at full speed with AVX512_BF16; fp16 a GPU of 7.0+ or a CPU with AVX512_FP16)", &O::amp, {"off", "bf16", "fp16"})));
-  TrainFlag scaling = shown_default(choice("loss-scale", device, "auto (dynamic with --amp fp16, else none) | dynamic (scale the loss, skip steps whose gradients overflow, as GradScaler) | none", &O::loss_scale, {"auto", "dynamic", "none"}));
+  add(shown_default(given("amp", device, "mixed precision: off | bf16 | fp16 (convolutions and linear layers multiply in 16 bits, everything else stays float32; bf16 needs a GPU of compute capability 8.0+ or an AVX-512 CPU, at full speed with AVX512_BF16; fp16 a GPU of 7.0+ or a CPU with AVX512_FP16)", &O::amp, one_of<DType>({{"off", DType::Float32}, {"bf16", DType::BFloat16}, {"fp16", DType::Float16}}))));
+  TrainFlag scaling = shown_default(given("loss-scale", device, "auto (dynamic with --amp fp16, else none) | dynamic (scale the loss, skip steps whose gradients overflow, as GradScaler) | none", &O::loss_scale, one_of<LossScaling>({{"auto", LossScaling::kAuto}, {"dynamic", LossScaling::kDynamic}, {"none", LossScaling::kNone}})));
   scaling.compared = [](const TrainOptions& o) { return std::string(uses_loss_scaler(o) ? "dynamic" : "none"); };
   add(std::move(scaling));
   // A normal float32 whose reciprocal is finite (both multiply gradients in float32).
@@ -442,23 +472,22 @@ std::vector<TrainFlag> train_flags(const TrainChoices& choices) {
   // The cap becomes a byte count (size_t): bounded so that the conversion is defined.
   add(shown_default(number("bucket-cap-mb", distributed, "gradient bucket size cap in MiB (the first bucket is 1 MiB)", &O::bucket_cap_mb,
                            within([](double v) { return v > 0 && v <= 1e6; }, "a number > 0 and at most 1e6"))));
-  add(shown_default(choice("grad-compression", distributed, "none | bf16 | fp16: all-reduce the gradient buckets in 16 bits (DDP's bf16/fp16 compress hooks)", &O::grad_compression, {"none", "bf16", "fp16"})));
+  add(shown_default(given("grad-compression", distributed, "none | bf16 | fp16: all-reduce the gradient buckets in 16 bits (DDP's bf16/fp16 compress hooks)", &O::grad_compression, one_of<DType>({{"none", DType::Float32}, {"bf16", DType::BFloat16}, {"fp16", DType::Float16}}))));
   add(shown_default(integer("grad-accum", distributed, "micro-batches per optimizer step; gradients are exchanged on the last only", &O::grad_accum, 1, 1'000'000)));
   add(shown_default(integer("check-replicas", distributed, "every N optimizer steps verify that every rank holds the same parameters (0 = never)", &O::check_replicas, 0, kMax)));
   add(switch_flag("sync-bn", distributed, "convert every BatchNorm2d to SyncBatchNorm (statistics over the global batch)", &O::sync_bn));
   add(optional_integer("global-batch-size", distributed, "images per optimizer step over all ranks, split like torch.chunk (instead of --batch-size per rank)", &O::global_batch_size, 1, 1'000'000));
   // Every rank must split each global batch the same way (and time its steps for auto).
-  add(shown_default(parsed_text("balance", distributed, "with --global-batch-size: even (torch.chunk's split) | auto (split by each rank's measured speed) | static:N0,N1,... (one share per rank, summing to the global batch)", &O::balance,
-                                [](const std::string& v) { parse_balance(v); })));
+  add(shown_default(given("balance", distributed, "with --global-batch-size: even (torch.chunk's split) | auto (split by each rank's measured speed) | static:N0,N1,... (one share per rank, summing to the global batch)", &O::balance, by(parse_balance))));
   // Whole milliseconds, added to clock readings: from 1 ms to about 115 days.
   add(shown_default(number("timeout", distributed, "seconds any collective may take before the run fails", &O::timeout_seconds,
                            within([](double v) { return v >= 0.001 && v <= 1e7; }, "a number of seconds from 0.001 to 1e7"))));
   // Whether this rank accepts a store without a secret.
   add(per_rank(switch_flag("unauthenticated-store", distributed, "workers started without mtrain-launch, MPI or MTRAIN_STORE_TOKEN: let rank 0 host the rendezvous store without a secret on an address other hosts can reach, where anyone who reaches it can join or disrupt the job", &O::unauthenticated_store)));
-  add(shown_default(choice("lr-scaling", distributed, "none | linear (lr x world size)", &O::lr_scaling, {"none", "linear"})));
+  add(shown_default(given("lr-scaling", distributed, "none | linear (lr x world size)", &O::lr_scaling, one_of<LrScaling>({{"none", LrScaling::kNone}, {"linear", LrScaling::kLinear}}))));
   add(shown_default(number("warmup-epochs", distributed, "linear warm-up from --lr to the scaled rate over this many epochs", &O::warmup_epochs,
                            within([](double v) { return v >= 0; }, "a number >= 0"))));
-  add(shown_default(choice("lr-schedule", distributed, "constant | step (x0.1 at 50% and 75%) | cosine", &O::lr_schedule, {"constant", "step", "cosine"})));
+  add(shown_default(given("lr-schedule", distributed, "constant | step (x0.1 at 50% and 75%) | cosine", &O::lr_schedule, one_of<LrScheduleKind>({{"constant", LrScheduleKind::Constant}, {"step", LrScheduleKind::Step}, {"cosine", LrScheduleKind::Cosine}}))));
 
   // Rank 0 writes the file and every rank learns the outcome in a collective.
   add(path("save-final", output, "write every parameter and buffer to this safetensors file at the end", &O::save_final));
@@ -610,17 +639,17 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
     throw InvalidArgument(fmt::format(
         "--backend {} needs GPUs, but --device cpu trains on the CPU: use --backend gloo or mpi", o.backend));
   }
-  if (o.global_batch_size && o.lr_scaling == "linear") {
+  if (o.global_batch_size && o.lr_scaling.value == LrScaling::kLinear) {
     throw InvalidArgument(
         "--lr-scaling linear multiplies --lr by the world size because a per-rank --batch-size grows the global "
         "batch with it; --global-batch-size fixes the global batch, so there is nothing to scale (give --lr for "
         "that batch)");
   }
-  if (parse_balance(o.balance).kind != BalanceSpec::Kind::kEven && !o.global_batch_size) {
+  if (o.balance.value.kind != BalanceSpec::Kind::kEven && !o.global_batch_size) {
     throw InvalidArgument(fmt::format(
         "--balance {} splits a global batch between the ranks: give --global-batch-size G (with --batch-size every "
         "rank takes the same number of images)",
-        o.balance));
+        o.balance.text));
   }
   if (o.global_batch_size && o.grad_accum > 1) {
     // The sample weighting is per micro-batch (Note [Reducer gradient weighting]);
@@ -635,7 +664,8 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
 }
 
 bool uses_loss_scaler(const TrainOptions& o) {
-  return o.loss_scale == "dynamic" || (o.loss_scale == "auto" && o.amp == "fp16");
+  return o.loss_scale.value == LossScaling::kDynamic ||
+         (o.loss_scale.value == LossScaling::kAuto && o.amp.value == DType::Float16);
 }
 
 }  // namespace mtrain

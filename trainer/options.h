@@ -9,8 +9,44 @@
 #include <vector>
 
 #include "data/image_folder.h"
+#include "data/random.h"
+#include "models/init.h"
+#include "tensor/tensor.h"
+#include "trainer/ddp/share_policy.h"
+#include "trainer/loop/lr_schedule.h"
 
 namespace mtrain {
+
+// --normalize's value: none (no means), auto (computed from the training set), or the
+// means and stds given.
+struct Normalization {
+  bool automatic = false;
+  std::vector<float> mean;
+  std::vector<float> std;
+};
+// InvalidArgument for anything but none, auto or MEANS:STDS, quoting it.
+Normalization parse_normalize(const std::string& value);
+
+// --resize's value: off (0x0), HEIGHTxWIDTH, or one N for NxN (torchvision's
+// Resize((H, W)); a single int there would resize the shorter side, which leaves mixed
+// sizes mixed). InvalidArgument for anything else, quoting it.
+struct ImageSize {
+  int64_t height = 0;
+  int64_t width = 0;
+};
+ImageSize parse_resize(const std::string& value);
+
+// A flag's value as given and as parsed from it, once, by its row of the flag table (Note
+// [One table of flags] in options.cpp): the run reads `value`; the log, the ranks' comparison
+// and checkpoints read `text`, the words the user typed.
+template <class T>
+struct Given {
+  std::string text;
+  T value{};
+};
+
+enum class LossScaling { kAuto, kDynamic, kNone };  // --loss-scale
+enum class LrScaling { kNone, kLinear };              // --lr-scaling
 
 // Defaults: the README's main job is plain `mtrain-train`, which must finish in well
 // under 3 minutes on 2 cores and still learn something real: mlp for 10 epochs on the
@@ -29,17 +65,17 @@ struct TrainOptions {
   bool nesterov = false;
   uint64_t seed = 0;
   std::optional<int> threads;           // unset: see resolve_num_threads (environment.h)
-  std::string init = "default";         // "default" (PyTorch), "normal" (d2l N(0, 0.01)), "xavier"
+  Given<models::InitScheme> init{"default", models::InitScheme::kPyTorchDefault};  // | normal (d2l) | xavier
   bool shuffle = true;
-  std::string shuffle_order = "mtrain"; // "mtrain" or "torch" (torch.randperm's, DistributedSampler's)
+  Given<data::Permutation> shuffle_order{"mtrain", data::Permutation::kMtrain};  // | torch (DistributedSampler's)
   bool drop_last = false;               // the training sampler drops the tail instead of padding
   // Training images only (Note [Augmentation draws] in data/dataloader.cpp): torchvision's
   // RandomCrop(size, padding) and RandomHorizontalFlip; both loaders normalise.
   std::optional<int64_t> random_crop;   // the crop's zero padding; unset = no random crop
   bool random_flip = false;
-  std::string normalize = "none";       // none | auto (the training set's mean/std) | M1,M2,..:S1,S2,..
+  Given<Normalization> normalize{"none", {}};  // none | auto (the training set's mean/std) | M1,M2,..:S1,S2,..
   bool skip_bad_images = false;         // imagefolder: leave out files that are not images or do not decode
-  std::string resize = "off";           // imagefolder: off | HxW | N (NxN), see parse_resize
+  Given<ImageSize> resize{"off", {}};   // imagefolder: off | HxW | N (NxN), see parse_resize
   std::string init_from;                // safetensors to start from; empty = fresh init
   std::string save_final;               // safetensors to write at the end; empty = none
   std::string metrics;                  // JSON lines file; empty = none
@@ -66,8 +102,8 @@ struct TrainOptions {
 
   // Mixed precision (Note [Mixed precision] in models/mixed_precision.cpp) and loss
   // scaling (Note [Dynamic loss scaling] in trainer/loop/loss_scaler.cpp).
-  std::string amp = "off";              // off|bf16|fp16
-  std::string loss_scale = "auto";      // auto (dynamic with fp16, else none)|dynamic|none
+  Given<DType> amp{"off", DType::Float32};  // off (float32) | bf16 | fp16: the convolutions' compute type
+  Given<LossScaling> loss_scale{"auto", LossScaling::kAuto};  // auto: dynamic with fp16, else none
   double initial_loss_scale = 65536.0;
   int64_t loss_scale_growth_interval = 2000;
 
@@ -78,17 +114,17 @@ struct TrainOptions {
   // Distributed training (ignored in a world of one except where noted).
   std::string backend = "auto";         // auto|gloo|mpi|nccl, see create_process_group
   double bucket_cap_mb = 25.0;          // Reducer bucket cap (Note [Reducer buckets])
-  std::string grad_compression = "none";  // none|bf16|fp16 (Note [Gradient compression])
+  Given<DType> grad_compression{"none", DType::Float32};  // none (float32) | bf16 | fp16 (Note [Gradient compression])
   int64_t grad_accum = 1;               // micro-batches per optimizer step (also in a world of one)
   int64_t check_replicas = 0;           // every N steps compare parameter hashes; 0 = never
   bool sync_bn = false;                 // convert BatchNorm2d to SyncBatchNorm
   std::optional<int64_t> global_batch_size;  // split across ranks instead of --batch-size per rank
-  std::string balance = "even";         // even|auto|static:N0,N1,... (trainer/ddp/share_policy.h)
+  Given<BalanceSpec> balance{"even", {}};  // even | auto | static:N0,N1,... (trainer/ddp/share_policy.h)
   double timeout_seconds = 1800;        // per collective
   bool unauthenticated_store = false;   // Note [Workers without a shared secret] (worker_store.cpp)
-  std::string lr_scaling = "none";      // none|linear (Note [Learning-rate scaling and warm-up])
+  Given<LrScaling> lr_scaling{"none", LrScaling::kNone};  // | linear (Note [Learning-rate scaling and warm-up])
   double warmup_epochs = 0;
-  std::string lr_schedule = "constant"; // constant|step|cosine
+  Given<LrScheduleKind> lr_schedule{"constant", LrScheduleKind::Constant};  // | step | cosine
 };
 
 // What a model trains with when the command line leaves these flags out (Note [Each model's
@@ -125,24 +161,6 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
 // Checks the option values (called by parse_train_command_line; exposed for tests
 // and for callers that fill TrainOptions themselves). Throws InvalidArgument.
 void validate_train_options(const TrainOptions& options, const TrainChoices& choices);
-
-// --normalize's value: none (no means), auto (computed from the training set), or the
-// means and stds given. InvalidArgument for anything else, quoting it.
-struct Normalization {
-  bool automatic = false;
-  std::vector<float> mean;
-  std::vector<float> std;
-};
-Normalization parse_normalize(const std::string& value);
-
-// --resize's value: off (0x0), HEIGHTxWIDTH, or one N for NxN (torchvision's
-// Resize((H, W)); a single int there would resize the shorter side, which leaves mixed
-// sizes mixed). InvalidArgument for anything else, quoting it.
-struct ImageSize {
-  int64_t height = 0;
-  int64_t width = 0;
-};
-ImageSize parse_resize(const std::string& value);
 
 // What --skip-bad-images and --resize ask of the image folder loader.
 data::ImageFolderOptions image_folder_options(const TrainOptions& options);

@@ -276,7 +276,7 @@ void save_final_weights(const TrainOptions& o, const TrainingRun& run, int64_t s
                                       {"mtrain.dataset", o.dataset},
                                       {"mtrain.steps", std::to_string(steps)},
                                       {"mtrain.seed", std::to_string(o.seed)},
-                                      {"mtrain.init", o.init_from.empty() ? o.init : "file"}};
+                                      {"mtrain.init", o.init_from.empty() ? o.init.text : "file"}};
       // An image folder's class names, by label, as a JSON list: what each output means.
       const auto& classes = run.train_set->class_names();
       if (!classes.empty()) metadata["mtrain.classes"] = nlohmann::json(classes).dump();

@@ -50,25 +50,25 @@ RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size,
       {"--nesterov", o.nesterov ? "on" : "off"},
       {"--seed", std::to_string(o.seed)},
       {"--no-shuffle", o.shuffle ? "off" : "on"},
-      {"--shuffle-order", o.shuffle_order},
+      {"--shuffle-order", o.shuffle_order.text},
       {"--drop-last", o.drop_last ? "on" : "off"},
       {"--random-crop", o.random_crop ? std::to_string(*o.random_crop) : "unset"},
       {"--random-flip", o.random_flip ? "on" : "off"},
-      {"--normalize", o.normalize},
-      {"--resize", o.resize},
+      {"--normalize", o.normalize.text},
+      {"--resize", o.resize.text},
       {"--sync-bn", o.sync_bn ? "on" : "off"},
-      {"--lr-scaling", o.lr_scaling},
+      {"--lr-scaling", o.lr_scaling.text},
       {"--warmup-epochs", fmt::format("{}", o.warmup_epochs)},
-      {"--lr-schedule", o.lr_schedule},
-      {"--amp", o.amp},
+      {"--lr-schedule", o.lr_schedule.text},
+      {"--amp", o.amp.text},
       {"--loss-scale", uses_loss_scaler(o) ? "dynamic" : "none"},
-      {"--grad-compression", o.grad_compression},
+      {"--grad-compression", o.grad_compression.text},
   };
   // When the scale grows decides which later steps overflow and are skipped.
   if (uses_loss_scaler(o)) {
     items.emplace_back("--loss-scale-growth-interval", std::to_string(o.loss_scale_growth_interval));
   }
-  if (o.lr_schedule != "constant") {
+  if (o.lr_schedule.value != LrScheduleKind::Constant) {
     items.emplace_back("--epochs", std::to_string(o.epochs));
     items.emplace_back("--max-steps", o.max_steps ? std::to_string(*o.max_steps) : "unset");
   }

@@ -60,8 +60,8 @@ void check_output_file(const char* flag, const std::string& path) {
 
 // The compute type --amp asks for, once it is known to exist on `device`.
 DType amp_compute_dtype(const TrainOptions& o, const Device& device) {
-  if (o.amp == "off") return DType::Float32;
-  const DType t = o.amp == "bf16" ? DType::BFloat16 : DType::Float16;
+  const DType t = o.amp.value;
+  if (t == DType::Float32) return t;
   if (!ops::compute_dtype_supported(t, device)) {
     // Suggest what works here: the other half type when this device has it.
     const DType other = t == DType::BFloat16 ? DType::Float16 : DType::BFloat16;
@@ -69,7 +69,7 @@ DType amp_compute_dtype(const TrainOptions& o, const Device& device) {
                                        ? fmt::format("use --amp {} instead", other == DType::BFloat16 ? "bf16" : "fp16")
                                        : std::string("run without --amp");
     throw InvalidArgument(fmt::format(
-        "--amp {}: {} has no {} convolutions ({}); {}", o.amp, device.str(), dtype_name(t),
+        "--amp {}: {} has no {} convolutions ({}); {}", o.amp.text, device.str(), dtype_name(t),
         device.is_cuda() ? (t == DType::BFloat16 ? "bfloat16 needs compute capability 8.0 or newer"
                                                  : "float16 needs compute capability 7.0 or newer")
                          : (t == DType::BFloat16 ? "oneDNN needs AVX512_BF16, or at least AVX-512, for them"
@@ -154,7 +154,7 @@ void configure_threads_and_report(const TrainOptions& o, const TrainingRun& run)
                  threads.threads, cpus, cpus == 1 ? "" : "s", cpus);
   }
   if (run.amp != DType::Float32) {
-    spdlog::info("--amp {}: convolutions and linear layers multiply in {}, everything else stays float32{}", o.amp,
+    spdlog::info("--amp {}: convolutions and linear layers multiply in {}, everything else stays float32{}", o.amp.text,
                  dtype_name(run.amp), uses_loss_scaler(o) ? "; dynamic loss scaling" : "");
   }
 }
@@ -257,7 +257,7 @@ void use_channels_last(const TrainOptions& o, const TrainingRun& run, models::Mo
 // replica takes rank 0's weights and buffers, whatever its seed or file.
 void build_model(const TrainOptions& o, TrainingRun& run) {
   models::InitOptions init;
-  init.scheme = models::parse_init_scheme(o.init);
+  init.scheme = o.init.value;
   init.seed = o.seed;
   models::check_input_size(o.model, run.train_set->height(), run.train_set->width());
   run.model = models::build_model(o.model, static_cast<int>(run.train_set->channels()),
@@ -267,7 +267,7 @@ void build_model(const TrainOptions& o, TrainingRun& run) {
     load_model_weights(o.init_from, model);
     spdlog::info("model {}: weights from {}", o.model, o.init_from);
   } else {
-    spdlog::info("model {}: {} initialisation, seed {}", o.model, o.init, o.seed);
+    spdlog::info("model {}: {} initialisation, seed {}", o.model, o.init.text, o.seed);
   }
   if (!o.recipe.empty()) {
     spdlog::info("model {}: its recipe sets {} (docs/training.md; a flag given overrides it)", o.model, o.recipe);
@@ -345,11 +345,11 @@ void check_room_for_outputs(const TrainOptions& o, const TrainingRun& run) {
 
 void make_optimizer(const TrainOptions& o, TrainingRun& run) {
   const int world = run.env.world_size;
-  run.world_scale = o.lr_scaling == "linear" && !o.global_batch_size ? static_cast<double>(world) : 1.0;
+  run.world_scale = o.lr_scaling.value == LrScaling::kLinear && !o.global_batch_size ? static_cast<double>(world) : 1.0;
   if (o.warmup_epochs > 0 && run.world_scale == 1.0) {
     spdlog::warn("--warmup-epochs {}: the warm-up ramps from --lr to the scaled rate, which is --lr itself here "
                  "(--lr-scaling {}, {} rank{}), so the rate stays at {} until the schedule starts",
-                 o.warmup_epochs, o.lr_scaling, world, world == 1 ? "" : "s", o.lr);
+                 o.warmup_epochs, o.lr_scaling.text, world, world == 1 ? "" : "s", o.lr);
   }
   models::SgdOptions sgd;
   sgd.lr = static_cast<float>(o.lr * run.world_scale);
@@ -419,7 +419,7 @@ void resume_from_checkpoint(const TrainOptions& o, TrainingRun& run, StartupStop
 // --balance's first shares (the even split for auto), checked against the world; none
 // for even, which keeps torch.chunk's split.
 std::optional<std::vector<int64_t>> initial_shares(const TrainOptions& o, int world) {
-  const BalanceSpec spec = parse_balance(o.balance);
+  const BalanceSpec& spec = o.balance.value;
   if (spec.kind == BalanceSpec::Kind::kEven) return std::nullopt;
   const int64_t g = *o.global_batch_size;
   // Not torch.chunk's split, which leaves ranks empty (6 on 4: 2,2,2,0) that auto would
@@ -430,13 +430,13 @@ std::optional<std::vector<int64_t>> initial_shares(const TrainOptions& o, int wo
   if (static_cast<int>(spec.shares.size()) != world || sum != g) {
     throw InvalidArgument(fmt::format("--balance {}: expected {} share{} (one per rank) summing to --global-batch-size "
                                       "{}, found {} summing to {}",
-                                      o.balance, world, world == 1 ? "" : "s", g, spec.shares.size(), sum));
+                                      o.balance.text, world, world == 1 ? "" : "s", g, spec.shares.size(), sum));
   }
   if (spec.shares[0] == 0) {
     throw InvalidArgument(fmt::format(
         "--balance {}: expected rank 0's share >= 1, found 0: every rank takes rank 0's BatchNorm statistics, which "
         "a rank without images never updates",
-        o.balance));
+        o.balance.text));
   }
   return spec.shares;
 }
@@ -453,7 +453,8 @@ void require_every_rank_a_share(const TrainOptions& o, const data::GlobalBatchSh
           "--sync-bn with --global-batch-size {}{}: a global batch of {} images is split {} between the {} ranks, "
           "and SyncBatchNorm needs every rank in every forward; choose a global batch size (or shares) that gives "
           "every rank at least one image, in the epoch's last batch too",
-          *o.global_batch_size, o.balance == "even" ? "" : fmt::format(" and --balance {}", o.balance), batch,
+          *o.global_batch_size,
+          o.balance.value.kind == BalanceSpec::Kind::kEven ? "" : fmt::format(" and --balance {}", o.balance.text), batch,
           format_shares(shares), world));
     }
   }
@@ -464,7 +465,7 @@ void require_every_rank_a_share(const TrainOptions& o, const data::GlobalBatchSh
 // --normalize's means and stds: given, or computed once from the training set (every
 // rank loads the whole set, so every rank computes the same values).
 data::ChannelStats normalization(const TrainOptions& o, const data::Dataset& train_set) {
-  const Normalization n = parse_normalize(o.normalize);
+  const Normalization& n = o.normalize.value;
   data::ChannelStats stats{n.mean, n.std};
   if (n.automatic) {
     stats = data::channel_stats(train_set);
@@ -488,7 +489,7 @@ void make_loaders(const TrainOptions& o, TrainingRun& run) {
   augment.crop_padding = o.random_crop.value_or(-1);
   augment.horizontal_flip = o.random_flip;
   augment.seed = o.seed;
-  const data::Permutation permutation = data::parse_permutation(o.shuffle_order);
+  const data::Permutation permutation = o.shuffle_order.value;
   if (o.global_batch_size) {
     auto sampler = std::make_shared<data::GlobalBatchShardSampler>(train_size, rank, world, *o.global_batch_size,
                                                                    o.shuffle, o.seed, o.drop_last, permutation);
@@ -516,9 +517,7 @@ void attach_gradient_sync(const TrainOptions& o, TrainingRun& run) {
   if (run.groups) {
     ReducerOptions ro;
     ro.bucket_cap_bytes = static_cast<size_t>(o.bucket_cap_mb * 1024.0 * 1024.0);
-    ro.compression = o.grad_compression == "bf16"   ? DType::BFloat16
-                     : o.grad_compression == "fp16" ? DType::Float16
-                                                    : DType::Float32;
+    ro.compression = o.grad_compression.value;
     ro.weight_by_sample_count = o.global_batch_size.has_value();
     auto reducer = std::make_unique<Reducer>(run.groups.gradients, ro, run.groups.control);
     run.reducer = reducer.get();
@@ -547,10 +546,10 @@ void attach_gradient_sync(const TrainOptions& o, TrainingRun& run) {
 // Note [When the shares change] in ddp/share_policy.cpp. Built after set_up_run, since it holds
 // references into the run (its metrics writer), which must not move afterwards.
 std::unique_ptr<BatchResplitter> start_balance(const TrainOptions& o, TrainingRun& run) {
-  const BalanceSpec spec = parse_balance(o.balance);
+  const BalanceSpec& spec = o.balance.value;
   if (spec.kind == BalanceSpec::Kind::kEven) return nullptr;
   if (!run.groups) {
-    spdlog::info("--balance {}: a world of one takes the whole global batch; nothing to balance", o.balance);
+    spdlog::info("--balance {}: a world of one takes the whole global batch; nothing to balance", o.balance.text);
     return nullptr;
   }
   BalanceOptions options;
@@ -558,7 +557,7 @@ std::unique_ptr<BatchResplitter> start_balance(const TrainOptions& o, TrainingRu
   options.initial_shares = run.global_batch_sampler->shares();
   options.automatic = spec.kind == BalanceSpec::Kind::kAuto;
   options.allow_empty_share = !o.sync_bn;
-  spdlog::info("--balance {}: shares {}{}", o.balance, format_shares(options.initial_shares),
+  spdlog::info("--balance {}: shares {}{}", o.balance.text, format_shares(options.initial_shares),
                options.automatic ? ", then in proportion to each rank's measured compute time per image" : "");
   return std::make_unique<BatchResplitter>(SharePolicy(options), *run.global_batch_sampler, *run.train_loader,
                                         *run.exchange, run.metrics);
@@ -577,7 +576,7 @@ void plan_learning_rate(const TrainOptions& o, TrainingRun& run) {
   lr.world_scale = run.world_scale;
   lr.warmup_epochs = o.warmup_epochs;
   lr.total_epochs = std::max(run_epochs, 1e-9);
-  lr.kind = parse_lr_schedule(o.lr_schedule);
+  lr.kind = o.lr_schedule.value;
   run.schedule = std::make_unique<LrSchedule>(lr);
   spdlog::info("learning rate: {}", run.schedule->describe());
 }

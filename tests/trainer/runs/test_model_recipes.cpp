@@ -58,7 +58,7 @@ TEST_CASE("the flags left out take the model's recipe, the flags given win", "[r
                                   [](const ModelRecipe& r) { return r.model == "lenet"; });
   REQUIRE(lenet != model_recipes().end());
   const TrainOptions o = parse({"--model", "lenet"});
-  CHECK(o.init == lenet->init);
+  CHECK(o.init.text == lenet->init);
   CHECK(o.lr == lenet->lr);
   CHECK(o.momentum == lenet->momentum);
   CHECK(o.batch_size == lenet->batch_size);
@@ -69,7 +69,7 @@ TEST_CASE("the flags left out take the model's recipe, the flags given win", "[r
   const TrainOptions given = parse({"--model", "lenet", "--lr", "0.7", "--epochs", "3", "--init", "normal"});
   CHECK(given.lr == 0.7);
   CHECK(given.epochs == 3);
-  CHECK(given.init == "normal");
+  CHECK(given.init.text == "normal");
   CHECK(given.batch_size == lenet->batch_size);
   CHECK(given.recipe == fmt::format("--batch-size {} --momentum {}", lenet->batch_size, lenet->momentum));
 
@@ -86,7 +86,7 @@ TEST_CASE("the flags left out take the model's recipe, the flags given win", "[r
   CHECK(plain.lr == defaults.lr);
   CHECK(plain.batch_size == defaults.batch_size);
   CHECK(plain.epochs == defaults.epochs);
-  CHECK(plain.init == defaults.init);
+  CHECK(plain.init.value == defaults.init.value);
 }
 
 TEST_CASE("each model learns at its defaults on the shipped set", "[recipes][e2e]") {
