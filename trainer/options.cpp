@@ -386,17 +386,17 @@ TrainFlag switch_flag(std::string name, std::string group, std::string help, boo
   return f;
 }
 
-TrainFlag&& per_rank(TrainFlag&& f) {
+TrainFlag per_rank(TrainFlag f) {
   f.agreement = FlagAgreement::kPerRank;
-  return std::move(f);
+  return f;
 }
-TrainFlag&& shown_default(TrainFlag&& f) {
+TrainFlag shown_default(TrainFlag f) {
   f.help_default = true;
-  return std::move(f);
+  return f;
 }
-TrainFlag&& from_recipe(TrainFlag&& f) {
+TrainFlag from_recipe(TrainFlag f) {
   f.from_recipe = true;
-  return std::move(f);
+  return f;
 }
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
@@ -410,7 +410,7 @@ std::vector<TrainFlag> train_flags(const TrainChoices& choices) {
   const char* distributed = "Distributed";
   const char* output = "Output";
   std::vector<TrainFlag> flags;
-  const auto add = [&](TrainFlag&& f) { flags.push_back(std::move(f)); };
+  const auto add = [&](TrainFlag f) { flags.push_back(std::move(f)); };
   using O = TrainOptions;
 
   add(shown_default(choice("model", data, fmt::format("model: {}", fmt::join(choices.models, "|")), &O::model,
@@ -550,6 +550,9 @@ std::string describe_recipe(const std::vector<TrainFlag>& flags, const cxxopts::
   return fmt::format("{}", fmt::join(taken, " "));
 }
 
+// Each flag's own check, then the rules between flags (validate_train_options).
+void validate_with(const std::vector<TrainFlag>& flags, const TrainOptions& o);
+
 // Every flag given, in the table's order, after --model and the recipe it brings.
 void read_given(const std::vector<TrainFlag>& flags, const cxxopts::ParseResult& r, TrainOptions& o) {
   const auto read = [&](const TrainFlag& f) {
@@ -622,13 +625,19 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
   }
   read_given(flags, r, out.options);
   out.options.recipe = describe_recipe(flags, r, out.options);
-  validate_train_options(out.options, choices);
+  validate_with(flags, out.options);
   return out;
 }
 
 // Each flag's own range or choices (train_flags), then the rules between flags.
 void validate_train_options(const TrainOptions& o, const TrainChoices& choices) {
-  for (const TrainFlag& f : train_flags(choices)) {
+  validate_with(train_flags(choices), o);
+}
+
+namespace {
+
+void validate_with(const std::vector<TrainFlag>& flags, const TrainOptions& o) {
+  for (const TrainFlag& f : flags) {
     if (f.check) f.check(o, "--" + f.name);
   }
   data::require_folder_options_apply(o.dataset, image_folder_options(o));
@@ -662,6 +671,8 @@ void validate_train_options(const TrainOptions& o, const TrainChoices& choices) 
   }
   check_distinct_files(o);
 }
+
+}  // namespace
 
 bool uses_loss_scaler(const TrainOptions& o) {
   return o.loss_scale.value == LossScaling::kDynamic ||

@@ -340,8 +340,9 @@ void TrainLoop::train_micro_batch(RunState& rs, EpochState& e, StepState& step, 
 // [Agreeing to stop] in trainer/ddp/step_exchange.cpp), but the backward needs neither. From
 // a GPU (Note [Loss statistics stay on the device] in models/loss.cpp) the loss is therefore
 // read once the backward is queued: the host waits for the forward alone while the GPU has
-// the whole backward before it, and the exchange travels while that backward runs. Read before the backward, the loss left the
-// GPU idle from the forward's end until the host had queued the backward's first kernels.
+// the whole backward before it, and the exchange travels while that backward runs. Read
+// before the backward, the loss left the GPU idle from the forward's end until the host had
+// queued the backward's first kernels.
 // On the CPU the loss is on the host when the forward returns, and is read then. Where the
 // exchange goes, before or after the backward, its own unit decides for every rank (Note
 // [The exchange's place in the step] in trainer/ddp/step_exchange.cpp); synchronize_backward
