@@ -260,10 +260,13 @@ std::vector<std::string> available_backends() {
 
 void check_backend_environment() { (void)loop_scheduling_from_env(); }
 
+const BackendInfo& auto_backend(bool on_gpu, bool mpi_launched) {
+  if (on_gpu) return backend_info("nccl");
+  return mpi_launched && backend_info("mpi").built ? backend_info("mpi") : backend_info("gloo");
+}
+
 std::string resolve_backend(const std::string& requested, bool on_gpu, bool mpi_launched) {
-  if (requested != "auto") return requested;
-  if (on_gpu) return "nccl";
-  return mpi_launched && backend_info("mpi").built ? "mpi" : "gloo";
+  return requested == "auto" ? auto_backend(on_gpu, mpi_launched).name : requested;
 }
 
 std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,

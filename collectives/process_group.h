@@ -161,8 +161,10 @@ std::vector<std::string> available_backends();
 // InvalidArgument naming the variable.
 void check_backend_environment();
 
-// The one resolver of "auto": nccl for a rank on a GPU, else mpi for a process an MPI
-// starter started (when mpi is built in), else gloo. Other names are returned as given.
+// The one rule for "auto": nccl for a rank on a GPU, else mpi for a process an MPI
+// starter started (when mpi is built in), else gloo.
+const BackendInfo& auto_backend(bool on_gpu, bool mpi_launched);
+// `requested` resolved: auto_backend for "auto", other names returned as given.
 std::string resolve_backend(const std::string& requested, bool on_gpu, bool mpi_launched);
 
 // Creates a group of `size` ranks; every rank calls this with the same backend and

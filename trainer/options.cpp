@@ -24,8 +24,6 @@ namespace mtrain {
 
 namespace {
 
-constexpr const char* kLogLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
-
 bool contains(const std::vector<std::string>& names, const std::string& name) {
   for (const auto& n : names) {
     if (n == name) return true;
@@ -108,6 +106,20 @@ models::InitScheme init_scheme(const std::string& text, const std::string& flag)
   static const auto parse = one_of<models::InitScheme>({{"default", models::InitScheme::kPyTorchDefault},
                                                         {"normal", models::InitScheme::kNormal},
                                                         {"xavier", models::InitScheme::kXavier}});
+  return parse(text, flag);
+}
+
+// --backend: auto, or a backend of the registry, built into this build or not (one that is not
+// is refused when its group is made, with the reason).
+BackendChoice backend_choice(const std::string& text, const std::string& flag) {
+  check_choice(flag, text, backend_choices());
+  return text == "auto" ? BackendChoice{} : BackendChoice{&backend_info(text)};
+}
+
+spdlog::level::level_enum log_level(const std::string& text, const std::string& flag) {
+  using namespace spdlog::level;
+  static const auto parse = one_of<level_enum>(
+      {{"trace", trace}, {"debug", debug}, {"info", info}, {"warn", warn}, {"error", err}, {"critical", critical}, {"off", off}});
   return parse(text, flag);
 }
 
@@ -449,7 +461,7 @@ std::vector<TrainFlag> train_flags(const TrainChoices& choices) {
   add(per_rank(optional_integer("threads", training, "intra-op threads (default: OMP_NUM_THREADS if set, else 1 per rank when several ranks share the node, else every core)", &O::threads, 1, 4096)));
 
   // Compared as the device it resolves to (training_configuration in setup/agreement.cpp).
-  TrainFlag where = shown_default(choice("device", device, "where each replica trains: auto (its GPU when one is usable, else the CPU) | cuda | cpu", &O::device, {"auto", "cuda", "cpu"}));
+  TrainFlag where = shown_default(given("device", device, "where each replica trains: auto (its GPU when one is usable, else the CPU) | cuda | cpu", &O::device, one_of<DeviceChoice>({{"auto", DeviceChoice::kAuto}, {"cuda", DeviceChoice::kCuda}, {"cpu", DeviceChoice::kCpu}})));
   where.agreement = FlagAgreement::kAsResolved;
   add(std::move(where));
   // A GPU's own algorithm choices and layout: float rounding alone; the gradients are averaged.
@@ -468,7 +480,7 @@ std::vector<TrainFlag> train_flags(const TrainChoices& choices) {
                                   "a number from 1.2e-38 to 3.4e38 (a normal float32)"))));
   add(shown_default(integer("loss-scale-growth-interval", device, "steps with finite gradients after which the dynamic loss scale doubles", &O::loss_scale_growth_interval, 1, kMax)));
 
-  add(shown_default(choice("backend", distributed, backend_help(), &O::backend, backend_choices())));
+  add(shown_default(given("backend", distributed, backend_help(), &O::backend, backend_choice)));
   // The cap becomes a byte count (size_t): bounded so that the conversion is defined.
   add(shown_default(number("bucket-cap-mb", distributed, "gradient bucket size cap in MiB (the first bucket is 1 MiB)", &O::bucket_cap_mb,
                            within([](double v) { return v > 0 && v <= 1e6; }, "a number > 0 and at most 1e6"))));
@@ -498,8 +510,7 @@ std::vector<TrainFlag> train_flags(const TrainChoices& choices) {
   add(per_rank(path("plot", output, "draw the training curves (train loss, train and test accuracy per epoch, as d2l) to this .png or .svg file, redrawn after every epoch", &O::plot)));
   add(switch_flag("no-eval", output, "skip the test-set evaluation at the end of each epoch", &O::eval, false));
   // Rank 0 alone logs at info level; progress lines and step events are rank 0's, no collective.
-  add(per_rank(shown_default(choice("log-level", output, "trace|debug|info|warn|error|critical|off", &O::log_level,
-                                    {std::begin(kLogLevels), std::end(kLogLevels)}))));
+  add(per_rank(shown_default(given("log-level", output, "trace|debug|info|warn|error|critical|off", &O::log_level, log_level))));
   add(per_rank(shown_default(integer("log-every", output, "optimizer steps between progress lines", &O::log_every, 1, kMax))));
   // Tracing aligns the ranks' clocks with barriers; each rank may write to a directory of its own.
   add(path("trace", output, "write a timeline (Chrome trace events: forward, backward, each bucket's all-reduce, SyncBatchNorm, data, optimizer, evaluation, checkpoints) to DIR/rank-R.json per rank, merged into DIR/trace.json for Perfetto or chrome://tracing", &O::trace_dir));
@@ -643,10 +654,6 @@ void validate_with(const std::vector<TrainFlag>& flags, const TrainOptions& o) {
   data::require_folder_options_apply(o.dataset, image_folder_options(o));
   if (o.nesterov && o.momentum == 0) {
     throw InvalidArgument("--nesterov needs a momentum > 0 (as torch.optim.SGD); add --momentum 0.9");
-  }
-  if (o.device == "cpu" && o.backend != "auto" && backend_info(o.backend).device_tensors_only) {
-    throw InvalidArgument(fmt::format(
-        "--backend {} needs GPUs, but --device cpu trains on the CPU: use --backend gloo or mpi", o.backend));
   }
   if (o.global_batch_size && o.lr_scaling.value == LrScaling::kLinear) {
     throw InvalidArgument(

@@ -3,6 +3,8 @@
 // Pure functions; every error is InvalidArgument with one line naming the flag.
 #pragma once
 
+#include <spdlog/common.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -16,6 +18,8 @@
 #include "trainer/loop/lr_schedule.h"
 
 namespace mtrain {
+
+struct BackendInfo;  // collectives/process_group.h
 
 // --normalize's value: none (no means), auto (computed from the training set), or the
 // means and stds given.
@@ -46,6 +50,13 @@ struct Given {
 };
 
 enum class LossScaling { kAuto, kDynamic, kNone };  // --loss-scale
+enum class DeviceChoice { kAuto, kCuda, kCpu };       // --device (resolved by bind_device)
+// --backend: an entry of collectives' registry (known_backends()), or auto, which only the
+// bound device resolves (Note [The run plan] in setup/run_plan.cpp).
+struct BackendChoice {
+  const BackendInfo* named = nullptr;  // null: auto
+  bool automatic() const { return named == nullptr; }
+};
 enum class LrScaling { kNone, kLinear };              // --lr-scaling
 
 // Defaults: the README's main job is plain `mtrain-train`, which must finish in well
@@ -81,7 +92,7 @@ struct TrainOptions {
   std::string metrics;                  // JSON lines file; empty = none
   std::string plot;                     // training curves redrawn after each epoch (.png/.svg); empty = none
   bool eval = true;
-  std::string log_level = "info";
+  Given<spdlog::level::level_enum> log_level{"info", spdlog::level::info};
   int64_t log_every = 20;               // optimizer steps between progress lines
   double progress_every = 10.0;         // seconds: the longest quiet stretch in a log (not a terminal)
   std::string trace_dir;                // timeline: DIR/rank-R.json and DIR/trace.json; empty = none
@@ -94,7 +105,7 @@ struct TrainOptions {
   // Where the replica trains (docs/gpu.md; Note [Device binding] in setup/device.cpp)
   // and the GPU numerics (Note [Convolution algorithm choice] in tensor/cuda_ops.h; all
   // three are accepted and ignored on the CPU, so one command line serves both).
-  std::string device = "auto";          // auto|cuda|cpu
+  Given<DeviceChoice> device{"auto", DeviceChoice::kAuto};
   bool cudnn_benchmark = false;         // time cuDNN's algorithms per shape, keep the fastest
   bool deterministic = false;           // only algorithms cuDNN documents as deterministic
   bool allow_tf32 = true;               // TF32 tensor cores for convolutions (--no-tf32 turns off)
@@ -112,7 +123,7 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;         // optimizer steps between checkpoints; 0 = epoch ends and stops only
 
   // Distributed training (ignored in a world of one except where noted).
-  std::string backend = "auto";         // auto|gloo|mpi|nccl, see create_process_group
+  Given<BackendChoice> backend{"auto", {}};  // auto | a backend of collectives' registry
   double bucket_cap_mb = 25.0;          // Reducer bucket cap (Note [Reducer buckets])
   Given<DType> grad_compression{"none", DType::Float32};  // none (float32) | bf16 | fp16 (Note [Gradient compression])
   int64_t grad_accum = 1;               // micro-batches per optimizer step (also in a world of one)

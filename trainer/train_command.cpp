@@ -27,14 +27,14 @@ namespace {
 
 // Only rank 0 speaks at info level; the others report warnings and errors, prefixed
 // with their rank so interleaved output stays attributable.
-void configure_logging(const std::string& level, const WorkerEnvironment& env) {
-  Progress::prepare_logging(Progress::mode_for(env.rank, spdlog::level::from_str(level) <= spdlog::level::info));
+void configure_logging(spdlog::level::level_enum level, const WorkerEnvironment& env) {
+  Progress::prepare_logging(Progress::mode_for(env.rank, level <= spdlog::level::info));
   if (env.rank == 0) {
     spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
-    spdlog::set_level(spdlog::level::from_str(level));
+    spdlog::set_level(level);
   } else {
     spdlog::set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [%l] [rank {}] %v", env.rank));
-    spdlog::set_level(std::max(spdlog::level::from_str(level), spdlog::level::warn));
+    spdlog::set_level(std::max(level, spdlog::level::warn));
   }
 }
 
@@ -157,7 +157,7 @@ void acknowledge_stop(int sig) {
 
 // "resnet18, 2 ranks x batch 256, lr 0.1": what d2l's charts say of a run.
 std::string run_title(const TrainOptions& o, const TrainingRun& run) {
-  const int world = run.env.world_size;
+  const int world = run.env().world_size;
   const std::string batch = o.global_batch_size ? fmt::format("global batch {}", *o.global_batch_size)
                                                 : fmt::format("batch {}", o.batch_size);
   return fmt::format("{}, {} rank{} x {}, lr {}", o.model, world, world == 1 ? "" : "s", batch, o.lr);
@@ -185,7 +185,7 @@ void add_plot_hook(const TrainOptions& o, const TrainingRun& run, TrainLoopHooks
 }
 
 TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks) {
-  Progress progress(Progress::mode_for(run.env.rank, spdlog::default_logger_raw()->should_log(spdlog::level::info)),
+  Progress progress(Progress::mode_for(run.env().rank, spdlog::default_logger_raw()->should_log(spdlog::level::info)),
                     o.progress_every);
   TrainLoopConfig config;
   config.progress = &progress;
@@ -193,18 +193,18 @@ TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks
   config.epochs = o.epochs;
   config.max_steps = o.max_steps;
   config.log_every = o.log_every;
-  config.devices = all_rank_devices(run.control(), run.device);
+  config.devices = all_rank_devices(run.control(), run.plan.device);
   config.device = run.compute();
   config.grad_accum = o.grad_accum;
   config.lr_schedule = run.schedule.get();
   if (run.resumed) config.start = *run.resumed;
   config.checkpoint_every = o.checkpoint_every;
-  config.rank = run.env.rank;
-  config.world_size = run.env.world_size;
-  config.items_per_step = items_per_step(o, run.env.world_size);
+  config.rank = run.env().rank;
+  config.world_size = run.env().world_size;
+  config.items_per_step = items_per_step(o, run.env().world_size);
   config.start_holds_rest_only = run.resumed_rest_only;
   config.trace_steps = {o.trace_first_step, o.trace_last_step};
-  config.fresh_gradients = run.speedups.fresh_grads;
+  config.fresh_gradients = run.plan.speedups.fresh_grads;
   std::optional<LossScaler> scaler;
   if (uses_loss_scaler(o)) {
     LossScalerOptions scaling;
@@ -213,7 +213,7 @@ TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks
     scaler.emplace(scaling);
     config.loss_scaler = &*scaler;
   }
-  config.hooks.stop_vote = [rank = run.env.rank] { return encode_stop_vote(pending_stop_signal(), rank); };
+  config.hooks.stop_vote = [rank = run.env().rank] { return encode_stop_vote(pending_stop_signal(), rank); };
   if (Checkpointer* checkpointer = run.checkpointer.get()) {
     config.hooks.checkpoint = [checkpointer](const TrainPosition& p, CheckpointReason reason) {
       checkpointer->save(p, reason);
@@ -247,7 +247,7 @@ int finish_stopped_run(const TrainingRun& run, const TrainResult& result) {
                   control != nullptr ? fmt::format("rank {} ", vote.rank) : std::string(), signal,
                   result.end.total_steps, result.end.epoch, where);
   if (run.lead()) spdlog::warn("{}", message);
-  write_stop_record({run.env.rank, message, signal, vote.rank, result.end.epoch, result.end.total_steps, checkpoint});
+  write_stop_record({run.env().rank, message, signal, vote.rank, result.end.epoch, result.end.total_steps, checkpoint});
   if (control != nullptr) control->barrier()->wait();
   return kStoppedExitCode;
 }
@@ -286,7 +286,7 @@ void save_final_weights(const TrainOptions& o, const TrainingRun& run, int64_t s
       failure = std::current_exception();
     }
   }
-  share_outcome(run.control(), run.env.rank, failure);
+  share_outcome(run.control(), run.env().rank, failure);
 }
 
 // The gradient group's last operations were awaited on the GPU only (Note [Reducer on a
@@ -306,8 +306,8 @@ int run_train_command(const TrainOptions& o) {
   // First, so that a stop signal during set-up stops the worker cleanly rather than
   // killing it (Note [Stopping on a signal]).
   install_stop_signal_handlers();
-  WorkerEnvironment env = discover_environment(o.backend);
-  configure_logging(o.log_level, env);
+  WorkerEnvironment env = discover_environment();
+  configure_logging(o.log_level.value, env);
   StartupStop startup(env.rank);
   // Before set-up, which may disarm the start-up exit early (under MPI).
   const bool trains = !(o.max_steps && *o.max_steps == 0);

@@ -288,21 +288,22 @@ TEST_CASE("scripts/mpirun/train.sh names a bad option and what it expected, befo
 
 TEST_CASE("a rank that fails after MPI started ends the mpirun job at once, not after --timeout",
           "[mpi][multiproc]") {
-  // Note [A failing rank under mpirun]: rank 1's data directory does not exist, which it
-  // finds after the group exists; rank 0 is already waiting in the configuration check.
+  // Note [A failing rank under mpirun]: rank 1's --init-from file does not exist, which it
+  // finds after the group exists (a missing data directory is found before MPI starts, in
+  // the run's plan); rank 0 is already waiting for rank 1's weights in the broadcast.
   // Finalising would wait for rank 0, and rank 0 would wait the 60 s --timeout.
   TempDir dir;
   std::vector<std::string> args = training_flags("mpi", dir.file("never.safetensors"));
-  args.insert(args.end(), {":", "-np", "1", kTrainer});
+  args.insert(args.end(), {"--init-from", launcher_weights(1), ":", "-np", "1", kTrainer});
   std::vector<std::string> broken = training_flags("mpi", dir.file("never.safetensors"));
-  broken.insert(broken.end(), {"--data-dir", dir.file("no-such-dir")});
+  broken.insert(broken.end(), {"--init-from", dir.file("no-such-file.safetensors")});
   args.insert(args.end(), broken.begin(), broken.end());
   const auto start = std::chrono::steady_clock::now();
   const auto r = mpirun(1, {}, kTrainer, args);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(r.exit_code != 0);
-  CHECK_THAT(r.err, Contains("no-such-dir"));
+  CHECK_THAT(r.err, Contains("no-such-file.safetensors"));
   CHECK_THAT(r.err, Contains("mtrain-train: ending the MPI job"));
   CHECK(seconds < 40.0);  // the 60 s --timeout never comes into it
 }

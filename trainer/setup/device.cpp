@@ -34,22 +34,26 @@ std::string visible_text(const DeviceRequest& r) {
   return r.visible_devices ? fmt::format("CUDA_VISIBLE_DEVICES={}", *r.visible_devices) : "CUDA_VISIBLE_DEVICES unset";
 }
 
+const BackendInfo& chosen_backend(const DeviceRequest& r, bool on_gpu, bool mpi_launched) {
+  return r.backend.automatic() ? auto_backend(on_gpu, mpi_launched) : *r.backend.named;
+}
+
 }  // namespace
 
 DeviceBinding bind_device(const DeviceRequest& r, bool mpi_launched) {
-  if (r.device != "auto" && r.device != "cuda" && r.device != "cpu") {
-    throw InvalidArgument(fmt::format("--device must be auto, cuda or cpu, found '{}'", r.device));
-  }
   DeviceBinding b;
-  const bool gpu = r.device == "cuda" || (r.device == "auto" && r.visible_gpus > 0);
+  const bool gpu = r.device == DeviceChoice::kCuda || (r.device == DeviceChoice::kAuto && r.visible_gpus > 0);
   if (!gpu) {
     b.device = Device::cpu(r.local_rank);
-    b.backend = resolve_backend(r.backend, false, mpi_launched);
-    b.reason = r.device == "cpu" ? "--device cpu"
-                                 : fmt::format("no GPU is usable ({}), so the CPU trains", r.no_gpu_reason);
-    if (backend_info(b.backend).device_tensors_only) {
-      throw InvalidArgument(fmt::format(
-          "--backend {} needs GPUs, but this rank trains on the CPU: use --backend gloo or mpi", b.backend));
+    const BackendInfo& backend = chosen_backend(r, false, mpi_launched);
+    b.backend = backend.name;
+    b.reason = r.device == DeviceChoice::kCpu
+                   ? "--device cpu"
+                   : fmt::format("no GPU is usable ({}), so the CPU trains", r.no_gpu_reason);
+    if (backend.device_tensors_only) {
+      throw InvalidArgument(fmt::format("--backend {} needs GPUs, but this rank trains on the CPU ({}): use --backend "
+                                        "gloo or mpi",
+                                        backend.name, b.reason));
     }
     return b;
   }
@@ -57,9 +61,10 @@ DeviceBinding bind_device(const DeviceRequest& r, bool mpi_launched) {
     throw InvalidArgument(fmt::format("--device cuda, but no GPU is usable: {} ({})",
                                       r.no_gpu_reason.empty() ? "none found" : r.no_gpu_reason, visible_text(r)));
   }
-  b.backend = resolve_backend(r.backend, true, mpi_launched);
+  const BackendInfo& backend = chosen_backend(r, true, mpi_launched);
+  b.backend = backend.name;
   int index = r.local_rank;
-  if (r.local_rank >= r.visible_gpus && r.visible_gpus == 1 && backend_info(b.backend).device_tensors_only) {
+  if (r.local_rank >= r.visible_gpus && r.visible_gpus == 1 && backend.device_tensors_only) {
     // Note [Device binding]: one GPU per task, as SLURM's --gpus-per-task=1 gives.
     b.device = Device::cuda(0);
     b.reason = fmt::format("local rank {} -> cuda:0, the one GPU this process sees ({}); ranks that "
@@ -68,7 +73,7 @@ DeviceBinding bind_device(const DeviceRequest& r, bool mpi_launched) {
     return b;
   }
   if (r.local_rank >= r.visible_gpus) {
-    if (backend_info(b.backend).device_tensors_only) {
+    if (backend.device_tensors_only) {
       throw InvalidArgument(fmt::format(
           "local rank {} of {} needs its own GPU for NCCL, but only {} are visible ({}); NCCL refuses two ranks on "
           "one device: start at most {} processes per node (--nproc_per_node {}), or use --backend gloo to let ranks "
@@ -92,8 +97,8 @@ TrainingDevice set_up_training_device(const TrainOptions& o, const WorkerEnviron
                                       const Speedups& speedups) {
   const CudaInfo& cuda = cuda_info();
   DeviceRequest request;
-  request.device = o.device;
-  request.backend = o.backend;
+  request.device = o.device.value;
+  request.backend = o.backend.value;
   request.local_rank = env.local_rank;
   request.local_world_size = env.local_world_size;
   request.visible_gpus = cuda.device_count;

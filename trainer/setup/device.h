@@ -17,8 +17,8 @@
 namespace mtrain {
 
 struct DeviceRequest {
-  std::string device = "auto";   // --device: auto | cuda | cpu
-  std::string backend = "auto";  // --backend, before "auto" is resolved
+  DeviceChoice device = DeviceChoice::kAuto;  // --device
+  BackendChoice backend;                      // --backend; auto is resolved here
   int local_rank = 0;
   int local_world_size = 1;
   int visible_gpus = 0;                       // cuda_info().device_count
@@ -34,9 +34,10 @@ struct DeviceBinding {
   std::string warning;   // non-empty: log it (e.g. ranks sharing a GPU)
 };
 
-// Throws InvalidArgument for a bad --device value, --device cuda without a GPU, or
-// more local ranks than GPUs with NCCL. `mpi_launched` resolves backend auto on CPU
-// (mpi under an MPI starter, else gloo), as create_process_group does.
+// The one place that decides a rank's device and backend: auto becomes auto_backend's choice
+// for the device bound (`mpi_launched`: whether an MPI starter started this process). Throws
+// InvalidArgument for --device cuda without a GPU, a backend of GPU tensors on a rank that
+// trains on the CPU, or more local ranks than GPUs with NCCL.
 DeviceBinding bind_device(const DeviceRequest& request, bool mpi_launched);
 
 struct TrainingDevice {

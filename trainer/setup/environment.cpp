@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <thread>
 
+#include "collectives/process_group.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/text.h"
@@ -51,7 +52,8 @@ class Reader {
 //      first host of SLURM_JOB_NODELIST as the master when MASTER_ADDR is unset.
 // Nothing set = a world of one. Contradictions are InvalidArgument naming the variable.
 //
-// The store (Note [Who hosts the store] in worker_store.cpp): mtrain-launch's when MTRAIN_RUN_ID
+// The store (Note [Who hosts the store] in worker_store.cpp), located once the backend is
+// resolved: mtrain-launch's when MTRAIN_RUN_ID
 // says it started us; none for the MPI backend under mpirun or srun --mpi=pmix; else rank 0 hosts
 // it at MASTER_ADDR:MASTER_PORT, where under SLURM the address defaults to the first host of
 // SLURM_JOB_NODELIST (hostlist.h) and the port to 10000 + SLURM_JOB_ID % 20000; under mpirun
@@ -190,11 +192,10 @@ int port_from_job_id(const std::string& job_id) {
 }
 
 // Where the store is and who hosts it: Note [Who hosts the store] (worker_store.cpp).
-void read_store(const Reader& r, const std::string& backend, WorkerEnvironment& w) {
+void read_store(const Reader& r, const BackendInfo& backend, WorkerEnvironment& w) {
   if (!w.distributed()) return;
   w.job_id = r.str("SLURM_JOB_ID").value_or("");
-  const bool uses_mpi = backend == "mpi" || (backend == "auto" && w.mpi_launched);
-  if (uses_mpi && w.mpi_launched) return;  // MPI bootstraps itself: no store
+  if (backend.bootstraps_without_store && w.mpi_launched) return;  // MPI bootstraps itself: no store
   if (w.source == "launcher" && r.has("MTRAIN_RUN_ID")) {
     w.store_mode = StoreMode::kLauncher;  // mtrain-launch hosts it and says where
   } else if (w.source == "launcher" && r.has("TORCHELASTIC_RUN_ID") &&
@@ -268,7 +269,7 @@ const char* store_mode_name(StoreMode mode) {
   return "unknown";
 }
 
-WorkerEnvironment discover_environment(const EnvLookup& lookup, const std::string& backend) {
+WorkerEnvironment discover_environment(const EnvLookup& lookup) {
   const Reader r(lookup);
   WorkerEnvironment w;
   if (r.has("RANK") || r.has("WORLD_SIZE")) {
@@ -299,12 +300,19 @@ WorkerEnvironment discover_environment(const EnvLookup& lookup, const std::strin
                                                          r.integer("SLURM_NTASKS", 1, kMaxWorld).value_or(w.world_size) ==
                                                              w.world_size));
   w.mpi_launched = !launched && (w.under_mpirun || pmix_is_ours);
-  read_store(r, backend, w);
   return w;
 }
 
-WorkerEnvironment discover_environment(const std::string& backend) {
-  return discover_environment([](const char* name) { return env::get(name); }, backend);
+WorkerEnvironment discover_environment() {
+  return discover_environment([](const char* name) { return env::get(name); });
+}
+
+void locate_store(const EnvLookup& lookup, const BackendInfo& backend, WorkerEnvironment& env) {
+  read_store(Reader(lookup), backend, env);
+}
+
+void locate_store(const BackendInfo& backend, WorkerEnvironment& env) {
+  locate_store([](const char* name) { return env::get(name); }, backend, env);
 }
 
 int usable_cpu_count() {
@@ -321,7 +329,7 @@ int usable_cpu_count() {
 ThreadChoice resolve_num_threads(std::optional<int> flag, const WorkerEnvironment& env) {
   if (flag) {
     if (*flag < 1) throw InvalidArgument(fmt::format("--threads: expected an integer >= 1, found {}", *flag));
-    return {*flag, "--threads"};
+    return {*flag, "--threads", {}};
   }
   std::string warning;
   if (auto omp = env::get("OMP_NUM_THREADS")) {
@@ -331,7 +339,7 @@ ThreadChoice resolve_num_threads(std::optional<int> flag, const WorkerEnvironmen
     const std::string first = omp->substr(0, omp->find(','));
     try {
       const auto n = env::parse_int(first, "OMP_NUM_THREADS", 1, 4096);
-      return {static_cast<int>(n), fmt::format("OMP_NUM_THREADS={}", *omp)};
+      return {static_cast<int>(n), fmt::format("OMP_NUM_THREADS={}", *omp), {}};
     } catch (const InvalidArgument&) {
       warning = fmt::format("environment variable OMP_NUM_THREADS='{}' is not a thread count (expected an "
                             "integer from 1 to 4096, or a comma-separated list of them); ignored",

@@ -11,6 +11,8 @@
 
 namespace mtrain {
 
+struct BackendInfo;  // collectives/process_group.h
+
 // Who hosts the rendezvous store: see Note [Who hosts the store] in worker_store.cpp.
 enum class StoreMode { kNone, kLauncher, kRank0, kMpiBroadcast };
 const char* store_mode_name(StoreMode mode);  // "none", "launcher", "rank 0", "MPI broadcast"
@@ -38,15 +40,21 @@ struct WorkerEnvironment {
 // Reads one environment variable: nullopt when unset (an empty value counts as set).
 using EnvLookup = std::function<std::optional<std::string>(const char* name)>;
 
-// Discovers the worker's environment (see Note [Environment discovery]) through
-// `lookup`. `backend` is the --backend value ("auto", "gloo", "mpi", ...): it decides
-// whether a multi-rank world under mpirun needs MASTER_ADDR. Nothing set is a world of one.
+// Discovers the worker's place in the world (see Note [Environment discovery]) through
+// `lookup`: everything but the store, which locate_store adds. Nothing set is a world of one.
 // Throws InvalidArgument for a rank outside [0, size), half of a pair (RANK without
-// WORLD_SIZE), a launcher value that disagrees with Open MPI's beside it, or a world of
-// several ranks whose store cannot be found.
-WorkerEnvironment discover_environment(const EnvLookup& lookup, const std::string& backend = "auto");
+// WORLD_SIZE) or a launcher value that disagrees with Open MPI's beside it.
+WorkerEnvironment discover_environment(const EnvLookup& lookup);
 // The same over the process environment.
-WorkerEnvironment discover_environment(const std::string& backend = "auto");
+WorkerEnvironment discover_environment();
+
+// Where the rendezvous store is and who hosts it (store_mode and what goes with it), for a run
+// on `backend`, the resolved one: a backend that bootstraps itself under its starter (mpi under
+// mpirun) needs none. Nothing for a world of one. Throws InvalidArgument for a world of
+// several ranks whose store cannot be found.
+void locate_store(const EnvLookup& lookup, const BackendInfo& backend, WorkerEnvironment& env);
+// The same over the process environment.
+void locate_store(const BackendInfo& backend, WorkerEnvironment& env);
 
 struct ThreadChoice {
   int threads = 1;

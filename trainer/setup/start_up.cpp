@@ -58,27 +58,6 @@ void check_output_file(const char* flag, const std::string& path) {
   }
 }
 
-// The compute type --amp asks for, once it is known to exist on `device`.
-DType amp_compute_dtype(const TrainOptions& o, const Device& device) {
-  const DType t = o.amp.value;
-  if (t == DType::Float32) return t;
-  if (!ops::compute_dtype_supported(t, device)) {
-    // Suggest what works here: the other half type when this device has it.
-    const DType other = t == DType::BFloat16 ? DType::Float16 : DType::BFloat16;
-    const std::string suggestion = ops::compute_dtype_supported(other, device)
-                                       ? fmt::format("use --amp {} instead", other == DType::BFloat16 ? "bf16" : "fp16")
-                                       : std::string("run without --amp");
-    throw InvalidArgument(fmt::format(
-        "--amp {}: {} has no {} convolutions ({}); {}", o.amp.text, device.str(), dtype_name(t),
-        device.is_cuda() ? (t == DType::BFloat16 ? "bfloat16 needs compute capability 8.0 or newer"
-                                                 : "float16 needs compute capability 7.0 or newer")
-                         : (t == DType::BFloat16 ? "oneDNN needs AVX512_BF16, or at least AVX-512, for them"
-                                                 : "oneDNN needs AVX512_FP16 for them"),
-        suggestion));
-  }
-  return t;
-}
-
 // `pinned`: batches assembled in pinned host memory, so that their copies to a GPU
 // overlap the step before them (Note [Batches to the device] in loop/device_batches.cpp).
 std::shared_ptr<data::DataLoader> make_loader(std::shared_ptr<const data::Dataset> dataset,
@@ -99,20 +78,6 @@ std::shared_ptr<data::DataLoader> make_loader(std::shared_ptr<const data::Datase
 
 // ---- the phases, in the order set_up_run runs them ----------------------------------
 
-// The device (before anything is loaded, so that --device cuda without a GPU fails at
-// once), the compute type, and the worker environment again when "auto" named another
-// backend than the flag: whether the run needs a store depends on the backend, which
-// "auto" only names once the device is known (nccl on a GPU even under mpirun).
-void bind_training_device(const TrainOptions& o, TrainingRun& run) {
-  check_backend_environment();
-  run.speedups = speedups_from_environment();
-  run.device = set_up_training_device(o, run.env, run.speedups);
-  if (run.speedups.any()) spdlog::info("speedups (MTRAIN_SPEEDUPS): {}", run.speedups.str());
-  run.amp = amp_compute_dtype(o, run.compute());
-  const std::string& backend = run.device.binding.backend;
-  if (backend != o.backend && run.env.distributed()) run.env = discover_environment(backend);
-}
-
 // Output files are checked before any work; a run that will resume from a checkpoint
 // continues the metrics of the run it resumes instead of erasing them. (A checkpoint
 // that cannot be looked at counts as absent here; Checkpointer::resume names it.)
@@ -131,21 +96,21 @@ void open_outputs(const TrainOptions& o, TrainingRun& run, StartupStop& startup)
 }
 
 // The intra-op threads, and one line each for the world, the device (ARCHITECTURE.md:
-// "No GPU -> CPU, said once in the log") and --amp.
+// "No GPU -> CPU, said once in the log"), the speed switches and --amp.
 void configure_threads_and_report(const TrainOptions& o, const TrainingRun& run) {
-  const WorkerEnvironment& env = run.env;
+  const WorkerEnvironment& env = run.env();
   if (env.distributed()) {
     spdlog::info("world: {} ranks from {} variables, this is rank {} (local rank {} of {}, node {})", env.world_size,
                  env.source, env.rank, env.local_rank, env.local_world_size, env.node_rank);
   } else {
     spdlog::info("world: one process (no launcher variables found)");
   }
-  const ThreadChoice threads = resolve_num_threads(o.threads, env);
+  const ThreadChoice& threads = run.plan.threads;
   ops::set_num_threads(threads.threads);
-  spdlog::info("{}; {} intra-op thread{} for host kernels ({})", run.device.log_line, threads.threads,
+  spdlog::info("{}; {} intra-op thread{} for host kernels ({})", run.plan.device.log_line, threads.threads,
                threads.threads == 1 ? "" : "s", threads.reason);
   if (!threads.warning.empty()) spdlog::warn("{}", threads.warning);
-  if (!run.device.binding.warning.empty()) spdlog::warn("{}", run.device.binding.warning);
+  if (!run.plan.device.binding.warning.empty()) spdlog::warn("{}", run.plan.device.binding.warning);
   // Bound to fewer CPUs (taskset, mtrain-launch --cpu_bind, a cpuset) than threads: they
   // would take turns on the same cores, every kernel waiting for its slowest thread.
   if (const int cpus = usable_cpu_count(); threads.threads > cpus) {
@@ -153,9 +118,10 @@ void configure_threads_and_report(const TrainOptions& o, const TrainingRun& run)
                  "will time-share; use --threads {}",
                  threads.threads, cpus, cpus == 1 ? "" : "s", cpus);
   }
-  if (run.amp != DType::Float32) {
+  if (run.plan.speedups.any()) spdlog::info("speedups (MTRAIN_SPEEDUPS): {}", run.plan.speedups.str());
+  if (run.plan.amp != DType::Float32) {
     spdlog::info("--amp {}: convolutions and linear layers multiply in {}, everything else stays float32{}", o.amp.text,
-                 dtype_name(run.amp), uses_loss_scaler(o) ? "; dynamic loss scaling" : "");
+                 dtype_name(run.plan.amp), uses_loss_scaler(o) ? "; dynamic loss scaling" : "");
   }
 }
 
@@ -165,20 +131,20 @@ void configure_threads_and_report(const TrainOptions& o, const TrainingRun& run)
 // [Control-plane collectives] (ddp/training_groups.cpp): `gradients` carries tensors on
 // the training device, `control` host values; one object unless the backend is NCCL.
 void join_process_groups(const TrainOptions& o, TrainingRun& run, StartupStop& startup) {
-  const std::string& backend = run.device.binding.backend;
-  if (backend == "mpi" || run.env.store_mode == StoreMode::kMpiBroadcast) startup.disarm();
+  const std::string& backend = run.plan.backend();
+  if (backend == "mpi" || run.env().store_mode == StoreMode::kMpiBroadcast) startup.disarm();
   ProcessGroupOptions pg_options;
   pg_options.timeout = Millis(static_cast<int64_t>(o.timeout_seconds * 1000.0));
-  if (run.env.distributed()) {
+  if (run.env().distributed()) {
     // No store for the MPI backend under an MPI starter, which bootstraps itself.
     // The store is waited for no longer than a collective would be (--timeout), nor than
     // the store's own default.
     StoreConnection store =
-        open_worker_store(run.env, o.unauthenticated_store, std::min(kDefaultStoreTimeout, pg_options.timeout));
+        open_worker_store(run.env(), o.unauthenticated_store, std::min(kDefaultStoreTimeout, pg_options.timeout));
     pg_options.rendezvous_host = store.host;
     pg_options.rendezvous_port = store.port;
-    run.groups = create_training_groups(backend, std::move(store.store), run.env.rank, run.env.world_size,
-                                        run.device.binding.device, pg_options);
+    run.groups = create_training_groups(backend, std::move(store.store), run.env().rank, run.env().world_size,
+                                        run.plan.device.binding.device, pg_options);
   } else if (backend == "nccl") {
     run.groups = create_single_rank_nccl_groups(run.compute(), pg_options);
   }
@@ -196,7 +162,7 @@ void join_process_groups(const TrainOptions& o, TrainingRun& run, StartupStop& s
 // alone could fail at, such as a weights file, while the others waited in its
 // rendezvous).
 void load_data(const TrainOptions& o, TrainingRun& run) {
-  const data::DataSource source = data::resolve_data_dir(o.dataset, o.data_dir);
+  const data::DataSource& source = run.plan.data;
   spdlog::info("data: {}", source.description);
   data::SyntheticOptions synthetic;
   synthetic.seed = o.seed;
@@ -279,8 +245,8 @@ void build_model(const TrainOptions& o, TrainingRun& run) {
   } else if (o.sync_bn) {
     spdlog::info("--sync-bn: a world of one, so BatchNorm2d already sees the whole batch; nothing converted");
   }
-  if (run.amp != DType::Float32) models::set_compute_dtype(model, run.amp);
-  apply_speedups(run.speedups, model);
+  if (run.plan.amp != DType::Float32) models::set_compute_dtype(model, run.plan.amp);
+  apply_speedups(run.plan.speedups, model);
   use_channels_last(o, run, model);
   // Nothing uses the gradient of the images: the first layer skips computing it.
   model.set_input_grad_needed(false);
@@ -340,11 +306,11 @@ void check_room_for_outputs(const TrainOptions& o, const TrainingRun& run) {
       failure = std::current_exception();
     }
   }
-  share_outcome(run.control(), run.env.rank, failure);
+  share_outcome(run.control(), run.env().rank, failure);
 }
 
 void make_optimizer(const TrainOptions& o, TrainingRun& run) {
-  const int world = run.env.world_size;
+  const int world = run.env().world_size;
   run.world_scale = o.lr_scaling.value == LrScaling::kLinear && !o.global_batch_size ? static_cast<double>(world) : 1.0;
   if (o.warmup_epochs > 0 && run.world_scale == 1.0) {
     spdlog::warn("--warmup-epochs {}: the warm-up ramps from --lr to the scaled rate, which is --lr itself here "
@@ -365,7 +331,7 @@ void make_optimizer(const TrainOptions& o, TrainingRun& run) {
 // world's sampler shards what the checkpoint's world left of its epoch. One line says what
 // changed, and the log line below then counts the epoch's steps in this world.
 void continue_in_another_world(const TrainOptions& o, TrainingRun& run, const TrainPosition& r) {
-  const int world = run.env.world_size;
+  const int world = run.env().world_size;
   if (run.shard_sampler) {
     if (r.epoch_consumed < 0) {
       throw InvalidArgument(fmt::format(
@@ -389,12 +355,12 @@ void continue_in_another_world(const TrainOptions& o, TrainingRun& run, const Tr
 void resume_from_checkpoint(const TrainOptions& o, TrainingRun& run, StartupStop& startup) {
   if (o.checkpoint_dir.empty()) return;
   run.checkpointer = std::make_unique<Checkpointer>(
-      o.checkpoint_dir, run.groups.gradients.get(), run.env.rank, *run.model, *run.optimizer,
+      o.checkpoint_dir, run.groups.gradients.get(), run.env().rank, *run.model, *run.optimizer,
       resume_configuration(o, run.train_set->size(), run.fingerprint), run.control());
   run.resumed = run.checkpointer->resume();
   if (const auto& r = run.resumed) {
     startup.at_position(r->epoch, r->total_steps);
-    if (r->world_size != run.env.world_size) continue_in_another_world(o, run, *r);
+    if (r->world_size != run.env().world_size) continue_in_another_world(o, run, *r);
     // Only the resumed epoch's rest has another size: count it (0-based epoch r->epoch - 1;
     // the loader sets it again when it starts that epoch).
     if (run.resumed_rest_only) run.train_loader->sampler().set_epoch(r->epoch - 1);
@@ -481,7 +447,7 @@ data::ChannelStats normalization(const TrainOptions& o, const data::Dataset& tra
 }
 
 void make_loaders(const TrainOptions& o, TrainingRun& run) {
-  const int rank = run.env.rank, world = run.env.world_size;
+  const int rank = run.env().rank, world = run.env().world_size;
   const int64_t train_size = run.train_set->size();
   const bool pinned = run.compute().is_cuda();
   const data::ChannelStats norm = normalization(o, *run.train_set);
@@ -584,9 +550,7 @@ void plan_learning_rate(const TrainOptions& o, TrainingRun& run) {
 }  // namespace
 
 TrainingRun set_up_run(const TrainOptions& options, WorkerEnvironment env, StartupStop& startup) {
-  TrainingRun run;
-  run.env = std::move(env);
-  bind_training_device(options, run);
+  TrainingRun run(plan_run(options, std::move(env)));
   open_outputs(options, run, startup);
   configure_threads_and_report(options, run);
   join_process_groups(options, run, startup);

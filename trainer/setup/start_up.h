@@ -1,6 +1,7 @@
-// The start-up of a training run: named phases, in order, that build one plain struct
-// holding everything the run needs (who this worker is, its device and groups, data,
-// model, optimizer, checkpoints, loaders, gradient synchronisation, schedule).
+// The start-up of a training run: the plan (run_plan.h: who this worker is, its device,
+// backend, store, data), then named phases, in order, that build from it one plain struct
+// holding everything the run needs (groups, datasets, model, optimizer, checkpoints, loaders,
+// gradient synchronisation, schedule).
 #pragma once
 
 #include <memory>
@@ -22,18 +23,17 @@
 #include "trainer/loop/metrics.h"
 #include "trainer/loop/train_loop.h"
 #include "trainer/options.h"
-#include "trainer/setup/device.h"
 #include "trainer/setup/environment.h"
+#include "trainer/setup/run_plan.h"
 #include "trainer/stopping/stop_signals.h"
 
 namespace mtrain {
 
 struct TrainingRun {
-  // Who this worker is and where it trains.
-  WorkerEnvironment env;
-  TrainingDevice device;
-  DType amp = DType::Float32;  // the compute type of convolutions and linear layers
-  Speedups speedups;           // MTRAIN_SPEEDUPS (Note [Speed switches] in core/speedups.h)
+  explicit TrainingRun(RunPlan run_plan) : plan(std::move(run_plan)) {}
+
+  // Who this worker is, where it trains, on what: decided before the rest, read only.
+  const RunPlan plan;
   MetricsWriter metrics;       // enabled on rank 0 with --metrics
   // The process groups; empty in a world of one (except a one-rank NCCL group).
   TrainingGroups groups;
@@ -61,8 +61,9 @@ struct TrainingRun {
   std::unique_ptr<StepExchange> exchange;  // each step's records, over the control group
   std::unique_ptr<LrSchedule> schedule;
 
-  bool lead() const { return env.rank == 0; }  // logs, writes metrics and final weights
-  Device compute() const { return device.compute; }
+  const WorkerEnvironment& env() const { return plan.env; }
+  bool lead() const { return plan.env.rank == 0; }  // logs, writes metrics and final weights
+  Device compute() const { return plan.compute(); }
   ProcessGroup* control() const { return groups.control.get(); }  // host values; null: none
 };
 

@@ -30,10 +30,10 @@ bool prepare_directory(const std::string& dir, const TrainingRun& run) {
   std::filesystem::create_directories(dir, ec);
   if (ec) {
     spdlog::warn("--trace {}: rank {} cannot create the directory ({}), so it records no timeline; training goes on",
-                 dir, run.env.rank, ec.message());
+                 dir, run.env().rank, ec.message());
     return false;
   }
-  std::filesystem::remove(trace::rank_trace_path(dir, run.env.rank), ec);
+  std::filesystem::remove(trace::rank_trace_path(dir, run.env().rank), ec);
   if (run.lead()) std::filesystem::remove(merged_path(dir), ec);
   return true;
 }
@@ -68,7 +68,7 @@ bool RunTrace::write_rank_file(const TrainingRun& run) noexcept {
   trace::set_recording(false);
   if (!recording_) return false;
   try {
-    trace::write_rank_file(trace::rank_trace_path(dir_, run.env.rank), run.env.rank, run.env.world_size,
+    trace::write_rank_file(trace::rank_trace_path(dir_, run.env().rank), run.env().rank, run.env().world_size,
                            run.compute().str(), clock_);
     written_ = true;
     if (const size_t dropped = trace::dropped(); dropped > 0) {
@@ -78,7 +78,7 @@ bool RunTrace::write_rank_file(const TrainingRun& run) noexcept {
     }
     return true;
   } catch (const std::exception& e) {
-    spdlog::warn("--trace: rank {}: {}; the run goes on without its timeline", run.env.rank, e.what());
+    spdlog::warn("--trace: rank {}: {}; the run goes on without its timeline", run.env().rank, e.what());
     return false;
   }
 }
@@ -104,8 +104,8 @@ void RunTrace::finish(const TrainingRun& run) {
 void RunTrace::write_after_failure(const TrainingRun& run) noexcept {
   if (dir_.empty() || written_) return;
   if (write_rank_file(run)) {
-    spdlog::warn("--trace: the run failed; rank {}'s timeline up to the failure is in {}", run.env.rank,
-                 trace::rank_trace_path(dir_, run.env.rank));
+    spdlog::warn("--trace: the run failed; rank {}'s timeline up to the failure is in {}", run.env().rank,
+                 trace::rank_trace_path(dir_, run.env().rank));
   }
 }
 

@@ -3,20 +3,24 @@
 // input, so every branch runs on machines without a GPU.
 #include <catch2/catch.hpp>
 
+#include "collectives/process_group.h"
 #include "core/error.h"
 #include "trainer/setup/device.h"
 
 using Catch::Matchers::Contains;
 using mtrain::bind_device;
 using mtrain::Device;
+using mtrain::DeviceChoice;
 using mtrain::DeviceRequest;
 
 namespace {
+mtrain::BackendChoice named(const std::string& backend) { return {&mtrain::backend_info(backend)}; }
+
 DeviceRequest request(const std::string& device, int local_rank, int local_world, int gpus,
                       const std::string& backend = "auto") {
   DeviceRequest r;
-  r.device = device;
-  r.backend = backend;
+  r.device = device == "cpu" ? DeviceChoice::kCpu : device == "cuda" ? DeviceChoice::kCuda : DeviceChoice::kAuto;
+  if (backend != "auto") r.backend = named(backend);
   r.local_rank = local_rank;
   r.local_world_size = local_world;
   r.visible_gpus = gpus;
@@ -49,21 +53,23 @@ TEST_CASE("more local ranks than GPUs: NCCL refuses, Gloo and MPI share", "[devi
   r.visible_devices = "4,5";
   CHECK_THROWS_WITH(bind_device(r, false), Contains("only 2 are visible (CUDA_VISIBLE_DEVICES=4,5)") &&
                                                Contains("--backend gloo"));
-  r.backend = "gloo";
+  r.backend = named("gloo");
   auto b = bind_device(r, false);
   CHECK(b.device == Device::cuda(0));
   CHECK(b.backend == "gloo");
   CHECK_THAT(b.warning, Contains("3 local ranks share 2 visible GPU(s)"));
-  r.backend = "mpi";
+  r.backend = named("mpi");
   CHECK(bind_device(r, true).device == Device::cuda(0));
 }
 
 TEST_CASE("impossible requests are clear errors", "[device]") {
-  CHECK_THROWS_WITH(bind_device(request("gpu", 0, 1, 1), false), Contains("--device must be auto, cuda or cpu, found 'gpu'"));
   CHECK_THROWS_WITH(bind_device(request("cuda", 0, 1, 0), false),
                     Contains("no GPU is usable: CUDA driver version is insufficient"));
-  CHECK_THROWS_WITH(bind_device(request("cpu", 0, 1, 1, "nccl"), false), Contains("--backend nccl needs GPUs"));
-  CHECK_THROWS_WITH(bind_device(request("auto", 0, 1, 0, "nccl"), false), Contains("--backend nccl needs GPUs"));
+  // The one place that refuses a GPU-only backend on the CPU, saying why the rank is there.
+  CHECK_THROWS_WITH(bind_device(request("cpu", 0, 1, 1, "nccl"), false),
+                    Contains("--backend nccl needs GPUs, but this rank trains on the CPU (--device cpu)"));
+  CHECK_THROWS_WITH(bind_device(request("auto", 0, 1, 0, "nccl"), false),
+                    Contains("--backend nccl needs GPUs") && Contains("no GPU is usable"));
 }
 
 TEST_CASE("a process that sees one GPU binds it whatever its local rank", "[device]") {

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 
+#include "collectives/process_group.h"
 #include "core/error.h"
 #include "tests/store/store_test_util.h"
 #include "store/store.h"
@@ -34,14 +35,17 @@ namespace {
 
 using Vars = std::map<std::string, std::string>;
 
+// The worker's environment and its store for `backend` ("auto" resolved for a CPU rank, as
+// the run plan resolves it).
 WorkerEnvironment discover(const Vars& vars, const std::string& backend = "auto") {
-  return mtrain::discover_environment(
-      [&](const char* name) -> std::optional<std::string> {
-        auto it = vars.find(name);
-        if (it == vars.end()) return std::nullopt;
-        return it->second;
-      },
-      backend);
+  const mtrain::EnvLookup lookup = [&](const char* name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+  WorkerEnvironment w = mtrain::discover_environment(lookup);
+  mtrain::locate_store(lookup, mtrain::backend_info(mtrain::resolve_backend(backend, false, w.mpi_launched)), w);
+  return w;
 }
 
 const Vars kLauncher = {{"RANK", "3"},        {"WORLD_SIZE", "4"},        {"LOCAL_RANK", "1"},

@@ -67,7 +67,7 @@ TEST_CASE("the defaults are valid and flags override them", "[options]") {
   CHECK(o.save_final == "b.safetensors");
   CHECK(o.metrics == "m.jsonl");
   CHECK_FALSE(o.eval);
-  CHECK(o.log_level == "debug");
+  CHECK(o.log_level.value == spdlog::level::debug);
   CHECK(o.log_every == 7);
   CHECK(parse({"--momentum", "0.9", "--nesterov"}).options.nesterov);
   // A switch given =false is off (it used to count as given, so on).
@@ -84,7 +84,7 @@ TEST_CASE("the defaults are valid and flags override them", "[options]") {
   CHECK_NOTHROW(mtrain::validate_train_options(parity, kChoices));
   CHECK_THROWS_WITH(parse({"--shuffle-order", "numpy"}), Catch::Contains("--shuffle-order") && Catch::Contains("numpy"));
 
-  CHECK(defaults.options.backend == "auto");
+  CHECK(defaults.options.backend.value.automatic());
   CHECK(defaults.options.bucket_cap_mb == 25.0);
   CHECK(defaults.options.grad_accum == 1);
   CHECK_FALSE(defaults.options.sync_bn);
@@ -93,7 +93,7 @@ TEST_CASE("the defaults are valid and flags override them", "[options]") {
                         "--sync-bn", "--timeout", "60", "--lr-scaling", "linear", "--warmup-epochs", "2.5",
                         "--lr-schedule", "cosine"})
                      .options;
-  CHECK(d.backend == "gloo");
+  CHECK(d.backend.value.named->name == "gloo");
   CHECK(d.bucket_cap_mb == 0.5);
   CHECK(d.grad_accum == 4);
   CHECK(d.check_replicas == 10);
@@ -112,14 +112,14 @@ TEST_CASE("the defaults are valid and flags override them", "[options]") {
 
 TEST_CASE("--device and the GPU numerics flags", "[options]") {
   const auto defaults = parse({}).options;
-  CHECK(defaults.device == "auto");
+  CHECK(defaults.device.value == mtrain::DeviceChoice::kAuto);
   // PyTorch's defaults: heuristics, no determinism requirement, TF32 convolutions.
   CHECK_FALSE(defaults.cudnn_benchmark);
   CHECK_FALSE(defaults.deterministic);
   CHECK(defaults.allow_tf32);
-  for (const std::string device : {"auto", "cuda", "cpu"}) {
-    CHECK(parse({"--device", device}).options.device == device);
-  }
+  CHECK(parse({"--device", "auto"}).options.device.value == mtrain::DeviceChoice::kAuto);
+  CHECK(parse({"--device", "cuda"}).options.device.value == mtrain::DeviceChoice::kCuda);
+  CHECK(parse({"--device", "cpu"}).options.device.value == mtrain::DeviceChoice::kCpu);
   const auto g = parse({"--device", "cuda", "--cudnn-benchmark", "--deterministic", "--no-tf32"}).options;
   CHECK(g.cudnn_benchmark);
   CHECK(g.deterministic);
@@ -229,7 +229,8 @@ TEST_CASE("bad values are one clear InvalidArgument naming the flag", "[options]
       {{"--device", "gpu"}, "--device: unknown value 'gpu' (valid: auto, cuda, cpu)"},
       {{"--device", "cuda:1"}, "--device: unknown value 'cuda:1' (valid: auto, cuda, cpu)"},
       {{"--device", ""}, "--device: unknown value '' (valid: auto, cuda, cpu)"},
-      {{"--device", "cpu", "--backend", "nccl"}, "--backend nccl needs GPUs, but --device cpu trains on the CPU"},
+      {{"--backend", "ucc"}, "--backend: unknown value 'ucc' (valid: auto, gloo, mpi, nccl)"},
+      {{"--log-level", "loud"}, "--log-level: unknown value 'loud' (valid: trace, debug, info, warn, error, critical, off)"},
   };
   for (const auto& [args, fragment] : cases) {
     INFO(fmt::format("args: {}", fmt::join(args, " ")));
@@ -380,20 +381,20 @@ TEST_CASE("options filled by hand are checked against the same ranges as the com
     }
     return std::string("accepted");
   };
-  mtrain::TrainOptions o;
-  o.batch_size = 0;
-  CHECK(refused(o) == parsed({"--batch-size", "0"}));
-  o = {};
-  o.lr = 0;
-  CHECK(refused(o) == parsed({"--lr", "0"}));
-  o = {};
-  o.threads = 5000;
-  CHECK(refused(o) == parsed({"--threads", "5000"}));
-  o = {};
-  o.trace_first_step = 9;
-  o.trace_last_step = 3;
-  CHECK(refused(o) == parsed({"--trace-steps", "9:3"}));
-  CHECK(refused(mtrain::TrainOptions{}) == "accepted");
+  const auto hand_filled = [](const auto& set) {
+    mtrain::TrainOptions o;
+    set(o);
+    return o;
+  };
+  CHECK(refused(hand_filled([](auto& o) { o.batch_size = 0; })) == parsed({"--batch-size", "0"}));
+  CHECK(refused(hand_filled([](auto& o) { o.lr = 0; })) == parsed({"--lr", "0"}));
+  CHECK(refused(hand_filled([](auto& o) { o.threads = 5000; })) == parsed({"--threads", "5000"}));
+  CHECK(refused(hand_filled([](auto& o) {
+          o.trace_first_step = 9;
+          o.trace_last_step = 3;
+        })) == parsed({"--trace-steps", "9:3"}));
+  const mtrain::TrainOptions defaults;
+  CHECK(refused(defaults) == "accepted");
 }
 
 TEST_CASE("the ranks compare every flag's value as its row shows it", "[options]") {
@@ -411,7 +412,8 @@ TEST_CASE("the ranks compare every flag's value as its row shows it", "[options]
   CHECK(value_of(o, "--lr") == "0.25");
   CHECK(value_of(o, "--metrics") == "absent");  // per rank
   CHECK(value_of(o, "--device") == "absent");   // compared as the device it resolves to
-  CHECK(value_of(mtrain::TrainOptions{}, "--init-from") == "unset");
+  const mtrain::TrainOptions defaults;
+  CHECK(value_of(defaults, "--init-from") == "unset");
 }
 
 TEST_CASE("choices are parsed once, into the values the run reads, and keep the words given", "[options]") {
