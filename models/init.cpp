@@ -98,6 +98,7 @@ void ParameterInitializer::fill_normal(Tensor& t, float mean, float stddev) {
 }
 
 void init_parameters(Module& root, const InitOptions& options) {
+  if (options.scheme == InitScheme::kGraph) return;  // the graph's values stay
   ParameterInitializer init(options);
   for (auto& [name, module] : root.named_modules()) module->reset_parameters(init);
 }

@@ -13,7 +13,9 @@
 namespace mtrain::models {
 
 // kXavier: nn.init.xavier_uniform_ weights (d2l's LeNet recipe), PyTorch's default biases.
-enum class InitScheme { kPyTorchDefault, kNormal, kXavier };
+// kGraph: the values an ONNX graph brought (models/onnx/graph_model.h); init_parameters
+// leaves them as they are.
+enum class InitScheme { kPyTorchDefault, kNormal, kXavier, kGraph };
 
 struct InitOptions {
   InitScheme scheme = InitScheme::kPyTorchDefault;

@@ -9,6 +9,7 @@
 #include "models/conv.h"
 #include "models/flatten.h"
 #include "models/linear.h"
+#include "models/onnx/graph_model.h"
 #include "models/pooling.h"
 #include "models/residual.h"
 #include "models/sequential.h"
@@ -119,6 +120,23 @@ std::unique_ptr<Module> build_model(const std::string& name, int in_channels, in
   }
   throw InvalidArgument(fmt::format("unknown model '{}': expected one of {}", name,
                                     fmt::join(model_names(), ", ")));
+}
+
+bool is_onnx_file(const std::string& model) {
+  const std::string tail = ".onnx";
+  return model.size() > tail.size() && model.compare(model.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+std::unique_ptr<Module> build_model_for_images(const std::string& model, int64_t channels, int64_t height,
+                                               int64_t width, int64_t num_classes, const InitOptions& init) {
+  if (is_onnx_file(model)) {
+    std::unique_ptr<Module> graph = onnx::load_graph_model(model, channels, height, width, num_classes);
+    init_parameters(*graph, init);
+    return graph;
+  }
+  MTRAIN_CHECK(init.scheme != InitScheme::kGraph, "model {} is no graph to keep the weights of", model);
+  check_input_size(model, height, width);
+  return build_model(model, static_cast<int>(channels), static_cast<int>(num_classes), init);
 }
 
 void check_input_size(const std::string& name, int64_t height, int64_t width) {

@@ -29,6 +29,17 @@ const std::vector<std::string>& model_names();
 std::unique_ptr<Module> build_model(const std::string& name, int in_channels, int num_classes,
                                     const InitOptions& init = {});
 
+// Whether --model names an ONNX file (it ends in ".onnx") rather than a model of the zoo.
+bool is_onnx_file(const std::string& model);
+
+// What --model names, for images of channels x height x width and `num_classes` classes: a
+// model of the zoo (check_input_size, then build_model), or the graph of an ONNX file
+// (models/onnx/graph_model.h), which starts from its initializers under InitScheme::kGraph
+// and is initialised afresh under any other scheme. Throws InvalidArgument (and IoError for
+// an ONNX file that cannot be read) as those do.
+std::unique_ptr<Module> build_model_for_images(const std::string& model, int64_t channels, int64_t height,
+                                               int64_t width, int64_t num_classes, const InitOptions& init);
+
 // Throws InvalidArgument when model `name` cannot take height x width images (lenet and
 // mlp are built for 28x28); the message names the models that can. Unknown names pass
 // (build_model reports them).

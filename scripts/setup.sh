@@ -34,6 +34,8 @@ packages=(
   libgloo-dev libopenmpi-dev openmpi-bin
   libcxxopts-dev libspdlog-dev nlohmann-json3-dev zlib1g-dev libcairo2-dev
   libpng-dev libturbojpeg0-dev
+  # --model FILE.onnx: ONNX's protobuf classes and checker (models/onnx/onnx_graph.cpp).
+  libonnx-dev libprotobuf-dev
 )
 test_packages=(
   catch2 python3
@@ -51,6 +53,9 @@ test_packages=(
   # The test that compares image folders with Pillow's decoding and resizing
   # (tests/data/test_image_folder_pil.cpp).
   python3-pil
+  # The tests that export PyTorch and torchvision networks to ONNX and train them
+  # (tests/models/onnx).
+  python3-onnx python3-torchvision
 )
 [[ $with_tests == ON ]] && packages+=("${test_packages[@]}")
 

@@ -17,6 +17,7 @@
 #include "data/random.h"
 #include "collectives/process_group.h"
 #include "core/error.h"
+#include "models/zoo.h"
 #include "trainer/checkpoint/checkpoint_file.h"
 #include "trainer/ddp/share_policy.h"
 
@@ -132,6 +133,7 @@ const ModelRecipe* recipe_for(const std::string& model) {
 
 // Note [Each model's recipe]: the recipe first, the flags given then override it.
 void apply_model_recipe(TrainOptions& o) {
+  if (models::is_onnx_file(o.model)) o.init = {"graph", models::InitScheme::kGraph};  // its initializers
   const ModelRecipe* recipe = recipe_for(o.model);
   if (recipe == nullptr) return;
   o.init = {recipe->init, init_scheme(recipe->init, "the recipe's --init")};
@@ -425,8 +427,14 @@ std::vector<TrainFlag> train_flags(const TrainChoices& choices) {
   const auto add = [&](TrainFlag f) { flags.push_back(std::move(f)); };
   using O = TrainOptions;
 
-  add(shown_default(choice("model", data, fmt::format("model: {}", fmt::join(choices.models, "|")), &O::model,
-                           choices.models)));
+  // A name of the zoo, or an ONNX file (models/zoo.h), read when the run builds it.
+  TrainFlag model = choice("model", data, fmt::format("model: {}, or FILE.onnx (a network PyTorch exported in training mode; docs/training.md)", fmt::join(choices.models, "|")), &O::model, choices.models);
+  model.check = [valid = choices.models](const TrainOptions& o, const std::string& flag) {
+    std::vector<std::string> names = valid;
+    names.push_back("FILE.onnx");
+    if (!models::is_onnx_file(o.model)) check_choice(flag, o.model, names);
+  };
+  add(shown_default(std::move(model)));
   add(shown_default(choice("dataset", data, fmt::format("dataset: {}", fmt::join(choices.datasets, "|")), &O::dataset,
                            choices.datasets)));
   // The training set's fingerprint is compared instead.
@@ -652,6 +660,11 @@ void validate_with(const std::vector<TrainFlag>& flags, const TrainOptions& o) {
     if (f.check) f.check(o, "--" + f.name);
   }
   data::require_folder_options_apply(o.dataset, image_folder_options(o));
+  if (o.channels_last && models::is_onnx_file(o.model)) {
+    throw InvalidArgument(fmt::format("--channels-last: a model from an ONNX file ({}) runs [N, C, H, W] only; leave "
+                                      "the flag out",
+                                      o.model));
+  }
   if (o.nesterov && o.momentum == 0) {
     throw InvalidArgument("--nesterov needs a momentum > 0 (as torch.optim.SGD); add --momentum 0.9");
   }

@@ -225,13 +225,15 @@ void build_model(const TrainOptions& o, TrainingRun& run) {
   models::InitOptions init;
   init.scheme = o.init.value;
   init.seed = o.seed;
-  models::check_input_size(o.model, run.train_set->height(), run.train_set->width());
-  run.model = models::build_model(o.model, static_cast<int>(run.train_set->channels()),
-                                  static_cast<int>(run.train_set->num_classes()), init);
+  run.model = models::build_model_for_images(o.model, run.train_set->channels(), run.train_set->height(),
+                                             run.train_set->width(), run.train_set->num_classes(), init);
   models::Module& model = *run.model;
   if (!o.init_from.empty()) {
     load_model_weights(o.init_from, model);
     spdlog::info("model {}: weights from {}", o.model, o.init_from);
+  } else if (o.init.value == models::InitScheme::kGraph) {
+    spdlog::info("model {}: the graph's {} layers, starting from its initializers", o.model,
+                 model.named_modules().size() - 1);
   } else {
     spdlog::info("model {}: {} initialisation, seed {}", o.model, o.init.text, o.seed);
   }

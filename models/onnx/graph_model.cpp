@@ -1,0 +1,434 @@
+#include "models/onnx/graph_model.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "core/error.h"
+#include "models/activation.h"
+#include "models/batchnorm.h"
+#include "models/conv.h"
+#include "models/flatten.h"
+#include "models/linear.h"
+#include "models/onnx/onnx_graph.h"
+#include "models/pooling.h"
+#include "tensor/ops.h"
+
+namespace mtrain::models::onnx {
+
+// Note [Graph models keep PyTorch's names]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// torch.onnx.export in training mode without constant folding keeps each parameter and
+// buffer as an initializer under its state_dict name ("layer1.0.conv1.weight"). A layer
+// that has weights becomes a child named after its weight's module ("layer1.0.conv1"), so
+// its parameters are named "layer1.0.conv1.weight" and "...bias" again (Note [Parameter
+// names] in module.cpp), and each starts from the initializer of its own name: checkpoints,
+// --save-final and --init-from then speak PyTorch's names, and the file mtrain writes loads
+// into the exported module with load_state_dict. An initializer that is not named so (an
+// eval-mode export folds batch norms into the convolutions and names what it computed
+// "onnx::Conv_123") has no module to go back to, so it is refused with the export to use.
+// Layers without weights are named after their op and node ("Relu_5"): no state_dict holds
+// them. num_batches_tracked, which the export drops, starts at 0.
+
+namespace {
+
+constexpr const char* kExportHint =
+    "export the module in training mode: torch.onnx.export(model, x, FILE, "
+    "training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)";
+
+std::string prefix(const Graph& g) { return fmt::format("--model {}", g.path); }
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+int64_t int_attribute(const Graph& g, const Node& n, const std::string& name, int64_t fallback) {
+  const auto it = n.attributes.find(name);
+  if (it == n.attributes.end()) return fallback;
+  if (it->second.kind != Attribute::Kind::kInt) {
+    throw InvalidArgument(fmt::format("{}: {}: attribute {} is not an integer", prefix(g), n.describe(), name));
+  }
+  return it->second.i;
+}
+
+float float_attribute(const Graph& g, const Node& n, const std::string& name, float fallback) {
+  const auto it = n.attributes.find(name);
+  if (it == n.attributes.end()) return fallback;
+  if (it->second.kind != Attribute::Kind::kFloat) {
+    throw InvalidArgument(fmt::format("{}: {}: attribute {} is not a number", prefix(g), n.describe(), name));
+  }
+  return it->second.f;
+}
+
+std::vector<int64_t> ints_attribute(const Graph& g, const Node& n, const std::string& name,
+                                    std::vector<int64_t> fallback) {
+  const auto it = n.attributes.find(name);
+  if (it == n.attributes.end()) return fallback;
+  if (it->second.kind != Attribute::Kind::kInts) {
+    throw InvalidArgument(fmt::format("{}: {}: attribute {} is not a list of integers", prefix(g), n.describe(), name));
+  }
+  return it->second.ints;
+}
+
+// The one value of a window's per-axis sizes (kernel, strides, pads): mtrain's layers take
+// square windows and the same padding on every side.
+int one_size(const Graph& g, const Node& n, const std::string& what, const std::vector<int64_t>& values) {
+  if (values.empty() || values.size() % 2 != 0) {
+    throw InvalidArgument(fmt::format("{}: {}: {} has {} values; mtrain's layers work on 2-D images", prefix(g),
+                                      n.describe(), what, values.size()));
+  }
+  for (int64_t v : values) {
+    if (v != values.front()) {
+      throw InvalidArgument(fmt::format("{}: {}: {} [{}]; mtrain's layers take one value for every axis and side "
+                                        "(square windows, symmetric padding)",
+                                        prefix(g), n.describe(), what, fmt::join(values, ", ")));
+    }
+  }
+  return static_cast<int>(values.front());
+}
+
+void require(const Graph& g, const Node& n, bool ok, const std::string& what) {
+  if (!ok) {
+    throw InvalidArgument(fmt::format("{}: {}: {}, which mtrain's layers do not offer", prefix(g), n.describe(), what));
+  }
+}
+
+// Input `i` of `n`, which must be an initializer (a weight), or nullptr when left out.
+const Tensor* weight_input(const Graph& g, const Node& n, size_t i) {
+  if (i >= n.inputs.size() || n.inputs[i].empty()) return nullptr;
+  const auto it = g.initializers.find(n.inputs[i]);
+  if (it == g.initializers.end()) {
+    throw InvalidArgument(fmt::format("{}: {}: its input {} ('{}') is computed in the graph; mtrain trains weights "
+                                      "that are initializers",
+                                      prefix(g), n.describe(), i, n.inputs[i]));
+  }
+  return &it->second;
+}
+
+// Note [Graph models keep PyTorch's names]: "conv1.weight" -> "conv1".
+std::string module_name(const Graph& g, const Node& n) {
+  const std::string& weight = n.inputs.at(1);
+  if (weight.rfind("onnx::", 0) == 0) {
+    throw InvalidArgument(fmt::format("{}: {}: its weight '{}' was computed by the export (an eval-mode export folds "
+                                      "each batch norm into the convolution before it), so it is no module's "
+                                      "parameter to train; {}",
+                                      prefix(g), n.describe(), weight, kExportHint));
+  }
+  if (!ends_with(weight, ".weight")) {
+    throw InvalidArgument(fmt::format("{}: {}: its weight '{}' is not named as a PyTorch parameter (MODULE.weight); {}",
+                                      prefix(g), n.describe(), weight, kExportHint));
+  }
+  return weight.substr(0, weight.size() - std::string(".weight").size());
+}
+
+struct Layer {
+  std::unique_ptr<Module> module;
+  std::string name;  // the child's name; empty: OP_INDEX
+};
+
+Layer conv(const Graph& g, const Node& n) {
+  const Tensor* w = weight_input(g, n, 1);
+  require(g, n, w != nullptr && w->ndim() == 4, "a weight that is no 4-D initializer");
+  require(g, n, int_attribute(g, n, "group", 1) == 1, fmt::format("group {}", int_attribute(g, n, "group", 1)));
+  const std::vector<int64_t> dilations = ints_attribute(g, n, "dilations", {1, 1});
+  require(g, n, one_size(g, n, "dilations", dilations) == 1, fmt::format("dilations [{}]", fmt::join(dilations, ", ")));
+  Conv2dOptions o;
+  o.out_channels = w->shape()[0];
+  o.in_channels = w->shape()[1];
+  o.kernel_size = one_size(g, n, "kernel_shape", ints_attribute(g, n, "kernel_shape", {w->shape()[2], w->shape()[3]}));
+  o.stride = one_size(g, n, "strides", ints_attribute(g, n, "strides", {1, 1}));
+  o.padding = one_size(g, n, "pads", ints_attribute(g, n, "pads", {0, 0, 0, 0}));
+  o.bias = weight_input(g, n, 2) != nullptr;
+  return {std::make_unique<Conv2d>(o), module_name(g, n)};
+}
+
+// ONNX's momentum weighs the running statistic (0.9), PyTorch's the batch's (0.1); the
+// float32 attribute is rounded back to the 6 decimals a PyTorch momentum is written with.
+Layer batch_norm(const Graph& g, const Node& n) {
+  // Training mode: opset 14 says so in an attribute; before it, by the running statistics
+  // among the outputs.
+  const bool training = g.opset >= 14 ? int_attribute(g, n, "training_mode", 0) == 1 : n.outputs.size() > 1;
+  if (!training) {
+    throw InvalidArgument(fmt::format("{}: {}: the batch norm was exported in eval mode (it would normalise with its "
+                                      "running statistics only); {}",
+                                      prefix(g), n.describe(), kExportHint));
+  }
+  const Tensor* scale = weight_input(g, n, 1);
+  require(g, n, scale != nullptr && scale->ndim() == 1, "a scale that is no 1-D initializer");
+  for (size_t i = 2; i < 5; ++i) weight_input(g, n, i);
+  const double momentum = std::round((1.0 - float_attribute(g, n, "momentum", 0.9f)) * 1e6) / 1e6;
+  return {std::make_unique<BatchNorm2d>(scale->shape()[0], float_attribute(g, n, "epsilon", 1e-5f), momentum),
+          module_name(g, n)};
+}
+
+Layer gemm(const Graph& g, const Node& n) {
+  const Tensor* w = weight_input(g, n, 1);
+  require(g, n, w != nullptr && w->ndim() == 2, "a weight that is no 2-D initializer");
+  require(g, n, int_attribute(g, n, "transA", 0) == 0 && int_attribute(g, n, "transB", 0) == 1,
+          "transA or no transB (a torch.nn.Linear exports transB=1)");
+  require(g, n, float_attribute(g, n, "alpha", 1) == 1 && float_attribute(g, n, "beta", 1) == 1, "alpha or beta other than 1");
+  return {std::make_unique<Linear>(w->shape()[1], w->shape()[0], weight_input(g, n, 2) != nullptr), module_name(g, n)};
+}
+
+Pool2dOptions window(const Graph& g, const Node& n) {
+  require(g, n, int_attribute(g, n, "ceil_mode", 0) == 0, "ceil_mode 1");
+  const std::vector<int64_t> dilations = ints_attribute(g, n, "dilations", {1, 1});
+  require(g, n, one_size(g, n, "dilations", dilations) == 1, fmt::format("dilations [{}]", fmt::join(dilations, ", ")));
+  Pool2dOptions o;
+  o.kernel_size = one_size(g, n, "kernel_shape", ints_attribute(g, n, "kernel_shape", {}));
+  o.stride = one_size(g, n, "strides", ints_attribute(g, n, "strides", {1, 1}));
+  o.padding = one_size(g, n, "pads", ints_attribute(g, n, "pads", {0, 0, 0, 0}));
+  return o;
+}
+
+Layer max_pool(const Graph& g, const Node& n) {
+  require(g, n, n.outputs.size() == 1 && int_attribute(g, n, "storage_order", 0) == 0, "indices as an output");
+  return {std::make_unique<MaxPool2d>(window(g, n)), ""};
+}
+
+Layer average_pool(const Graph& g, const Node& n) {
+  const Pool2dOptions o = window(g, n);
+  // mtrain's AvgPool2d divides by the whole window, padding included (PyTorch's default).
+  require(g, n, o.padding == 0 || int_attribute(g, n, "count_include_pad", 0) == 1,
+          "padding left out of the average (count_include_pad=False)");
+  return {std::make_unique<AvgPool2d>(o), ""};
+}
+
+Layer flatten(const Graph& g, const Node& n) {
+  require(g, n, int_attribute(g, n, "axis", 1) == 1, fmt::format("axis {}", int_attribute(g, n, "axis", 1)));
+  return {std::make_unique<Flatten>(), ""};
+}
+
+using LayerFactory = std::function<Layer(const Graph&, const Node&)>;
+
+// The operators that become a layer; Add and Identity are the graph's own (GraphModel::Step).
+const std::map<std::string, LayerFactory>& layer_factories() {
+  static const std::map<std::string, LayerFactory> factories = {
+      {"Conv", conv},
+      {"BatchNormalization", batch_norm},
+      {"Gemm", gemm},
+      {"Relu", [](const Graph&, const Node&) { return Layer{std::make_unique<ReLU>(), ""}; }},
+      {"Sigmoid", [](const Graph&, const Node&) { return Layer{std::make_unique<Sigmoid>(), ""}; }},
+      {"MaxPool", max_pool},
+      {"AveragePool", average_pool},
+      {"GlobalAveragePool", [](const Graph&, const Node&) { return Layer{std::make_unique<AdaptiveAvgPool2d>(1), ""}; }},
+      {"Flatten", flatten},
+  };
+  return factories;
+}
+
+// An undefined `into` takes `g` (sharing it: nobody writes a gradient in place), else the sum.
+void accumulate(Tensor& into, const Tensor& g) {
+  if (!g.defined()) return;
+  if (!into.defined()) {
+    into = g;
+    return;
+  }
+  Tensor sum = Tensor::empty(into.shape(), into.dtype(), into.device());
+  ops::add(into, g, sum);
+  into = sum;
+}
+
+}  // namespace
+
+const std::vector<std::string>& supported_operators() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const auto& [name, factory] : layer_factories()) out.push_back(name);
+    out.push_back("Add");
+    out.push_back("Identity");
+    std::sort(out.begin(), out.end());
+    return out;
+  }();
+  return names;
+}
+
+namespace {
+
+// Note [Graph models keep PyTorch's names]: every parameter and buffer from the initializer
+// of its name.
+void set_initial_values(const Graph& g, Module& model) {
+  const auto value_for = [&](const std::string& name, const Shape& shape) -> const Tensor* {
+    const auto it = g.initializers.find(name);
+    if (it == g.initializers.end()) return nullptr;
+    if (it->second.shape() != shape) {
+      throw InvalidArgument(fmt::format("{}: initializer '{}' has shape [{}], but its layer needs [{}]", prefix(g),
+                                        name, fmt::join(it->second.shape(), ", "), fmt::join(shape, ", ")));
+    }
+    return &it->second;
+  };
+  for (NamedParameter& p : model.parameters()) {
+    const Tensor* value = value_for(p.name, p.param->value.shape());
+    if (value == nullptr) {
+      throw InvalidArgument(fmt::format("{}: the graph has no initializer '{}' for its layer's parameter; {}",
+                                        prefix(g), p.name, kExportHint));
+    }
+    p.param->value.copy_(*value);
+  }
+  for (NamedBuffer& b : model.buffers()) {
+    if (const Tensor* value = value_for(b.name, b.buffer->shape())) {
+      b.buffer->copy_(*value);
+    } else if (ends_with(b.name, ".num_batches_tracked")) {
+      b.buffer->zero_();  // the export drops it
+    } else {
+      throw InvalidArgument(fmt::format("{}: the graph has no initializer '{}' for its layer's buffer; {}", prefix(g),
+                                        b.name, kExportHint));
+    }
+  }
+}
+
+}  // namespace
+
+GraphModel::GraphModel(const Graph& g) {
+  std::map<std::string, int> ids;
+  std::map<std::string, std::string> statistics_of;  // a batch norm's running-statistic outputs
+  const auto new_value = [&](const std::string& name) { return ids[name] = num_values_++; };
+  const auto value_of = [&](const Node& n, size_t i) {
+    const std::string& name = n.inputs.at(i);
+    if (const auto it = ids.find(name); it != ids.end()) return it->second;
+    if (g.initializers.count(name)) {
+      throw InvalidArgument(fmt::format("{}: {}: its input {} ('{}') is a constant; mtrain's graphs compute there",
+                                        prefix(g), n.describe(), i, name));
+    }
+    if (const auto it = statistics_of.find(name); it != statistics_of.end()) {
+      throw InvalidArgument(fmt::format("{}: {}: it reads the running statistics {} updates", prefix(g), n.describe(),
+                                        it->second));
+    }
+    throw InvalidArgument(fmt::format("{}: {}: its input '{}' is computed by no node before it", prefix(g),
+                                      n.describe(), name));
+  };
+  input_ = new_value(g.input);
+  std::set<std::string> names;
+  for (const Node& n : g.nodes) {
+    if (n.op_type == "Identity") {
+      ids[n.outputs.at(0)] = value_of(n, 0);
+      continue;
+    }
+    Step s;
+    s.node = n.describe();
+    if (n.op_type == "Add") {
+      s.kind = Step::Kind::kAdd;
+      s.inputs = {value_of(n, 0), value_of(n, 1)};
+    } else {
+      const auto factory = layer_factories().find(n.op_type);
+      if (factory == layer_factories().end()) {
+        throw InvalidArgument(fmt::format("{}: {}: operator {} is not supported; mtrain trains graphs of {}",
+                                          prefix(g), n.describe(), n.op_type, fmt::join(supported_operators(), ", ")));
+      }
+      Layer layer = factory->second(g, n);
+      const std::string name = layer.name.empty() ? fmt::format("{}_{}", n.op_type, n.index) : layer.name;
+      if (!names.insert(name).second) {
+        throw InvalidArgument(fmt::format("{}: {}: module {}'s weights are used by a second node; mtrain trains each "
+                                          "weight in one layer",
+                                          prefix(g), n.describe(), name));
+      }
+      s.inputs = {value_of(n, 0)};
+      s.child = register_module(name, std::move(layer.module));
+      for (size_t i = 1; i < n.outputs.size(); ++i) statistics_of[n.outputs[i]] = n.describe();
+    }
+    s.output = new_value(n.outputs.at(0));
+    steps_.push_back(std::move(s));
+  }
+  const auto out = ids.find(g.output);
+  if (out == ids.end()) {
+    throw InvalidArgument(fmt::format("{}: the graph's output '{}' is computed by no node", prefix(g), g.output));
+  }
+  output_ = out->second;
+  // Every layer must reach the output: one that does not would never see a gradient, and the
+  // reducer would wait for its parameters forever.
+  std::vector<bool> needed(static_cast<size_t>(num_values_), false);
+  needed[static_cast<size_t>(output_)] = true;
+  for (auto it = steps_.rbegin(); it != steps_.rend(); ++it) {
+    if (!needed[static_cast<size_t>(it->output)]) {
+      throw InvalidArgument(fmt::format("{}: {} does not contribute to the graph's output; export the module "
+                                        "without its unused branches",
+                                        prefix(g), it->node));
+    }
+    for (int in : it->inputs) needed[static_cast<size_t>(in)] = true;
+  }
+  if (g.input_shape.size() != 4) {
+    throw InvalidArgument(fmt::format("{}: the graph's input '{}' has {} dimensions; mtrain feeds images [N, C, H, W]",
+                                      prefix(g), g.input, g.input_shape.size()));
+  }
+  image_shape_.assign(g.input_shape.begin() + 1, g.input_shape.end());
+  set_initial_values(g, *this);
+}
+
+Tensor GraphModel::forward(const Tensor& x) {
+  std::vector<Tensor> values(static_cast<size_t>(num_values_));
+  values[static_cast<size_t>(input_)] = x;
+  for (const Step& s : steps_) {
+    Tensor& out = values[static_cast<size_t>(s.output)];
+    if (s.kind == Step::Kind::kLayer) {
+      out = child(s.child).forward(values[static_cast<size_t>(s.inputs[0])]);
+      continue;
+    }
+    const Tensor& a = values[static_cast<size_t>(s.inputs[0])];
+    const Tensor& b = values[static_cast<size_t>(s.inputs[1])];
+    if (a.shape() != b.shape()) {
+      throw InvalidArgument(fmt::format("{}: adds [{}] and [{}]; mtrain adds values of one shape (no broadcasting)",
+                                        s.node, fmt::join(a.shape(), ", "), fmt::join(b.shape(), ", ")));
+    }
+    out = Tensor::empty(a.shape(), a.dtype(), a.device());
+    ops::add(a, b, out);
+  }
+  return values[static_cast<size_t>(output_)];
+}
+
+Tensor GraphModel::backward(const Tensor& dy) {
+  std::vector<Tensor> grads(static_cast<size_t>(num_values_));
+  grads[static_cast<size_t>(output_)] = dy;
+  for (auto it = steps_.rbegin(); it != steps_.rend(); ++it) {
+    Tensor g = std::move(grads[static_cast<size_t>(it->output)]);
+    MTRAIN_CHECK(g.defined(), "GraphModel: {} has no gradient in backward", it->node);
+    if (it->kind == Step::Kind::kLayer) {
+      accumulate(grads[static_cast<size_t>(it->inputs[0])], child(it->child).backward(g));
+    } else {
+      for (int in : it->inputs) accumulate(grads[static_cast<size_t>(in)], g);
+    }
+  }
+  return grads[static_cast<size_t>(input_)];
+}
+
+void GraphModel::set_input_grad_needed(bool needed) {
+  Module::set_input_grad_needed(needed);
+  for (const Step& s : steps_) {
+    if (s.kind == Step::Kind::kLayer && s.inputs[0] == input_) child(s.child).set_input_grad_needed(needed);
+  }
+}
+
+std::unique_ptr<GraphModel> load_graph_model(const std::string& path, int64_t channels, int64_t height,
+                                             int64_t width, int64_t num_classes) {
+  const Graph graph = read_graph(path);
+  auto model = std::make_unique<GraphModel>(graph);
+  const std::vector<int64_t> image{channels, height, width};
+  for (size_t i = 0; i < 3; ++i) {
+    if (model->image_shape()[i] > 0 && model->image_shape()[i] != image[i]) {
+      throw InvalidArgument(fmt::format("--model {}: the graph takes images {} but the dataset's are {}x{}x{}; export "
+                                        "it with an input of the dataset's shape (or use --resize)",
+                                        path, fmt::join(model->image_shape(), "x"), channels, height, width));
+    }
+  }
+  // One image through the graph in eval mode (the running statistics stay as they are)
+  // finds layers that do not fit each other or the classes now, not at the first step.
+  model->eval();
+  Tensor logits;
+  try {
+    logits = model->forward(Tensor::zeros({1, channels, height, width}));
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("--model {} on {}x{}x{} images: {}", path, channels, height, width, e.what()));
+  }
+  model->train();
+  if (logits.shape() != Shape{1, num_classes}) {
+    throw InvalidArgument(fmt::format("--model {}: the graph's output is [{}] for one image, but the dataset has {} "
+                                      "classes: expected [1, {}]",
+                                      path, fmt::join(logits.shape(), ", "), num_classes, num_classes));
+  }
+  return model;
+}
+
+}  // namespace mtrain::models::onnx

@@ -1,0 +1,65 @@
+// A model read from an ONNX file (--model FILE.onnx): a network PyTorch exported in training
+// mode, trained by mtrain. Every node becomes one of mtrain's layers (a child module, so
+// SyncBatchNorm, --amp, the reducer's hooks and checkpoints see it as they see a built-in
+// model's), run forward in the graph's topological order and backward in reverse, each
+// value's gradient summed over the nodes that read it. Parameters and buffers carry the
+// graph's initializer names, which are the exported module's state_dict names, and start
+// with the initializers' values (Note [Graph models keep PyTorch's names] in graph_model.cpp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/module.h"
+
+namespace mtrain::models::onnx {
+
+struct Graph;
+
+// The ONNX operators a graph model maps onto layers, for messages.
+const std::vector<std::string>& supported_operators();
+
+class GraphModel : public Module {
+ public:
+  // Builds the layers of `graph`, with their initial values (InvalidArgument as
+  // load_graph_model says).
+  explicit GraphModel(const Graph& graph);
+
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  void set_input_grad_needed(bool needed) override;
+  std::string type_name() const override { return "GraphModel"; }
+
+  // The image shape the graph was exported for, [C, H, W], -1 where left free.
+  const std::vector<int64_t>& image_shape() const { return image_shape_; }
+
+  // One node at run time: a layer (a child) or an addition of two values.
+  struct Step {
+    enum class Kind { kLayer, kAdd };
+    Kind kind = Kind::kLayer;
+    size_t child = 0;             // kLayer: its slot
+    std::vector<int> inputs;      // value ids (one for a layer, two for an addition)
+    int output = 0;
+    std::string node;             // the ONNX node, for messages
+  };
+
+ private:
+  std::vector<Step> steps_;
+  int num_values_ = 0;
+  int input_ = 0;   // value ids of the graph's input and output
+  int output_ = 0;
+  std::vector<int64_t> image_shape_;
+  std::vector<Tensor> values_;  // the last forward's, released by backward
+};
+
+// Reads `path` (onnx_graph.h) and builds its model for images of `channels` x `height` x
+// `width` and `num_classes` classes. Throws IoError for a file that is no ONNX model and
+// InvalidArgument, naming the node, for an operator outside supported_operators() (listing
+// them), an attribute no mtrain layer has, a graph exported in eval mode (saying how to
+// export it), or a graph whose input or output does not fit the data (naming both shapes).
+std::unique_ptr<GraphModel> load_graph_model(const std::string& path, int64_t channels, int64_t height,
+                                             int64_t width, int64_t num_classes);
+
+}  // namespace mtrain::models::onnx

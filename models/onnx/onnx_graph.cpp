@@ -1,0 +1,152 @@
+#include "models/onnx/onnx_graph.h"
+
+#include <fmt/format.h>
+#include <onnx/checker.h>
+#include <onnx/onnx_pb.h>
+
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "core/error.h"
+
+namespace mtrain::models::onnx {
+
+namespace {
+
+namespace pb = ::ONNX_NAMESPACE;
+
+pb::ModelProto parse_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(fmt::format("--model {}: cannot open the file: {}", path, std::strerror(errno)));
+  pb::ModelProto model;
+  // A file of another kind rarely parses; when it does, it has no graph.
+  if (!model.ParseFromIstream(&in) || !model.has_graph() || model.graph().node_size() == 0) {
+    throw IoError(fmt::format("--model {}: not an ONNX model (expected an ONNX ModelProto with a graph, as "
+                              "torch.onnx.export writes)",
+                              path));
+  }
+  return model;
+}
+
+int64_t default_opset(const pb::ModelProto& model) {
+  for (const auto& o : model.opset_import()) {
+    if (o.domain().empty() || o.domain() == "ai.onnx") return o.version();
+  }
+  return 0;
+}
+
+Attribute read_attribute(const pb::AttributeProto& a) {
+  Attribute out;
+  switch (a.type()) {
+    case pb::AttributeProto::INT:
+      out.kind = Attribute::Kind::kInt;
+      out.i = a.i();
+      break;
+    case pb::AttributeProto::INTS:
+      out.kind = Attribute::Kind::kInts;
+      out.ints.assign(a.ints().begin(), a.ints().end());
+      break;
+    case pb::AttributeProto::FLOAT:
+      out.kind = Attribute::Kind::kFloat;
+      out.f = a.f();
+      break;
+    case pb::AttributeProto::FLOATS:
+      out.kind = Attribute::Kind::kFloats;
+      out.floats.assign(a.floats().begin(), a.floats().end());
+      break;
+    default:
+      break;  // tensors, graphs, strings: no operator mtrain maps reads them
+  }
+  return out;
+}
+
+Tensor read_initializer(const std::string& path, const pb::TensorProto& t) {
+  if (t.data_location() == pb::TensorProto::EXTERNAL) {
+    throw InvalidArgument(fmt::format("--model {}: initializer '{}' keeps its data in another file (ONNX external "
+                                      "data); export the model in one file",
+                                      path, t.name()));
+  }
+  if (t.data_type() != pb::TensorProto::FLOAT) {
+    throw InvalidArgument(fmt::format("--model {}: initializer '{}' is {}, expected float32 (export the module "
+                                      "in float32)",
+                                      path, t.name(), pb::TensorProto_DataType_Name(t.data_type())));
+  }
+  Shape shape(t.dims().begin(), t.dims().end());
+  Tensor out = Tensor::empty(shape, DType::Float32);
+  const size_t count = static_cast<size_t>(out.numel());
+  if (t.has_raw_data()) {
+    if (t.raw_data().size() != count * sizeof(float)) {
+      throw IoError(fmt::format("--model {}: initializer '{}' holds {} bytes, expected {} for its shape", path,
+                                t.name(), t.raw_data().size(), count * sizeof(float)));
+    }
+    std::memcpy(out.data<float>(), t.raw_data().data(), count * sizeof(float));  // little-endian, as ONNX
+  } else {
+    if (static_cast<size_t>(t.float_data_size()) != count) {
+      throw IoError(fmt::format("--model {}: initializer '{}' holds {} values, expected {} for its shape", path,
+                                t.name(), t.float_data_size(), count));
+    }
+    std::copy(t.float_data().begin(), t.float_data().end(), out.data<float>());
+  }
+  return out;
+}
+
+std::vector<int64_t> dims_of(const pb::ValueInfoProto& v) {
+  std::vector<int64_t> dims;
+  if (!v.type().has_tensor_type() || !v.type().tensor_type().has_shape()) return dims;
+  for (const auto& d : v.type().tensor_type().shape().dim()) dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+  return dims;
+}
+
+}  // namespace
+
+std::string Node::describe() const {
+  return name.empty() ? fmt::format("node {} ({})", index, op_type)
+                      : fmt::format("node {} ({} '{}')", index, op_type, name);
+}
+
+Graph read_graph(const std::string& path) {
+  const pb::ModelProto model = parse_file(path);
+  try {
+    pb::checker::check_model(model);
+  } catch (const std::exception& e) {
+    throw IoError(fmt::format("--model {}: ONNX's checker refuses the model: {}", path, e.what()));
+  }
+  Graph g;
+  g.path = path;
+  g.opset = default_opset(model);
+  g.producer = fmt::format("{} {}", model.producer_name(), model.producer_version());
+  if (g.opset < kMinOpset || g.opset > kMaxOpset) {
+    throw InvalidArgument(fmt::format("--model {}: opset {} (written by {}), but mtrain reads opsets {} to {}: export "
+                                      "with opset_version={}",
+                                      path, g.opset, g.producer, kMinOpset, kMaxOpset, 14));
+  }
+  const pb::GraphProto& graph = model.graph();
+  for (const auto& t : graph.initializer()) g.initializers.emplace(t.name(), read_initializer(path, t));
+  std::vector<const pb::ValueInfoProto*> inputs;
+  for (const auto& v : graph.input()) {
+    if (!g.initializers.count(v.name())) inputs.push_back(&v);
+  }
+  if (inputs.size() != 1 || graph.output_size() != 1) {
+    throw InvalidArgument(fmt::format("--model {}: the graph has {} inputs and {} outputs besides its weights; mtrain "
+                                      "trains a graph of one image input and one output (the logits)",
+                                      path, inputs.size(), graph.output_size()));
+  }
+  g.input = inputs.front()->name();
+  g.input_shape = dims_of(*inputs.front());
+  g.output = graph.output(0).name();
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const pb::NodeProto& n = graph.node(i);
+    Node node;
+    node.index = i;
+    node.name = n.name();
+    node.op_type = n.domain().empty() || n.domain() == "ai.onnx" ? n.op_type() : n.domain() + "." + n.op_type();
+    node.inputs.assign(n.input().begin(), n.input().end());
+    node.outputs.assign(n.output().begin(), n.output().end());
+    for (const auto& a : n.attribute()) node.attributes.emplace(a.name(), read_attribute(a));
+    g.nodes.push_back(std::move(node));
+  }
+  return g;
+}
+
+}  // namespace mtrain::models::onnx

@@ -1,0 +1,58 @@
+// An ONNX file read and checked (ONNX's checker), as plain data: the nodes in the file's
+// topological order, each initializer as a float32 host tensor, the one image input and the
+// one output. Only onnx_graph.cpp includes ONNX's and protobuf's headers. What the nodes mean
+// to mtrain is graph_model.cpp's business.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace mtrain::models::onnx {
+
+struct Attribute {
+  enum class Kind { kInt, kInts, kFloat, kFloats, kOther };
+  Kind kind = Kind::kOther;
+  int64_t i = 0;
+  float f = 0;
+  std::vector<int64_t> ints;
+  std::vector<float> floats;
+};
+
+struct Node {
+  int index = 0;        // position in the graph
+  std::string name;     // may be empty
+  std::string op_type;  // "Conv", "Relu", ...
+  std::vector<std::string> inputs;   // "" marks an optional input left out
+  std::vector<std::string> outputs;
+  std::map<std::string, Attribute> attributes;
+
+  // "node 3 (Conv '/conv1/Conv')", for messages.
+  std::string describe() const;
+};
+
+struct Graph {
+  std::string path;
+  int64_t opset = 0;          // of the default ("ai.onnx") domain
+  std::string producer;       // "pytorch 1.13.0", for messages
+  std::string input;          // the graph input that is not an initializer
+  std::vector<int64_t> input_shape;  // its dimensions; -1 where symbolic or unknown
+  std::string output;         // the graph's one output
+  std::vector<Node> nodes;    // topologically sorted (the checker requires it)
+  std::map<std::string, Tensor> initializers;  // float32, host
+};
+
+// The opsets graph_model knows the operators of: PyTorch 1.13 exports 14 by default.
+constexpr int64_t kMinOpset = 9;
+constexpr int64_t kMaxOpset = 17;
+
+// Reads and checks `path`. Throws IoError for a file that cannot be read or is no ONNX model
+// (naming what was found), and InvalidArgument for a model mtrain cannot train as a graph:
+// an opset outside [kMinOpset, kMaxOpset], other than one input and one output, an
+// initializer that is not float32 or keeps its data in another file.
+Graph read_graph(const std::string& path);
+
+}  // namespace mtrain::models::onnx

@@ -1,0 +1,215 @@
+"""--model FILE.onnx against PyTorch: networks exported by torch.onnx.export, trained by mtrain.
+
+  /usr/bin/python3 test_onnx_models.py PROJECT_ROOT BIN_DIR
+
+For a small network built here (residual add, batch norms, a convolution without bias,
+max and global average pooling, a linear layer) and for torchvision's resnet18 with a
+one-channel stem, both exported in training mode from random weights:
+1. mtrain-train starts from the graph's initializers: --max-steps 0 --save-final writes the
+   module's state_dict, names and values, and it loads into the module with
+   load_state_dict(strict=True).
+2. One SGD step (lr 1, no momentum) on the same 8 images: every gradient (initial minus
+   final weight) matches PyTorch's float64 gradient as closely as PyTorch's own float32
+   gradient does, within FACTOR (the float64 check of scripts/check_gradients_torch.py),
+   and the batch norms' running statistics match.
+3. 2 ranks x 4 images with --sync-bn train the weights 1 rank x 8 images trains.
+4. Bad files are one clear error, before any training: not ONNX, an operator mtrain has no
+   layer for, an eval-mode export (batch norms folded), an input shape the data does not fit.
+Exit status 77 (skipped) where this python3 lacks torch, torchvision or onnx.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import numpy as np
+    import onnx  # noqa: F401  (torch.onnx.export needs it to check what it writes)
+    import torch
+    import torchvision
+except ImportError as e:
+    print(f"skipped: {sys.executable} cannot import {e.name}")
+    sys.exit(77)
+
+root, bin_dir = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(root, "scripts"))
+import check_gradients_torch as check  # noqa: E402
+
+trainer = os.path.join(bin_dir, "mtrain-train")
+launcher = os.path.join(bin_dir, "mtrain-launch")
+FACTOR, FLOOR = 10.0, 1e-5
+BATCH = 8
+failures = []
+
+
+def expect(condition, what):
+    print(("ok: " if condition else "FAILED: ") + what, flush=True)
+    if not condition:
+        failures.append(what)
+
+
+class SmallNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 8, 3, padding=1)
+        self.bn1 = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = torch.relu(self.bn2(self.conv2(y)) + y)
+        y = torch.nn.functional.max_pool2d(y, 2)
+        y = torch.nn.functional.adaptive_avg_pool2d(y, 1)
+        return self.fc(torch.flatten(y, 1))
+
+
+def resnet18():
+    m = torchvision.models.resnet18(num_classes=10)
+    m.conv1 = torch.nn.Conv2d(1, 64, 7, 2, 3, bias=False)  # Fashion-MNIST is one channel
+    return m
+
+
+def export(model, path, shape=(2, 1, 28, 28), training=True):
+    mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
+    torch.onnx.export(model, torch.randn(*shape), path, training=mode, do_constant_folding=not training)
+
+
+def run(args):
+    return subprocess.run(args, capture_output=True, text=True)
+
+
+def weights(path):
+    return {k: torch.from_numpy(v.copy()) for k, v in check.load_file(path).items()}
+
+
+def compare_step(name, build, work, slice_dir):
+    torch.manual_seed(11)
+    module = build().train()
+    graph = os.path.join(work, f"{name}.onnx")
+    export(module, graph)
+    # The export's training-mode forward moved the running statistics, and the graph holds
+    # them as they are after it; num_batches_tracked it leaves out (mtrain starts it at 0).
+    state = {k: v.clone() for k, v in module.state_dict().items()}
+    common = [trainer, "--model", graph, "--data-dir", slice_dir, "--batch-size", str(BATCH), "--lr", "1",
+              "--momentum", "0", "--no-eval", "--no-shuffle", "--threads", "2", "--log-level", "warn"]
+
+    start = os.path.join(work, f"{name}-start.safetensors")
+    r = run(common + ["--max-steps", "0", "--save-final", start])
+    expect(r.returncode == 0, f"{name}: --max-steps 0 runs ({r.stderr.strip()[-300:]})")
+    if r.returncode != 0:
+        return
+    initial = weights(start)
+    expect(set(initial) == set(state), f"{name}: the saved names are the state_dict's "
+           f"(missing {sorted(set(state) - set(initial))[:3]}, extra {sorted(set(initial) - set(state))[:3]})")
+    counters = [k for k in state if k.endswith("num_batches_tracked")]
+    expect(all(torch.equal(initial[k], state[k]) for k in state if k in initial and k not in counters),
+           f"{name}: the saved values are the module's own")
+    expect(all(int(initial[k]) == 0 for k in counters if k in initial), f"{name}: num_batches_tracked starts at 0")
+    for k in counters:
+        state[k].zero_()
+    try:
+        build().load_state_dict(initial, strict=True)
+        expect(True, f"{name}: the saved file loads into the module with load_state_dict(strict=True)")
+    except RuntimeError as e:
+        expect(False, f"{name}: load_state_dict: {e}")
+
+    final_path = os.path.join(work, f"{name}-step.safetensors")
+    r = run(common + ["--max-steps", "1", "--save-final", final_path])
+    expect(r.returncode == 0, f"{name}: one step runs ({r.stderr.strip()[-300:]})")
+    if r.returncode != 0:
+        return
+    final = weights(final_path)
+    images = check.read_idx(os.path.join(slice_dir, "train-images-idx3-ubyte"))
+    labels = torch.from_numpy(check.read_idx(os.path.join(slice_dir, "train-labels-idx1-ubyte")).astype(np.int64))
+    x = torch.from_numpy((images.astype(np.float32) / np.float32(255))[:, None])
+
+    def gradients(dtype):
+        m = build().to(dtype).train()
+        m.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()})
+        torch.nn.functional.cross_entropy(m(x.to(dtype)), labels).backward()
+        return {n: p.grad.double() for n, p in m.named_parameters()}, m
+
+    truth, reference = gradients(torch.float64)
+    own, _ = gradients(torch.float32)
+    worst = []
+    for n, g in truth.items():
+        scale = max(float(g.abs().max()), 1e-30)
+        mine = (state[n].double() - final[n].double())  # lr 1, no momentum: the gradient
+        err = float((mine - g).abs().max()) / scale
+        torch_err = float((own[n] - g).abs().max()) / scale
+        worst.append((err / max(torch_err, FLOOR), n, err, torch_err))
+    ratio, n, err, torch_err = max(worst)
+    expect(ratio <= FACTOR, f"{name}: every gradient of {len(worst)} within {FACTOR:g}x PyTorch float32's error "
+           f"of the float64 gradient (worst {n}: {err:.2e} against {torch_err:.2e})")
+    stats = [k for k in state if k.endswith("running_mean") or k.endswith("running_var")]
+    ref_state = reference.state_dict()
+    stat_err = max(float((final[k].double() - ref_state[k]).abs().max()) for k in stats)
+    expect(stat_err < 1e-5, f"{name}: the running statistics of {len(stats)} buffers follow PyTorch's "
+           f"(largest difference {stat_err:.1e})")
+    return graph
+
+
+def compare_ranks(graph, work, slice_dir):
+    common = ["--model", graph, "--data-dir", slice_dir, "--lr", "0.5", "--momentum", "0.9", "--no-eval",
+              "--no-shuffle", "--threads", "1", "--log-level", "warn", "--max-steps", "3", "--sync-bn"]
+    one = os.path.join(work, "one.safetensors")
+    two = os.path.join(work, "two.safetensors")
+    r1 = run([trainer] + common + ["--batch-size", str(BATCH), "--save-final", one])
+    r2 = run([launcher, "--nproc_per_node=2", trainer] + common + ["--batch-size", str(BATCH // 2), "--save-final", two])
+    expect(r1.returncode == 0 and r2.returncode == 0,
+           f"small: 1 rank and 2 ranks train ({(r1.stderr + r2.stderr).strip()[-400:]})")
+    if r1.returncode or r2.returncode:
+        return
+    a, b = weights(one), weights(two)
+    diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+    expect(diff < 1e-5, f"small: 2 ranks x {BATCH // 2} images with --sync-bn train 1 rank x {BATCH}'s weights "
+           f"(largest difference {diff:.1e} after 3 steps)")
+
+
+def bad_files(work, slice_dir):
+    def refused(graph, fragments, what):
+        r = run([trainer, "--model", graph, "--data-dir", slice_dir, "--max-steps", "1", "--log-level", "warn"])
+        ok = r.returncode != 0 and all(f in r.stderr for f in fragments) and "epoch" not in r.stderr + r.stdout
+        expect(ok, f"{what}: exit {r.returncode}, one clear error ({r.stderr.strip()[-300:]})")
+
+    text = os.path.join(work, "notes.onnx")
+    with open(text, "w") as f:
+        f.write("these are not the weights you are looking for\n")
+    refused(text, ["notes.onnx", "not an ONNX model"], "a text file")
+
+    class Softplus(SmallNet):
+        def forward(self, x):
+            return torch.nn.functional.softplus(super().forward(x))
+    unsupported = os.path.join(work, "softplus.onnx")
+    export(Softplus(), unsupported)
+    refused(unsupported, ["operator Softplus is not supported", "Conv", "BatchNormalization"], "an unknown operator")
+
+    folded = os.path.join(work, "eval.onnx")
+    export(SmallNet().eval(), folded, training=False)
+    refused(folded, ["eval-mode export", "TrainingMode.TRAINING"], "an eval-mode export")
+
+    rgb = os.path.join(work, "rgb.onnx")
+    net = SmallNet()
+    net.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+    export(net, rgb, shape=(2, 3, 32, 32))
+    refused(rgb, ["takes images 3x32x32", "1x28x28"], "an input of another shape")
+
+
+def main():
+    torch.set_num_threads(2)
+    with tempfile.TemporaryDirectory() as work:
+        slice_dir = os.path.join(work, "slice")
+        check.write_slice(os.path.join(root, "data/fashion-mnist-mini"), slice_dir, BATCH)
+        small = compare_step("small", SmallNet, work, slice_dir)
+        compare_step("resnet18", resnet18, work, slice_dir)
+        if small:
+            compare_ranks(small, work, slice_dir)
+        bad_files(work, slice_dir)
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        sys.exit(1)
+
+
+main()
