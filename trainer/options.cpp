@@ -511,6 +511,7 @@ std::vector<TrainFlag> train_flags(const TrainChoices& choices) {
 
   // Rank 0 writes the file and every rank learns the outcome in a collective.
   add(path("save-final", output, "write every parameter and buffer to this safetensors file at the end", &O::save_final));
+  add(path("save-onnx", output, "with --model FILE.onnx: write the trained graph (the same nodes, every initializer holding its trained value) to this ONNX file at the end", &O::save_onnx));
   add(path("checkpoint-dir", output, "keep checkpoints (model, momentum, position) in DIR: the latest, DIR/checkpoint.safetensors, and the one before, DIR/checkpoint.previous.safetensors; resume from the latest that passes its checks", &O::checkpoint_dir));
   add(shown_default(integer("checkpoint-every", output, "also checkpoint every N optimizer steps (checkpoints are always written at the end of each epoch and when a stop signal arrives)", &O::checkpoint_every, 0, kMax)));
   // Written, or drawn, by rank 0 alone.
@@ -660,6 +661,11 @@ void validate_with(const std::vector<TrainFlag>& flags, const TrainOptions& o) {
     if (f.check) f.check(o, "--" + f.name);
   }
   data::require_folder_options_apply(o.dataset, image_folder_options(o));
+  if (!o.save_onnx.empty() && !models::is_onnx_file(o.model)) {
+    throw InvalidArgument(fmt::format("--save-onnx {} writes back the graph of an ONNX --model, but the model is {}; "
+                                      "use --save-final for its weights",
+                                      o.save_onnx, o.model));
+  }
   if (o.channels_last && models::is_onnx_file(o.model)) {
     throw InvalidArgument(fmt::format("--channels-last: a model from an ONNX file ({}) runs [N, C, H, W] only; leave "
                                       "the flag out",

@@ -89,6 +89,7 @@ struct TrainOptions {
   Given<ImageSize> resize{"off", {}};   // imagefolder: off | HxW | N (NxN), see parse_resize
   std::string init_from;                // safetensors to start from; empty = fresh init
   std::string save_final;               // safetensors to write at the end; empty = none
+  std::string save_onnx;                // with an ONNX --model: the trained graph at the end; empty = none
   std::string metrics;                  // JSON lines file; empty = none
   std::string plot;                     // training curves redrawn after each epoch (.png/.svg); empty = none
   bool eval = true;

@@ -8,6 +8,8 @@
 #include "core/error.h"
 #include "core/trace.h"
 #include "data/data_source.h"
+#include "core/files.h"
+#include "models/onnx/onnx_graph.h"
 #include "models/sync_batchnorm.h"
 #include "models/zoo.h"
 #include "tensor/cuda_memory.h"
@@ -265,23 +267,29 @@ void report_memory(const TrainingRun& run) {
   }
 }
 
-// Rank 0 writes; every rank learns how that went instead of waiting for it in the
-// final barrier until the timeout.
+// --save-final and --save-onnx: rank 0 writes; every rank learns how that went instead of
+// waiting for it in the final barrier until the timeout.
 void save_final_weights(const TrainOptions& o, const TrainingRun& run, int64_t steps) {
-  if (o.save_final.empty()) return;
+  if (o.save_final.empty() && o.save_onnx.empty()) return;
   std::exception_ptr failure;
   if (run.lead()) {
     try {
-      SafetensorsMetadata metadata = {{kWeightsModelKey, o.model},
-                                      {"mtrain.dataset", o.dataset},
-                                      {"mtrain.steps", std::to_string(steps)},
-                                      {"mtrain.seed", std::to_string(o.seed)},
-                                      {"mtrain.init", o.init_from.empty() ? o.init.text : "file"}};
-      // An image folder's class names, by label, as a JSON list: what each output means.
-      const auto& classes = run.train_set->class_names();
-      if (!classes.empty()) metadata["mtrain.classes"] = nlohmann::json(classes).dump();
-      save_model_weights_or_keep(o.save_final, *run.model, metadata);
-      spdlog::info("saved final weights ({} steps) to {}", steps, o.save_final);
+      if (!o.save_final.empty()) {
+        SafetensorsMetadata metadata = {{kWeightsModelKey, o.model},
+                                        {"mtrain.dataset", o.dataset},
+                                        {"mtrain.steps", std::to_string(steps)},
+                                        {"mtrain.seed", std::to_string(o.seed)},
+                                        {"mtrain.init", o.init_from.empty() ? o.init.text : "file"}};
+        // An image folder's class names, by label, as a JSON list: what each output means.
+        const auto& classes = run.train_set->class_names();
+        if (!classes.empty()) metadata["mtrain.classes"] = nlohmann::json(classes).dump();
+        save_model_weights_or_keep(o.save_final, *run.model, metadata);
+        spdlog::info("saved final weights ({} steps) to {}", steps, o.save_final);
+      }
+      if (!o.save_onnx.empty()) {
+        replace_file(o.save_onnx, models::onnx::with_initializers(o.model, on_host(model_state(*run.model))));
+        spdlog::info("saved the trained graph ({} steps) to {}", steps, o.save_onnx);
+      }
     } catch (...) {
       failure = std::current_exception();
     }

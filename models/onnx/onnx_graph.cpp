@@ -105,6 +105,31 @@ std::string Node::describe() const {
                       : fmt::format("node {} ({} '{}')", index, op_type, name);
 }
 
+std::string with_initializers(const std::string& source,
+                              const std::vector<std::pair<std::string, Tensor>>& values) {
+  pb::ModelProto model = parse_file(source);
+  std::map<std::string, pb::TensorProto*> initializers;
+  for (pb::TensorProto& t : *model.mutable_graph()->mutable_initializer()) initializers[t.name()] = &t;
+  for (const auto& [name, value] : values) {
+    const auto it = initializers.find(name);
+    if (it == initializers.end()) continue;
+    pb::TensorProto& t = *it->second;
+    const Shape shape(t.dims().begin(), t.dims().end());
+    if (shape != value.shape() || value.dtype() != DType::Float32 || !value.device().is_cpu()) {
+      throw InvalidArgument(fmt::format("{}: initializer '{}' is float32 [{}], found {} [{}] on {} to write", source,
+                                        name, fmt::join(shape, ", "), dtype_name(value.dtype()),
+                                        fmt::join(value.shape(), ", "), value.device().str()));
+    }
+    t.clear_float_data();
+    t.set_raw_data(value.data<float>(), static_cast<size_t>(value.numel()) * sizeof(float));
+  }
+  std::string bytes;
+  if (!model.SerializeToString(&bytes)) {
+    throw IoError(fmt::format("{}: the graph with its trained initializers could not be serialised", source));
+  }
+  return bytes;
+}
+
 Graph read_graph(const std::string& path) {
   const pb::ModelProto model = parse_file(path);
   try {

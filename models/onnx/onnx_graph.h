@@ -49,6 +49,14 @@ struct Graph {
 constexpr int64_t kMinOpset = 9;
 constexpr int64_t kMaxOpset = 17;
 
+// The ONNX file at `source` with the initializers named in `values` (host float32 tensors of
+// the initializers' shapes) holding those values instead, serialised: the same graph with
+// trained weights. Values the graph has no initializer for are left out (a batch norm's
+// num_batches_tracked, which the export drops). Throws IoError for a source that cannot be
+// read and InvalidArgument for a value of another shape or type than its initializer.
+std::string with_initializers(const std::string& source,
+                              const std::vector<std::pair<std::string, Tensor>>& values);
+
 // Reads and checks `path`. Throws IoError for a file that cannot be read or is no ONNX model
 // (naming what was found), and InvalidArgument for a model mtrain cannot train as a graph:
 // an opset outside [kMinOpset, kMaxOpset], other than one input and one output, an

@@ -83,6 +83,7 @@ std::shared_ptr<data::DataLoader> make_loader(std::shared_ptr<const data::Datase
 // that cannot be looked at counts as absent here; Checkpointer::resume names it.)
 void open_outputs(const TrainOptions& o, TrainingRun& run, StartupStop& startup) {
   check_output_file("--save-final", o.save_final);
+  check_output_file("--save-onnx", o.save_onnx);
   check_output_file("--metrics", o.metrics);
   check_output_file("--plot", o.plot);
   if (!o.plot.empty()) plot::check_chart_path(o.plot, "--plot");
@@ -294,10 +295,10 @@ void check_room_for_outputs(const TrainOptions& o, const TrainingRun& run) {
                                           flag, place, dir, static_cast<double>(available) / (1 << 20), what,
                                           static_cast<double>(need) / (1 << 20)));
       };
-      if (!o.save_final.empty()) {
-        const std::filesystem::path parent = std::filesystem::path(o.save_final).parent_path();
-        require("--save-final", o.save_final, parent.empty() ? "." : parent.string(), "the final weights",
-                weights + kSpare);
+      for (const auto& [flag, file] : {std::pair{"--save-final", &o.save_final}, {"--save-onnx", &o.save_onnx}}) {
+        if (file->empty()) continue;
+        const std::filesystem::path parent = std::filesystem::path(*file).parent_path();
+        require(flag, *file, parent.empty() ? "." : parent.string(), "the final weights", weights + kSpare);
       }
       if (!o.checkpoint_dir.empty()) {
         const uint64_t momentum = o.momentum > 0 ? parameters : 0;

@@ -12,7 +12,8 @@ one-channel stem, both exported in training mode from random weights:
    final weight) matches PyTorch's float64 gradient as closely as PyTorch's own float32
    gradient does, within FACTOR (the float64 check of scripts/check_gradients_torch.py),
    and the batch norms' running statistics match.
-3. 2 ranks x 4 images with --sync-bn train the weights 1 rank x 8 images trains.
+3. 2 ranks x 4 images with --sync-bn train the weights 1 rank x 8 images trains, and
+   --save-onnx writes the same graph with those weights, which the module then computes with.
 4. Bad files are one clear error, before any training: not ONNX, an operator mtrain has no
    layer for, an eval-mode export (batch norms folded), an input shape the data does not fit.
 Exit status 77 (skipped) where this python3 lacks torch, torchvision or onnx.
@@ -166,6 +167,36 @@ def compare_ranks(graph, work, slice_dir):
     diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
     expect(diff < 1e-5, f"small: 2 ranks x {BATCH // 2} images with --sync-bn train 1 rank x {BATCH}'s weights "
            f"(largest difference {diff:.1e} after 3 steps)")
+    saved_onnx(graph, two, work, slice_dir, common)
+
+
+def saved_onnx(graph, final, work, slice_dir, common):
+    """--save-onnx (on 2 ranks, rank 0 writes): the graph's nodes with --save-final's values."""
+    from onnx import numpy_helper
+    out = os.path.join(work, "trained.onnx")
+    final_again = os.path.join(work, "final-again.safetensors")
+    r = run([launcher, "--nproc_per_node=2", trainer] + common +
+            ["--batch-size", str(BATCH // 2), "--save-final", final_again, "--save-onnx", out])
+    expect(r.returncode == 0, f"--save-onnx runs ({r.stderr.strip()[-300:]})")
+    if r.returncode:
+        return
+    before, after = onnx.load(graph), onnx.load(out)
+    onnx.checker.check_model(after)
+    same_nodes = [(n.op_type, list(n.input), list(n.output)) for n in before.graph.node] == \
+        [(n.op_type, list(n.input), list(n.output)) for n in after.graph.node]
+    expect(same_nodes, f"--save-onnx keeps the graph's {len(before.graph.node)} nodes as they were")
+    trained = weights(final_again)
+    values = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in after.graph.initializer}
+    expect(set(values) <= set(trained) and all(torch.equal(values[k], trained[k]) for k in values),
+           f"--save-onnx's {len(values)} initializers are the trained weights, bit for bit")
+    expect(not all(torch.equal(values[k], v) for k, v in
+                   ((i.name, torch.from_numpy(numpy_helper.to_array(i).copy())) for i in before.graph.initializer)),
+           "--save-onnx's initializers differ from the exported ones (training moved them)")
+    x = torch.rand(4, 1, 28, 28)
+    from_graph, from_file = SmallNet().eval(), SmallNet().eval()
+    from_graph.load_state_dict(values, strict=False)
+    from_file.load_state_dict(trained, strict=True)
+    expect(torch.equal(from_graph(x), from_file(x)), "the module computes the same with --save-onnx's weights")
 
 
 def bad_files(work, slice_dir):

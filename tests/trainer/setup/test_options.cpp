@@ -227,6 +227,7 @@ TEST_CASE("bad values are one clear InvalidArgument naming the flag", "[options]
       {{"--dataset", "imagefolder", "--resize", "0x8"}, "--resize's height: expected an integer in [1, 65536], found 0"},
       {{"--dataset", "imagefolder", "--resize", "8xbig"}, "--resize's width"},
       {{"--device", "gpu"}, "--device: unknown value 'gpu' (valid: auto, cuda, cpu)"},
+      {{"--save-onnx", "a.onnx"}, "--save-onnx a.onnx writes back the graph of an ONNX --model, but the model is mlp"},
       {{"--model", "net.onnx", "--channels-last"}, "--channels-last: a model from an ONNX file (net.onnx) runs [N, C, H, W] only"},
       {{"--device", "cuda:1"}, "--device: unknown value 'cuda:1' (valid: auto, cuda, cpu)"},
       {{"--device", ""}, "--device: unknown value '' (valid: auto, cuda, cpu)"},
