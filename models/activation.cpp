@@ -49,4 +49,57 @@ Tensor Sigmoid::backward(const Tensor& dy) {
   return dx;
 }
 
+namespace {
+
+// The forward and backward of an activation that keeps its input.
+template <class Forward>
+Tensor keep_input_forward(const char* layer, const Tensor& x, Tensor& input, Forward forward) {
+  check_float_input(layer, x);
+  input = x;
+  Tensor y = Tensor::empty(x.shape(), DType::Float32, x.device());
+  forward(x, y);
+  return y;
+}
+
+template <class Backward>
+Tensor keep_input_backward(const char* layer, const Tensor& dy, Tensor& input, Backward backward) {
+  detail::check_output_grad(layer, dy, shape_of(input));
+  detail::check_output_grad_device(layer, dy, input.device());
+  Tensor dx = Tensor::empty(dy.shape(), DType::Float32, dy.device());
+  backward(input, dy, dx);
+  input = Tensor();  // Note [Saved tensors die with backward] (module.cpp)
+  return dx;
+}
+
+}  // namespace
+
+Hardtanh::Hardtanh(float lo, float hi) : lo_(lo), hi_(hi) {
+  if (!(lo < hi)) throw InvalidArgument(fmt::format("Hardtanh: expected min < max, found {} and {}", lo, hi));
+}
+
+Tensor Hardtanh::forward(const Tensor& x) {
+  return keep_input_forward("Hardtanh", x, input_,
+                            [&](const Tensor& in, Tensor& y) { ops::hardtanh_forward(in, lo_, hi_, y); });
+}
+
+Tensor Hardtanh::backward(const Tensor& dy) {
+  return keep_input_backward("Hardtanh", dy, input_, [&](const Tensor& in, const Tensor& g, Tensor& dx) {
+    ops::hardtanh_backward(in, g, lo_, hi_, dx);
+  });
+}
+
+Tensor Hardsigmoid::forward(const Tensor& x) {
+  return keep_input_forward("Hardsigmoid", x, input_, ops::hardsigmoid_forward);
+}
+
+Tensor Hardsigmoid::backward(const Tensor& dy) {
+  return keep_input_backward("Hardsigmoid", dy, input_, ops::hardsigmoid_backward);
+}
+
+Tensor Hardswish::forward(const Tensor& x) { return keep_input_forward("Hardswish", x, input_, ops::hardswish_forward); }
+
+Tensor Hardswish::backward(const Tensor& dy) {
+  return keep_input_backward("Hardswish", dy, input_, ops::hardswish_backward);
+}
+
 }  // namespace mtrain::models

@@ -26,4 +26,38 @@ class Sigmoid : public Module {
   Tensor output_;
 };
 
+// The piecewise-linear activations of mobile networks, as torch.nn's (formulas in
+// tensor/ops.h). They keep their *input* for backward. Hardtanh(0, 6) is ReLU6.
+class Hardtanh : public Module {
+ public:
+  Hardtanh(float lo, float hi);
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  std::string type_name() const override { return "Hardtanh"; }
+
+ private:
+  float lo_, hi_;
+  Tensor input_;
+};
+
+class Hardsigmoid : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  std::string type_name() const override { return "Hardsigmoid"; }
+
+ private:
+  Tensor input_;
+};
+
+class Hardswish : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  std::string type_name() const override { return "Hardswish"; }
+
+ private:
+  Tensor input_;
+};
+
 }  // namespace mtrain::models

@@ -43,6 +43,17 @@ void relu_forward(const Tensor& x, Tensor& y);
 void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);      // uses the output y
 void sigmoid_forward(const Tensor& x, Tensor& y);
 void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx);   // dx = dy * y * (1 - y)
+// The piecewise-linear activations of mobile networks, each with PyTorch's formula and
+// rounding (its CPU kernels'); their backward reads the input x.
+//   hardtanh:    y = min(max(x, lo), hi)            dx = dy where lo < x < hi, else 0  (ReLU6: 0, 6)
+//   hardsigmoid: y = min(max(x + 3, 0), 6) / 6      dx = dy / 6 where -3 < x < 3, else 0
+//   hardswish:   y = x * min(max(x + 3, 0), 6) / 6  dx = 0 (x < -3), dy * (x / 3 + 0.5) (x <= 3), dy
+void hardtanh_forward(const Tensor& x, float lo, float hi, Tensor& y);
+void hardtanh_backward(const Tensor& x, const Tensor& dy, float lo, float hi, Tensor& dx);
+void hardsigmoid_forward(const Tensor& x, Tensor& y);
+void hardsigmoid_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
+void hardswish_forward(const Tensor& x, Tensor& y);
+void hardswish_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
 
 // Note [Reduced-precision compute]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

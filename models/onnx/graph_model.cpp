@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -203,6 +204,34 @@ Layer flatten(const Graph& g, const Node& n) {
   return {std::make_unique<Flatten>(), ""};
 }
 
+// Input `i` of `n` as one number (an initializer, or a Constant node's value), `fallback`
+// when it is left out.
+float scalar_input(const Graph& g, const Node& n, size_t i, float fallback) {
+  const Tensor* t = weight_input(g, n, i);
+  if (t == nullptr) return fallback;
+  require(g, n, t->numel() == 1, fmt::format("input {} with {} values where one bound goes", i, t->numel()));
+  return t->data<float>()[0];
+}
+
+// torch.clamp and ReLU6: min and max are inputs from opset 11, attributes before it.
+Layer clip(const Graph& g, const Node& n) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const float lo = g.opset >= 11 ? scalar_input(g, n, 1, -kInf) : float_attribute(g, n, "min", -kInf);
+  const float hi = g.opset >= 11 ? scalar_input(g, n, 2, kInf) : float_attribute(g, n, "max", kInf);
+  if (lo == 0.0f && hi == kInf) return {std::make_unique<ReLU>(), ""};
+  require(g, n, std::isfinite(lo) && std::isfinite(hi) && lo < hi,
+          fmt::format("bounds [{}, {}] (mtrain clips to two finite bounds, or to [0, inf) as ReLU)", lo, hi));
+  return {std::make_unique<Hardtanh>(lo, hi), ""};
+}
+
+// torch.nn.Hardsigmoid exports alpha 1/6 and beta 0.5 (ONNX's defaults are Keras's 0.2, 0.5).
+Layer hard_sigmoid(const Graph& g, const Node& n) {
+  const float alpha = float_attribute(g, n, "alpha", 0.2f), beta = float_attribute(g, n, "beta", 0.5f);
+  require(g, n, alpha == 1.0f / 6.0f && beta == 0.5f,
+          fmt::format("alpha {} and beta {} (mtrain's Hardsigmoid is PyTorch's: alpha 1/6, beta 0.5)", alpha, beta));
+  return {std::make_unique<Hardsigmoid>(), ""};
+}
+
 using LayerFactory = std::function<Layer(const Graph&, const Node&)>;
 
 // The operators that become a layer; Add and Identity are the graph's own (GraphModel::Step).
@@ -213,6 +242,9 @@ const std::map<std::string, LayerFactory>& layer_factories() {
       {"Gemm", gemm},
       {"Relu", [](const Graph&, const Node&) { return Layer{std::make_unique<ReLU>(), ""}; }},
       {"Sigmoid", [](const Graph&, const Node&) { return Layer{std::make_unique<Sigmoid>(), ""}; }},
+      {"Clip", clip},
+      {"HardSigmoid", hard_sigmoid},
+      {"HardSwish", [](const Graph&, const Node&) { return Layer{std::make_unique<Hardswish>(), ""}; }},
       {"MaxPool", max_pool},
       {"AveragePool", average_pool},
       {"GlobalAveragePool", [](const Graph&, const Node&) { return Layer{std::make_unique<AdaptiveAvgPool2d>(1), ""}; }},
@@ -315,6 +347,11 @@ GraphModel::GraphModel(const Graph& g) {
       s.inputs = {value_of(n, 0), value_of(n, 1)};
     } else {
       const auto factory = layer_factories().find(n.op_type);
+      if (n.op_type == "Constant") {
+        throw InvalidArgument(fmt::format("{}: {}: a constant that is not numbers; mtrain reads "
+                                          "float, double and integer constants",
+                                          prefix(g), n.describe()));
+      }
       if (factory == layer_factories().end()) {
         throw InvalidArgument(fmt::format("{}: {}: operator {} is not supported; mtrain trains graphs of {}",
                                           prefix(g), n.describe(), n.op_type, fmt::join(supported_operators(), ", ")));

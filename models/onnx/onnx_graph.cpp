@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include "core/error.h"
@@ -91,6 +92,44 @@ Tensor read_initializer(const std::string& path, const pb::TensorProto& t) {
   return out;
 }
 
+// A Constant node's value as float32: float, double, int32 or int64 numbers (a bound of Clip,
+// a shape); nullopt for any other type.
+std::optional<Tensor> constant_value(const std::string& path, const pb::TensorProto& t) {
+  if (t.data_type() == pb::TensorProto::FLOAT) return read_initializer(path, t);
+  Tensor out = Tensor::empty(Shape(t.dims().begin(), t.dims().end()), DType::Float32);
+  const size_t count = static_cast<size_t>(out.numel());
+  float* p = out.data<float>();
+  const auto from_raw = [&](auto type_tag) {
+    using T = decltype(type_tag);
+    if (t.raw_data().size() != count * sizeof(T)) return false;
+    for (size_t i = 0; i < count; ++i) {
+      T v;
+      std::memcpy(&v, t.raw_data().data() + i * sizeof(T), sizeof(T));
+      p[i] = static_cast<float>(v);
+    }
+    return true;
+  };
+  switch (t.data_type()) {
+    case pb::TensorProto::INT64:
+      if (t.has_raw_data()) return from_raw(int64_t{}) ? std::optional<Tensor>(out) : std::nullopt;
+      if (static_cast<size_t>(t.int64_data_size()) != count) return std::nullopt;
+      for (size_t i = 0; i < count; ++i) p[i] = static_cast<float>(t.int64_data(static_cast<int>(i)));
+      return out;
+    case pb::TensorProto::INT32:
+      if (t.has_raw_data()) return from_raw(int32_t{}) ? std::optional<Tensor>(out) : std::nullopt;
+      if (static_cast<size_t>(t.int32_data_size()) != count) return std::nullopt;
+      for (size_t i = 0; i < count; ++i) p[i] = static_cast<float>(t.int32_data(static_cast<int>(i)));
+      return out;
+    case pb::TensorProto::DOUBLE:
+      if (t.has_raw_data()) return from_raw(double{}) ? std::optional<Tensor>(out) : std::nullopt;
+      if (static_cast<size_t>(t.double_data_size()) != count) return std::nullopt;
+      for (size_t i = 0; i < count; ++i) p[i] = static_cast<float>(t.double_data(static_cast<int>(i)));
+      return out;
+    default:
+      return std::nullopt;
+  }
+}
+
 std::vector<int64_t> dims_of(const pb::ValueInfoProto& v) {
   std::vector<int64_t> dims;
   if (!v.type().has_tensor_type() || !v.type().tensor_type().has_shape()) return dims;
@@ -162,6 +201,21 @@ Graph read_graph(const std::string& path) {
   g.output = graph.output(0).name();
   for (int i = 0; i < graph.node_size(); ++i) {
     const pb::NodeProto& n = graph.node(i);
+    // Constants, and casts of them (F.relu6 exports integer bounds cast to float), fold into
+    // constant values.
+    if (n.op_type() == "Constant" && n.domain().empty() && n.attribute_size() == 1 && n.attribute(0).name() == "value" &&
+        n.output_size() == 1) {
+      if (auto value = constant_value(path, n.attribute(0).t())) {
+        g.initializers.emplace(n.output(0), std::move(*value));
+        continue;
+      }
+    }
+    if (n.op_type() == "Cast" && n.domain().empty() && n.input_size() == 1 && n.output_size() == 1) {
+      if (const auto it = g.initializers.find(n.input(0)); it != g.initializers.end()) {
+        g.initializers.emplace(n.output(0), it->second);
+        continue;
+      }
+    }
     Node node;
     node.index = i;
     node.name = n.name();

@@ -41,8 +41,11 @@ struct Graph {
   std::string input;          // the graph input that is not an initializer
   std::vector<int64_t> input_shape;  // its dimensions; -1 where symbolic or unknown
   std::string output;         // the graph's one output
-  std::vector<Node> nodes;    // topologically sorted (the checker requires it)
-  std::map<std::string, Tensor> initializers;  // float32, host
+  std::vector<Node> nodes;    // topologically sorted (the checker requires it), constants folded
+  // The initializers and the values of the Constant nodes (float, double, int32 or int64
+  // numbers, as float32) and of Casts of them: constant inputs of the nodes that read them.
+  // A Constant of another type stays a node. float32, host.
+  std::map<std::string, Tensor> initializers;
 };
 
 // The opsets graph_model knows the operators of: PyTorch 1.13 exports 14 by default.
@@ -57,7 +60,7 @@ constexpr int64_t kMaxOpset = 17;
 std::string with_initializers(const std::string& source,
                               const std::vector<std::pair<std::string, Tensor>>& values);
 
-// Reads and checks `path`. Throws IoError for a file that cannot be read or is no ONNX model
+// Reads and checks `path`; Constant nodes and Casts of them become initializers. Throws IoError for a file that cannot be read or is no ONNX model
 // (naming what was found), and InvalidArgument for a model mtrain cannot train as a graph:
 // an opset outside [kMinOpset, kMaxOpset], other than one input and one output, an
 // initializer that is not float32 or keeps its data in another file.

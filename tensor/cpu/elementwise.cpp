@@ -1,5 +1,6 @@
 // Elementwise kernels: contiguous loops that the compiler vectorises, split across
 // threads only for large tensors (see kParallelGrain).
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -146,6 +147,65 @@ void cpu::sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   const int64_t n = y.numel();
 #pragma omp parallel for simd if (n >= kParallelGrain)
   for (int64_t i = 0; i < n; ++i) pdx[i] = pdy[i] * py[i] * (1.0f - py[i]);
+}
+
+namespace {
+
+// y[i] = f(x[i]) and dx[i] = g(x[i], dy[i]) over contiguous float32 tensors of one shape.
+template <class F>
+void map_unary(const char* op, const Tensor& x, Tensor& y, F f) {
+  check_float(op, "x", x);
+  check_float_shape(op, "y", y, x.shape());
+  cpu::use_configured_threads();
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  const int64_t n = x.numel();
+#pragma omp parallel for simd if (n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) py[i] = f(px[i]);
+}
+
+template <class G>
+void map_backward(const char* op, const Tensor& x, const Tensor& dy, Tensor& dx, G g) {
+  check_float(op, "x", x);
+  check_float_shape(op, "dy", dy, x.shape());
+  check_float_shape(op, "dx", dx, x.shape());
+  cpu::use_configured_threads();
+  const float* px = x.data<float>();
+  const float* pdy = dy.data<float>();
+  float* pdx = dx.data<float>();
+  const int64_t n = x.numel();
+#pragma omp parallel for simd if (n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) pdx[i] = g(px[i], pdy[i]);
+}
+
+}  // namespace
+
+// PyTorch's CPU formulas (aten/src/ATen/native/cpu/Activation.cpp), in its order of operations.
+void cpu::hardtanh_forward(const Tensor& x, float lo, float hi, Tensor& y) {
+  map_unary("hardtanh_forward", x, y, [lo, hi](float v) { return std::min(std::max(v, lo), hi); });
+}
+
+void cpu::hardtanh_backward(const Tensor& x, const Tensor& dy, float lo, float hi, Tensor& dx) {
+  map_backward("hardtanh_backward", x, dy, dx, [lo, hi](float v, float g) { return v > lo && v < hi ? g : 0.0f; });
+}
+
+void cpu::hardsigmoid_forward(const Tensor& x, Tensor& y) {
+  map_unary("hardsigmoid_forward", x, y, [](float v) { return std::min(std::max(v + 3.0f, 0.0f), 6.0f) / 6.0f; });
+}
+
+void cpu::hardsigmoid_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  map_backward("hardsigmoid_backward", x, dy, dx,
+               [](float v, float g) { return v > -3.0f && v < 3.0f ? g * (1.0f / 6.0f) : 0.0f; });
+}
+
+void cpu::hardswish_forward(const Tensor& x, Tensor& y) {
+  map_unary("hardswish_forward", x, y, [](float v) { return v * std::min(std::max(v + 3.0f, 0.0f), 6.0f) / 6.0f; });
+}
+
+void cpu::hardswish_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  map_backward("hardswish_backward", x, dy, dx, [](float v, float g) {
+    return v < -3.0f ? 0.0f : (v <= 3.0f ? g * (v / 3.0f + 0.5f) : g);
+  });
 }
 
 }  // namespace mtrain::ops

@@ -100,6 +100,39 @@ struct SigmoidBackward {
   }
 };
 
+// PyTorch's formulas, as tensor/cpu/elementwise.cpp computes them; clamp is its
+// std::min(std::max(x, lo), hi), which keeps a NaN (fminf and fmaxf would drop it).
+__device__ inline float clamp(float x, float lo, float hi) {
+  const float t = x < lo ? lo : x;
+  return hi < t ? hi : t;
+}
+struct Hardtanh {
+  float lo, hi;
+  __device__ float operator()(float x) const { return clamp(x, lo, hi); }
+};
+struct HardtanhBackward {
+  float lo, hi;
+  __device__ float operator()(float x, float dy) const { return x > lo && x < hi ? dy : 0.0f; }
+};
+struct Hardsigmoid {
+  __device__ float operator()(float x) const { return __fdiv_rn(clamp(__fadd_rn(x, 3.0f), 0.0f, 6.0f), 6.0f); }
+};
+struct HardsigmoidBackward {
+  __device__ float operator()(float x, float dy) const {
+    return x > -3.0f && x < 3.0f ? __fmul_rn(dy, 1.0f / 6.0f) : 0.0f;
+  }
+};
+struct Hardswish {
+  __device__ float operator()(float x) const {
+    return __fdiv_rn(__fmul_rn(x, clamp(__fadd_rn(x, 3.0f), 0.0f, 6.0f)), 6.0f);
+  }
+};
+struct HardswishBackward {
+  __device__ float operator()(float x, float dy) const {
+    return x < -3.0f ? 0.0f : (x <= 3.0f ? __fmul_rn(dy, __fadd_rn(__fdiv_rn(x, 3.0f), 0.5f)) : dy);
+  }
+};
+
 }  // namespace
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
@@ -148,6 +181,38 @@ void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   check_on_shape("sigmoid_backward", "dx", dx, device, y.shape());
   launch_map<2>(device, SigmoidBackward{}, y.data<float>(), dy.data<float>(), dx.data<float>(),
                 y.numel());
+}
+
+namespace {
+
+template <class Op>
+void unary(const char* name, const Tensor& x, Tensor& y, Op op) {
+  const Device device = first_gpu(name, "x", x);
+  check_on_shape(name, "y", y, device, x.shape());
+  launch_map<1>(device, op, x.data<float>(), nullptr, y.data<float>(), x.numel());
+}
+
+template <class Op>
+void backward(const char* name, const Tensor& x, const Tensor& dy, Tensor& dx, Op op) {
+  const Device device = first_gpu(name, "x", x);
+  check_on_shape(name, "dy", dy, device, x.shape());
+  check_on_shape(name, "dx", dx, device, x.shape());
+  launch_map<2>(device, op, x.data<float>(), dy.data<float>(), dx.data<float>(), x.numel());
+}
+
+}  // namespace
+
+void hardtanh_forward(const Tensor& x, float lo, float hi, Tensor& y) { unary("hardtanh_forward", x, y, Hardtanh{lo, hi}); }
+void hardtanh_backward(const Tensor& x, const Tensor& dy, float lo, float hi, Tensor& dx) {
+  backward("hardtanh_backward", x, dy, dx, HardtanhBackward{lo, hi});
+}
+void hardsigmoid_forward(const Tensor& x, Tensor& y) { unary("hardsigmoid_forward", x, y, Hardsigmoid{}); }
+void hardsigmoid_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  backward("hardsigmoid_backward", x, dy, dx, HardsigmoidBackward{});
+}
+void hardswish_forward(const Tensor& x, Tensor& y) { unary("hardswish_forward", x, y, Hardswish{}); }
+void hardswish_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  backward("hardswish_backward", x, dy, dx, HardswishBackward{});
 }
 
 }  // namespace mtrain::cuda_ops

@@ -1,6 +1,8 @@
 // Every layer's backward against central finite differences (input and parameters).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <random>
 
@@ -120,6 +122,41 @@ TEST_CASE("ReLU and Sigmoid backward match finite differences", "[layers][activa
   require_gradients_match(relu, away_from_zero_tensor({2, 3, 2, 2}, rng), rng);
   Sigmoid sigmoid;
   require_gradients_match(sigmoid, uniform_tensor({2, 3, 2, 2}, rng, -3.0f, 3.0f), rng);
+}
+
+namespace {
+// Values in [low, high] at least `gap` from every kink, where a central difference would
+// average two slopes.
+Tensor away_from_kinks(const Shape& shape, std::mt19937_64& rng, float low, float high,
+                       const std::vector<float>& kinks, float gap = 0.05f) {
+  Tensor t = uniform_tensor(shape, rng, low, high);
+  std::uniform_real_distribution<float> draw(low, high);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    float& v = t.data<float>()[i];
+    while (std::any_of(kinks.begin(), kinks.end(), [&](float k) { return std::abs(v - k) < gap; })) v = draw(rng);
+  }
+  return t;
+}
+}  // namespace
+
+TEST_CASE("Hardtanh (ReLU6), Hardsigmoid and Hardswish backward match finite differences",
+          "[layers][activation]") {
+  std::mt19937_64 rng(16);
+  Hardtanh relu6(0.0f, 6.0f);
+  require_gradients_match(relu6, away_from_kinks({2, 3, 2, 2}, rng, -2.0f, 8.0f, {0.0f, 6.0f}), rng);
+  Hardsigmoid hardsigmoid;
+  require_gradients_match(hardsigmoid, away_from_kinks({2, 3, 2, 2}, rng, -5.0f, 5.0f, {-3.0f, 3.0f}), rng);
+  Hardswish hardswish;
+  require_gradients_match(hardswish, away_from_kinks({2, 3, 2, 2}, rng, -5.0f, 5.0f, {-3.0f, 3.0f}), rng);
+  // Each range covers every piece: the flat ones give no gradient, the others do.
+  const Tensor x = Tensor::from_vector<float>({-4.0f, -1.0f, 1.0f, 4.0f, 7.0f}, {5});
+  const Tensor y = hardswish.forward(x);
+  CHECK(y.data<float>()[0] == 0.0f);
+  CHECK(y.data<float>()[3] == 4.0f);
+  CHECK(y.data<float>()[1] == Approx(-1.0f * 2.0f / 6.0f));
+  CHECK(relu6.forward(x).data<float>()[4] == 6.0f);
+  CHECK(hardsigmoid.forward(x).data<float>()[2] == Approx(4.0f / 6.0f));
+  CHECK_THROWS_WITH(Hardtanh(1.0f, 1.0f), Catch::Contains("expected min < max"));
 }
 
 TEST_CASE("pooling backward matches finite differences", "[layers][pooling]") {

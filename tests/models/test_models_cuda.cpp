@@ -6,7 +6,8 @@
 // with atol a fraction of the largest |c| of that tensor, so that an element that
 // cancels to near zero is judged against the tensor's scale; for a layer's parameter
 // gradients, of the largest |c| of all of them):
-//   kExact       ReLU, max pooling, Flatten and the per-channel batch-norm ops: the GPU
+//   kExact       ReLU, Hardtanh, Hardsigmoid, Hardswish, max pooling, Flatten and the
+//                per-channel batch-norm ops: the GPU
 //                performs the CPU's float operations one for one (the channel kernels
 //                use round-to-nearest intrinsics for exactly this), so bits must agree.
 //   kElementwise Sigmoid: CUDA's expf and glibc's exp are each within 2 ulp, so
@@ -253,6 +254,19 @@ TEST_CASE("activations, pooling and Flatten on the GPU equal the CPU", "[cuda][l
     auto pair = make_pair_of([] { return std::make_unique<Sigmoid>(); }, 0);
     check_forward_backward("Sigmoid", pair, uniform_tensor({7, 33}, rng, -6.0f, 6.0f), rng,
                            kElementwise);
+  }
+  // The same float operations one for one (round-to-nearest intrinsics on the GPU).
+  {
+    auto pair = make_pair_of([] { return std::make_unique<Hardtanh>(0.0f, 6.0f); }, 0);
+    check_forward_backward("Hardtanh", pair, uniform_tensor({3, 4, 5, 6}, rng, -3.0f, 9.0f), rng, kExact);
+  }
+  {
+    auto pair = make_pair_of([] { return std::make_unique<Hardsigmoid>(); }, 0);
+    check_forward_backward("Hardsigmoid", pair, uniform_tensor({3, 4, 5, 6}, rng, -5.0f, 5.0f), rng, kExact);
+  }
+  {
+    auto pair = make_pair_of([] { return std::make_unique<Hardswish>(); }, 0);
+    check_forward_backward("Hardswish", pair, uniform_tensor({3, 4, 5, 6}, rng, -5.0f, 5.0f), rng, kExact);
   }
   {
     // Distinct values: the argmax of every window is unambiguous.

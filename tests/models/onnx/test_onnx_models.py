@@ -66,6 +66,24 @@ class SmallNet(torch.nn.Module):
         return self.fc(torch.flatten(y, 1))
 
 
+class MobileNet(torch.nn.Module):
+    """The activations of mobile networks: ReLU6 (Clip), Hardswish, Hardsigmoid, clamp(min=0)."""
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 8, 3, stride=2, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 16, 3, padding=1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(16)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        y = torch.nn.functional.relu6(self.bn1(self.conv1(x)))
+        y = torch.nn.functional.hardswish(self.bn2(self.conv2(y)))
+        y = torch.nn.functional.hardsigmoid(y) + torch.clamp(y, min=0)
+        y = torch.nn.functional.adaptive_avg_pool2d(y, 1)
+        return self.fc(torch.flatten(y, 1))
+
+
 def resnet18():
     m = torchvision.models.resnet18(num_classes=10)
     m.conv1 = torch.nn.Conv2d(1, 64, 7, 2, 3, bias=False)  # Fashion-MNIST is one channel
@@ -235,6 +253,7 @@ def main():
         check.write_slice(os.path.join(root, "data/fashion-mnist-mini"), slice_dir, BATCH)
         small = compare_step("small", SmallNet, work, slice_dir)
         compare_step("resnet18", resnet18, work, slice_dir)
+        compare_step("mobile", MobileNet, work, slice_dir)
         if small:
             compare_ranks(small, work, slice_dir)
         bad_files(work, slice_dir)
