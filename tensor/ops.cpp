@@ -48,6 +48,35 @@ Device first_grad_device(const std::vector<Tensor*>& grads) {
 }
 
 }  // namespace
+
+ChannelBlock channel_block(const Tensor& src, int64_t src_offset, const Tensor& dst, int64_t dst_offset,
+                           int64_t channels) {
+  const auto fits = [&] {
+    if (!src.defined() || !dst.defined() || src.dtype() != DType::Float32 || dst.dtype() != DType::Float32) return false;
+    if (src.device() != dst.device() || src.ndim() < 2 || src.ndim() != dst.ndim()) return false;
+    if (src.shape()[0] != dst.shape()[0]) return false;
+    for (int d = 2; d < src.ndim(); ++d) {
+      if (src.shape()[d] != dst.shape()[d]) return false;
+    }
+    return channels >= 0 && src_offset >= 0 && dst_offset >= 0 && src_offset + channels <= src.shape()[1] &&
+           dst_offset + channels <= dst.shape()[1];
+  };
+  MTRAIN_CHECK(fits(), "copy_channels: {} channels from {} at {} into {} at {} do not fit", channels,
+               src.defined() ? src.str() : "undefined", src_offset, dst.defined() ? dst.str() : "undefined",
+               dst_offset);
+  int64_t inner = 1;
+  for (int d = 2; d < src.ndim(); ++d) inner *= src.shape()[d];
+  const size_t plane = static_cast<size_t>(inner) * sizeof(float);
+  ChannelBlock b;
+  b.batch = src.shape()[0];
+  b.bytes = static_cast<size_t>(channels) * plane;
+  b.src_begin = static_cast<size_t>(src_offset) * plane;
+  b.src_pitch = static_cast<size_t>(src.shape()[1]) * plane;
+  b.dst_begin = static_cast<size_t>(dst_offset) * plane;
+  b.dst_pitch = static_cast<size_t>(dst.shape()[1]) * plane;
+  return b;
+}
+
 }  // namespace ops
 
 #define MTRAIN_OP(RETURN, NAME, PARAMS, ARGS, DEVICE, WITHOUT_CUDA) \

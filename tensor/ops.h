@@ -55,6 +55,22 @@ void hardsigmoid_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
 void hardswish_forward(const Tensor& x, Tensor& y);
 void hardswish_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
 
+// ---- channel blocks ------------------------------------------------------------
+// dst[:, dst_offset : dst_offset + channels] = src[:, src_offset : src_offset + channels],
+// for float32 tensors [N, C, ...] on one device with the same N and the same trailing
+// dimensions: a concatenation along the channels and its gradient.
+void copy_channels(const Tensor& src, int64_t src_offset, Tensor& dst, int64_t dst_offset, int64_t channels);
+// What copy_channels copies: `batch` runs of `bytes`, the n-th from src_begin + n * src_pitch
+// to dst_begin + n * dst_pitch (offsets in bytes). Throws InternalError, naming the op and
+// both tensors, for tensors or a block that do not fit.
+struct ChannelBlock {
+  int64_t batch = 0;
+  size_t bytes = 0;
+  size_t src_begin = 0, src_pitch = 0, dst_begin = 0, dst_pitch = 0;
+};
+ChannelBlock channel_block(const Tensor& src, int64_t src_offset, const Tensor& dst, int64_t dst_offset,
+                           int64_t channels);
+
 // Note [Reduced-precision compute]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Convolutions and linear layers take a `compute` dtype (--amp, Note [Mixed precision]

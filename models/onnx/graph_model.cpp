@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -232,6 +233,22 @@ Layer hard_sigmoid(const Graph& g, const Node& n) {
   return {std::make_unique<Hardsigmoid>(), ""};
 }
 
+// A Pad that adds nothing: PyTorch exports one before each average pooling (zeros, as the
+// pooling's own padding is), which is then no node at all.
+bool pads_nothing(const Graph& g, const Node& n) {
+  std::vector<int64_t> pads;
+  if (g.opset >= 11) {
+    const Tensor* t = weight_input(g, n, 1);
+    require(g, n, t != nullptr, "pads that are computed");
+    for (int64_t i = 0; i < t->numel(); ++i) pads.push_back(static_cast<int64_t>(t->data<float>()[i]));
+  } else {
+    pads = ints_attribute(g, n, "pads", {});
+  }
+  const bool none = std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; });
+  require(g, n, none, fmt::format("pads [{}] (mtrain pads inside the convolutions and poolings only)", fmt::join(pads, ", ")));
+  return true;
+}
+
 using LayerFactory = std::function<Layer(const Graph&, const Node&)>;
 
 // The operators that become a layer; Add and Identity are the graph's own (GraphModel::Step).
@@ -272,7 +289,9 @@ const std::vector<std::string>& supported_operators() {
     std::vector<std::string> out;
     for (const auto& [name, factory] : layer_factories()) out.push_back(name);
     out.push_back("Add");
+    out.push_back("Concat");
     out.push_back("Identity");
+    out.push_back("Pad");
     std::sort(out.begin(), out.end());
     return out;
   }();
@@ -336,7 +355,7 @@ GraphModel::GraphModel(const Graph& g) {
   input_ = new_value(g.input);
   std::set<std::string> names;
   for (const Node& n : g.nodes) {
-    if (n.op_type == "Identity") {
+    if (n.op_type == "Identity" || (n.op_type == "Pad" && pads_nothing(g, n))) {
       ids[n.outputs.at(0)] = value_of(n, 0);
       continue;
     }
@@ -345,6 +364,10 @@ GraphModel::GraphModel(const Graph& g) {
     if (n.op_type == "Add") {
       s.kind = Step::Kind::kAdd;
       s.inputs = {value_of(n, 0), value_of(n, 1)};
+    } else if (n.op_type == "Concat") {
+      s.kind = Step::Kind::kConcat;
+      s.axis = int_attribute(g, n, "axis", 1);
+      for (size_t i = 0; i < n.inputs.size(); ++i) s.inputs.push_back(value_of(n, i));
     } else {
       const auto factory = layer_factories().find(n.op_type);
       if (n.op_type == "Constant") {
@@ -395,13 +418,54 @@ GraphModel::GraphModel(const Graph& g) {
   set_initial_values(g, *this);
 }
 
+namespace {
+
+// The inputs of a concatenation side by side along the channels (dimension 1 of [N, C, ...]);
+// `channels` learns each input's count for the backward.
+Tensor concatenate(const GraphModel::Step& s, const std::vector<Tensor>& values, std::vector<int64_t>& channels) {
+  const Tensor& first = values[static_cast<size_t>(s.inputs[0])];
+  const int64_t axis = s.axis < 0 ? s.axis + first.ndim() : s.axis;
+  if (axis != 1) {
+    throw InvalidArgument(fmt::format("{}: concatenates along dimension {} of [{}]; mtrain concatenates along the "
+                                      "channels (dimension 1)",
+                                      s.node, s.axis, fmt::join(first.shape(), ", ")));
+  }
+  Shape shape = first.shape();
+  shape[1] = 0;
+  channels.clear();
+  for (int in : s.inputs) {
+    const Tensor& v = values[static_cast<size_t>(in)];
+    Shape other = v.shape();
+    if (other.size() == shape.size()) other[1] = 0;  // the channels may differ
+    if (other != shape) {
+      throw InvalidArgument(fmt::format("{}: concatenates [{}] and [{}], which differ beyond the channels", s.node,
+                                        fmt::join(first.shape(), ", "), fmt::join(v.shape(), ", ")));
+    }
+    channels.push_back(v.shape()[1]);
+  }
+  for (int64_t c : channels) shape[1] += c;
+  Tensor out = Tensor::empty(shape, first.dtype(), first.device());
+  int64_t offset = 0;
+  for (size_t i = 0; i < s.inputs.size(); ++i) {
+    ops::copy_channels(values[static_cast<size_t>(s.inputs[i])], 0, out, offset, channels[i]);
+    offset += channels[i];
+  }
+  return out;
+}
+
+}  // namespace
+
 Tensor GraphModel::forward(const Tensor& x) {
   std::vector<Tensor> values(static_cast<size_t>(num_values_));
   values[static_cast<size_t>(input_)] = x;
-  for (const Step& s : steps_) {
+  for (Step& s : steps_) {
     Tensor& out = values[static_cast<size_t>(s.output)];
     if (s.kind == Step::Kind::kLayer) {
       out = child(s.child).forward(values[static_cast<size_t>(s.inputs[0])]);
+      continue;
+    }
+    if (s.kind == Step::Kind::kConcat) {
+      out = concatenate(s, values, s.channels);
       continue;
     }
     const Tensor& a = values[static_cast<size_t>(s.inputs[0])];
@@ -424,6 +488,16 @@ Tensor GraphModel::backward(const Tensor& dy) {
     MTRAIN_CHECK(g.defined(), "GraphModel: {} has no gradient in backward", it->node);
     if (it->kind == Step::Kind::kLayer) {
       accumulate(grads[static_cast<size_t>(it->inputs[0])], child(it->child).backward(g));
+    } else if (it->kind == Step::Kind::kConcat) {
+      int64_t offset = 0;
+      for (size_t i = 0; i < it->inputs.size(); ++i) {
+        Shape shape = g.shape();
+        shape[1] = it->channels[i];
+        Tensor part = Tensor::empty(shape, g.dtype(), g.device());
+        ops::copy_channels(g, offset, part, 0, it->channels[i]);
+        offset += it->channels[i];
+        accumulate(grads[static_cast<size_t>(it->inputs[i])], part);
+      }
     } else {
       for (int in : it->inputs) accumulate(grads[static_cast<size_t>(in)], g);
     }

@@ -7,6 +7,8 @@
 #include "tensor/cuda/stream.h"
 #include "tensor/cuda_memory.h"
 #include "tensor/cuda_hooks.h"
+#include "tensor/cuda_ops.h"
+#include "tensor/ops.h"
 
 namespace mtrain::detail {
 
@@ -75,3 +77,19 @@ void cuda_fill(const Tensor& t, float value) {
 }
 
 }  // namespace mtrain::detail
+
+namespace mtrain::cuda_ops {
+
+// One strided copy on the current stream: `batch` rows of `bytes`, each at its own pitch.
+void copy_channels(const Tensor& src, int64_t src_offset, Tensor& dst, int64_t dst_offset, int64_t channels) {
+  const ops::ChannelBlock b = ops::channel_block(src, src_offset, dst, dst_offset, channels);
+  if (b.bytes == 0 || b.batch == 0) return;
+  const int device = src.device().index;
+  cuda::DeviceGuard guard(device);
+  MTRAIN_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(dst.raw_data()) + b.dst_begin, b.dst_pitch,
+                                      static_cast<const char*>(src.raw_data()) + b.src_begin, b.src_pitch, b.bytes,
+                                      static_cast<size_t>(b.batch), cudaMemcpyDeviceToDevice,
+                                      cuda::current_stream(device).handle()));
+}
+
+}  // namespace mtrain::cuda_ops

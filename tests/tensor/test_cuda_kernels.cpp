@@ -143,6 +143,16 @@ TEST_CASE("GPU add may write into an input, and mixed devices are errors", "[cud
   CHECK_THROWS_AS(ops::add(ga, ga, wrong_shape), InternalError);
 }
 
+TEST_CASE("GPU copy_channels equals the CPU's", "[cuda][channels]") {
+  require_gpu();
+  const Tensor a = random_tensor({3, 4, 5, 7}, 7);
+  Tensor cpu_out = Tensor::zeros({3, 9, 5, 7});
+  ops::copy_channels(a, 1, cpu_out, 5, 3);
+  Tensor gpu_out = on_gpu(Tensor::zeros({3, 9, 5, 7}));
+  ops::copy_channels(on_gpu(a), 1, gpu_out, 5, 3);
+  require_same_bits(gpu_out, cpu_out);
+}
+
 // ---- pooling ----------------------------------------------------------------------------
 
 TEST_CASE("GPU pooling equals the CPU's, forward and backward", "[cuda][pool]") {

@@ -81,6 +81,33 @@ TEST_CASE("relu and sigmoid forward match their formulas; backward matches finit
   CHECK(s.to_vector<float>() == std::vector<float>{0.0f, 1.0f});
 }
 
+TEST_CASE("copy_channels moves a block of channels between tensors of one batch and image size",
+          "[elementwise][channels]") {
+  // Two inputs concatenated along the channels and taken apart again (Concat's forward and
+  // backward), large enough for the parallel path too.
+  const int64_t hw = GENERATE(int64_t{3}, int64_t{4099});
+  const Tensor a = random_tensor({2, 3, hw}, 1), b = random_tensor({2, 5, hw}, 2);
+  Tensor both = Tensor::empty({2, 8, hw});
+  ops::copy_channels(a, 0, both, 0, 3);
+  ops::copy_channels(b, 0, both, 3, 5);
+  for (int64_t n = 0; n < 2; ++n) {
+    for (int64_t c = 0; c < 8; ++c) {
+      const Tensor& from = c < 3 ? a : b;
+      const int64_t fc = c < 3 ? c : c - 3, fcs = c < 3 ? 3 : 5;
+      for (int64_t i = 0; i < hw; i += 997) {
+        REQUIRE(both.data<float>()[(n * 8 + c) * hw + i] == from.data<float>()[(n * fcs + fc) * hw + i]);
+      }
+    }
+  }
+  Tensor middle = Tensor::empty({2, 2, hw});
+  ops::copy_channels(both, 2, middle, 0, 2);  // a's last channel, b's first
+  CHECK(middle.data<float>()[0] == a.data<float>()[2 * hw]);
+  CHECK(middle.data<float>()[hw] == b.data<float>()[0]);
+  CHECK(middle.data<float>()[3 * hw] == b.data<float>()[5 * hw]);  // second image, b's first channel
+  CHECK_THROWS_AS(ops::copy_channels(b, 0, both, 4, 5), InternalError);  // past the end
+  CHECK_THROWS_AS(ops::copy_channels(random_tensor({3, 5, hw}, 3), 0, both, 3, 5), InternalError);  // another N
+}
+
 TEST_CASE("matmul handles every transpose combination with alpha and beta", "[matmul]") {
   const bool ta = GENERATE(false, true);
   const bool tb = GENERATE(false, true);

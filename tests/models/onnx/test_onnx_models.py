@@ -3,8 +3,9 @@
   /usr/bin/python3 test_onnx_models.py PROJECT_ROOT BIN_DIR
 
 For a small network built here (residual add, batch norms, a convolution without bias,
-max and global average pooling, a linear layer) and for torchvision's resnet18 with a
-one-channel stem, both exported in training mode from random weights:
+max and global average pooling, a linear layer), one of the mobile activations, and
+torchvision's resnet18 and a small DenseNet (concatenations) with one-channel stems, all
+exported in training mode from random weights:
 1. mtrain-train starts from the graph's initializers: --max-steps 0 --save-final writes the
    module's state_dict, names and values, and it loads into the module with
    load_state_dict(strict=True).
@@ -82,6 +83,14 @@ class MobileNet(torch.nn.Module):
         y = torch.nn.functional.hardsigmoid(y) + torch.clamp(y, min=0)
         y = torch.nn.functional.adaptive_avg_pool2d(y, 1)
         return self.fc(torch.flatten(y, 1))
+
+
+def densenet():
+    """torchvision's DenseNet (concatenations), small enough for 28x28 images and one channel."""
+    m = torchvision.models.DenseNet(growth_rate=8, block_config=(2, 2), num_init_features=16, bn_size=2,
+                                    num_classes=10)
+    m.features.conv0 = torch.nn.Conv2d(1, 16, 7, 2, 3, bias=False)
+    return m
 
 
 def resnet18():
@@ -254,6 +263,7 @@ def main():
         small = compare_step("small", SmallNet, work, slice_dir)
         compare_step("resnet18", resnet18, work, slice_dir)
         compare_step("mobile", MobileNet, work, slice_dir)
+        compare_step("densenet", densenet, work, slice_dir)
         if small:
             compare_ranks(small, work, slice_dir)
         bad_files(work, slice_dir)
