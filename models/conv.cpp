@@ -9,28 +9,33 @@ namespace mtrain::models {
 
 namespace {
 std::string describe(const Conv2dOptions& o) {
-  return fmt::format("Conv2d({}, {}, kernel_size={}, stride={}, padding={}, bias={})",
-                     o.in_channels, o.out_channels, o.kernel_size, o.stride, o.padding, o.bias);
+  return fmt::format("Conv2d({}, {}, kernel_size={}, stride={}, padding={}{}, bias={})", o.in_channels,
+                     o.out_channels, o.kernel_size, o.stride, o.padding,
+                     o.groups == 1 ? std::string() : fmt::format(", groups={}", o.groups), o.bias);
 }
 }  // namespace
 
 Conv2d::Conv2d(const Conv2dOptions& options)
     : options_(options), description_(describe(options)) {
   if (options.in_channels < 1 || options.out_channels < 1 || options.kernel_size < 1 ||
-      options.stride < 1 || options.padding < 0) {
+      options.stride < 1 || options.padding < 0 || options.groups < 1 || options.in_channels % options.groups != 0 ||
+      options.out_channels % options.groups != 0) {
     throw InvalidArgument(fmt::format(
-        "{}: expected in_channels, out_channels, kernel_size, stride >= 1 and padding >= 0",
+        "{}: expected in_channels, out_channels, kernel_size, stride >= 1, padding >= 0 and groups >= 1 dividing "
+        "both channel counts",
         description_));
   }
   geometry_.stride_h = geometry_.stride_w = options.stride;
   geometry_.pad_h = geometry_.pad_w = options.padding;
+  geometry_.groups = options.groups;
   const int64_t k = options.kernel_size;
-  register_parameter("weight", weight_, {options.out_channels, options.in_channels, k, k});
+  register_parameter("weight", weight_, {options.out_channels, options.in_channels / options.groups, k, k});
   if (options.bias) register_parameter("bias", bias_, {options.out_channels});
 }
 
 void Conv2d::reset_parameters(ParameterInitializer& init) {
-  const int64_t fan_in = options_.in_channels * options_.kernel_size * options_.kernel_size;
+  // torch's fan_in: the weight's dimension 1 (in / groups) times the kernel's area.
+  const int64_t fan_in = options_.in_channels / options_.groups * options_.kernel_size * options_.kernel_size;
   init.init_weight(weight_.value, fan_in);
   if (options_.bias) init.init_bias(bias_.value, fan_in);
 }

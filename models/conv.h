@@ -1,5 +1,6 @@
 // Conv2d: 2-D convolution over NCHW input with an OIHW weight (torch.nn.Conv2d with
-// square kernel, stride and padding, dilation 1, groups 1).
+// square kernel, stride and padding, dilation 1, any groups: the weight is
+// [out, in / groups, k, k], depthwise when groups == in).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,7 @@ struct Conv2dOptions {
   int stride = 1;
   int padding = 0;
   bool bias = true;
+  int groups = 1;  // divides in_channels and out_channels
 };
 
 class Conv2d : public Module {

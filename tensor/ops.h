@@ -117,6 +117,9 @@ struct Conv2dParams {
   DType compute = DType::Float32;  // Note [Reduced-precision compute]
   // x, y, dx and dy are [N, H, W, C] (Note [Channels last]); w and dw stay [O, C, KH, KW].
   bool channels_last = false;
+  // Grouped convolution (depthwise when groups == C): C and O divisible by it, w is
+  // [O, C / groups, KH, KW], and output group g sees input group g only.
+  int groups = 1;
 };
 // Output spatial size for input size `in`, kernel `k`, stride `s`, padding `p`.
 int64_t conv_out_size(int64_t in, int64_t k, int64_t s, int64_t p);

@@ -135,12 +135,13 @@ struct Layer {
 Layer conv(const Graph& g, const Node& n) {
   const Tensor* w = weight_input(g, n, 1);
   require(g, n, w != nullptr && w->ndim() == 4, "a weight that is no 4-D initializer");
-  require(g, n, int_attribute(g, n, "group", 1) == 1, fmt::format("group {}", int_attribute(g, n, "group", 1)));
   const std::vector<int64_t> dilations = ints_attribute(g, n, "dilations", {1, 1});
   require(g, n, one_size(g, n, "dilations", dilations) == 1, fmt::format("dilations [{}]", fmt::join(dilations, ", ")));
   Conv2dOptions o;
+  o.groups = static_cast<int>(int_attribute(g, n, "group", 1));
+  require(g, n, o.groups >= 1 && w->shape()[0] % o.groups == 0, fmt::format("group {}", o.groups));
   o.out_channels = w->shape()[0];
-  o.in_channels = w->shape()[1];
+  o.in_channels = w->shape()[1] * o.groups;
   o.kernel_size = one_size(g, n, "kernel_shape", ints_attribute(g, n, "kernel_shape", {w->shape()[2], w->shape()[3]}));
   o.stride = one_size(g, n, "strides", ints_attribute(g, n, "strides", {1, 1}));
   o.padding = one_size(g, n, "pads", ints_attribute(g, n, "pads", {0, 0, 0, 0}));

@@ -39,9 +39,10 @@ using Role = BoundArg::Role;
 
 enum class ConvDirection : uint8_t { Forward, BackwardData, BackwardWeights };
 
-// Sizes of one convolution: x[n,c,h,w] * w[o,c,kh,kw] -> y[n,o,oh,ow].
+// Sizes of one convolution: x[n,c,h,w] * w[o,c/g,kh,kw] -> y[n,o,oh,ow], in g groups.
 struct ConvShape {
   int64_t n, c, h, w, o, kh, kw, oh, ow;
+  int64_t g = 1;
 };
 
 struct ConvKey {
@@ -50,7 +51,7 @@ struct ConvKey {
   bool bias;
   bool accumulate;
   bool blocked;
-  std::array<int64_t, 13> dims;
+  std::array<int64_t, 14> dims;
   bool operator==(const ConvKey&) const = default;
 };
 
@@ -130,7 +131,7 @@ memory::data_type dnnl_type(DType t) {
 memory::desc plain_md(const memory::dims& dims, memory::data_type type = memory::data_type::f32) {
   static constexpr memory::format_tag kTagByRank[] = {
       memory::format_tag::undef, memory::format_tag::x, memory::format_tag::nc,
-      memory::format_tag::abc, memory::format_tag::nchw};
+      memory::format_tag::abc, memory::format_tag::nchw, memory::format_tag::goihw};
   return memory::desc(dims, type, kTagByRank[dims.size()]);
 }
 
@@ -146,9 +147,12 @@ struct ConvDescs {
   memory::dims x, w, b, y, strides, pad;
 };
 
+// Grouped weights are oneDNN's goihw, which is mtrain's [O, C/g, KH, KW] read as
+// [g, O/g, C/g, KH, KW].
 ConvDescs conv_dims(const ConvShape& s, const Conv2dParams& p) {
-  return {{s.n, s.c, s.h, s.w}, {s.o, s.c, s.kh, s.kw}, {s.o}, {s.n, s.o, s.oh, s.ow},
-          {p.stride_h, p.stride_w}, {p.pad_h, p.pad_w}};
+  const memory::dims w = s.g == 1 ? memory::dims{s.o, s.c, s.kh, s.kw}
+                                  : memory::dims{s.g, s.o / s.g, s.c / s.g, s.kh, s.kw};
+  return {{s.n, s.c, s.h, s.w}, w, {s.o}, {s.n, s.o, s.oh, s.ow}, {p.stride_h, p.stride_w}, {p.pad_h, p.pad_w}};
 }
 
 // `in` is the type of x and w; `out` that of y (the backward passes' hint has y in the
@@ -244,7 +248,7 @@ ConvEntry& cached_entry(ConvDirection direction, const ConvShape& s, const Conv2
   static std::unordered_map<ConvKey, std::unique_ptr<ConvEntry>, ConvKeyHash> cache;
   const ConvKey key{direction, p.compute, bias, accumulate, choose_blocked(direction, s, p.compute),
                     {s.n, s.c, s.h, s.w, s.o, s.kh, s.kw, s.oh, s.ow, p.stride_h, p.stride_w,
-                     p.pad_h, p.pad_w}};
+                     p.pad_h, p.pad_w, s.g}};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, make_entry(key, s, p)).first;
@@ -277,9 +281,9 @@ void run_entry(ConvEntry& e, std::initializer_list<const void*> inputs,
 }
 
 void check_params(const char* op, const Conv2dParams& p) {
-  MTRAIN_CHECK(p.stride_h >= 1 && p.stride_w >= 1 && p.pad_h >= 0 && p.pad_w >= 0,
-               "{}: invalid stride {}x{} / padding {}x{}", op, p.stride_h, p.stride_w, p.pad_h,
-               p.pad_w);
+  MTRAIN_CHECK(p.stride_h >= 1 && p.stride_w >= 1 && p.pad_h >= 0 && p.pad_w >= 0 && p.groups >= 1,
+               "{}: invalid stride {}x{} / padding {}x{} / groups {}", op, p.stride_h, p.stride_w, p.pad_h,
+               p.pad_w, p.groups);
 }
 
 // Checks x[N,C,H,W] against w[O,C,KH,KW] and y[N,O,OH,OW] (names as the op sees them).
@@ -291,9 +295,10 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
   cpu::check_float(op, y_name, y);
   cpu::check_ndim(op, x_name, x, 4);
   cpu::check_ndim(op, "w", w, 4);
-  ConvShape s{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), 0, 0};
-  MTRAIN_CHECK(w.size(1) == s.c, "{}: w {} expects {} input channels, {} {} has {}", op,
-               shape_str(w.shape()), w.size(1), x_name, shape_str(x.shape()), s.c);
+  ConvShape s{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), 0, 0, p.groups};
+  MTRAIN_CHECK(s.c % s.g == 0 && s.o % s.g == 0 && w.size(1) * s.g == s.c,
+               "{}: w {} in {} groups expects {} input channels, {} {} has {}", op, shape_str(w.shape()), s.g,
+               w.size(1) * s.g, x_name, shape_str(x.shape()), s.c);
   s.oh = conv_out_size(s.h, s.kh, p.stride_h, p.pad_h);
   s.ow = conv_out_size(s.w, s.kw, p.stride_w, p.pad_w);
   MTRAIN_CHECK(s.kh >= 1 && s.kw >= 1 && s.oh >= 1 && s.ow >= 1,
@@ -320,8 +325,9 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
 // operand; the bias gradient sums the float32 dy.
 
 // The Auto policy's third choice: own kernels instead of a oneDNN primitive.
+// The own kernels take one group; grouped convolutions are oneDNN's.
 bool choose_direct(const ConvShape& s, const Conv2dParams& p) {
-  return layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
+  return s.g == 1 && layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
          cpu::direct_conv_applies(s.c, s.o, s.kh, s.kw, p.stride_h, p.stride_w);
 }
 
@@ -337,7 +343,7 @@ cpu::ConvGeometry geometry(const ConvShape& s, const Conv2dParams& p) {
 // backward-data, and with their own rule weight gradients (Note [Winograd convolution]
 // in conv_winograd.cpp).
 bool choose_winograd(ConvDirection direction, const ConvShape& s, const Conv2dParams& p) {
-  if (p.compute != DType::Float32 || layout_setting().load(std::memory_order_relaxed) != ConvLayout::Auto) {
+  if (s.g != 1 || p.compute != DType::Float32 || layout_setting().load(std::memory_order_relaxed) != ConvLayout::Auto) {
     return false;
   }
   const cpu::ConvGeometry g = geometry(s, p);
@@ -347,7 +353,7 @@ bool choose_winograd(ConvDirection direction, const ConvShape& s, const Conv2dPa
 // The Auto policy's choice for the gradients of convolutions with few channels (Note
 // [Images in the vector lanes] in conv_lanes.cpp).
 bool choose_lanes(ConvDirection direction, const ConvShape& s, const Conv2dParams& p) {
-  if (layout_setting().load(std::memory_order_relaxed) != ConvLayout::Auto) return false;
+  if (s.g != 1 || layout_setting().load(std::memory_order_relaxed) != ConvLayout::Auto) return false;
   const cpu::ConvGeometry g = geometry(s, p);
   return direction == ConvDirection::BackwardData ? cpu::lanes_backward_data_applies(g)
                                                   : cpu::lanes_backward_weights_applies(g);
@@ -356,8 +362,8 @@ bool choose_lanes(ConvDirection direction, const ConvShape& s, const Conv2dParam
 // The Auto policy's choice for weight gradients with few output positions (Note
 // [Weight gradients as a GEMM] in conv_gemm_weights.cpp).
 bool choose_gemm_weights(const ConvShape& s, const Conv2dParams& p) {
-  return p.compute == DType::Float32 && layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
-         cpu::gemm_weights_applies(geometry(s, p));
+  return s.g == 1 && p.compute == DType::Float32 &&
+         layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto && cpu::gemm_weights_applies(geometry(s, p));
 }
 
 // db[o] (+)= sum over n, oh, ow of dy[n, o, oh, ow]: each image's plane summed in

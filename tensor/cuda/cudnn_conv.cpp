@@ -78,9 +78,10 @@ const char* op_name(ConvDirection d) {
   return "conv2d";
 }
 
-// Sizes of one convolution: x[n,c,h,w] * w[o,c,kh,kw] -> y[n,o,oh,ow].
+// Sizes of one convolution: x[n,c,h,w] * w[o,c/g,kh,kw] -> y[n,o,oh,ow], in g groups.
 struct ConvShape {
   int64_t n, c, h, w, o, kh, kw, oh, ow;
+  int64_t g = 1;
 };
 
 // One convolution call, described for error messages only when something fails.
@@ -91,10 +92,10 @@ struct ConvCall {
 
   std::string str() const {
     return fmt::format("running {} on cuDNN with x [{}, {}, {}, {}], w [{}, {}, {}, {}], "
-                       "y [{}, {}, {}, {}], stride {}x{}, padding {}x{}{}",
-                       op_name(direction), s.n, s.c, s.h, s.w, s.o, s.c, s.kh, s.kw, s.n, s.o,
+                       "y [{}, {}, {}, {}], stride {}x{}, padding {}x{}{}{}",
+                       op_name(direction), s.n, s.c, s.h, s.w, s.o, s.c / s.g, s.kh, s.kw, s.n, s.o,
                        s.oh, s.ow, p.stride_h, p.stride_w, p.pad_h, p.pad_w,
-                       p.channels_last ? ", channels last" : "");
+                       s.g == 1 ? "" : fmt::format(", {} groups", s.g), p.channels_last ? ", channels last" : "");
   }
 };
 
@@ -129,6 +130,7 @@ std::unique_ptr<ConvDesc> make_conv_desc(const ops::Conv2dParams& p, cudnnMathTy
                                                      CUDNN_DATA_FLOAT),
                      context);
   MTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(desc->get(), math), context);
+  MTRAIN_CUDNN_CHECK(cudnnSetConvolutionGroupCount(desc->get(), p.groups), context);
   return desc;
 }
 
@@ -167,7 +169,7 @@ struct ConvKey {
   DType compute;
   int device;
   bool benchmark, deterministic, allow_tf32, channels_last;
-  std::array<int64_t, 13> dims;
+  std::array<int64_t, 14> dims;
   bool operator==(const ConvKey&) const = default;
 };
 
@@ -409,7 +411,7 @@ std::unique_ptr<ConvPlan> make_plan(const ConvKey& key, const ConvShape& s,
                                                 i(s.n), i(s.o), i(s.oh), i(s.ow)),
                      context);
   MTRAIN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w.get(), data, format,
-                                                i(s.o), i(s.c), i(s.kh), i(s.kw)),
+                                                i(s.o), i(s.c / s.g), i(s.kh), i(s.kw)),
                      context);
   switch (key.direction) {
     case ConvDirection::Forward:
@@ -443,7 +445,7 @@ ConvPlan& cached_plan(const ConvCall& call, int device, const FindBuffers& buffe
                     options.allow_tf32,
                     p.channels_last,
                     {s.n, s.c, s.h, s.w, s.o, s.kh, s.kw, s.oh, s.ow, p.stride_h, p.stride_w,
-                     p.pad_h, p.pad_w}};
+                     p.pad_h, p.pad_w, s.g}};
   {
     std::lock_guard<std::mutex> lock(mu);
     if (auto it = cache->find(key); it != cache->end()) return *it->second;
@@ -528,7 +530,7 @@ const BiasDescriptors& bias_descriptors(const ConvCall& call) {
 // [Convolutions on the graph API] in cudnn_graph.cpp), out = op(in0, in1) + beta * out with
 // the operands of cuda::run_graph_convolution; false when the legacy plans are to run it.
 bool ran_on_graph_api(int device, const ConvCall& call, const void* in0, const void* in1, void* out, float beta) {
-  if (!numerics().cudnn_graph_api) return false;
+  if (!numerics().cudnn_graph_api || call.s.g != 1) return false;  // grouped: the legacy plans
   const ConvShape& s = call.s;
   cuda::GraphConvolution g;
   g.direction = call.direction == ConvDirection::Forward        ? cuda::GraphConvolution::Direction::Forward
@@ -558,9 +560,9 @@ void check_fits_int(const char* op, const char* name, const Tensor& t) {
 // all on the device of `x` (which the dispatch guarantees is a GPU).
 ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const Tensor& w,
                      const char* y_name, const Tensor& y, const ops::Conv2dParams& p) {
-  MTRAIN_CHECK(p.stride_h >= 1 && p.stride_w >= 1 && p.pad_h >= 0 && p.pad_w >= 0,
-               "{}: invalid stride {}x{} / padding {}x{}", op, p.stride_h, p.stride_w, p.pad_h,
-               p.pad_w);
+  MTRAIN_CHECK(p.stride_h >= 1 && p.stride_w >= 1 && p.pad_h >= 0 && p.pad_w >= 0 && p.groups >= 1,
+               "{}: invalid stride {}x{} / padding {}x{} / groups {}", op, p.stride_h, p.stride_w, p.pad_h,
+               p.pad_w, p.groups);
   MTRAIN_CHECK(x.defined() && x.device().is_cuda(), "{}: {} must be a GPU tensor, found {}", op,
                x_name, x.str());
   const Device device = x.device();
@@ -573,8 +575,10 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
   ConvShape s = p.channels_last
                     ? ConvShape{x.size(0), x.size(3), x.size(1), x.size(2), w.size(0), w.size(2), w.size(3), 0, 0}
                     : ConvShape{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), 0, 0};
-  MTRAIN_CHECK(w.size(1) == s.c, "{}: w {} expects {} input channels, {} {} has {}", op,
-               shape_str(w.shape()), w.size(1), x_name, shape_str(x.shape()), s.c);
+  s.g = p.groups;
+  MTRAIN_CHECK(s.c % s.g == 0 && s.o % s.g == 0 && w.size(1) * s.g == s.c,
+               "{}: w {} in {} groups expects {} input channels, {} {} has {}", op, shape_str(w.shape()), s.g,
+               w.size(1) * s.g, x_name, shape_str(x.shape()), s.c);
   s.oh = ops::conv_out_size(s.h, s.kh, p.stride_h, p.pad_h);
   s.ow = ops::conv_out_size(s.w, s.kw, p.stride_w, p.pad_w);
   MTRAIN_CHECK(s.kh >= 1 && s.kw >= 1 && s.oh >= 1 && s.ow >= 1,
@@ -715,7 +719,7 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tens
   const void* pdy = detail::compute_operand(dy, p.compute, dy16);
   // Channels last: the gradient comes in [O, KH, KW, C] and is put into dw at the end.
   Tensor& dw_out =
-      p.channels_last ? (dw_last = Tensor::empty({s.o, s.kh, s.kw, s.c}, DType::Float32, dw.device())) : dw;
+      p.channels_last ? (dw_last = Tensor::empty({s.o, s.kh, s.kw, s.c / s.g}, DType::Float32, dw.device())) : dw;
   const bool accumulate_out = accumulate && !p.channels_last;
   void* pdw = output_in(dw_out, p.compute, dw16);
   const ConvCall what{dir, s, p};

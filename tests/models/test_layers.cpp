@@ -139,6 +139,33 @@ Tensor away_from_kinks(const Shape& shape, std::mt19937_64& rng, float low, floa
 }
 }  // namespace
 
+TEST_CASE("grouped and depthwise Conv2d backward match finite differences", "[layers][conv]") {
+  std::mt19937_64 rng(17);
+  SECTION("4 groups, bias, stride 2") {
+    Conv2d conv({.in_channels = 8, .out_channels = 12, .kernel_size = 3, .stride = 2, .padding = 1, .groups = 4});
+    init_parameters(conv, {});
+    CHECK(conv.weight().value.shape() == Shape{12, 2, 3, 3});
+    require_gradients_match(conv, uniform_tensor({2, 8, 5, 5}, rng), rng);
+  }
+  SECTION("depthwise") {
+    Conv2d conv({.in_channels = 6, .out_channels = 6, .kernel_size = 3, .padding = 1, .bias = false, .groups = 6});
+    init_parameters(conv, {});
+    require_gradients_match(conv, uniform_tensor({2, 6, 4, 4}, rng), rng);
+  }
+  // Each output group sees its own input group only: a change in input group 1 leaves
+  // output group 0 as it was.
+  Conv2d conv({.in_channels = 4, .out_channels = 4, .kernel_size = 1, .groups = 2});
+  init_parameters(conv, {});
+  Tensor x = uniform_tensor({1, 4, 2, 2}, rng);
+  const Tensor before = conv.forward(x).clone();
+  x.data<float>()[3 * 4] += 1.0f;  // channel 3, in group 1
+  const Tensor after = conv.forward(x);
+  for (int i = 0; i < 8; ++i) CHECK(after.data<float>()[i] == before.data<float>()[i]);
+  CHECK(after.data<float>()[12] != before.data<float>()[12]);
+  CHECK_THROWS_WITH(Conv2d({.in_channels = 6, .out_channels = 4, .kernel_size = 1, .groups = 4}),
+                    Catch::Contains("groups >= 1 dividing both channel counts"));
+}
+
 TEST_CASE("Hardtanh (ReLU6), Hardsigmoid and Hardswish backward match finite differences",
           "[layers][activation]") {
   std::mt19937_64 rng(16);

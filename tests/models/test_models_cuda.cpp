@@ -229,6 +229,23 @@ TEST_CASE("Conv2d and Linear on the GPU equal the CPU", "[cuda][layers]") {
                            rng, kGemm);
   }
   {
+    // cuDNN's group count against oneDNN's grouped weights (goihw), and a depthwise layer.
+    auto pair = make_pair_of(
+        [] {
+          return std::make_unique<Conv2d>(
+              Conv2dOptions{.in_channels = 8, .out_channels = 12, .kernel_size = 3, .stride = 2, .padding = 1, .groups = 4});
+        },
+        14);
+    check_forward_backward("Conv2d 3x3 in 4 groups", pair, uniform_tensor({3, 8, 9, 9}, rng), rng, kGemm);
+    auto depthwise = make_pair_of(
+        [] {
+          return std::make_unique<Conv2d>(Conv2dOptions{
+              .in_channels = 16, .out_channels = 16, .kernel_size = 3, .padding = 1, .bias = false, .groups = 16});
+        },
+        15);
+    check_forward_backward("Conv2d 3x3 depthwise", depthwise, uniform_tensor({3, 16, 8, 8}, rng), rng, kGemm);
+  }
+  {
     auto pair = make_pair_of([] { return std::make_unique<Linear>(37, 13); }, 13);
     check_forward_backward("Linear", pair, uniform_tensor({6, 37}, rng), rng, kGemm);
   }
