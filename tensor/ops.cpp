@@ -77,6 +77,18 @@ ChannelBlock channel_block(const Tensor& src, int64_t src_offset, const Tensor& 
   return b;
 }
 
+ChannelPlanes channel_planes(const char* op, const Tensor& x, const Tensor& per_plane) {
+  const bool fits = x.defined() && per_plane.defined() && x.dtype() == DType::Float32 &&
+                    per_plane.dtype() == DType::Float32 && x.device() == per_plane.device() && x.ndim() >= 2 &&
+                    per_plane.numel() == x.shape()[0] * x.shape()[1];
+  MTRAIN_CHECK(fits, "{}: expected x [N, C, ...] and one float32 value per (n, c) on its device, found {} and {}", op,
+               x.defined() ? x.str() : "undefined", per_plane.defined() ? per_plane.str() : "undefined");
+  ChannelPlanes p;
+  p.planes = x.shape()[0] * x.shape()[1];
+  p.inner = p.planes == 0 ? 0 : x.numel() / p.planes;
+  return p;
+}
+
 }  // namespace ops
 
 #define MTRAIN_OP(RETURN, NAME, PARAMS, ARGS, DEVICE, WITHOUT_CUDA) \

@@ -43,6 +43,38 @@ void relu_forward(const Tensor& x, Tensor& y);
 void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);      // uses the output y
 void sigmoid_forward(const Tensor& x, Tensor& y);
 void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx);   // dx = dy * y * (1 - y)
+// out = a * b, elementwise (out may alias a or b).
+void mul(const Tensor& a, const Tensor& b, Tensor& out);
+// y[n, c, ...] = x[n, c, ...] * s[n, c] for x [N, C, ...] and s of N x C elements ([N, C, 1,
+// 1] or [N, C]): a scale per image and channel (squeeze-and-excitation). y may alias x.
+void scale_channels(const Tensor& x, const Tensor& s, Tensor& y);
+// out[n, c] = the sum over the rest of a[n, c, ...] * b[n, c, ...], for a and b of one shape
+// [N, C, ...] and out of N x C elements: scale_channels' gradient with respect to s.
+void channel_dot(const Tensor& a, const Tensor& b, Tensor& out);
+// What scale_channels and channel_dot work on: N x C planes of `inner` elements each, for x
+// [N, C, ...] (float32) and `per_plane` with one float32 element per plane, on x's device.
+// Throws InternalError naming the op otherwise.
+struct ChannelPlanes {
+  int64_t planes = 0, inner = 0;
+};
+ChannelPlanes channel_planes(const char* op, const Tensor& x, const Tensor& per_plane);
+// Element i of dropout draw `seed` is kept when this is at least p (a number in [0, 1) with
+// 24 random bits: splitmix64 of seed and i). Host and device code.
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline float dropout_uniform(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+}
+// Fills `mask` (float32) with 0 at probability p and 1 / (1 - p) elsewhere (inverted
+// dropout, as torch.nn.Dropout scales). Element i of draw `seed` comes from a counter-based
+// generator (splitmix64 of seed and i), so it is the same on every device.
+void dropout_mask(Tensor& mask, float p, uint64_t seed);
+
 // The piecewise-linear activations of mobile networks, each with PyTorch's formula and
 // rounding (its CPU kernels'); their backward reads the input x.
 //   hardtanh:    y = min(max(x, lo), hi)            dx = dy where lo < x < hi, else 0  (ReLU6: 0, 6)

@@ -14,6 +14,8 @@
 #include "models/activation.h"
 #include "models/batchnorm.h"
 #include "models/conv.h"
+#include "models/dropout.h"
+#include "models/identity.h"
 #include "models/flatten.h"
 #include "models/linear.h"
 #include "models/onnx/onnx_graph.h"
@@ -250,6 +252,17 @@ bool pads_nothing(const Graph& g, const Node& n) {
   return true;
 }
 
+// torch.nn.Dropout: the rate and whether it trains are inputs from opset 12 (a training-mode
+// export says true), the rate an attribute before it. Each node draws its own masks (its
+// index seeds them).
+Layer dropout(const Graph& g, const Node& n) {
+  const bool trains = g.opset >= 12 ? scalar_input(g, n, 2, 0.0f) != 0.0f : true;
+  const float p = g.opset >= 12 ? scalar_input(g, n, 1, 0.5f) : float_attribute(g, n, "ratio", 0.5f);
+  require(g, n, p >= 0.0f && p < 1.0f, fmt::format("ratio {}", p));
+  if (!trains) return {std::make_unique<Identity>(), ""};
+  return {std::make_unique<Dropout>(p, 0x5EED0000ull + static_cast<uint64_t>(n.index)), ""};
+}
+
 using LayerFactory = std::function<Layer(const Graph&, const Node&)>;
 
 // The operators that become a layer; Add and Identity are the graph's own (GraphModel::Step).
@@ -267,6 +280,7 @@ const std::map<std::string, LayerFactory>& layer_factories() {
       {"AveragePool", average_pool},
       {"GlobalAveragePool", [](const Graph&, const Node&) { return Layer{std::make_unique<AdaptiveAvgPool2d>(1), ""}; }},
       {"Flatten", flatten},
+      {"Dropout", dropout},
   };
   return factories;
 }
@@ -291,6 +305,7 @@ const std::vector<std::string>& supported_operators() {
     for (const auto& [name, factory] : layer_factories()) out.push_back(name);
     out.push_back("Add");
     out.push_back("Concat");
+    out.push_back("Mul");
     out.push_back("Identity");
     out.push_back("Pad");
     std::sort(out.begin(), out.end());
@@ -364,6 +379,9 @@ GraphModel::GraphModel(const Graph& g) {
     s.node = n.describe();
     if (n.op_type == "Add") {
       s.kind = Step::Kind::kAdd;
+      s.inputs = {value_of(n, 0), value_of(n, 1)};
+    } else if (n.op_type == "Mul") {
+      s.kind = Step::Kind::kMul;
       s.inputs = {value_of(n, 0), value_of(n, 1)};
     } else if (n.op_type == "Concat") {
       s.kind = Step::Kind::kConcat;
@@ -454,6 +472,55 @@ Tensor concatenate(const GraphModel::Step& s, const std::vector<Tensor>& values,
   return out;
 }
 
+// Whether `s` holds one value per (image, channel) of `x` [N, C, ...]: [N, C, 1, ...].
+bool per_channel_of(const Tensor& s, const Tensor& x) {
+  if (s.ndim() != x.ndim() || x.ndim() < 3 || s.shape()[0] != x.shape()[0] || s.shape()[1] != x.shape()[1]) return false;
+  for (int d = 2; d < s.ndim(); ++d) {
+    if (s.shape()[d] != 1) return false;
+  }
+  return true;
+}
+
+// a * b for two values of one shape, or [N, C, ...] scaled per image and channel (either
+// side); the inputs are kept for the backward.
+Tensor multiply(GraphModel::Step& s, const Tensor& a, const Tensor& b) {
+  s.saved = {a, b};
+  if (a.shape() == b.shape()) {
+    Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+    ops::mul(a, b, out);
+    return out;
+  }
+  const bool b_scales = per_channel_of(b, a);
+  if (!b_scales && !per_channel_of(a, b)) {
+    throw InvalidArgument(fmt::format("{}: multiplies [{}] and [{}]; mtrain multiplies values of one shape, or "
+                                      "[N, C, ...] by [N, C, 1, 1]",
+                                      s.node, fmt::join(a.shape(), ", "), fmt::join(b.shape(), ", ")));
+  }
+  const Tensor& x = b_scales ? a : b;
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  ops::scale_channels(x, b_scales ? b : a, out);
+  return out;
+}
+
+// The gradients of multiply's inputs, in input order.
+std::pair<Tensor, Tensor> multiply_backward(GraphModel::Step& s, const Tensor& dy) {
+  const Tensor a = std::move(s.saved[0]), b = std::move(s.saved[1]);
+  s.saved.clear();
+  Tensor da = Tensor::empty(a.shape(), a.dtype(), a.device());
+  Tensor db = Tensor::empty(b.shape(), b.dtype(), b.device());
+  if (a.shape() == b.shape()) {
+    ops::mul(dy, b, da);
+    ops::mul(dy, a, db);
+  } else if (per_channel_of(b, a)) {
+    ops::scale_channels(dy, b, da);
+    ops::channel_dot(dy, a, db);
+  } else {
+    ops::channel_dot(dy, b, da);
+    ops::scale_channels(dy, a, db);
+  }
+  return {da, db};
+}
+
 }  // namespace
 
 Tensor GraphModel::forward(const Tensor& x) {
@@ -467,6 +534,10 @@ Tensor GraphModel::forward(const Tensor& x) {
     }
     if (s.kind == Step::Kind::kConcat) {
       out = concatenate(s, values, s.channels);
+      continue;
+    }
+    if (s.kind == Step::Kind::kMul) {
+      out = multiply(s, values[static_cast<size_t>(s.inputs[0])], values[static_cast<size_t>(s.inputs[1])]);
       continue;
     }
     const Tensor& a = values[static_cast<size_t>(s.inputs[0])];
@@ -489,6 +560,10 @@ Tensor GraphModel::backward(const Tensor& dy) {
     MTRAIN_CHECK(g.defined(), "GraphModel: {} has no gradient in backward", it->node);
     if (it->kind == Step::Kind::kLayer) {
       accumulate(grads[static_cast<size_t>(it->inputs[0])], child(it->child).backward(g));
+    } else if (it->kind == Step::Kind::kMul) {
+      auto [da, db] = multiply_backward(*it, g);
+      accumulate(grads[static_cast<size_t>(it->inputs[0])], da);
+      accumulate(grads[static_cast<size_t>(it->inputs[1])], db);
     } else if (it->kind == Step::Kind::kConcat) {
       int64_t offset = 0;
       for (size_t i = 0; i < it->inputs.size(); ++i) {

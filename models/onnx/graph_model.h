@@ -35,10 +35,11 @@ class GraphModel : public Module {
   // The image shape the graph was exported for, [C, H, W], -1 where left free.
   const std::vector<int64_t>& image_shape() const { return image_shape_; }
 
-  // One node at run time: a layer (a child), an addition of two values, or a concatenation
-  // of several along the channels.
+  // One node at run time: a layer (a child), an addition of two values, a concatenation of
+  // several along the channels, or a product of two (of one shape, or [N, C, ...] by one
+  // value per image and channel).
   struct Step {
-    enum class Kind { kLayer, kAdd, kConcat };
+    enum class Kind { kLayer, kAdd, kConcat, kMul };
     Kind kind = Kind::kLayer;
     size_t child = 0;             // kLayer: its slot
     std::vector<int> inputs;      // value ids (one for a layer, two for an addition, n for a concatenation)
@@ -46,6 +47,7 @@ class GraphModel : public Module {
     std::string node;             // the ONNX node, for messages
     int64_t axis = 1;             // kConcat: as given (negative counts from the end)
     std::vector<int64_t> channels;  // kConcat: each input's channels in the last forward
+    std::vector<Tensor> saved;      // kMul: the last forward's inputs, until its backward
   };
 
  private:

@@ -120,6 +120,11 @@ std::optional<Tensor> constant_value(const std::string& path, const pb::TensorPr
       if (static_cast<size_t>(t.int32_data_size()) != count) return std::nullopt;
       for (size_t i = 0; i < count; ++i) p[i] = static_cast<float>(t.int32_data(static_cast<int>(i)));
       return out;
+    case pb::TensorProto::BOOL:  // one byte each in raw data, int32_data otherwise
+      if (t.has_raw_data()) return from_raw(uint8_t{}) ? std::optional<Tensor>(out) : std::nullopt;
+      if (static_cast<size_t>(t.int32_data_size()) != count) return std::nullopt;
+      for (size_t i = 0; i < count; ++i) p[i] = t.int32_data(static_cast<int>(i)) != 0 ? 1.0f : 0.0f;
+      return out;
     case pb::TensorProto::DOUBLE:
       if (t.has_raw_data()) return from_raw(double{}) ? std::optional<Tensor>(out) : std::nullopt;
       if (static_cast<size_t>(t.double_data_size()) != count) return std::nullopt;

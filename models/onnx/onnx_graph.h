@@ -42,8 +42,8 @@ struct Graph {
   std::vector<int64_t> input_shape;  // its dimensions; -1 where symbolic or unknown
   std::string output;         // the graph's one output
   std::vector<Node> nodes;    // topologically sorted (the checker requires it), constants folded
-  // The initializers and the values of the Constant nodes (float, double, int32 or int64
-  // numbers, as float32) and of Casts of them: constant inputs of the nodes that read them.
+  // The initializers and the values of the Constant nodes (float, double, int32, int64 or
+  // bool, as float32) and of Casts of them: constant inputs of the nodes that read them.
   // A Constant of another type stays a node. float32, host.
   std::map<std::string, Tensor> initializers;
 };

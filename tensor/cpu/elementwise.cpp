@@ -6,6 +6,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/error.h"
 #include "tensor/cpu/checks.h"
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dnnl_support.h"
@@ -206,6 +207,64 @@ void cpu::hardswish_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   map_backward("hardswish_backward", x, dy, dx, [](float v, float g) {
     return v < -3.0f ? 0.0f : (v <= 3.0f ? g * (v / 3.0f + 0.5f) : g);
   });
+}
+
+void cpu::mul(const Tensor& a, const Tensor& b, Tensor& out) {
+  check_float("mul", "a", a);
+  check_float_shape("mul", "b", b, a.shape());
+  check_float_shape("mul", "out", out, a.shape());
+  cpu::use_configured_threads();
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* po = out.data<float>();
+  const int64_t n = a.numel();
+#pragma omp parallel for simd if (n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) po[i] = pa[i] * pb[i];
+}
+
+void cpu::scale_channels(const Tensor& x, const Tensor& s, Tensor& y) {
+  const ChannelPlanes g = channel_planes("scale_channels", x, s);
+  check_float_shape("scale_channels", "y", y, x.shape());
+  cpu::use_configured_threads();
+  const float* px = x.data<float>();
+  const float* ps = s.data<float>();
+  float* py = y.data<float>();
+#pragma omp parallel for if (g.planes * g.inner >= kParallelGrain)
+  for (int64_t plane = 0; plane < g.planes; ++plane) {
+    const float scale = ps[plane];
+    const float* row = px + plane * g.inner;
+    float* out = py + plane * g.inner;
+#pragma omp simd
+    for (int64_t i = 0; i < g.inner; ++i) out[i] = row[i] * scale;
+  }
+}
+
+void cpu::channel_dot(const Tensor& a, const Tensor& b, Tensor& out) {
+  const ChannelPlanes g = channel_planes("channel_dot", a, out);
+  check_float_shape("channel_dot", "b", b, a.shape());
+  cpu::use_configured_threads();
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* po = out.data<float>();
+#pragma omp parallel for if (g.planes * g.inner >= kParallelGrain)
+  for (int64_t plane = 0; plane < g.planes; ++plane) {
+    const float* ra = pa + plane * g.inner;
+    const float* rb = pb + plane * g.inner;
+    double sum = 0.0;  // a plane is a whole feature map: summed in double, as the GPU does
+    for (int64_t i = 0; i < g.inner; ++i) sum += static_cast<double>(ra[i]) * rb[i];
+    po[plane] = static_cast<float>(sum);
+  }
+}
+
+void cpu::dropout_mask(Tensor& mask, float p, uint64_t seed) {
+  check_float("dropout_mask", "mask", mask);
+  MTRAIN_CHECK(p >= 0.0f && p < 1.0f, "dropout_mask: p must be in [0, 1), found {}", p);
+  cpu::use_configured_threads();
+  float* pm = mask.data<float>();
+  const float kept = 1.0f / (1.0f - p);
+  const int64_t n = mask.numel();
+#pragma omp parallel for if (n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) pm[i] = dropout_uniform(seed, static_cast<uint64_t>(i)) >= p ? kept : 0.0f;
 }
 
 }  // namespace mtrain::ops

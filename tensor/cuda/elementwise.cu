@@ -5,6 +5,7 @@
 // odd offsets may not be.
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "tensor/cuda/cuda_check.h"
@@ -12,6 +13,7 @@
 #include "tensor/cuda/op_checks.h"
 #include "tensor/cuda/stream.h"
 #include "tensor/cuda_ops.h"
+#include "tensor/ops.h"
 
 namespace mtrain::cuda_ops {
 namespace {
@@ -99,6 +101,35 @@ struct SigmoidBackward {
     return __fmul_rn(__fmul_rn(dy, y), __fsub_rn(1.0f, y));
   }
 };
+
+struct Mul {
+  __device__ float operator()(float a, float b) const { return __fmul_rn(a, b); }
+};
+
+// y = x * s[plane]: one thread per element, the plane from the index.
+__global__ void scale_channels_kernel(const float* x, const float* s, float* y, int64_t n, int64_t inner) {
+  for (int64_t i = detail::global_thread_index(); i < n; i += detail::grid_stride()) {
+    y[i] = __fmul_rn(x[i], s[i / inner]);
+  }
+}
+
+// One block per plane: the products summed in double in a fixed tree order.
+__global__ void channel_dot_kernel(const float* a, const float* b, float* out, int64_t inner) {
+  __shared__ double shared[kThreads / 32];
+  const int64_t plane = blockIdx.x;
+  const float* ra = a + plane * inner;
+  const float* rb = b + plane * inner;
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < inner; i += blockDim.x) sum += static_cast<double>(ra[i]) * rb[i];
+  sum = detail::block_sum(sum, shared);
+  if (threadIdx.x == 0) out[plane] = static_cast<float>(sum);
+}
+
+__global__ void dropout_mask_kernel(float* mask, int64_t n, float p, float kept, uint64_t seed) {
+  for (int64_t i = detail::global_thread_index(); i < n; i += detail::grid_stride()) {
+    mask[i] = ops::dropout_uniform(seed, static_cast<uint64_t>(i)) >= p ? kept : 0.0f;
+  }
+}
 
 // PyTorch's formulas, as tensor/cpu/elementwise.cpp computes them; clamp is its
 // std::min(std::max(x, lo), hi), which keeps a NaN (fminf and fmaxf would drop it).
@@ -213,6 +244,48 @@ void hardsigmoid_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
 void hardswish_forward(const Tensor& x, Tensor& y) { unary("hardswish_forward", x, y, Hardswish{}); }
 void hardswish_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   backward("hardswish_backward", x, dy, dx, HardswishBackward{});
+}
+
+void mul(const Tensor& a, const Tensor& b, Tensor& out) {
+  const Device device = first_gpu("mul", "a", a);
+  check_on_shape("mul", "b", b, device, a.shape());
+  check_on_shape("mul", "out", out, device, a.shape());
+  launch_map<2>(device, Mul{}, a.data<float>(), b.data<float>(), out.data<float>(), a.numel());
+}
+
+void scale_channels(const Tensor& x, const Tensor& s, Tensor& y) {
+  const Device device = first_gpu("scale_channels", "x", x);
+  const ops::ChannelPlanes g = ops::channel_planes("scale_channels", x, s);
+  check_on_shape("scale_channels", "y", y, device, x.shape());
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  cuda::DeviceGuard guard(device.index);
+  scale_channels_kernel<<<detail::grid_for(n), kThreads, 0, detail::stream_for(device.index)>>>(
+      x.data<float>(), s.data<float>(), y.data<float>(), n, g.inner);
+  MTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+void channel_dot(const Tensor& a, const Tensor& b, Tensor& out) {
+  const Device device = first_gpu("channel_dot", "a", a);
+  const ops::ChannelPlanes g = ops::channel_planes("channel_dot", a, out);
+  check_on_shape("channel_dot", "b", b, device, a.shape());
+  if (g.planes == 0) return;
+  cuda::DeviceGuard guard(device.index);
+  MTRAIN_CHECK(g.planes <= INT32_MAX, "channel_dot: {} planes are more than one grid holds", g.planes);
+  channel_dot_kernel<<<static_cast<unsigned>(g.planes), kThreads, 0, detail::stream_for(device.index)>>>(
+      a.data<float>(), b.data<float>(), out.data<float>(), g.inner);
+  MTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+void dropout_mask(Tensor& mask, float p, uint64_t seed) {
+  const Device device = first_gpu("dropout_mask", "mask", mask);
+  MTRAIN_CHECK(p >= 0.0f && p < 1.0f, "dropout_mask: p must be in [0, 1), found {}", p);
+  const int64_t n = mask.numel();
+  if (n == 0) return;
+  cuda::DeviceGuard guard(device.index);
+  dropout_mask_kernel<<<detail::grid_for(n), kThreads, 0, detail::stream_for(device.index)>>>(
+      mask.data<float>(), n, p, 1.0f / (1.0f - p), seed);
+  MTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace mtrain::cuda_ops

@@ -10,6 +10,7 @@
 #include "models/activation.h"
 #include "models/batchnorm.h"
 #include "models/conv.h"
+#include "models/dropout.h"
 #include "models/flatten.h"
 #include "models/init.h"
 #include "models/linear.h"
@@ -164,6 +165,41 @@ TEST_CASE("grouped and depthwise Conv2d backward match finite differences", "[la
   CHECK(after.data<float>()[12] != before.data<float>()[12]);
   CHECK_THROWS_WITH(Conv2d({.in_channels = 6, .out_channels = 4, .kernel_size = 1, .groups = 4}),
                     Catch::Contains("groups >= 1 dividing both channel counts"));
+}
+
+TEST_CASE("Dropout: a mask in training, its gradient the same mask; eval and p = 0 pass through",
+          "[layers][dropout]") {
+  std::mt19937_64 rng(18);
+  Dropout dropout(0.5f, 3);
+  const Tensor x = uniform_tensor({4, 8, 4, 4}, rng, 0.5f, 1.0f);  // no zeros of its own
+  const Tensor y = dropout.forward(x);
+  const Tensor dy = uniform_tensor(x.shape(), rng);
+  const Tensor dx = dropout.backward(dy);
+  int64_t dropped = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const float v = y.data<float>()[i];
+    if (v == 0.0f) {
+      ++dropped;
+      REQUIRE(dx.data<float>()[i] == 0.0f);
+    } else {
+      REQUIRE(v == x.data<float>()[i] * 2.0f);
+      REQUIRE(dx.data<float>()[i] == dy.data<float>()[i] * 2.0f);
+    }
+  }
+  CHECK(dropped > 180);  // of 512, about half
+  CHECK(dropped < 330);
+  // The next forward draws another mask.
+  const Tensor y2 = dropout.forward(x);
+  int64_t same = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) same += (y2.data<float>()[i] == 0.0f) == (y.data<float>()[i] == 0.0f);
+  CHECK(same < 400);
+  dropout.backward(dy);
+  dropout.eval();
+  CHECK(dropout.forward(x).raw_data() == x.raw_data());
+  CHECK(dropout.backward(dy).raw_data() == dy.raw_data());
+  Dropout none(0.0f, 3);
+  CHECK(none.forward(x).raw_data() == x.raw_data());
+  CHECK_THROWS_WITH(Dropout(1.0f, 0), Catch::Contains("expected p in [0, 1)"));
 }
 
 TEST_CASE("Hardtanh (ReLU6), Hardsigmoid and Hardswish backward match finite differences",

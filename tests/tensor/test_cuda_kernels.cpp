@@ -153,6 +153,27 @@ TEST_CASE("GPU copy_channels equals the CPU's", "[cuda][channels]") {
   require_same_bits(gpu_out, cpu_out);
 }
 
+TEST_CASE("GPU mul, scale_channels, channel_dot and dropout_mask equal the CPU's", "[cuda][channels]") {
+  require_gpu();
+  const Tensor a = random_tensor({4, 6, 9, 9}, 8), b = random_tensor({4, 6, 9, 9}, 9), s = random_tensor({4, 6, 1, 1}, 10);
+  Tensor prod = Tensor::empty(a.shape()), scaled = Tensor::empty(a.shape()), dot = Tensor::empty(s.shape());
+  ops::mul(a, b, prod);
+  ops::scale_channels(a, s, scaled);
+  ops::channel_dot(a, b, dot);
+  Tensor gprod = on_gpu(Tensor::empty(a.shape())), gscaled = on_gpu(Tensor::empty(a.shape()));
+  Tensor gdot = on_gpu(Tensor::empty(s.shape()));
+  ops::mul(on_gpu(a), on_gpu(b), gprod);
+  ops::scale_channels(on_gpu(a), on_gpu(s), gscaled);
+  ops::channel_dot(on_gpu(a), on_gpu(b), gdot);
+  require_same_bits(gprod, prod);
+  require_same_bits(gscaled, scaled);
+  require_close(on_cpu(gdot), dot, 1e-6);  // double sums in another order, rounded to float
+  Tensor mask = Tensor::empty({12345}), gmask = on_gpu(Tensor::empty({12345}));
+  ops::dropout_mask(mask, 0.3f, 99);
+  ops::dropout_mask(gmask, 0.3f, 99);
+  require_same_bits(gmask, mask);
+}
+
 // ---- pooling ----------------------------------------------------------------------------
 
 TEST_CASE("GPU pooling equals the CPU's, forward and backward", "[cuda][pool]") {

@@ -108,6 +108,48 @@ TEST_CASE("copy_channels moves a block of channels between tensors of one batch 
   CHECK_THROWS_AS(ops::copy_channels(random_tensor({3, 5, hw}, 3), 0, both, 3, 5), InternalError);  // another N
 }
 
+TEST_CASE("mul, scale_channels and channel_dot against their definitions", "[elementwise][channels]") {
+  const Tensor a = random_tensor({2, 3, 5}, 4), b = random_tensor({2, 3, 5}, 5), s = random_tensor({2, 3, 1}, 6);
+  Tensor prod = Tensor::empty({2, 3, 5}), scaled = Tensor::empty({2, 3, 5}), dot = Tensor::empty({2, 3, 1});
+  ops::mul(a, b, prod);
+  ops::scale_channels(a, s, scaled);
+  ops::channel_dot(a, b, dot);
+  for (int64_t plane = 0; plane < 6; ++plane) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < 5; ++i) {
+      const int64_t k = plane * 5 + i;
+      REQUIRE(prod.data<float>()[k] == a.data<float>()[k] * b.data<float>()[k]);
+      REQUIRE(scaled.data<float>()[k] == a.data<float>()[k] * s.data<float>()[plane]);
+      sum += static_cast<double>(a.data<float>()[k]) * b.data<float>()[k];
+    }
+    CHECK(dot.data<float>()[plane] == static_cast<float>(sum));
+  }
+  Tensor wrong = Tensor::empty({2, 2, 1});
+  CHECK_THROWS_AS(ops::scale_channels(a, wrong, scaled), InternalError);
+  CHECK_THROWS_AS(ops::channel_dot(a, b, wrong), InternalError);
+}
+
+TEST_CASE("dropout_mask keeps 1 - p of the elements, scaled by 1 / (1 - p), the same for a seed",
+          "[elementwise][dropout]") {
+  Tensor mask = Tensor::empty({100000}), again = Tensor::empty({100000}), other = Tensor::empty({100000});
+  ops::dropout_mask(mask, 0.2f, 7);
+  ops::dropout_mask(again, 0.2f, 7);
+  ops::dropout_mask(other, 0.2f, 8);
+  int64_t kept = 0, same = 0;
+  for (int64_t i = 0; i < mask.numel(); ++i) {
+    const float m = mask.data<float>()[i];
+    REQUIRE((m == 0.0f || m == 1.0f / 0.8f));
+    kept += m != 0.0f;
+    REQUIRE(again.data<float>()[i] == m);
+    same += other.data<float>()[i] == m;
+  }
+  CHECK(std::abs(static_cast<double>(kept) / 100000 - 0.8) < 0.01);  // 7.9 standard deviations
+  CHECK(same < 75000);  // another seed draws another mask (0.68 agree by chance)
+  ops::dropout_mask(mask, 0.0f, 7);
+  CHECK(mask.data<float>()[123] == 1.0f);
+  CHECK_THROWS_AS(ops::dropout_mask(mask, 1.0f, 7), InternalError);
+}
+
 TEST_CASE("matmul handles every transpose combination with alpha and beta", "[matmul]") {
   const bool ta = GENERATE(false, true);
   const bool tb = GENERATE(false, true);
