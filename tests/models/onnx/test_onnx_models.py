@@ -149,6 +149,13 @@ def compare_step(name, build, work, slice_dir):
     expect(all(int(initial[k]) == 0 for k in counters if k in initial), f"{name}: num_batches_tracked starts at 0")
     for k in counters:
         state[k].zero_()
+    if name == "small":
+        fresh = os.path.join(work, f"{name}-xavier.safetensors")
+        r = run(common + ["--max-steps", "0", "--init", "xavier", "--save-final", fresh])
+        redrawn = weights(fresh) if r.returncode == 0 else {}
+        expect(r.returncode == 0 and not torch.equal(redrawn["conv1.weight"], state["conv1.weight"]) and
+               torch.equal(redrawn["bn1.running_mean"], torch.zeros(8)),
+               f"{name}: --init xavier initialises the graph afresh, as a built-in model")
     try:
         build().load_state_dict(initial, strict=True)
         expect(True, f"{name}: the saved file loads into the module with load_state_dict(strict=True)")
