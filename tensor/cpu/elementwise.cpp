@@ -165,18 +165,25 @@ void map_unary(const char* op, const Tensor& x, Tensor& y, F f) {
   for (int64_t i = 0; i < n; ++i) py[i] = f(px[i]);
 }
 
+// out[i] = f(a[i], b[i]); out may be a or b (element i is read before it is written).
+template <class F>
+void map_binary(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b,
+                const char* out_name, Tensor& out, F f) {
+  check_float(op, a_name, a);
+  check_float_shape(op, b_name, b, a.shape());
+  check_float_shape(op, out_name, out, a.shape());
+  cpu::use_configured_threads();
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* po = out.data<float>();
+  const int64_t n = a.numel();
+#pragma omp parallel for simd if (n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
+}
+
 template <class G>
 void map_backward(const char* op, const Tensor& x, const Tensor& dy, Tensor& dx, G g) {
-  check_float(op, "x", x);
-  check_float_shape(op, "dy", dy, x.shape());
-  check_float_shape(op, "dx", dx, x.shape());
-  cpu::use_configured_threads();
-  const float* px = x.data<float>();
-  const float* pdy = dy.data<float>();
-  float* pdx = dx.data<float>();
-  const int64_t n = x.numel();
-#pragma omp parallel for simd if (n >= kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) pdx[i] = g(px[i], pdy[i]);
+  map_binary(op, "x", x, "dy", dy, "dx", dx, g);
 }
 
 }  // namespace
@@ -210,16 +217,7 @@ void cpu::hardswish_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
 }
 
 void cpu::mul(const Tensor& a, const Tensor& b, Tensor& out) {
-  check_float("mul", "a", a);
-  check_float_shape("mul", "b", b, a.shape());
-  check_float_shape("mul", "out", out, a.shape());
-  cpu::use_configured_threads();
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  float* po = out.data<float>();
-  const int64_t n = a.numel();
-#pragma omp parallel for simd if (n >= kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) po[i] = pa[i] * pb[i];
+  map_binary("mul", "a", a, "b", b, "out", out, [](float u, float v) { return u * v; });
 }
 
 void cpu::scale_channels(const Tensor& x, const Tensor& s, Tensor& y) {
