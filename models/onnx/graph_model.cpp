@@ -86,6 +86,10 @@ int one_size(const Graph& g, const Node& n, const std::string& what, const std::
                                       n.describe(), what, values.size()));
   }
   for (int64_t v : values) {
+    if (v < 0 || v > std::numeric_limits<int>::max()) {
+      throw InvalidArgument(fmt::format("{}: {}: {} [{}] is out of range", prefix(g), n.describe(), what,
+                                        fmt::join(values, ", ")));
+    }
     if (v != values.front()) {
       throw InvalidArgument(fmt::format("{}: {}: {} [{}]; mtrain's layers take one value for every axis and side "
                                         "(square windows, symmetric padding)",
@@ -129,6 +133,15 @@ std::string module_name(const Graph& g, const Node& n) {
   return weight.substr(0, weight.size() - std::string(".weight").size());
 }
 
+// auto_pad computes padding from the input's size; mtrain's layers take it explicitly (VALID
+// is none at all).
+void require_explicit_padding(const Graph& g, const Node& n) {
+  const auto it = n.attributes.find("auto_pad");
+  if (it == n.attributes.end()) return;
+  const std::string& mode = it->second.s;
+  require(g, n, mode == "NOTSET" || mode == "VALID", fmt::format("auto_pad {} (padding from the input's size)", mode));
+}
+
 struct Layer {
   std::unique_ptr<Module> module;
   std::string name;  // the child's name; empty: OP_INDEX
@@ -139,9 +152,11 @@ Layer conv(const Graph& g, const Node& n) {
   require(g, n, w != nullptr && w->ndim() == 4, "a weight that is no 4-D initializer");
   const std::vector<int64_t> dilations = ints_attribute(g, n, "dilations", {1, 1});
   require(g, n, one_size(g, n, "dilations", dilations) == 1, fmt::format("dilations [{}]", fmt::join(dilations, ", ")));
+  require_explicit_padding(g, n);
   Conv2dOptions o;
-  o.groups = static_cast<int>(int_attribute(g, n, "group", 1));
-  require(g, n, o.groups >= 1 && w->shape()[0] % o.groups == 0, fmt::format("group {}", o.groups));
+  const int64_t groups = int_attribute(g, n, "group", 1);
+  require(g, n, groups >= 1 && groups <= w->shape()[0] && w->shape()[0] % groups == 0, fmt::format("group {}", groups));
+  o.groups = static_cast<int>(groups);
   o.out_channels = w->shape()[0];
   o.in_channels = w->shape()[1] * o.groups;
   o.kernel_size = one_size(g, n, "kernel_shape", ints_attribute(g, n, "kernel_shape", {w->shape()[2], w->shape()[3]}));
@@ -180,6 +195,7 @@ Layer gemm(const Graph& g, const Node& n) {
 }
 
 Pool2dOptions window(const Graph& g, const Node& n) {
+  require_explicit_padding(g, n);
   require(g, n, int_attribute(g, n, "ceil_mode", 0) == 0, "ceil_mode 1");
   const std::vector<int64_t> dilations = ints_attribute(g, n, "dilations", {1, 1});
   require(g, n, one_size(g, n, "dilations", dilations) == 1, fmt::format("dilations [{}]", fmt::join(dilations, ", ")));
@@ -236,9 +252,9 @@ Layer hard_sigmoid(const Graph& g, const Node& n) {
   return {std::make_unique<Hardsigmoid>(), ""};
 }
 
-// A Pad that adds nothing: PyTorch exports one before each average pooling (zeros, as the
-// pooling's own padding is), which is then no node at all.
-bool pads_nothing(const Graph& g, const Node& n) {
+// A Pad must add nothing: PyTorch exports one of zeros before each average pooling, which is
+// then no node at all; other padding is refused.
+void require_zero_pads(const Graph& g, const Node& n) {
   std::vector<int64_t> pads;
   if (g.opset >= 11) {
     const Tensor* t = weight_input(g, n, 1);
@@ -249,7 +265,6 @@ bool pads_nothing(const Graph& g, const Node& n) {
   }
   const bool none = std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; });
   require(g, n, none, fmt::format("pads [{}] (mtrain pads inside the convolutions and poolings only)", fmt::join(pads, ", ")));
-  return true;
 }
 
 // torch.nn.Dropout: the rate and whether it trains are inputs from opset 12 (a training-mode
@@ -350,75 +365,100 @@ void set_initial_values(const Graph& g, Module& model) {
 
 }  // namespace
 
-GraphModel::GraphModel(const Graph& g) {
-  std::map<std::string, int> ids;
-  std::map<std::string, std::string> statistics_of;  // a batch norm's running-statistic outputs
-  const auto new_value = [&](const std::string& name) { return ids[name] = num_values_++; };
-  const auto value_of = [&](const Node& n, size_t i) {
+// The graph's values by name while the nodes are added: each gets an id in the forward's
+// table as the node that computes it is added.
+struct GraphModel::Wiring {
+  const Graph& g;
+  int& count;                         // GraphModel::num_values_
+  std::map<std::string, int> ids;     // a value's id (an Identity's output shares its input's)
+  std::map<std::string, std::string> unread;  // outputs no node may read (a batch norm's running statistics, a dropout's mask), by their node
+  std::set<std::string> modules;      // child names taken
+
+  int fresh(const std::string& name) { return ids[name] = count++; }
+
+  // The id of input `i` of `n`, which an earlier node computes.
+  int of(const Node& n, size_t i) const {
     const std::string& name = n.inputs.at(i);
     if (const auto it = ids.find(name); it != ids.end()) return it->second;
     if (g.initializers.count(name)) {
       throw InvalidArgument(fmt::format("{}: {}: its input {} ('{}') is a constant; mtrain's graphs compute there",
                                         prefix(g), n.describe(), i, name));
     }
-    if (const auto it = statistics_of.find(name); it != statistics_of.end()) {
-      throw InvalidArgument(fmt::format("{}: {}: it reads the running statistics {} updates", prefix(g), n.describe(),
-                                        it->second));
+    if (const auto it = unread.find(name); it != unread.end()) {
+      throw InvalidArgument(fmt::format("{}: {}: it reads an output of {} that mtrain does not compute (running "
+                                        "statistics, a dropout mask)",
+                                        prefix(g), n.describe(), it->second));
     }
     throw InvalidArgument(fmt::format("{}: {}: its input '{}' is computed by no node before it", prefix(g),
                                       n.describe(), name));
-  };
-  input_ = new_value(g.input);
-  std::set<std::string> names;
-  for (const Node& n : g.nodes) {
-    if (n.op_type == "Identity" || (n.op_type == "Pad" && pads_nothing(g, n))) {
-      ids[n.outputs.at(0)] = value_of(n, 0);
-      continue;
-    }
-    Step s;
-    s.node = n.describe();
-    if (n.op_type == "Add") {
-      s.kind = Step::Kind::kAdd;
-      s.inputs = {value_of(n, 0), value_of(n, 1)};
-    } else if (n.op_type == "Mul") {
-      s.kind = Step::Kind::kMul;
-      s.inputs = {value_of(n, 0), value_of(n, 1)};
-    } else if (n.op_type == "Concat") {
-      s.kind = Step::Kind::kConcat;
-      s.axis = int_attribute(g, n, "axis", 1);
-      for (size_t i = 0; i < n.inputs.size(); ++i) s.inputs.push_back(value_of(n, i));
-    } else {
-      const auto factory = layer_factories().find(n.op_type);
-      if (n.op_type == "Constant") {
-        throw InvalidArgument(fmt::format("{}: {}: a constant that is not numbers; mtrain reads "
-                                          "float, double and integer constants",
-                                          prefix(g), n.describe()));
-      }
-      if (factory == layer_factories().end()) {
-        throw InvalidArgument(fmt::format("{}: {}: operator {} is not supported; mtrain trains graphs of {}",
-                                          prefix(g), n.describe(), n.op_type, fmt::join(supported_operators(), ", ")));
-      }
-      Layer layer = factory->second(g, n);
-      const std::string name = layer.name.empty() ? fmt::format("{}_{}", n.op_type, n.index) : layer.name;
-      if (!names.insert(name).second) {
-        throw InvalidArgument(fmt::format("{}: {}: module {}'s weights are used by a second node; mtrain trains each "
-                                          "weight in one layer",
-                                          prefix(g), n.describe(), name));
-      }
-      s.inputs = {value_of(n, 0)};
-      s.child = register_module(name, std::move(layer.module));
-      for (size_t i = 1; i < n.outputs.size(); ++i) statistics_of[n.outputs[i]] = n.describe();
-    }
-    s.output = new_value(n.outputs.at(0));
-    steps_.push_back(std::move(s));
   }
-  const auto out = ids.find(g.output);
-  if (out == ids.end()) {
+};
+
+GraphModel::GraphModel(const Graph& g) {
+  Wiring wiring{g, num_values_, {}, {}, {}};
+  input_ = wiring.fresh(g.input);
+  for (const Node& n : g.nodes) add_node(n, wiring);
+  const auto out = wiring.ids.find(g.output);
+  if (out == wiring.ids.end()) {
     throw InvalidArgument(fmt::format("{}: the graph's output '{}' is computed by no node", prefix(g), g.output));
   }
   output_ = out->second;
-  // Every layer must reach the output: one that does not would never see a gradient, and the
-  // reducer would wait for its parameters forever.
+  require_every_step_reaches_output(g);
+  if (g.input_shape.size() != 4) {
+    throw InvalidArgument(fmt::format("{}: the graph's input '{}' has {} dimensions; mtrain feeds images [N, C, H, W]",
+                                      prefix(g), g.input, g.input_shape.size()));
+  }
+  image_shape_.assign(g.input_shape.begin() + 1, g.input_shape.end());
+  set_initial_values(g, *this);
+}
+
+// One node: an alias (Identity, a Pad of zeros), a step of the graph's own (Add, Mul,
+// Concat), or a layer from layer_factories() as a child.
+void GraphModel::add_node(const Node& n, Wiring& wiring) {
+  const Graph& g = wiring.g;
+  if (n.op_type == "Identity" || n.op_type == "Pad") {
+    if (n.op_type == "Pad") require_zero_pads(g, n);
+    wiring.ids[n.outputs.at(0)] = wiring.of(n, 0);
+    return;
+  }
+  Step s;
+  s.node = n.describe();
+  if (n.op_type == "Add" || n.op_type == "Mul") {
+    s.kind = n.op_type == "Add" ? Step::Kind::kAdd : Step::Kind::kMul;
+    s.inputs = {wiring.of(n, 0), wiring.of(n, 1)};
+  } else if (n.op_type == "Concat") {
+    s.kind = Step::Kind::kConcat;
+    s.axis = int_attribute(g, n, "axis", 1);
+    for (size_t i = 0; i < n.inputs.size(); ++i) s.inputs.push_back(wiring.of(n, i));
+  } else {
+    if (n.op_type == "Constant") {
+      throw InvalidArgument(fmt::format("{}: {}: a constant that is not numbers; mtrain reads float, double, integer "
+                                        "and bool constants",
+                                        prefix(g), n.describe()));
+    }
+    const auto factory = layer_factories().find(n.op_type);
+    if (factory == layer_factories().end()) {
+      throw InvalidArgument(fmt::format("{}: {}: operator {} is not supported; mtrain trains graphs of {}", prefix(g),
+                                        n.describe(), n.op_type, fmt::join(supported_operators(), ", ")));
+    }
+    Layer layer = factory->second(g, n);
+    const std::string name = layer.name.empty() ? fmt::format("{}_{}", n.op_type, n.index) : layer.name;
+    if (!wiring.modules.insert(name).second) {
+      throw InvalidArgument(fmt::format("{}: {}: module {}'s weights are used by a second node; mtrain trains each "
+                                        "weight in one layer",
+                                        prefix(g), n.describe(), name));
+    }
+    s.inputs = {wiring.of(n, 0)};
+    s.child = register_module(name, std::move(layer.module));
+    for (size_t i = 1; i < n.outputs.size(); ++i) wiring.unread[n.outputs[i]] = n.describe();
+  }
+  s.output = wiring.fresh(n.outputs.at(0));
+  steps_.push_back(std::move(s));
+}
+
+// A layer that does not reach the output would never see a gradient, and the reducer would
+// wait for its parameters forever.
+void GraphModel::require_every_step_reaches_output(const Graph& g) const {
   std::vector<bool> needed(static_cast<size_t>(num_values_), false);
   needed[static_cast<size_t>(output_)] = true;
   for (auto it = steps_.rbegin(); it != steps_.rend(); ++it) {
@@ -429,12 +469,6 @@ GraphModel::GraphModel(const Graph& g) {
     }
     for (int in : it->inputs) needed[static_cast<size_t>(in)] = true;
   }
-  if (g.input_shape.size() != 4) {
-    throw InvalidArgument(fmt::format("{}: the graph's input '{}' has {} dimensions; mtrain feeds images [N, C, H, W]",
-                                      prefix(g), g.input, g.input_shape.size()));
-  }
-  image_shape_.assign(g.input_shape.begin() + 1, g.input_shape.end());
-  set_initial_values(g, *this);
 }
 
 namespace {

@@ -17,6 +17,7 @@
 namespace mtrain::models::onnx {
 
 struct Graph;
+struct Node;
 
 // The ONNX operators a graph model maps onto layers, for messages.
 const std::vector<std::string>& supported_operators();
@@ -51,12 +52,15 @@ class GraphModel : public Module {
   };
 
  private:
+  struct Wiring;  // the graph's values by name while the nodes are added (graph_model.cpp)
+  void add_node(const Node& node, Wiring& wiring);
+  void require_every_step_reaches_output(const Graph& graph) const;
+
   std::vector<Step> steps_;
   int num_values_ = 0;
   int input_ = 0;   // value ids of the graph's input and output
   int output_ = 0;
   std::vector<int64_t> image_shape_;
-  std::vector<Tensor> values_;  // the last forward's, released by backward
 };
 
 // Reads `path` (onnx_graph.h) and builds its model for images of `channels` x `height` x

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <set>
 
@@ -56,10 +57,36 @@ Attribute read_attribute(const pb::AttributeProto& a) {
       out.kind = Attribute::Kind::kFloats;
       out.floats.assign(a.floats().begin(), a.floats().end());
       break;
+    case pb::AttributeProto::STRING:
+      out.kind = Attribute::Kind::kString;
+      out.s = a.s();
+      break;
     default:
-      break;  // tensors, graphs, strings: no operator mtrain maps reads them
+      break;  // tensors, graphs: no operator mtrain maps reads them
   }
   return out;
+}
+
+// The shape of `t`, after checking that its data holds exactly that many elements of
+// `element_bytes` each (raw data) or `listed` values: a damaged file must not make the reader
+// allocate what its dimensions claim.
+Shape checked_shape(const std::string& path, const pb::TensorProto& t, size_t element_bytes, size_t listed) {
+  Shape shape;
+  uint64_t count = 1;
+  for (int64_t d : t.dims()) {
+    if (d < 0 || (d > 0 && count > (uint64_t{1} << 40) / static_cast<uint64_t>(d))) {
+      throw IoError(fmt::format("--model {}: tensor '{}' has dimensions [{}], which no file of this size holds", path,
+                                t.name(), fmt::join(t.dims(), ", ")));
+    }
+    count *= static_cast<uint64_t>(d);
+    shape.push_back(d);
+  }
+  const uint64_t held = t.has_raw_data() ? t.raw_data().size() : listed * element_bytes;
+  if (held != count * element_bytes) {
+    throw IoError(fmt::format("--model {}: tensor '{}' holds {} bytes, expected {} for its shape [{}]", path, t.name(),
+                              held, count * element_bytes, fmt::join(shape, ", ")));
+  }
+  return shape;
 }
 
 Tensor read_initializer(const std::string& path, const pb::TensorProto& t) {
@@ -73,20 +100,11 @@ Tensor read_initializer(const std::string& path, const pb::TensorProto& t) {
                                       "in float32)",
                                       path, t.name(), pb::TensorProto_DataType_Name(t.data_type())));
   }
-  Shape shape(t.dims().begin(), t.dims().end());
-  Tensor out = Tensor::empty(shape, DType::Float32);
-  const size_t count = static_cast<size_t>(out.numel());
+  Tensor out = Tensor::empty(checked_shape(path, t, sizeof(float), static_cast<size_t>(t.float_data_size())),
+                             DType::Float32);
   if (t.has_raw_data()) {
-    if (t.raw_data().size() != count * sizeof(float)) {
-      throw IoError(fmt::format("--model {}: initializer '{}' holds {} bytes, expected {} for its shape", path,
-                                t.name(), t.raw_data().size(), count * sizeof(float)));
-    }
-    std::memcpy(out.data<float>(), t.raw_data().data(), count * sizeof(float));  // little-endian, as ONNX
+    std::memcpy(out.data<float>(), t.raw_data().data(), t.raw_data().size());  // little-endian, as ONNX
   } else {
-    if (static_cast<size_t>(t.float_data_size()) != count) {
-      throw IoError(fmt::format("--model {}: initializer '{}' holds {} values, expected {} for its shape", path,
-                                t.name(), t.float_data_size(), count));
-    }
     std::copy(t.float_data().begin(), t.float_data().end(), out.data<float>());
   }
   return out;
@@ -96,43 +114,43 @@ Tensor read_initializer(const std::string& path, const pb::TensorProto& t) {
 // a shape); nullopt for any other type.
 std::optional<Tensor> constant_value(const std::string& path, const pb::TensorProto& t) {
   if (t.data_type() == pb::TensorProto::FLOAT) return read_initializer(path, t);
-  Tensor out = Tensor::empty(Shape(t.dims().begin(), t.dims().end()), DType::Float32);
-  const size_t count = static_cast<size_t>(out.numel());
-  float* p = out.data<float>();
-  const auto from_raw = [&](auto type_tag) {
+  // Element i as a number, from the raw data's T or from the listed values.
+  size_t bytes = 0, listed = 0;
+  std::function<double(size_t)> value;
+  const auto read = [&](auto type_tag, int count, auto listed_value) {
     using T = decltype(type_tag);
-    if (t.raw_data().size() != count * sizeof(T)) return false;
-    for (size_t i = 0; i < count; ++i) {
+    bytes = sizeof(T);
+    listed = static_cast<size_t>(count);
+    if (!t.has_raw_data()) {
+      value = [listed_value](size_t i) { return static_cast<double>(listed_value(static_cast<int>(i))); };
+      return;
+    }
+    value = [&t](size_t i) {
       T v;
       std::memcpy(&v, t.raw_data().data() + i * sizeof(T), sizeof(T));
-      p[i] = static_cast<float>(v);
-    }
-    return true;
+      return static_cast<double>(v);
+    };
   };
   switch (t.data_type()) {
     case pb::TensorProto::INT64:
-      if (t.has_raw_data()) return from_raw(int64_t{}) ? std::optional<Tensor>(out) : std::nullopt;
-      if (static_cast<size_t>(t.int64_data_size()) != count) return std::nullopt;
-      for (size_t i = 0; i < count; ++i) p[i] = static_cast<float>(t.int64_data(static_cast<int>(i)));
-      return out;
+      read(int64_t{}, t.int64_data_size(), [&t](int i) { return t.int64_data(i); });
+      break;
     case pb::TensorProto::INT32:
-      if (t.has_raw_data()) return from_raw(int32_t{}) ? std::optional<Tensor>(out) : std::nullopt;
-      if (static_cast<size_t>(t.int32_data_size()) != count) return std::nullopt;
-      for (size_t i = 0; i < count; ++i) p[i] = static_cast<float>(t.int32_data(static_cast<int>(i)));
-      return out;
+      read(int32_t{}, t.int32_data_size(), [&t](int i) { return t.int32_data(i); });
+      break;
     case pb::TensorProto::BOOL:  // one byte each in raw data, int32_data otherwise
-      if (t.has_raw_data()) return from_raw(uint8_t{}) ? std::optional<Tensor>(out) : std::nullopt;
-      if (static_cast<size_t>(t.int32_data_size()) != count) return std::nullopt;
-      for (size_t i = 0; i < count; ++i) p[i] = t.int32_data(static_cast<int>(i)) != 0 ? 1.0f : 0.0f;
-      return out;
+      read(uint8_t{}, t.int32_data_size(), [&t](int i) { return t.int32_data(i) != 0 ? 1 : 0; });
+      break;
     case pb::TensorProto::DOUBLE:
-      if (t.has_raw_data()) return from_raw(double{}) ? std::optional<Tensor>(out) : std::nullopt;
-      if (static_cast<size_t>(t.double_data_size()) != count) return std::nullopt;
-      for (size_t i = 0; i < count; ++i) p[i] = static_cast<float>(t.double_data(static_cast<int>(i)));
-      return out;
+      read(double{}, t.double_data_size(), [&t](int i) { return t.double_data(i); });
+      break;
     default:
       return std::nullopt;
   }
+  Tensor out = Tensor::empty(checked_shape(path, t, bytes, listed), DType::Float32);
+  float* p = out.data<float>();
+  for (size_t i = 0; i < static_cast<size_t>(out.numel()); ++i) p[i] = static_cast<float>(value(i));
+  return out;
 }
 
 std::vector<int64_t> dims_of(const pb::ValueInfoProto& v) {
@@ -215,7 +233,15 @@ Graph read_graph(const std::string& path) {
         continue;
       }
     }
-    if (n.op_type() == "Cast" && n.domain().empty() && n.input_size() == 1 && n.output_size() == 1) {
+    // Only a cast to float or double keeps the value as constant_value holds it.
+    const auto cast_to = [&] {
+      for (const auto& a : n.attribute()) {
+        if (a.name() == "to") return a.i();
+      }
+      return int64_t{0};
+    };
+    if (n.op_type() == "Cast" && n.domain().empty() && n.input_size() == 1 && n.output_size() == 1 &&
+        (cast_to() == pb::TensorProto::FLOAT || cast_to() == pb::TensorProto::DOUBLE)) {
       if (const auto it = g.initializers.find(n.input(0)); it != g.initializers.end()) {
         g.initializers.emplace(n.output(0), it->second);
         continue;

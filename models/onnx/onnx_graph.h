@@ -14,10 +14,11 @@
 namespace mtrain::models::onnx {
 
 struct Attribute {
-  enum class Kind { kInt, kInts, kFloat, kFloats, kOther };
+  enum class Kind { kInt, kInts, kFloat, kFloats, kString, kOther };
   Kind kind = Kind::kOther;
   int64_t i = 0;
   float f = 0;
+  std::string s;
   std::vector<int64_t> ints;
   std::vector<float> floats;
 };

@@ -17,7 +17,9 @@ weights:
 3. 2 ranks x 4 images with --sync-bn train the weights 1 rank x 8 images trains, and
    --save-onnx writes the same graph with those weights, which the module then computes with.
 4. Bad files are one clear error, before any training: not ONNX, an operator mtrain has no
-   layer for, an eval-mode export (batch norms folded), an input shape the data does not fit.
+   layer for, an eval-mode export (batch norms folded), padding from the input's size
+   (auto_pad), a weight whose dimensions its data does not hold, an input shape the data
+   does not fit.
 Exit status 77 (skipped) where this python3 lacks torch, torchvision or onnx.
 """
 import os
@@ -276,6 +278,26 @@ def bad_files(work, slice_dir):
     folded = os.path.join(work, "eval.onnx")
     export(SmallNet().eval(), folded, training=False)
     refused(folded, ["eval-mode export", "TrainingMode.TRAINING"], "an eval-mode export")
+
+    # Files changed after the export: a convolution that asks for padding from the input's
+    # size, and a weight whose dimensions claim far more than the file holds.
+    base = os.path.join(work, "base.onnx")
+    export(SmallNet(), base)
+    model = onnx.load(base)
+    conv = model.graph.node[0]
+    del conv.attribute[:]
+    conv.attribute.extend([onnx.helper.make_attribute("auto_pad", "SAME_UPPER"),
+                           onnx.helper.make_attribute("kernel_shape", [3, 3])])
+    same = os.path.join(work, "same.onnx")
+    onnx.save(model, same)
+    refused(same, ["auto_pad SAME_UPPER"], "padding from the input's size")
+    model = onnx.load(base)
+    weight = next(t for t in model.graph.initializer if t.name == "conv1.weight")
+    del weight.dims[:]
+    weight.dims.extend([1 << 20, 1 << 20, 3, 3])
+    huge = os.path.join(work, "huge.onnx")
+    onnx.save(model, huge)
+    refused(huge, ["conv1.weight", "which no file of this size holds"], "dimensions the data does not hold")
 
     rgb = os.path.join(work, "rgb.onnx")
     net = SmallNet()
