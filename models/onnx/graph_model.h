@@ -43,7 +43,7 @@ class GraphModel : public Module {
     enum class Kind { kLayer, kAdd, kConcat, kMul };
     Kind kind = Kind::kLayer;
     size_t child = 0;             // kLayer: its slot
-    std::vector<int> inputs;      // value ids (one for a layer, two for an addition, n for a concatenation)
+    std::vector<int> inputs;      // value ids (one for a layer, two for Add and Mul, n for Concat)
     int output = 0;
     std::string node;             // the ONNX node, for messages
     int64_t axis = 1;             // kConcat: as given (negative counts from the end)
@@ -66,8 +66,9 @@ class GraphModel : public Module {
 // Reads `path` (onnx_graph.h) and builds its model for images of `channels` x `height` x
 // `width` and `num_classes` classes. Throws IoError for a file that is no ONNX model and
 // InvalidArgument, naming the node, for an operator outside supported_operators() (listing
-// them), an attribute no mtrain layer has, a graph exported in eval mode (saying how to
-// export it), or a graph whose input or output does not fit the data (naming both shapes).
+// them), an attribute value its layer lacks (dilation, ceil_mode, auto_pad SAME_*, a
+// non-square window, ...), a graph exported in eval mode (saying how to export it), or a
+// graph whose input or output does not fit the data (naming both shapes).
 std::unique_ptr<GraphModel> load_graph_model(const std::string& path, int64_t channels, int64_t height,
                                              int64_t width, int64_t num_classes);
 
