@@ -1,6 +1,7 @@
 #include "models/zoo.h"
 
 #include <functional>
+#include <string_view>
 #include <utility>
 
 #include "core/error.h"
@@ -123,8 +124,8 @@ std::unique_ptr<Module> build_model(const std::string& name, int in_channels, in
 }
 
 bool is_onnx_file(const std::string& model) {
-  const std::string tail = ".onnx";
-  return model.size() > tail.size() && model.compare(model.size() - tail.size(), tail.size(), tail) == 0;
+  constexpr std::string_view kSuffix = ".onnx";
+  return model.size() > kSuffix.size() && model.ends_with(kSuffix);
 }
 
 std::unique_ptr<Module> build_model_for_images(const std::string& model, int64_t channels, int64_t height,

@@ -46,10 +46,6 @@ constexpr const char* kExportHint =
 
 std::string prefix(const Graph& g) { return fmt::format("--model {}", g.path); }
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 int64_t int_attribute(const Graph& g, const Node& n, const std::string& name, int64_t fallback) {
   const auto it = n.attributes.find(name);
   if (it == n.attributes.end()) return fallback;
@@ -120,13 +116,13 @@ const Tensor* weight_input(const Graph& g, const Node& n, size_t i) {
 // Note [Graph models keep PyTorch's names]: "conv1.weight" -> "conv1".
 std::string module_name(const Graph& g, const Node& n) {
   const std::string& weight = n.inputs.at(1);
-  if (weight.rfind("onnx::", 0) == 0) {
+  if (weight.starts_with("onnx::")) {
     throw InvalidArgument(fmt::format("{}: {}: its weight '{}' was computed by the export (an eval-mode export folds "
                                       "each batch norm into the convolution before it), so it is no module's "
                                       "parameter to train; {}",
                                       prefix(g), n.describe(), weight, kExportHint));
   }
-  if (!ends_with(weight, ".weight")) {
+  if (!weight.ends_with(".weight")) {
     throw InvalidArgument(fmt::format("{}: {}: its weight '{}' is not named as a PyTorch parameter (MODULE.weight); {}",
                                       prefix(g), n.describe(), weight, kExportHint));
   }
@@ -354,7 +350,7 @@ void set_initial_values(const Graph& g, Module& model) {
   for (NamedBuffer& b : model.buffers()) {
     if (const Tensor* value = value_for(b.name, b.buffer->shape())) {
       b.buffer->copy_(*value);
-    } else if (ends_with(b.name, ".num_batches_tracked")) {
+    } else if (b.name.ends_with(".num_batches_tracked")) {
       b.buffer->zero_();  // the export drops it
     } else {
       throw InvalidArgument(fmt::format("{}: the graph has no initializer '{}' for its layer's buffer; {}", prefix(g),
