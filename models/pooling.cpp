@@ -19,19 +19,20 @@ ops::Pool2dParams make_window(const std::string& description, const Pool2dOption
   p.kernel_h = p.kernel_w = o.kernel_size;
   p.stride_h = p.stride_w = stride;
   p.pad_h = p.pad_w = o.padding;
+  p.ceil_mode = o.ceil_mode;
   return p;
 }
 
 std::string describe(const char* type, const Pool2dOptions& o) {
-  return fmt::format("{}(kernel_size={}, stride={}, padding={})", type, o.kernel_size,
-                     o.stride == 0 ? o.kernel_size : o.stride, o.padding);
+  return fmt::format("{}(kernel_size={}, stride={}, padding={}{})", type, o.kernel_size,
+                     o.stride == 0 ? o.kernel_size : o.stride, o.padding, o.ceil_mode ? ", ceil_mode=True" : "");
 }
 
 Shape pooled_shape(const std::string& description, const Tensor& x,
                    const ops::Pool2dParams& p) {
   detail::check_image_batch(description, x, -1);
-  const int64_t oh = ops::conv_out_size(x.size(2), p.kernel_h, p.stride_h, p.pad_h);
-  const int64_t ow = ops::conv_out_size(x.size(3), p.kernel_w, p.stride_w, p.pad_w);
+  const int64_t oh = ops::pool_out_size(x.size(2), p.kernel_h, p.stride_h, p.pad_h, p.ceil_mode);
+  const int64_t ow = ops::pool_out_size(x.size(3), p.kernel_w, p.stride_w, p.pad_w, p.ceil_mode);
   if (oh < 1 || ow < 1) {
     throw InvalidArgument(fmt::format("{}: input {} is smaller than the window", description,
                                       shape_str(x.shape())));
@@ -62,7 +63,11 @@ Tensor MaxPool2d::backward(const Tensor& dy) {
 }
 
 AvgPool2d::AvgPool2d(const Pool2dOptions& options)
-    : description_(describe("AvgPool2d", options)), window_(make_window(description_, options)) {}
+    : description_(describe("AvgPool2d", options)), window_(make_window(description_, options)) {
+  if (options.ceil_mode) {
+    throw InvalidArgument(fmt::format("{}: ceil_mode is offered by MaxPool2d only", description_));
+  }
+}
 
 Tensor AvgPool2d::forward(const Tensor& x) {
   Tensor y = Tensor::empty(pooled_shape(description_, x, window_), DType::Float32, x.device());

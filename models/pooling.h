@@ -1,5 +1,5 @@
 // Pooling layers over NCHW input: MaxPool2d and AvgPool2d (square windows, floor
-// output size, AvgPool2d counting padding as torch's default count_include_pad=True)
+// output size or, for MaxPool2d, ceil_mode's, AvgPool2d counting padding as torch's default count_include_pad=True)
 // and AdaptiveAvgPool2d with output size 1 (global average pooling).
 #pragma once
 
@@ -16,6 +16,7 @@ struct Pool2dOptions {
   int kernel_size = 2;
   int stride = 0;
   int padding = 0;
+  bool ceil_mode = false;  // MaxPool2d only (ops::Pool2dParams::ceil_mode)
 };
 
 class MaxPool2d : public Module {

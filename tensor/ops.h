@@ -168,7 +168,14 @@ struct Pool2dParams {
   int kernel_h = 2, kernel_w = 2;
   int stride_h = 2, stride_w = 2;
   int pad_h = 0, pad_w = 0;
+  // Max pooling only (average pooling refuses it): the output size rounds up, so a last
+  // window that starts inside the input (or its left padding) and runs past its end counts,
+  // clipped (PyTorch's ceil_mode=True).
+  bool ceil_mode = false;
 };
+// Output spatial size of pooling `in` along one axis: conv_out_size, or PyTorch's ceil-mode
+// size when `ceil_mode`.
+int64_t pool_out_size(int64_t in, int64_t k, int64_t s, int64_t p, bool ceil_mode);
 // Max pooling; `indices` (Int32, same shape as y) records the argmax within each
 // input plane for the backward pass. Padding counts as -inf.
 void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Pool2dParams& p);

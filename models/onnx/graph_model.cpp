@@ -20,6 +20,7 @@
 #include "models/linear.h"
 #include "models/onnx/onnx_graph.h"
 #include "models/pooling.h"
+#include "models/sequential.h"
 #include "tensor/ops.h"
 
 namespace mtrain::models::onnx {
@@ -72,6 +73,15 @@ std::vector<int64_t> ints_attribute(const Graph& g, const Node& n, const std::st
     throw InvalidArgument(fmt::format("{}: {}: attribute {} is not a list of integers", prefix(g), n.describe(), name));
   }
   return it->second.ints;
+}
+
+std::string string_attribute(const Graph& g, const Node& n, const std::string& name, const std::string& fallback) {
+  const auto it = n.attributes.find(name);
+  if (it == n.attributes.end()) return fallback;
+  if (it->second.kind != Attribute::Kind::kString) {
+    throw InvalidArgument(fmt::format("{}: {}: attribute {} is not a string", prefix(g), n.describe(), name));
+  }
+  return it->second.s;
 }
 
 // The one value of a window's per-axis sizes (kernel, strides, pads): mtrain's layers take
@@ -132,9 +142,7 @@ std::string module_name(const Graph& g, const Node& n) {
 // auto_pad computes padding from the input's size; mtrain's layers take it explicitly (VALID
 // is none at all).
 void require_explicit_padding(const Graph& g, const Node& n) {
-  const auto it = n.attributes.find("auto_pad");
-  if (it == n.attributes.end()) return;
-  const std::string& mode = it->second.s;
+  const std::string mode = string_attribute(g, n, "auto_pad", "NOTSET");
   require(g, n, mode == "NOTSET" || mode == "VALID", fmt::format("auto_pad {} (padding from the input's size)", mode));
 }
 
@@ -192,13 +200,13 @@ Layer gemm(const Graph& g, const Node& n) {
 
 Pool2dOptions window(const Graph& g, const Node& n) {
   require_explicit_padding(g, n);
-  require(g, n, int_attribute(g, n, "ceil_mode", 0) == 0, "ceil_mode 1");
   const std::vector<int64_t> dilations = ints_attribute(g, n, "dilations", {1, 1});
   require(g, n, one_size(g, n, "dilations", dilations) == 1, fmt::format("dilations [{}]", fmt::join(dilations, ", ")));
   Pool2dOptions o;
   o.kernel_size = one_size(g, n, "kernel_shape", ints_attribute(g, n, "kernel_shape", {}));
   o.stride = one_size(g, n, "strides", ints_attribute(g, n, "strides", {1, 1}));
   o.padding = one_size(g, n, "pads", ints_attribute(g, n, "pads", {0, 0, 0, 0}));
+  o.ceil_mode = int_attribute(g, n, "ceil_mode", 0) != 0;
   return o;
 }
 
@@ -209,6 +217,7 @@ Layer max_pool(const Graph& g, const Node& n) {
 
 Layer average_pool(const Graph& g, const Node& n) {
   const Pool2dOptions o = window(g, n);
+  require(g, n, !o.ceil_mode, "ceil_mode 1 in an average pooling");
   // mtrain's AvgPool2d divides by the whole window, padding included (PyTorch's default).
   require(g, n, o.padding == 0 || int_attribute(g, n, "count_include_pad", 0) == 1,
           "padding left out of the average (count_include_pad=False)");
@@ -218,6 +227,19 @@ Layer average_pool(const Graph& g, const Node& n) {
 Layer flatten(const Graph& g, const Node& n) {
   require(g, n, int_attribute(g, n, "axis", 1) == 1, fmt::format("axis {}", int_attribute(g, n, "axis", 1)));
   return {std::make_unique<Flatten>(), ""};
+}
+
+// x.mean([2, 3]) of images [N, C, H, W]: global average pooling, flattened to [N, C] unless
+// keepdims (ShuffleNet and MNASNet end so).
+Layer reduce_mean(const Graph& g, const Node& n) {
+  std::vector<int64_t> axes = ints_attribute(g, n, "axes", {});
+  for (int64_t& a : axes) a = a < 0 ? a + 4 : a;  // the images' rank; the layer checks it
+  std::sort(axes.begin(), axes.end());
+  require(g, n, axes == std::vector<int64_t>{2, 3},
+          fmt::format("a mean over axes [{}] (mtrain averages images over their height and width, axes [2, 3])",
+                      fmt::join(ints_attribute(g, n, "axes", {}), ", ")));
+  if (int_attribute(g, n, "keepdims", 1) != 0) return {std::make_unique<AdaptiveAvgPool2d>(1), ""};
+  return {make_sequential(std::make_unique<AdaptiveAvgPool2d>(1), std::make_unique<Flatten>()), ""};
 }
 
 // Input `i` of `n` as one number (an initializer, or a Constant node's value), `fallback`
@@ -248,19 +270,36 @@ Layer hard_sigmoid(const Graph& g, const Node& n) {
   return {std::make_unique<Hardsigmoid>(), ""};
 }
 
-// A Pad must add nothing: PyTorch exports one of zeros before each average pooling, which is
-// then no node at all; other padding is refused.
-void require_zero_pads(const Graph& g, const Node& n) {
+// Note [Padding folds into the next layer]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// F.avg_pool2d(x, 3, 1, padding=1) exports as a Pad of zeros and an AveragePool without
+// padding (Inception does so); a ZeroPad2d before a convolution does the same. A window over
+// zeros that a Pad added is the window of a layer that pads with zeros itself and counts
+// them (count_include_pad), so the Pad becomes no step: the node that reads it reads the
+// Pad's input with the padding added to its own. Only a Conv or AveragePool without padding
+// of its own may read a Pad's output (a MaxPool pads with -inf, not zeros).
+
+// The zeros a Pad node adds on each side of the height and width (the same on all four;
+// none on the batch or the channels).
+int zero_padding(const Graph& g, const Node& n) {
+  require(g, n, string_attribute(g, n, "mode", "constant") == "constant",
+          fmt::format("mode {} padding", string_attribute(g, n, "mode", "constant")));
   std::vector<int64_t> pads;
+  float value = 0;
   if (g.opset >= 11) {
     const Tensor* t = weight_input(g, n, 1);
     require(g, n, t != nullptr, "pads that are computed");
     for (int64_t i = 0; i < t->numel(); ++i) pads.push_back(static_cast<int64_t>(t->data<float>()[i]));
+    value = scalar_input(g, n, 2, 0.0f);
   } else {
     pads = ints_attribute(g, n, "pads", {});
+    value = float_attribute(g, n, "value", 0.0f);
   }
-  const bool none = std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; });
-  require(g, n, none, fmt::format("pads [{}] (mtrain pads inside the convolutions and poolings only)", fmt::join(pads, ", ")));
+  require(g, n, value == 0.0f, fmt::format("padding with {} (mtrain pads with zeros)", value));
+  const bool images = pads.size() == 8 && pads[0] == 0 && pads[1] == 0 && pads[4] == 0 && pads[5] == 0;
+  require(g, n, images, fmt::format("pads [{}] (mtrain pads images [N, C, H, W] in their height and width)",
+                                    fmt::join(pads, ", ")));
+  return one_size(g, n, "pads", {pads[2], pads[3], pads[6], pads[7]});
 }
 
 // torch.nn.Dropout: the rate and whether it trains are inputs from opset 12 (a training-mode
@@ -291,6 +330,7 @@ const std::map<std::string, LayerFactory>& layer_factories() {
       {"AveragePool", average_pool},
       {"GlobalAveragePool", [](const Graph&, const Node&) { return Layer{std::make_unique<AdaptiveAvgPool2d>(1), ""}; }},
       {"Flatten", flatten},
+      {"ReduceMean", reduce_mean},
       {"Dropout", dropout},
   };
   return factories;
@@ -369,6 +409,11 @@ struct GraphModel::Wiring {
   std::map<std::string, int> ids;     // a value's id (an Identity's output shares its input's)
   std::map<std::string, std::string> unread;  // outputs no node may read (a batch norm's running statistics, a dropout's mask), by their node
   std::set<std::string> modules;      // child names taken
+  struct Padding {
+    const Node* pad;
+    int size;
+  };
+  std::map<std::string, Padding> padded;  // Pad outputs (Note [Padding folds into the next layer])
 
   int fresh(const std::string& name) { return ids[name] = count++; }
 
@@ -380,6 +425,11 @@ struct GraphModel::Wiring {
       throw InvalidArgument(fmt::format("{}: {}: its input {} ('{}') is a constant; mtrain's graphs compute there",
                                         prefix(g), n.describe(), i, name));
     }
+    if (const auto it = padded.find(name); it != padded.end()) {
+      throw InvalidArgument(fmt::format("{}: {}: it reads the padding of {}, which mtrain adds inside a convolution or "
+                                        "an average pooling that reads it (without padding of its own) only",
+                                        prefix(g), n.describe(), it->second.pad->describe()));
+    }
     if (const auto it = unread.find(name); it != unread.end()) {
       throw InvalidArgument(fmt::format("{}: {}: it reads an output of {} that mtrain does not compute (running "
                                         "statistics, a dropout mask)",
@@ -388,10 +438,32 @@ struct GraphModel::Wiring {
     throw InvalidArgument(fmt::format("{}: {}: its input '{}' is computed by no node before it", prefix(g),
                                       n.describe(), name));
   }
+
+  // `n`, or a Conv or AveragePool that reads a Pad's output as reading the Pad's input with
+  // that padding of its own (Note [Padding folds into the next layer]).
+  Node with_padding_folded(const Node& n) const {
+    const auto it = n.inputs.empty() ? padded.end() : padded.find(n.inputs[0]);
+    if (it == padded.end()) return n;
+    const std::vector<int64_t> own = ints_attribute(g, n, "pads", {0, 0, 0, 0});
+    const bool folds = (n.op_type == "Conv" || n.op_type == "AveragePool") &&
+                       std::all_of(own.begin(), own.end(), [](int64_t p) { return p == 0; }) &&
+                       string_attribute(g, n, "auto_pad", "NOTSET") == "NOTSET";
+    if (!folds) return n;  // of() names the Pad
+    Node folded = n;
+    folded.inputs[0] = it->second.pad->inputs.at(0);
+    const int64_t p = it->second.size;
+    Attribute& pads = folded.attributes["pads"];
+    pads.kind = Attribute::Kind::kInts;
+    pads.ints = {p, p, p, p};
+    Attribute& counted = folded.attributes["count_include_pad"];
+    counted.kind = Attribute::Kind::kInt;
+    counted.i = 1;
+    return folded;
+  }
 };
 
 GraphModel::GraphModel(const Graph& g) {
-  Wiring wiring{g, num_values_, {}, {}, {}};
+  Wiring wiring{g, num_values_, {}, {}, {}, {}};
   input_ = wiring.fresh(g.input);
   for (const Node& n : g.nodes) add_node(n, wiring);
   const auto out = wiring.ids.find(g.output);
@@ -408,12 +480,17 @@ GraphModel::GraphModel(const Graph& g) {
   set_initial_values(g, *this);
 }
 
-// One node: an alias (Identity, a Pad of zeros), a step of the graph's own (Add, Mul,
-// Concat), or a layer from layer_factories() as a child.
-void GraphModel::add_node(const Node& n, Wiring& wiring) {
+// One node: an alias (Identity, a Pad of nothing), padding for the next node (Pad), a step
+// of the graph's own (Add, Mul, Concat), or a layer from layer_factories() as a child.
+void GraphModel::add_node(const Node& node, Wiring& wiring) {
   const Graph& g = wiring.g;
+  const Node n = wiring.with_padding_folded(node);
+  const int padding = n.op_type == "Pad" ? zero_padding(g, n) : 0;
+  if (n.op_type == "Pad" && padding > 0) {
+    wiring.padded[n.outputs.at(0)] = {&node, padding};
+    return;
+  }
   if (n.op_type == "Identity" || n.op_type == "Pad") {
-    if (n.op_type == "Pad") require_zero_pads(g, n);
     wiring.ids[n.outputs.at(0)] = wiring.of(n, 0);
     return;
   }

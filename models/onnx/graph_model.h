@@ -66,7 +66,7 @@ class GraphModel : public Module {
 // Reads `path` (onnx_graph.h) and builds its model for images of `channels` x `height` x
 // `width` and `num_classes` classes. Throws IoError for a file that is no ONNX model and
 // InvalidArgument, naming the node, for an operator outside supported_operators() (listing
-// them), an attribute value its layer lacks (dilation, ceil_mode, auto_pad SAME_*, a
+// them), an attribute value its layer lacks (dilation, auto_pad SAME_*, a
 // non-square window, ...), a graph exported in eval mode (saying how to export it), or a
 // graph whose input or output does not fit the data (naming both shapes).
 std::unique_ptr<GraphModel> load_graph_model(const std::string& path, int64_t channels, int64_t height,

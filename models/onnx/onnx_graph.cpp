@@ -7,10 +7,13 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <numeric>
 #include <optional>
 #include <set>
 
 #include "core/error.h"
+#include "models/onnx/array_ops.h"
 
 namespace mtrain::models::onnx {
 
@@ -36,35 +39,6 @@ int64_t default_opset(const pb::ModelProto& model) {
     if (o.domain().empty() || o.domain() == "ai.onnx") return o.version();
   }
   return 0;
-}
-
-Attribute read_attribute(const pb::AttributeProto& a) {
-  Attribute out;
-  switch (a.type()) {
-    case pb::AttributeProto::INT:
-      out.kind = Attribute::Kind::kInt;
-      out.i = a.i();
-      break;
-    case pb::AttributeProto::INTS:
-      out.kind = Attribute::Kind::kInts;
-      out.ints.assign(a.ints().begin(), a.ints().end());
-      break;
-    case pb::AttributeProto::FLOAT:
-      out.kind = Attribute::Kind::kFloat;
-      out.f = a.f();
-      break;
-    case pb::AttributeProto::FLOATS:
-      out.kind = Attribute::Kind::kFloats;
-      out.floats.assign(a.floats().begin(), a.floats().end());
-      break;
-    case pb::AttributeProto::STRING:
-      out.kind = Attribute::Kind::kString;
-      out.s = a.s();
-      break;
-    default:
-      break;  // tensors, graphs: no operator mtrain maps reads them
-  }
-  return out;
 }
 
 // The shape of `t`, after checking that its data holds exactly that many elements of
@@ -110,10 +84,9 @@ Tensor read_initializer(const std::string& path, const pb::TensorProto& t) {
   return out;
 }
 
-// A Constant node's value as float32: float, double, int32 or int64 numbers (a bound of Clip,
-// a shape); nullopt for any other type.
-std::optional<Tensor> constant_value(const std::string& path, const pb::TensorProto& t) {
-  if (t.data_type() == pb::TensorProto::FLOAT) return read_initializer(path, t);
+// A tensor of numbers (a Constant's value, ConstantOfShape's fill): floating point, integer
+// or bool; nullopt for any other type.
+std::optional<Array> numbers(const std::string& path, const pb::TensorProto& t) {
   // Element i as a number, from the raw data's T or from the listed values.
   size_t bytes = 0, listed = 0;
   std::function<double(size_t)> value;
@@ -131,6 +104,7 @@ std::optional<Tensor> constant_value(const std::string& path, const pb::TensorPr
       return static_cast<double>(v);
     };
   };
+  bool integer = true;
   switch (t.data_type()) {
     case pb::TensorProto::INT64:
       read(int64_t{}, t.int64_data_size(), [&t](int i) { return t.int64_data(i); });
@@ -141,15 +115,58 @@ std::optional<Tensor> constant_value(const std::string& path, const pb::TensorPr
     case pb::TensorProto::BOOL:  // one byte each in raw data, int32_data otherwise
       read(uint8_t{}, t.int32_data_size(), [&t](int i) { return t.int32_data(i) != 0 ? 1 : 0; });
       break;
+    case pb::TensorProto::FLOAT:
+      integer = false;
+      read(float{}, t.float_data_size(), [&t](int i) { return t.float_data(i); });
+      break;
     case pb::TensorProto::DOUBLE:
+      integer = false;
       read(double{}, t.double_data_size(), [&t](int i) { return t.double_data(i); });
       break;
     default:
       return std::nullopt;
   }
-  Tensor out = Tensor::empty(checked_shape(path, t, bytes, listed), DType::Float32);
-  float* p = out.data<float>();
-  for (size_t i = 0; i < static_cast<size_t>(out.numel()); ++i) p[i] = static_cast<float>(value(i));
+  Array out;
+  const Shape shape = checked_shape(path, t, bytes, listed);
+  out.dims.assign(shape.begin(), shape.end());
+  out.integer = integer;
+  const size_t count = std::accumulate(shape.begin(), shape.end(), size_t{1}, std::multiplies<>());
+  for (size_t i = 0; i < count; ++i) out.values.push_back(value(i));
+  return out;
+}
+
+Attribute read_attribute(const std::string& path, const pb::AttributeProto& a) {
+  Attribute out;
+  switch (a.type()) {
+    case pb::AttributeProto::INT:
+      out.kind = Attribute::Kind::kInt;
+      out.i = a.i();
+      break;
+    case pb::AttributeProto::INTS:
+      out.kind = Attribute::Kind::kInts;
+      out.ints.assign(a.ints().begin(), a.ints().end());
+      break;
+    case pb::AttributeProto::FLOAT:
+      out.kind = Attribute::Kind::kFloat;
+      out.f = a.f();
+      break;
+    case pb::AttributeProto::FLOATS:
+      out.kind = Attribute::Kind::kFloats;
+      out.floats.assign(a.floats().begin(), a.floats().end());
+      break;
+    case pb::AttributeProto::STRING:
+      out.kind = Attribute::Kind::kString;
+      out.s = a.s();
+      break;
+    case pb::AttributeProto::TENSOR:
+      if (auto value = numbers(path, a.t())) {
+        out.kind = Attribute::Kind::kTensor;
+        out.tensor = std::move(*value);
+      }
+      break;
+    default:
+      break;  // graphs, strings: no operator mtrain maps reads them
+  }
   return out;
 }
 
@@ -158,6 +175,62 @@ std::vector<int64_t> dims_of(const pb::ValueInfoProto& v) {
   if (!v.type().has_tensor_type() || !v.type().tensor_type().has_shape()) return dims;
   for (const auto& d : v.type().tensor_type().shape().dim()) dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
   return dims;
+}
+
+// A Constant node's value: its attribute "value" (a tensor) or one of the value_* forms.
+std::optional<Array> constant_value(const Node& n) {
+  if (n.op_type != "Constant" || n.attributes.size() != 1 || n.outputs.size() != 1) return std::nullopt;
+  const auto& [name, a] = *n.attributes.begin();
+  if (name == "value" && a.kind == Attribute::Kind::kTensor) return a.tensor;
+  if (name == "value_float") return Array{{}, {a.f}, false};
+  if (name == "value_int") return Array{{}, {static_cast<double>(a.i)}, true};
+  if (name == "value_floats") return Array{{static_cast<int64_t>(a.floats.size())}, {a.floats.begin(), a.floats.end()}, false};
+  if (name == "value_ints") return Array{{static_cast<int64_t>(a.ints.size())}, {a.ints.begin(), a.ints.end()}, true};
+  return std::nullopt;
+}
+
+// Note [Folding the export's constants]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An export without constant folding (which keeps the parameters' names) computes what it
+// knew while tracing in the graph: F.pad's paddings from a Shape of a constant, Gathers,
+// Casts, ConstantOfShape, a Reshape and a Transpose of them; ReLU6's bounds as Casts of
+// Constants. A node whose inputs are all constants is computed here, once (array_ops.h), and
+// its output becomes a constant of the graph, as the Constants are: the model sees the
+// Pad with its paddings, the Clip with its bounds.
+void fold_constants(const pb::GraphProto& graph, Graph& g) {
+  std::map<std::string, Array> constants;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const pb::NodeProto& proto = graph.node(i);
+    Node node;
+    node.index = i;
+    node.name = proto.name();
+    node.op_type = proto.domain().empty() || proto.domain() == "ai.onnx" ? proto.op_type()
+                                                                         : proto.domain() + "." + proto.op_type();
+    node.inputs.assign(proto.input().begin(), proto.input().end());
+    node.outputs.assign(proto.output().begin(), proto.output().end());
+    for (const auto& a : proto.attribute()) node.attributes.emplace(a.name(), read_attribute(g.path, a));
+    if (auto value = constant_value(node)) {
+      constants.emplace(node.outputs[0], std::move(*value));
+      continue;
+    }
+    std::vector<const Array*> inputs;
+    bool all_constant = !node.inputs.empty() && evaluates(node.op_type);
+    for (const std::string& input : node.inputs) {
+      const auto it = constants.find(input);
+      all_constant = all_constant && (input.empty() || it != constants.end());
+      inputs.push_back(it == constants.end() ? nullptr : &it->second);
+    }
+    if (all_constant) {
+      constants.emplace(node.outputs.at(0), evaluate(g, node, inputs));
+      continue;
+    }
+    g.nodes.push_back(std::move(node));
+  }
+  for (const auto& [name, value] : constants) {
+    Tensor t = Tensor::empty(Shape(value.dims.begin(), value.dims.end()), DType::Float32);
+    std::copy(value.values.begin(), value.values.end(), t.data<float>());
+    g.initializers.emplace(name, std::move(t));
+  }
 }
 
 }  // namespace
@@ -222,40 +295,7 @@ Graph read_graph(const std::string& path) {
   g.input = inputs.front()->name();
   g.input_shape = dims_of(*inputs.front());
   g.output = graph.output(0).name();
-  for (int i = 0; i < graph.node_size(); ++i) {
-    const pb::NodeProto& n = graph.node(i);
-    // Constants, and casts of them (F.relu6 exports integer bounds cast to float), fold into
-    // constant values.
-    if (n.op_type() == "Constant" && n.domain().empty() && n.attribute_size() == 1 && n.attribute(0).name() == "value" &&
-        n.output_size() == 1) {
-      if (auto value = constant_value(path, n.attribute(0).t())) {
-        g.initializers.emplace(n.output(0), std::move(*value));
-        continue;
-      }
-    }
-    // Only a cast to float or double keeps the value as constant_value holds it.
-    const auto cast_to = [&] {
-      for (const auto& a : n.attribute()) {
-        if (a.name() == "to") return a.i();
-      }
-      return int64_t{0};
-    };
-    if (n.op_type() == "Cast" && n.domain().empty() && n.input_size() == 1 && n.output_size() == 1 &&
-        (cast_to() == pb::TensorProto::FLOAT || cast_to() == pb::TensorProto::DOUBLE)) {
-      if (const auto it = g.initializers.find(n.input(0)); it != g.initializers.end()) {
-        g.initializers.emplace(n.output(0), it->second);
-        continue;
-      }
-    }
-    Node node;
-    node.index = i;
-    node.name = n.name();
-    node.op_type = n.domain().empty() || n.domain() == "ai.onnx" ? n.op_type() : n.domain() + "." + n.op_type();
-    node.inputs.assign(n.input().begin(), n.input().end());
-    node.outputs.assign(n.output().begin(), n.output().end());
-    for (const auto& a : n.attribute()) node.attributes.emplace(a.name(), read_attribute(a));
-    g.nodes.push_back(std::move(node));
-  }
+  fold_constants(graph, g);
   return g;
 }
 

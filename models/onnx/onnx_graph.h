@@ -13,14 +13,23 @@
 
 namespace mtrain::models::onnx {
 
+// A small array of numbers (a shape, indices, a bound), of ONNX's integer or bool types
+// (`integer`) or floating point, held as doubles, which hold both exactly.
+struct Array {
+  std::vector<int64_t> dims;
+  std::vector<double> values;
+  bool integer = false;
+};
+
 struct Attribute {
-  enum class Kind { kInt, kInts, kFloat, kFloats, kString, kOther };
+  enum class Kind { kInt, kInts, kFloat, kFloats, kString, kTensor, kOther };
   Kind kind = Kind::kOther;
   int64_t i = 0;
   float f = 0;
   std::string s;
   std::vector<int64_t> ints;
   std::vector<float> floats;
+  Array tensor;  // a tensor of numbers
 };
 
 struct Node {
@@ -43,9 +52,9 @@ struct Graph {
   std::vector<int64_t> input_shape;  // its dimensions; -1 where symbolic or unknown
   std::string output;         // the graph's one output
   std::vector<Node> nodes;    // topologically sorted (the checker requires it), constants folded
-  // The initializers and the values of the Constant nodes (float, double, int32, int64 or
-  // bool, as float32) and of Casts of them: constant inputs of the nodes that read them.
-  // A Constant of another type stays a node. float32, host.
+  // The initializers, and as float32 the values of the Constant nodes (of numbers) and of
+  // the nodes that compute from constants only (Note [Folding the export's constants] in
+  // onnx_graph.cpp): constant inputs of the nodes that read them. float32, host.
   std::map<std::string, Tensor> initializers;
 };
 
@@ -61,7 +70,8 @@ constexpr int64_t kMaxOpset = 17;
 std::string with_initializers(const std::string& source,
                               const std::vector<std::pair<std::string, Tensor>>& values);
 
-// Reads and checks `path`; Constant nodes and Casts of them become initializers. Throws IoError for a file that cannot be read or is no ONNX model
+// Reads and checks `path`; Constant nodes and what is computed from them alone become
+// initializers. Throws IoError for a file that cannot be read or is no ONNX model
 // (naming what was found), and InvalidArgument for a model mtrain cannot train as a graph:
 // an opset outside [kMinOpset, kMaxOpset], other than one input and one output, an
 // initializer that is not float32 or keeps its data in another file.

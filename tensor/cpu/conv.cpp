@@ -418,6 +418,17 @@ int64_t conv_out_size(int64_t in, int64_t k, int64_t s, int64_t p) {
   return span < 0 ? 0 : span / s + 1;
 }
 
+int64_t pool_out_size(int64_t in, int64_t k, int64_t s, int64_t p, bool ceil_mode) {
+  MTRAIN_CHECK(s >= 1 && k >= 1 && p >= 0 && in >= 0,
+               "pool_out_size: invalid input {}, kernel {}, stride {}, padding {}", in, k, s, p);
+  // PyTorch's pooling_output_shape: the span divided rounding down (towards -inf), or up in
+  // ceil mode, less a last window that would start in the right padding (it sees no input).
+  const int64_t span = in + 2 * p - k + (ceil_mode ? s - 1 : 0);
+  int64_t out = (span >= 0 ? span / s : -((-span + s - 1) / s)) + 1;
+  if (ceil_mode && (out - 1) * s >= in + p) --out;
+  return out < 0 ? 0 : out;
+}
+
 // Note [Channels last on the CPU]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The own kernels and the oneDNN primitives here are tuned for NCHW, and the CPU is not

@@ -30,8 +30,8 @@ PoolGeometry pool_geometry(const char* op, const Tensor& x, const char* y_name, 
                "{}: padding {}x{} must be at most half of kernel {}x{}", op, p.pad_h, p.pad_w,
                p.kernel_h, p.kernel_w);
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
-  const int64_t oh = conv_out_size(h, p.kernel_h, p.stride_h, p.pad_h);
-  const int64_t ow = conv_out_size(w, p.kernel_w, p.stride_w, p.pad_w);
+  const int64_t oh = pool_out_size(h, p.kernel_h, p.stride_h, p.pad_h, p.ceil_mode);
+  const int64_t ow = pool_out_size(w, p.kernel_w, p.stride_w, p.pad_w, p.ceil_mode);
   MTRAIN_CHECK(oh >= 1 && ow >= 1, "{}: kernel {}x{} with padding {}x{} does not fit input {}", op,
                p.kernel_h, p.kernel_w, p.pad_h, p.pad_w, shape_str(x.shape()));
   cpu::check_shape(op, y_name, y, {n, c, oh, ow});
@@ -228,6 +228,7 @@ void cpu::maxpool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx
 }
 
 void cpu::avgpool2d_forward(const Tensor& x, Tensor& y, const Pool2dParams& p) {
+  MTRAIN_CHECK(!p.ceil_mode, "avgpool2d_forward: ceil_mode is for max pooling only");
   const PoolGeometry g = pool_geometry("avgpool2d_forward", x, "y", y, p);
   cpu::check_float("avgpool2d_forward", "y", y);
   cpu::use_configured_threads();
@@ -262,6 +263,7 @@ void cpu::avgpool2d_forward(const Tensor& x, Tensor& y, const Pool2dParams& p) {
 }
 
 void cpu::avgpool2d_backward(const Tensor& dy, Tensor& dx, const Pool2dParams& p) {
+  MTRAIN_CHECK(!p.ceil_mode, "avgpool2d_backward: ceil_mode is for max pooling only");
   const PoolGeometry g = pool_geometry("avgpool2d_backward", dx, "dy", dy, p);
   cpu::check_float("avgpool2d_backward", "dy", dy);
   cpu::use_configured_threads();

@@ -55,8 +55,8 @@ PoolGeometry pool_geometry(const char* op, const Tensor& x, const char* y_name, 
                "{}: padding {}x{} must be at most half of kernel {}x{}", op, p.pad_h, p.pad_w,
                p.kernel_h, p.kernel_w);
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
-  const int64_t oh = ops::conv_out_size(h, p.kernel_h, p.stride_h, p.pad_h);
-  const int64_t ow = ops::conv_out_size(w, p.kernel_w, p.stride_w, p.pad_w);
+  const int64_t oh = ops::pool_out_size(h, p.kernel_h, p.stride_h, p.pad_h, p.ceil_mode);
+  const int64_t ow = ops::pool_out_size(w, p.kernel_w, p.stride_w, p.pad_w, p.ceil_mode);
   MTRAIN_CHECK(oh >= 1 && ow >= 1, "{}: kernel {}x{} with padding {}x{} does not fit input {}", op,
                p.kernel_h, p.kernel_w, p.pad_h, p.pad_w, shape_str(x.shape()));
   check_on_shape(op, y_name, y, device, {n, c, oh, ow});
@@ -259,6 +259,7 @@ void maxpool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx) {
 }
 
 void avgpool2d_forward(const Tensor& x, Tensor& y, const ops::Pool2dParams& p) {
+  MTRAIN_CHECK(!p.ceil_mode, "avgpool2d_forward: ceil_mode is for max pooling only");
   const PoolGeometry g = pool_geometry("avgpool2d_forward", x, "y", y, p);
   const int64_t total = y.numel();
   if (total == 0) return;
@@ -271,6 +272,7 @@ void avgpool2d_forward(const Tensor& x, Tensor& y, const ops::Pool2dParams& p) {
 }
 
 void avgpool2d_backward(const Tensor& dy, Tensor& dx, const ops::Pool2dParams& p) {
+  MTRAIN_CHECK(!p.ceil_mode, "avgpool2d_backward: ceil_mode is for max pooling only");
   // The geometry is dx's (the forward's input); dy must be the matching output. The
   // first tensor, dy, sets the device, as for every op.
   const Device device = first_gpu("avgpool2d_backward", "dy", dy);

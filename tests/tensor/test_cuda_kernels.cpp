@@ -59,8 +59,8 @@ Tensor tied_tensor(const Shape& shape, uint32_t seed) {
 }
 
 Shape pooled_shape(const Shape& x, const Pool2dParams& p) {
-  return {x[0], x[1], ops::conv_out_size(x[2], p.kernel_h, p.stride_h, p.pad_h),
-          ops::conv_out_size(x[3], p.kernel_w, p.stride_w, p.pad_w)};
+  return {x[0], x[1], ops::pool_out_size(x[2], p.kernel_h, p.stride_h, p.pad_h, p.ceil_mode),
+          ops::pool_out_size(x[3], p.kernel_w, p.stride_w, p.pad_w, p.ceil_mode)};
 }
 
 }  // namespace
@@ -188,7 +188,9 @@ TEST_CASE("GPU pooling equals the CPU's, forward and backward", "[cuda][pool]") 
                           Case{{3, 2, 10, 9}, {3, 2, 2, 1, 1, 0}},    // uneven window
                           Case{{2, 1, 5, 5}, {2, 2, 2, 2, 0, 0}},     // last row/col unused
                           Case{{0, 3, 6, 6}, {2, 2, 2, 2, 0, 0}},     // empty batch
-                          Case{{4, 64, 57, 57}, {3, 3, 2, 2, 1, 1}});  // many planes
+                          Case{{4, 64, 57, 57}, {3, 3, 2, 2, 1, 1}},  // many planes
+                          Case{{2, 3, 14, 13}, {3, 3, 2, 2, 0, 0, true}},  // ceil mode (max only)
+                          Case{{2, 3, 5, 6}, {2, 2, 2, 2, 1, 1, true}});
   const bool ties = GENERATE(false, true);
   CAPTURE(shape_str(c.x), c.p.kernel_h, c.p.kernel_w, c.p.stride_h, c.p.stride_w, c.p.pad_h,
           c.p.pad_w, ties);
@@ -210,6 +212,7 @@ TEST_CASE("GPU pooling equals the CPU's, forward and backward", "[cuda][pool]") 
   ops::maxpool2d_backward(gdy, gidx, gdx);
   require_same_bits(gdx, dx);
 
+  if (c.p.ceil_mode) return;  // average pooling refuses it
   // Average pooling: the same sums in the same order: exact.
   Tensor avg = Tensor::empty(ys), gavg = Tensor::empty(ys, DType::Float32, kGpu);
   ops::avgpool2d_forward(x, avg, c.p);

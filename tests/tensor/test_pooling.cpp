@@ -21,8 +21,8 @@ Tensor iota(const Shape& shape, float start, float step = 1.0f) {
 }
 
 Shape pooled_shape(const Tensor& x, const Pool2dParams& p) {
-  return {x.size(0), x.size(1), ops::conv_out_size(x.size(2), p.kernel_h, p.stride_h, p.pad_h),
-          ops::conv_out_size(x.size(3), p.kernel_w, p.stride_w, p.pad_w)};
+  return {x.size(0), x.size(1), ops::pool_out_size(x.size(2), p.kernel_h, p.stride_h, p.pad_h, p.ceil_mode),
+          ops::pool_out_size(x.size(3), p.kernel_w, p.stride_w, p.pad_w, p.ceil_mode)};
 }
 
 std::vector<int32_t> maxpool(const Tensor& x, Tensor& y, const Pool2dParams& p) {
@@ -59,6 +59,32 @@ TEST_CASE("maxpool2d_forward matches hand-computed results", "[pool]") {
     CHECK(maxpool(x, y, {1, 2, 1, 2, 0, 0}) == std::vector<int32_t>{1, 2, 4, 6, 0, 2, 4, 6});
     require_close(y, {2, 4, 0, -1, 9, 7, 5, 3});
   }
+}
+
+TEST_CASE("pool_out_size rounds as PyTorch's ceil_mode does", "[pool]") {
+  // Sizes from torch.nn.functional.max_pool2d(..., ceil_mode=True) (PyTorch 1.13).
+  struct Case {
+    int64_t in, k, s, p, ceil, floor;
+  };
+  for (const Case& c : {Case{14, 3, 2, 0, 7, 6}, Case{1, 2, 2, 0, 1, 0}, Case{5, 3, 2, 1, 3, 3},
+                        Case{6, 2, 2, 1, 4, 4}, Case{5, 2, 2, 1, 3, 3}, Case{4, 3, 2, 0, 2, 1}}) {
+    CAPTURE(c.in, c.k, c.s, c.p);
+    CHECK(ops::pool_out_size(c.in, c.k, c.s, c.p, true) == c.ceil);
+    CHECK(ops::pool_out_size(c.in, c.k, c.s, c.p, false) == c.floor);
+    CHECK(ops::pool_out_size(c.in, c.k, c.s, c.p, false) == ops::conv_out_size(c.in, c.k, c.s, c.p));
+  }
+}
+
+TEST_CASE("maxpool2d_forward in ceil mode clips the last window to the input", "[pool]") {
+  // 1..16 in a 4x4 plane, 3x3 windows at stride 2: the second row and column of windows
+  // start inside and end past the input (PyTorch: values 11 12 15 16, indices 10 11 14 15).
+  Pool2dParams p{3, 3, 2, 2, 0, 0};
+  p.ceil_mode = true;
+  Tensor y;
+  CHECK(maxpool(iota({1, 1, 4, 4}, 1.0f), y, p) == std::vector<int32_t>{10, 11, 14, 15});
+  require_close(y, {11, 12, 15, 16});
+  Tensor avg = Tensor::empty(y.shape());
+  CHECK_THROWS_AS(ops::avgpool2d_forward(iota({1, 1, 4, 4}, 1.0f), avg, p), InternalError);
 }
 
 TEST_CASE("maxpool2d_forward propagates NaN like PyTorch", "[pool]") {

@@ -22,6 +22,7 @@ weights:
    does not fit.
 Exit status 77 (skipped) where this python3 lacks torch, torchvision or onnx.
 """
+import collections
 import os
 import subprocess
 import sys
@@ -90,6 +91,62 @@ class MobileNet(torch.nn.Module):
         return self.fc(torch.flatten(y, 1))
 
 
+class InceptionNet(torch.nn.Module):
+    """How Inception and GoogLeNet join branches: 1x1 and 3x3 convolutions and an average
+    pooling with padding (exported as a Pad of zeros before it) concatenated, max pooling in
+    ceil mode, a ZeroPad2d before a convolution, and a mean over height and width (ReduceMean)."""
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(1, 8, 3, stride=2, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.b1 = torch.nn.Conv2d(8, 4, 1)
+        self.b3 = torch.nn.Conv2d(8, 4, 3, padding=1)
+        self.bp = torch.nn.Conv2d(8, 4, 1)
+        self.padded = torch.nn.Conv2d(12, 8, 3)
+        self.fc = torch.nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.stem(x)))  # 14x14
+        y = torch.nn.functional.max_pool2d(y, 3, 2, ceil_mode=True)  # 7x7 (6x6 without ceil mode)
+        pooled = torch.nn.functional.avg_pool2d(y, 3, 1, padding=1)
+        y = torch.cat([self.b1(y), self.b3(y), self.bp(pooled)], 1)
+        y = torch.relu(self.padded(torch.nn.functional.pad(y, (1, 1, 1, 1))))
+        return self.fc(y.mean([2, 3]))
+
+
+def squeezenet():
+    """torchvision's SqueezeNet 1.1: fire modules (concatenations), max pooling in ceil mode, a
+    convolution as the classifier."""
+    m = torchvision.models.squeezenet1_1(num_classes=10, dropout=0.0)
+    m.features[0] = torch.nn.Conv2d(1, 64, 3, stride=2)
+    return m
+
+
+def googlenet():
+    """torchvision's GoogLeNet: Inception blocks (four branches each), max pooling in ceil mode."""
+    m = torchvision.models.googlenet(num_classes=10, aux_logits=False, transform_input=False, init_weights=True,
+                                     dropout=0.0)
+    basic_conv = sys.modules[torchvision.models.GoogLeNet.__module__].BasicConv2d
+    m.conv1 = basic_conv(1, 64, kernel_size=7, stride=2, padding=3)
+    return m
+
+
+def mnasnet():
+    """torchvision's MNASNet 0.5: depthwise blocks and a mean over height and width (ReduceMean)."""
+    m = torchvision.models.mnasnet0_5(num_classes=10, dropout=0.0)
+    m.layers[0] = torch.nn.Conv2d(1, m.layers[0].out_channels, 3, padding=1, stride=2, bias=False)
+    return m
+
+
+def efficientnet():
+    """torchvision's EfficientNet-B0: SiLU (Sigmoid and Mul), squeeze-and-excitation; stochastic
+    depth 0 (PyTorch 1.13 cannot export its random drop) and dropout 0."""
+    m = torchvision.models.efficientnet_b0(num_classes=10, stochastic_depth_prob=0.0)
+    m.classifier[0].p = 0.0
+    m.features[0][0] = torch.nn.Conv2d(1, 32, 3, stride=2, padding=1, bias=False)
+    return m
+
+
 def densenet():
     """torchvision's DenseNet (concatenations), small enough for 28x28 images and one channel."""
     m = torchvision.models.DenseNet(growth_rate=8, block_config=(2, 2), num_init_features=16, bn_size=2,
@@ -126,6 +183,15 @@ def weights(path):
     return {k: torch.from_numpy(v.copy()) for k, v in check.load_file(path).items()}
 
 
+def load(module, values, strict=True):
+    """module.load_state_dict(values) with the module's own state_dict metadata: MNASNet reads
+    its version from it, and a file of tensors carries none."""
+    values = collections.OrderedDict(values)
+    values._metadata = module.state_dict()._metadata
+    module.load_state_dict(values, strict=strict)
+    return module
+
+
 def compare_step(name, build, work, slice_dir):
     torch.manual_seed(11)
     module = build().train()
@@ -159,7 +225,7 @@ def compare_step(name, build, work, slice_dir):
                torch.equal(redrawn["bn1.running_mean"], torch.zeros(8)),
                f"{name}: --init xavier initialises the graph afresh, as a built-in model")
     try:
-        build().load_state_dict(initial, strict=True)
+        load(build(), initial)
         expect(True, f"{name}: the saved file loads into the module with load_state_dict(strict=True)")
     except RuntimeError as e:
         expect(False, f"{name}: load_state_dict: {e}")
@@ -176,7 +242,7 @@ def compare_step(name, build, work, slice_dir):
 
     def gradients(dtype):
         m = build().to(dtype).train()
-        m.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()})
+        load(m, {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()})
         torch.nn.functional.cross_entropy(m(x.to(dtype)), labels).backward()
         return {n: p.grad.double() for n, p in m.named_parameters()}, m
 
@@ -203,6 +269,8 @@ def compare_step(name, build, work, slice_dir):
     expect(ratio <= FACTOR, f"{name}: every gradient of {len(worst)} within {FACTOR:g}x PyTorch float32's error "
            f"of the float64 gradient (worst {n}: {err:.2e} against {torch_err:.2e})")
     stats = [k for k in state if k.endswith("running_mean") or k.endswith("running_var")]
+    if not stats:
+        return graph
     ref_state = reference.state_dict()
     stat_err = max(float((final[k].double() - ref_state[k]).abs().max()) for k in stats)
     expect(stat_err < 1e-5, f"{name}: the running statistics of {len(stats)} buffers follow PyTorch's "
@@ -316,6 +384,11 @@ def main():
         compare_step("mobile", MobileNet, work, slice_dir)
         compare_step("densenet", densenet, work, slice_dir)
         compare_step("mobilenet_v3", mobilenet_v3, work, slice_dir)
+        compare_step("inception", InceptionNet, work, slice_dir)
+        compare_step("squeezenet", squeezenet, work, slice_dir)
+        compare_step("googlenet", googlenet, work, slice_dir)
+        compare_step("mnasnet", mnasnet, work, slice_dir)
+        compare_step("efficientnet", efficientnet, work, slice_dir)
         if small:
             compare_ranks(small, work, slice_dir)
         bad_files(work, slice_dir)
