@@ -77,6 +77,33 @@ ChannelBlock channel_block(const Tensor& src, int64_t src_offset, const Tensor& 
   return b;
 }
 
+PermutePlan permute_plan(const Tensor& x, const std::vector<int64_t>& perm, const Tensor& y) {
+  const auto fits = [&] {
+    if (!x.defined() || !y.defined() || x.dtype() != DType::Float32 || y.dtype() != DType::Float32) return false;
+    if (x.device() != y.device() || x.ndim() > kMaxPermuteDims || x.ndim() != y.ndim()) return false;
+    if (perm.size() != static_cast<size_t>(x.ndim())) return false;
+    std::vector<bool> seen(perm.size(), false);
+    for (size_t d = 0; d < perm.size(); ++d) {
+      if (perm[d] < 0 || perm[d] >= x.ndim() || seen[static_cast<size_t>(perm[d])]) return false;
+      seen[static_cast<size_t>(perm[d])] = true;
+      if (y.shape()[d] != x.shape()[static_cast<size_t>(perm[d])]) return false;
+    }
+    return true;
+  };
+  MTRAIN_CHECK(fits(), "permute: [{}] of {} into {} does not fit", fmt::join(perm, ", "),
+               x.defined() ? x.str() : "undefined", y.defined() ? y.str() : "undefined");
+  std::vector<int64_t> strides(perm.size(), 1);
+  for (size_t d = perm.size(); d-- > 1;) strides[d - 1] = strides[d] * x.shape()[d];
+  PermutePlan plan;
+  plan.rank = x.ndim();
+  plan.count = y.numel();
+  for (size_t d = 0; d < perm.size(); ++d) {
+    plan.dims[d] = y.shape()[d];
+    plan.x_strides[d] = strides[static_cast<size_t>(perm[d])];
+  }
+  return plan;
+}
+
 ChannelPlanes channel_planes(const char* op, const Tensor& x, const Tensor& per_plane) {
   const bool fits = x.defined() && per_plane.defined() && x.dtype() == DType::Float32 &&
                     per_plane.dtype() == DType::Float32 && x.device() == per_plane.device() && x.ndim() >= 2 &&

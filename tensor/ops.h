@@ -102,6 +102,21 @@ struct ChannelBlock {
 };
 ChannelBlock channel_block(const Tensor& src, int64_t src_offset, const Tensor& dst, int64_t dst_offset,
                            int64_t channels);
+// y = x with its dimensions reordered, y.shape[d] = x.shape[perm[d]] (torch.permute, made
+// contiguous), for float32 tensors of at most kMaxPermuteDims dimensions on one device:
+// ONNX's Transpose of activations (ShuffleNet's channel shuffle).
+constexpr int kMaxPermuteDims = 6;
+void permute(const Tensor& x, const std::vector<int64_t>& perm, Tensor& y);
+// What permute reads: y's element at index (i_0, ..., i_rank-1) of `dims` is x's element
+// sum of i_d * x_strides[d]. Throws InternalError, naming both tensors, for a `perm` that is
+// no permutation of x's dimensions or a y of another shape.
+struct PermutePlan {
+  int rank = 0;
+  int64_t count = 0;
+  int64_t dims[kMaxPermuteDims] = {};
+  int64_t x_strides[kMaxPermuteDims] = {};
+};
+PermutePlan permute_plan(const Tensor& x, const std::vector<int64_t>& perm, const Tensor& y);
 
 // Note [Reduced-precision compute]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

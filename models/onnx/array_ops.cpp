@@ -16,8 +16,8 @@ namespace {
 // ONNX's TensorProto data types (onnx.proto), for Cast's `to`.
 constexpr int64_t kFloat = 1, kBool = 9, kFloat16 = 10, kDouble = 11, kBFloat16 = 16;
 
-[[noreturn]] void refuse(const Graph& g, const Node& n, const std::string& what) {
-  throw InvalidArgument(fmt::format("--model {}: {}: {}", g.path, n.describe(), what));
+[[noreturn]] void refuse(const std::string& path, const Node& n, const std::string& what) {
+  throw InvalidArgument(fmt::format("--model {}: {}: {}", path, n.describe(), what));
 }
 
 int64_t count(const std::vector<int64_t>& dims) {
@@ -32,12 +32,12 @@ std::vector<int64_t> strides_of(const std::vector<int64_t>& dims) {
 
 // The arguments of one evaluation, with the checks every operator needs.
 struct Call {
-  const Graph& g;
+  const std::string& path;  // the graph's, for messages
   const Node& n;
   const std::vector<const Array*>& inputs;
 
   const Array& in(size_t i) const {
-    if (i >= inputs.size() || inputs[i] == nullptr) refuse(g, n, fmt::format("input {} is missing", i));
+    if (i >= inputs.size() || inputs[i] == nullptr) refuse(path, n, fmt::format("input {} is missing", i));
     return *inputs[i];
   }
   bool has(size_t i) const { return i < inputs.size() && inputs[i] != nullptr; }
@@ -59,7 +59,7 @@ struct Call {
   // `axis` of an array of `rank` dimensions, negative counting from the end.
   int64_t axis(int64_t axis, int64_t rank) const {
     const int64_t a = axis < 0 ? axis + rank : axis;
-    if (a < 0 || a >= rank) refuse(g, n, fmt::format("axis {} of an array of {} dimensions", axis, rank));
+    if (a < 0 || a >= rank) refuse(path, n, fmt::format("axis {} of an array of {} dimensions", axis, rank));
     return a;
   }
   // Axes from the input `i` (later opsets) or the attribute "axes" (earlier ones).
@@ -80,7 +80,7 @@ Array binary(const Call& c, const std::function<double(double, double)>& f, bool
   out.integer = a.integer && b.integer;
   for (size_t d = 0; d < rank; ++d) {
     if (da[d] != db[d] && da[d] != 1 && db[d] != 1) {
-      refuse(c.g, c.n, fmt::format("shapes [{}] and [{}] do not broadcast", fmt::join(a.dims, ", "),
+      refuse(c.path, c.n, fmt::format("shapes [{}] and [{}] do not broadcast", fmt::join(a.dims, ", "),
                                    fmt::join(b.dims, ", ")));
     }
     out.dims.push_back(da[d] == 1 ? db[d] : da[d]);
@@ -95,7 +95,7 @@ Array binary(const Call& c, const std::function<double(double, double)>& f, bool
     }
     const double x = a.values[static_cast<size_t>(ia)], y = b.values[static_cast<size_t>(ib)];
     if (integer_division && out.integer) {
-      if (y == 0) refuse(c.g, c.n, "an integer division by zero");
+      if (y == 0) refuse(c.path, c.n, "an integer division by zero");
       out.values.push_back(std::trunc(x / y));
     } else {
       out.values.push_back(f(x, y));
@@ -118,7 +118,7 @@ Array gather(const Call& c) {
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t index : c.ints(1)) {
       const int64_t at = index < 0 ? index + size : index;
-      if (at < 0 || at >= size) refuse(c.g, c.n, fmt::format("index {} of a dimension of {}", index, size));
+      if (at < 0 || at >= size) refuse(c.path, c.n, fmt::format("index {} of a dimension of {}", index, size));
       for (int64_t i = 0; i < inner; ++i) out.values.push_back(data.values[static_cast<size_t>((o * size + at) * inner + i)]);
     }
   }
@@ -144,7 +144,7 @@ Array squeeze(const Call& c) {
   for (int64_t d = 0; d < rank; ++d) {
     const bool named = std::find(axes.begin(), axes.end(), d) != axes.end();
     const int64_t size = out.dims[static_cast<size_t>(d)];
-    if (named && size != 1) refuse(c.g, c.n, fmt::format("squeezes axis {} of size {}", d, size));
+    if (named && size != 1) refuse(c.path, c.n, fmt::format("squeezes axis {} of size {}", d, size));
     if (!(named || (axes.empty() && size == 1))) dims.push_back(size);
   }
   out.dims = dims;
@@ -163,7 +163,7 @@ Array concat(const Call& c) {
     std::vector<int64_t> other = a.dims, expected = first.dims;
     if (other.size() == expected.size()) other[static_cast<size_t>(axis)] = expected[static_cast<size_t>(axis)];
     if (other != expected) {
-      refuse(c.g, c.n, fmt::format("concatenates [{}] and [{}]", fmt::join(first.dims, ", "), fmt::join(a.dims, ", ")));
+      refuse(c.path, c.n, fmt::format("concatenates [{}] and [{}]", fmt::join(first.dims, ", "), fmt::join(a.dims, ", ")));
     }
     out.dims[static_cast<size_t>(axis)] += a.dims[static_cast<size_t>(axis)];
     out.integer = out.integer && a.integer;
@@ -191,12 +191,12 @@ Array constant_of_shape(const Call& c) {
   const auto it = c.n.attributes.find("value");
   Array fill{{1}, {0.0}, false};
   if (it != c.n.attributes.end()) fill = it->second.tensor;
-  if (fill.values.size() != 1) refuse(c.g, c.n, "a fill value that is not one number");
+  if (fill.values.size() != 1) refuse(c.path, c.n, "a fill value that is not one number");
   const std::vector<int64_t> dims = c.ints(0);
   for (int64_t d : dims) {
-    if (d < 0 || d > (int64_t{1} << 20)) refuse(c.g, c.n, fmt::format("an array of shape [{}]", fmt::join(dims, ", ")));
+    if (d < 0 || d > (int64_t{1} << 20)) refuse(c.path, c.n, fmt::format("an array of shape [{}]", fmt::join(dims, ", ")));
   }
-  if (count(dims) > (int64_t{1} << 20)) refuse(c.g, c.n, fmt::format("an array of shape [{}]", fmt::join(dims, ", ")));
+  if (count(dims) > (int64_t{1} << 20)) refuse(c.path, c.n, fmt::format("an array of shape [{}]", fmt::join(dims, ", ")));
   return {dims, std::vector<double>(static_cast<size_t>(count(dims)), fill.values[0]), fill.integer};
 }
 
@@ -207,11 +207,11 @@ Array reshape(const Call& c) {
   int64_t known = 1, inferred = -1;
   for (size_t d = 0; d < dims.size(); ++d) {
     if (dims[d] == 0 && !allow_zero) {
-      if (d >= out.dims.size()) refuse(c.g, c.n, "copies a dimension the input lacks");
+      if (d >= out.dims.size()) refuse(c.path, c.n, "copies a dimension the input lacks");
       dims[d] = out.dims[d];
     }
     if (dims[d] == -1) {
-      if (inferred >= 0) refuse(c.g, c.n, "a shape with two -1");
+      if (inferred >= 0) refuse(c.path, c.n, "a shape with two -1");
       inferred = static_cast<int64_t>(d);
     } else {
       known *= dims[d];
@@ -220,7 +220,7 @@ Array reshape(const Call& c) {
   const int64_t total = count(out.dims);
   if (inferred >= 0 && known > 0) dims[static_cast<size_t>(inferred)] = total / known;
   if (count(dims) != total) {
-    refuse(c.g, c.n, fmt::format("reshapes [{}] to [{}]", fmt::join(out.dims, ", "), fmt::join(c.ints(1), ", ")));
+    refuse(c.path, c.n, fmt::format("reshapes [{}] to [{}]", fmt::join(out.dims, ", "), fmt::join(c.ints(1), ", ")));
   }
   out.dims = dims;
   return out;
@@ -238,14 +238,14 @@ Array slice(const Call& c) {
     for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
   }
   if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size()) {
-    refuse(c.g, c.n, "starts, ends, axes and steps of different lengths");
+    refuse(c.path, c.n, "starts, ends, axes and steps of different lengths");
   }
   // Per dimension: the first index taken, the step, the count.
   std::vector<int64_t> first(static_cast<size_t>(rank), 0), step(static_cast<size_t>(rank), 1), dims = data.dims;
   for (size_t i = 0; i < starts.size(); ++i) {
     const size_t a = static_cast<size_t>(c.axis(axes[i], rank));
     const int64_t size = data.dims[a], s = steps[i];
-    if (s == 0) refuse(c.g, c.n, "a step of 0");
+    if (s == 0) refuse(c.path, c.n, "a step of 0");
     const auto clamp = [&](int64_t v, int64_t lo, int64_t hi) {
       v = v < 0 ? v + size : v;
       return std::min(std::max(v, lo), hi);
@@ -277,7 +277,7 @@ Array transpose(const Call& c) {
   std::sort(sorted.begin(), sorted.end());
   for (size_t d = 0; d < rank; ++d) {
     if (sorted.size() != rank || sorted[d] != static_cast<int64_t>(d)) {
-      refuse(c.g, c.n, fmt::format("perm [{}] for {} dimensions", fmt::join(perm, ", "), rank));
+      refuse(c.path, c.n, fmt::format("perm [{}] for {} dimensions", fmt::join(perm, ", "), rank));
     }
   }
   Array out{{}, {}, data.integer};
@@ -323,12 +323,12 @@ const std::map<std::string, Evaluation>& evaluations() {
 
 bool evaluates(const std::string& op_type) { return evaluations().count(op_type) != 0; }
 
-Array evaluate(const Graph& g, const Node& n, const std::vector<const Array*>& inputs) {
+Array evaluate(const std::string& path, const Node& n, const std::vector<const Array*>& inputs) {
   const auto it = evaluations().find(n.op_type);
-  if (it == evaluations().end()) refuse(g, n, "an operator mtrain does not compute on constants");
-  Array out = it->second(Call{g, n, inputs});
+  if (it == evaluations().end()) refuse(path, n, "an operator mtrain does not compute on arrays");
+  Array out = it->second(Call{path, n, inputs});
   if (static_cast<int64_t>(out.values.size()) != count(out.dims)) {
-    refuse(g, n, fmt::format("computed {} values for the shape [{}]", out.values.size(), fmt::join(out.dims, ", ")));
+    refuse(path, n, fmt::format("computed {} values for the shape [{}]", out.values.size(), fmt::join(out.dims, ", ")));
   }
   return out;
 }

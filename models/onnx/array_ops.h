@@ -14,10 +14,10 @@ namespace mtrain::models::onnx {
 // Mul, Div, Cast, ConstantOfShape, Reshape, Slice, Transpose, Identity).
 bool evaluates(const std::string& op_type);
 
-// The first output of `n` for `inputs` (one per input of `n`; nullptr where left out), with
+// The first output of `n` (of the graph at `path`, for messages) for `inputs` (one per input of `n`; nullptr where left out), with
 // ONNX's broadcasting and integer arithmetic (division truncates). Throws InvalidArgument,
 // naming the node, for inputs the operator does not accept (an index out of range, shapes
 // that do not broadcast, a reshape to another element count) or an attribute or type it lacks.
-Array evaluate(const Graph& g, const Node& n, const std::vector<const Array*>& inputs);
+Array evaluate(const std::string& path, const Node& n, const std::vector<const Array*>& inputs);
 
 }  // namespace mtrain::models::onnx

@@ -18,6 +18,7 @@
 #include "models/identity.h"
 #include "models/flatten.h"
 #include "models/linear.h"
+#include "models/onnx/array_ops.h"
 #include "models/onnx/onnx_graph.h"
 #include "models/pooling.h"
 #include "models/sequential.h"
@@ -359,6 +360,7 @@ const std::vector<std::string>& supported_operators() {
     out.push_back("Mul");
     out.push_back("Identity");
     out.push_back("Pad");
+    for (const char* op : {"Reshape", "Shape", "Slice", "Transpose"}) out.push_back(op);
     std::sort(out.begin(), out.end());
     return out;
   }();
@@ -406,6 +408,7 @@ void set_initial_values(const Graph& g, Module& model) {
 struct GraphModel::Wiring {
   const Graph& g;
   int& count;                         // GraphModel::num_values_
+  std::vector<std::pair<int, Array>>& constant_arrays;  // GraphModel::constant_arrays_
   std::map<std::string, int> ids;     // a value's id (an Identity's output shares its input's)
   std::map<std::string, std::string> unread;  // outputs no node may read (a batch norm's running statistics, a dropout's mask), by their node
   std::set<std::string> modules;      // child names taken
@@ -414,13 +417,26 @@ struct GraphModel::Wiring {
     int size;
   };
   std::map<std::string, Padding> padded;  // Pad outputs (Note [Padding folds into the next layer])
+  std::set<int> arrays;               // ids of values that are arrays (Note [Shapes computed with the images])
 
   int fresh(const std::string& name) { return ids[name] = count++; }
 
-  // The id of input `i` of `n`, which an earlier node computes.
+  bool is_array(const std::string& name) const {
+    const auto it = ids.find(name);
+    return (it != ids.end() && arrays.count(it->second)) || (it == ids.end() && g.constants.count(name));
+  }
+
+  // The id of input `i` of `n`, an image (a tensor) that an earlier node computes.
   int of(const Node& n, size_t i) const {
     const std::string& name = n.inputs.at(i);
-    if (const auto it = ids.find(name); it != ids.end()) return it->second;
+    if (const auto it = ids.find(name); it != ids.end()) {
+      if (arrays.count(it->second)) {
+        throw InvalidArgument(fmt::format("{}: {}: its input {} ('{}') is a shape or other numbers, where mtrain "
+                                          "expects an activation",
+                                          prefix(g), n.describe(), i, name));
+      }
+      return it->second;
+    }
     if (g.initializers.count(name)) {
       throw InvalidArgument(fmt::format("{}: {}: its input {} ('{}') is a constant; mtrain's graphs compute there",
                                         prefix(g), n.describe(), i, name));
@@ -437,6 +453,28 @@ struct GraphModel::Wiring {
     }
     throw InvalidArgument(fmt::format("{}: {}: its input '{}' is computed by no node before it", prefix(g),
                                       n.describe(), name));
+  }
+
+  // The id of input `i` of `n` as an array (a shape computed with the images, or a
+  // constant); -1 when left out.
+  int array_of(const Node& n, size_t i) {
+    if (i >= n.inputs.size() || n.inputs[i].empty()) return -1;
+    const std::string& name = n.inputs[i];
+    if (const auto it = ids.find(name); it != ids.end()) {
+      if (!arrays.count(it->second)) {
+        throw InvalidArgument(fmt::format("{}: {}: its input {} ('{}') is an activation, where mtrain expects a "
+                                          "shape or other numbers",
+                                          prefix(g), n.describe(), i, name));
+      }
+      return it->second;
+    }
+    if (const auto it = g.constants.find(name); it != g.constants.end()) {
+      const int id = fresh(name);
+      arrays.insert(id);
+      constant_arrays.emplace_back(id, it->second);
+      return id;
+    }
+    return of(n, i);  // says why there is no such value
   }
 
   // `n`, or a Conv or AveragePool that reads a Pad's output as reading the Pad's input with
@@ -463,7 +501,7 @@ struct GraphModel::Wiring {
 };
 
 GraphModel::GraphModel(const Graph& g) {
-  Wiring wiring{g, num_values_, {}, {}, {}, {}};
+  Wiring wiring{g, num_values_, constant_arrays_, {}, {}, {}, {}, {}};
   input_ = wiring.fresh(g.input);
   for (const Node& n : g.nodes) add_node(n, wiring);
   const auto out = wiring.ids.find(g.output);
@@ -477,6 +515,8 @@ GraphModel::GraphModel(const Graph& g) {
                                       prefix(g), g.input, g.input_shape.size()));
   }
   image_shape_.assign(g.input_shape.begin() + 1, g.input_shape.end());
+  export_batch_ = g.input_shape[0];
+  path_ = g.path;
   set_initial_values(g, *this);
 }
 
@@ -496,7 +536,29 @@ void GraphModel::add_node(const Node& node, Wiring& wiring) {
   }
   Step s;
   s.node = n.describe();
-  if (n.op_type == "Add" || n.op_type == "Mul") {
+  const bool on_arrays = n.op_type != "Shape" && evaluates(n.op_type) && !n.inputs.empty() &&
+                         wiring.is_array(n.inputs[0]);
+  if (n.op_type == "Shape" || on_arrays) {
+    s.kind = n.op_type == "Shape" ? Step::Kind::kShape : Step::Kind::kArray;
+    if (on_arrays) {
+      s.op = std::make_shared<const Node>(n);
+      for (size_t i = 0; i < n.inputs.size(); ++i) s.inputs.push_back(wiring.array_of(n, i));
+    } else {
+      s.inputs = {wiring.of(n, 0)};
+    }
+    s.output = wiring.fresh(n.outputs.at(0));
+    wiring.arrays.insert(s.output);
+    steps_.push_back(std::move(s));
+    return;
+  }
+  if (n.op_type == "Reshape" || n.op_type == "Transpose" || n.op_type == "Slice") {
+    require(g, n, n.op_type != "Slice" || g.opset >= 10, "a Slice of opset 9 (its bounds in attributes)");
+    s.kind = n.op_type == "Reshape" ? Step::Kind::kReshape
+             : n.op_type == "Transpose" ? Step::Kind::kTranspose : Step::Kind::kSlice;
+    s.inputs = {wiring.of(n, 0)};
+    for (size_t i = 1; i < n.inputs.size(); ++i) s.inputs.push_back(wiring.array_of(n, i));
+    s.perm = ints_attribute(g, n, "perm", {});
+  } else if (n.op_type == "Add" || n.op_type == "Mul") {
     s.kind = n.op_type == "Add" ? Step::Kind::kAdd : Step::Kind::kMul;
     s.inputs = {wiring.of(n, 0), wiring.of(n, 1)};
   } else if (n.op_type == "Concat") {
@@ -540,7 +602,9 @@ void GraphModel::require_every_step_reaches_output(const Graph& g) const {
                                         "without its unused branches",
                                         prefix(g), it->node));
     }
-    for (int in : it->inputs) needed[static_cast<size_t>(in)] = true;
+    for (int in : it->inputs) {
+      if (in >= 0) needed[static_cast<size_t>(in)] = true;
+    }
   }
 }
 
@@ -628,61 +692,204 @@ std::pair<Tensor, Tensor> multiply_backward(GraphModel::Step& s, const Tensor& d
   return {da, db};
 }
 
+
+// Note [Shapes computed with the images]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// ShuffleNet splits its channels in two with x.chunk(2, dim=1), which exports as Slices
+// whose bounds are computed from a Shape of the activation (Gather, Add, Div, Mul), and
+// shuffles them with a Reshape to [N, groups, C / groups, H, W], a Transpose and a Reshape
+// back. Those computations run with the images, on small host arrays (array_ops.h), each
+// forward: a Shape step reads a value's shape, array steps compute from it, and Reshape,
+// Transpose and Slice of activations take their numbers from them. They have no gradient.
+// The batch dimension stays free: tracing writes the export's batch size into a Reshape's
+// target shape, so its first dimension is always the batch (0, -1 or the export's batch
+// size there mean the batch; anything else is refused).
+
+// x viewed as `target` (ONNX's Reshape: 0 copies the dimension, -1 is inferred), its first
+// dimension the batch.
+Tensor reshape(const GraphModel::Step& s, const Tensor& x, const Array& target, int64_t export_batch) {
+  std::vector<int64_t> dims;
+  for (double v : target.values) dims.push_back(static_cast<int64_t>(v));
+  const bool batch_first = !dims.empty() && (dims[0] == 0 || dims[0] == -1 || dims[0] == x.size(0) ||
+                                             (export_batch > 0 && dims[0] == export_batch));
+  if (!batch_first) {
+    throw InvalidArgument(fmt::format("{}: reshapes [{}] to [{}]; mtrain keeps the batch as the first dimension",
+                                      s.node, fmt::join(x.shape(), ", "), fmt::join(dims, ", ")));
+  }
+  dims[0] = x.size(0);
+  int64_t known = 1, inferred = -1;
+  for (size_t d = 1; d < dims.size(); ++d) {
+    if (dims[d] == 0 && d < static_cast<size_t>(x.ndim())) dims[d] = x.size(static_cast<int>(d));
+    if (dims[d] == -1 && inferred < 0) {
+      inferred = static_cast<int64_t>(d);
+    } else {
+      known *= dims[d];
+    }
+  }
+  if (inferred > 0 && known > 0) dims[static_cast<size_t>(inferred)] = x.numel() / (x.size(0) * known);
+  const Shape shape(dims.begin(), dims.end());
+  if (std::any_of(dims.begin(), dims.end(), [](int64_t d) { return d < 0; }) || shape_numel(shape) != x.numel()) {
+    throw InvalidArgument(fmt::format("{}: reshapes [{}] to [{}], another number of elements", s.node,
+                                      fmt::join(x.shape(), ", "), fmt::join(target.values, ", ")));
+  }
+  return x.view(shape);
+}
+
+// The channels [first, first + count) of x [N, C, ...]: a Slice along axis 1 with step 1.
+Tensor slice_channels(GraphModel::Step& s, const Tensor& x, const std::vector<const Array*>& bounds) {
+  const auto one = [&](size_t i, int64_t fallback) -> int64_t {
+    if (i >= bounds.size() || bounds[i] == nullptr) return fallback;
+    if (bounds[i]->values.size() != 1) {
+      throw InvalidArgument(fmt::format("{}: slices several axes; mtrain slices the channels (axis 1) only", s.node));
+    }
+    return static_cast<int64_t>(bounds[i]->values[0]);
+  };
+  const int64_t axis = one(2, 0), step = one(3, 1);
+  if ((axis != 1 && axis != 1 - x.ndim()) || step != 1) {
+    throw InvalidArgument(fmt::format("{}: slices axis {} of [{}] in steps of {}; mtrain slices the channels (axis 1) "
+                                      "in steps of 1 only",
+                                      s.node, axis, fmt::join(x.shape(), ", "), step));
+  }
+  const int64_t channels = x.size(1);
+  const auto clamp = [channels](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + channels : v, 0, channels); };
+  const int64_t first = clamp(one(0, 0)), end = std::max(first, clamp(one(1, channels)));
+  Shape shape = x.shape();
+  shape[1] = end - first;
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  ops::copy_channels(x, first, out, 0, end - first);
+  s.input_shape = x.shape();
+  s.first = first;
+  return out;
+}
+
+std::vector<int64_t> transpose_perm(const GraphModel::Step& s, int ndim) {
+  if (!s.perm.empty()) return s.perm;
+  std::vector<int64_t> reversed;
+  for (int d = ndim; d-- > 0;) reversed.push_back(d);
+  return reversed;
+}
+
+Tensor transpose(const GraphModel::Step& s, const Tensor& x) {
+  const std::vector<int64_t> perm = transpose_perm(s, x.ndim());
+  Shape shape;
+  for (int64_t p : perm) {
+    if (perm.size() != static_cast<size_t>(x.ndim()) || x.ndim() > ops::kMaxPermuteDims || p < 0 || p >= x.ndim()) {
+      throw InvalidArgument(fmt::format("{}: transposes [{}] by [{}]; mtrain transposes up to {} dimensions", s.node,
+                                        fmt::join(x.shape(), ", "), fmt::join(perm, ", "), ops::kMaxPermuteDims));
+    }
+    shape.push_back(x.size(static_cast<int>(p)));
+  }
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  ops::permute(x, perm, out);
+  return out;
+}
+
+Tensor add(const GraphModel::Step& s, const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) {
+    throw InvalidArgument(fmt::format("{}: adds [{}] and [{}]; mtrain adds values of one shape (no broadcasting)",
+                                      s.node, fmt::join(a.shape(), ", "), fmt::join(b.shape(), ", ")));
+  }
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  ops::add(a, b, out);
+  return out;
+}
+
+Array shape_of(const Tensor& x) {
+  Array out{{x.ndim()}, {}, true};
+  for (int64_t d : x.shape()) out.values.push_back(static_cast<double>(d));
+  return out;
+}
+
 }  // namespace
 
 Tensor GraphModel::forward(const Tensor& x) {
   std::vector<Tensor> values(static_cast<size_t>(num_values_));
+  std::vector<Array> arrays(static_cast<size_t>(num_values_));
+  for (const auto& [id, value] : constant_arrays_) arrays[static_cast<size_t>(id)] = value;
   values[static_cast<size_t>(input_)] = x;
+  const auto value = [&](int id) -> const Tensor& { return values[static_cast<size_t>(id)]; };
+  // The arrays inputs from `from` on (nullptr where left out).
+  const auto arrays_of = [&](const Step& s, size_t from) {
+    std::vector<const Array*> out;
+    for (size_t i = from; i < s.inputs.size(); ++i) out.push_back(s.inputs[i] < 0 ? nullptr : &arrays[static_cast<size_t>(s.inputs[i])]);
+    return out;
+  };
   for (Step& s : steps_) {
     Tensor& out = values[static_cast<size_t>(s.output)];
-    if (s.kind == Step::Kind::kLayer) {
-      out = child(s.child).forward(values[static_cast<size_t>(s.inputs[0])]);
-      continue;
+    switch (s.kind) {
+      case Step::Kind::kLayer: out = child(s.child).forward(value(s.inputs[0])); break;
+      case Step::Kind::kAdd: out = add(s, value(s.inputs[0]), value(s.inputs[1])); break;
+      case Step::Kind::kConcat: out = concatenate(s, values, s.channels); break;
+      case Step::Kind::kMul: out = multiply(s, value(s.inputs[0]), value(s.inputs[1])); break;
+      case Step::Kind::kShape: arrays[static_cast<size_t>(s.output)] = shape_of(value(s.inputs[0])); break;
+      case Step::Kind::kArray: arrays[static_cast<size_t>(s.output)] = evaluate(path_, *s.op, arrays_of(s, 0)); break;
+      case Step::Kind::kReshape:
+        s.input_shape = value(s.inputs[0]).shape();
+        out = reshape(s, value(s.inputs[0]), *arrays_of(s, 1).at(0), export_batch_);
+        break;
+      case Step::Kind::kTranspose: out = transpose(s, value(s.inputs[0])); break;
+      case Step::Kind::kSlice: out = slice_channels(s, value(s.inputs[0]), arrays_of(s, 1)); break;
     }
-    if (s.kind == Step::Kind::kConcat) {
-      out = concatenate(s, values, s.channels);
-      continue;
-    }
-    if (s.kind == Step::Kind::kMul) {
-      out = multiply(s, values[static_cast<size_t>(s.inputs[0])], values[static_cast<size_t>(s.inputs[1])]);
-      continue;
-    }
-    const Tensor& a = values[static_cast<size_t>(s.inputs[0])];
-    const Tensor& b = values[static_cast<size_t>(s.inputs[1])];
-    if (a.shape() != b.shape()) {
-      throw InvalidArgument(fmt::format("{}: adds [{}] and [{}]; mtrain adds values of one shape (no broadcasting)",
-                                        s.node, fmt::join(a.shape(), ", "), fmt::join(b.shape(), ", ")));
-    }
-    out = Tensor::empty(a.shape(), a.dtype(), a.device());
-    ops::add(a, b, out);
   }
   return values[static_cast<size_t>(output_)];
 }
+
+namespace {
+
+// The gradient of a reshape, transpose or slice's input from its output's.
+Tensor layout_backward(const GraphModel::Step& s, const Tensor& g) {
+  if (s.kind == GraphModel::Step::Kind::kReshape) return g.view(s.input_shape);
+  if (s.kind == GraphModel::Step::Kind::kSlice) {
+    Tensor dx = Tensor::zeros(s.input_shape, g.dtype(), g.device());
+    ops::copy_channels(g, 0, dx, s.first, g.size(1));
+    return dx;
+  }
+  const std::vector<int64_t> perm = transpose_perm(s, g.ndim());
+  std::vector<int64_t> inverse(perm.size());
+  Shape shape(perm.size());
+  for (size_t d = 0; d < perm.size(); ++d) {
+    inverse[static_cast<size_t>(perm[d])] = static_cast<int64_t>(d);
+    shape[static_cast<size_t>(perm[d])] = g.size(static_cast<int>(d));
+  }
+  Tensor dx = Tensor::empty(shape, g.dtype(), g.device());
+  ops::permute(g, inverse, dx);
+  return dx;
+}
+
+}  // namespace
 
 Tensor GraphModel::backward(const Tensor& dy) {
   std::vector<Tensor> grads(static_cast<size_t>(num_values_));
   grads[static_cast<size_t>(output_)] = dy;
   for (auto it = steps_.rbegin(); it != steps_.rend(); ++it) {
+    if (it->kind == Step::Kind::kShape || it->kind == Step::Kind::kArray) continue;  // numbers, no gradient
     Tensor g = std::move(grads[static_cast<size_t>(it->output)]);
     MTRAIN_CHECK(g.defined(), "GraphModel: {} has no gradient in backward", it->node);
-    if (it->kind == Step::Kind::kLayer) {
-      accumulate(grads[static_cast<size_t>(it->inputs[0])], child(it->child).backward(g));
-    } else if (it->kind == Step::Kind::kMul) {
-      auto [da, db] = multiply_backward(*it, g);
-      accumulate(grads[static_cast<size_t>(it->inputs[0])], da);
-      accumulate(grads[static_cast<size_t>(it->inputs[1])], db);
-    } else if (it->kind == Step::Kind::kConcat) {
-      int64_t offset = 0;
-      for (size_t i = 0; i < it->inputs.size(); ++i) {
-        Shape shape = g.shape();
-        shape[1] = it->channels[i];
-        Tensor part = Tensor::empty(shape, g.dtype(), g.device());
-        ops::copy_channels(g, offset, part, 0, it->channels[i]);
-        offset += it->channels[i];
-        accumulate(grads[static_cast<size_t>(it->inputs[i])], part);
+    Tensor& first = grads[static_cast<size_t>(it->inputs[0])];
+    switch (it->kind) {
+      case Step::Kind::kLayer: accumulate(first, child(it->child).backward(g)); break;
+      case Step::Kind::kMul: {
+        auto [da, db] = multiply_backward(*it, g);
+        accumulate(first, da);
+        accumulate(grads[static_cast<size_t>(it->inputs[1])], db);
+        break;
       }
-    } else {
-      for (int in : it->inputs) accumulate(grads[static_cast<size_t>(in)], g);
+      case Step::Kind::kConcat: {
+        int64_t offset = 0;
+        for (size_t i = 0; i < it->inputs.size(); ++i) {
+          Shape shape = g.shape();
+          shape[1] = it->channels[i];
+          Tensor part = Tensor::empty(shape, g.dtype(), g.device());
+          ops::copy_channels(g, offset, part, 0, it->channels[i]);
+          offset += it->channels[i];
+          accumulate(grads[static_cast<size_t>(it->inputs[i])], part);
+        }
+        break;
+      }
+      case Step::Kind::kAdd:
+        for (int in : it->inputs) accumulate(grads[static_cast<size_t>(in)], g);
+        break;
+      default: accumulate(first, layout_backward(*it, g)); break;
     }
   }
   return grads[static_cast<size_t>(input_)];

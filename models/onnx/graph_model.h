@@ -13,11 +13,9 @@
 #include <vector>
 
 #include "models/module.h"
+#include "models/onnx/onnx_graph.h"
 
 namespace mtrain::models::onnx {
-
-struct Graph;
-struct Node;
 
 // The ONNX operators a graph model maps onto layers, for messages.
 const std::vector<std::string>& supported_operators();
@@ -37,10 +35,12 @@ class GraphModel : public Module {
   const std::vector<int64_t>& image_shape() const { return image_shape_; }
 
   // One node at run time: a layer (a child), an addition of two values, a concatenation of
-  // several along the channels, or a product of two (of one shape, or [N, C, ...] by one
-  // value per image and channel).
+  // several along the channels, a product of two (of one shape, or [N, C, ...] by one
+  // value per image and channel), a reshape, transpose or channel slice of a value, or a
+  // computation on arrays (a value's shape and what is computed from it: Note [Shapes
+  // computed with the images] in graph_model.cpp).
   struct Step {
-    enum class Kind { kLayer, kAdd, kConcat, kMul };
+    enum class Kind { kLayer, kAdd, kConcat, kMul, kShape, kArray, kReshape, kTranspose, kSlice };
     Kind kind = Kind::kLayer;
     size_t child = 0;             // kLayer: its slot
     std::vector<int> inputs;      // value ids (one for a layer, two for Add and Mul, n for Concat)
@@ -49,6 +49,10 @@ class GraphModel : public Module {
     int64_t axis = 1;             // kConcat: as given (negative counts from the end)
     std::vector<int64_t> channels;  // kConcat: each input's channels in the last forward
     std::vector<Tensor> saved;      // kMul: the last forward's inputs, until its backward
+    std::shared_ptr<const Node> op; // kArray: the node to evaluate
+    std::vector<int64_t> perm;      // kTranspose
+    Shape input_shape;              // kReshape, kSlice: the last forward's input shape
+    int64_t first = 0;              // kSlice: the last forward's first channel
   };
 
  private:
@@ -57,6 +61,9 @@ class GraphModel : public Module {
   void require_every_step_reaches_output(const Graph& graph) const;
 
   std::vector<Step> steps_;
+  std::vector<std::pair<int, Array>> constant_arrays_;  // the constants array steps read, by value id
+  std::string path_;          // for messages
+  int64_t export_batch_ = -1; // the batch size the graph was exported with, -1 when left free
   int num_values_ = 0;
   int input_ = 0;   // value ids of the graph's input and output
   int output_ = 0;

@@ -221,7 +221,7 @@ void fold_constants(const pb::GraphProto& graph, Graph& g) {
       inputs.push_back(it == constants.end() ? nullptr : &it->second);
     }
     if (all_constant) {
-      constants.emplace(node.outputs.at(0), evaluate(g, node, inputs));
+      constants.emplace(node.outputs.at(0), evaluate(g.path, node, inputs));
       continue;
     }
     g.nodes.push_back(std::move(node));
@@ -231,6 +231,7 @@ void fold_constants(const pb::GraphProto& graph, Graph& g) {
     std::copy(value.values.begin(), value.values.end(), t.data<float>());
     g.initializers.emplace(name, std::move(t));
   }
+  g.constants = std::move(constants);
 }
 
 }  // namespace

@@ -56,6 +56,8 @@ struct Graph {
   // the nodes that compute from constants only (Note [Folding the export's constants] in
   // onnx_graph.cpp): constant inputs of the nodes that read them. float32, host.
   std::map<std::string, Tensor> initializers;
+  // The same constants as arrays, for the shape computations that run with the images.
+  std::map<std::string, Array> constants;
 };
 
 // The opsets graph_model knows the operators of: PyTorch 1.13 exports 14 by default.

@@ -1,5 +1,6 @@
 // Channels-last layout changes and global average pooling on the GPU: the counterparts of
-// tensor/cpu/channels_last.cpp (Note [Channels last] in tensor/ops.h).
+// tensor/cpu/channels_last.cpp (Note [Channels last] in tensor/ops.h); permute, the general
+// layout change (tensor/cpu/channel_copy.cpp's).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -127,6 +128,32 @@ void global_avgpool_backward_channels_last(const Tensor& dy, Tensor& dx) {
   global_avgpool_channels_last_backward_kernel<<<detail::grid_for(total), kThreads, 0,
                                                  detail::stream_for(device.index)>>>(
       dy.data<float>(), dx.data<float>(), total, area, c, inv_area);
+  MTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+namespace {
+
+// One thread per element of y: its index in y's dimensions, then x's offset from them.
+__global__ void permute_kernel(const float* x, float* y, ops::PermutePlan plan) {
+  for (int64_t i = detail::global_thread_index(); i < plan.count; i += detail::grid_stride()) {
+    int64_t from = 0, rest = i;
+    for (int d = plan.rank - 1; d >= 0; --d) {
+      from += rest % plan.dims[d] * plan.x_strides[d];
+      rest /= plan.dims[d];
+    }
+    y[i] = x[from];
+  }
+}
+
+}  // namespace
+
+void permute(const Tensor& x, const std::vector<int64_t>& perm, Tensor& y) {
+  const ops::PermutePlan plan = ops::permute_plan(x, perm, y);
+  const Device device = first_gpu("permute", "x", x);
+  if (plan.count == 0) return;
+  cuda::DeviceGuard guard(device.index);
+  permute_kernel<<<detail::grid_for(plan.count), kThreads, 0, detail::stream_for(device.index)>>>(
+      x.data<float>(), y.data<float>(), plan);
   MTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 

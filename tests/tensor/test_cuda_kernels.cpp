@@ -153,6 +153,19 @@ TEST_CASE("GPU copy_channels equals the CPU's", "[cuda][channels]") {
   require_same_bits(gpu_out, cpu_out);
 }
 
+TEST_CASE("GPU permute equals the CPU's", "[cuda][channels]") {
+  require_gpu();
+  const Tensor x = random_tensor({3, 2, 29, 7, 5}, 7);
+  Tensor cpu_out = Tensor::empty({3, 29, 2, 7, 5}), gpu_out = on_gpu(Tensor::empty({3, 29, 2, 7, 5}));
+  ops::permute(x, {0, 2, 1, 3, 4}, cpu_out);
+  ops::permute(on_gpu(x), {0, 2, 1, 3, 4}, gpu_out);
+  require_same_bits(gpu_out, cpu_out);
+  Tensor cpu_rev = Tensor::empty({5, 7, 29, 2, 3}), gpu_rev = on_gpu(Tensor::empty({5, 7, 29, 2, 3}));
+  ops::permute(x, {4, 3, 2, 1, 0}, cpu_rev);
+  ops::permute(on_gpu(x), {4, 3, 2, 1, 0}, gpu_rev);
+  require_same_bits(gpu_rev, cpu_rev);
+}
+
 TEST_CASE("GPU mul, scale_channels, channel_dot and dropout_mask equal the CPU's", "[cuda][channels]") {
   require_gpu();
   const Tensor a = random_tensor({4, 6, 9, 9}, 8), b = random_tensor({4, 6, 9, 9}, 9), s = random_tensor({4, 6, 1, 1}, 10);

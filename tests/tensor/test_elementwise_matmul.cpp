@@ -81,6 +81,34 @@ TEST_CASE("relu and sigmoid forward match their formulas; backward matches finit
   CHECK(s.to_vector<float>() == std::vector<float>{0.0f, 1.0f});
 }
 
+TEST_CASE("permute reorders dimensions as torch.permute does", "[elementwise][channels]") {
+  // A channel shuffle, [N, groups, C / groups, HW] -> [N, C / groups, groups, HW]: output
+  // channel j * groups + g is input channel g * (C / groups) + j.
+  const int64_t hw = GENERATE(int64_t{3}, int64_t{4099});
+  const Tensor x = random_tensor({2, 2, 3, hw}, 4);
+  Tensor y = Tensor::empty({2, 3, 2, hw});
+  ops::permute(x, {0, 2, 1, 3}, y);
+  for (int64_t n = 0; n < 2; ++n) {
+    for (int64_t j = 0; j < 3; ++j) {
+      for (int64_t g = 0; g < 2; ++g) {
+        for (int64_t i = 0; i < hw; i += 997) {
+          REQUIRE(y.data<float>()[((n * 3 + j) * 2 + g) * hw + i] == x.data<float>()[((n * 2 + g) * 3 + j) * hw + i]);
+        }
+      }
+    }
+  }
+  // The full reversal of 3 dimensions, and back again by the inverse permutation.
+  const Tensor small = Tensor::from_vector<float>({0, 1, 2, 3, 4, 5}, {1, 2, 3});
+  Tensor reversed = Tensor::empty({3, 2, 1});
+  ops::permute(small, {2, 1, 0}, reversed);
+  CHECK(reversed.to_vector<float>() == std::vector<float>{0, 3, 1, 4, 2, 5});
+  Tensor back = Tensor::empty({1, 2, 3});
+  ops::permute(reversed, {2, 1, 0}, back);
+  CHECK(back.to_vector<float>() == small.to_vector<float>());
+  CHECK_THROWS_AS(ops::permute(small, {0, 0, 1}, reversed), InternalError);  // no permutation
+  CHECK_THROWS_AS(ops::permute(small, {1, 0, 2}, reversed), InternalError);  // y of another shape
+}
+
 TEST_CASE("copy_channels moves a block of channels between tensors of one batch and image size",
           "[elementwise][channels]") {
   // Two inputs concatenated along the channels and taken apart again (Concat's forward and

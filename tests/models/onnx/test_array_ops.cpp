@@ -38,9 +38,7 @@ Attribute ints_attribute(std::vector<int64_t> values) {
 }
 
 Array run(const Node& n, const std::vector<const Array*>& inputs) {
-  Graph g;
-  g.path = "test.onnx";
-  return evaluate(g, n, inputs);
+  return evaluate("test.onnx", n, inputs);
 }
 
 void require_array(const Array& a, const std::vector<int64_t>& dims, const std::vector<double>& values, bool integer) {

@@ -147,6 +147,15 @@ def efficientnet():
     return m
 
 
+def shufflenet():
+    """torchvision's ShuffleNet V2 x0.5: channel splits (Slices of computed bounds), channel
+    shuffles (Reshape, Transpose, Reshape; the export's batch size written into the shapes)
+    and a mean over height and width."""
+    m = torchvision.models.shufflenet_v2_x0_5(num_classes=10)
+    m.conv1[0] = torch.nn.Conv2d(1, 24, 3, 2, 1, bias=False)
+    return m
+
+
 def densenet():
     """torchvision's DenseNet (concatenations), small enough for 28x28 images and one channel."""
     m = torchvision.models.DenseNet(growth_rate=8, block_config=(2, 2), num_init_features=16, bn_size=2,
@@ -389,6 +398,7 @@ def main():
         compare_step("googlenet", googlenet, work, slice_dir)
         compare_step("mnasnet", mnasnet, work, slice_dir)
         compare_step("efficientnet", efficientnet, work, slice_dir)
+        compare_step("shufflenet", shufflenet, work, slice_dir)
         if small:
             compare_ranks(small, work, slice_dir)
         bad_files(work, slice_dir)
