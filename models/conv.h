@@ -18,6 +18,12 @@ struct Conv2dOptions {
   int padding = 0;
   bool bias = true;
   int groups = 1;  // divides in_channels and out_channels
+  // Rectangular windows (Inception's 1x7 and 7x1): the width's kernel, stride and padding
+  // where they differ from the height's, which are the three above; 0 (-1 for the padding)
+  // means the same as the height's.
+  int kernel_w = 0;
+  int stride_w = 0;
+  int padding_w = -1;
 };
 
 class Conv2d : public Module {

@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "core/error.h"
 #include "models/activation.h"
@@ -106,6 +107,21 @@ int one_size(const Graph& g, const Node& n, const std::string& what, const std::
   return static_cast<int>(values.front());
 }
 
+// The height's and the width's value of a convolution's kernel_shape or strides ([h, w]) or
+// pads ([top, left, bottom, right]: the same at both ends of an axis).
+std::pair<int, int> per_axis(const Graph& g, const Node& n, const std::string& what, const std::vector<int64_t>& values) {
+  const bool pads = values.size() == 4;
+  const bool fits = (values.size() == 2 || (pads && values[0] == values[2] && values[1] == values[3])) &&
+                    std::all_of(values.begin(), values.end(),
+                                [](int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max(); });
+  if (!fits) {
+    throw InvalidArgument(fmt::format("{}: {}: {} [{}]; mtrain's convolutions work on 2-D images and pad both ends "
+                                      "of an axis alike",
+                                      prefix(g), n.describe(), what, fmt::join(values, ", ")));
+  }
+  return {static_cast<int>(values[0]), static_cast<int>(values[1])};
+}
+
 void require(const Graph& g, const Node& n, bool ok, const std::string& what) {
   if (!ok) {
     throw InvalidArgument(fmt::format("{}: {}: {}, which mtrain's layers do not offer", prefix(g), n.describe(), what));
@@ -164,9 +180,10 @@ Layer conv(const Graph& g, const Node& n) {
   o.groups = static_cast<int>(groups);
   o.out_channels = w->shape()[0];
   o.in_channels = w->shape()[1] * o.groups;
-  o.kernel_size = one_size(g, n, "kernel_shape", ints_attribute(g, n, "kernel_shape", {w->shape()[2], w->shape()[3]}));
-  o.stride = one_size(g, n, "strides", ints_attribute(g, n, "strides", {1, 1}));
-  o.padding = one_size(g, n, "pads", ints_attribute(g, n, "pads", {0, 0, 0, 0}));
+  std::tie(o.kernel_size, o.kernel_w) =
+      per_axis(g, n, "kernel_shape", ints_attribute(g, n, "kernel_shape", {w->shape()[2], w->shape()[3]}));
+  std::tie(o.stride, o.stride_w) = per_axis(g, n, "strides", ints_attribute(g, n, "strides", {1, 1}));
+  std::tie(o.padding, o.padding_w) = per_axis(g, n, "pads", ints_attribute(g, n, "pads", {0, 0, 0, 0}));
   o.bias = weight_input(g, n, 2) != nullptr;
   return {std::make_unique<Conv2d>(o), module_name(g, n)};
 }

@@ -81,6 +81,23 @@ TEST_CASE("Conv2d backward matches finite differences", "[layers][conv]") {
   }
 }
 
+TEST_CASE("Conv2d with rectangular windows (Inception's 1x7 and 7x1) matches finite differences", "[layers][conv]") {
+  std::mt19937_64 rng(5);
+  Conv2d wide({.in_channels = 2, .out_channels = 3, .kernel_size = 1, .padding = 0, .kernel_w = 5, .stride_w = 2,
+               .padding_w = 2});
+  CHECK(wide.weight().value.shape() == Shape{3, 2, 1, 5});
+  CHECK(wide.forward(uniform_tensor({1, 2, 4, 7}, rng)).shape() == Shape{1, 3, 4, 4});
+  init_parameters(wide, {.seed = 5});
+  require_gradients_match(wide, uniform_tensor({2, 2, 4, 7}, rng), rng);
+  Conv2d tall({.in_channels = 2, .out_channels = 2, .kernel_size = 3, .stride = 2, .padding = 1, .kernel_w = 1,
+               .stride_w = 1, .padding_w = 0});
+  CHECK(tall.forward(uniform_tensor({1, 2, 5, 3}, rng)).shape() == Shape{1, 2, 3, 3});
+  init_parameters(tall, {.seed = 6});
+  require_gradients_match(tall, uniform_tensor({2, 2, 5, 3}, rng), rng);
+  CHECK_THROWS_WITH(Conv2d({.in_channels = 1, .out_channels = 1, .kernel_size = 1, .padding_w = -2}),
+                    Catch::Contains("padding >= 0"));
+}
+
 TEST_CASE("Conv2d 1x1 with stride (the shortcut) matches finite differences", "[layers][conv]") {
   std::mt19937_64 rng(3);
   Conv2d conv({.in_channels = 3, .out_channels = 2, .kernel_size = 1, .stride = 2});

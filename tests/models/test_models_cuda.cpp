@@ -244,6 +244,15 @@ TEST_CASE("Conv2d and Linear on the GPU equal the CPU", "[cuda][layers]") {
         },
         15);
     check_forward_backward("Conv2d 3x3 depthwise", depthwise, uniform_tensor({3, 16, 8, 8}, rng), rng, kGemm);
+    // Inception's rectangular windows: a 1x7 kernel padded along the width only, and another
+    // stride along each axis.
+    auto wide = make_pair_of(
+        [] {
+          return std::make_unique<Conv2d>(Conv2dOptions{
+              .in_channels = 6, .out_channels = 5, .kernel_size = 1, .padding = 0, .kernel_w = 7, .stride_w = 2, .padding_w = 3});
+        },
+        16);
+    check_forward_backward("Conv2d 1x7", wide, uniform_tensor({3, 6, 9, 11}, rng), rng, kGemm);
   }
   {
     auto pair = make_pair_of([] { return std::make_unique<Linear>(37, 13); }, 13);
@@ -295,6 +304,10 @@ TEST_CASE("activations, pooling and Flatten on the GPU equal the CPU", "[cuda][l
         0);
     check_forward_backward("MaxPool2d", pair, distinct_values_tensor({2, 3, 7, 9}, rng), rng,
                            kExact);
+    auto ceil = make_pair_of(
+        [] { return std::make_unique<MaxPool2d>(Pool2dOptions{.kernel_size = 3, .stride = 2, .ceil_mode = true}); },
+        0);
+    check_forward_backward("MaxPool2d ceil_mode", ceil, distinct_values_tensor({2, 3, 14, 9}, rng), rng, kExact);
   }
   {
     auto pair = make_pair_of(

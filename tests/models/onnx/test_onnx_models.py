@@ -92,26 +92,29 @@ class MobileNet(torch.nn.Module):
 
 
 class InceptionNet(torch.nn.Module):
-    """How Inception and GoogLeNet join branches: 1x1 and 3x3 convolutions and an average
-    pooling with padding (exported as a Pad of zeros before it) concatenated, max pooling in
-    ceil mode, a ZeroPad2d before a convolution, and a mean over height and width (ReduceMean)."""
+    """How Inception and GoogLeNet join branches: 1x1 convolutions, a 1x3 and 3x1 pair and an
+    average pooling with padding (exported as a Pad of zeros before it) concatenated, max
+    pooling in ceil mode, F.pad before a convolution, a convolution with another stride along
+    each axis, and a mean over height and width (ReduceMean)."""
     def __init__(self):
         super().__init__()
         self.stem = torch.nn.Conv2d(1, 8, 3, stride=2, padding=1)
         self.bn = torch.nn.BatchNorm2d(8)
         self.b1 = torch.nn.Conv2d(8, 4, 1)
-        self.b3 = torch.nn.Conv2d(8, 4, 3, padding=1)
+        self.b13 = torch.nn.Conv2d(8, 4, (1, 3), padding=(0, 1))
+        self.b31 = torch.nn.Conv2d(4, 4, (3, 1), padding=(1, 0))
         self.bp = torch.nn.Conv2d(8, 4, 1)
         self.padded = torch.nn.Conv2d(12, 8, 3)
+        self.tall = torch.nn.Conv2d(8, 8, (3, 1), stride=(2, 1))
         self.fc = torch.nn.Linear(8, 10)
 
     def forward(self, x):
         y = torch.relu(self.bn(self.stem(x)))  # 14x14
         y = torch.nn.functional.max_pool2d(y, 3, 2, ceil_mode=True)  # 7x7 (6x6 without ceil mode)
         pooled = torch.nn.functional.avg_pool2d(y, 3, 1, padding=1)
-        y = torch.cat([self.b1(y), self.b3(y), self.bp(pooled)], 1)
+        y = torch.cat([self.b1(y), self.b31(self.b13(y)), self.bp(pooled)], 1)
         y = torch.relu(self.padded(torch.nn.functional.pad(y, (1, 1, 1, 1))))
-        return self.fc(y.mean([2, 3]))
+        return self.fc(self.tall(y).mean([2, 3]))
 
 
 def squeezenet():
