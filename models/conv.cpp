@@ -13,15 +13,18 @@ Conv2dOptions with_width(Conv2dOptions o) {
   if (o.kernel_w == 0) o.kernel_w = o.kernel_size;
   if (o.stride_w == 0) o.stride_w = o.stride;
   if (o.padding_w == -1) o.padding_w = o.padding;
+  if (o.dilation_w == 0) o.dilation_w = o.dilation;
   return o;
 }
 
 // torch's repr: one number where height and width agree, (h, w) where they differ.
 std::string describe(const Conv2dOptions& o) {
   const auto pair = [](int h, int w) { return h == w ? fmt::format("{}", h) : fmt::format("({}, {})", h, w); };
-  return fmt::format("Conv2d({}, {}, kernel_size={}, stride={}, padding={}{}, bias={})", o.in_channels,
+  return fmt::format("Conv2d({}, {}, kernel_size={}, stride={}, padding={}{}{}, bias={})", o.in_channels,
                      o.out_channels, pair(o.kernel_size, o.kernel_w), pair(o.stride, o.stride_w),
                      pair(o.padding, o.padding_w),
+                     o.dilation == 1 && o.dilation_w == 1 ? std::string()
+                                                          : fmt::format(", dilation={}", pair(o.dilation, o.dilation_w)),
                      o.groups == 1 ? std::string() : fmt::format(", groups={}", o.groups), o.bias);
 }
 }  // namespace
@@ -31,10 +34,11 @@ Conv2d::Conv2d(const Conv2dOptions& given)
   const Conv2dOptions& options = options_;
   if (options.in_channels < 1 || options.out_channels < 1 || options.kernel_size < 1 || options.kernel_w < 1 ||
       options.stride < 1 || options.stride_w < 1 || options.padding < 0 || options.padding_w < 0 ||
+      options.dilation < 1 || options.dilation_w < 1 ||
       options.groups < 1 || options.in_channels % options.groups != 0 || options.out_channels % options.groups != 0) {
     throw InvalidArgument(fmt::format(
-        "{}: expected in_channels, out_channels, kernel_size, stride >= 1, padding >= 0 and groups >= 1 dividing "
-        "both channel counts",
+        "{}: expected in_channels, out_channels, kernel_size, stride, dilation >= 1, padding >= 0 and groups >= 1 "
+        "dividing both channel counts",
         description_));
   }
   geometry_.stride_h = options.stride;
@@ -42,6 +46,8 @@ Conv2d::Conv2d(const Conv2dOptions& given)
   geometry_.pad_h = options.padding;
   geometry_.pad_w = options.padding_w;
   geometry_.groups = options.groups;
+  geometry_.dilation_h = options.dilation;
+  geometry_.dilation_w = options.dilation_w;
   register_parameter("weight", weight_,
                      {options.out_channels, options.in_channels / options.groups, options.kernel_size, options.kernel_w});
   if (options.bias) register_parameter("bias", bias_, {options.out_channels});
@@ -71,8 +77,11 @@ Tensor Conv2d::forward(const Tensor& input) {
   detail::check_input_device(description_, input, weight_.value);
   const Tensor x = nchw_input_ ? channels_last_copy(input) : input;
   const int64_t h = last ? x.size(1) : x.size(2), w = last ? x.size(2) : x.size(3);
-  const int64_t oh = ops::conv_out_size(h, options_.kernel_size, options_.stride, options_.padding);
-  const int64_t ow = ops::conv_out_size(w, options_.kernel_w, options_.stride_w, options_.padding_w);
+  // A dilated window spans dilation * (kernel - 1) + 1 inputs.
+  const int64_t oh = ops::conv_out_size(h, options_.dilation * (options_.kernel_size - 1) + 1, options_.stride,
+                                        options_.padding);
+  const int64_t ow = ops::conv_out_size(w, options_.dilation_w * (options_.kernel_w - 1) + 1, options_.stride_w,
+                                        options_.padding_w);
   if (oh < 1 || ow < 1) {
     throw InvalidArgument(fmt::format("{}: input {} is smaller than the kernel", description_,
                                       shape_str(input.shape())));

@@ -24,6 +24,10 @@ struct Conv2dOptions {
   int kernel_w = 0;
   int stride_w = 0;
   int padding_w = -1;
+  // Dilated (atrous) convolution: taps `dilation` apart (ops::Conv2dParams); the width's
+  // when it differs (0: the same).
+  int dilation = 1;
+  int dilation_w = 0;
 };
 
 class Conv2d : public Module {

@@ -167,6 +167,9 @@ struct Conv2dParams {
   // Grouped convolution (depthwise when groups == C): C and O divisible by it, w is
   // [O, C / groups, KH, KW], and output group g sees input group g only.
   int groups = 1;
+  // Dilated (atrous) convolution: the kernel's taps `dilation` apart (1: neighbours), so a
+  // window spans dilation * (K - 1) + 1 inputs (torch's dilation).
+  int dilation_h = 1, dilation_w = 1;
 };
 // Output spatial size for input size `in`, kernel `k`, stride `s`, padding `p`.
 int64_t conv_out_size(int64_t in, int64_t k, int64_t s, int64_t p);

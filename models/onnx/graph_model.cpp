@@ -171,10 +171,9 @@ struct Layer {
 Layer conv(const Graph& g, const Node& n) {
   const Tensor* w = weight_input(g, n, 1);
   require(g, n, w != nullptr && w->ndim() == 4, "a weight that is no 4-D initializer");
-  const std::vector<int64_t> dilations = ints_attribute(g, n, "dilations", {1, 1});
-  require(g, n, one_size(g, n, "dilations", dilations) == 1, fmt::format("dilations [{}]", fmt::join(dilations, ", ")));
   require_explicit_padding(g, n);
   Conv2dOptions o;
+  std::tie(o.dilation, o.dilation_w) = per_axis(g, n, "dilations", ints_attribute(g, n, "dilations", {1, 1}));
   const int64_t groups = int_attribute(g, n, "group", 1);
   require(g, n, groups >= 1 && groups <= w->shape()[0] && w->shape()[0] % groups == 0, fmt::format("group {}", groups));
   o.groups = static_cast<int>(groups);

@@ -51,7 +51,7 @@ struct ConvKey {
   bool bias;
   bool accumulate;
   bool blocked;
-  std::array<int64_t, 14> dims;
+  std::array<int64_t, 16> dims;
   bool operator==(const ConvKey&) const = default;
 };
 
@@ -144,7 +144,7 @@ memory::desc maybe_any(const memory::dims& dims, bool blocked,
 }
 
 struct ConvDescs {
-  memory::dims x, w, b, y, strides, pad;
+  memory::dims x, w, b, y, strides, dilates, pad;
 };
 
 // Grouped weights are oneDNN's goihw, which is mtrain's [O, C/g, KH, KW] read as
@@ -152,7 +152,9 @@ struct ConvDescs {
 ConvDescs conv_dims(const ConvShape& s, const Conv2dParams& p) {
   const memory::dims w = s.g == 1 ? memory::dims{s.o, s.c, s.kh, s.kw}
                                   : memory::dims{s.g, s.o / s.g, s.c / s.g, s.kh, s.kw};
-  return {{s.n, s.c, s.h, s.w}, w, {s.o}, {s.n, s.o, s.oh, s.ow}, {p.stride_h, p.stride_w}, {p.pad_h, p.pad_w}};
+  // oneDNN counts the gaps between taps: 0 where PyTorch says dilation 1.
+  return {{s.n, s.c, s.h, s.w}, w,      {s.o}, {s.n, s.o, s.oh, s.ow}, {p.stride_h, p.stride_w},
+          {p.dilation_h - 1, p.dilation_w - 1}, {p.pad_h, p.pad_w}};
 }
 
 // `in` is the type of x and w; `out` that of y (the backward passes' hint has y in the
@@ -167,10 +169,10 @@ dnnl::convolution_forward::primitive_desc forward_pd(const ConvDescs& d, bool bi
   // (in - k + pad_l + pad_r) / stride + 1 == out with floor division, as PyTorch sizes it.
   const auto desc = bias ? fwd::desc(dnnl::prop_kind::forward_training,
                                      dnnl::algorithm::convolution_direct, x, w, plain_md(d.b), y,
-                                     d.strides, d.pad, d.pad)
+                                     d.strides, d.dilates, d.pad, d.pad)
                          : fwd::desc(dnnl::prop_kind::forward_training,
                                      dnnl::algorithm::convolution_direct, x, w, y, d.strides,
-                                     d.pad, d.pad);
+                                     d.dilates, d.pad, d.pad);
   return fwd::primitive_desc(desc, cpu::dnnl_engine());
 }
 
@@ -201,7 +203,7 @@ std::unique_ptr<ConvEntry> make_entry(const ConvKey& key, const ConvShape& s,
       const auto hint = forward_pd(d, false, blocked, in, in);
       const bwd::desc desc(dnnl::algorithm::convolution_direct, maybe_any(d.x, blocked, f32),
                            maybe_any(d.w, blocked, in), maybe_any(d.y, blocked, in), d.strides,
-                           d.pad, d.pad);
+                           d.dilates, d.pad, d.pad);
       const bwd::primitive_desc pd(desc, cpu::dnnl_engine(), hint);
       e->primitive = bwd(pd);
       e->inputs.emplace_back(plain_md(d.y), pd.diff_dst_desc(), Role::Input);
@@ -219,9 +221,9 @@ std::unique_ptr<ConvEntry> make_entry(const ConvKey& key, const ConvShape& s,
                  y = maybe_any(d.y, blocked, in);
       const auto desc =
           key.bias ? bwd::desc(dnnl::algorithm::convolution_direct, x, w, plain_md(d.b), y,
-                               d.strides, d.pad, d.pad)
-                   : bwd::desc(dnnl::algorithm::convolution_direct, x, w, y, d.strides, d.pad,
-                               d.pad);
+                               d.strides, d.dilates, d.pad, d.pad)
+                   : bwd::desc(dnnl::algorithm::convolution_direct, x, w, y, d.strides, d.dilates,
+                               d.pad, d.pad);
       const bwd::primitive_desc pd(desc, cpu::dnnl_engine(), hint);
       e->primitive = bwd(pd);
       e->inputs.emplace_back(plain_md(d.x), pd.src_desc(), Role::Input);
@@ -248,7 +250,7 @@ ConvEntry& cached_entry(ConvDirection direction, const ConvShape& s, const Conv2
   static std::unordered_map<ConvKey, std::unique_ptr<ConvEntry>, ConvKeyHash> cache;
   const ConvKey key{direction, p.compute, bias, accumulate, choose_blocked(direction, s, p.compute),
                     {s.n, s.c, s.h, s.w, s.o, s.kh, s.kw, s.oh, s.ow, p.stride_h, p.stride_w,
-                     p.pad_h, p.pad_w, s.g}};
+                     p.pad_h, p.pad_w, s.g, p.dilation_h, p.dilation_w}};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, make_entry(key, s, p)).first;
@@ -281,9 +283,10 @@ void run_entry(ConvEntry& e, std::initializer_list<const void*> inputs,
 }
 
 void check_params(const char* op, const Conv2dParams& p) {
-  MTRAIN_CHECK(p.stride_h >= 1 && p.stride_w >= 1 && p.pad_h >= 0 && p.pad_w >= 0 && p.groups >= 1,
-               "{}: invalid stride {}x{} / padding {}x{} / groups {}", op, p.stride_h, p.stride_w, p.pad_h,
-               p.pad_w, p.groups);
+  MTRAIN_CHECK(p.stride_h >= 1 && p.stride_w >= 1 && p.pad_h >= 0 && p.pad_w >= 0 && p.groups >= 1 &&
+                   p.dilation_h >= 1 && p.dilation_w >= 1,
+               "{}: invalid stride {}x{} / padding {}x{} / groups {} / dilation {}x{}", op, p.stride_h, p.stride_w,
+               p.pad_h, p.pad_w, p.groups, p.dilation_h, p.dilation_w);
 }
 
 // Checks x[N,C,H,W] against w[O,C,KH,KW] and y[N,O,OH,OW] (names as the op sees them).
@@ -299,8 +302,8 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
   MTRAIN_CHECK(s.c % s.g == 0 && s.o % s.g == 0 && w.size(1) * s.g == s.c,
                "{}: w {} in {} groups expects {} input channels, {} {} has {}", op, shape_str(w.shape()), s.g,
                w.size(1) * s.g, x_name, shape_str(x.shape()), s.c);
-  s.oh = conv_out_size(s.h, s.kh, p.stride_h, p.pad_h);
-  s.ow = conv_out_size(s.w, s.kw, p.stride_w, p.pad_w);
+  s.oh = conv_out_size(s.h, p.dilation_h * (s.kh - 1) + 1, p.stride_h, p.pad_h);
+  s.ow = conv_out_size(s.w, p.dilation_w * (s.kw - 1) + 1, p.stride_w, p.pad_w);
   MTRAIN_CHECK(s.kh >= 1 && s.kw >= 1 && s.oh >= 1 && s.ow >= 1,
                "{}: kernel {}x{} with padding {}x{} does not fit {} {}", op, s.kh, s.kw, p.pad_h,
                p.pad_w, x_name, shape_str(x.shape()));
@@ -324,10 +327,14 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
 // resnet18 fell from 61.5-66.4 to 57.8-59.0 img/s. Rounding costs a pass over each
 // operand; the bias gradient sums the float32 dy.
 
+// The own kernels take one group and no dilation; the others are oneDNN's.
+bool own_kernel_fits(const ConvShape& s, const Conv2dParams& p) {
+  return s.g == 1 && p.dilation_h == 1 && p.dilation_w == 1;
+}
+
 // The Auto policy's third choice: own kernels instead of a oneDNN primitive.
-// The own kernels take one group; grouped convolutions are oneDNN's.
 bool choose_direct(const ConvShape& s, const Conv2dParams& p) {
-  return s.g == 1 && layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
+  return own_kernel_fits(s, p) && layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto &&
          cpu::direct_conv_applies(s.c, s.o, s.kh, s.kw, p.stride_h, p.stride_w);
 }
 
@@ -343,7 +350,8 @@ cpu::ConvGeometry geometry(const ConvShape& s, const Conv2dParams& p) {
 // backward-data, and with their own rule weight gradients (Note [Winograd convolution]
 // in conv_winograd.cpp).
 bool choose_winograd(ConvDirection direction, const ConvShape& s, const Conv2dParams& p) {
-  if (s.g != 1 || p.compute != DType::Float32 || layout_setting().load(std::memory_order_relaxed) != ConvLayout::Auto) {
+  if (!own_kernel_fits(s, p) || p.compute != DType::Float32 ||
+      layout_setting().load(std::memory_order_relaxed) != ConvLayout::Auto) {
     return false;
   }
   const cpu::ConvGeometry g = geometry(s, p);
@@ -353,7 +361,7 @@ bool choose_winograd(ConvDirection direction, const ConvShape& s, const Conv2dPa
 // The Auto policy's choice for the gradients of convolutions with few channels (Note
 // [Images in the vector lanes] in conv_lanes.cpp).
 bool choose_lanes(ConvDirection direction, const ConvShape& s, const Conv2dParams& p) {
-  if (s.g != 1 || layout_setting().load(std::memory_order_relaxed) != ConvLayout::Auto) return false;
+  if (!own_kernel_fits(s, p) || layout_setting().load(std::memory_order_relaxed) != ConvLayout::Auto) return false;
   const cpu::ConvGeometry g = geometry(s, p);
   return direction == ConvDirection::BackwardData ? cpu::lanes_backward_data_applies(g)
                                                   : cpu::lanes_backward_weights_applies(g);
@@ -362,7 +370,7 @@ bool choose_lanes(ConvDirection direction, const ConvShape& s, const Conv2dParam
 // The Auto policy's choice for weight gradients with few output positions (Note
 // [Weight gradients as a GEMM] in conv_gemm_weights.cpp).
 bool choose_gemm_weights(const ConvShape& s, const Conv2dParams& p) {
-  return s.g == 1 && p.compute == DType::Float32 &&
+  return own_kernel_fits(s, p) && p.compute == DType::Float32 &&
          layout_setting().load(std::memory_order_relaxed) == ConvLayout::Auto && cpu::gemm_weights_applies(geometry(s, p));
 }
 

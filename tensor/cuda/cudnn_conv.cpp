@@ -126,8 +126,8 @@ std::unique_ptr<ConvDesc> make_conv_desc(const ops::Conv2dParams& p, cudnnMathTy
   auto desc = std::make_unique<ConvDesc>(context);
   // Cross-correlation (no kernel flip) is what PyTorch and oneDNN call convolution.
   MTRAIN_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(desc->get(), p.pad_h, p.pad_w, p.stride_h,
-                                                     p.stride_w, 1, 1, CUDNN_CROSS_CORRELATION,
-                                                     CUDNN_DATA_FLOAT),
+                                                     p.stride_w, p.dilation_h, p.dilation_w,
+                                                     CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
                      context);
   MTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(desc->get(), math), context);
   MTRAIN_CUDNN_CHECK(cudnnSetConvolutionGroupCount(desc->get(), p.groups), context);
@@ -169,7 +169,7 @@ struct ConvKey {
   DType compute;
   int device;
   bool benchmark, deterministic, allow_tf32, channels_last;
-  std::array<int64_t, 14> dims;
+  std::array<int64_t, 16> dims;
   bool operator==(const ConvKey&) const = default;
 };
 
@@ -445,7 +445,7 @@ ConvPlan& cached_plan(const ConvCall& call, int device, const FindBuffers& buffe
                     options.allow_tf32,
                     p.channels_last,
                     {s.n, s.c, s.h, s.w, s.o, s.kh, s.kw, s.oh, s.ow, p.stride_h, p.stride_w,
-                     p.pad_h, p.pad_w, s.g}};
+                     p.pad_h, p.pad_w, s.g, p.dilation_h, p.dilation_w}};
   {
     std::lock_guard<std::mutex> lock(mu);
     if (auto it = cache->find(key); it != cache->end()) return *it->second;
@@ -530,7 +530,8 @@ const BiasDescriptors& bias_descriptors(const ConvCall& call) {
 // [Convolutions on the graph API] in cudnn_graph.cpp), out = op(in0, in1) + beta * out with
 // the operands of cuda::run_graph_convolution; false when the legacy plans are to run it.
 bool ran_on_graph_api(int device, const ConvCall& call, const void* in0, const void* in1, void* out, float beta) {
-  if (!numerics().cudnn_graph_api || call.s.g != 1) return false;  // grouped: the legacy plans
+  // Grouped or dilated: the legacy plans (GraphConvolution describes neither).
+  if (!numerics().cudnn_graph_api || call.s.g != 1 || call.p.dilation_h != 1 || call.p.dilation_w != 1) return false;
   const ConvShape& s = call.s;
   cuda::GraphConvolution g;
   g.direction = call.direction == ConvDirection::Forward        ? cuda::GraphConvolution::Direction::Forward
@@ -560,9 +561,10 @@ void check_fits_int(const char* op, const char* name, const Tensor& t) {
 // all on the device of `x` (which the dispatch guarantees is a GPU).
 ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const Tensor& w,
                      const char* y_name, const Tensor& y, const ops::Conv2dParams& p) {
-  MTRAIN_CHECK(p.stride_h >= 1 && p.stride_w >= 1 && p.pad_h >= 0 && p.pad_w >= 0 && p.groups >= 1,
-               "{}: invalid stride {}x{} / padding {}x{} / groups {}", op, p.stride_h, p.stride_w, p.pad_h,
-               p.pad_w, p.groups);
+  MTRAIN_CHECK(p.stride_h >= 1 && p.stride_w >= 1 && p.pad_h >= 0 && p.pad_w >= 0 && p.groups >= 1 &&
+                   p.dilation_h >= 1 && p.dilation_w >= 1,
+               "{}: invalid stride {}x{} / padding {}x{} / groups {} / dilation {}x{}", op, p.stride_h, p.stride_w,
+               p.pad_h, p.pad_w, p.groups, p.dilation_h, p.dilation_w);
   MTRAIN_CHECK(x.defined() && x.device().is_cuda(), "{}: {} must be a GPU tensor, found {}", op,
                x_name, x.str());
   const Device device = x.device();
@@ -579,8 +581,8 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
   MTRAIN_CHECK(s.c % s.g == 0 && s.o % s.g == 0 && w.size(1) * s.g == s.c,
                "{}: w {} in {} groups expects {} input channels, {} {} has {}", op, shape_str(w.shape()), s.g,
                w.size(1) * s.g, x_name, shape_str(x.shape()), s.c);
-  s.oh = ops::conv_out_size(s.h, s.kh, p.stride_h, p.pad_h);
-  s.ow = ops::conv_out_size(s.w, s.kw, p.stride_w, p.pad_w);
+  s.oh = ops::conv_out_size(s.h, p.dilation_h * (s.kh - 1) + 1, p.stride_h, p.pad_h);
+  s.ow = ops::conv_out_size(s.w, p.dilation_w * (s.kw - 1) + 1, p.stride_w, p.pad_w);
   MTRAIN_CHECK(s.kh >= 1 && s.kw >= 1 && s.oh >= 1 && s.ow >= 1,
                "{}: kernel {}x{} with padding {}x{} does not fit {} {}", op, s.kh, s.kw, p.pad_h,
                p.pad_w, x_name, shape_str(x.shape()));

@@ -98,6 +98,17 @@ TEST_CASE("Conv2d with rectangular windows (Inception's 1x7 and 7x1) matches fin
                     Catch::Contains("padding >= 0"));
 }
 
+TEST_CASE("dilated Conv2d matches finite differences", "[layers][conv]") {
+  std::mt19937_64 rng(6);
+  Conv2d conv({.in_channels = 2, .out_channels = 3, .kernel_size = 3, .padding = 2, .dilation = 2, .dilation_w = 1});
+  // A 3x3 window spans 5 rows (taps 2 apart) and 3 columns.
+  CHECK(conv.forward(uniform_tensor({1, 2, 6, 5}, rng)).shape() == Shape{1, 3, 6, 7});
+  init_parameters(conv, {.seed = 7});
+  require_gradients_match(conv, uniform_tensor({2, 2, 6, 5}, rng), rng);
+  CHECK_THROWS_WITH(Conv2d({.in_channels = 1, .out_channels = 1, .kernel_size = 1, .dilation = 0}),
+                    Catch::Contains("dilation >= 1"));
+}
+
 TEST_CASE("Conv2d 1x1 with stride (the shortcut) matches finite differences", "[layers][conv]") {
   std::mt19937_64 rng(3);
   Conv2d conv({.in_channels = 3, .out_channels = 2, .kernel_size = 1, .stride = 2});

@@ -253,6 +253,13 @@ TEST_CASE("Conv2d and Linear on the GPU equal the CPU", "[cuda][layers]") {
         },
         16);
     check_forward_backward("Conv2d 1x7", wide, uniform_tensor({3, 6, 9, 11}, rng), rng, kGemm);
+    auto atrous = make_pair_of(
+        [] {
+          return std::make_unique<Conv2d>(
+              Conv2dOptions{.in_channels = 6, .out_channels = 8, .kernel_size = 3, .padding = 2, .dilation = 2});
+        },
+        17);
+    check_forward_backward("Conv2d dilated", atrous, uniform_tensor({3, 6, 9, 10}, rng), rng, kGemm);
   }
   {
     auto pair = make_pair_of([] { return std::make_unique<Linear>(37, 13); }, 13);

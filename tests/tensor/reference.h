@@ -116,8 +116,8 @@ inline std::vector<double> conv2d_ref(const Tensor& x, const Tensor& w, const Te
                                       const ops::Conv2dParams& p) {
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3);
   const int64_t o = w.size(0), kh = w.size(2), kw = w.size(3);
-  const int64_t oh = (h + 2 * p.pad_h - kh) / p.stride_h + 1;
-  const int64_t ow = (wd + 2 * p.pad_w - kw) / p.stride_w + 1;
+  const int64_t oh = (h + 2 * p.pad_h - (p.dilation_h * (kh - 1) + 1)) / p.stride_h + 1;
+  const int64_t ow = (wd + 2 * p.pad_w - (p.dilation_w * (kw - 1) + 1)) / p.stride_w + 1;
   const float* px = x.data<float>();
   const float* pw = w.data<float>();
   std::vector<double> y(static_cast<size_t>(n * o * oh * ow));
@@ -129,8 +129,8 @@ inline std::vector<double> conv2d_ref(const Tensor& x, const Tensor& w, const Te
           for (int64_t ic = 0; ic < c; ++ic)
             for (int64_t ky = 0; ky < kh; ++ky)
               for (int64_t kx = 0; kx < kw; ++kx) {
-                const int64_t iy = oy * p.stride_h - p.pad_h + ky;
-                const int64_t ix = ox * p.stride_w - p.pad_w + kx;
+                const int64_t iy = oy * p.stride_h - p.pad_h + ky * p.dilation_h;
+                const int64_t ix = ox * p.stride_w - p.pad_w + kx * p.dilation_w;
                 if (iy < 0 || iy >= h || ix < 0 || ix >= wd) continue;
                 s += static_cast<double>(px[((in * c + ic) * h + iy) * wd + ix]) *
                      pw[((oc * c + ic) * kh + ky) * kw + kx];
@@ -164,8 +164,8 @@ inline ConvGradRef conv2d_backward_ref(const Tensor& x, const Tensor& w, const T
           for (int64_t ic = 0; ic < c; ++ic)
             for (int64_t ky = 0; ky < kh; ++ky)
               for (int64_t kx = 0; kx < kw; ++kx) {
-                const int64_t iy = oy * p.stride_h - p.pad_h + ky;
-                const int64_t ix = ox * p.stride_w - p.pad_w + kx;
+                const int64_t iy = oy * p.stride_h - p.pad_h + ky * p.dilation_h;
+                const int64_t ix = ox * p.stride_w - p.pad_w + kx * p.dilation_w;
                 if (iy < 0 || iy >= h || ix < 0 || ix >= wd) continue;
                 const int64_t xi = ((in * c + ic) * h + iy) * wd + ix;
                 const int64_t wi = ((oc * c + ic) * kh + ky) * kw + kx;

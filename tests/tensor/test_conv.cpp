@@ -29,8 +29,8 @@ Tensor iota(const Shape& shape, float start = 1.0f) {
 }
 
 Tensor conv(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p) {
-  const int64_t oh = ops::conv_out_size(x.size(2), w.size(2), p.stride_h, p.pad_h);
-  const int64_t ow = ops::conv_out_size(x.size(3), w.size(3), p.stride_w, p.pad_w);
+  const int64_t oh = ops::conv_out_size(x.size(2), p.dilation_h * (w.size(2) - 1) + 1, p.stride_h, p.pad_h);
+  const int64_t ow = ops::conv_out_size(x.size(3), p.dilation_w * (w.size(3) - 1) + 1, p.stride_w, p.pad_w);
   Tensor y = Tensor::empty({x.size(0), w.size(0), oh, ow});
   ops::conv2d_forward(x, w, b, y, p);
   return y;
@@ -141,6 +141,12 @@ TEST_CASE("conv2d kernels match the naive reference in both oneDNN layouts", "[c
       {{2, 16, 7, 7}, {32, 16, 3, 3}, {2, 2, 1, 1}, true},    // ResNet downsampling 3x3
       {{2, 16, 7, 7}, {32, 16, 1, 1}, {2, 2, 0, 0}, false},   // ResNet 1x1 shortcut
       {{1, 3, 6, 9}, {4, 3, 3, 2}, {2, 1, 1, 0}, true},       // non-square everything
+      // Dilated: taps 2 apart (DeepLab's 3x3), and 3 x 2 apart on a single channel, which
+      // Auto would give the own kernels if they dilated.
+      {{2, 16, 9, 9}, {16, 16, 3, 3}, {.stride_h = 1, .stride_w = 1, .pad_h = 2, .pad_w = 2,
+                                       .dilation_h = 2, .dilation_w = 2}, false},
+      {{3, 1, 13, 12}, {4, 1, 3, 3}, {.stride_h = 1, .stride_w = 2, .pad_h = 1, .pad_w = 0,
+                                      .dilation_h = 3, .dilation_w = 2}, true},
   };
   const auto layout = GENERATE(ops::cpu::ConvLayout::Plain, ops::cpu::ConvLayout::Blocked,
                                ops::cpu::ConvLayout::Auto);
@@ -148,8 +154,8 @@ TEST_CASE("conv2d kernels match the naive reference in both oneDNN layouts", "[c
   uint32_t seed = 1;
   for (const Case& c : cases) {
     INFO("x " << shape_str(c.x) << " w " << shape_str(c.w) << " stride " << c.p.stride_h << "x"
-              << c.p.stride_w << " pad " << c.p.pad_h << "x" << c.p.pad_w << " layout "
-              << static_cast<int>(layout));
+              << c.p.stride_w << " pad " << c.p.pad_h << "x" << c.p.pad_w << " dilation " << c.p.dilation_h << "x"
+              << c.p.dilation_w << " layout " << static_cast<int>(layout));
     const Tensor x = random_tensor(c.x, seed++);
     const Tensor w = random_tensor(c.w, seed++);
     const Tensor b = c.bias ? random_tensor({c.w[0]}, seed++) : Tensor();

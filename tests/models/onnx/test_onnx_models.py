@@ -94,8 +94,8 @@ class MobileNet(torch.nn.Module):
 class InceptionNet(torch.nn.Module):
     """How Inception and GoogLeNet join branches: 1x1 convolutions, a 1x3 and 3x1 pair and an
     average pooling with padding (exported as a Pad of zeros before it) concatenated, max
-    pooling in ceil mode, F.pad before a convolution, a convolution with another stride along
-    each axis, and a mean over height and width (ReduceMean)."""
+    pooling in ceil mode, F.pad before a convolution, a dilated convolution (DeepLab's), one
+    with another stride along each axis, and a mean over height and width (ReduceMean)."""
     def __init__(self):
         super().__init__()
         self.stem = torch.nn.Conv2d(1, 8, 3, stride=2, padding=1)
@@ -105,6 +105,7 @@ class InceptionNet(torch.nn.Module):
         self.b31 = torch.nn.Conv2d(4, 4, (3, 1), padding=(1, 0))
         self.bp = torch.nn.Conv2d(8, 4, 1)
         self.padded = torch.nn.Conv2d(12, 8, 3)
+        self.atrous = torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2)
         self.tall = torch.nn.Conv2d(8, 8, (3, 1), stride=(2, 1))
         self.fc = torch.nn.Linear(8, 10)
 
@@ -114,7 +115,7 @@ class InceptionNet(torch.nn.Module):
         pooled = torch.nn.functional.avg_pool2d(y, 3, 1, padding=1)
         y = torch.cat([self.b1(y), self.b31(self.b13(y)), self.bp(pooled)], 1)
         y = torch.relu(self.padded(torch.nn.functional.pad(y, (1, 1, 1, 1))))
-        return self.fc(self.tall(y).mean([2, 3]))
+        return self.fc(self.tall(torch.relu(self.atrous(y))).mean([2, 3]))
 
 
 def squeezenet():
