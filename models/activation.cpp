@@ -1,5 +1,7 @@
 #include "models/activation.h"
 
+#include <cmath>
+
 #include "core/error.h"
 #include "models/input_checks.h"
 #include "tensor/ops.h"
@@ -100,6 +102,32 @@ Tensor Hardswish::forward(const Tensor& x) { return keep_input_forward("Hardswis
 
 Tensor Hardswish::backward(const Tensor& dy) {
   return keep_input_backward("Hardswish", dy, input_, ops::hardswish_backward);
+}
+
+Tensor Erf::forward(const Tensor& x) { return keep_input_forward("Erf", x, input_, ops::erf_forward); }
+
+Tensor Erf::backward(const Tensor& dy) { return keep_input_backward("Erf", dy, input_, ops::erf_backward); }
+
+Affine::Affine(float scale, float shift) : scale_(scale), shift_(shift) {
+  if (!std::isfinite(scale) || !std::isfinite(shift)) {
+    throw InvalidArgument(fmt::format("Affine: expected a finite scale and shift, found {} and {}", scale, shift));
+  }
+}
+
+Tensor Affine::forward(const Tensor& x) {
+  check_float_input("Affine", x);
+  input_shape_ = x.shape();
+  Tensor y = Tensor::empty(x.shape(), DType::Float32, x.device());
+  ops::affine(x, scale_, shift_, y);
+  return y;
+}
+
+Tensor Affine::backward(const Tensor& dy) {
+  detail::check_output_grad("Affine", dy, input_shape_);
+  Tensor dx = Tensor::empty(dy.shape(), DType::Float32, dy.device());
+  ops::affine(dy, scale_, 0.0f, dx);
+  input_shape_ = {};  // Note [Saved tensors die with backward] (module.cpp)
+  return dx;
 }
 
 }  // namespace mtrain::models

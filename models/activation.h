@@ -60,4 +60,28 @@ class Hardswish : public Module {
   Tensor input_;
 };
 
+// y = erf(x) (GELU's exports compute with it); keeps its input for backward.
+class Erf : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  std::string type_name() const override { return "Erf"; }
+
+ private:
+  Tensor input_;
+};
+
+// y = x * scale + shift: arithmetic with a constant number (ONNX's Add, Sub, Mul, Div).
+class Affine : public Module {
+ public:
+  Affine(float scale, float shift);
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  std::string type_name() const override { return "Affine"; }
+
+ private:
+  float scale_, shift_;
+  Shape input_shape_;
+};
+
 }  // namespace mtrain::models

@@ -26,19 +26,25 @@ void Linear::reset_parameters(ParameterInitializer& init) {
   if (has_bias_) init.init_bias(bias_.value, in_features_);
 }
 
-Tensor Linear::forward(const Tensor& x) {
+Tensor Linear::forward(const Tensor& given) {
+  // [N, ..., in] as rows [R, in] (a view: tensors are contiguous).
+  const bool rows = given.defined() && given.ndim() > 2 && given.size(given.ndim() - 1) == in_features_;
+  const Tensor x = rows ? given.view({given.numel() / in_features_, in_features_}) : given;
   detail::check_matrix_batch(description_, x, in_features_);
   detail::check_input_device(description_, x, weight_.value);
   Tensor y = Tensor::empty({x.size(0), out_features_}, DType::Float32, x.device());
   ops::linear_forward(x, weight_.value, bias_.value, y, compute_);
   input_ = x;
-  output_shape_ = y.shape();
-  return y;
+  input_shape_ = given.shape();
+  output_shape_ = given.shape();
+  output_shape_.back() = out_features_;
+  return y.view(output_shape_);
 }
 
-Tensor Linear::backward(const Tensor& dy) {
-  detail::check_output_grad(description_, dy, output_shape_);
-  detail::check_output_grad_device(description_, dy, input_.device());
+Tensor Linear::backward(const Tensor& given) {
+  detail::check_output_grad(description_, given, output_shape_);
+  detail::check_output_grad_device(description_, given, input_.device());
+  const Tensor dy = given.view({input_.size(0), out_features_});
   // One kernel call produces dx, dw and db together; the hook fires right after it.
   Tensor dx = input_grad_needed() ? Tensor::empty(input_.shape(), DType::Float32, input_.device())
                                   : Tensor();  // undefined: not computed
@@ -51,7 +57,7 @@ Tensor Linear::backward(const Tensor& dy) {
   notify_grad_ready(weight_);
   input_ = Tensor();  // Note [Saved tensors die with backward] (module.cpp)
   output_shape_ = {};
-  return dx;
+  return dx.defined() ? dx.view(input_shape_) : dx;
 }
 
 }  // namespace mtrain::models

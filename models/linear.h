@@ -1,4 +1,6 @@
-// Linear: y[N, out] = x[N, in] @ weight[out, in]^T + bias[out] (torch.nn.Linear).
+// Linear: y[N, out] = x[N, in] @ weight[out, in]^T + bias[out] (torch.nn.Linear); an input
+// of more dimensions [N, ..., in] is rows of `in` features, as torch's (ConvNeXt's blocks
+// apply linear layers to channels-last images).
 #pragma once
 
 #include <cstdint>
@@ -32,7 +34,8 @@ class Linear : public Module {
   Parameter weight_;
   Parameter bias_;
   DType compute_ = DType::Float32;
-  Tensor input_;
+  Tensor input_;        // as rows [R, in]
+  Shape input_shape_;   // as given
   Shape output_shape_;
 };
 

@@ -77,6 +77,21 @@ ChannelBlock channel_block(const Tensor& src, int64_t src_offset, const Tensor& 
   return b;
 }
 
+LayerNormRows layer_norm_rows(const char* op, const Tensor& x, const Tensor& w, const Tensor& mean,
+                              const Tensor& rstd) {
+  const auto fits = [&] {
+    for (const Tensor* t : {&x, &w, &mean, &rstd}) {
+      if (!t->defined() || t->dtype() != DType::Float32 || t->device() != x.device()) return false;
+    }
+    return x.ndim() == 2 && w.shape() == Shape{x.shape()[1]} && mean.shape() == Shape{x.shape()[0]} &&
+           rstd.shape() == mean.shape();
+  };
+  MTRAIN_CHECK(fits(), "{}: expected float32 x [R, C], w [C], mean and rstd [R] on one device, found {}, {}, {}, {}", op,
+               x.defined() ? x.str() : "undefined", w.defined() ? w.str() : "undefined",
+               mean.defined() ? mean.str() : "undefined", rstd.defined() ? rstd.str() : "undefined");
+  return {x.shape()[0], x.shape()[1]};
+}
+
 PermutePlan permute_plan(const Tensor& x, const std::vector<int64_t>& perm, const Tensor& y) {
   const auto fits = [&] {
     if (!x.defined() || !y.defined() || x.dtype() != DType::Float32 || y.dtype() != DType::Float32) return false;
@@ -107,12 +122,14 @@ PermutePlan permute_plan(const Tensor& x, const std::vector<int64_t>& perm, cons
 ChannelPlanes channel_planes(const char* op, const Tensor& x, const Tensor& per_plane) {
   const bool fits = x.defined() && per_plane.defined() && x.dtype() == DType::Float32 &&
                     per_plane.dtype() == DType::Float32 && x.device() == per_plane.device() && x.ndim() >= 2 &&
-                    per_plane.numel() == x.shape()[0] * x.shape()[1];
-  MTRAIN_CHECK(fits, "{}: expected x [N, C, ...] and one float32 value per (n, c) on its device, found {} and {}", op,
-               x.defined() ? x.str() : "undefined", per_plane.defined() ? per_plane.str() : "undefined");
+                    (per_plane.numel() == x.shape()[0] * x.shape()[1] || per_plane.numel() == x.shape()[1]);
+  MTRAIN_CHECK(fits,
+               "{}: expected x [N, C, ...] and one float32 value per (n, c) or per c on its device, found {} and {}",
+               op, x.defined() ? x.str() : "undefined", per_plane.defined() ? per_plane.str() : "undefined");
   ChannelPlanes p;
   p.planes = x.shape()[0] * x.shape()[1];
   p.inner = p.planes == 0 ? 0 : x.numel() / p.planes;
+  p.values = per_plane.numel();
   return p;
 }
 

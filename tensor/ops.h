@@ -46,16 +46,19 @@ void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx);   // dx = 
 // out = a * b, elementwise (out may alias a or b).
 void mul(const Tensor& a, const Tensor& b, Tensor& out);
 // y[n, c, ...] = x[n, c, ...] * s[n, c] for x [N, C, ...] and s of N x C elements ([N, C, 1,
-// 1] or [N, C]): a scale per image and channel (squeeze-and-excitation). y may alias x.
+// 1] or [N, C]): a scale per image and channel (squeeze-and-excitation); or s[c] for s of C
+// elements, one scale per channel for every image (ConvNeXt's layer scale). y may alias x.
 void scale_channels(const Tensor& x, const Tensor& s, Tensor& y);
 // out[n, c] = the sum over the rest of a[n, c, ...] * b[n, c, ...], for a and b of one shape
-// [N, C, ...] and out of N x C elements: scale_channels' gradient with respect to s.
+// [N, C, ...] and out of N x C elements; or out[c], the sum over the images too, for out of C
+// elements: scale_channels' gradient with respect to s. Sums in double, images in order.
 void channel_dot(const Tensor& a, const Tensor& b, Tensor& out);
 // What scale_channels and channel_dot work on: N x C planes of `inner` elements each, for x
-// [N, C, ...] (float32) and `per_plane` with one float32 element per plane, on x's device.
-// Throws InternalError naming the op otherwise.
+// [N, C, ...] (float32) and `per_plane` with one float32 element per plane or per channel
+// (`values` of them; plane p has value p % values), on x's device. Throws InternalError
+// naming the op otherwise.
 struct ChannelPlanes {
-  int64_t planes = 0, inner = 0;
+  int64_t planes = 0, inner = 0, values = 0;
 };
 ChannelPlanes channel_planes(const char* op, const Tensor& x, const Tensor& per_plane);
 // Element i of dropout draw `seed` is kept when this is at least p (a number in [0, 1) with
@@ -86,6 +89,29 @@ void hardsigmoid_forward(const Tensor& x, Tensor& y);
 void hardsigmoid_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
 void hardswish_forward(const Tensor& x, Tensor& y);
 void hardswish_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
+// y = x * scale + shift (ONNX's Add, Sub, Mul and Div by a constant number).
+void affine(const Tensor& x, float scale, float shift, Tensor& y);
+// y = erf(x); dx = dy * 2 / sqrt(pi) * exp(-x^2) (GELU exports as x * (1 + erf(x / sqrt 2)) / 2).
+void erf_forward(const Tensor& x, Tensor& y);
+void erf_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
+
+// ---- layer normalisation ---------------------------------------------------------
+// Each row of x [R, C] normalised over its C values (torch.nn.LayerNorm over the last
+// dimension): y = (x - mean) * rstd * w + b with rstd = 1 / sqrt(var + eps), var the biased
+// variance; `mean` and `rstd` [R] are kept for the backward. Statistics in double.
+void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y, Tensor& mean,
+                        Tensor& rstd);
+// dx [R, C], and dw and db [C] (overwritten: sums over the rows in row order, so the result
+// does not depend on the device's thread count).
+void layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& w, const Tensor& mean,
+                         const Tensor& rstd, Tensor& dx, Tensor& dw, Tensor& db);
+// Checks the operands of both (InternalError naming the op and what does not fit); returns
+// [R, C].
+struct LayerNormRows {
+  int64_t rows = 0, features = 0;
+};
+LayerNormRows layer_norm_rows(const char* op, const Tensor& x, const Tensor& w, const Tensor& mean,
+                              const Tensor& rstd);
 
 // ---- channel blocks ------------------------------------------------------------
 // dst[:, dst_offset : dst_offset + channels] = src[:, src_offset : src_offset + channels],

@@ -14,10 +14,12 @@
 #include "core/error.h"
 #include "models/activation.h"
 #include "models/batchnorm.h"
+#include "models/channel_scale.h"
 #include "models/conv.h"
 #include "models/dropout.h"
 #include "models/identity.h"
 #include "models/flatten.h"
+#include "models/layer_norm.h"
 #include "models/linear.h"
 #include "models/onnx/array_ops.h"
 #include "models/onnx/onnx_graph.h"
@@ -140,9 +142,10 @@ const Tensor* weight_input(const Graph& g, const Node& n, size_t i) {
   return &it->second;
 }
 
-// Note [Graph models keep PyTorch's names]: "conv1.weight" -> "conv1".
-std::string module_name(const Graph& g, const Node& n) {
-  const std::string& weight = n.inputs.at(1);
+// Note [Graph models keep PyTorch's names]: "conv1.weight" -> "conv1", for the weight that
+// input 1 of `n` names, or `weight`.
+std::string module_name(const Graph& g, const Node& n, const std::string& weight_name = {}) {
+  const std::string& weight = weight_name.empty() ? n.inputs.at(1) : weight_name;
   if (weight.starts_with("onnx::")) {
     throw InvalidArgument(fmt::format("{}: {}: its weight '{}' was computed by the export (an eval-mode export folds "
                                       "each batch norm into the convolution before it), so it is no module's "
@@ -253,7 +256,8 @@ Layer reduce_mean(const Graph& g, const Node& n) {
   for (int64_t& a : axes) a = a < 0 ? a + 4 : a;  // the images' rank; the layer checks it
   std::sort(axes.begin(), axes.end());
   require(g, n, axes == std::vector<int64_t>{2, 3},
-          fmt::format("a mean over axes [{}] (mtrain averages images over their height and width, axes [2, 3])",
+          fmt::format("a mean over axes [{}] (mtrain averages images over their height and width, axes [2, 3]; a "
+                      "LayerNorm exports as such means before opset 17: export with opset_version=17)",
                       fmt::join(ints_attribute(g, n, "axes", {}), ", ")));
   if (int_attribute(g, n, "keepdims", 1) != 0) return {std::make_unique<AdaptiveAvgPool2d>(1), ""};
   return {make_sequential(std::make_unique<AdaptiveAvgPool2d>(1), std::make_unique<Flatten>()), ""};
@@ -319,6 +323,17 @@ int zero_padding(const Graph& g, const Node& n) {
   return one_size(g, n, "pads", {pads[2], pads[3], pads[6], pads[7]});
 }
 
+// torch.nn.LayerNorm over the last dimension (opset 17 keeps it one node).
+Layer layer_norm(const Graph& g, const Node& n) {
+  const Tensor* w = weight_input(g, n, 1);
+  require(g, n, w != nullptr && w->ndim() == 1 && weight_input(g, n, 2) != nullptr,
+          "a scale or bias that is no 1-D initializer");
+  require(g, n, int_attribute(g, n, "axis", -1) == -1,
+          fmt::format("normalising from axis {} (mtrain normalises the last dimension)", int_attribute(g, n, "axis", -1)));
+  require(g, n, n.outputs.size() == 1, "the mean or inverse deviation as outputs");
+  return {std::make_unique<LayerNorm>(w->shape()[0], float_attribute(g, n, "epsilon", 1e-5f)), module_name(g, n)};
+}
+
 // torch.nn.Dropout: the rate and whether it trains are inputs from opset 12 (a training-mode
 // export says true), the rate an attribute before it. Each node draws its own masks (its
 // index seeds them).
@@ -348,6 +363,8 @@ const std::map<std::string, LayerFactory>& layer_factories() {
       {"GlobalAveragePool", [](const Graph&, const Node&) { return Layer{std::make_unique<AdaptiveAvgPool2d>(1), ""}; }},
       {"Flatten", flatten},
       {"ReduceMean", reduce_mean},
+      {"LayerNormalization", layer_norm},
+      {"Erf", [](const Graph&, const Node&) { return Layer{std::make_unique<Erf>(), ""}; }},
       {"Dropout", dropout},
   };
   return factories;
@@ -365,6 +382,25 @@ void accumulate(Tensor& into, const Tensor& g) {
   into = sum;
 }
 
+// The input of `n` that is an initializer or a constant, if one is (an arithmetic node's).
+std::optional<size_t> constant_operand(const Graph& g, const Node& n) {
+  for (size_t i = 0; i < n.inputs.size() && i < 2; ++i) {
+    if (g.initializers.count(n.inputs[i])) return i;
+  }
+  return std::nullopt;
+}
+
+// The one node that reads `value`, or nullptr (none, several, or the graph's output).
+const Node* sole_reader(const Graph& g, const std::string& value) {
+  const Node* reader = nullptr;
+  for (const Node& m : g.nodes) {
+    if (std::find(m.inputs.begin(), m.inputs.end(), value) == m.inputs.end()) continue;
+    if (reader != nullptr) return nullptr;
+    reader = &m;
+  }
+  return value == g.output ? nullptr : reader;
+}
+
 }  // namespace
 
 const std::vector<std::string>& supported_operators() {
@@ -376,7 +412,7 @@ const std::vector<std::string>& supported_operators() {
     out.push_back("Mul");
     out.push_back("Identity");
     out.push_back("Pad");
-    for (const char* op : {"Reshape", "Shape", "Slice", "Transpose"}) out.push_back(op);
+    for (const char* op : {"Div", "MatMul", "Reshape", "Shape", "Slice", "Sub", "Transpose"}) out.push_back(op);
     std::sort(out.begin(), out.end());
     return out;
   }();
@@ -434,6 +470,8 @@ struct GraphModel::Wiring {
   };
   std::map<std::string, Padding> padded;  // Pad outputs (Note [Padding folds into the next layer])
   std::set<int> arrays;               // ids of values that are arrays (Note [Shapes computed with the images])
+  std::map<std::string, std::string> transposed;  // Transposes of a weight (MatMul's operand): the weight's name
+  std::set<int> fused;                // nodes an earlier node's layer computes (a MatMul's bias Add)
 
   int fresh(const std::string& name) { return ids[name] = count++; }
 
@@ -456,6 +494,11 @@ struct GraphModel::Wiring {
     if (g.initializers.count(name)) {
       throw InvalidArgument(fmt::format("{}: {}: its input {} ('{}') is a constant; mtrain's graphs compute there",
                                         prefix(g), n.describe(), i, name));
+    }
+    if (transposed.count(name)) {
+      throw InvalidArgument(fmt::format("{}: {}: it reads the transposed weight '{}', which mtrain reads as a "
+                                        "MatMul's second operand only (torch.nn.Linear's export)",
+                                        prefix(g), n.describe(), name));
     }
     if (const auto it = padded.find(name); it != padded.end()) {
       throw InvalidArgument(fmt::format("{}: {}: it reads the padding of {}, which mtrain adds inside a convolution or "
@@ -516,8 +559,80 @@ struct GraphModel::Wiring {
   }
 };
 
+// A layer for `n`: which of its inputs it reads and which value it computes (a MatMul's
+// layer computes the bias Add after it too).
+struct GraphModel::MadeLayer {
+  Layer layer;
+  size_t input = 0;
+  std::string output;
+};
+
+// Arithmetic with a constant operand: Add, Sub, Mul or Div by a number is an Affine layer;
+// Mul by a parameter of one value per channel (ConvNeXt's layer_scale) a ChannelScale that
+// trains it.
+GraphModel::MadeLayer GraphModel::constant_operand_layer(const Wiring& wiring, const Node& n, size_t k) {
+  const Graph& g = wiring.g;
+  const std::string& name = n.inputs[k];
+  const Tensor& c = g.initializers.at(name);
+  const size_t x = 1 - k;
+  if (c.numel() == 1) {
+    const float v = c.data<float>()[0];
+    require(g, n, !(n.op_type == "Div" && k == 0), "a division of a constant by an activation");
+    const float scale = n.op_type == "Mul" ? v : n.op_type == "Div" ? 1.0f / v : n.op_type == "Sub" && k == 0 ? -1.0f : 1.0f;
+    const float shift = n.op_type == "Add" ? v : n.op_type == "Sub" ? (k == 0 ? v : -v) : 0.0f;
+    return {{std::make_unique<Affine>(scale, shift), ""}, x, n.outputs.at(0)};
+  }
+  const size_t dot = name.rfind('.');
+  const bool parameter = n.op_type == "Mul" && !g.constants.count(name) && !name.starts_with("onnx::") &&
+                         dot != std::string::npos && dot > 0 && dot + 1 < name.size();
+  require(g, n, parameter,
+          fmt::format("{} by the constant '{}' of shape [{}] (mtrain takes a number, or a parameter of one value per "
+                      "channel as a multiplier)",
+                      n.op_type, name, fmt::join(c.shape(), ", ")));
+  return {{std::make_unique<ChannelScale>(name.substr(dot + 1), c.shape()), name.substr(0, dot)}, x, n.outputs.at(0)};
+}
+
+// torch.nn.Linear applied to [..., in] exports MatMul(x, Transpose(weight)), then an Add of
+// the bias when that Add is the MatMul's only reader: one Linear layer computes both.
+GraphModel::MadeLayer GraphModel::matmul_layer(Wiring& wiring, const Node& n) {
+  const Graph& g = wiring.g;
+  const auto t = wiring.transposed.find(n.inputs.at(1));
+  require(g, n, t != wiring.transposed.end(),
+          "a second operand other than a transposed weight (torch.nn.Linear exports MatMul(x, Transpose(weight)))");
+  const Tensor& w = g.initializers.at(t->second);
+  const std::string module = module_name(g, n, t->second);
+  const Node* add = sole_reader(g, n.outputs.at(0));
+  const auto is_bias = [&](const std::string& name) {
+    const auto it = g.initializers.find(name);
+    return name == module + ".bias" && it != g.initializers.end() && it->second.shape() == Shape{w.shape()[0]};
+  };
+  const bool bias = add != nullptr && add->op_type == "Add" && add->inputs.size() == 2 &&
+                    (is_bias(add->inputs[0]) || is_bias(add->inputs[1]));
+  if (bias) wiring.fused.insert(add->index);
+  return {{std::make_unique<Linear>(w.shape()[1], w.shape()[0], bias), module}, 0,
+          bias ? add->outputs.at(0) : n.outputs.at(0)};
+}
+
+GraphModel::MadeLayer GraphModel::make_layer(Wiring& wiring, const Node& n) {
+  const Graph& g = wiring.g;
+  if (n.op_type == "Constant") {
+    throw InvalidArgument(fmt::format("{}: {}: a constant that is not numbers; mtrain reads float, double, integer "
+                                      "and bool constants",
+                                      prefix(g), n.describe()));
+  }
+  if (n.op_type == "MatMul") return matmul_layer(wiring, n);
+  const bool arithmetic = n.op_type == "Add" || n.op_type == "Sub" || n.op_type == "Mul" || n.op_type == "Div";
+  if (const auto k = constant_operand(g, n); arithmetic && k) return constant_operand_layer(wiring, n, *k);
+  const auto factory = layer_factories().find(n.op_type);
+  if (factory == layer_factories().end()) {
+    throw InvalidArgument(fmt::format("{}: {}: operator {} is not supported; mtrain trains graphs of {}", prefix(g),
+                                      n.describe(), n.op_type, fmt::join(supported_operators(), ", ")));
+  }
+  return {factory->second(g, n), 0, n.outputs.at(0)};
+}
+
 GraphModel::GraphModel(const Graph& g) {
-  Wiring wiring{g, num_values_, constant_arrays_, {}, {}, {}, {}, {}};
+  Wiring wiring{g, num_values_, constant_arrays_, {}, {}, {}, {}, {}, {}, {}};
   input_ = wiring.fresh(g.input);
   for (const Node& n : g.nodes) add_node(n, wiring);
   const auto out = wiring.ids.find(g.output);
@@ -550,6 +665,15 @@ void GraphModel::add_node(const Node& node, Wiring& wiring) {
     wiring.ids[n.outputs.at(0)] = wiring.of(n, 0);
     return;
   }
+  if (wiring.fused.count(n.index)) return;  // an earlier node's layer computes it
+  const bool of_weight = !n.inputs.empty() && g.initializers.count(n.inputs[0]) && !g.constants.count(n.inputs[0]);
+  if (n.op_type == "Transpose" && of_weight) {
+    const std::vector<int64_t> perm = ints_attribute(g, n, "perm", {1, 0});
+    require(g, n, g.initializers.at(n.inputs[0]).ndim() == 2 && perm == std::vector<int64_t>{1, 0},
+            "a transpose of a weight other than a matrix's (torch.nn.Linear's export)");
+    wiring.transposed[n.outputs.at(0)] = n.inputs[0];
+    return;
+  }
   Step s;
   s.node = n.describe();
   const bool on_arrays = n.op_type != "Shape" && evaluates(n.op_type) && !n.inputs.empty() &&
@@ -574,7 +698,7 @@ void GraphModel::add_node(const Node& node, Wiring& wiring) {
     s.inputs = {wiring.of(n, 0)};
     for (size_t i = 1; i < n.inputs.size(); ++i) s.inputs.push_back(wiring.array_of(n, i));
     s.perm = ints_attribute(g, n, "perm", {});
-  } else if (n.op_type == "Add" || n.op_type == "Mul") {
+  } else if ((n.op_type == "Add" || n.op_type == "Mul") && !constant_operand(g, n)) {
     s.kind = n.op_type == "Add" ? Step::Kind::kAdd : Step::Kind::kMul;
     s.inputs = {wiring.of(n, 0), wiring.of(n, 1)};
   } else if (n.op_type == "Concat") {
@@ -582,26 +706,19 @@ void GraphModel::add_node(const Node& node, Wiring& wiring) {
     s.axis = int_attribute(g, n, "axis", 1);
     for (size_t i = 0; i < n.inputs.size(); ++i) s.inputs.push_back(wiring.of(n, i));
   } else {
-    if (n.op_type == "Constant") {
-      throw InvalidArgument(fmt::format("{}: {}: a constant that is not numbers; mtrain reads float, double, integer "
-                                        "and bool constants",
-                                        prefix(g), n.describe()));
-    }
-    const auto factory = layer_factories().find(n.op_type);
-    if (factory == layer_factories().end()) {
-      throw InvalidArgument(fmt::format("{}: {}: operator {} is not supported; mtrain trains graphs of {}", prefix(g),
-                                        n.describe(), n.op_type, fmt::join(supported_operators(), ", ")));
-    }
-    Layer layer = factory->second(g, n);
-    const std::string name = layer.name.empty() ? fmt::format("{}_{}", n.op_type, n.index) : layer.name;
+    MadeLayer made = make_layer(wiring, n);
+    const std::string name = made.layer.name.empty() ? fmt::format("{}_{}", n.op_type, n.index) : made.layer.name;
     if (!wiring.modules.insert(name).second) {
       throw InvalidArgument(fmt::format("{}: {}: module {}'s weights are used by a second node; mtrain trains each "
                                         "weight in one layer",
                                         prefix(g), n.describe(), name));
     }
-    s.inputs = {wiring.of(n, 0)};
-    s.child = register_module(name, std::move(layer.module));
+    s.inputs = {wiring.of(n, made.input)};
+    s.child = register_module(name, std::move(made.layer.module));
     for (size_t i = 1; i < n.outputs.size(); ++i) wiring.unread[n.outputs[i]] = n.describe();
+    s.output = wiring.fresh(made.output);
+    steps_.push_back(std::move(s));
+    return;
   }
   s.output = wiring.fresh(n.outputs.at(0));
   steps_.push_back(std::move(s));

@@ -56,8 +56,12 @@ class GraphModel : public Module {
   };
 
  private:
-  struct Wiring;  // the graph's values by name while the nodes are added (graph_model.cpp)
+  struct Wiring;     // the graph's values by name while the nodes are added (graph_model.cpp)
+  struct MadeLayer;  // a node's layer, the input it reads and the value it computes
   void add_node(const Node& node, Wiring& wiring);
+  static MadeLayer make_layer(Wiring& wiring, const Node& n);
+  static MadeLayer matmul_layer(Wiring& wiring, const Node& n);
+  static MadeLayer constant_operand_layer(const Wiring& wiring, const Node& n, size_t k);
   void require_every_step_reaches_output(const Graph& graph) const;
 
   std::vector<Step> steps_;

@@ -216,6 +216,19 @@ void cpu::hardswish_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   });
 }
 
+void cpu::affine(const Tensor& x, float scale, float shift, Tensor& y) {
+  map_unary("affine", x, y, [scale, shift](float v) { return v * scale + shift; });
+}
+
+void cpu::erf_forward(const Tensor& x, Tensor& y) {
+  map_unary("erf_forward", x, y, [](float v) { return std::erf(v); });
+}
+
+void cpu::erf_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  constexpr float kTwoOverSqrtPi = 1.1283791670955126f;
+  map_backward("erf_backward", x, dy, dx, [](float v, float g) { return g * kTwoOverSqrtPi * std::exp(-v * v); });
+}
+
 void cpu::mul(const Tensor& a, const Tensor& b, Tensor& out) {
   map_binary("mul", "a", a, "b", b, "out", out, [](float u, float v) { return u * v; });
 }
@@ -229,7 +242,7 @@ void cpu::scale_channels(const Tensor& x, const Tensor& s, Tensor& y) {
   float* py = y.data<float>();
 #pragma omp parallel for if (g.planes * g.inner >= kParallelGrain)
   for (int64_t plane = 0; plane < g.planes; ++plane) {
-    const float scale = ps[plane];
+    const float scale = ps[plane % g.values];
     const float* row = px + plane * g.inner;
     float* out = py + plane * g.inner;
 #pragma omp simd
@@ -244,13 +257,16 @@ void cpu::channel_dot(const Tensor& a, const Tensor& b, Tensor& out) {
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* po = out.data<float>();
+  // Value v sums planes v, v + values, ... (one plane, or a channel of every image).
 #pragma omp parallel for if (g.planes * g.inner >= kParallelGrain)
-  for (int64_t plane = 0; plane < g.planes; ++plane) {
-    const float* ra = pa + plane * g.inner;
-    const float* rb = pb + plane * g.inner;
+  for (int64_t v = 0; v < g.values; ++v) {
     double sum = 0.0;  // a plane is a whole feature map: summed in double, as the GPU does
-    for (int64_t i = 0; i < g.inner; ++i) sum += static_cast<double>(ra[i]) * rb[i];
-    po[plane] = static_cast<float>(sum);
+    for (int64_t plane = v; plane < g.planes; plane += g.values) {
+      const float* ra = pa + plane * g.inner;
+      const float* rb = pb + plane * g.inner;
+      for (int64_t i = 0; i < g.inner; ++i) sum += static_cast<double>(ra[i]) * rb[i];
+    }
+    po[v] = static_cast<float>(sum);
   }
 }
 

@@ -106,23 +106,28 @@ struct Mul {
   __device__ float operator()(float a, float b) const { return __fmul_rn(a, b); }
 };
 
-// y = x * s[plane]: one thread per element, the plane from the index.
-__global__ void scale_channels_kernel(const float* x, const float* s, float* y, int64_t n, int64_t inner) {
+// y = x * s[plane % values]: one thread per element, the plane from the index.
+__global__ void scale_channels_kernel(const float* x, const float* s, float* y, int64_t n, int64_t inner,
+                                      int64_t values) {
   for (int64_t i = detail::global_thread_index(); i < n; i += detail::grid_stride()) {
-    y[i] = __fmul_rn(x[i], s[i / inner]);
+    y[i] = __fmul_rn(x[i], s[i / inner % values]);
   }
 }
 
-// One block per plane: the products summed in double in a fixed tree order.
-__global__ void channel_dot_kernel(const float* a, const float* b, float* out, int64_t inner) {
+// One block per value, over planes v, v + values, ...: the products summed in double in a
+// fixed tree order.
+__global__ void channel_dot_kernel(const float* a, const float* b, float* out, int64_t inner, int64_t planes,
+                                   int64_t values) {
   __shared__ double shared[kThreads / 32];
-  const int64_t plane = blockIdx.x;
-  const float* ra = a + plane * inner;
-  const float* rb = b + plane * inner;
+  const int64_t v = blockIdx.x;
   double sum = 0.0;
-  for (int64_t i = threadIdx.x; i < inner; i += blockDim.x) sum += static_cast<double>(ra[i]) * rb[i];
+  for (int64_t plane = v; plane < planes; plane += values) {
+    const float* ra = a + plane * inner;
+    const float* rb = b + plane * inner;
+    for (int64_t i = threadIdx.x; i < inner; i += blockDim.x) sum += static_cast<double>(ra[i]) * rb[i];
+  }
   sum = detail::block_sum(sum, shared);
-  if (threadIdx.x == 0) out[plane] = static_cast<float>(sum);
+  if (threadIdx.x == 0) out[v] = static_cast<float>(sum);
 }
 
 __global__ void dropout_mask_kernel(float* mask, int64_t n, float p, float kept, uint64_t seed) {
@@ -156,6 +161,18 @@ struct HardsigmoidBackward {
 struct Hardswish {
   __device__ float operator()(float x) const {
     return __fdiv_rn(__fmul_rn(x, clamp(__fadd_rn(x, 3.0f), 0.0f, 6.0f)), 6.0f);
+  }
+};
+struct Affine {
+  float scale, shift;
+  __device__ float operator()(float x) const { return __fadd_rn(__fmul_rn(x, scale), shift); }
+};
+struct Erf {
+  __device__ float operator()(float x) const { return erff(x); }
+};
+struct ErfBackward {
+  __device__ float operator()(float x, float dy) const {
+    return __fmul_rn(__fmul_rn(dy, 1.1283791670955126f), expf(-__fmul_rn(x, x)));
   }
 };
 struct HardswishBackward {
@@ -253,6 +270,25 @@ void mul(const Tensor& a, const Tensor& b, Tensor& out) {
   launch_map<2>(device, Mul{}, a.data<float>(), b.data<float>(), out.data<float>(), a.numel());
 }
 
+void affine(const Tensor& x, float scale, float shift, Tensor& y) {
+  const Device device = first_gpu("affine", "x", x);
+  check_on_shape("affine", "y", y, device, x.shape());
+  launch_map<1>(device, Affine{scale, shift}, x.data<float>(), nullptr, y.data<float>(), x.numel());
+}
+
+void erf_forward(const Tensor& x, Tensor& y) {
+  const Device device = first_gpu("erf_forward", "x", x);
+  check_on_shape("erf_forward", "y", y, device, x.shape());
+  launch_map<1>(device, Erf{}, x.data<float>(), nullptr, y.data<float>(), x.numel());
+}
+
+void erf_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  const Device device = first_gpu("erf_backward", "x", x);
+  check_on_shape("erf_backward", "dy", dy, device, x.shape());
+  check_on_shape("erf_backward", "dx", dx, device, x.shape());
+  launch_map<2>(device, ErfBackward{}, x.data<float>(), dy.data<float>(), dx.data<float>(), x.numel());
+}
+
 void scale_channels(const Tensor& x, const Tensor& s, Tensor& y) {
   const Device device = first_gpu("scale_channels", "x", x);
   const ops::ChannelPlanes g = ops::channel_planes("scale_channels", x, s);
@@ -261,7 +297,7 @@ void scale_channels(const Tensor& x, const Tensor& s, Tensor& y) {
   if (n == 0) return;
   cuda::DeviceGuard guard(device.index);
   scale_channels_kernel<<<detail::grid_for(n), kThreads, 0, detail::stream_for(device.index)>>>(
-      x.data<float>(), s.data<float>(), y.data<float>(), n, g.inner);
+      x.data<float>(), s.data<float>(), y.data<float>(), n, g.inner, g.values);
   MTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -269,11 +305,11 @@ void channel_dot(const Tensor& a, const Tensor& b, Tensor& out) {
   const Device device = first_gpu("channel_dot", "a", a);
   const ops::ChannelPlanes g = ops::channel_planes("channel_dot", a, out);
   check_on_shape("channel_dot", "b", b, device, a.shape());
-  if (g.planes == 0) return;
+  if (g.values == 0) return;
   cuda::DeviceGuard guard(device.index);
-  MTRAIN_CHECK(g.planes <= INT32_MAX, "channel_dot: {} planes are more than one grid holds", g.planes);
-  channel_dot_kernel<<<static_cast<unsigned>(g.planes), kThreads, 0, detail::stream_for(device.index)>>>(
-      a.data<float>(), b.data<float>(), out.data<float>(), g.inner);
+  MTRAIN_CHECK(g.values <= INT32_MAX, "channel_dot: {} sums are more than one grid holds", g.values);
+  channel_dot_kernel<<<static_cast<unsigned>(g.values), kThreads, 0, detail::stream_for(device.index)>>>(
+      a.data<float>(), b.data<float>(), out.data<float>(), g.inner, g.planes, g.values);
   MTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 

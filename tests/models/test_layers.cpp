@@ -9,10 +9,12 @@
 #include "core/error.h"
 #include "models/activation.h"
 #include "models/batchnorm.h"
+#include "models/channel_scale.h"
 #include "models/conv.h"
 #include "models/dropout.h"
 #include "models/flatten.h"
 #include "models/init.h"
+#include "models/layer_norm.h"
 #include "models/linear.h"
 #include "models/loss.h"
 #include "models/pooling.h"
@@ -228,6 +230,53 @@ TEST_CASE("Dropout: a mask in training, its gradient the same mask; eval and p =
   Dropout none(0.0f, 3);
   CHECK(none.forward(x).raw_data() == x.raw_data());
   CHECK_THROWS_WITH(Dropout(1.0f, 0), Catch::Contains("expected p in [0, 1)"));
+}
+
+TEST_CASE("Erf and Affine (GELU's parts) backward match finite differences", "[layers][activation]") {
+  std::mt19937_64 rng(18);
+  Erf erf;
+  require_gradients_match(erf, uniform_tensor({2, 3, 2, 2}, rng, -2.5f, 2.5f), rng);
+  CHECK(erf.forward(Tensor::from_vector<float>({0.5f}, {1})).data<float>()[0] == std::erf(0.5f));
+  Affine affine(-0.5f, 2.0f);
+  require_gradients_match(affine, uniform_tensor({3, 4}, rng), rng);
+  CHECK(affine.forward(Tensor::from_vector<float>({3.0f}, {1})).data<float>()[0] == 0.5f);
+  CHECK_THROWS_WITH(Affine(1.0f / 0.0f, 0.0f), Catch::Contains("finite"));
+}
+
+TEST_CASE("LayerNorm over the last dimension matches finite differences and torch's values", "[layers][norm]") {
+  std::mt19937_64 rng(19);
+  LayerNorm norm(5, 1e-6f);
+  init_parameters(norm, {});
+  // Parameters away from their initial 1 and 0, so their gradients are checked in general.
+  for (NamedParameter& p : norm.parameters()) p.param->value.copy_(uniform_tensor(p.param->value.shape(), rng));
+  require_gradients_match(norm, uniform_tensor({2, 3, 5}, rng), rng);
+  // torch.nn.LayerNorm(4)(torch.tensor([[1., 2., 3., 5.]])): mean 2.75, variance 2.1875.
+  LayerNorm plain(4);
+  const Tensor y = plain.forward(Tensor::from_vector<float>({1, 2, 3, 5}, {1, 4}));
+  CHECK(y.data<float>()[0] == Approx(-1.75 / std::sqrt(2.1875 + 1e-5)).epsilon(1e-6));
+  CHECK(y.data<float>()[3] == Approx(2.25 / std::sqrt(2.1875 + 1e-5)).epsilon(1e-6));
+  CHECK_THROWS_WITH(plain.forward(Tensor::zeros({2, 5})), Catch::Contains("expected float32 input [..., 4]"));
+}
+
+TEST_CASE("ChannelScale trains one scale per channel, shared by the images", "[layers][norm]") {
+  std::mt19937_64 rng(20);
+  ChannelScale scale("layer_scale", {3, 1, 1});
+  CHECK(scale.parameters().at(0).name == "layer_scale");
+  scale.parameters().at(0).param->value.copy_(uniform_tensor({3, 1, 1}, rng));
+  require_gradients_match(scale, uniform_tensor({2, 3, 2, 2}, rng), rng);
+  CHECK_THROWS_WITH(ChannelScale("s", {3, 2}), Catch::Contains("all dimensions but one 1"));
+}
+
+TEST_CASE("Linear takes rows of features of any leading shape, as torch's", "[layers][linear]") {
+  std::mt19937_64 rng(21);
+  Linear layer(4, 3);
+  init_parameters(layer, {.seed = 21});
+  require_gradients_match(layer, uniform_tensor({2, 3, 2, 4}, rng), rng);
+  const Tensor x = uniform_tensor({2, 5, 4}, rng);
+  const Tensor y = layer.forward(x);
+  CHECK(y.shape() == Shape{2, 5, 3});
+  const Tensor rows = layer.forward(x.view({10, 4}));
+  CHECK(std::equal(rows.data<float>(), rows.data<float>() + rows.numel(), y.data<float>()));
 }
 
 TEST_CASE("Hardtanh (ReLU6), Hardsigmoid and Hardswish backward match finite differences",

@@ -288,6 +288,20 @@ TEST_CASE("activations, pooling and Flatten on the GPU equal the CPU", "[cuda][l
     check_forward_backward("Sigmoid", pair, uniform_tensor({7, 33}, rng, -6.0f, 6.0f), rng,
                            kElementwise);
   }
+  // GELU's parts (CUDA's erff and expf against glibc's, as the sigmoid's), LayerNorm and
+  // ChannelScale (double sums in another order), Linear over rows of a 4-D input.
+  {
+    auto erf = make_pair_of([] { return std::make_unique<Erf>(); }, 0);
+    check_forward_backward("Erf", erf, uniform_tensor({7, 33}, rng, -3.0f, 3.0f), rng, kElementwise);
+    auto affine = make_pair_of([] { return std::make_unique<Affine>(0.70710678f, 1.0f); }, 0);
+    check_forward_backward("Affine", affine, uniform_tensor({7, 33}, rng), rng, kExact);
+    auto norm = make_pair_of([] { return std::make_unique<LayerNorm>(96, 1e-6f); }, 0);
+    check_forward_backward("LayerNorm", norm, uniform_tensor({2, 5, 7, 96}, rng), rng, kReduction);
+    auto scale = make_pair_of([] { return std::make_unique<ChannelScale>("layer_scale", Shape{6, 1, 1}); }, 0);
+    check_forward_backward("ChannelScale", scale, uniform_tensor({3, 6, 5, 7}, rng), rng, kReduction);
+    auto rows = make_pair_of([] { return std::make_unique<Linear>(24, 40); }, 18);
+    check_forward_backward("Linear over rows", rows, uniform_tensor({2, 3, 5, 24}, rng), rng, kGemm);
+  }
   // The same float operations one for one (round-to-nearest intrinsics on the GPU).
   {
     auto pair = make_pair_of([] { return std::make_unique<Hardtanh>(0.0f, 6.0f); }, 0);

@@ -153,6 +153,19 @@ TEST_CASE("GPU copy_channels equals the CPU's", "[cuda][channels]") {
   require_same_bits(gpu_out, cpu_out);
 }
 
+TEST_CASE("GPU scale_channels and channel_dot with one value per channel equal the CPU's", "[cuda][channels]") {
+  require_gpu();
+  const Tensor x = random_tensor({5, 6, 7, 3}, 21), dy = random_tensor({5, 6, 7, 3}, 22), s = random_tensor({6}, 23);
+  Tensor y = Tensor::empty(x.shape()), gy = on_gpu(Tensor::empty(x.shape()));
+  ops::scale_channels(x, s, y);
+  ops::scale_channels(on_gpu(x), on_gpu(s), gy);
+  require_same_bits(gy, y);
+  Tensor dot = Tensor::empty({6}), gdot = on_gpu(Tensor::empty({6}));
+  ops::channel_dot(dy, x, dot);
+  ops::channel_dot(on_gpu(dy), on_gpu(x), gdot);
+  require_close(on_cpu(gdot), dot, 1e-6);  // double sums in another order, rounded to float
+}
+
 TEST_CASE("GPU permute equals the CPU's", "[cuda][channels]") {
   require_gpu();
   const Tensor x = random_tensor({3, 2, 29, 7, 5}, 7);

@@ -152,9 +152,65 @@ TEST_CASE("mul, scale_channels and channel_dot against their definitions", "[ele
     }
     CHECK(dot.data<float>()[plane] == static_cast<float>(sum));
   }
+  // One value per channel, shared by both images: the scale of channel c, and the sum over
+  // the images of channel c's products.
+  const Tensor per_channel = random_tensor({3}, 7);
+  Tensor shared = Tensor::empty({3});
+  ops::scale_channels(a, per_channel, scaled);
+  ops::channel_dot(a, b, shared);
+  for (int64_t c = 0; c < 3; ++c) {
+    double sum = 0.0;
+    for (int64_t n = 0; n < 2; ++n) {
+      for (int64_t i = 0; i < 5; ++i) {
+        const int64_t k = (n * 3 + c) * 5 + i;
+        REQUIRE(scaled.data<float>()[k] == a.data<float>()[k] * per_channel.data<float>()[c]);
+        sum += static_cast<double>(a.data<float>()[k]) * b.data<float>()[k];
+      }
+    }
+    CHECK(shared.data<float>()[c] == static_cast<float>(sum));
+  }
   Tensor wrong = Tensor::empty({2, 2, 1});
   CHECK_THROWS_AS(ops::scale_channels(a, wrong, scaled), InternalError);
   CHECK_THROWS_AS(ops::channel_dot(a, b, wrong), InternalError);
+}
+
+TEST_CASE("layer_norm_forward and backward against their definitions", "[elementwise][norm]") {
+  const Tensor x = random_tensor({4, 7}, 8), w = random_tensor({7}, 9), b = random_tensor({7}, 10);
+  const Tensor dy = random_tensor({4, 7}, 11);
+  Tensor y = Tensor::empty({4, 7}), mean = Tensor::empty({4}), rstd = Tensor::empty({4});
+  ops::layer_norm_forward(x, w, b, 1e-5f, y, mean, rstd);
+  Tensor dx = Tensor::empty({4, 7}), dw = Tensor::full({7}, 9.0f), db = Tensor::full({7}, 9.0f);
+  ops::layer_norm_backward(x, dy, w, mean, rstd, dx, dw, db);
+  std::vector<double> dw_ref(7, 0.0), db_ref(7, 0.0);
+  for (int64_t r = 0; r < 4; ++r) {
+    const float* row = x.data<float>() + r * 7;
+    double m = 0.0, v = 0.0;
+    for (int64_t i = 0; i < 7; ++i) m += row[i] / 7.0;
+    for (int64_t i = 0; i < 7; ++i) v += (row[i] - m) * (row[i] - m) / 7.0;
+    const double s = 1.0 / std::sqrt(v + 1e-5);
+    CHECK(mean.data<float>()[r] == Approx(m).epsilon(1e-6));
+    CHECK(rstd.data<float>()[r] == Approx(s).epsilon(1e-6));
+    // dx = s * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w.
+    double g_mean = 0.0, gx_mean = 0.0;
+    for (int64_t i = 0; i < 7; ++i) {
+      const double g = static_cast<double>(dy.data<float>()[r * 7 + i]) * w.data<float>()[i];
+      g_mean += g / 7.0;
+      gx_mean += g * (row[i] - m) * s / 7.0;
+    }
+    for (int64_t i = 0; i < 7; ++i) {
+      const double xhat = (row[i] - m) * s, g = static_cast<double>(dy.data<float>()[r * 7 + i]) * w.data<float>()[i];
+      CHECK(y.data<float>()[r * 7 + i] == Approx(xhat * w.data<float>()[i] + b.data<float>()[i]).margin(1e-6));
+      CHECK(dx.data<float>()[r * 7 + i] == Approx(s * (g - g_mean - xhat * gx_mean)).margin(1e-5));
+      dw_ref[static_cast<size_t>(i)] += dy.data<float>()[r * 7 + i] * xhat;
+      db_ref[static_cast<size_t>(i)] += dy.data<float>()[r * 7 + i];
+    }
+  }
+  for (int64_t i = 0; i < 7; ++i) {
+    CHECK(dw.data<float>()[i] == Approx(dw_ref[static_cast<size_t>(i)]).margin(1e-5));
+    CHECK(db.data<float>()[i] == Approx(db_ref[static_cast<size_t>(i)]).margin(1e-5));
+  }
+  Tensor short_w = Tensor::empty({6});
+  CHECK_THROWS_AS(ops::layer_norm_forward(x, short_w, b, 1e-5f, y, mean, rstd), InternalError);
 }
 
 TEST_CASE("dropout_mask keeps 1 - p of the elements, scaled by 1 / (1 - p), the same for a seed",

@@ -3,10 +3,12 @@
   /usr/bin/python3 test_onnx_models.py PROJECT_ROOT BIN_DIR
 
 For a small network built here (residual add, batch norms, a convolution without bias,
-max and global average pooling, a linear layer), one of the mobile activations, and
-torchvision's resnet18, a small DenseNet (concatenations) and MobileNetV3 small
-(squeeze-and-excitation), with one-channel stems, all exported in training mode from random
-weights:
+max and global average pooling, a linear layer), one of the mobile activations, one of
+Inception's joins and paddings, and torchvision's resnet18, a small DenseNet
+(concatenations), MobileNetV3 small (squeeze-and-excitation), SqueezeNet, GoogLeNet, MNASNet,
+EfficientNet-B0, ShuffleNet V2 (shapes computed with the batch) and a small ConvNeXt
+(LayerNorm, GELU, linear layers on channels-last images), with one-channel stems, all
+exported in training mode from random weights:
 1. mtrain-train starts from the graph's initializers: --max-steps 0 --save-final writes the
    module's state_dict, names and values, and it loads into the module with
    load_state_dict(strict=True).
@@ -18,8 +20,8 @@ weights:
    --save-onnx writes the same graph with those weights, which the module then computes with.
 4. Bad files are one clear error, before any training: not ONNX, an operator mtrain has no
    layer for, an eval-mode export (batch norms folded), padding from the input's size
-   (auto_pad), a weight whose dimensions its data does not hold, an input shape the data
-   does not fit.
+   (auto_pad), a weight whose dimensions its data does not hold, a LayerNorm exported as its
+   formula (before opset 17), an input shape the data does not fit.
 Exit status 77 (skipped) where this python3 lacks torch, torchvision or onnx.
 """
 import collections
@@ -160,6 +162,18 @@ def shufflenet():
     return m
 
 
+def convnext():
+    """torchvision's ConvNeXt, two small stages: LayerNorm over channels-last images, linear
+    layers on them (MatMul of a transposed weight, its bias Add), GELU (Div, Erf, Add, Mul),
+    layer scale (a parameter per channel), and the Transposes between the layouts. Exported
+    with opset 17, where LayerNorm is one node; layer scale 0.5 (not 1e-6) so that the blocks'
+    gradients are not lost below the float32 noise of the shortcut's."""
+    blocks = [torchvision.models.convnext.CNBlockConfig(16, 32, 1), torchvision.models.convnext.CNBlockConfig(32, None, 1)]
+    m = torchvision.models.convnext.ConvNeXt(blocks, stochastic_depth_prob=0.0, layer_scale=0.5, num_classes=10)
+    m.features[0][0] = torch.nn.Conv2d(1, 16, 4, stride=4)
+    return m
+
+
 def densenet():
     """torchvision's DenseNet (concatenations), small enough for 28x28 images and one channel."""
     m = torchvision.models.DenseNet(growth_rate=8, block_config=(2, 2), num_init_features=16, bn_size=2,
@@ -183,9 +197,10 @@ def resnet18():
     return m
 
 
-def export(model, path, shape=(2, 1, 28, 28), training=True):
+def export(model, path, shape=(2, 1, 28, 28), training=True, opset=None):
     mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
-    torch.onnx.export(model, torch.randn(*shape), path, training=mode, do_constant_folding=not training)
+    options = {"opset_version": opset} if opset else {}
+    torch.onnx.export(model, torch.randn(*shape), path, training=mode, do_constant_folding=not training, **options)
 
 
 def run(args):
@@ -205,11 +220,11 @@ def load(module, values, strict=True):
     return module
 
 
-def compare_step(name, build, work, slice_dir):
+def compare_step(name, build, work, slice_dir, opset=None):
     torch.manual_seed(11)
     module = build().train()
     graph = os.path.join(work, f"{name}.onnx")
-    export(module, graph)
+    export(module, graph, opset=opset)
     # The export's training-mode forward moved the running statistics, and the graph holds
     # them as they are after it; num_batches_tracked it leaves out (mtrain starts it at 0).
     state = {k: v.clone() for k, v in module.state_dict().items()}
@@ -380,6 +395,10 @@ def bad_files(work, slice_dir):
     onnx.save(model, huge)
     refused(huge, ["conv1.weight", "which no file of this size holds"], "dimensions the data does not hold")
 
+    decomposed = os.path.join(work, "convnext14.onnx")
+    export(convnext(), decomposed)  # opset 14 writes each LayerNorm as means, powers and roots
+    refused(decomposed, ["ReduceMean", "opset_version=17"], "a LayerNorm exported before opset 17")
+
     rgb = os.path.join(work, "rgb.onnx")
     net = SmallNet()
     net.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
@@ -403,6 +422,7 @@ def main():
         compare_step("mnasnet", mnasnet, work, slice_dir)
         compare_step("efficientnet", efficientnet, work, slice_dir)
         compare_step("shufflenet", shufflenet, work, slice_dir)
+        compare_step("convnext", convnext, work, slice_dir, opset=17)
         if small:
             compare_ranks(small, work, slice_dir)
         bad_files(work, slice_dir)
