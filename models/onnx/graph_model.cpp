@@ -557,6 +557,30 @@ struct GraphModel::Wiring {
     counted.i = 1;
     return folded;
   }
+
+  // Whether `n` (`node` with padding folded) becomes no step: an alias (Identity, a Pad of
+  // nothing), padding for the node that reads it (Pad), a weight's Transpose (a MatMul's
+  // operand), or an Add that an earlier node's layer computes.
+  bool absorbs(const Node& node, const Node& n) {
+    if (fused.count(n.index)) return true;
+    if (n.op_type == "Pad") {
+      if (const int padding = zero_padding(g, n); padding > 0) {
+        padded[n.outputs.at(0)] = {&node, padding};
+        return true;
+      }
+    }
+    if (n.op_type == "Identity" || n.op_type == "Pad") {
+      ids[n.outputs.at(0)] = of(n, 0);
+      return true;
+    }
+    const bool of_weight = !n.inputs.empty() && g.initializers.count(n.inputs[0]) && !g.constants.count(n.inputs[0]);
+    if (n.op_type != "Transpose" || !of_weight) return false;
+    const std::vector<int64_t> perm = ints_attribute(g, n, "perm", {1, 0});
+    require(g, n, g.initializers.at(n.inputs[0]).ndim() == 2 && perm == std::vector<int64_t>{1, 0},
+            "a transpose of a weight other than a matrix's (torch.nn.Linear's export)");
+    transposed[n.outputs.at(0)] = n.inputs[0];
+    return true;
+  }
 };
 
 // A layer for `n`: which of its inputs it reads and which value it computes (a MatMul's
@@ -651,77 +675,78 @@ GraphModel::GraphModel(const Graph& g) {
   set_initial_values(g, *this);
 }
 
-// One node: an alias (Identity, a Pad of nothing), padding for the next node (Pad), a step
-// of the graph's own (Add, Mul, Concat), or a layer from layer_factories() as a child.
+// One node: no step at all (Wiring::absorbs), a computation on arrays, a reshape, transpose
+// or slice, a step of the graph's own (Add, Mul, Concat), or a layer as a child.
 void GraphModel::add_node(const Node& node, Wiring& wiring) {
-  const Graph& g = wiring.g;
   const Node n = wiring.with_padding_folded(node);
-  const int padding = n.op_type == "Pad" ? zero_padding(g, n) : 0;
-  if (n.op_type == "Pad" && padding > 0) {
-    wiring.padded[n.outputs.at(0)] = {&node, padding};
-    return;
-  }
-  if (n.op_type == "Identity" || n.op_type == "Pad") {
-    wiring.ids[n.outputs.at(0)] = wiring.of(n, 0);
-    return;
-  }
-  if (wiring.fused.count(n.index)) return;  // an earlier node's layer computes it
-  const bool of_weight = !n.inputs.empty() && g.initializers.count(n.inputs[0]) && !g.constants.count(n.inputs[0]);
-  if (n.op_type == "Transpose" && of_weight) {
-    const std::vector<int64_t> perm = ints_attribute(g, n, "perm", {1, 0});
-    require(g, n, g.initializers.at(n.inputs[0]).ndim() == 2 && perm == std::vector<int64_t>{1, 0},
-            "a transpose of a weight other than a matrix's (torch.nn.Linear's export)");
-    wiring.transposed[n.outputs.at(0)] = n.inputs[0];
-    return;
-  }
-  Step s;
-  s.node = n.describe();
+  if (wiring.absorbs(node, n)) return;
   const bool on_arrays = n.op_type != "Shape" && evaluates(n.op_type) && !n.inputs.empty() &&
                          wiring.is_array(n.inputs[0]);
-  if (n.op_type == "Shape" || on_arrays) {
-    s.kind = n.op_type == "Shape" ? Step::Kind::kShape : Step::Kind::kArray;
-    if (on_arrays) {
-      s.op = std::make_shared<const Node>(n);
-      for (size_t i = 0; i < n.inputs.size(); ++i) s.inputs.push_back(wiring.array_of(n, i));
-    } else {
-      s.inputs = {wiring.of(n, 0)};
-    }
-    s.output = wiring.fresh(n.outputs.at(0));
-    wiring.arrays.insert(s.output);
-    steps_.push_back(std::move(s));
-    return;
-  }
-  if (n.op_type == "Reshape" || n.op_type == "Transpose" || n.op_type == "Slice") {
-    require(g, n, n.op_type != "Slice" || g.opset >= 10, "a Slice of opset 9 (its bounds in attributes)");
-    s.kind = n.op_type == "Reshape" ? Step::Kind::kReshape
-             : n.op_type == "Transpose" ? Step::Kind::kTranspose : Step::Kind::kSlice;
-    s.inputs = {wiring.of(n, 0)};
-    for (size_t i = 1; i < n.inputs.size(); ++i) s.inputs.push_back(wiring.array_of(n, i));
-    s.perm = ints_attribute(g, n, "perm", {});
-  } else if ((n.op_type == "Add" || n.op_type == "Mul") && !constant_operand(g, n)) {
-    s.kind = n.op_type == "Add" ? Step::Kind::kAdd : Step::Kind::kMul;
-    s.inputs = {wiring.of(n, 0), wiring.of(n, 1)};
-  } else if (n.op_type == "Concat") {
-    s.kind = Step::Kind::kConcat;
-    s.axis = int_attribute(g, n, "axis", 1);
-    for (size_t i = 0; i < n.inputs.size(); ++i) s.inputs.push_back(wiring.of(n, i));
+  const bool graph_op = n.op_type == "Concat" || ((n.op_type == "Add" || n.op_type == "Mul") &&
+                                                  !constant_operand(wiring.g, n));
+  Step s = n.op_type == "Shape" || on_arrays                                               ? array_step(n, wiring)
+           : n.op_type == "Reshape" || n.op_type == "Transpose" || n.op_type == "Slice" ? layout_step(n, wiring)
+           : graph_op                                                                     ? graph_step(n, wiring)
+                                                                                          : layer_step(n, wiring);
+  s.node = n.describe();
+  steps_.push_back(std::move(s));
+}
+
+// A Shape of an activation, or an operator on arrays (Note [Shapes computed with the images]).
+GraphModel::Step GraphModel::array_step(const Node& n, Wiring& wiring) {
+  Step s;
+  s.kind = n.op_type == "Shape" ? Step::Kind::kShape : Step::Kind::kArray;
+  if (s.kind == Step::Kind::kArray) {
+    s.op = std::make_shared<const Node>(n);
+    for (size_t i = 0; i < n.inputs.size(); ++i) s.inputs.push_back(wiring.array_of(n, i));
   } else {
-    MadeLayer made = make_layer(wiring, n);
-    const std::string name = made.layer.name.empty() ? fmt::format("{}_{}", n.op_type, n.index) : made.layer.name;
-    if (!wiring.modules.insert(name).second) {
-      throw InvalidArgument(fmt::format("{}: {}: module {}'s weights are used by a second node; mtrain trains each "
-                                        "weight in one layer",
-                                        prefix(g), n.describe(), name));
-    }
-    s.inputs = {wiring.of(n, made.input)};
-    s.child = register_module(name, std::move(made.layer.module));
-    for (size_t i = 1; i < n.outputs.size(); ++i) wiring.unread[n.outputs[i]] = n.describe();
-    s.output = wiring.fresh(made.output);
-    steps_.push_back(std::move(s));
-    return;
+    s.inputs = {wiring.of(n, 0)};
   }
   s.output = wiring.fresh(n.outputs.at(0));
-  steps_.push_back(std::move(s));
+  wiring.arrays.insert(s.output);
+  return s;
+}
+
+// A Reshape, Transpose or Slice of an activation, its numbers from arrays.
+GraphModel::Step GraphModel::layout_step(const Node& n, Wiring& wiring) {
+  const Graph& g = wiring.g;
+  require(g, n, n.op_type != "Slice" || g.opset >= 10, "a Slice of opset 9 (its bounds in attributes)");
+  Step s;
+  s.kind = n.op_type == "Reshape"     ? Step::Kind::kReshape
+           : n.op_type == "Transpose" ? Step::Kind::kTranspose
+                                      : Step::Kind::kSlice;
+  s.inputs = {wiring.of(n, 0)};
+  for (size_t i = 1; i < n.inputs.size(); ++i) s.inputs.push_back(wiring.array_of(n, i));
+  s.perm = ints_attribute(g, n, "perm", {});
+  s.output = wiring.fresh(n.outputs.at(0));
+  return s;
+}
+
+// Add or Mul of two activations, or a Concat.
+GraphModel::Step GraphModel::graph_step(const Node& n, Wiring& wiring) {
+  Step s;
+  s.kind = n.op_type == "Add" ? Step::Kind::kAdd : n.op_type == "Mul" ? Step::Kind::kMul : Step::Kind::kConcat;
+  s.axis = int_attribute(wiring.g, n, "axis", 1);
+  for (size_t i = 0; i < n.inputs.size(); ++i) s.inputs.push_back(wiring.of(n, i));
+  s.output = wiring.fresh(n.outputs.at(0));
+  return s;
+}
+
+// A layer (make_layer), registered as a child under its module's name or OP_INDEX.
+GraphModel::Step GraphModel::layer_step(const Node& n, Wiring& wiring) {
+  MadeLayer made = make_layer(wiring, n);
+  const std::string name = made.layer.name.empty() ? fmt::format("{}_{}", n.op_type, n.index) : made.layer.name;
+  if (!wiring.modules.insert(name).second) {
+    throw InvalidArgument(fmt::format("{}: {}: module {}'s weights are used by a second node; mtrain trains each "
+                                      "weight in one layer",
+                                      prefix(wiring.g), n.describe(), name));
+  }
+  Step s;
+  s.inputs = {wiring.of(n, made.input)};
+  s.child = register_module(name, std::move(made.layer.module));
+  for (size_t i = 1; i < n.outputs.size(); ++i) wiring.unread[n.outputs[i]] = n.describe();
+  s.output = wiring.fresh(made.output);
+  return s;
 }
 
 // A layer that does not reach the output would never see a gradient, and the reducer would

@@ -59,6 +59,10 @@ class GraphModel : public Module {
   struct Wiring;     // the graph's values by name while the nodes are added (graph_model.cpp)
   struct MadeLayer;  // a node's layer, the input it reads and the value it computes
   void add_node(const Node& node, Wiring& wiring);
+  static Step array_step(const Node& n, Wiring& wiring);
+  static Step layout_step(const Node& n, Wiring& wiring);
+  static Step graph_step(const Node& n, Wiring& wiring);
+  Step layer_step(const Node& n, Wiring& wiring);
   static MadeLayer make_layer(Wiring& wiring, const Node& n);
   static MadeLayer matmul_layer(Wiring& wiring, const Node& n);
   static MadeLayer constant_operand_layer(const Wiring& wiring, const Node& n, size_t k);
