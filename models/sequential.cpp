@@ -9,6 +9,11 @@ Sequential& Sequential::append(std::unique_ptr<Module> layer) {
   return *this;
 }
 
+Sequential& Sequential::append(const std::string& name, std::unique_ptr<Module> layer) {
+  register_module(name, std::move(layer));
+  return *this;
+}
+
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
   for (size_t i = 0; i < num_children(); ++i) h = child(i).forward(h);

@@ -15,6 +15,9 @@ class Sequential : public Module {
 
   // Appends `layer` under the next index name and returns *this for chaining.
   Sequential& append(std::unique_ptr<Module> layer);
+  // Appends `layer` under `name` (torch's Sequential of an OrderedDict; torchvision's
+  // ResNet is such a chain: conv1, bn1, relu, ..., fc).
+  Sequential& append(const std::string& name, std::unique_ptr<Module> layer);
 
   Tensor forward(const Tensor& x) override;
   Tensor backward(const Tensor& dy) override;

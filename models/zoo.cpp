@@ -14,6 +14,7 @@
 #include "models/pooling.h"
 #include "models/residual.h"
 #include "models/sequential.h"
+#include "models/torchvision_resnet.h"
 
 namespace mtrain::models {
 
@@ -88,10 +89,13 @@ struct ZooEntry {
 };
 
 const std::vector<ZooEntry>& registry() {
-  static const std::vector<ZooEntry> models = {{"resnet18", resnet18, 0},
-                                               {"lenet", lenet, kImageSize},
-                                               {"mlp", mlp, kImageSize},
-                                               {"simplecnn", simplecnn, 0}};
+  static const std::vector<ZooEntry> models = {
+      {"resnet18", resnet18, 0},
+      {"lenet", lenet, kImageSize},
+      {"mlp", mlp, kImageSize},
+      {"simplecnn", simplecnn, 0},
+      {"resnet34", [](int64_t c, int64_t k) { return torchvision_resnet(34, c, k); }, 0},
+      {"resnet50", [](int64_t c, int64_t k) { return torchvision_resnet(50, c, k); }, 0}};
   return models;
 }
 

@@ -1,5 +1,6 @@
 // The model zoo: every model mtrain-train can build by name. Structures are d2l's
-// nn.Sequential models, so parameter names match torch (Note [Parameter names]).
+// nn.Sequential models and torchvision's ResNets, so parameter names match torch's (Note
+// [Parameter names]).
 //   resnet18   d2l's ResNet-18 for small inputs (28x28, 32x32, any size): 3x3 stem conv (stride 1, padding 1),
 //              BN, ReLU, no max-pool; 4 stages of 2 Residual blocks (64, 128, 256, 512
 //              channels; stages 2-4 open with a stride-2 block with a 1x1 conv
@@ -9,6 +10,10 @@
 //   mlp        flatten, 784*in_channels -> 256 -> num_classes with ReLU; needs 28x28.
 //   simplecnn  two 3x3 convs (in -> 64 -> 128, padding 1, ReLU), global average pool,
 //              flatten, linear 128 -> num_classes; any input size.
+//   resnet34, resnet50  torchvision's, for ImageNet-size images (any size; 224x224 as
+//              torchvision trains them): 7x7 stride-2 stem, max pooling, BasicBlocks or
+//              Bottlenecks [3, 4, 6, 3], global average pool, fc; torchvision's names
+//              (models/torchvision_resnet.h).
 #pragma once
 
 #include <cstdint>

@@ -50,11 +50,11 @@ std::map<std::string, Tensor*> buffer_map(Module& m) {
 
 TEST_CASE("every model builds and maps 28x28 images to [N, num_classes]", "[zoo]") {
   std::mt19937_64 rng(1);
-  CHECK(model_names() == std::vector<std::string>{"resnet18", "lenet", "mlp", "simplecnn"});
+  CHECK(model_names() == std::vector<std::string>{"resnet18", "lenet", "mlp", "simplecnn", "resnet34", "resnet50"});
   for (const std::string& name : model_names()) {
     for (const auto& [channels, classes] : {std::pair{1, 10}, std::pair{3, 7}}) {
-      // One resnet18 forward is enough: it is by far the most expensive.
-      if (name == "resnet18" && channels == 1) continue;
+      // One forward of each ResNet is enough: they are by far the most expensive.
+      if (name.starts_with("resnet") && channels == 1) continue;
       INFO(name << " in_channels " << channels << " num_classes " << classes);
       auto model = build_model(name, channels, classes);
       CHECK(model->is_training());
@@ -63,6 +63,34 @@ TEST_CASE("every model builds and maps 28x28 images to [N, num_classes]", "[zoo]
       for (float v : y.to_vector<float>()) CHECK(std::isfinite(v));
     }
   }
+}
+
+TEST_CASE("resnet34 and resnet50 have torchvision's structure and parameter names", "[zoo][resnet50]") {
+  // Counts and shapes of torchvision.models.resnet50(num_classes=10).state_dict() (0.14).
+  auto resnet50 = build_model("resnet50", 3, 10);
+  const auto shapes = param_shapes(*resnet50);
+  CHECK(shapes.size() == 161u);  // conv1, bn1 (2), 16 blocks x 9, 4 downsamples x 3, fc 2
+  CHECK(shapes.at("conv1.weight") == Shape{64, 3, 7, 7});
+  CHECK(shapes.count("conv1.bias") == 0);
+  CHECK(shapes.at("layer1.0.conv1.weight") == Shape{64, 64, 1, 1});
+  CHECK(shapes.at("layer1.0.conv3.weight") == Shape{256, 64, 1, 1});
+  CHECK(shapes.at("layer1.0.downsample.0.weight") == Shape{256, 64, 1, 1});
+  CHECK(shapes.at("layer1.0.downsample.1.weight") == Shape{256});
+  CHECK(shapes.count("layer1.1.downsample.0.weight") == 0);
+  CHECK(shapes.at("layer2.0.conv2.weight") == Shape{128, 128, 3, 3});
+  CHECK(shapes.at("layer3.5.bn3.bias") == Shape{1024});
+  CHECK(shapes.at("layer4.2.conv3.weight") == Shape{2048, 512, 1, 1});
+  CHECK(shapes.at("fc.weight") == Shape{10, 2048});
+  CHECK(buffer_map(*resnet50).count("layer4.2.bn3.num_batches_tracked") == 1);
+  auto resnet34 = build_model("resnet34", 3, 10);
+  const auto shapes34 = param_shapes(*resnet34);
+  CHECK(shapes34.size() == 110u);  // conv1, bn1 (2), 16 blocks x 6, 3 downsamples x 3, fc 2
+  CHECK(shapes34.at("layer1.0.conv1.weight") == Shape{64, 64, 3, 3});
+  CHECK(shapes34.count("layer1.0.downsample.0.weight") == 0);
+  CHECK(shapes34.at("layer2.0.downsample.0.weight") == Shape{128, 64, 1, 1});
+  CHECK(shapes34.at("fc.weight") == Shape{10, 512});
+  std::mt19937_64 rng(2);
+  CHECK(resnet34->forward(uniform_tensor({1, 3, 64, 64}, rng)).shape() == Shape{1, 10});
 }
 
 TEST_CASE("resnet18 has d2l's structure and torch's parameter names", "[zoo][resnet18]") {
@@ -135,9 +163,9 @@ TEST_CASE("lenet, mlp and simplecnn have d2l's layouts and torch's names", "[zoo
 }
 
 TEST_CASE("build_model rejects unknown names and bad sizes", "[zoo]") {
-  CHECK_THROWS_AS(build_model("resnet50", 1, 10), InvalidArgument);
-  CHECK_THROWS_WITH(build_model("resnet50", 1, 10),
-                    Catch::Contains("resnet50") && Catch::Contains("resnet18, lenet, mlp, simplecnn"));
+  CHECK_THROWS_AS(build_model("resnet101", 1, 10), InvalidArgument);
+  CHECK_THROWS_WITH(build_model("resnet101", 1, 10),
+                    Catch::Contains("resnet101") && Catch::Contains("resnet18, lenet, mlp, simplecnn, resnet34, resnet50"));
   CHECK_THROWS_AS(build_model("lenet", 0, 10), InvalidArgument);
   CHECK_THROWS_AS(build_model("lenet", 1, 0), InvalidArgument);
   // lenet's classifier assumes 28x28: another size is a clear error, not garbage.
