@@ -680,8 +680,10 @@ GraphModel::GraphModel(const Graph& g) {
 void GraphModel::add_node(const Node& node, Wiring& wiring) {
   const Node n = wiring.with_padding_folded(node);
   if (wiring.absorbs(node, n)) return;
+  // Numbers only: an arithmetic node with an activation among its inputs is the images'.
   const bool on_arrays = n.op_type != "Shape" && evaluates(n.op_type) && !n.inputs.empty() &&
-                         wiring.is_array(n.inputs[0]);
+                         std::all_of(n.inputs.begin(), n.inputs.end(),
+                                     [&](const std::string& in) { return in.empty() || wiring.is_array(in); });
   const bool graph_op = n.op_type == "Concat" || ((n.op_type == "Add" || n.op_type == "Mul") &&
                                                   !constant_operand(wiring.g, n));
   Step s = n.op_type == "Shape" || on_arrays                                               ? array_step(n, wiring)

@@ -75,7 +75,7 @@ class SmallNet(torch.nn.Module):
 
 class MobileNet(torch.nn.Module):
     """What mobile networks are made of: depthwise and grouped convolutions, ReLU6 (Clip),
-    Hardswish, Hardsigmoid, clamp(min=0)."""
+    Hardswish, Hardsigmoid, clamp(min=0); and arithmetic with numbers on either side."""
     def __init__(self):
         super().__init__()
         self.conv1 = torch.nn.Conv2d(1, 8, 3, stride=2, padding=1, bias=False)
@@ -88,7 +88,7 @@ class MobileNet(torch.nn.Module):
     def forward(self, x):
         y = torch.nn.functional.relu6(self.bn1(self.conv1(x)))
         y = torch.nn.functional.hardswish(self.bn2(self.conv2(self.depthwise(y))))
-        y = torch.nn.functional.hardsigmoid(y) + torch.clamp(y, min=0)
+        y = (1.5 - torch.nn.functional.hardsigmoid(y)) * 2 + torch.clamp(y, min=0) / 4
         y = torch.nn.functional.adaptive_avg_pool2d(y, 1)
         return self.fc(torch.flatten(y, 1))
 
