@@ -34,14 +34,9 @@ Tensor ChannelScale::forward(const Tensor& x) {
 Tensor ChannelScale::backward(const Tensor& dy) {
   detail::check_output_grad(description_, dy, input_.defined() ? input_.shape() : Shape{});
   detail::check_output_grad_device(description_, dy, input_.device());
-  // Note [Gradient accumulation in modules]: overwrite a fresh gradient, else add to it.
-  if (take_fresh(scale_)) {
-    ops::channel_dot(dy, input_, scale_.grad);
-  } else {
-    Tensor grad = Tensor::empty(scale_.grad.shape(), DType::Float32, dy.device());
-    ops::channel_dot(dy, input_, grad);
-    ops::add_(scale_.grad, grad, 1.0f);
-  }
+  Tensor grad = Tensor::empty(scale_.grad.shape(), DType::Float32, dy.device());
+  ops::channel_dot(dy, input_, grad);
+  ops::add_(scale_.grad, grad, 1.0f);  // as batch norm does (Note [Gradient accumulation in modules])
   notify_grad_ready(scale_);
   Tensor dx = Tensor::empty(dy.shape(), DType::Float32, dy.device());
   ops::scale_channels(dy, scale_.value, dx);

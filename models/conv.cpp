@@ -77,11 +77,8 @@ Tensor Conv2d::forward(const Tensor& input) {
   detail::check_input_device(description_, input, weight_.value);
   const Tensor x = nchw_input_ ? channels_last_copy(input) : input;
   const int64_t h = last ? x.size(1) : x.size(2), w = last ? x.size(2) : x.size(3);
-  // A dilated window spans dilation * (kernel - 1) + 1 inputs.
-  const int64_t oh = ops::conv_out_size(h, options_.dilation * (options_.kernel_size - 1) + 1, options_.stride,
-                                        options_.padding);
-  const int64_t ow = ops::conv_out_size(w, options_.dilation_w * (options_.kernel_w - 1) + 1, options_.stride_w,
-                                        options_.padding_w);
+  const int64_t oh = ops::conv_out_size(h, options_.kernel_size, options_.stride, options_.padding, options_.dilation);
+  const int64_t ow = ops::conv_out_size(w, options_.kernel_w, options_.stride_w, options_.padding_w, options_.dilation_w);
   if (oh < 1 || ow < 1) {
     throw InvalidArgument(fmt::format("{}: input {} is smaller than the kernel", description_,
                                       shape_str(input.shape())));

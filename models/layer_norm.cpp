@@ -44,14 +44,12 @@ Tensor LayerNorm::backward(const Tensor& dy) {
   detail::check_output_grad(description_, dy, input_.defined() ? shape_ : Shape{});
   detail::check_output_grad_device(description_, dy, input_.device());
   Tensor dx = Tensor::empty(input_.shape(), DType::Float32, dy.device());
-  // Fresh gradients, added onto what the parameters hold when they already hold one
-  // (Note [Gradient accumulation in modules]).
-  const bool weight_fresh = take_fresh(weight_), bias_fresh = take_fresh(bias_);
-  Tensor dw = weight_fresh ? weight_.grad : Tensor::empty(weight_.grad.shape(), DType::Float32, dy.device());
-  Tensor db = bias_fresh ? bias_.grad : Tensor::empty(bias_.grad.shape(), DType::Float32, dy.device());
+  Tensor dw = Tensor::empty({features_}, DType::Float32, dy.device());
+  Tensor db = Tensor::empty({features_}, DType::Float32, dy.device());
   ops::layer_norm_backward(input_, dy.view(input_.shape()), weight_.value, mean_, rstd_, dx, dw, db);
-  if (!weight_fresh) ops::add_(weight_.grad, dw, 1.0f);
-  if (!bias_fresh) ops::add_(bias_.grad, db, 1.0f);
+  // Added to the gradients, as batch norm does (Note [Gradient accumulation in modules]).
+  ops::add_(weight_.grad, dw, 1.0f);
+  ops::add_(bias_.grad, db, 1.0f);
   notify_grad_ready(bias_);
   notify_grad_ready(weight_);
   input_ = mean_ = rstd_ = Tensor();  // Note [Saved tensors die with backward] (module.cpp)

@@ -197,8 +197,9 @@ struct Conv2dParams {
   // window spans dilation * (K - 1) + 1 inputs (torch's dilation).
   int dilation_h = 1, dilation_w = 1;
 };
-// Output spatial size for input size `in`, kernel `k`, stride `s`, padding `p`.
-int64_t conv_out_size(int64_t in, int64_t k, int64_t s, int64_t p);
+// Output spatial size for input size `in`, kernel `k`, stride `s`, padding `p` and dilation
+// `d` (a window spans d * (k - 1) + 1 inputs).
+int64_t conv_out_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d = 1);
 // y[N,O,OH,OW] = conv(x[N,C,H,W], w[O,C,KH,KW]) + b[O] (b may be undefined).
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
                     const Conv2dParams& p);

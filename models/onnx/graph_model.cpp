@@ -407,12 +407,11 @@ const std::vector<std::string>& supported_operators() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> out;
     for (const auto& [name, factory] : layer_factories()) out.push_back(name);
-    out.push_back("Add");
-    out.push_back("Concat");
-    out.push_back("Mul");
-    out.push_back("Identity");
-    out.push_back("Pad");
-    for (const char* op : {"Div", "MatMul", "Reshape", "Shape", "Slice", "Sub", "Transpose"}) out.push_back(op);
+    // The graph's own steps and the nodes that become other layers or none.
+    for (const char* op : {"Add", "Concat", "Div", "Identity", "MatMul", "Mul", "Pad", "Reshape", "Shape", "Slice",
+                           "Sub", "Transpose"}) {
+      out.push_back(op);
+    }
     std::sort(out.begin(), out.end());
     return out;
   }();

@@ -81,9 +81,10 @@ class GraphModel : public Module {
 // Reads `path` (onnx_graph.h) and builds its model for images of `channels` x `height` x
 // `width` and `num_classes` classes. Throws IoError for a file that is no ONNX model and
 // InvalidArgument, naming the node, for an operator outside supported_operators() (listing
-// them), an attribute value its layer lacks (dilation, auto_pad SAME_*, a
-// non-square window, ...), a graph exported in eval mode (saying how to export it), or a
-// graph whose input or output does not fit the data (naming both shapes).
+// them), an attribute value its layer lacks (auto_pad SAME_*, a non-square pooling window,
+// padding that differs between the ends of an axis, ...), a graph exported in eval mode
+// (saying how to export it), or a graph whose input or output does not fit the data (naming
+// both shapes).
 std::unique_ptr<GraphModel> load_graph_model(const std::string& path, int64_t channels, int64_t height,
                                              int64_t width, int64_t num_classes);
 

@@ -165,7 +165,7 @@ Attribute read_attribute(const std::string& path, const pb::AttributeProto& a) {
       }
       break;
     default:
-      break;  // graphs, strings: no operator mtrain maps reads them
+      break;  // graphs and lists of strings or tensors: no operator mtrain maps reads them
   }
   return out;
 }
@@ -197,7 +197,10 @@ std::optional<Array> constant_value(const Node& n) {
 // Constants. A node whose inputs are all constants is computed here, once (array_ops.h), and
 // its output becomes a constant of the graph, as the Constants are: the model sees the
 // Pad with its paddings, the Clip with its bounds.
-void fold_constants(const pb::GraphProto& graph, Graph& g) {
+
+// The graph's nodes as plain data into `g.nodes`, with what they compute from constants alone
+// folded into `g.constants` and, as float32, `g.initializers`.
+void read_nodes(const pb::GraphProto& graph, Graph& g) {
   std::map<std::string, Array> constants;
   for (int i = 0; i < graph.node_size(); ++i) {
     const pb::NodeProto& proto = graph.node(i);
@@ -296,7 +299,7 @@ Graph read_graph(const std::string& path) {
   g.input = inputs.front()->name();
   g.input_shape = dims_of(*inputs.front());
   g.output = graph.output(0).name();
-  fold_constants(graph, g);
+  read_nodes(graph, g);
   return g;
 }
 

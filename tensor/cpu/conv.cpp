@@ -302,8 +302,8 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
   MTRAIN_CHECK(s.c % s.g == 0 && s.o % s.g == 0 && w.size(1) * s.g == s.c,
                "{}: w {} in {} groups expects {} input channels, {} {} has {}", op, shape_str(w.shape()), s.g,
                w.size(1) * s.g, x_name, shape_str(x.shape()), s.c);
-  s.oh = conv_out_size(s.h, p.dilation_h * (s.kh - 1) + 1, p.stride_h, p.pad_h);
-  s.ow = conv_out_size(s.w, p.dilation_w * (s.kw - 1) + 1, p.stride_w, p.pad_w);
+  s.oh = conv_out_size(s.h, s.kh, p.stride_h, p.pad_h, p.dilation_h);
+  s.ow = conv_out_size(s.w, s.kw, p.stride_w, p.pad_w, p.dilation_w);
   MTRAIN_CHECK(s.kh >= 1 && s.kw >= 1 && s.oh >= 1 && s.ow >= 1,
                "{}: kernel {}x{} with padding {}x{} does not fit {} {}", op, s.kh, s.kw, p.pad_h,
                p.pad_w, x_name, shape_str(x.shape()));
@@ -419,10 +419,10 @@ ConvLayout conv_layout() { return layout_setting().load(); }
 long conv_primitives_created() { return primitives_created.load(); }
 }  // namespace cpu
 
-int64_t conv_out_size(int64_t in, int64_t k, int64_t s, int64_t p) {
-  MTRAIN_CHECK(s >= 1 && k >= 1 && p >= 0 && in >= 0,
-               "conv_out_size: invalid input {}, kernel {}, stride {}, padding {}", in, k, s, p);
-  const int64_t span = in + 2 * p - k;
+int64_t conv_out_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
+  MTRAIN_CHECK(s >= 1 && k >= 1 && p >= 0 && in >= 0 && d >= 1,
+               "conv_out_size: invalid input {}, kernel {}, stride {}, padding {}, dilation {}", in, k, s, p, d);
+  const int64_t span = in + 2 * p - (d * (k - 1) + 1);
   return span < 0 ? 0 : span / s + 1;
 }
 

@@ -581,8 +581,8 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
   MTRAIN_CHECK(s.c % s.g == 0 && s.o % s.g == 0 && w.size(1) * s.g == s.c,
                "{}: w {} in {} groups expects {} input channels, {} {} has {}", op, shape_str(w.shape()), s.g,
                w.size(1) * s.g, x_name, shape_str(x.shape()), s.c);
-  s.oh = ops::conv_out_size(s.h, p.dilation_h * (s.kh - 1) + 1, p.stride_h, p.pad_h);
-  s.ow = ops::conv_out_size(s.w, p.dilation_w * (s.kw - 1) + 1, p.stride_w, p.pad_w);
+  s.oh = ops::conv_out_size(s.h, s.kh, p.stride_h, p.pad_h, p.dilation_h);
+  s.ow = ops::conv_out_size(s.w, s.kw, p.stride_w, p.pad_w, p.dilation_w);
   MTRAIN_CHECK(s.kh >= 1 && s.kw >= 1 && s.oh >= 1 && s.ow >= 1,
                "{}: kernel {}x{} with padding {}x{} does not fit {} {}", op, s.kh, s.kw, p.pad_h,
                p.pad_w, x_name, shape_str(x.shape()));

@@ -29,8 +29,8 @@ Tensor iota(const Shape& shape, float start = 1.0f) {
 }
 
 Tensor conv(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p) {
-  const int64_t oh = ops::conv_out_size(x.size(2), p.dilation_h * (w.size(2) - 1) + 1, p.stride_h, p.pad_h);
-  const int64_t ow = ops::conv_out_size(x.size(3), p.dilation_w * (w.size(3) - 1) + 1, p.stride_w, p.pad_w);
+  const int64_t oh = ops::conv_out_size(x.size(2), w.size(2), p.stride_h, p.pad_h, p.dilation_h);
+  const int64_t ow = ops::conv_out_size(x.size(3), w.size(3), p.stride_w, p.pad_w, p.dilation_w);
   Tensor y = Tensor::empty({x.size(0), w.size(0), oh, ow});
   ops::conv2d_forward(x, w, b, y, p);
   return y;
@@ -83,6 +83,10 @@ TEST_CASE("conv_out_size follows floor((in + 2p - k) / s) + 1", "[conv]") {
   CHECK(ops::conv_out_size(4, 5, 1, 0) == 0);   // kernel larger than the input
   CHECK(ops::conv_out_size(3, 5, 2, 0) == 0);   // not 1: -2/2 truncates to 0
   CHECK_THROWS_AS(ops::conv_out_size(4, 3, 0, 0), InternalError);
+  // Dilation 2 spreads a 3-tap kernel over 5 inputs (torch: Conv2d(1, 1, 3, dilation=2) on 9 -> 5).
+  CHECK(ops::conv_out_size(9, 3, 1, 0, 2) == 5);
+  CHECK(ops::conv_out_size(9, 3, 1, 2, 2) == 9);
+  CHECK_THROWS_AS(ops::conv_out_size(9, 3, 1, 0, 0), InternalError);
 }
 
 TEST_CASE("conv2d_forward matches hand-computed results", "[conv]") {
