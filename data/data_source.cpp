@@ -9,6 +9,7 @@
 #include "data/cifar_reader.h"
 #include "data/idx_reader.h"
 #include "data/image_folder.h"
+#include "data/webdataset.h"
 
 // Note [Dataset resolution]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -23,6 +24,8 @@
 //   data/<dataset> or the folder the official archive unpacks to (data/cifar-10-batches-bin,
 //   data/cifar-100-binary); nothing ships for either.
 // * imagefolder: --data-dir only, holding train/ and val/ (data/image_folder.h).
+// * webdataset: --data-dir only, a folder holding train/ (and val/) shards, a folder of
+//   shards or a shard pattern, read when the splits load (data/webdataset.h).
 // * synthetic: generated from the seed, no directory (and --data-dir is an error).
 // "data/" is looked for in the current directory first, then at <exe dir>/../../data
 // (build/bin/../../data is the project's data/), then at <exe dir>/../share/mtrain/data (where
@@ -49,7 +52,7 @@ std::string roots_str(const std::vector<fs::path>& roots) {
 
 const std::vector<std::string>& known_datasets() {
   static const std::vector<std::string> names = {"fashion-mnist", "mnist", "cifar10", "cifar100", "imagefolder",
-                                                 "synthetic"};
+                                                 "webdataset", "synthetic"};
   return names;
 }
 
@@ -118,6 +121,13 @@ DataSource resolve_data_dir(const std::string& dataset, const std::string& data_
     return {dataset, {}, "synthetic data generated from the seed (no files)"};
   }
 
+  if (dataset == "webdataset") {
+    if (data_dir_flag.empty()) {
+      throw InvalidArgument("--dataset webdataset needs --data-dir: a folder holding train/ (and val/) with .tar "
+                            "shards, a folder of shards, or a pattern such as 'shards/train-{000000..000146}.tar'");
+    }
+    return {dataset, data_dir_flag, fmt::format("webdataset shards from {} (--data-dir)", data_dir_flag)};
+  }
   std::error_code ec;
   if (!data_dir_flag.empty()) {
     const fs::path dir(data_dir_flag);
@@ -189,15 +199,18 @@ DataSource resolve_data_dir(const std::string& dataset, const std::string& data_
 }
 
 void require_folder_options_apply(const std::string& dataset, const ImageFolderOptions& folder) {
-  if (dataset == "imagefolder") return;
+  if (dataset == "imagefolder" || dataset == "webdataset") return;
   const char* flag = folder.skip_bad_files ? "--skip-bad-images" : folder.resizes() ? "--resize" : nullptr;
-  if (flag != nullptr) throw InvalidArgument(fmt::format("{} applies to --dataset imagefolder, not to {}", flag, dataset));
+  if (flag != nullptr) {
+    throw InvalidArgument(fmt::format("{} applies to --dataset imagefolder or webdataset, not to {}", flag, dataset));
+  }
 }
 
 DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic,
-                          const ImageFolderOptions& folder) {
+                          const ImageFolderOptions& folder, const WebDatasetSplitsOptions& shards) {
   require_folder_options_apply(source.dataset, folder);
   if (source.dataset == "synthetic") return make_synthetic_splits(synthetic);
+  if (source.dataset == "webdataset") return load_webdataset_splits(source.dir.string(), shards);
   if (is_cifar(source.dataset)) return load_cifar_splits(source.dir, source.dataset);
   if (source.dataset == "imagefolder") return load_image_folder_splits(source.dir, folder);
   return load_idx_splits(source.dir, source.dataset);

@@ -11,6 +11,7 @@
 #include "data/dataset.h"
 #include "data/image_folder.h"
 #include "data/synthetic.h"
+#include "data/webdataset.h"
 
 namespace mtrain::data {
 
@@ -20,7 +21,8 @@ struct DataSource {
   std::string description;     // one sentence for the log
 };
 
-const std::vector<std::string>& known_datasets();  // fashion-mnist, mnist, cifar10, cifar100, synthetic
+// fashion-mnist, mnist, cifar10, cifar100, imagefolder, webdataset, synthetic
+const std::vector<std::string>& known_datasets();
 
 // Throws InvalidArgument for an unknown dataset (or --data-dir with synthetic) and
 // IoError when no directory with the files is found.
@@ -40,13 +42,13 @@ std::vector<std::string> missing_dataset_files(const std::string& dataset, const
 std::string expected_files(const std::string& dataset);
 
 // Loads the train and test splits `source` names; `synthetic` sizes and seeds the
-// synthetic dataset and is ignored otherwise.
-// `folder` applies to --dataset imagefolder only (require_folder_options_apply).
+// synthetic dataset and is ignored otherwise. `folder` applies to --dataset imagefolder
+// (and its flags to webdataset: require_folder_options_apply), `shards` to webdataset.
 DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic,
-                          const ImageFolderOptions& folder = {});
+                          const ImageFolderOptions& folder = {}, const WebDatasetSplitsOptions& shards = {});
 
 // InvalidArgument naming the flag when `folder` asks for anything (--skip-bad-images,
-// --resize) and `dataset` is not imagefolder.
+// --resize) and `dataset` is neither imagefolder nor webdataset.
 void require_folder_options_apply(const std::string& dataset, const ImageFolderOptions& folder);
 
 }  // namespace mtrain::data

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "data/random.h"
 #include "tensor/cuda_devices.h"
 
 namespace mtrain::data {
@@ -90,14 +91,6 @@ std::vector<std::vector<float>> make_pixel_tables(const DataLoaderOptions& o, in
   return tables;
 }
 
-// SplitMix64's finaliser: a well-mixed 64-bit function of its input.
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 // One row of an augmented batch: out(c, y, x) = padded(c, y + top, x' + left), x' the
 // mirrored column when flipped, padded = the image with `pad` zero bytes on every side;
 // then the channel's table (ToTensor and Normalize).
@@ -130,7 +123,7 @@ void augmented_row(const uint8_t* pixels, int64_t channels, int64_t h, int64_t w
 // The top and left offsets take 24 bits each, uniform over [0, 2 * padding] up to a
 // modulo bias of (2 * padding + 1) / 2^24; the flip is the top bit.
 AugmentationDraw augmentation_draw(const Augmentation& a, int64_t epoch, int64_t index) {
-  const uint64_t h = mix(mix(mix(a.seed) ^ static_cast<uint64_t>(epoch)) ^ static_cast<uint64_t>(index));
+  const uint64_t h = mix64(mix64(mix64(a.seed) ^ static_cast<uint64_t>(epoch)) ^ static_cast<uint64_t>(index));
   AugmentationDraw d;
   if (a.crop_padding > 0) {
     const auto span = static_cast<uint64_t>(2 * a.crop_padding + 1);
@@ -423,6 +416,8 @@ Batch DataLoader::assemble(int64_t epoch, int64_t batch_index, const Plan& plan)
   }
   float* images = batch.images.data<float>();
   int64_t* labels = batch.labels.data<int64_t>();
+  std::vector<uint8_t> decoded(ds.in_memory() ? 0 : static_cast<size_t>(ds.shape().numel()));
+  int64_t kept = 0;  // rows written; fewer than `rows` when bad images are left out
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t index = batch.indices[static_cast<size_t>(r)];
     if (index < 0 || index >= ds.size()) {
@@ -430,9 +425,22 @@ Batch DataLoader::assemble(int64_t epoch, int64_t batch_index, const Plan& plan)
           "sampler '{}' produced index {} (epoch {}, batch {}) for dataset {} of {} items",
           sampler_description, index, epoch, batch_index, ds.name(), ds.size()));
     }
-    const uint8_t* pixels = ds.image(index);
-    float* out = images + r * ds.channels() * plane;
-    labels[r] = ds.label(index);
+    const uint8_t* pixels = nullptr;
+    if (ds.in_memory()) {
+      pixels = ds.image(index);
+    } else {
+      try {
+        ds.read_image(index, epoch, decoded.data());
+      } catch (const IoError& e) {
+        if (!options_.skip_bad_images) throw;
+        note_left_out(e.what());
+        continue;
+      }
+      pixels = decoded.data();
+    }
+    float* out = images + kept * ds.channels() * plane;
+    labels[kept] = ds.label(index);
+    batch.indices[static_cast<size_t>(kept++)] = index;
     if (options_.augment.active()) {
       augmented_row(pixels, ds.channels(), ds.height(), ds.width(), std::max<int64_t>(options_.augment.crop_padding, 0),
                     augmentation_draw(options_.augment, epoch, index), pixel_tables_, out);
@@ -443,7 +451,38 @@ Batch DataLoader::assemble(int64_t epoch, int64_t batch_index, const Plan& plan)
       for (int64_t p = 0; p < plane; ++p) out[c * plane + p] = table[pixels[c * plane + p]];
     }
   }
+  if (kept < rows) shrink(batch, kept);
   return batch;
+}
+
+void DataLoader::note_left_out(const std::string& reason) const {
+  std::lock_guard lock(left_out_mutex_);
+  if (left_out_ == 0) first_left_out_ = reason;
+  ++left_out_;
+}
+
+std::pair<int64_t, std::string> DataLoader::images_left_out() const {
+  std::lock_guard lock(left_out_mutex_);
+  return {left_out_, first_left_out_};
+}
+
+// Note [Images left out of a batch]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A streamed image is decoded only when its batch is assembled, so a corrupt one is found
+// mid-epoch. Under --skip-bad-images it is left out of its batch, which is one row short;
+// the ranks still take the same steps (a batch of any size, even 0, is a step), so no
+// collective waits for a rank that skipped. The images keep their first rows' order.
+void DataLoader::shrink(Batch& batch, int64_t rows) const {
+  const Shape image_shape{rows, batch.images.shape()[1], batch.images.shape()[2], batch.images.shape()[3]};
+  Tensor images = options_.pin_memory ? Tensor::empty_pinned(image_shape, DType::Float32)
+                                      : Tensor::empty(image_shape, DType::Float32);
+  Tensor labels = options_.pin_memory ? Tensor::empty_pinned({rows}, DType::Int64) : Tensor::empty({rows}, DType::Int64);
+  const int64_t row = image_shape[1] * image_shape[2] * image_shape[3];
+  std::copy_n(batch.images.data<float>(), rows * row, images.data<float>());
+  std::copy_n(batch.labels.data<int64_t>(), rows, labels.data<int64_t>());
+  batch.images = std::move(images);
+  batch.labels = std::move(labels);
+  batch.indices.resize(static_cast<size_t>(rows));
 }
 
 std::string DataLoader::describe() const {

@@ -84,6 +84,9 @@ struct DataLoaderOptions {
   bool pin_memory = false;
   // Random crop and flip, per image (none by default; an evaluation loader takes none).
   Augmentation augment{};
+  // A streamed image that does not decode is left out of its batch and counted
+  // (images_left_out) instead of failing the batch (Note [Images left out of a batch]).
+  bool skip_bad_images = false;
 };
 
 struct Batch {
@@ -123,6 +126,8 @@ class DataLoader {
   const DataLoaderOptions& options() const { return options_; }
   // Batches finished by workers since construction (those of abandoned epochs excluded).
   uint64_t batches_produced() const { return produced_.load(); }
+  // Streamed images left out under skip_bad_images since construction, and why the first was.
+  std::pair<int64_t, std::string> images_left_out() const;
   // One line for logs: batch size, workers, prefetch, pinning, normalisation, sampler.
   std::string describe() const;
 
@@ -146,6 +151,8 @@ class DataLoader {
   bool can_claim() const;  // requires mutex_
   // Runs on a worker thread: reads only the dataset, the tables and its arguments.
   Batch assemble(int64_t epoch, int64_t batch_index, const Plan& plan) const;
+  void shrink(Batch& batch, int64_t rows) const;  // keeps the first `rows` rows
+  void note_left_out(const std::string& reason) const;
 
   std::shared_ptr<const Dataset> dataset_;
   std::shared_ptr<Sampler> sampler_;
@@ -169,6 +176,9 @@ class DataLoader {
   std::map<int64_t, Slot> ready_;
   std::exception_ptr epoch_error_;
   std::atomic<uint64_t> produced_{0};
+  mutable std::mutex left_out_mutex_;
+  mutable int64_t left_out_ = 0;
+  mutable std::string first_left_out_;
 
   std::vector<std::thread> workers_;  // last: started after everything they read
 };

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace mtrain::data {
@@ -14,6 +16,38 @@ Dataset::Dataset(std::string name, std::string origin, ImageShape shape, int64_t
       num_classes_(num_classes),
       pixels_(std::move(pixels)),
       labels_(std::move(labels)) {
+  check_shape_and_labels();
+  const size_t expected_pixels = labels_.size() * static_cast<size_t>(shape_.numel());
+  if (pixels_.size() != expected_pixels) {
+    throw InvalidArgument(fmt::format(
+        "dataset {}: expected {} pixel bytes for {} images of {}x{}x{}, found {}", name_,
+        expected_pixels, labels_.size(), shape_.channels, shape_.height, shape_.width,
+        pixels_.size()));
+  }
+}
+
+Dataset::Dataset(std::string name, std::string origin, ImageShape shape, int64_t num_classes,
+                 std::shared_ptr<const ShardedImages> images, std::vector<int64_t> labels, ImageTransform transform)
+    : name_(std::move(name)),
+      origin_(std::move(origin)),
+      shape_(shape),
+      num_classes_(num_classes),
+      labels_(std::move(labels)),
+      shards_(std::move(images)),
+      transform_(transform) {
+  check_shape_and_labels();
+  if (shards_ == nullptr || shards_->size() != size()) {
+    throw InvalidArgument(fmt::format("dataset {}: expected one stored image per label ({}), found {}", name_, size(),
+                                      shards_ == nullptr ? 0 : shards_->size()));
+  }
+  if (transform_.height != shape_.height || transform_.width != shape_.width) {
+    throw InvalidArgument(fmt::format("dataset {}: expected its transform to make {}x{} images, found {}x{} ({})",
+                                      name_, shape_.height, shape_.width, transform_.height, transform_.width,
+                                      transform_.describe()));
+  }
+}
+
+void Dataset::check_shape_and_labels() const {
   if (shape_.channels <= 0 || shape_.height <= 0 || shape_.width <= 0) {
     throw InvalidArgument(fmt::format("dataset {}: expected a positive image shape, found {}x{}x{}",
                                       name_, shape_.channels, shape_.height, shape_.width));
@@ -21,13 +55,6 @@ Dataset::Dataset(std::string name, std::string origin, ImageShape shape, int64_t
   if (num_classes_ <= 0) {
     throw InvalidArgument(fmt::format("dataset {}: expected at least one class, found {}", name_,
                                       num_classes_));
-  }
-  const size_t expected_pixels = labels_.size() * static_cast<size_t>(shape_.numel());
-  if (pixels_.size() != expected_pixels) {
-    throw InvalidArgument(fmt::format(
-        "dataset {}: expected {} pixel bytes for {} images of {}x{}x{}, found {}", name_,
-        expected_pixels, labels_.size(), shape_.channels, shape_.height, shape_.width,
-        pixels_.size()));
   }
   for (size_t i = 0; i < labels_.size(); ++i) {
     if (labels_[i] < 0 || labels_[i] >= num_classes_) {
@@ -40,7 +67,24 @@ Dataset::Dataset(std::string name, std::string origin, ImageShape shape, int64_t
 const uint8_t* Dataset::image(int64_t i) const {
   MTRAIN_CHECK(i >= 0 && i < size(), "image index {} outside dataset {} of {} items", i, name_,
                size());
+  MTRAIN_CHECK(in_memory(), "dataset {} is streamed: its pixels are not in memory", name_);
   return pixels_.data() + static_cast<size_t>(i) * static_cast<size_t>(shape_.numel());
+}
+
+const std::vector<uint8_t>& Dataset::pixels() const {
+  MTRAIN_CHECK(in_memory(), "dataset {} is streamed: its pixels are not in memory", name_);
+  return pixels_;
+}
+
+void Dataset::read_image(int64_t i, int64_t epoch, uint8_t* out) const {
+  if (in_memory()) {
+    const uint8_t* from = image(i);
+    std::copy(from, from + shape_.numel(), out);
+    return;
+  }
+  const std::vector<uint8_t> bytes = shards_->read(i);
+  transform_to_chw(decode_image(shards_->where(i), bytes.data(), bytes.size()), transform_, epoch, i,
+                   shape_.channels, out);
 }
 
 int64_t Dataset::label(int64_t i) const {

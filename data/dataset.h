@@ -1,11 +1,17 @@
-// Dataset: labelled images held in memory as uint8 pixels (NCHW) and int64 labels.
-// Fashion-MNIST, MNIST and the synthetic set all fit this shape; conversion to float
-// happens per batch in the DataLoader, so a 60,000-image set costs 47 MB, not 188 MB.
+// Dataset: labelled images, as uint8 pixels (NCHW) held in memory, or encoded in shards and
+// decoded when a batch needs them (a streamed set: data/webdataset.h), and int64 labels.
+// Fashion-MNIST, MNIST, CIFAR, image folders and the synthetic set are held in memory;
+// conversion to float happens per batch in the DataLoader, so a 60,000-image set costs
+// 47 MB, not 188 MB.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "data/image_decode.h"
+#include "data/shards.h"
 
 namespace mtrain::data {
 
@@ -25,6 +31,11 @@ class Dataset {
   // shape is positive and every label lies in [0, num_classes).
   Dataset(std::string name, std::string origin, ImageShape shape, int64_t num_classes,
           std::vector<uint8_t> pixels, std::vector<int64_t> labels);
+  // A streamed set: image i is images's image i decoded through `transform`, which makes it
+  // shape's height x width. Throws InvalidArgument unless there is one label per image,
+  // the transform's size is the shape's, and the labels lie in [0, num_classes).
+  Dataset(std::string name, std::string origin, ImageShape shape, int64_t num_classes,
+          std::shared_ptr<const ShardedImages> images, std::vector<int64_t> labels, ImageTransform transform);
 
   int64_t size() const { return static_cast<int64_t>(labels_.size()); }
   const ImageShape& shape() const { return shape_; }
@@ -35,11 +46,21 @@ class Dataset {
   const std::string& name() const { return name_; }      // "fashion-mnist/train"
   const std::string& origin() const { return origin_; }  // where the data came from
 
-  // Pixels of item i (shape().numel() bytes, CHW). i must be in [0, size()).
+  // Whether the pixels are in memory (image(), pixels()); else they are in shards().
+  bool in_memory() const { return shards_ == nullptr; }
+  // Pixels of item i (shape().numel() bytes, CHW). i must be in [0, size()); in memory only.
   const uint8_t* image(int64_t i) const;
+  // Item i's pixels as an epoch sees them: in memory, a copy of image(i); streamed, read,
+  // decoded and transformed (its random draws are the epoch's). Writes shape().numel() bytes
+  // to `out`; IoError naming the shard and member when the image does not decode.
+  void read_image(int64_t i, int64_t epoch, uint8_t* out) const;
+  // A streamed set's storage and transform (null and unused for one in memory).
+  const ShardedImages* shards() const { return shards_.get(); }
+  const std::shared_ptr<const ShardedImages>& shared_shards() const { return shards_; }
+  const ImageTransform& transform() const { return transform_; }
   int64_t label(int64_t i) const;
   const std::vector<int64_t>& labels() const { return labels_; }
-  const std::vector<uint8_t>& pixels() const { return pixels_; }
+  const std::vector<uint8_t>& pixels() const;  // in memory only
 
   // Names of the classes by label, where the data has them (an image folder's); else empty.
   const std::vector<std::string>& class_names() const { return class_names_; }
@@ -50,6 +71,8 @@ class Dataset {
   std::string describe() const;
 
  private:
+  void check_shape_and_labels() const;
+
   std::string name_;
   std::string origin_;
   ImageShape shape_;
@@ -57,6 +80,8 @@ class Dataset {
   std::vector<uint8_t> pixels_;
   std::vector<int64_t> labels_;
   std::vector<std::string> class_names_;
+  std::shared_ptr<const ShardedImages> shards_;
+  ImageTransform transform_;
 };
 
 struct DatasetSplits {

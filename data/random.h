@@ -46,6 +46,15 @@ class Rng {
   std::mt19937_64 engine_;
 };
 
+// SplitMix64's finaliser: a well-mixed 64-bit function of its input, for draws keyed by
+// (seed, epoch, index) rather than taken from a stream.
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 // A permutation of [0, n) by Fisher-Yates, the same for the same (n, seed) everywhere.
 inline std::vector<int64_t> random_permutation(int64_t n, uint64_t seed) {
   std::vector<int64_t> order(static_cast<size_t>(n));

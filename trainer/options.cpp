@@ -238,6 +238,58 @@ data::ImageFolderOptions image_folder_options(const TrainOptions& o) {
   return {.skip_bad_files = o.skip_bad_images, .height = o.resize.value.height, .width = o.resize.value.width};
 }
 
+// Note [Streamed images' transforms]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Streamed images come in any size, so each split needs a transform that ends at one size,
+// as an ImageNet recipe's torchvision transforms do:
+// - training: --random-resized-crop N (RandomResizedCrop(N)); else --center-crop C
+//   (Resize(S), CenterCrop(C)); else --resize HxW (Resize((H, W))).
+// - evaluation: --center-crop C; else --resize HxW when no crop is asked for; else, after
+//   --random-resized-crop N alone, Resize(S), CenterCrop(N).
+// S, the shorter side before a centre crop, is --resize's one number when given, else C * 8 / 7
+// (256 for 224: the reference recipes' crop ratio 0.875). Both splits must end at one size.
+data::WebDatasetSplitsOptions webdataset_options(const TrainOptions& o) {
+  using data::ImageTransform;
+  const bool one_number = o.resize.value.height > 0 && o.resize.text.find('x') == std::string::npos;
+  const auto centre = [&](int64_t c) {
+    if (o.resize.value.height > 0 && !one_number) {
+      throw InvalidArgument(fmt::format("--resize {} with a centre crop: the crop follows torchvision's Resize(S) of "
+                                        "the shorter side, so give --resize as one number (e.g. --resize 256)",
+                                        o.resize.text));
+    }
+    return ImageTransform{ImageTransform::Kind::kCenterCrop, c, c, one_number ? o.resize.value.height : c * 8 / 7, 0};
+  };
+  const ImageTransform squash{ImageTransform::Kind::kResize, o.resize.value.height, o.resize.value.width, 0, 0};
+  data::WebDatasetSplitsOptions w;
+  if (o.random_resized_crop) {
+    w.train = {ImageTransform::Kind::kRandomResizedCrop, *o.random_resized_crop, *o.random_resized_crop, 0, o.seed};
+  } else if (o.center_crop) {
+    w.train = centre(*o.center_crop);
+  } else if (o.resize.value.height > 0) {
+    w.train = squash;
+  } else {
+    throw InvalidArgument("--dataset webdataset: its images come in any size; give the training images' transform: "
+                          "--random-resized-crop N, --center-crop N (after --resize S), or --resize HxW");
+  }
+  if (o.center_crop) {
+    w.eval = centre(*o.center_crop);
+  } else if (o.random_resized_crop) {
+    w.eval = centre(*o.random_resized_crop);
+  } else {
+    w.eval = squash;
+  }
+  if (w.eval.height != w.train.height || w.eval.width != w.train.width) {
+    throw InvalidArgument(fmt::format("--dataset webdataset: the training images would be {}x{} ({}) but the "
+                                      "evaluation images {}x{} ({}); give sizes that agree",
+                                      w.train.height, w.train.width, w.train.describe(), w.eval.height, w.eval.width,
+                                      w.eval.describe()));
+  }
+  w.val_data = o.val_data;
+  w.evaluate = o.eval;
+  w.common.skip_bad_samples = o.skip_bad_images;
+  return w;
+}
+
 int64_t items_per_step(const TrainOptions& o, int world_size) {
   return o.global_batch_size ? *o.global_batch_size : o.batch_size * o.grad_accum * world_size;
 }
@@ -467,8 +519,13 @@ std::vector<TrainFlag> train_flags(const TrainChoices& choices) {
   add(optional_integer("random-crop", training, "training images: torchvision's RandomCrop(size, padding=PAD), the image's own size after PAD zero pixels on every side (CIFAR recipes use 4)", &O::random_crop, 0, 4096));
   add(switch_flag("random-flip", training, "training images: torchvision's RandomHorizontalFlip() (mirrored with probability 1/2)", &O::random_flip));
   add(shown_default(given("normalize", training, "pixels/255 then (x - mean) / std per channel: none | auto (the training set's mean and std, computed once) | M1,M2,M3:S1,S2,S3 (one value each, or one per channel)", &O::normalize, by(parse_normalize))));
-  add(switch_flag("skip-bad-images", training, "--dataset imagefolder: leave out (and count in the log) files that are not images or do not decode, instead of stopping", &O::skip_bad_images));
-  add(shown_default(given("resize", training, "--dataset imagefolder: every image resampled to HxW as it is decoded (torchvision's Resize((H, W)) on a PIL image, bilinear); N means NxN; off keeps each image's size, which must then be one", &O::resize, by(parse_resize))));
+  add(switch_flag("skip-bad-images", training, "--dataset imagefolder or webdataset: leave out (and count in the log) files or samples that are not images or do not decode, instead of stopping", &O::skip_bad_images));
+  add(optional_integer("random-resized-crop", training, "--dataset webdataset: training images through torchvision's RandomResizedCrop(N) (scale 0.08 to 1, aspect 3/4 to 4/3), drawn per image and epoch", &O::random_resized_crop, 1, 65536));
+  add(optional_integer("center-crop", training, "--dataset webdataset: evaluation images (and training ones without --random-resized-crop) through Resize(S) then CenterCrop(N), S being --resize's one number, else N * 8 / 7", &O::center_crop, 1, 65536));
+  add(per_rank(path("val-data", data, "--dataset webdataset: the evaluation shards, a folder or a pattern (default: DATA_DIR/val when --data-dir holds train/ and val/)", &O::val_data)));
+  add(per_rank(optional_integer("loader-workers", training, "threads per rank that read, decode and assemble batches (torch's DataLoader num_workers; default: 1 for a set held in memory, 4 for --dataset webdataset, which decodes every image each epoch)", &O::loader_workers, 1, 256)));
+  add(shown_default(integer("shuffle-buffer", training, "--dataset webdataset: samples in each rank's shuffle buffer, which mixes the samples of the shards it reads", &O::shuffle_buffer, 1, 100'000'000)));
+  add(shown_default(given("resize", training, "--dataset imagefolder or webdataset: every image resampled to HxW as it is decoded (torchvision's Resize((H, W)) on a PIL image, bilinear); N means NxN; off keeps each image's size, which must then be one", &O::resize, by(parse_resize))));
   add(switch_flag("drop-last", training, "the training sampler drops the last N mod world-size images instead of repeating some (DistributedSampler's drop_last); with --global-batch-size, the last partial global batch", &O::drop_last));
   // Host kernel threads.
   add(per_rank(optional_integer("threads", training, "intra-op threads (default: OMP_NUM_THREADS if set, else 1 per rank when several ranks share the node, else every core)", &O::threads, 1, 4096)));
@@ -666,6 +723,15 @@ void validate_with(const std::vector<TrainFlag>& flags, const TrainOptions& o) {
     if (f.check) f.check(o, "--" + f.name);
   }
   data::require_folder_options_apply(o.dataset, image_folder_options(o));
+  if (o.dataset == "webdataset") {
+    webdataset_options(o);
+  } else {
+    for (const auto& [flag, given] : {std::pair{"--random-resized-crop", o.random_resized_crop.has_value()},
+                                      {"--center-crop", o.center_crop.has_value()},
+                                      {"--val-data", !o.val_data.empty()}}) {
+      if (given) throw InvalidArgument(fmt::format("{} applies to --dataset webdataset, not to {}", flag, o.dataset));
+    }
+  }
   if (!o.save_onnx.empty() && !models::is_onnx_file(o.model)) {
     throw InvalidArgument(fmt::format("--save-onnx {} writes back the graph of an ONNX --model, but the model is {}; "
                                       "use --save-final for its weights",

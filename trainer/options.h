@@ -12,6 +12,7 @@
 
 #include "data/image_folder.h"
 #include "data/random.h"
+#include "data/webdataset.h"
 #include "models/init.h"
 #include "tensor/tensor.h"
 #include "trainer/ddp/share_policy.h"
@@ -85,8 +86,16 @@ struct TrainOptions {
   std::optional<int64_t> random_crop;   // the crop's zero padding; unset = no random crop
   bool random_flip = false;
   Given<Normalization> normalize{"none", {}};  // none | auto (the training set's mean/std) | M1,M2,..:S1,S2,..
-  bool skip_bad_images = false;         // imagefolder: leave out files that are not images or do not decode
-  Given<ImageSize> resize{"off", {}};   // imagefolder: off | HxW | N (NxN), see parse_resize
+  bool skip_bad_images = false;         // imagefolder, webdataset: leave out images that do not decode
+  Given<ImageSize> resize{"off", {}};   // imagefolder, webdataset: off | HxW | N (NxN), see parse_resize
+  // --dataset webdataset (webdataset_options): the training images' RandomResizedCrop size,
+  // the evaluation images' CenterCrop size (after --resize N's shorter side), the evaluation
+  // shards, and the training sampler's shuffle buffer (data/shard_sampler.h).
+  std::optional<int64_t> random_resized_crop;
+  std::optional<int64_t> center_crop;
+  std::string val_data;
+  int64_t shuffle_buffer = 1000;
+  std::optional<int64_t> loader_workers;  // threads assembling batches; unset: 1 in memory, 4 streamed
   std::string init_from;                // safetensors to start from; empty = fresh init
   std::string save_final;               // safetensors to write at the end; empty = none
   std::string save_onnx;                // with an ONNX --model: the trained graph at the end; empty = none
@@ -176,6 +185,10 @@ void validate_train_options(const TrainOptions& options, const TrainChoices& cho
 
 // What --skip-bad-images and --resize ask of the image folder loader.
 data::ImageFolderOptions image_folder_options(const TrainOptions& options);
+// What the image flags ask of --dataset webdataset: each split's transform (Note [Streamed
+// images' transforms] in options.cpp), the evaluation shards, --skip-bad-images.
+// InvalidArgument when the flags leave the training images' size open.
+data::WebDatasetSplitsOptions webdataset_options(const TrainOptions& options);
 
 // Items of an epoch's order one optimizer step takes over all `world_size` ranks: the
 // global batch, or batch x grad_accum x world (Note [Resuming in another world]).

@@ -85,6 +85,18 @@ void log_end_of_training(const TrainOptions& o, const TrainResult& result) {
   }
 }
 
+// Note [Images left out of a batch] in data/dataloader.cpp: this rank's count, once, at the end.
+void report_images_left_out(const TrainingRun& run) {
+  for (const auto& [split, loader] : {std::pair{"training", run.train_loader}, {"evaluation", run.test_loader}}) {
+    if (!loader) continue;
+    const auto [count, first] = loader->images_left_out();
+    if (count == 0) continue;
+    spdlog::warn("--skip-bad-images: {} {} image(s) of rank {} did not decode and were left out of their batches, "
+                 "the first: {}",
+                 count, split, run.env().rank, first);
+  }
+}
+
 // --max-steps 0: the initial weights are evaluated, nothing is trained.
 void evaluate_initial_weights(TrainingRun& run) {
   spdlog::info("--max-steps 0: no training step");
@@ -359,6 +371,7 @@ int run_train_command(const TrainOptions& o) {
   if (const int sig = pending_stop_signal(); sig != 0) {
     spdlog::warn("received {} after the last step; the run finished anyway", stop_signal_name(sig));
   }
+  report_images_left_out(run);
   report_memory(run);
   save_final_weights(o, run, steps);
   leave_groups(run);

@@ -125,7 +125,7 @@ TEST_CASE("resolve_data_dir: synthetic needs no directory; unknown names are rej
   CHECK_THAT(error_of<InvalidArgument>([] { resolve_data_dir("synthetic", "/tmp", {}); }),
              Contains("drop --data-dir"));
   CHECK_THAT(error_of<InvalidArgument>([] { resolve_data_dir("imagenet", "", {}); }),
-             Contains("expected one of fashion-mnist, mnist, cifar10, cifar100, imagefolder, synthetic, found 'imagenet'"));
+             Contains("expected one of fashion-mnist, mnist, cifar10, cifar100, imagefolder, webdataset, synthetic, found 'imagenet'"));
 }
 
 TEST_CASE("resolve_data_dir: default roots find the project's data/ from the build tree",

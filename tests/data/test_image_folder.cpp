@@ -170,7 +170,7 @@ TEST_CASE("resize_bilinear: PIL's triangle filter, widened when shrinking, round
 TEST_CASE("--resize and --skip-bad-images belong to image folders") {
   const DataSource cifar{"cifar10", "/nowhere", "test"};
   CHECK_THAT(error_of<InvalidArgument>([&] { load_splits(cifar, {}, {.height = 8, .width = 8}); }),
-             Contains("--resize applies to --dataset imagefolder, not to cifar10"));
+             Contains("--resize applies to --dataset imagefolder or webdataset, not to cifar10"));
   CHECK_THAT(error_of<InvalidArgument>([&] { load_splits(cifar, {}, {.skip_bad_files = true}); }),
-             Contains("--skip-bad-images applies to --dataset imagefolder, not to cifar10"));
+             Contains("--skip-bad-images applies to --dataset imagefolder or webdataset, not to cifar10"));
 }

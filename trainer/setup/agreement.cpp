@@ -4,9 +4,18 @@
 
 namespace mtrain {
 
+// A streamed set's images are not read to fingerprint it: its labels and each image's
+// stored size stand in for them (a shard set copied whole keeps both).
 std::string dataset_fingerprint(const data::Dataset& d) {
   uint64_t h = fnv1a(d.labels().data(), d.labels().size() * sizeof(int64_t));
-  h = fnv1a(d.pixels().data(), d.pixels().size(), h);
+  if (d.in_memory()) {
+    h = fnv1a(d.pixels().data(), d.pixels().size(), h);
+  } else {
+    for (int64_t i = 0; i < d.size(); ++i) {
+      const uint64_t size = d.shards()->image(i).size;
+      h = fnv1a(&size, sizeof size, h);
+    }
+  }
   return fmt::format("{:016x}", h);
 }
 
@@ -56,6 +65,9 @@ RunConfiguration resume_configuration(const TrainOptions& o, int64_t train_size,
       {"--random-flip", o.random_flip ? "on" : "off"},
       {"--normalize", o.normalize.text},
       {"--resize", o.resize.text},
+      {"--random-resized-crop", o.random_resized_crop ? std::to_string(*o.random_resized_crop) : "unset"},
+      {"--center-crop", o.center_crop ? std::to_string(*o.center_crop) : "unset"},
+      {"--shuffle-buffer", std::to_string(o.shuffle_buffer)},
       {"--sync-bn", o.sync_bn ? "on" : "off"},
       {"--lr-scaling", o.lr_scaling.text},
       {"--warmup-epochs", fmt::format("{}", o.warmup_epochs)},

@@ -13,6 +13,7 @@
 #include "core/files.h"
 #include "data/data_source.h"
 #include "data/distributed_sampler.h"
+#include "data/shard_sampler.h"
 #include "data/sampler.h"
 #include "trainer/plot/chart.h"
 #include "models/init.h"
@@ -31,9 +32,11 @@ namespace mtrain {
 
 namespace {
 
-// Batch assembly (uint8 -> float through a table) is far cheaper than a training step,
-// so one worker keeps ahead of the loop without taking a core from the kernels.
+// Batch assembly from memory (uint8 -> float through a table) is far cheaper than a training
+// step, so one worker keeps ahead of the loop without taking a core from the kernels. A
+// streamed set decodes every image every epoch: several workers, each a batch ahead.
 constexpr int kLoaderWorkers = 1;
+constexpr int kStreamedLoaderWorkers = 4;
 constexpr int kPrefetchDepth = 2;
 
 // An output file must be writable before training starts, not after an hour of it: its
@@ -60,19 +63,21 @@ void check_output_file(const char* flag, const std::string& path) {
 
 // `pinned`: batches assembled in pinned host memory, so that their copies to a GPU
 // overlap the step before them (Note [Batches to the device] in loop/device_batches.cpp).
-std::shared_ptr<data::DataLoader> make_loader(std::shared_ptr<const data::Dataset> dataset,
+std::shared_ptr<data::DataLoader> make_loader(const TrainOptions& flags, std::shared_ptr<const data::Dataset> dataset,
                                               std::shared_ptr<data::Sampler> sampler, int64_t batch_size,
                                               bool pinned, const data::ChannelStats& normalization,
                                               const data::Augmentation& augment = {}) {
   data::DataLoaderOptions o;
+  o.skip_bad_images = flags.skip_bad_images;
+  o.num_workers = static_cast<int>(flags.loader_workers.value_or(dataset->in_memory() ? kLoaderWorkers
+                                                                                       : kStreamedLoaderWorkers));
+  o.prefetch_depth = std::max(kPrefetchDepth, o.num_workers + 1);
   o.mean = normalization.mean;
   o.std = normalization.std;
   o.augment = augment;
   o.pin_memory = pinned;
   o.batch_size = batch_size;
   o.drop_last = false;
-  o.num_workers = kLoaderWorkers;
-  o.prefetch_depth = kPrefetchDepth;
   return std::make_shared<data::DataLoader>(std::move(dataset), std::move(sampler), o);
 }
 
@@ -167,7 +172,9 @@ void load_data(const TrainOptions& o, TrainingRun& run) {
   spdlog::info("data: {}", source.description);
   data::SyntheticOptions synthetic;
   synthetic.seed = o.seed;
-  data::DatasetSplits splits = data::load_splits(source, synthetic, image_folder_options(o));
+  data::DatasetSplits splits =
+      data::load_splits(source, synthetic, image_folder_options(o),
+                        o.dataset == "webdataset" ? webdataset_options(o) : data::WebDatasetSplitsOptions{});
   for (const std::string& note : splits.notes) spdlog::warn("{}", note);
   run.train_set = std::make_shared<const data::Dataset>(std::move(splits.train));
   run.test_set = std::make_shared<const data::Dataset>(std::move(splits.test));
@@ -335,6 +342,12 @@ void make_optimizer(const TrainOptions& o, TrainingRun& run) {
 // changed, and the log line below then counts the epoch's steps in this world.
 void continue_in_another_world(const TrainOptions& o, TrainingRun& run, const TrainPosition& r) {
   const int world = run.env().world_size;
+  if (!run.train_set->in_memory() && !o.global_batch_size) {
+    throw InvalidArgument(fmt::format(
+        "checkpoint {} was written by {} rank(s); {} streams its shards, each rank reading its own, and an epoch "
+        "begun on {} rank(s) cannot yet continue on {}; resume it with {} rank(s), or train with --global-batch-size",
+        run.checkpointer->path(), r.world_size, run.train_set->name(), r.world_size, world, r.world_size));
+  }
   if (run.shard_sampler) {
     if (r.epoch_consumed < 0) {
       throw InvalidArgument(fmt::format(
@@ -436,6 +449,12 @@ void require_every_rank_a_share(const TrainOptions& o, const data::GlobalBatchSh
 data::ChannelStats normalization(const TrainOptions& o, const data::Dataset& train_set) {
   const Normalization& n = o.normalize.value;
   data::ChannelStats stats{n.mean, n.std};
+  if (n.automatic && !train_set.in_memory()) {
+    throw InvalidArgument(fmt::format("--normalize auto computes the mean and std from every training image, which {} "
+                                      "streams from its shards; give the values (ImageNet's: "
+                                      "--normalize 0.485,0.456,0.406:0.229,0.224,0.225)",
+                                      train_set.name()));
+  }
   if (n.automatic) {
     stats = data::channel_stats(train_set);
     spdlog::info("--normalize auto: {}'s per-channel mean {:.4f} and std {:.4f}", train_set.name(),
@@ -465,17 +484,21 @@ void make_loaders(const TrainOptions& o, TrainingRun& run) {
     if (const auto shares = initial_shares(o, world)) sampler->set_shares(0, *shares);
     if (o.sync_bn && run.groups) require_every_rank_a_share(o, *sampler, world);
     run.global_batch_sampler = sampler;
-    run.train_loader = make_loader(run.train_set, sampler, *o.global_batch_size, pinned, norm, augment);
+    run.train_loader = make_loader(o, run.train_set, sampler, *o.global_batch_size, pinned, norm, augment);
+  } else if (const data::ShardedImages* shards = run.train_set->shards()) {
+    data::ShardSamplerOptions so{.shuffle = o.shuffle, .seed = o.seed, .drop_last = o.drop_last, .buffer = o.shuffle_buffer};
+    auto sampler = std::make_shared<data::ShardSampler>(shards->shard_starts(), rank, world, so);
+    run.train_loader = make_loader(o, run.train_set, sampler, o.batch_size, pinned, norm, augment);
   } else {
     auto sampler =
         std::make_shared<data::DistributedSampler>(train_size, rank, world, o.shuffle, o.seed, o.drop_last, permutation);
     run.shard_sampler = sampler;
-    run.train_loader = make_loader(run.train_set, sampler, o.batch_size, pinned, norm, augment);
+    run.train_loader = make_loader(o, run.train_set, sampler, o.batch_size, pinned, norm, augment);
   }
   if (o.eval) {
     // Per rank, the largest training share (a global batch's first chunk), not G itself.
     const int64_t eval_batch = o.global_batch_size ? (*o.global_batch_size + world - 1) / world : o.batch_size;
-    run.test_loader = make_loader(run.test_set,
+    run.test_loader = make_loader(o, run.test_set,
                                   std::make_shared<data::EvalShardSampler>(run.test_set->size(), rank, world),
                                   eval_batch, pinned, norm);
   }

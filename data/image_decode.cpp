@@ -1,0 +1,372 @@
+#include "data/image_decode.h"
+
+#include <fmt/format.h>
+#include <png.h>
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <cmath>
+#include <csetjmp>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <memory>
+
+#include "core/error.h"
+#include "data/random.h"
+
+namespace mtrain::data {
+namespace {
+
+// Note [PNGs through libpng's full API]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// libpng's simplified API would be shorter, but it corrects a file's gAMA chunk towards
+// sRGB and composites alpha onto a background; PIL does neither (convert("RGB") drops
+// alpha, gamma is ignored), and torchvision trains on PIL's bytes. So the full API, with
+// only the transforms that give PIL's bytes: palette and low bit depths expanded,
+// transparency and alpha dropped, 16 bits cut to their high byte. libpng reports errors
+// by longjmp; the two functions that call into it hold only trivially destructible
+// locals, and everything else is allocated outside them.
+struct PngDecoder {
+  png_structp png = nullptr;
+  png_infop info = nullptr;
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  size_t at = 0;
+  char message[256] = "";
+  PngDecoder(const uint8_t* bytes, size_t n) : data(bytes), size(n) {}
+  PngDecoder(const PngDecoder&) = delete;
+  PngDecoder& operator=(const PngDecoder&) = delete;
+  ~PngDecoder() {
+    if (png != nullptr) png_destroy_read_struct(&png, info != nullptr ? &info : nullptr, nullptr);
+  }
+};
+
+void png_fail(png_structp png, png_const_charp message) {
+  auto* d = static_cast<PngDecoder*>(png_get_error_ptr(png));
+  std::snprintf(d->message, sizeof d->message, "%s", message);
+  png_longjmp(png, 1);
+}
+
+void png_ignore_warning(png_structp, png_const_charp) {}
+
+void png_read_memory(png_structp png, png_bytep out, size_t n) {
+  auto* d = static_cast<PngDecoder*>(png_get_io_ptr(png));
+  if (n > d->size - d->at) png_error(png, "the file ends early");
+  std::memcpy(out, d->data + d->at, n);
+  d->at += n;
+}
+
+// The header, and the transforms to PIL's bytes; false with d->message on an error.
+bool png_read_header(PngDecoder* d, png_uint_32* width, png_uint_32* height, int* channels) {
+  if (setjmp(png_jmpbuf(d->png))) return false;
+  png_set_read_fn(d->png, d, png_read_memory);
+  png_read_info(d->png, d->info);
+  png_set_expand(d->png);
+  png_set_strip_16(d->png);
+  png_set_strip_alpha(d->png);
+  png_set_interlace_handling(d->png);
+  png_read_update_info(d->png, d->info);
+  *width = png_get_image_width(d->png, d->info);
+  *height = png_get_image_height(d->png, d->info);
+  *channels = png_get_channels(d->png, d->info);
+  return true;
+}
+
+bool png_read_rows(PngDecoder* d, png_bytepp rows) {
+  if (setjmp(png_jmpbuf(d->png))) return false;
+  png_read_image(d->png, rows);
+  return true;
+}
+
+DecodedImage decode_png(const std::string& name, const uint8_t* bytes, size_t size) {
+  PngDecoder d(bytes, size);
+  const auto fail = [&] { return IoError(fmt::format("{}: not a readable PNG: {}", name, d.message)); };
+  d.png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &d, png_fail, png_ignore_warning);
+  if (d.png != nullptr) d.info = png_create_info_struct(d.png);
+  if (d.info == nullptr) throw IoError(fmt::format("{}: libpng could not start a decoder", name));
+  png_uint_32 width = 0, height = 0;
+  int channels = 0;
+  if (!png_read_header(&d, &width, &height, &channels)) throw fail();
+  if (channels != 1 && channels != 3) {
+    throw IoError(fmt::format("{}: expected gray or RGB after dropping alpha, found {} channels", name, channels));
+  }
+  constexpr uint64_t kMaxBytes = uint64_t{1} << 30;
+  if (uint64_t{width} * height * static_cast<uint64_t>(channels) > kMaxBytes) {
+    throw IoError(fmt::format("{}: {}x{} pixels, more than 1 GiB decoded", name, height, width));
+  }
+  DecodedImage out{height, width, channels,
+                   std::vector<uint8_t>(static_cast<size_t>(width) * height * static_cast<size_t>(channels))};
+  std::vector<png_bytep> rows(height);
+  for (png_uint_32 y = 0; y < height; ++y) rows[y] = out.pixels.data() + static_cast<size_t>(y) * width * channels;
+  if (!png_read_rows(&d, rows.data())) throw fail();
+  return out;
+}
+
+DecodedImage decode_jpeg(const std::string& name, const uint8_t* bytes, size_t size) {
+  std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitDecompress(), tjDestroy);
+  if (!handle) throw IoError(fmt::format("{}: libjpeg-turbo could not start a decoder", name));
+  int width = 0, height = 0, subsampling = 0, colourspace = 0;
+  auto* data = const_cast<unsigned char*>(bytes);
+  if (tjDecompressHeader3(handle.get(), data, size, &width, &height, &subsampling, &colourspace) != 0) {
+    throw IoError(fmt::format("{}: not a readable JPEG: {}", name, tjGetErrorStr2(handle.get())));
+  }
+  const bool gray = colourspace == TJCS_GRAY;
+  DecodedImage out{height, width, gray ? 1 : 3,
+                   std::vector<uint8_t>(static_cast<size_t>(width) * static_cast<size_t>(height) * (gray ? 1 : 3))};
+  if (tjDecompress2(handle.get(), data, size, out.pixels.data(), width, 0, height, gray ? TJPF_GRAY : TJPF_RGB, 0) != 0 &&
+      tjGetErrorCode(handle.get()) == TJERR_FATAL) {
+    throw IoError(fmt::format("{}: not a readable JPEG: {}", name, tjGetErrorStr2(handle.get())));
+  }
+  return out;
+}
+
+// Note [Resizing as PIL does]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// torchvision's ImageFolder hands Resize a PIL image, so the bytes a PyTorch user trains
+// on are PIL's resample (Pillow's Resample.c): for each output pixel, a triangle filter
+// centred at (x + 0.5) * scale, its support widened to `scale` when shrinking, weights
+// normalised to sum 1 and then rounded to 22-bit fixed point; the sum rounds half up and
+// clamps to 0..255. The width is resampled first, the rows rounded to bytes, then the
+// height; a side that keeps its size is not resampled. Doing the same arithmetic gives
+// PIL's bytes exactly (tests/data/test_image_folder_pil.cpp checks it against Pillow).
+constexpr int kResampleBits = 22;
+
+struct ResampleTaps {
+  int64_t size = 0;               // taps per output pixel (the widest window)
+  std::vector<int64_t> first;     // per output pixel: its first input pixel
+  std::vector<int64_t> count;     // per output pixel: how many input pixels it reads
+  std::vector<int32_t> weights;   // per output pixel: `size` fixed-point weights
+};
+
+ResampleTaps bilinear_taps(int64_t in_size, int64_t out_size) {
+  const double scale = static_cast<double>(in_size) / static_cast<double>(out_size);
+  const double filter_scale = std::max(scale, 1.0);
+  const double support = filter_scale;  // the triangle's support is 1
+  ResampleTaps taps;
+  taps.size = static_cast<int64_t>(std::ceil(support)) * 2 + 1;
+  taps.first.resize(static_cast<size_t>(out_size));
+  taps.count.resize(static_cast<size_t>(out_size));
+  taps.weights.assign(static_cast<size_t>(out_size * taps.size), 0);
+  std::vector<double> w(static_cast<size_t>(taps.size));
+  for (int64_t o = 0; o < out_size; ++o) {
+    const double centre = (static_cast<double>(o) + 0.5) * scale;
+    const auto lo = std::max<int64_t>(static_cast<int64_t>(centre - support + 0.5), 0);
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(centre + support + 0.5), in_size) - lo;
+    double total = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = std::abs((static_cast<double>(i + lo) - centre + 0.5) / filter_scale);
+      w[static_cast<size_t>(i)] = x < 1.0 ? 1.0 - x : 0.0;
+      total += w[static_cast<size_t>(i)];
+    }
+    taps.first[static_cast<size_t>(o)] = lo;
+    taps.count[static_cast<size_t>(o)] = n;
+    for (int64_t i = 0; i < n; ++i) {
+      const double normalised = total != 0.0 ? w[static_cast<size_t>(i)] / total : w[static_cast<size_t>(i)];
+      taps.weights[static_cast<size_t>(o * taps.size + i)] =
+          static_cast<int32_t>(normalised * (1 << kResampleBits) + 0.5);  // weights are >= 0
+    }
+  }
+  return taps;
+}
+
+uint8_t resampled_byte(int32_t sum) {
+  if (sum <= 0) return 0;
+  if (sum >= (255 << kResampleBits)) return 255;
+  return static_cast<uint8_t>(sum >> kResampleBits);
+}
+
+// One pass along the pixels `step` apart (step = channels: along a row; row length x
+// channels: down a column); `lines` lines of `in_size` pixels, `line_step` apart.
+void resample(const uint8_t* in, uint8_t* out, const ResampleTaps& taps, int64_t lines, int64_t in_line_step,
+              int64_t out_line_step, int64_t in_step, int64_t out_step, int64_t channels, int64_t out_size) {
+  for (int64_t line = 0; line < lines; ++line) {
+    const uint8_t* src = in + line * in_line_step;
+    uint8_t* dst = out + line * out_line_step;
+    for (int64_t o = 0; o < out_size; ++o) {
+      const int32_t* k = taps.weights.data() + o * taps.size;
+      const int64_t lo = taps.first[static_cast<size_t>(o)];
+      const int64_t n = taps.count[static_cast<size_t>(o)];
+      for (int64_t c = 0; c < channels; ++c) {
+        int32_t sum = 1 << (kResampleBits - 1);
+        for (int64_t i = 0; i < n; ++i) sum += src[(lo + i) * in_step + c] * k[i];
+        dst[o * out_step + c] = resampled_byte(sum);
+      }
+    }
+  }
+}
+
+
+// The draws of one image, uniform in [lo, hi).
+double uniform(Rng& rng, double lo, double hi) { return lo + (hi - lo) * rng.uniform01(); }
+
+// Python's round(): halves to even, as torchvision's sizes are computed.
+int64_t round_half_even(double x) { return static_cast<int64_t>(std::nearbyint(x)); }
+
+}  // namespace
+
+DecodedImage resize_bilinear(DecodedImage image, int64_t height, int64_t width) {
+  if (height < 1 || width < 1) {
+    throw InvalidArgument(fmt::format("resize_bilinear: expected a size of at least 1x1, found {}x{}", height, width));
+  }
+  DecodedImage current = std::move(image);
+  const int64_t c = current.channels;
+  if (width != current.width) {
+    DecodedImage wide{current.height, width, c, std::vector<uint8_t>(static_cast<size_t>(current.height * width * c))};
+    resample(current.pixels.data(), wide.pixels.data(), bilinear_taps(current.width, width), current.height,
+             current.width * c, width * c, c, c, c, width);
+    current = std::move(wide);
+  }
+  if (height != current.height) {
+    DecodedImage tall{height, width, c, std::vector<uint8_t>(static_cast<size_t>(height * width * c))};
+    // Down the columns: a "line" is one column of one channel-interleaved pixel.
+    resample(current.pixels.data(), tall.pixels.data(), bilinear_taps(current.height, height), width, c, c,
+             width * c, width * c, c, height);
+    current = std::move(tall);
+  }
+  return current;
+}
+
+DecodedImage decode_image(const std::string& name, const uint8_t* bytes, size_t size) {
+  static const uint8_t kPng[] = {0x89, 'P', 'N', 'G'};
+  if (size >= 4 && std::equal(kPng, kPng + 4, bytes)) return decode_png(name, bytes, size);
+  if (size >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF) return decode_jpeg(name, bytes, size);
+  throw IoError(fmt::format("{}: expected a PNG or a JPEG image, found {} bytes of something else", name, size));
+}
+
+DecodedImage decode_image(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(fmt::format("{}: cannot open it for reading", path.string()));
+  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return decode_image(path.string(), bytes.data(), bytes.size());
+}
+
+DecodedImage crop(const DecodedImage& image, int64_t top, int64_t left, int64_t height, int64_t width) {
+  if (top < 0 || left < 0 || height < 1 || width < 1 || top + height > image.height || left + width > image.width) {
+    throw InvalidArgument(fmt::format("crop: expected a box inside the {}x{} image, found {}x{} at ({}, {})",
+                                      image.height, image.width, height, width, top, left));
+  }
+  const int64_t c = image.channels;
+  DecodedImage out{height, width, c, std::vector<uint8_t>(static_cast<size_t>(height * width * c))};
+  for (int64_t y = 0; y < height; ++y) {
+    const uint8_t* from = image.pixels.data() + ((top + y) * image.width + left) * c;
+    std::copy(from, from + width * c, out.pixels.data() + y * width * c);
+  }
+  return out;
+}
+
+// Note [Random resized crops]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// torchvision's RandomResizedCrop.get_params, step for step: up to ten tries of a target
+// area uniform in [0.08, 1] of the image's and an aspect exp(uniform(log 3/4, log 4/3)),
+// the box's sides round(sqrt(area * aspect)) and round(sqrt(area / aspect)), kept when it
+// fits, at a uniform position; else the whole image cut to the nearest allowed aspect,
+// centred. Its draws come from torch's global generator, which advances with every image
+// a worker transforms; here they come from (seed, epoch, index) as the loader's other
+// draws do (Note [Augmentation draws] in dataloader.cpp), so the boxes are the same for
+// any number of workers or ranks and a resumed run draws what the whole run drew.
+CropBox random_resized_crop_box(uint64_t seed, int64_t epoch, int64_t index, int64_t image_height,
+                                int64_t image_width) {
+  Rng rng(mix64(mix64(mix64(seed ^ 0x5252435250ull) ^ static_cast<uint64_t>(epoch)) ^ static_cast<uint64_t>(index)));
+  const double area = static_cast<double>(image_height * image_width);
+  const double log_lo = std::log(3.0 / 4.0), log_hi = std::log(4.0 / 3.0);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * uniform(rng, 0.08, 1.0);
+    const double aspect = std::exp(uniform(rng, log_lo, log_hi));
+    const int64_t w = round_half_even(std::sqrt(target * aspect));
+    const int64_t h = round_half_even(std::sqrt(target / aspect));
+    if (w > 0 && w <= image_width && h > 0 && h <= image_height) {
+      const int64_t top = static_cast<int64_t>(rng.uniform_below(static_cast<uint64_t>(image_height - h + 1)));
+      const int64_t left = static_cast<int64_t>(rng.uniform_below(static_cast<uint64_t>(image_width - w + 1)));
+      return {top, left, h, w};
+    }
+  }
+  const double in_ratio = static_cast<double>(image_width) / static_cast<double>(image_height);
+  int64_t w = image_width, h = image_height;
+  if (in_ratio < 3.0 / 4.0) {
+    h = round_half_even(static_cast<double>(w) / (3.0 / 4.0));
+  } else if (in_ratio > 4.0 / 3.0) {
+    w = round_half_even(static_cast<double>(h) * (4.0 / 3.0));
+  }
+  return {(image_height - h) / 2, (image_width - w) / 2, h, w};
+}
+
+std::pair<int64_t, int64_t> shorter_side_size(int64_t height, int64_t width, int64_t shorter) {
+  if (height <= width) {
+    return {shorter, static_cast<int64_t>(static_cast<double>(shorter) * static_cast<double>(width) /
+                                          static_cast<double>(height))};
+  }
+  return {static_cast<int64_t>(static_cast<double>(shorter) * static_cast<double>(height) / static_cast<double>(width)),
+          shorter};
+}
+
+namespace {
+
+// torchvision's CenterCrop: the box's corner at round((H - h) / 2), round((W - w) / 2);
+// an image smaller than the box is first padded with zeros on every side, as torchvision pads.
+DecodedImage center_crop(DecodedImage image, int64_t height, int64_t width) {
+  if (image.height < height || image.width < width) {
+    const int64_t ph = std::max<int64_t>(height, image.height), pw = std::max<int64_t>(width, image.width);
+    const int64_t top = (ph - image.height) / 2, left = (pw - image.width) / 2, c = image.channels;
+    DecodedImage padded{ph, pw, c, std::vector<uint8_t>(static_cast<size_t>(ph * pw * c), 0)};
+    for (int64_t y = 0; y < image.height; ++y) {
+      std::copy_n(image.pixels.data() + y * image.width * c, image.width * c,
+                  padded.pixels.data() + ((top + y) * pw + left) * c);
+    }
+    image = std::move(padded);
+  }
+  const int64_t top = round_half_even(static_cast<double>(image.height - height) / 2.0);
+  const int64_t left = round_half_even(static_cast<double>(image.width - width) / 2.0);
+  return crop(image, top, left, height, width);
+}
+
+DecodedImage apply(DecodedImage image, const ImageTransform& t, int64_t epoch, int64_t index) {
+  switch (t.kind) {
+    case ImageTransform::Kind::kResize:
+      if (image.height == t.height && image.width == t.width) return image;
+      return resize_bilinear(std::move(image), t.height, t.width);
+    case ImageTransform::Kind::kCenterCrop: {
+      const auto [h, w] = shorter_side_size(image.height, image.width, t.shorter_side);
+      if (h != image.height || w != image.width) image = resize_bilinear(std::move(image), h, w);
+      return center_crop(std::move(image), t.height, t.width);
+    }
+    case ImageTransform::Kind::kRandomResizedCrop: {
+      const CropBox b = random_resized_crop_box(t.seed, epoch, index, image.height, image.width);
+      return resize_bilinear(crop(image, b.top, b.left, b.height, b.width), t.height, t.width);
+    }
+  }
+  throw InternalError("ImageTransform: unknown kind");
+}
+
+}  // namespace
+
+std::string ImageTransform::describe() const {
+  const std::string size = height == width ? std::to_string(height) : fmt::format("({}, {})", height, width);
+  switch (kind) {
+    case Kind::kResize: return fmt::format("Resize({})", height == width ? fmt::format("({0}, {0})", height) : size);
+    case Kind::kCenterCrop: return fmt::format("Resize({}), CenterCrop({})", shorter_side, size);
+    case Kind::kRandomResizedCrop: return fmt::format("RandomResizedCrop({})", size);
+  }
+  return "?";
+}
+
+void transform_to_chw(DecodedImage image, const ImageTransform& transform, int64_t epoch, int64_t index,
+                      int64_t channels, uint8_t* out) {
+  const DecodedImage d = apply(std::move(image), transform, epoch, index);
+  const int64_t plane = d.height * d.width;
+  if (channels == 1 && d.channels == 3) {
+    // PIL's convert("L"): ITU-R 601-2 luma in 16-bit fixed point.
+    for (int64_t p = 0; p < plane; ++p) {
+      const uint8_t* rgb = d.pixels.data() + p * 3;
+      out[p] = static_cast<uint8_t>((rgb[0] * 19595 + rgb[1] * 38470 + rgb[2] * 7471 + 0x8000) >> 16);
+    }
+    return;
+  }
+  for (int64_t c = 0; c < channels; ++c) {
+    const int64_t from = d.channels == 1 ? 0 : c;
+    for (int64_t p = 0; p < plane; ++p) out[c * plane + p] = d.pixels[static_cast<size_t>(p * d.channels + from)];
+  }
+}
+
+}  // namespace mtrain::data

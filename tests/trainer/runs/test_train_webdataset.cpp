@@ -1,0 +1,172 @@
+// End to end over WebDataset shards: an image folder of JPEGs and PNGs of mixed sizes packed
+// by mtrain-pack, then trained by 2 ranks through mtrain-launch, each reading its own
+// shards; a run stopped and resumed in the same world ends with the uninterrupted run's
+// weights; and what a user can get wrong gets its message.
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "data/tar.h"
+#include "tests/data/image_files.h"
+#include "tests/trainer/e2e_paths.h"
+#include "tests/trainer/metrics_events.h"
+#include "tests/trainer/run_process.h"
+#include "tests/trainer/temp_dir.h"
+#include "tests/trainer/weights_compare.h"
+
+using Catch::Matchers::Contains;
+using mtrain::testing::concat;
+using mtrain::testing::ProcessResult;
+using mtrain::testing::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kPack = mtrain::testing::bin_dir() + "/mtrain-pack";
+
+// Three classes told apart by colour, each image its own size (12 to 40 pixels a side),
+// every third a PNG: 24 training and 8 evaluation images a class.
+void write_photos(const fs::path& root) {
+  const uint8_t colours[3][3] = {{210, 50, 40}, {40, 190, 60}, {50, 60, 220}};
+  int n = 0;
+  for (const auto& [split, count] : {std::pair{"train", 24}, {"val", 8}}) {
+    for (int c = 0; c < 3; ++c) {
+      const fs::path dir = root / split / fmt::format("class{}", c);
+      fs::create_directories(dir);
+      for (int i = 0; i < count; ++i, ++n) {
+        const int64_t h = 12 + (n * 7) % 29, w = 12 + (n * 11) % 29;
+        std::vector<uint8_t> pixels;
+        for (int64_t p = 0; p < h * w; ++p) {
+          for (int k = 0; k < 3; ++k) pixels.push_back(static_cast<uint8_t>(colours[c][k] + (p * 13 + k * 7) % 31 - 15));
+        }
+        if (i % 3 == 0) {
+          mtrain::testing::write_png(dir / fmt::format("{}.png", i), h, w, 3, pixels);
+        } else {
+          mtrain::testing::write_jpeg(dir / fmt::format("{}.jpg", i), h, w, 3, pixels, 90);
+        }
+      }
+    }
+  }
+}
+
+void require_success(const ProcessResult& r) {
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(r.exit_code == 0);
+}
+
+// Packed once for the whole binary: 72 training samples in 6 shards of 12, 24 to evaluate.
+const fs::path& shards() {
+  static TempDir dir;
+  static const fs::path packed = [] {
+    write_photos(dir.path() / "photos");
+    require_success(mtrain::testing::run_process(
+        kPack, {"--from", dir.file("photos"), "--to", dir.file("shards"), "--shard-size", "12"}));
+    return dir.path() / "shards";
+  }();
+  return packed;
+}
+
+std::vector<std::string> base() {
+  return {"--model", "simplecnn", "--dataset", "webdataset", "--data-dir", shards().string(), "--random-resized-crop",
+          "16", "--random-flip", "--batch-size", "8", "--lr", "0.05", "--threads", "1", "--loader-workers", "2"};
+}
+
+ProcessResult launch(int nproc, const std::vector<std::string>& args) {
+  return mtrain::testing::run_process(mtrain::testing::kLauncher,
+                                      concat({fmt::format("--nproc_per_node={}", nproc), "train"}, args));
+}
+
+}  // namespace
+
+TEST_CASE("2 ranks learn from packed shards, each reading its own", "[e2e]") {
+  TempDir dir;
+  const std::string metrics = dir.file("m.jsonl");
+  const ProcessResult r = launch(2, concat(base(), {"--epochs", "4", "--metrics", metrics}));
+  require_success(r);
+  CHECK_THAT(r.out, Contains("train set: webdataset/train: 72 images 3x16x16, 3 classes (6 WebDataset shard(s)"));
+  CHECK_THAT(r.out, Contains("test set: webdataset/val: 24 images 3x16x16"));
+  CHECK_THAT(r.out, Contains("rank 0 of 2 reads its own shards (3 of 6 this epoch) through a shuffle buffer of 1000"));
+  const auto epochs = mtrain::testing::read_events(metrics, "epoch");
+  REQUIRE(epochs.size() == 4);
+  CHECK(epochs.back()["images"] == 72);  // 36 a rank: the shards split evenly
+  INFO("test accuracy " << epochs.back()["test_acc"]);
+  CHECK(epochs.back()["test_acc"].get<double>() >= 0.9);
+}
+
+TEST_CASE("a run stopped mid-epoch and resumed in its world ends with the uninterrupted run's weights", "[e2e]") {
+  TempDir dir;
+  const auto args = concat(base(), {"--epochs", "2", "--checkpoint-dir", dir.file("ckpt")});
+  require_success(launch(2, concat(base(), {"--epochs", "2", "--save-final", dir.file("whole.safetensors")})));
+  require_success(launch(2, concat(args, {"--max-steps", "3"})));  // epoch 1 has 5 steps
+  const ProcessResult resumed = launch(2, concat(args, {"--save-final", dir.file("resumed.safetensors")}));
+  require_success(resumed);
+  CHECK_THAT(resumed.out, Contains("epoch 1 stopped by --max-steps after 3 of its 5 steps"));
+  const auto d = mtrain::testing::compare_weights(dir.file("whole.safetensors"), dir.file("resumed.safetensors"));
+  INFO(d.describe());
+  CHECK(d.identical());
+
+  // Another world: refused by name until an epoch of shards can be re-dealt.
+  const ProcessResult other = launch(1, concat(args, {"--epochs", "3"}));
+  CHECK(other.exit_code != 0);
+  CHECK_THAT(other.err, Contains("streams its shards") && Contains("resume it with 2 rank(s)"));
+}
+
+TEST_CASE("webdataset: what a user can get wrong is named", "[e2e]") {
+  TempDir dir;
+  const auto train = [](const std::vector<std::string>& args) {
+    return mtrain::testing::run_process(mtrain::testing::kTrainer, concat(args, {"--threads", "1", "--max-steps", "1"}));
+  };
+  const std::vector<std::string> plain = {"--model", "simplecnn", "--dataset", "webdataset", "--data-dir",
+                                          shards().string()};
+  const auto fails_with = [&](const std::vector<std::string>& args, const std::string& message) {
+    const ProcessResult r = train(args);
+    INFO("stderr:\n" << r.err);
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.err, Contains(message));
+  };
+  fails_with(plain, "its images come in any size; give the training images' transform");
+  fails_with(concat(plain, {"--random-resized-crop", "16", "--normalize", "auto"}), "--normalize auto computes");
+  fails_with(concat(plain, {"--center-crop", "16", "--resize", "20x20"}), "give --resize as one number");
+  fails_with({"--model", "simplecnn", "--dataset", "webdataset", "--data-dir",
+              (shards() / "train" / "train-{000000..000009}.tar").string(), "--resize", "16"},
+             "4 of its 10 shard(s) are missing");
+  fails_with({"--model", "simplecnn", "--dataset", "webdataset", "--data-dir", (shards() / "train").string(), "--resize",
+              "16"},
+             "give --val-data, or --no-eval");
+  fails_with({"--model", "simplecnn", "--random-resized-crop", "16"}, "--random-resized-crop applies to --dataset webdataset");
+
+  // An image that does not decode, found when its batch is assembled: named, or left out.
+  const fs::path broken = dir.path() / "broken";
+  fs::create_directories(broken / "train");
+  fs::create_directories(broken / "val");
+  for (const char* split : {"train", "val"}) {
+    mtrain::data::TarWriter tar(broken / split / "s-0.tar");
+    for (int i = 0; i < 6; ++i) {
+      std::vector<uint8_t> image;
+      if (i == 3) {
+        image.assign({0xFF, 0xD8, 0xFF, 0xE0, 1, 2, 3});  // a JPEG's first bytes, then nothing
+      } else {
+        const std::string png = dir.file("p.png");
+        mtrain::testing::write_png(png, 9, 9, 3, std::vector<uint8_t>(243, static_cast<uint8_t>(40 * i)));
+        std::ifstream in(png, std::ios::binary);
+        image.assign(std::istreambuf_iterator<char>(in), {});
+      }
+      tar.add(fmt::format("{:03}.jpg", i), image);
+      const std::string label = std::to_string(i % 2);
+      tar.add(fmt::format("{:03}.cls", i), std::vector<uint8_t>(label.begin(), label.end()));
+    }
+    tar.finish();
+  }
+  const std::vector<std::string> on_broken = {"--model", "simplecnn", "--dataset", "webdataset", "--data-dir",
+                                              broken.string(), "--resize", "8", "--batch-size", "6", "--no-shuffle"};
+  fails_with(on_broken, "s-0.tar: 003.jpg: not a readable JPEG");
+  const ProcessResult skipped = train(concat(on_broken, {"--skip-bad-images"}));
+  INFO("stderr:\n" << skipped.err);
+  CHECK(skipped.exit_code == 0);
+  CHECK_THAT(skipped.out + skipped.err, Contains("training image(s) of rank 0 did not decode and were left out") &&
+                                            Contains("s-0.tar: 003.jpg"));
+}
