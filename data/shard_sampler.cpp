@@ -46,56 +46,68 @@ ShardSampler::ShardSampler(std::vector<int64_t> shard_starts, int rank, int worl
 //   the most, repeating its own first samples (DistributedSampler pads the same way), or,
 //   with drop_last, as many as the rank with the fewest, leaving its last ones out. Either
 //   costs at most one shard's samples per rank an epoch, and a different shard each epoch.
-std::vector<std::vector<int64_t>> ShardSampler::assignment() const {
+ShardSampler::Deal ShardSampler::deal(int world, const std::vector<uint8_t>* taken) const {
   const auto shards = static_cast<int64_t>(starts_.size()) - 1;
-  std::vector<int64_t> order(static_cast<size_t>(shards));
+  std::vector<int64_t> shard_order(static_cast<size_t>(shards));
   if (options_.shuffle) {
-    order = random_permutation(shards, options_.seed + static_cast<uint64_t>(epoch()));
+    shard_order = random_permutation(shards, options_.seed + static_cast<uint64_t>(epoch()));
   } else {
-    for (int64_t k = 0; k < shards; ++k) order[static_cast<size_t>(k)] = k;
+    for (int64_t k = 0; k < shards; ++k) shard_order[static_cast<size_t>(k)] = k;
   }
-  std::vector<std::vector<int64_t>> ranks(static_cast<size_t>(world_size_));
-  std::vector<int64_t> load(static_cast<size_t>(world_size_), 0);
-  for (const int64_t k : order) {
-    if (shard_size(k) == 0) continue;
-    const auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    ranks[r].push_back(k);
-    load[r] += shard_size(k);
+  Deal d{std::vector<std::vector<int64_t>>(static_cast<size_t>(world)), std::vector<int64_t>(static_cast<size_t>(world), 0)};
+  for (const int64_t k : shard_order) {
+    int64_t left = shard_size(k);
+    if (taken != nullptr) {
+      for (int64_t i = starts_[static_cast<size_t>(k)]; i < starts_[static_cast<size_t>(k) + 1]; ++i) left -= (*taken)[static_cast<size_t>(i)];
+    }
+    if (left == 0) continue;
+    const auto r = static_cast<size_t>(std::min_element(d.loads.begin(), d.loads.end()) - d.loads.begin());
+    d.shards[r].push_back(k);
+    d.loads[r] += left;
   }
-  return ranks;
+  return d;
+}
+
+std::vector<std::vector<int64_t>> ShardSampler::assignment() const { return deal(world_size_, taken_now()).shards; }
+
+const std::vector<uint8_t>* ShardSampler::taken_now() const {
+  return epoch() == resumed_epoch_ ? &taken_ : nullptr;
 }
 
 int64_t ShardSampler::size() const {
-  std::vector<int64_t> load;
-  for (const std::vector<int64_t>& shards : assignment()) {
-    int64_t n = 0;
-    for (const int64_t k : shards) n += shard_size(k);
-    load.push_back(n);
-  }
-  return options_.drop_last ? *std::min_element(load.begin(), load.end()) : *std::max_element(load.begin(), load.end());
+  const std::vector<int64_t> loads = deal(world_size_, taken_now()).loads;
+  return options_.drop_last ? *std::min_element(loads.begin(), loads.end()) : *std::max_element(loads.begin(), loads.end());
 }
 
-std::vector<int64_t> ShardSampler::indices() const {
-  const std::vector<int64_t> mine = assignment()[static_cast<size_t>(rank_)];
-  const int64_t wanted = size();
+std::vector<int64_t> ShardSampler::order(int world, int rank, uint64_t round, const std::vector<uint8_t>* taken) const {
+  const Deal d = deal(world, taken);
+  const int64_t wanted = options_.drop_last ? *std::min_element(d.loads.begin(), d.loads.end())
+                                            : *std::max_element(d.loads.begin(), d.loads.end());
+  // The samples a list of shards has left, front to back.
+  const auto stream = [&](const std::vector<int64_t>& shards, auto&& visit) {
+    for (const int64_t k : shards) {
+      for (int64_t i = starts_[static_cast<size_t>(k)]; i < starts_[static_cast<size_t>(k) + 1]; ++i) {
+        if (taken == nullptr || (*taken)[static_cast<size_t>(i)] == 0) visit(i);
+      }
+    }
+  };
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(wanted));
   Rng rng(mix64(mix64(mix64(options_.seed ^ 0x53484152445Full) ^ static_cast<uint64_t>(epoch())) ^
-                static_cast<uint64_t>(rank_)));
+                static_cast<uint64_t>(rank)) ^
+          round);
   std::vector<int64_t> buffer;
-  for (const int64_t k : mine) {
-    for (int64_t i = starts_[static_cast<size_t>(k)]; i < starts_[static_cast<size_t>(k) + 1]; ++i) {
-      if (!options_.shuffle) {
-        out.push_back(i);
-      } else if (static_cast<int64_t>(buffer.size()) < options_.buffer) {
-        buffer.push_back(i);
-      } else {
-        int64_t& slot = buffer[rng.uniform_below(buffer.size())];
-        out.push_back(slot);
-        slot = i;
-      }
+  stream(d.shards[static_cast<size_t>(rank)], [&](int64_t i) {
+    if (!options_.shuffle) {
+      out.push_back(i);
+    } else if (static_cast<int64_t>(buffer.size()) < options_.buffer) {
+      buffer.push_back(i);
+    } else {
+      int64_t& slot = buffer[rng.uniform_below(buffer.size())];
+      out.push_back(slot);
+      slot = i;
     }
-  }
+  });
   while (!buffer.empty()) {
     const size_t slot = rng.uniform_below(buffer.size());
     out.push_back(buffer[slot]);
@@ -103,11 +115,57 @@ std::vector<int64_t> ShardSampler::indices() const {
     buffer.pop_back();
   }
   if (static_cast<int64_t>(out.size()) > wanted) out.resize(static_cast<size_t>(wanted));
+  // A rank the deal left without a shard (an epoch's rest in fewer shards than ranks) pads
+  // from every rank's samples instead.
+  if (out.empty() && wanted > 0) {
+    for (const std::vector<int64_t>& shards : d.shards) stream(shards, [&](int64_t i) { out.push_back(i); });
+  }
   for (size_t i = 0; static_cast<int64_t>(out.size()) < wanted; ++i) {
     const int64_t repeated = out[i];
     out.push_back(repeated);
   }
+  out.resize(static_cast<size_t>(wanted));
   return out;
+}
+
+std::vector<int64_t> ShardSampler::indices() const {
+  return order(world_size_, rank_, epoch() == resumed_epoch_ ? earlier_.size() : 0, taken_now());
+}
+
+// Note [An epoch of shards in several worlds]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// DistributedSampler's ranks interleave one order of the whole epoch, so what a world took is
+// a prefix of it whatever the world, and a count says where the rest begins. Here each world
+// deals the shards out anew, so what it took depends on its size: the first `consumed / W`
+// items of each of its W ranks' orders. A resumed epoch replays its earlier worlds, oldest
+// first, each dealing what the ones before it left (the k-th with its buffer's draws keyed by
+// k), marks what each took, and deals the rest to this world, which reads every sample the
+// earlier worlds left exactly once (padding aside) and none they took. The replay computes
+// orders only, no image is read: O(samples) per earlier world.
+void ShardSampler::resume_epoch(int64_t epoch, std::vector<EarlierWorld> earlier) {
+  if (epoch < 0) throw InvalidArgument(fmt::format("ShardSampler::resume_epoch: expected an epoch >= 0, found {}", epoch));
+  const int64_t saved = this->epoch();
+  Sampler::set_epoch(epoch);
+  std::vector<uint8_t> taken(static_cast<size_t>(starts_.back()), 0);
+  for (size_t k = 0; k < earlier.size(); ++k) {
+    const EarlierWorld& w = earlier[k];
+    if (w.world_size < 1 || w.consumed < 0 || w.consumed % w.world_size != 0) {
+      throw InvalidArgument(fmt::format("ShardSampler::resume_epoch: expected a world >= 1 whose ranks took equal "
+                                        "shares, found {} items over {} rank(s)",
+                                        w.consumed, w.world_size));
+    }
+    std::vector<uint8_t> after = taken;
+    for (int r = 0; r < w.world_size; ++r) {
+      const std::vector<int64_t> o = order(w.world_size, r, k, &taken);
+      const auto share = std::min<size_t>(o.size(), static_cast<size_t>(w.consumed / w.world_size));
+      for (size_t p = 0; p < share; ++p) after[static_cast<size_t>(o[p])] = 1;
+    }
+    taken = std::move(after);
+  }
+  Sampler::set_epoch(saved);
+  resumed_epoch_ = epoch;
+  earlier_ = std::move(earlier);
+  taken_ = std::move(taken);
 }
 
 std::string ShardSampler::describe() const {

@@ -284,6 +284,50 @@ TEST_CASE("ShardSampler: disjoint shards per rank, every sample once, equal size
              Contains("6 shard(s) with samples for 7 ranks") && Contains("mtrain-pack --shard-size"));
 }
 
+TEST_CASE("ShardSampler: an epoch begun in 2 worlds ends in a third with each sample once", "[elastic]") {
+  const std::vector<int64_t> starts = {0, 9, 14, 25, 31, 40, 47, 60};  // 7 shards, 60 samples
+  const ShardSamplerOptions o{.shuffle = true, .seed = 2, .drop_last = false, .buffer = 5};
+  const int64_t epoch = 3;
+  // What each world's ranks took: the first `share` items of their orders in that world.
+  const auto took = [&](int world, int64_t share, const std::vector<ShardSampler::EarlierWorld>& before) {
+    std::vector<int64_t> items;
+    for (int r = 0; r < world; ++r) {
+      ShardSampler s(starts, r, world, o);
+      if (!before.empty()) s.resume_epoch(epoch, before);
+      s.set_epoch(epoch);
+      const std::vector<int64_t> order = s.indices();
+      REQUIRE(static_cast<int64_t>(order.size()) >= share);
+      items.insert(items.end(), order.begin(), order.begin() + share);
+    }
+    return items;
+  };
+  const std::vector<int64_t> first = took(2, 8, {});       // 2 ranks x 8
+  const std::vector<int64_t> second = took(3, 5, {{2, 16}});  // then 3 ranks x 5
+  std::vector<int64_t> rest;
+  std::set<int64_t> rest_shards;
+  for (int r = 0; r < 2; ++r) {  // then 2 ranks for the rest
+    ShardSampler s(starts, r, 2, o);
+    s.resume_epoch(epoch, {{2, 16}, {3, 15}});
+    s.set_epoch(epoch);
+    const std::vector<int64_t> order = s.indices();
+    CHECK(s.size() == static_cast<int64_t>(order.size()));
+    rest.insert(rest.end(), order.begin(), order.end());
+    const std::vector<int64_t> mine = s.assignment()[static_cast<size_t>(r)];
+    for (const int64_t k : mine) CHECK(rest_shards.insert(k).second);
+    s.set_epoch(epoch + 1);  // the next epoch is whole again
+    CHECK(s.indices().size() >= 30);
+  }
+  std::set<int64_t> a(first.begin(), first.end()), b(second.begin(), second.end()), c(rest.begin(), rest.end());
+  CHECK(a.size() == 16);
+  CHECK(b.size() == 15);
+  for (const int64_t i : b) CHECK(a.count(i) == 0);  // the second world took none the first had
+  for (const int64_t i : c) CHECK((a.count(i) == 0 && b.count(i) == 0));
+  CHECK(a.size() + b.size() + c.size() == 60);  // and the rest is all the others
+  CHECK(rest.size() - c.size() <= 9);          // padding: at most a shard's worth
+  CHECK_THAT(error_of<InvalidArgument>([&] { ShardSampler(starts, 0, 2, o).resume_epoch(0, {{2, 15}}); }),
+             Contains("equal shares"));
+}
+
 TEST_CASE("streamed batches: images decoded per batch; one that does not decode is named, or left out") {
   TempDir dir;
   const fs::path shard = dir.path() / "s.tar";

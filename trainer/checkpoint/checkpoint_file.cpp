@@ -53,6 +53,8 @@ constexpr const char* kConsecutiveSkipsKey = "mtrain.position.consecutive_skippe
 // [Resuming in another world]); those recorded the world as the configuration item below.
 constexpr const char* kWorldSizeKey = "mtrain.position.world_size";
 constexpr const char* kEpochConsumedKey = "mtrain.position.epoch_consumed";
+// "WORLD:CONSUMED,..." oldest first; absent when the epoch had no earlier world.
+constexpr const char* kEarlierSegmentsKey = "mtrain.position.earlier_segments";
 constexpr const char* kLegacyWorldSizeItem = "world size";
 
 // What to do about a checkpoint that cannot be used, appended to every such error.
@@ -65,6 +67,33 @@ const std::string& required(const SafetensorsMetadata& metadata, const char* key
     throw IoError(fmt::format("checkpoint {} has no \"{}\" entry in its metadata; {}", path, key, kFreshStartHint));
   }
   return it->second;
+}
+
+// kEarlierSegmentsKey's "WORLD:CONSUMED,..." (worlds >= 1, at most kMaxEarlierSegments).
+std::vector<EpochSegment> parse_segments(const std::string& text, const std::string& path) {
+  std::vector<EpochSegment> segments;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    const size_t colon = item.find(':');
+    int64_t world = 0, consumed = -1;
+    const bool read =
+        colon != std::string::npos &&
+        std::from_chars(item.data(), item.data() + colon, world).ptr == item.data() + colon &&
+        std::from_chars(item.data() + colon + 1, item.data() + item.size(), consumed).ptr == item.data() + item.size();
+    if (!read || world < 1 || world > (1 << 20) || consumed < 0) {
+      throw IoError(fmt::format("checkpoint {}: \"{}\" should be WORLD:ITEMS pairs, found '{}'; {}", path,
+                                kEarlierSegmentsKey, text, kFreshStartHint));
+    }
+    segments.push_back({static_cast<int>(world), consumed});
+    at = comma + 1;
+  }
+  if (segments.size() > kMaxEarlierSegments) {
+    throw IoError(fmt::format("checkpoint {}: {} earlier worlds in one epoch, more than the {} a resume carries; {}",
+                              path, segments.size(), kMaxEarlierSegments, kFreshStartHint));
+  }
+  return segments;
 }
 
 int64_t parse_count(const SafetensorsMetadata& metadata, const char* key, const std::string& path) {
@@ -178,6 +207,13 @@ void save_training_checkpoint(const std::string& path, models::Module& model, mo
   metadata[kTrainSecondsKey] = fmt::format("{}", position.train_seconds);
   metadata[kWorldSizeKey] = std::to_string(position.world_size);
   metadata[kEpochConsumedKey] = std::to_string(position.epoch_consumed);
+  if (!position.earlier_segments.empty()) {
+    std::string segments;
+    for (const EpochSegment& s : position.earlier_segments) {
+      segments += fmt::format("{}{}:{}", segments.empty() ? "" : ",", s.world_size, s.consumed);
+    }
+    metadata[kEarlierSegmentsKey] = segments;
+  }
   if (position.loss_scaler.scale > 0.0) {
     metadata[kLossScaleKey] = fmt::format("{}", position.loss_scaler.scale);
     metadata[kLossScaleGoodStepsKey] = std::to_string(position.loss_scaler.good_steps);
@@ -242,6 +278,9 @@ TrainPosition load_training_checkpoint(const std::string& path, models::Module& 
   if (position.world_size < 1) {
     throw IoError(fmt::format("checkpoint {}: a world of {} ranks is impossible; {}", path, position.world_size,
                               kFreshStartHint));
+  }
+  if (const auto it = metadata.find(kEarlierSegmentsKey); it != metadata.end()) {
+    position.earlier_segments = parse_segments(it->second, path);
   }
   for (const auto& [key, value] : {std::pair{kLossSumKey, position.loss_sum}, std::pair{kTrainSecondsKey, position.train_seconds}}) {
     if (!(std::isfinite(value) && value >= 0.0)) {

@@ -62,7 +62,9 @@ enum HeaderField {
   kConsecutiveSkips,
   kWorldSize,
   kEpochConsumed,
-  kHeaderSize
+  kSegmentCount,
+  kSegments,  // kMaxEarlierSegments (world, consumed) pairs
+  kHeaderSize = kSegments + 2 * kMaxEarlierSegments
 };
 
 const char* reason_name(CheckpointReason reason) {
@@ -275,6 +277,11 @@ std::optional<TrainPosition> Checkpointer::resume() {
       h[kConsecutiveSkips] = position->loss_scaler.consecutive_skips;
       h[kWorldSize] = position->world_size;
       h[kEpochConsumed] = position->epoch_consumed;
+      h[kSegmentCount] = static_cast<int64_t>(position->earlier_segments.size());
+      for (size_t k = 0; k < position->earlier_segments.size(); ++k) {
+        h[kSegments + 2 * k] = position->earlier_segments[k].world_size;
+        h[kSegments + 2 * k + 1] = position->earlier_segments[k].consumed;
+      }
     }
   }
   share_outcome(control_, rank_, failure);
@@ -317,6 +324,9 @@ std::optional<TrainPosition> Checkpointer::resume() {
   p.loss_scaler.consecutive_skips = h[kConsecutiveSkips];
   p.world_size = static_cast<int>(h[kWorldSize]);
   p.epoch_consumed = h[kEpochConsumed];
+  for (int64_t k = 0; k < h[kSegmentCount]; ++k) {
+    p.earlier_segments.push_back({static_cast<int>(h[kSegments + 2 * k]), h[kSegments + 2 * k + 1]});
+  }
   return p;
 }
 

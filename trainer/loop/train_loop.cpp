@@ -98,7 +98,11 @@ void TrainLoop::checkpoint(const TrainPosition& position, CheckpointReason reaso
 // another world] in data/distributed_sampler.cpp), the loader's first epoch holds just
 // that, and the epoch's step count is the steps done plus the rest's. Either way every
 // item of the epoch is trained on once, and no item twice beyond the padding every
-// sharded epoch has.
+// sharded epoch has. A streamed set's ranks read shards of their own, so what an epoch has
+// left depends on every world that took part of it: each position lists the earlier worlds
+// (earlier_segments), and the shard sampler replays them (Note [An epoch of shards in
+// several worlds] in data/shard_sampler.cpp). An epoch begun in another world always
+// continues this way, also when this run's world is the checkpoint's.
 //
 // Note [Buffers follow rank 0]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -252,6 +256,7 @@ TrainPosition TrainLoop::position(const RunState& rs, const EpochState& e, bool 
   const int64_t base_consumed =
       e.resumed && start.epoch_consumed >= 0 ? start.epoch_consumed : base_steps * config_.items_per_step;
   p.epoch_consumed = base_consumed + (e.summary.steps - base_steps) * config_.items_per_step;
+  if (e.resumed) p.earlier_segments = start.earlier_segments;
   if (rs.scaler != nullptr) p.loss_scaler = rs.scaler->state();
   if (!finished) {
     p.loss_sum = e.summary.loss_sum;

@@ -70,6 +70,15 @@ struct TrainLoopHooks {
   std::function<void(const EpochSummary& summary)> after_epoch;
 };
 
+// A world that took part of an epoch before the one that holds the position: its ranks,
+// and the items of the epoch it took, all its ranks together (Note [Resuming in another
+// world]).
+struct EpochSegment {
+  int world_size = 1;
+  int64_t consumed = 0;
+  bool operator==(const EpochSegment&) const = default;
+};
+
 // Where a run stands: what a checkpoint records and a resumed run starts from (Note [Resuming
 // mid-epoch]).
 struct TrainPosition {
@@ -90,6 +99,10 @@ struct TrainPosition {
   // was recorded is read.
   int world_size = 1;
   int64_t epoch_consumed = 0;
+  // The epoch's earlier worlds, oldest first, when it was resumed in another world: a
+  // streamed set's sampler replays them to know what the epoch has left
+  // (data/shard_sampler.h). Their items are among epoch_consumed.
+  std::vector<EpochSegment> earlier_segments;
 };
 
 // The optimizer steps (1-based over the run, inclusive) whose spans --trace records; the

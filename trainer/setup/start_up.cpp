@@ -338,24 +338,33 @@ void make_optimizer(const TrainOptions& o, TrainingRun& run) {
 }
 
 // Note [Resuming in another world] in loop/train_loop.cpp: with a per-rank batch the new
-// world's sampler shards what the checkpoint's world left of its epoch. One line says what
-// changed, and the log line below then counts the epoch's steps in this world.
-void continue_in_another_world(const TrainOptions& o, TrainingRun& run, const TrainPosition& r) {
+// world's sampler shards what the checkpoint's worlds left of their epoch, and this run's
+// positions list them as the epoch's earlier worlds. One line says what changed, and the log
+// line below then counts the epoch's steps in this world.
+void continue_in_another_world(const TrainOptions& o, TrainingRun& run, TrainPosition& r) {
   const int world = run.env().world_size;
-  if (!run.train_set->in_memory() && !o.global_batch_size) {
-    throw InvalidArgument(fmt::format(
-        "checkpoint {} was written by {} rank(s); {} streams its shards, each rank reading its own, and an epoch "
-        "begun on {} rank(s) cannot yet continue on {}; resume it with {} rank(s), or train with --global-batch-size",
-        run.checkpointer->path(), r.world_size, run.train_set->name(), r.world_size, world, r.world_size));
-  }
-  if (run.shard_sampler) {
+  if (!o.global_batch_size) {
     if (r.epoch_consumed < 0) {
       throw InvalidArgument(fmt::format(
           "checkpoint {} was written by {} rank(s) and by an mtrain-train that did not record how much of the "
           "epoch they trained on; resume it with {} rank(s), or with --global-batch-size",
           run.checkpointer->path(), r.world_size, r.world_size));
     }
-    run.shard_sampler->resume_epoch(r.epoch - 1, r.epoch_consumed);
+    if (r.earlier_segments.size() >= kMaxEarlierSegments) {
+      throw InvalidArgument(fmt::format("checkpoint {}: epoch {} has been begun in {} worlds already, the most one "
+                                        "epoch records; resume it with the checkpoint's {} rank(s)",
+                                        run.checkpointer->path(), r.epoch, r.earlier_segments.size() + 1,
+                                        r.world_size));
+    }
+    int64_t earlier = 0;
+    for (const EpochSegment& s : r.earlier_segments) earlier += s.consumed;
+    r.earlier_segments.push_back({r.world_size, r.epoch_consumed - earlier});
+    if (run.shard_sampler) run.shard_sampler->resume_epoch(r.epoch - 1, r.epoch_consumed);
+    if (run.stream_sampler) {
+      std::vector<data::ShardSampler::EarlierWorld> worlds;
+      for (const EpochSegment& s : r.earlier_segments) worlds.push_back({s.world_size, s.consumed});
+      run.stream_sampler->resume_epoch(r.epoch - 1, std::move(worlds));
+    }
     run.resumed_rest_only = true;
   }
   spdlog::info("world {} -> {}: the checkpoint's {} rank(s) took {} of epoch {}'s items in {} step(s); {}", r.world_size,
@@ -374,9 +383,10 @@ void resume_from_checkpoint(const TrainOptions& o, TrainingRun& run, StartupStop
       o.checkpoint_dir, run.groups.gradients.get(), run.env().rank, *run.model, *run.optimizer,
       resume_configuration(o, run.train_set->size(), run.fingerprint), run.control());
   run.resumed = run.checkpointer->resume();
-  if (const auto& r = run.resumed) {
+  if (auto& r = run.resumed) {
     startup.at_position(r->epoch, r->total_steps);
-    if (r->world_size != run.env().world_size) continue_in_another_world(o, run, *r);
+    // An epoch begun in an earlier world continues as its rest, also in that world again.
+    if (r->world_size != run.env().world_size || !r->earlier_segments.empty()) continue_in_another_world(o, run, *r);
     // Only the resumed epoch's rest has another size: count it (0-based epoch r->epoch - 1;
     // the loader sets it again when it starts that epoch).
     if (run.resumed_rest_only) run.train_loader->sampler().set_epoch(r->epoch - 1);
@@ -488,6 +498,7 @@ void make_loaders(const TrainOptions& o, TrainingRun& run) {
   } else if (const data::ShardedImages* shards = run.train_set->shards()) {
     data::ShardSamplerOptions so{.shuffle = o.shuffle, .seed = o.seed, .drop_last = o.drop_last, .buffer = o.shuffle_buffer};
     auto sampler = std::make_shared<data::ShardSampler>(shards->shard_starts(), rank, world, so);
+    run.stream_sampler = sampler;
     run.train_loader = make_loader(o, run.train_set, sampler, o.batch_size, pinned, norm, augment);
   } else {
     auto sampler =

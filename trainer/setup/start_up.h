@@ -11,6 +11,7 @@
 #include "core/speedups.h"
 #include "data/dataloader.h"
 #include "data/dataset.h"
+#include "data/shard_sampler.h"
 #include "models/module.h"
 #include "models/optim.h"
 #include "trainer/checkpoint/checkpointer.h"
@@ -52,6 +53,7 @@ struct TrainingRun {
   std::shared_ptr<data::DataLoader> train_loader;
   std::shared_ptr<data::GlobalBatchShardSampler> global_batch_sampler;  // with --global-batch-size
   std::shared_ptr<data::DistributedSampler> shard_sampler;  // without it
+  std::shared_ptr<data::ShardSampler> stream_sampler;       // without it, for a streamed set
   // The resumed epoch's loader holds only what another world left of it (Note [Resuming
   // in another world] in loop/train_loop.cpp).
   bool resumed_rest_only = false;

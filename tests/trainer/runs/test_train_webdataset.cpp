@@ -1,7 +1,8 @@
 // End to end over WebDataset shards: an image folder of JPEGs and PNGs of mixed sizes packed
 // by mtrain-pack, then trained by 2 ranks through mtrain-launch, each reading its own
 // shards; a run stopped and resumed in the same world ends with the uninterrupted run's
-// weights; and what a user can get wrong gets its message.
+// weights, and an epoch carried through three worlds reads each sample once; and what a
+// user can get wrong gets its message.
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
@@ -109,10 +110,32 @@ TEST_CASE("a run stopped mid-epoch and resumed in its world ends with the uninte
   INFO(d.describe());
   CHECK(d.identical());
 
-  // Another world: refused by name until an epoch of shards can be re-dealt.
-  const ProcessResult other = launch(1, concat(args, {"--epochs", "3"}));
-  CHECK(other.exit_code != 0);
-  CHECK_THAT(other.err, Contains("streams its shards") && Contains("resume it with 2 rank(s)"));
+}
+
+TEST_CASE("an epoch begun on 2 ranks, continued on 3, ends on 1 with every sample once", "[e2e][elastic]") {
+  // Note [An epoch of shards in several worlds]: 2 ranks x 4 take 3 steps (24 samples), 3 ranks
+  // x 4 take 2 (24 more, of those left), and one rank takes the last 24, none of them twice.
+  TempDir dir;
+  const auto args = concat(base(), {"--batch-size", "4", "--no-eval", "--checkpoint-dir", dir.file("ckpt"), "--metrics",
+                                    dir.file("m.jsonl")});
+  require_success(launch(2, concat(args, {"--max-steps", "3"})));
+  const ProcessResult three = launch(3, concat(args, {"--max-steps", "5"}));
+  require_success(three);
+  CHECK_THAT(three.out, Contains("world 2 -> 3: the checkpoint's 2 rank(s) took 24 of epoch 1's items in 3 step(s)"));
+  const ProcessResult one = launch(1, concat(args, {"--epochs", "1"}));
+  require_success(one);
+  CHECK_THAT(one.out, Contains("world 3 -> 1: the checkpoint's 3 rank(s) took 48 of epoch 1's items in 5 step(s)"));
+  const auto epochs = mtrain::testing::read_events(dir.file("m.jsonl"), "epoch");
+  REQUIRE(epochs.size() == 3);
+  CHECK(epochs[0]["images"] == 24);
+  CHECK(epochs[1]["images"] == 24);
+  CHECK(epochs[2]["images"] == 24);  // one rank: no padding, the 24 the others left
+  CHECK(epochs[2]["step"] == 5 + 6);
+  // The checkpoint after the epoch's end starts the next epoch whole, in any world.
+  require_success(launch(2, concat(args, {"--epochs", "2"})));
+  const auto after = mtrain::testing::read_events(dir.file("m.jsonl"), "epoch");
+  REQUIRE(after.size() == 4);
+  CHECK(after[3]["images"] == 72);
 }
 
 TEST_CASE("webdataset: what a user can get wrong is named", "[e2e]") {
