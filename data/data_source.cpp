@@ -207,12 +207,14 @@ void require_folder_options_apply(const std::string& dataset, const ImageFolderO
 }
 
 DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic,
-                          const ImageFolderOptions& folder, const WebDatasetSplitsOptions& shards) {
+                          const ImageFolderOptions& folder, const StreamedSplitsOptions& shards) {
   require_folder_options_apply(source.dataset, folder);
   if (source.dataset == "synthetic") return make_synthetic_splits(synthetic);
   if (source.dataset == "webdataset") return load_webdataset_splits(source.dir.string(), shards);
   if (is_cifar(source.dataset)) return load_cifar_splits(source.dir, source.dataset);
-  if (source.dataset == "imagefolder") return load_image_folder_splits(source.dir, folder);
+  if (source.dataset == "imagefolder") {
+    return shards.streamed() ? load_image_folder_streamed(source.dir, shards) : load_image_folder_splits(source.dir, folder);
+  }
   return load_idx_splits(source.dir, source.dataset);
 }
 

@@ -43,9 +43,10 @@ std::string expected_files(const std::string& dataset);
 
 // Loads the train and test splits `source` names; `synthetic` sizes and seeds the
 // synthetic dataset and is ignored otherwise. `folder` applies to --dataset imagefolder
-// (and its flags to webdataset: require_folder_options_apply), `shards` to webdataset.
+// (and its flags to webdataset: require_folder_options_apply), `shards` to webdataset and
+// to an image folder it streams.
 DatasetSplits load_splits(const DataSource& source, const SyntheticOptions& synthetic,
-                          const ImageFolderOptions& folder = {}, const WebDatasetSplitsOptions& shards = {});
+                          const ImageFolderOptions& folder = {}, const StreamedSplitsOptions& shards = {});
 
 // InvalidArgument naming the flag when `folder` asks for anything (--skip-bad-images,
 // --resize) and `dataset` is neither imagefolder nor webdataset.

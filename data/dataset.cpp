@@ -27,18 +27,18 @@ Dataset::Dataset(std::string name, std::string origin, ImageShape shape, int64_t
 }
 
 Dataset::Dataset(std::string name, std::string origin, ImageShape shape, int64_t num_classes,
-                 std::shared_ptr<const ShardedImages> images, std::vector<int64_t> labels, ImageTransform transform)
+                 std::shared_ptr<const EncodedImages> images, std::vector<int64_t> labels, ImageTransform transform)
     : name_(std::move(name)),
       origin_(std::move(origin)),
       shape_(shape),
       num_classes_(num_classes),
       labels_(std::move(labels)),
-      shards_(std::move(images)),
+      encoded_(std::move(images)),
       transform_(transform) {
   check_shape_and_labels();
-  if (shards_ == nullptr || shards_->size() != size()) {
+  if (encoded_ == nullptr || encoded_->size() != size()) {
     throw InvalidArgument(fmt::format("dataset {}: expected one stored image per label ({}), found {}", name_, size(),
-                                      shards_ == nullptr ? 0 : shards_->size()));
+                                      encoded_ == nullptr ? 0 : encoded_->size()));
   }
   if (transform_.height != shape_.height || transform_.width != shape_.width) {
     throw InvalidArgument(fmt::format("dataset {}: expected its transform to make {}x{} images, found {}x{} ({})",
@@ -82,8 +82,8 @@ void Dataset::read_image(int64_t i, int64_t epoch, uint8_t* out) const {
     std::copy(from, from + shape_.numel(), out);
     return;
   }
-  const std::vector<uint8_t> bytes = shards_->read(i);
-  transform_to_chw(decode_image(shards_->where(i), bytes.data(), bytes.size()), transform_, epoch, i,
+  const std::vector<uint8_t> bytes = encoded_->read(i);
+  transform_to_chw(decode_image(encoded_->where(i), bytes.data(), bytes.size()), transform_, epoch, i,
                    shape_.channels, out);
 }
 

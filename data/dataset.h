@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "data/image_decode.h"
-#include "data/shards.h"
+#include "data/encoded_images.h"
 
 namespace mtrain::data {
 
@@ -31,11 +31,11 @@ class Dataset {
   // shape is positive and every label lies in [0, num_classes).
   Dataset(std::string name, std::string origin, ImageShape shape, int64_t num_classes,
           std::vector<uint8_t> pixels, std::vector<int64_t> labels);
-  // A streamed set: image i is images's image i decoded through `transform`, which makes it
+  // A streamed set: image i is `images`' image i decoded through `transform`, which makes it
   // shape's height x width. Throws InvalidArgument unless there is one label per image,
   // the transform's size is the shape's, and the labels lie in [0, num_classes).
   Dataset(std::string name, std::string origin, ImageShape shape, int64_t num_classes,
-          std::shared_ptr<const ShardedImages> images, std::vector<int64_t> labels, ImageTransform transform);
+          std::shared_ptr<const EncodedImages> images, std::vector<int64_t> labels, ImageTransform transform);
 
   int64_t size() const { return static_cast<int64_t>(labels_.size()); }
   const ImageShape& shape() const { return shape_; }
@@ -46,8 +46,8 @@ class Dataset {
   const std::string& name() const { return name_; }      // "fashion-mnist/train"
   const std::string& origin() const { return origin_; }  // where the data came from
 
-  // Whether the pixels are in memory (image(), pixels()); else they are in shards().
-  bool in_memory() const { return shards_ == nullptr; }
+  // Whether the pixels are in memory (image(), pixels()); else they are encoded().
+  bool in_memory() const { return encoded_ == nullptr; }
   // Pixels of item i (shape().numel() bytes, CHW). i must be in [0, size()); in memory only.
   const uint8_t* image(int64_t i) const;
   // Item i's pixels as an epoch sees them: in memory, a copy of image(i); streamed, read,
@@ -55,8 +55,8 @@ class Dataset {
   // to `out`; IoError naming the shard and member when the image does not decode.
   void read_image(int64_t i, int64_t epoch, uint8_t* out) const;
   // A streamed set's storage and transform (null and unused for one in memory).
-  const ShardedImages* shards() const { return shards_.get(); }
-  const std::shared_ptr<const ShardedImages>& shared_shards() const { return shards_; }
+  const EncodedImages* encoded() const { return encoded_.get(); }
+  const std::shared_ptr<const EncodedImages>& shared_encoded() const { return encoded_; }
   const ImageTransform& transform() const { return transform_; }
   int64_t label(int64_t i) const;
   const std::vector<int64_t>& labels() const { return labels_; }
@@ -80,8 +80,23 @@ class Dataset {
   std::vector<uint8_t> pixels_;
   std::vector<int64_t> labels_;
   std::vector<std::string> class_names_;
-  std::shared_ptr<const ShardedImages> shards_;
+  std::shared_ptr<const EncodedImages> encoded_;
   ImageTransform transform_;
+};
+
+// What a run asks of a streamed set's splits (--dataset webdataset, or an image folder given
+// a crop; trainer/options.cpp decides it from the flags).
+struct StreamedSplitsOptions {
+  ImageTransform train;   // the training images' transform; height 0: not streamed
+  ImageTransform eval;    // the evaluation images'
+  // webdataset: the evaluation shards (a folder or a pattern); empty: DATA_DIR/val when the
+  // data dir is a folder holding train/ and val/.
+  std::string val_data;
+  bool evaluate = true;   // false: no evaluation images are needed or read
+  // Leave out (and count) samples and files that are not images or do not decode.
+  bool skip_bad = false;
+
+  bool streamed() const { return train.height > 0; }
 };
 
 struct DatasetSplits {

@@ -208,4 +208,43 @@ DatasetSplits load_image_folder_splits(const fs::path& dir, const ImageFolderOpt
   return splits;
 }
 
+namespace {
+
+Dataset streamed_split(const fs::path& split_dir, const std::vector<std::string>& classes, const std::string& name,
+                       const ImageTransform& transform, bool skip_bad, std::vector<std::string>& notes) {
+  Skipped skipped;
+  std::vector<LabelledFile> files = image_folder_files(split_dir, classes, skip_bad ? &skipped : nullptr);
+  if (!skipped.empty()) {
+    notes.push_back(fmt::format("--skip-bad-images: left out {} file(s) of {}, the first {}", skipped.size(),
+                                split_dir.string(), skipped.front()));
+  }
+  std::vector<fs::path> paths;
+  std::vector<EncodedImages::Image> images;
+  std::vector<int64_t> labels;
+  for (LabelledFile& f : files) {
+    images.push_back({static_cast<uint32_t>(paths.size()), 0, fs::file_size(f.path), ""});
+    labels.push_back(f.label);
+    paths.push_back(std::move(f.path));
+  }
+  if (paths.size() > UINT32_MAX) throw IoError(fmt::format("{}: more than 2^32 images", split_dir.string()));
+  auto encoded = std::make_shared<const EncodedImages>(std::move(paths), std::move(images));
+  return Dataset(name, fmt::format("image folder {}, read per batch", split_dir.string()),
+                 ImageShape{3, transform.height, transform.width}, static_cast<int64_t>(classes.size()),
+                 std::move(encoded), std::move(labels), transform);
+}
+
+}  // namespace
+
+DatasetSplits load_image_folder_streamed(const fs::path& dir, const StreamedSplitsOptions& options) {
+  const std::vector<std::string> classes = image_folder_classes(dir / kImageFolderTrain);
+  DatasetSplits splits;
+  splits.train = streamed_split(dir / kImageFolderTrain, classes, "imagefolder/train", options.train, options.skip_bad,
+                                splits.notes);
+  splits.test = streamed_split(dir / kImageFolderVal, classes, "imagefolder/val",
+                               options.evaluate ? options.eval : options.train, options.skip_bad, splits.notes);
+  splits.train.set_class_names(classes);
+  splits.test.set_class_names(classes);
+  return splits;
+}
+
 }  // namespace mtrain::data

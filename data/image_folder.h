@@ -48,6 +48,12 @@ std::vector<LabelledFile> image_folder_files(const std::filesystem::path& split_
                                             const std::vector<std::string>& train_classes,
                                             std::vector<std::string>* skipped = nullptr);
 
+// Train and val splits of DIR kept encoded in their files and decoded per batch through
+// `options`' transforms (a streamed set, as WebDataset shards are): for folders larger than
+// memory and random crops drawn per epoch. The images come in 3 channels (RGB), as
+// torchvision's loader gives them; files that are not images are left out under skip_bad.
+DatasetSplits load_image_folder_streamed(const std::filesystem::path& dir, const StreamedSplitsOptions& options);
+
 // Train and val splits of DIR; val's classes must be among train's.
 DatasetSplits load_image_folder_splits(const std::filesystem::path& dir, const ImageFolderOptions& options = {});
 

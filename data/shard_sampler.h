@@ -21,7 +21,7 @@ struct ShardSamplerOptions {
 
 class ShardSampler final : public Sampler {
  public:
-  // shard_starts: shard k's items are [shard_starts[k], shard_starts[k + 1]) (ShardedImages'
+  // shard_starts: shard k's items are [shard_starts[k], shard_starts[k + 1]) (EncodedImages'
   // shard_starts). Throws InvalidArgument unless the starts rise from 0, 0 <= rank < world_size,
   // buffer >= 1, and there are at least world_size shards with samples.
   ShardSampler(std::vector<int64_t> shard_starts, int rank, int world_size, ShardSamplerOptions options);

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "core/error.h"
-#include "data/shards.h"
+#include "data/encoded_images.h"
 #include "data/tar.h"
 
 namespace mtrain::data {
@@ -83,7 +83,7 @@ std::pair<std::string, std::string> key_and_extension(const std::string& name) {
 }
 
 struct ShardIndex {
-  std::vector<ShardedImages::Image> images;
+  std::vector<EncodedImages::Image> images;
   std::vector<int64_t> labels;
   std::vector<std::string> problems;  // samples left out (with skipping), in order
 };
@@ -203,12 +203,12 @@ std::vector<fs::path> expand_shards(const std::string& spec) {
 Dataset load_webdataset(const std::vector<fs::path>& shards, const std::string& name, const ImageTransform& transform,
                         int64_t num_classes, const WebDatasetOptions& options, std::vector<std::string>& notes) {
   std::vector<ShardIndex> indexes = index_shards(shards, options.skip_bad_samples);
-  std::vector<ShardedImages::Image> images;
+  std::vector<EncodedImages::Image> images;
   std::vector<int64_t> labels;
   size_t problems = 0;
   const std::string* first_problem = nullptr;
   for (ShardIndex& index : indexes) {
-    for (ShardedImages::Image& image : index.images) images.push_back(std::move(image));
+    for (EncodedImages::Image& image : index.images) images.push_back(std::move(image));
     labels.insert(labels.end(), index.labels.begin(), index.labels.end());
     problems += index.problems.size();
     if (first_problem == nullptr && !index.problems.empty()) first_problem = &index.problems.front();
@@ -224,15 +224,15 @@ Dataset load_webdataset(const std::vector<fs::path>& shards, const std::string& 
   if (largest >= num_classes) {
     const size_t at = static_cast<size_t>(std::find(labels.begin(), labels.end(), largest) - labels.begin());
     throw IoError(fmt::format("{}: label {} of {}: {} is outside the training set's {} classes (0 to {})", name,
-                              largest, shards[images[at].shard].string(), images[at].member, num_classes,
+                              largest, shards[images[at].file].string(), images[at].member, num_classes,
                               num_classes - 1));
   }
-  auto stored = std::make_shared<const ShardedImages>(shards, std::move(images));
+  auto stored = std::make_shared<const EncodedImages>(shards, std::move(images));
   return Dataset(name, origin, ImageShape{options.channels, transform.height, transform.width}, num_classes,
                  std::move(stored), std::move(labels), transform);
 }
 
-DatasetSplits load_webdataset_splits(const std::string& data_dir, const WebDatasetSplitsOptions& options) {
+DatasetSplits load_webdataset_splits(const std::string& data_dir, const StreamedSplitsOptions& options) {
   std::error_code ec;
   const bool split_folders = fs::is_directory(fs::path(data_dir) / "train", ec);
   const std::string train_spec = split_folders ? (fs::path(data_dir) / "train").string() : data_dir;
@@ -247,14 +247,15 @@ DatasetSplits load_webdataset_splits(const std::string& data_dir, const WebDatas
                                       data_dir));
   }
   DatasetSplits splits;
-  splits.train =
-      load_webdataset(train_shards, "webdataset/train", options.train, 0, options.common, splits.notes);
+  WebDatasetOptions common;
+  common.skip_bad_samples = options.skip_bad;
+  splits.train = load_webdataset(train_shards, "webdataset/train", options.train, 0, common, splits.notes);
   if (options.evaluate) {
     splits.test = load_webdataset(expand_shards(val_spec), "webdataset/val", options.eval, splits.train.num_classes(),
-                                  options.common, splits.notes);
+                                  common, splits.notes);
   } else {
     splits.test = Dataset("webdataset/train (not evaluated)", splits.train.origin(), splits.train.shape(),
-                          splits.train.num_classes(), splits.train.shared_shards(), splits.train.labels(),
+                          splits.train.num_classes(), splits.train.shared_encoded(), splits.train.labels(),
                           options.train);
   }
   return splits;

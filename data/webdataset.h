@@ -2,7 +2,7 @@
 // files, NAME.jpg (or .jpeg, .png) and NAME.cls (the label, a decimal integer), the
 // members of one sample next to each other, as the webdataset library, img2dataset and
 // mtrain-pack write them. Loading lists the shards' headers (data/tar.h) and keeps an
-// index; images are read and decoded per batch (Dataset over ShardedImages), so memory
+// index; images are read and decoded per batch (Dataset over EncodedImages), so memory
 // does not grow with the dataset. Every error is an IoError naming the shard and member.
 #pragma once
 
@@ -37,20 +37,9 @@ Dataset load_webdataset(const std::vector<std::filesystem::path>& shards, const 
                         const ImageTransform& transform, int64_t num_classes, const WebDatasetOptions& options,
                         std::vector<std::string>& notes);
 
-// What a run asks of --dataset webdataset (trainer/options.cpp decides it from the flags).
-struct WebDatasetSplitsOptions {
-  ImageTransform train;   // the training images' transform
-  ImageTransform eval;    // the evaluation images'
-  // The evaluation shards (a folder or a pattern); empty: DATA_DIR/val when the data dir is
-  // a folder holding train/ and val/.
-  std::string val_data;
-  bool evaluate = true;   // false: no evaluation shards are needed or read
-  WebDatasetOptions common;
-};
-
 // The training split from `data_dir` (a folder holding train/ with shards, a folder of
 // shards, or a pattern; expand_shards) and the evaluation split from val_data. Without
 // evaluation the test split is the training shards' index again (nothing reads it).
-DatasetSplits load_webdataset_splits(const std::string& data_dir, const WebDatasetSplitsOptions& options);
+DatasetSplits load_webdataset_splits(const std::string& data_dir, const StreamedSplitsOptions& options);
 
 }  // namespace mtrain::data

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -240,16 +241,19 @@ data::ImageFolderOptions image_folder_options(const TrainOptions& o) {
 
 // Note [Streamed images' transforms]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Streamed images come in any size, so each split needs a transform that ends at one size,
-// as an ImageNet recipe's torchvision transforms do:
+// WebDataset shards are always streamed, an image folder when a crop is asked for (its
+// images are then read and decoded per batch, as torchvision's ImageFolder does, instead of
+// once into memory). Streamed images come in any size, so each split needs a transform that
+// ends at one size, as an ImageNet recipe's torchvision transforms do:
 // - training: --random-resized-crop N (RandomResizedCrop(N)); else --center-crop C
 //   (Resize(S), CenterCrop(C)); else --resize HxW (Resize((H, W))).
 // - evaluation: --center-crop C; else --resize HxW when no crop is asked for; else, after
 //   --random-resized-crop N alone, Resize(S), CenterCrop(N).
 // S, the shorter side before a centre crop, is --resize's one number when given, else C * 8 / 7
 // (256 for 224: the reference recipes' crop ratio 0.875). Both splits must end at one size.
-data::WebDatasetSplitsOptions webdataset_options(const TrainOptions& o) {
+data::StreamedSplitsOptions streamed_options(const TrainOptions& o) {
   using data::ImageTransform;
+  if (o.dataset != "webdataset" && !(o.dataset == "imagefolder" && (o.random_resized_crop || o.center_crop))) return {};
   const bool one_number = o.resize.value.height > 0 && o.resize.text.find('x') == std::string::npos;
   const auto centre = [&](int64_t c) {
     if (o.resize.value.height > 0 && !one_number) {
@@ -260,7 +264,7 @@ data::WebDatasetSplitsOptions webdataset_options(const TrainOptions& o) {
     return ImageTransform{ImageTransform::Kind::kCenterCrop, c, c, one_number ? o.resize.value.height : c * 8 / 7, 0};
   };
   const ImageTransform squash{ImageTransform::Kind::kResize, o.resize.value.height, o.resize.value.width, 0, 0};
-  data::WebDatasetSplitsOptions w;
+  data::StreamedSplitsOptions w;
   if (o.random_resized_crop) {
     w.train = {ImageTransform::Kind::kRandomResizedCrop, *o.random_resized_crop, *o.random_resized_crop, 0, o.seed};
   } else if (o.center_crop) {
@@ -286,7 +290,7 @@ data::WebDatasetSplitsOptions webdataset_options(const TrainOptions& o) {
   }
   w.val_data = o.val_data;
   w.evaluate = o.eval;
-  w.common.skip_bad_samples = o.skip_bad_images;
+  w.skip_bad = o.skip_bad_images;
   return w;
 }
 
@@ -520,8 +524,8 @@ std::vector<TrainFlag> train_flags(const TrainChoices& choices) {
   add(switch_flag("random-flip", training, "training images: torchvision's RandomHorizontalFlip() (mirrored with probability 1/2)", &O::random_flip));
   add(shown_default(given("normalize", training, "pixels/255 then (x - mean) / std per channel: none | auto (the training set's mean and std, computed once) | M1,M2,M3:S1,S2,S3 (one value each, or one per channel)", &O::normalize, by(parse_normalize))));
   add(switch_flag("skip-bad-images", training, "--dataset imagefolder or webdataset: leave out (and count in the log) files or samples that are not images or do not decode, instead of stopping", &O::skip_bad_images));
-  add(optional_integer("random-resized-crop", training, "--dataset webdataset: training images through torchvision's RandomResizedCrop(N) (scale 0.08 to 1, aspect 3/4 to 4/3), drawn per image and epoch", &O::random_resized_crop, 1, 65536));
-  add(optional_integer("center-crop", training, "--dataset webdataset: evaluation images (and training ones without --random-resized-crop) through Resize(S) then CenterCrop(N), S being --resize's one number, else N * 8 / 7", &O::center_crop, 1, 65536));
+  add(optional_integer("random-resized-crop", training, "--dataset webdataset or imagefolder (which then reads its images per batch): training images through torchvision's RandomResizedCrop(N) (scale 0.08 to 1, aspect 3/4 to 4/3), drawn per image and epoch", &O::random_resized_crop, 1, 65536));
+  add(optional_integer("center-crop", training, "--dataset webdataset or imagefolder (which then reads its images per batch): evaluation images (and training ones without --random-resized-crop) through Resize(S) then CenterCrop(N), S being --resize's one number, else N * 8 / 7", &O::center_crop, 1, 65536));
   add(per_rank(path("val-data", data, "--dataset webdataset: the evaluation shards, a folder or a pattern (default: DATA_DIR/val when --data-dir holds train/ and val/)", &O::val_data)));
   add(per_rank(optional_integer("loader-workers", training, "threads per rank that read, decode and assemble batches (torch's DataLoader num_workers; default: 1 for a set held in memory, 4 for --dataset webdataset, which decodes every image each epoch)", &O::loader_workers, 1, 256)));
   add(shown_default(integer("shuffle-buffer", training, "--dataset webdataset: samples in each rank's shuffle buffer, which mixes the samples of the shards it reads", &O::shuffle_buffer, 1, 100'000'000)));
@@ -723,14 +727,14 @@ void validate_with(const std::vector<TrainFlag>& flags, const TrainOptions& o) {
     if (f.check) f.check(o, "--" + f.name);
   }
   data::require_folder_options_apply(o.dataset, image_folder_options(o));
-  if (o.dataset == "webdataset") {
-    webdataset_options(o);
-  } else {
-    for (const auto& [flag, given] : {std::pair{"--random-resized-crop", o.random_resized_crop.has_value()},
-                                      {"--center-crop", o.center_crop.has_value()},
-                                      {"--val-data", !o.val_data.empty()}}) {
-      if (given) throw InvalidArgument(fmt::format("{} applies to --dataset webdataset, not to {}", flag, o.dataset));
-    }
+  streamed_options(o);
+  for (const auto& [flag, given, imagefolder] :
+       {std::tuple{"--random-resized-crop", o.random_resized_crop.has_value(), true},
+        {"--center-crop", o.center_crop.has_value(), true},
+        {"--val-data", !o.val_data.empty(), false}}) {
+    if (!given || o.dataset == "webdataset" || (imagefolder && o.dataset == "imagefolder")) continue;
+    throw InvalidArgument(fmt::format("{} applies to --dataset webdataset{}, not to {}", flag,
+                                      imagefolder ? " or imagefolder" : "", o.dataset));
   }
   if (!o.save_onnx.empty() && !models::is_onnx_file(o.model)) {
     throw InvalidArgument(fmt::format("--save-onnx {} writes back the graph of an ONNX --model, but the model is {}; "

@@ -188,7 +188,7 @@ data::ImageFolderOptions image_folder_options(const TrainOptions& options);
 // What the image flags ask of --dataset webdataset: each split's transform (Note [Streamed
 // images' transforms] in options.cpp), the evaluation shards, --skip-bad-images.
 // InvalidArgument when the flags leave the training images' size open.
-data::WebDatasetSplitsOptions webdataset_options(const TrainOptions& options);
+data::StreamedSplitsOptions streamed_options(const TrainOptions& options);
 
 // Items of an epoch's order one optimizer step takes over all `world_size` ranks: the
 // global batch, or batch x grad_accum x world (Note [Resuming in another world]).

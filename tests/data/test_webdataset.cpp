@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "data/dataloader.h"
 #include "data/image_decode.h"
+#include "data/image_folder.h"
 #include "data/pack/pack.h"
 #include "data/shard_sampler.h"
 #include "data/tar.h"
@@ -346,7 +347,7 @@ TEST_CASE("streamed batches: images decoded per batch; one that does not decode 
     DataLoaderOptions o;
     o.batch_size = 4;
     o.skip_bad_images = skip;
-    DataLoader loader(set, std::make_shared<ShardSampler>(set->shards()->shard_starts(), 0, 1,
+    DataLoader loader(set, std::make_shared<ShardSampler>(set->encoded()->file_starts(), 0, 1,
                                                           ShardSamplerOptions{.shuffle = false}),
                       o);
     loader.start_epoch(0);
@@ -415,7 +416,7 @@ TEST_CASE("mtrain-pack: an image folder as shuffled shards that the index reads 
   CHECK(packed[0].samples == 9);
   CHECK(packed[0].shards.size() == 3);  // 4 + 4 + 1
   CHECK(read_text(dir.path() / "shards" / "classes.txt") == "ant\nbee\n");
-  WebDatasetSplitsOptions o;
+  StreamedSplitsOptions o;
   o.train = o.eval = resize_to(5, 7);
   const DatasetSplits splits = load_webdataset_splits((dir.path() / "shards").string(), o);
   CHECK(splits.train.size() == 9);
@@ -434,4 +435,40 @@ TEST_CASE("mtrain-pack: an image folder as shuffled shards that the index reads 
   o.evaluate = true;
   CHECK_THAT(error_of<InvalidArgument>([&] { load_webdataset_splits((dir.path() / "shards" / "train").string(), o); }),
              Contains("give --val-data, or --no-eval"));
+}
+
+TEST_CASE("a streamed image folder reads the images the in-memory one holds", "[imagefolder]") {
+  TempDir dir;
+  for (const char* split : {"train", "val"}) {
+    for (int c = 0; c < 2; ++c) {
+      const fs::path folder = dir.path() / "f" / split / fmt::format("c{}", c);
+      fs::create_directories(folder);
+      for (int i = 0; i < 3; ++i) {
+        const int64_t h = 5 + 3 * i, w = 9 - i;
+        std::vector<uint8_t> rgb;
+        for (int64_t p = 0; p < h * w * 3; ++p) rgb.push_back(static_cast<uint8_t>((p * 37 + c * 90 + i) % 256));
+        if (i == 1) {
+          mtrain::testing::write_jpeg(folder / "b.jpg", h, w, 3, rgb);
+        } else {
+          mtrain::testing::write_png(folder / fmt::format("{}.png", i), h, w, 3, rgb);
+        }
+      }
+    }
+  }
+  const DatasetSplits memory = load_image_folder_splits(dir.path() / "f", {.height = 6, .width = 7});
+  StreamedSplitsOptions o;
+  o.train = o.eval = resize_to(6, 7);
+  const DatasetSplits streamed = load_image_folder_streamed(dir.path() / "f", o);
+  for (const auto& [a, b] : {std::pair{&memory.train, &streamed.train}, {&memory.test, &streamed.test}}) {
+    REQUIRE(a->size() == b->size());
+    CHECK(a->shape() == b->shape());
+    CHECK(a->labels() == b->labels());
+    CHECK(b->class_names() == std::vector<std::string>{"c0", "c1"});
+    CHECK_FALSE(b->encoded()->sharded());
+    std::vector<uint8_t> pixels(static_cast<size_t>(b->shape().numel()));
+    for (int64_t i = 0; i < b->size(); ++i) {
+      b->read_image(i, 0, pixels.data());
+      CHECK(std::equal(pixels.begin(), pixels.end(), a->image(i)));
+    }
+  }
 }

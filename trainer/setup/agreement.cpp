@@ -12,7 +12,7 @@ std::string dataset_fingerprint(const data::Dataset& d) {
     h = fnv1a(d.pixels().data(), d.pixels().size(), h);
   } else {
     for (int64_t i = 0; i < d.size(); ++i) {
-      const uint64_t size = d.shards()->image(i).size;
+      const uint64_t size = d.encoded()->image(i).size;
       h = fnv1a(&size, sizeof size, h);
     }
   }

@@ -174,7 +174,7 @@ void load_data(const TrainOptions& o, TrainingRun& run) {
   synthetic.seed = o.seed;
   data::DatasetSplits splits =
       data::load_splits(source, synthetic, image_folder_options(o),
-                        o.dataset == "webdataset" ? webdataset_options(o) : data::WebDatasetSplitsOptions{});
+                        streamed_options(o));
   for (const std::string& note : splits.notes) spdlog::warn("{}", note);
   run.train_set = std::make_shared<const data::Dataset>(std::move(splits.train));
   run.test_set = std::make_shared<const data::Dataset>(std::move(splits.test));
@@ -461,7 +461,7 @@ data::ChannelStats normalization(const TrainOptions& o, const data::Dataset& tra
   data::ChannelStats stats{n.mean, n.std};
   if (n.automatic && !train_set.in_memory()) {
     throw InvalidArgument(fmt::format("--normalize auto computes the mean and std from every training image, which {} "
-                                      "streams from its shards; give the values (ImageNet's: "
+                                      "streams from its files; give the values (ImageNet's: "
                                       "--normalize 0.485,0.456,0.406:0.229,0.224,0.225)",
                                       train_set.name()));
   }
@@ -495,9 +495,9 @@ void make_loaders(const TrainOptions& o, TrainingRun& run) {
     if (o.sync_bn && run.groups) require_every_rank_a_share(o, *sampler, world);
     run.global_batch_sampler = sampler;
     run.train_loader = make_loader(o, run.train_set, sampler, *o.global_batch_size, pinned, norm, augment);
-  } else if (const data::ShardedImages* shards = run.train_set->shards()) {
+  } else if (const data::EncodedImages* shards = run.train_set->encoded(); shards != nullptr && shards->sharded()) {
     data::ShardSamplerOptions so{.shuffle = o.shuffle, .seed = o.seed, .drop_last = o.drop_last, .buffer = o.shuffle_buffer};
-    auto sampler = std::make_shared<data::ShardSampler>(shards->shard_starts(), rank, world, so);
+    auto sampler = std::make_shared<data::ShardSampler>(shards->file_starts(), rank, world, so);
     run.stream_sampler = sampler;
     run.train_loader = make_loader(o, run.train_set, sampler, o.batch_size, pinned, norm, augment);
   } else {

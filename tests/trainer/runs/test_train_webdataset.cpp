@@ -71,6 +71,8 @@ const fs::path& shards() {
   return packed;
 }
 
+const fs::path photos() { return shards().parent_path() / "photos"; }
+
 std::vector<std::string> base() {
   return {"--model", "simplecnn", "--dataset", "webdataset", "--data-dir", shards().string(), "--random-resized-crop",
           "16", "--random-flip", "--batch-size", "8", "--lr", "0.05", "--threads", "1", "--loader-workers", "2"};
@@ -95,6 +97,22 @@ TEST_CASE("2 ranks learn from packed shards, each reading its own", "[e2e]") {
   REQUIRE(epochs.size() == 4);
   CHECK(epochs.back()["images"] == 72);  // 36 a rank: the shards split evenly
   INFO("test accuracy " << epochs.back()["test_acc"]);
+  CHECK(epochs.back()["test_acc"].get<double>() >= 0.9);
+}
+
+TEST_CASE("an image folder given a crop is read per batch, as torchvision's ImageFolder reads it", "[e2e]") {
+  TempDir dir;
+  const std::string metrics = dir.file("m.jsonl");
+  const ProcessResult r = mtrain::testing::run_process(
+      mtrain::testing::kTrainer, {"--model", "simplecnn", "--dataset", "imagefolder", "--data-dir", photos().string(),
+                                  "--random-resized-crop", "16", "--random-flip", "--batch-size", "8", "--lr", "0.05",
+                                  "--threads", "1", "--epochs", "3", "--metrics", metrics});
+  require_success(r);
+  CHECK_THAT(r.out, Contains("train set: imagefolder/train: 72 images 3x16x16, 3 classes (image folder") &&
+                        Contains("read per batch"));
+  CHECK_THAT(r.out, Contains("distributed shard 0 of 1"));  // files are read in any order: no shard sampler
+  const auto epochs = mtrain::testing::read_events(metrics, "epoch");
+  REQUIRE(epochs.size() == 3);
   CHECK(epochs.back()["test_acc"].get<double>() >= 0.9);
 }
 
