@@ -83,8 +83,7 @@ void Dataset::read_image(int64_t i, int64_t epoch, uint8_t* out) const {
     return;
   }
   const std::vector<uint8_t> bytes = encoded_->read(i);
-  transform_to_chw(decode_image(encoded_->where(i), bytes.data(), bytes.size()), transform_, epoch, i,
-                   shape_.channels, out);
+  decode_to_chw(encoded_->where(i), bytes.data(), bytes.size(), transform_, epoch, i, shape_.channels, out);
 }
 
 int64_t Dataset::label(int64_t i) const {

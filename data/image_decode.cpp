@@ -104,15 +104,45 @@ DecodedImage decode_png(const std::string& name, const uint8_t* bytes, size_t si
   return out;
 }
 
-DecodedImage decode_jpeg(const std::string& name, const uint8_t* bytes, size_t size) {
-  std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitDecompress(), tjDestroy);
-  if (!handle) throw IoError(fmt::format("{}: libjpeg-turbo could not start a decoder", name));
+bool is_png(const uint8_t* bytes, size_t size) {
+  static const uint8_t kPng[] = {0x89, 'P', 'N', 'G'};
+  return size >= 4 && std::equal(kPng, kPng + 4, bytes);
+}
+
+bool is_jpeg(const uint8_t* bytes, size_t size) {
+  return size >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF;
+}
+
+using TjHandle = std::unique_ptr<void, int (*)(tjhandle)>;
+
+struct JpegHeader {
+  int width = 0;
+  int height = 0;
+  bool gray = false;
+};
+
+JpegHeader jpeg_header(const std::string& name, const TjHandle& handle, const uint8_t* bytes, size_t size) {
   int width = 0, height = 0, subsampling = 0, colourspace = 0;
-  auto* data = const_cast<unsigned char*>(bytes);
-  if (tjDecompressHeader3(handle.get(), data, size, &width, &height, &subsampling, &colourspace) != 0) {
+  if (tjDecompressHeader3(handle.get(), bytes, size, &width, &height, &subsampling, &colourspace) != 0) {
     throw IoError(fmt::format("{}: not a readable JPEG: {}", name, tjGetErrorStr2(handle.get())));
   }
-  const bool gray = colourspace == TJCS_GRAY;
+  return {width, height, colourspace == TJCS_GRAY};
+}
+
+TjHandle jpeg_decoder(const std::string& name) {
+  TjHandle handle(tjInitDecompress(), tjDestroy);
+  if (!handle) throw IoError(fmt::format("{}: libjpeg-turbo could not start a decoder", name));
+  return handle;
+}
+
+// Decoded at 1/reduction of its size in each direction (1, 2, 4 or 8: libjpeg-turbo's
+// DCT scaling), rounded up as libjpeg rounds.
+DecodedImage decode_jpeg(const std::string& name, const uint8_t* bytes, size_t size, int reduction = 1) {
+  const TjHandle handle = jpeg_decoder(name);
+  const JpegHeader header = jpeg_header(name, handle, bytes, size);
+  auto* data = const_cast<unsigned char*>(bytes);
+  const bool gray = header.gray;
+  const int width = (header.width + reduction - 1) / reduction, height = (header.height + reduction - 1) / reduction;
   DecodedImage out{height, width, gray ? 1 : 3,
                    std::vector<uint8_t>(static_cast<size_t>(width) * static_cast<size_t>(height) * (gray ? 1 : 3))};
   if (tjDecompress2(handle.get(), data, size, out.pixels.data(), width, 0, height, gray ? TJPF_GRAY : TJPF_RGB, 0) != 0 &&
@@ -140,8 +170,10 @@ struct ResampleTaps {
   std::vector<int32_t> weights;   // per output pixel: `size` fixed-point weights
 };
 
-ResampleTaps bilinear_taps(int64_t in_size, int64_t out_size) {
-  const double scale = static_cast<double>(in_size) / static_cast<double>(out_size);
+// Output pixel o samples the source at in0 + (o + 0.5) * (in1 - in0) / out_size: the whole
+// line by default, or a part of it (Pillow's resize with a box), fractional ends allowed.
+ResampleTaps bilinear_taps(int64_t in_size, int64_t out_size, double in0, double in1) {
+  const double scale = (in1 - in0) / static_cast<double>(out_size);
   const double filter_scale = std::max(scale, 1.0);
   const double support = filter_scale;  // the triangle's support is 1
   ResampleTaps taps;
@@ -151,7 +183,7 @@ ResampleTaps bilinear_taps(int64_t in_size, int64_t out_size) {
   taps.weights.assign(static_cast<size_t>(out_size * taps.size), 0);
   std::vector<double> w(static_cast<size_t>(taps.size));
   for (int64_t o = 0; o < out_size; ++o) {
-    const double centre = (static_cast<double>(o) + 0.5) * scale;
+    const double centre = in0 + (static_cast<double>(o) + 0.5) * scale;
     const auto lo = std::max<int64_t>(static_cast<int64_t>(centre - support + 0.5), 0);
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(centre + support + 0.5), in_size) - lo;
     double total = 0.0;
@@ -206,32 +238,61 @@ int64_t round_half_even(double x) { return static_cast<int64_t>(std::nearbyint(x
 
 }  // namespace
 
-DecodedImage resize_bilinear(DecodedImage image, int64_t height, int64_t width) {
-  if (height < 1 || width < 1) {
-    throw InvalidArgument(fmt::format("resize_bilinear: expected a size of at least 1x1, found {}x{}", height, width));
-  }
-  DecodedImage current = std::move(image);
+namespace {
+
+// The two passes of resize_bilinear and resize_box_bilinear; a side whose taps are null
+// keeps its pixels.
+DecodedImage resample_sides(DecodedImage current, int64_t height, int64_t width, const ResampleTaps* across,
+                            const ResampleTaps* down) {
   const int64_t c = current.channels;
-  if (width != current.width) {
+  if (across != nullptr) {
     DecodedImage wide{current.height, width, c, std::vector<uint8_t>(static_cast<size_t>(current.height * width * c))};
-    resample(current.pixels.data(), wide.pixels.data(), bilinear_taps(current.width, width), current.height,
-             current.width * c, width * c, c, c, c, width);
+    resample(current.pixels.data(), wide.pixels.data(), *across, current.height, current.width * c, width * c, c, c, c,
+             width);
     current = std::move(wide);
   }
-  if (height != current.height) {
+  if (down != nullptr) {
     DecodedImage tall{height, width, c, std::vector<uint8_t>(static_cast<size_t>(height * width * c))};
     // Down the columns: a "line" is one column of one channel-interleaved pixel.
-    resample(current.pixels.data(), tall.pixels.data(), bilinear_taps(current.height, height), width, c, c,
-             width * c, width * c, c, height);
+    resample(current.pixels.data(), tall.pixels.data(), *down, width, c, c, width * c, width * c, c, height);
     current = std::move(tall);
   }
   return current;
 }
 
+void require_size(const char* what, int64_t height, int64_t width) {
+  if (height < 1 || width < 1) {
+    throw InvalidArgument(fmt::format("{}: expected a size of at least 1x1, found {}x{}", what, height, width));
+  }
+}
+
+}  // namespace
+
+DecodedImage resize_bilinear(DecodedImage image, int64_t height, int64_t width) {
+  require_size("resize_bilinear", height, width);
+  const ResampleTaps across = bilinear_taps(image.width, width, 0.0, static_cast<double>(image.width));
+  const ResampleTaps down = bilinear_taps(image.height, height, 0.0, static_cast<double>(image.height));
+  const bool wide = width != image.width, tall = height != image.height;
+  return resample_sides(std::move(image), height, width, wide ? &across : nullptr, tall ? &down : nullptr);
+}
+
+DecodedImage resize_box_bilinear(DecodedImage image, const SourceBox& box, int64_t height, int64_t width) {
+  require_size("resize_box_bilinear", height, width);
+  if (!(box.top >= 0 && box.left >= 0 && box.height > 0 && box.width > 0 &&
+        box.top + box.height <= static_cast<double>(image.height) + 1e-9 &&
+        box.left + box.width <= static_cast<double>(image.width) + 1e-9)) {
+    throw InvalidArgument(fmt::format("resize_box_bilinear: expected a box inside the {}x{} image, found {}x{} at "
+                                      "({}, {})",
+                                      image.height, image.width, box.height, box.width, box.top, box.left));
+  }
+  const ResampleTaps across = bilinear_taps(image.width, width, box.left, box.left + box.width);
+  const ResampleTaps down = bilinear_taps(image.height, height, box.top, box.top + box.height);
+  return resample_sides(std::move(image), height, width, &across, &down);
+}
+
 DecodedImage decode_image(const std::string& name, const uint8_t* bytes, size_t size) {
-  static const uint8_t kPng[] = {0x89, 'P', 'N', 'G'};
-  if (size >= 4 && std::equal(kPng, kPng + 4, bytes)) return decode_png(name, bytes, size);
-  if (size >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF) return decode_jpeg(name, bytes, size);
+  if (is_png(bytes, size)) return decode_png(name, bytes, size);
+  if (is_jpeg(bytes, size)) return decode_jpeg(name, bytes, size);
   throw IoError(fmt::format("{}: expected a PNG or a JPEG image, found {} bytes of something else", name, size));
 }
 
@@ -321,7 +382,8 @@ DecodedImage center_crop(DecodedImage image, int64_t height, int64_t width) {
   return crop(image, top, left, height, width);
 }
 
-DecodedImage apply(DecodedImage image, const ImageTransform& t, int64_t epoch, int64_t index) {
+// `box`: RandomResizedCrop's, in `image`'s pixels (unused by the other kinds).
+DecodedImage apply(DecodedImage image, const ImageTransform& t, const CropBox& box) {
   switch (t.kind) {
     case ImageTransform::Kind::kResize:
       if (image.height == t.height && image.width == t.width) return image;
@@ -331,10 +393,8 @@ DecodedImage apply(DecodedImage image, const ImageTransform& t, int64_t epoch, i
       if (h != image.height || w != image.width) image = resize_bilinear(std::move(image), h, w);
       return center_crop(std::move(image), t.height, t.width);
     }
-    case ImageTransform::Kind::kRandomResizedCrop: {
-      const CropBox b = random_resized_crop_box(t.seed, epoch, index, image.height, image.width);
-      return resize_bilinear(crop(image, b.top, b.left, b.height, b.width), t.height, t.width);
-    }
+    case ImageTransform::Kind::kRandomResizedCrop:
+      return resize_bilinear(crop(image, box.top, box.left, box.height, box.width), t.height, t.width);
   }
   throw InternalError("ImageTransform: unknown kind");
 }
@@ -343,20 +403,24 @@ DecodedImage apply(DecodedImage image, const ImageTransform& t, int64_t epoch, i
 
 std::string ImageTransform::describe() const {
   const std::string size = height == width ? std::to_string(height) : fmt::format("({}, {})", height, width);
+  const std::string reduced = reduced_decode ? ", JPEGs decoded at a reduced scale where it allows" : "";
   switch (kind) {
-    case Kind::kResize: return fmt::format("Resize({})", height == width ? fmt::format("({0}, {0})", height) : size);
-    case Kind::kCenterCrop: return fmt::format("Resize({}), CenterCrop({})", shorter_side, size);
-    case Kind::kRandomResizedCrop: return fmt::format("RandomResizedCrop({})", size);
+    case Kind::kResize:
+      return fmt::format("Resize({}){}", height == width ? fmt::format("({0}, {0})", height) : size, reduced);
+    case Kind::kCenterCrop: return fmt::format("Resize({}), CenterCrop({}){}", shorter_side, size, reduced);
+    case Kind::kRandomResizedCrop: return fmt::format("RandomResizedCrop({}){}", size, reduced);
   }
   return "?";
 }
 
-void transform_to_chw(DecodedImage image, const ImageTransform& transform, int64_t epoch, int64_t index,
-                      int64_t channels, uint8_t* out) {
-  const DecodedImage d = apply(std::move(image), transform, epoch, index);
+namespace {
+
+// The transformed image as `channels` CHW planes (PIL's convert("L") for a colour image
+// into one channel; a gray one repeated into three).
+void write_chw(const DecodedImage& d, int64_t channels, uint8_t* out) {
   const int64_t plane = d.height * d.width;
   if (channels == 1 && d.channels == 3) {
-    // PIL's convert("L"): ITU-R 601-2 luma in 16-bit fixed point.
+    // ITU-R 601-2 luma in 16-bit fixed point.
     for (int64_t p = 0; p < plane; ++p) {
       const uint8_t* rgb = d.pixels.data() + p * 3;
       out[p] = static_cast<uint8_t>((rgb[0] * 19595 + rgb[1] * 38470 + rgb[2] * 7471 + 0x8000) >> 16);
@@ -367,6 +431,81 @@ void transform_to_chw(DecodedImage image, const ImageTransform& transform, int64
     const int64_t from = d.channels == 1 ? 0 : c;
     for (int64_t p = 0; p < plane; ++p) out[c * plane + p] = d.pixels[static_cast<size_t>(p * d.channels + from)];
   }
+}
+
+CropBox draw_box(const ImageTransform& t, int64_t epoch, int64_t index, int64_t height, int64_t width) {
+  return t.kind == ImageTransform::Kind::kRandomResizedCrop ? random_resized_crop_box(t.seed, epoch, index, height, width)
+                                                            : CropBox{};
+}
+
+// Note [Decoding at a reduced scale]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A JPEG is coded in 8x8 blocks of frequencies, and libjpeg-turbo can decode it at 1/2, 1/4
+// or 1/8 of its size by keeping only the lower frequencies of each block: less inverse DCT,
+// colour conversion and memory, which is most of a decode. A transform that shrinks the
+// image anyway loses little by it: the largest reduction is taken that leaves what the
+// transform reads (RandomResizedCrop's box, Resize's image) at least as large as what it
+// makes, so the last resample still only shrinks, and the box, drawn on the full size, is
+// scaled with the image (to fractional pixels, which the resample reads as Pillow's
+// resize(box=) does). PIL's Image.draft() does the same; torchvision's loader does not,
+// so the bytes differ slightly from its own (a full decode with reduced_decode off gives
+// them exactly, tests/data/test_image_transforms_torch.cpp).
+int reduction_for(const ImageTransform& t, const CropBox& box, int64_t height, int64_t width) {
+  double need_h = 0, need_w = 0, have_h = static_cast<double>(height), have_w = static_cast<double>(width);
+  switch (t.kind) {
+    case ImageTransform::Kind::kRandomResizedCrop:
+      have_h = static_cast<double>(box.height);
+      have_w = static_cast<double>(box.width);
+      need_h = static_cast<double>(t.height);
+      need_w = static_cast<double>(t.width);
+      break;
+    case ImageTransform::Kind::kCenterCrop: {
+      const auto [h, w] = shorter_side_size(height, width, t.shorter_side);
+      need_h = static_cast<double>(h);
+      need_w = static_cast<double>(w);
+      break;
+    }
+    case ImageTransform::Kind::kResize:
+      need_h = static_cast<double>(t.height);
+      need_w = static_cast<double>(t.width);
+      break;
+  }
+  for (const int r : {8, 4, 2}) {
+    if (have_h / r >= need_h && have_w / r >= need_w) return r;
+  }
+  return 1;
+}
+
+}  // namespace
+
+void transform_to_chw(DecodedImage image, const ImageTransform& transform, int64_t epoch, int64_t index,
+                      int64_t channels, uint8_t* out) {
+  const CropBox box = draw_box(transform, epoch, index, image.height, image.width);
+  write_chw(apply(std::move(image), transform, box), channels, out);
+}
+
+void decode_to_chw(const std::string& name, const uint8_t* bytes, size_t size, const ImageTransform& transform,
+                   int64_t epoch, int64_t index, int64_t channels, uint8_t* out) {
+  if (!transform.reduced_decode || !is_jpeg(bytes, size)) {
+    transform_to_chw(decode_image(name, bytes, size), transform, epoch, index, channels, out);
+    return;
+  }
+  JpegHeader header;
+  {
+    const TjHandle handle = jpeg_decoder(name);
+    header = jpeg_header(name, handle, bytes, size);
+  }
+  const CropBox box = draw_box(transform, epoch, index, header.height, header.width);
+  const int r = reduction_for(transform, box, header.height, header.width);
+  DecodedImage image = decode_jpeg(name, bytes, size, r);
+  if (r > 1 && transform.kind == ImageTransform::Kind::kRandomResizedCrop) {
+    // The box scaled with the image, fractional: the resample reads exactly its part.
+    const double sy = static_cast<double>(image.height) / header.height, sx = static_cast<double>(image.width) / header.width;
+    const SourceBox part{box.top * sy, box.left * sx, box.height * sy, box.width * sx};
+    write_chw(resize_box_bilinear(std::move(image), part, transform.height, transform.width), channels, out);
+    return;
+  }
+  write_chw(apply(std::move(image), transform, box), channels, out);
 }
 
 }  // namespace mtrain::data

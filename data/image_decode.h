@@ -32,6 +32,18 @@ DecodedImage decode_image(const std::filesystem::path& path);
 // fixed-point weights, the width first, then the height. Both sizes >= 1.
 DecodedImage resize_bilinear(DecodedImage image, int64_t height, int64_t width);
 
+// A part of an image in its pixels' coordinates, fractional ends allowed.
+struct SourceBox {
+  double top = 0;
+  double left = 0;
+  double height = 0;
+  double width = 0;
+};
+// PIL's Image.resize((width, height), Image.BILINEAR, box=(left, top, right, bottom)): the
+// box's part resampled to height x width, the filter reading the pixels around the box's
+// edges as well. InvalidArgument for a box outside the image.
+DecodedImage resize_box_bilinear(DecodedImage image, const SourceBox& box, int64_t height, int64_t width);
+
 // The rows [top, top + height) and columns [left, left + width) of `image`, which must
 // hold them (InvalidArgument otherwise): PIL's crop((left, top, left + w, top + h)).
 DecodedImage crop(const DecodedImage& image, int64_t top, int64_t left, int64_t height, int64_t width);
@@ -58,6 +70,10 @@ struct ImageTransform {
   int64_t width = 0;
   int64_t shorter_side = 0;  // kCenterCrop's resize
   uint64_t seed = 0;         // kRandomResizedCrop's draws
+  // decode_to_chw: a JPEG the transform shrinks is decoded at 1/2, 1/4 or 1/8 of its size
+  // where what it makes stays no larger (Note [Decoding at a reduced scale]); off: always
+  // at full size, torchvision's bytes exactly.
+  bool reduced_decode = false;
 
   // One line for logs: "RandomResizedCrop(224)".
   std::string describe() const;
@@ -78,5 +94,10 @@ std::pair<int64_t, int64_t> shorter_side_size(int64_t height, int64_t width, int
 // colour one becomes PIL's convert("L") luma for 1.
 void transform_to_chw(DecodedImage image, const ImageTransform& transform, int64_t epoch, int64_t index,
                       int64_t channels, uint8_t* out);
+// An encoded image (`name` for errors) decoded and through `transform` into `out` as
+// transform_to_chw writes it; with transform.reduced_decode, at a reduced scale where it
+// allows.
+void decode_to_chw(const std::string& name, const uint8_t* bytes, size_t size, const ImageTransform& transform,
+                   int64_t epoch, int64_t index, int64_t channels, uint8_t* out);
 
 }  // namespace mtrain::data

@@ -288,6 +288,7 @@ data::StreamedSplitsOptions streamed_options(const TrainOptions& o) {
                                       w.train.height, w.train.width, w.train.describe(), w.eval.height, w.eval.width,
                                       w.eval.describe()));
   }
+  w.train.reduced_decode = w.eval.reduced_decode = !o.full_decode;
   w.val_data = o.val_data;
   w.evaluate = o.eval;
   w.skip_bad = o.skip_bad_images;
@@ -527,6 +528,7 @@ std::vector<TrainFlag> train_flags(const TrainChoices& choices) {
   add(optional_integer("random-resized-crop", training, "--dataset webdataset or imagefolder (which then reads its images per batch): training images through torchvision's RandomResizedCrop(N) (scale 0.08 to 1, aspect 3/4 to 4/3), drawn per image and epoch", &O::random_resized_crop, 1, 65536));
   add(optional_integer("center-crop", training, "--dataset webdataset or imagefolder (which then reads its images per batch): evaluation images (and training ones without --random-resized-crop) through Resize(S) then CenterCrop(N), S being --resize's one number, else N * 8 / 7", &O::center_crop, 1, 65536));
   add(per_rank(path("val-data", data, "--dataset webdataset: the evaluation shards, a folder or a pattern (default: DATA_DIR/val when --data-dir holds train/ and val/)", &O::val_data)));
+  add(switch_flag("full-decode", training, "--dataset webdataset, or an image folder read per batch: decode every JPEG at its full size, as torchvision's loader does (its bytes exactly); by default a JPEG the transform shrinks is decoded at 1/2, 1/4 or 1/8 scale where what it makes stays as large (as PIL's draft())", &O::full_decode));
   add(per_rank(optional_integer("loader-workers", training, "threads per rank that read, decode and assemble batches (torch's DataLoader num_workers; default: 1 for a set held in memory, 4 for --dataset webdataset, which decodes every image each epoch)", &O::loader_workers, 1, 256)));
   add(shown_default(integer("shuffle-buffer", training, "--dataset webdataset: samples in each rank's shuffle buffer, which mixes the samples of the shards it reads", &O::shuffle_buffer, 1, 100'000'000)));
   add(shown_default(given("resize", training, "--dataset imagefolder or webdataset: every image resampled to HxW as it is decoded (torchvision's Resize((H, W)) on a PIL image, bilinear); N means NxN; off keeps each image's size, which must then be one", &O::resize, by(parse_resize))));

@@ -95,6 +95,7 @@ struct TrainOptions {
   std::optional<int64_t> center_crop;
   std::string val_data;
   int64_t shuffle_buffer = 1000;
+  bool full_decode = false;  // streamed JPEGs always decoded at full size (torchvision's bytes)
   std::optional<int64_t> loader_workers;  // threads assembling batches; unset: 1 in memory, 4 streamed
   std::string init_from;                // safetensors to start from; empty = fresh init
   std::string save_final;               // safetensors to write at the end; empty = none

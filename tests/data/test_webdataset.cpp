@@ -472,3 +472,37 @@ TEST_CASE("a streamed image folder reads the images the in-memory one holds", "[
     }
   }
 }
+
+TEST_CASE("reduced decode: a JPEG the transform shrinks decodes at a smaller scale, close to the full decode") {
+  TempDir dir;
+  const int64_t h = 360, w = 480;
+  std::vector<uint8_t> rgb;
+  for (int64_t y = 0; y < h; ++y) {
+    for (int64_t x = 0; x < w; ++x) {
+      for (int c = 0; c < 3; ++c) rgb.push_back(static_cast<uint8_t>((x / 2 + y / 3 + c * 40 + (x * y / 50) % 7) % 256));
+    }
+  }
+  mtrain::testing::write_jpeg(dir.file("a.jpg"), h, w, 3, rgb, 90);
+  mtrain::testing::write_png(dir.file("a.png"), h, w, 3, rgb);
+  for (const ImageTransform::Kind kind :
+       {ImageTransform::Kind::kResize, ImageTransform::Kind::kCenterCrop, ImageTransform::Kind::kRandomResizedCrop}) {
+    ImageTransform t{kind, 32, 32, 36, 9};
+    for (const std::string file : {"a.jpg", "a.png"}) {
+      const std::string bytes = read_text(dir.file(file));
+      const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+      std::vector<uint8_t> full(3 * 32 * 32), reduced(3 * 32 * 32);
+      for (int64_t index = 0; index < 4; ++index) {
+        t.reduced_decode = false;
+        decode_to_chw(file, data, bytes.size(), t, 0, index, 3, full.data());
+        t.reduced_decode = true;
+        decode_to_chw(file, data, bytes.size(), t, 0, index, 3, reduced.data());
+        double error = 0;
+        for (size_t k = 0; k < full.size(); ++k) error += std::abs(full[k] - reduced[k]);
+        INFO(file << ", " << t.describe() << ", image " << index << ": mean |full - reduced| " << error / full.size());
+        CHECK(error / static_cast<double>(full.size()) < 3.0);
+        if (file == "a.png") CHECK(full == reduced);  // only JPEGs have a scaled decode
+        if (file == "a.jpg") CHECK(full != reduced);  // decoded smaller: not the same bytes
+      }
+    }
+  }
+}
