@@ -3,8 +3,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 
 #include "core/error.h"
 #include "data/random.h"
@@ -110,6 +113,23 @@ void augmented_row(const uint8_t* pixels, int64_t channels, int64_t h, int64_t w
   }
 }
 
+// Note [Decoding without page faults]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A streamed set's workers decode, crop and resample every image into fresh buffers of a few
+// hundred KB. glibc serves such sizes from mmap at first, and returns freed heap tops to
+// the system, so the same memory was faulted in and zeroed again image after image: a sixth
+// of the decoding time (docs/benchmarks.md). Once a process streams, blocks below 32 MiB
+// come from the heap and up to 128 MiB of free heap is kept (per thread's arena: a few
+// MB in practice, the images' working set). Tensors have their own cache and are unaffected.
+void keep_decode_buffers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Advice to the allocator: a failure only costs the page faults back.
+    (void)mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    (void)mallopt(M_TRIM_THRESHOLD, 128 << 20);
+  });
+}
+
 }  // namespace
 
 // Note [Augmentation draws]
@@ -194,6 +214,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<S
     throw InvalidArgument("DataLoader: expected a dataset and a sampler, found a null pointer");
   }
   check_options(options_, *dataset_);
+  if (!dataset_->in_memory()) keep_decode_buffers();
   pixel_tables_ = make_pixel_tables(options_, dataset_->channels());
   if (options_.drop_last && !sampler_->batch_sizes().empty()) {
     throw InvalidArgument(fmt::format(

@@ -4,6 +4,9 @@
 #include <png.h>
 #include <turbojpeg.h>
 
+#include <cstdio>  // jpeglib.h needs FILE
+#include <jpeglib.h>
+
 #include <algorithm>
 #include <cmath>
 #include <csetjmp>
@@ -152,6 +155,116 @@ DecodedImage decode_jpeg(const std::string& name, const uint8_t* bytes, size_t s
   return out;
 }
 
+// Note [Decoding a crop's region]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// RandomResizedCrop keeps a box of 8 % to 100 % of the image (half of it on average), so
+// most of a full decode is thrown away. libjpeg-turbo's own libjpeg API decodes a band of
+// rows (jpeg_skip_scanlines passes over the rows above without their inverse DCT and colour
+// conversion, and decoding stops after the band) and of columns (jpeg_crop_scanline, widened
+// to whole 8x8 or 16x16 blocks); the pixels are those of a full decode
+// (tests/data/test_webdataset.cpp checks it), so the crop keeps torchvision's bytes. Its
+// errors come by longjmp: the functions that call into it hold only trivially destructible
+// locals, as the PNG decoder's do.
+struct JpegRegionDecoder {
+  jpeg_decompress_struct cinfo{};
+  jpeg_error_mgr errors{};
+  std::jmp_buf jump{};
+  char message[JMSG_LENGTH_MAX] = "";
+  bool created = false;
+  JpegRegionDecoder() = default;
+  JpegRegionDecoder(const JpegRegionDecoder&) = delete;
+  JpegRegionDecoder& operator=(const JpegRegionDecoder&) = delete;
+  ~JpegRegionDecoder() {
+    if (created) jpeg_destroy_decompress(&cinfo);
+  }
+};
+
+void jpeg_region_fail(j_common_ptr cinfo) {
+  auto* d = reinterpret_cast<JpegRegionDecoder*>(cinfo->client_data);
+  (*cinfo->err->format_message)(cinfo, d->message);
+  std::longjmp(d->jump, 1);
+}
+
+void jpeg_region_ignore(j_common_ptr, int) {}  // warnings (a corrupt stretch of data), as TurboJPEG's
+
+// Header and start at 1/reduction scale; the image's size is then cinfo.output_*.
+bool jpeg_region_start(JpegRegionDecoder* d, const uint8_t* bytes, size_t size, int reduction) {
+  d->cinfo.err = jpeg_std_error(&d->errors);
+  d->errors.error_exit = jpeg_region_fail;
+  d->errors.emit_message = jpeg_region_ignore;
+  d->cinfo.client_data = d;
+  if (setjmp(d->jump)) return false;
+  jpeg_create_decompress(&d->cinfo);
+  d->created = true;
+  jpeg_mem_src(&d->cinfo, bytes, static_cast<unsigned long>(size));
+  jpeg_read_header(&d->cinfo, TRUE);
+  d->cinfo.out_color_space = d->cinfo.jpeg_color_space == JCS_GRAYSCALE ? JCS_GRAYSCALE : JCS_RGB;
+  d->cinfo.scale_num = 1;
+  d->cinfo.scale_denom = static_cast<unsigned>(reduction);
+  jpeg_start_decompress(&d->cinfo);
+  return true;
+}
+
+// Columns [*x, *x + *width) widened to whole blocks (both updated).
+bool jpeg_region_columns(JpegRegionDecoder* d, JDIMENSION* x, JDIMENSION* width) {
+  if (setjmp(d->jump)) return false;
+  jpeg_crop_scanline(&d->cinfo, x, width);
+  return true;
+}
+
+// Rows [top, top + rows) into `out` (row_bytes apart), the rows above skipped.
+bool jpeg_region_rows(JpegRegionDecoder* d, JDIMENSION top, JDIMENSION rows, uint8_t* out, size_t row_bytes) {
+  if (setjmp(d->jump)) return false;
+  if (top > 0 && jpeg_skip_scanlines(&d->cinfo, top) != top) return false;
+  for (JDIMENSION y = 0; y < rows;) {
+    JSAMPROW row = out + static_cast<size_t>(y) * row_bytes;
+    const JDIMENSION read = jpeg_read_scanlines(&d->cinfo, &row, 1);
+    if (read == 0) return false;
+    y += read;
+  }
+  jpeg_abort_decompress(&d->cinfo);
+  return true;
+}
+
+// At least the rows [top, top + height) and columns [left, left + width) of a JPEG decoded
+// at 1/reduction scale (coordinates in the scaled image): `image` starts at row `first_row`
+// and column `first_column`. A band of kRegionMargin pixels more on every side (where the
+// image has them) keeps the region's own pixels those of a full decode: at a region's edge,
+// libjpeg's smooth upsampling of subsampled colour lacks its neighbours.
+constexpr int64_t kRegionMargin = 16;
+struct JpegRegion {
+  DecodedImage image;
+  int64_t first_row = 0;
+  int64_t first_column = 0;
+};
+
+JpegRegion decode_jpeg_region(const std::string& name, const uint8_t* bytes, size_t size, int reduction, int64_t top,
+                              int64_t height, int64_t left, int64_t width) {
+  JpegRegionDecoder d;
+  const auto fail = [&] { return IoError(fmt::format("{}: not a readable JPEG: {}", name, d.message)); };
+  if (!jpeg_region_start(&d, bytes, size, reduction)) throw fail();
+  const int64_t image_height = d.cinfo.output_height, image_width = d.cinfo.output_width;
+  if (top < 0 || left < 0 || height < 1 || width < 1 || top + height > image_height || left + width > image_width) {
+    throw InternalError(fmt::format("{}: region {}x{} at ({}, {}) outside the {}x{} image", name, height, width, top,
+                                    left, image_height, image_width));
+  }
+  const int64_t first_row = std::max<int64_t>(top - kRegionMargin, 0);
+  const int64_t rows = std::min<int64_t>(top + height + kRegionMargin, image_height) - first_row;
+  const int64_t first_column = std::max<int64_t>(left - kRegionMargin, 0);
+  auto x = static_cast<JDIMENSION>(first_column);
+  auto w = static_cast<JDIMENSION>(std::min<int64_t>(left + width + kRegionMargin, image_width) - first_column);
+  if (!jpeg_region_columns(&d, &x, &w)) throw fail();
+  const int64_t channels = d.cinfo.output_components;
+  JpegRegion region{{rows, static_cast<int64_t>(w), channels,
+                     std::vector<uint8_t>(static_cast<size_t>(rows * static_cast<int64_t>(w) * channels))},
+                    first_row, static_cast<int64_t>(x)};
+  if (!jpeg_region_rows(&d, static_cast<JDIMENSION>(first_row), static_cast<JDIMENSION>(rows),
+                        region.image.pixels.data(), static_cast<size_t>(static_cast<int64_t>(w) * channels))) {
+    throw fail();
+  }
+  return region;
+}
+
 // Note [Resizing as PIL does]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // torchvision's ImageFolder hands Resize a PIL image, so the bytes a PyTorch user trains
@@ -211,24 +324,55 @@ uint8_t resampled_byte(int32_t sum) {
 
 // One pass along the pixels `step` apart (step = channels: along a row; row length x
 // channels: down a column); `lines` lines of `in_size` pixels, `line_step` apart.
-void resample(const uint8_t* in, uint8_t* out, const ResampleTaps& taps, int64_t lines, int64_t in_line_step,
-              int64_t out_line_step, int64_t in_step, int64_t out_step, int64_t channels, int64_t out_size) {
-  for (int64_t line = 0; line < lines; ++line) {
-    const uint8_t* src = in + line * in_line_step;
-    uint8_t* dst = out + line * out_line_step;
-    for (int64_t o = 0; o < out_size; ++o) {
+// Along each of `rows` rows of `channels`-interleaved pixels (Pillow's horizontal pass).
+template <int kChannels>
+void resample_rows_fixed(const uint8_t* in, uint8_t* out, const ResampleTaps& taps, int64_t rows, int64_t in_width,
+                         int64_t out_width) {
+  for (int64_t y = 0; y < rows; ++y) {
+    const uint8_t* src = in + y * in_width * kChannels;
+    uint8_t* dst = out + y * out_width * kChannels;
+    for (int64_t o = 0; o < out_width; ++o) {
       const int32_t* k = taps.weights.data() + o * taps.size;
-      const int64_t lo = taps.first[static_cast<size_t>(o)];
+      const uint8_t* p = src + taps.first[static_cast<size_t>(o)] * kChannels;
       const int64_t n = taps.count[static_cast<size_t>(o)];
-      for (int64_t c = 0; c < channels; ++c) {
-        int32_t sum = 1 << (kResampleBits - 1);
-        for (int64_t i = 0; i < n; ++i) sum += src[(lo + i) * in_step + c] * k[i];
-        dst[o * out_step + c] = resampled_byte(sum);
+      int32_t sum[kChannels];
+      for (int c = 0; c < kChannels; ++c) sum[c] = 1 << (kResampleBits - 1);
+      for (int64_t i = 0; i < n; ++i) {
+        for (int c = 0; c < kChannels; ++c) sum[c] += p[i * kChannels + c] * k[i];
       }
+      for (int c = 0; c < kChannels; ++c) dst[o * kChannels + c] = resampled_byte(sum[c]);
     }
   }
 }
 
+void resample_rows(const uint8_t* in, uint8_t* out, const ResampleTaps& taps, int64_t rows, int64_t in_width,
+                   int64_t out_width, int64_t channels) {
+  if (channels == 3) {
+    resample_rows_fixed<3>(in, out, taps, rows, in_width, out_width);
+  } else {
+    resample_rows_fixed<1>(in, out, taps, rows, in_width, out_width);
+  }
+}
+
+// Down the columns (Pillow's vertical pass), a whole output row at a time: each tap adds a
+// source row, scaled, to the row's sums, so the reads run along memory. The same integer
+// sums as pixel by pixel, in the same order.
+void resample_columns(const uint8_t* in, uint8_t* out, const ResampleTaps& taps, int64_t row_bytes, int64_t out_rows) {
+  std::vector<int32_t> sums(static_cast<size_t>(row_bytes));
+  for (int64_t o = 0; o < out_rows; ++o) {
+    const int32_t* k = taps.weights.data() + o * taps.size;
+    const int64_t lo = taps.first[static_cast<size_t>(o)];
+    std::fill(sums.begin(), sums.end(), 1 << (kResampleBits - 1));
+    int32_t* acc = sums.data();
+    for (int64_t i = 0; i < taps.count[static_cast<size_t>(o)]; ++i) {
+      const uint8_t* row = in + (lo + i) * row_bytes;
+      const int32_t weight = k[i];
+      for (int64_t x = 0; x < row_bytes; ++x) acc[x] += row[x] * weight;
+    }
+    uint8_t* dst = out + o * row_bytes;
+    for (int64_t x = 0; x < row_bytes; ++x) dst[x] = resampled_byte(acc[x]);
+  }
+}
 
 // The draws of one image, uniform in [lo, hi).
 double uniform(Rng& rng, double lo, double hi) { return lo + (hi - lo) * rng.uniform01(); }
@@ -247,14 +391,12 @@ DecodedImage resample_sides(DecodedImage current, int64_t height, int64_t width,
   const int64_t c = current.channels;
   if (across != nullptr) {
     DecodedImage wide{current.height, width, c, std::vector<uint8_t>(static_cast<size_t>(current.height * width * c))};
-    resample(current.pixels.data(), wide.pixels.data(), *across, current.height, current.width * c, width * c, c, c, c,
-             width);
+    resample_rows(current.pixels.data(), wide.pixels.data(), *across, current.height, current.width, width, c);
     current = std::move(wide);
   }
   if (down != nullptr) {
     DecodedImage tall{height, width, c, std::vector<uint8_t>(static_cast<size_t>(height * width * c))};
-    // Down the columns: a "line" is one column of one channel-interleaved pixel.
-    resample(current.pixels.data(), tall.pixels.data(), *down, width, c, c, width * c, width * c, c, height);
+    resample_columns(current.pixels.data(), tall.pixels.data(), *down, width * c, height);
     current = std::move(tall);
   }
   return current;
@@ -486,7 +628,8 @@ void transform_to_chw(DecodedImage image, const ImageTransform& transform, int64
 
 void decode_to_chw(const std::string& name, const uint8_t* bytes, size_t size, const ImageTransform& transform,
                    int64_t epoch, int64_t index, int64_t channels, uint8_t* out) {
-  if (!transform.reduced_decode || !is_jpeg(bytes, size)) {
+  const bool crops = transform.kind == ImageTransform::Kind::kRandomResizedCrop;
+  if (!is_jpeg(bytes, size) || (!transform.reduced_decode && !crops)) {
     transform_to_chw(decode_image(name, bytes, size), transform, epoch, index, channels, out);
     return;
   }
@@ -496,16 +639,35 @@ void decode_to_chw(const std::string& name, const uint8_t* bytes, size_t size, c
     header = jpeg_header(name, handle, bytes, size);
   }
   const CropBox box = draw_box(transform, epoch, index, header.height, header.width);
-  const int r = reduction_for(transform, box, header.height, header.width);
-  DecodedImage image = decode_jpeg(name, bytes, size, r);
-  if (r > 1 && transform.kind == ImageTransform::Kind::kRandomResizedCrop) {
-    // The box scaled with the image, fractional: the resample reads exactly its part.
-    const double sy = static_cast<double>(image.height) / header.height, sx = static_cast<double>(image.width) / header.width;
-    const SourceBox part{box.top * sy, box.left * sx, box.height * sy, box.width * sx};
-    write_chw(resize_box_bilinear(std::move(image), part, transform.height, transform.width), channels, out);
+  const int r = transform.reduced_decode ? reduction_for(transform, box, header.height, header.width) : 1;
+  if (!crops) {
+    write_chw(apply(decode_jpeg(name, bytes, size, r), transform, box), channels, out);
     return;
   }
-  write_chw(apply(std::move(image), transform, box), channels, out);
+  // Note [Decoding a crop's region]: at full scale, exactly the box (crop, then resize);
+  // reduced, the box scaled to fractional pixels with the resample's reach around it.
+  if (r == 1) {
+    const JpegRegion region = decode_jpeg_region(name, bytes, size, 1, box.top, box.height, box.left, box.width);
+    DecodedImage part =
+        crop(region.image, box.top - region.first_row, box.left - region.first_column, box.height, box.width);
+    write_chw(resize_bilinear(std::move(part), transform.height, transform.width), channels, out);
+    return;
+  }
+  const int64_t scaled_h = (header.height + r - 1) / r, scaled_w = (header.width + r - 1) / r;
+  const double sy = static_cast<double>(scaled_h) / header.height, sx = static_cast<double>(scaled_w) / header.width;
+  const SourceBox part{box.top * sy, box.left * sx, box.height * sy, box.width * sx};
+  const auto reach = [](double length, int64_t out_size) {
+    return static_cast<int64_t>(std::ceil(std::max(length / static_cast<double>(out_size), 1.0))) + 1;
+  };
+  const int64_t ry = reach(part.height, transform.height), rx = reach(part.width, transform.width);
+  const int64_t top = std::max<int64_t>(static_cast<int64_t>(std::floor(part.top)) - ry, 0);
+  const int64_t bottom = std::min<int64_t>(static_cast<int64_t>(std::ceil(part.top + part.height)) + ry, scaled_h);
+  const int64_t left = std::max<int64_t>(static_cast<int64_t>(std::floor(part.left)) - rx, 0);
+  const int64_t right = std::min<int64_t>(static_cast<int64_t>(std::ceil(part.left + part.width)) + rx, scaled_w);
+  JpegRegion region = decode_jpeg_region(name, bytes, size, r, top, bottom - top, left, right - left);
+  const SourceBox inside{part.top - static_cast<double>(region.first_row),
+                         part.left - static_cast<double>(region.first_column), part.height, part.width};
+  write_chw(resize_box_bilinear(std::move(region.image), inside, transform.height, transform.width), channels, out);
 }
 
 }  // namespace mtrain::data

@@ -33,7 +33,7 @@ packages=(
   libdnnl-dev ocl-icd-opencl-dev
   libgloo-dev libopenmpi-dev openmpi-bin
   libcxxopts-dev libspdlog-dev nlohmann-json3-dev zlib1g-dev libcairo2-dev
-  libpng-dev libturbojpeg0-dev
+  libpng-dev libturbojpeg0-dev libjpeg62-turbo-dev
   # --model FILE.onnx: ONNX's protobuf classes and checker (models/onnx/onnx_graph.cpp).
   libonnx-dev libprotobuf-dev
 )

@@ -26,13 +26,15 @@ inline void write_png(const std::filesystem::path& path, int64_t height, int64_t
   }
 }
 
+// Colour is subsampled 4:4:4 unless `subsampling` says otherwise (TJSAMP_420: cameras' and
+// Pillow's default).
 inline void write_jpeg(const std::filesystem::path& path, int64_t height, int64_t width, int64_t channels,
-                       const std::vector<uint8_t>& pixels, int quality = 95) {
+                       const std::vector<uint8_t>& pixels, int quality = 95, int subsampling = TJSAMP_444) {
   tjhandle h = tjInitCompress();
   unsigned char* out = nullptr;
   unsigned long size = 0;
   const int pf = channels == 3 ? TJPF_RGB : TJPF_GRAY;
-  const int sub = channels == 3 ? TJSAMP_444 : TJSAMP_GRAY;
+  const int sub = channels == 3 ? subsampling : TJSAMP_GRAY;
   if (tjCompress2(h, pixels.data(), static_cast<int>(width), 0, static_cast<int>(height), pf, &out, &size, sub, quality,
                   0) != 0) {
     tjDestroy(h);

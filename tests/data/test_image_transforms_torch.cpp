@@ -1,6 +1,7 @@
 // Streamed images' transforms against torchvision's on the same files (Debian's
 // python3-torchvision, at /usr/bin/python3): RandomResizedCrop's crop and resize once its
-// box is drawn (the draw is mtrain's own: Note [Random resized crops]), and the evaluation
+// box is drawn (the draw is mtrain's own: Note [Random resized crops]; a JPEG's box decoded
+// alone, JPEGs subsampled 4:4:4 and 4:2:0), and the evaluation
 // transform Resize(S) then CenterCrop(C), to the byte. Skips without torchvision.
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
@@ -45,7 +46,7 @@ TEST_CASE("RandomResizedCrop's resize of its box and Resize + CenterCrop give to
     }
     const fs::path path = dir.path() / fmt::format("{}.{}", k, k % 2 == 0 ? "jpg" : "png");
     if (k % 2 == 0) {
-      mtrain::testing::write_jpeg(path, h, w, 3, pixels, 90);
+      mtrain::testing::write_jpeg(path, h, w, 3, pixels, 90, k % 4 == 0 ? TJSAMP_420 : TJSAMP_444);
     } else {
       mtrain::testing::write_png(path, h, w, 3, pixels);
     }
@@ -74,9 +75,17 @@ TEST_CASE("RandomResizedCrop's resize of its box and Resize + CenterCrop give to
     const int64_t bytes = 3 * c.size * c.size;
     REQUIRE(at + 2 * static_cast<size_t>(bytes) <= expected.size());
     std::vector<uint8_t> ours(static_cast<size_t>(bytes));
-    // The same draw as the box above: epoch i % 3, index = the image's number.
+    // The same draw as the box above: epoch i % 3, index = the image's number; a JPEG's box
+    // decoded alone (Note [Decoding a crop's region]).
+    std::ifstream file(c.path, std::ios::binary);
+    const std::vector<uint8_t> encoded{std::istreambuf_iterator<char>(file), {}};
+    decode_to_chw(c.path.string(), encoded.data(), encoded.size(),
+                  {ImageTransform::Kind::kRandomResizedCrop, c.size, c.size, 0, 11}, static_cast<int64_t>(i % 3),
+                  static_cast<int64_t>(i / 3), 3, ours.data());
+    std::vector<uint8_t> full(ours.size());
     transform_to_chw(c.image, {ImageTransform::Kind::kRandomResizedCrop, c.size, c.size, 0, 11},
-                     static_cast<int64_t>(i % 3), static_cast<int64_t>(i / 3), 3, ours.data());
+                     static_cast<int64_t>(i % 3), static_cast<int64_t>(i / 3), 3, full.data());
+    CHECK(full == ours);
     INFO(fmt::format("{} ({}x{}), box {}x{} at ({}, {}) to {}", c.path.filename().string(), c.image.height,
                      c.image.width, c.box.height, c.box.width, c.box.top, c.box.left, c.size));
     CHECK(std::equal(ours.begin(), ours.end(), expected.begin() + static_cast<std::ptrdiff_t>(at)));

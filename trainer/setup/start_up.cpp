@@ -480,32 +480,14 @@ data::ChannelStats normalization(const TrainOptions& o, const data::Dataset& tra
 
 void make_loaders(const TrainOptions& o, TrainingRun& run) {
   const int rank = run.env().rank, world = run.env().world_size;
-  const int64_t train_size = run.train_set->size();
   const bool pinned = run.compute().is_cuda();
   const data::ChannelStats norm = normalization(o, *run.train_set);
-  data::Augmentation augment;
-  augment.crop_padding = o.random_crop.value_or(-1);
-  augment.horizontal_flip = o.random_flip;
-  augment.seed = o.seed;
-  const data::Permutation permutation = o.shuffle_order.value;
-  if (o.global_batch_size) {
-    auto sampler = std::make_shared<data::GlobalBatchShardSampler>(train_size, rank, world, *o.global_batch_size,
-                                                                   o.shuffle, o.seed, o.drop_last, permutation);
-    if (const auto shares = initial_shares(o, world)) sampler->set_shares(0, *shares);
-    if (o.sync_bn && run.groups) require_every_rank_a_share(o, *sampler, world);
-    run.global_batch_sampler = sampler;
-    run.train_loader = make_loader(o, run.train_set, sampler, *o.global_batch_size, pinned, norm, augment);
-  } else if (const data::EncodedImages* shards = run.train_set->encoded(); shards != nullptr && shards->sharded()) {
-    data::ShardSamplerOptions so{.shuffle = o.shuffle, .seed = o.seed, .drop_last = o.drop_last, .buffer = o.shuffle_buffer};
-    auto sampler = std::make_shared<data::ShardSampler>(shards->file_starts(), rank, world, so);
-    run.stream_sampler = sampler;
-    run.train_loader = make_loader(o, run.train_set, sampler, o.batch_size, pinned, norm, augment);
-  } else {
-    auto sampler =
-        std::make_shared<data::DistributedSampler>(train_size, rank, world, o.shuffle, o.seed, o.drop_last, permutation);
-    run.shard_sampler = sampler;
-    run.train_loader = make_loader(o, run.train_set, sampler, o.batch_size, pinned, norm, augment);
-  }
+  TrainLoader train = make_train_loader(o, run.train_set, rank, world, pinned, norm);
+  if (train.global_batch_sampler && o.sync_bn && run.groups) require_every_rank_a_share(o, *train.global_batch_sampler, world);
+  run.train_loader = std::move(train.loader);
+  run.global_batch_sampler = std::move(train.global_batch_sampler);
+  run.shard_sampler = std::move(train.shard_sampler);
+  run.stream_sampler = std::move(train.stream_sampler);
   if (o.eval) {
     // Per rank, the largest training share (a global batch's first chunk), not G itself.
     const int64_t eval_batch = o.global_batch_size ? (*o.global_batch_size + world - 1) / world : o.batch_size;
@@ -545,6 +527,35 @@ void attach_gradient_sync(const TrainOptions& o, TrainingRun& run) {
 }
 
 }  // namespace
+
+TrainLoader make_train_loader(const TrainOptions& o, std::shared_ptr<const data::Dataset> train_set, int rank, int world,
+                              bool pinned, const data::ChannelStats& norm) {
+  const int64_t train_size = train_set->size();
+  data::Augmentation augment;
+  augment.crop_padding = o.random_crop.value_or(-1);
+  augment.horizontal_flip = o.random_flip;
+  augment.seed = o.seed;
+  const data::Permutation permutation = o.shuffle_order.value;
+  TrainLoader t;
+  if (o.global_batch_size) {
+    auto sampler = std::make_shared<data::GlobalBatchShardSampler>(train_size, rank, world, *o.global_batch_size,
+                                                                   o.shuffle, o.seed, o.drop_last, permutation);
+    if (const auto shares = initial_shares(o, world)) sampler->set_shares(0, *shares);
+    t.global_batch_sampler = sampler;
+    t.loader = make_loader(o, train_set, sampler, *o.global_batch_size, pinned, norm, augment);
+  } else if (const data::EncodedImages* files = train_set->encoded(); files != nullptr && files->sharded()) {
+    data::ShardSamplerOptions so{.shuffle = o.shuffle, .seed = o.seed, .drop_last = o.drop_last, .buffer = o.shuffle_buffer};
+    auto sampler = std::make_shared<data::ShardSampler>(files->file_starts(), rank, world, so);
+    t.stream_sampler = sampler;
+    t.loader = make_loader(o, train_set, sampler, o.batch_size, pinned, norm, augment);
+  } else {
+    auto sampler =
+        std::make_shared<data::DistributedSampler>(train_size, rank, world, o.shuffle, o.seed, o.drop_last, permutation);
+    t.shard_sampler = sampler;
+    t.loader = make_loader(o, train_set, sampler, o.batch_size, pinned, norm, augment);
+  }
+  return t;
+}
 
 // Note [When the shares change] in ddp/share_policy.cpp. Built after set_up_run, since it holds
 // references into the run (its metrics writer), which must not move afterwards.

@@ -75,6 +75,18 @@ struct TrainingRun {
 // cannot start as asked, IoError for files, CommError for peers).
 TrainingRun set_up_run(const TrainOptions& options, WorkerEnvironment env, StartupStop& startup);
 
+// The training loader of a run of `options` for rank `rank` of `world` over `train_set`,
+// and the sampler it reads (one of the three, by the flags and the set: Note [Shards per
+// rank] in data/shard_sampler.cpp for sharded sets). `norm` is --normalize's values.
+struct TrainLoader {
+  std::shared_ptr<data::DataLoader> loader;
+  std::shared_ptr<data::GlobalBatchShardSampler> global_batch_sampler;
+  std::shared_ptr<data::DistributedSampler> shard_sampler;
+  std::shared_ptr<data::ShardSampler> stream_sampler;
+};
+TrainLoader make_train_loader(const TrainOptions& options, std::shared_ptr<const data::Dataset> train_set, int rank,
+                              int world, bool pinned, const data::ChannelStats& norm);
+
 // --balance auto or static in a data-parallel run: the BatchResplitter that re-splits the global
 // batches (it refers into `run`, which must stay where it is); null for --balance even and in
 // a world of one.
