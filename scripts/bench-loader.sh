@@ -93,7 +93,7 @@ for ((r = 1; r <= runs; r++)); do
   rate[full]+="$(mtrain --dataset imagefolder --data-dir "$work/photos" --full-decode) "
   rate[folder]+="$(mtrain --dataset imagefolder --data-dir "$work/photos") "
   rate[shards]+="$(mtrain --dataset webdataset --data-dir "$work/shards") "
-  echo "round $r: torchvision ${rate[torchvision]##* } ..." | tr -s ' ' >&2
+  echo "round $r of $runs done" >&2
 done
 tv=$(tr ' ' '\n' <<< "${rate[torchvision]}" | grep . | median)
 printf '%-12s %8s img/s per core\n' torchvision "$tv"

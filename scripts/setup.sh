@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs mtrain's Debian dependencies (only those missing), configures and builds into
 # build/, then installs the binaries under PREFIX (default /usr/local: mtrain-launch,
-# mtrain-train, mtrain-bench, mtrain-plot and mtrain-trace on PATH, the shipped data beside
+# mtrain-train, mtrain-bench, mtrain-plot, mtrain-trace, mtrain-pack and mtrain-bench-loader on PATH, the shipped data beside
 # them). Idempotent: a second run installs no package and rebuilds only what changed.
 # Without --tests it installs and builds what training needs, nothing more; --tests adds the
 # test suite and the packages only the tests use (Catch2, PyTorch, Pillow, SLURM, munge,
@@ -54,7 +54,8 @@ test_packages=(
   # (tests/data/test_image_folder_pil.cpp).
   python3-pil
   # The tests that export PyTorch and torchvision networks to ONNX and train them
-  # (tests/models/onnx).
+  # (tests/models/onnx), and that compare the streamed images' crops with torchvision's
+  # (tests/data/test_image_transforms_torch.cpp).
   python3-onnx python3-torchvision
 )
 [[ $with_tests == ON ]] && packages+=("${test_packages[@]}")
@@ -93,6 +94,6 @@ if [[ -n $prefix ]]; then
   while [[ ! -e $existing ]]; do existing=$(dirname "$existing"); done
   if [[ $(id -u) -ne 0 && ! -w $existing ]] && command -v sudo >/dev/null; then install_cmd=(sudo "${install_cmd[@]}"); fi
   "${install_cmd[@]}" >/dev/null
-  echo "setup: installed mtrain-launch, mtrain-train, mtrain-bench, mtrain-plot and mtrain-trace in $prefix/bin"
+  echo "setup: installed mtrain-launch, mtrain-train, mtrain-bench, mtrain-plot, mtrain-trace, mtrain-pack and mtrain-bench-loader in $prefix/bin"
   case ":$PATH:" in *":$prefix/bin:"*) ;; *) echo "setup: add $prefix/bin to PATH to run them by name" ;; esac
 fi

@@ -235,6 +235,28 @@ ImageSize parse_resize(const std::string& value) {
   return {env::parse_int(height, "--resize's height", 1, kMaxSide), env::parse_int(width, "--resize's width", 1, kMaxSide)};
 }
 
+data::ImageShape parse_image_shape(const std::string& value) {
+  const size_t a = value.find('x'), b = a == std::string::npos ? a : value.find('x', a + 1);
+  if (b == std::string::npos) {
+    throw InvalidArgument(fmt::format("--synthetic-shape: expected CxHxW (e.g. 3x224x224), found '{}'", value));
+  }
+  const data::ImageShape shape{env::parse_int(value.substr(0, a), "--synthetic-shape's channels", 1, 3),
+                               env::parse_int(value.substr(a + 1, b - a - 1), "--synthetic-shape's height", 8, 4096),
+                               env::parse_int(value.substr(b + 1), "--synthetic-shape's width", 8, 4096)};
+  if (shape.channels == 2) throw InvalidArgument("--synthetic-shape: expected 1 or 3 channels, found 2");
+  return shape;
+}
+
+data::SyntheticOptions synthetic_options(const TrainOptions& o) {
+  data::SyntheticOptions s;
+  s.seed = o.seed;
+  s.shape = o.synthetic_shape.value;
+  constexpr int64_t kMaxBytes = int64_t{256} << 20;
+  s.train_size = std::clamp<int64_t>(kMaxBytes / s.shape.numel(), 256, s.train_size);
+  s.test_size = std::max<int64_t>(s.train_size / 6, 64);
+  return s;
+}
+
 data::ImageFolderOptions image_folder_options(const TrainOptions& o) {
   return {.skip_bad_files = o.skip_bad_images, .height = o.resize.value.height, .width = o.resize.value.width};
 }
@@ -247,8 +269,8 @@ data::ImageFolderOptions image_folder_options(const TrainOptions& o) {
 // ends at one size, as an ImageNet recipe's torchvision transforms do:
 // - training: --random-resized-crop N (RandomResizedCrop(N)); else --center-crop C
 //   (Resize(S), CenterCrop(C)); else --resize HxW (Resize((H, W))).
-// - evaluation: --center-crop C; else --resize HxW when no crop is asked for; else, after
-//   --random-resized-crop N alone, Resize(S), CenterCrop(N).
+// - evaluation: --center-crop C; else --resize HxW; else, after --random-resized-crop N
+//   alone, Resize(S), CenterCrop(N).
 // S, the shorter side before a centre crop, is --resize's one number when given, else C * 8 / 7
 // (256 for 224: the reference recipes' crop ratio 0.875). Both splits must end at one size.
 data::StreamedSplitsOptions streamed_options(const TrainOptions& o) {
@@ -277,10 +299,10 @@ data::StreamedSplitsOptions streamed_options(const TrainOptions& o) {
   }
   if (o.center_crop) {
     w.eval = centre(*o.center_crop);
-  } else if (o.random_resized_crop) {
-    w.eval = centre(*o.random_resized_crop);
-  } else {
+  } else if (o.resize.value.height > 0) {
     w.eval = squash;
+  } else {
+    w.eval = centre(*o.random_resized_crop);
   }
   if (w.eval.height != w.train.height || w.eval.width != w.train.width) {
     throw InvalidArgument(fmt::format("--dataset webdataset: the training images would be {}x{} ({}) but the "
@@ -506,6 +528,7 @@ std::vector<TrainFlag> train_flags(const TrainChoices& choices) {
   // it alone is told so by name.
   add(path("init-from", data, "start from the weights in this safetensors file", &O::init_from));
   add(shown_default(integer("seed", data, "seed for initialisation, shuffling and synthetic data", &O::seed, 0, kMax)));
+  add(shown_default(given("synthetic-shape", data, "--dataset synthetic: its images' CxHxW (3x224x224 for ImageNet-sized benchmarks without data; 6,000 training images at 1x28x28, fewer when larger: about 256 MiB of them)", &O::synthetic_shape, by(parse_image_shape))));
 
   add(from_recipe(integer("epochs", training, "passes over the training set (default: the model's recipe)", &O::epochs, 1, 1'000'000)));
   add(optional_integer("max-steps", training, "stop after this many optimizer steps in total (default: no limit; 0 trains nothing, so --save-final writes the initial weights)", &O::max_steps, 0, kMax));
@@ -737,6 +760,9 @@ void validate_with(const std::vector<TrainFlag>& flags, const TrainOptions& o) {
     if (!given || o.dataset == "webdataset" || (imagefolder && o.dataset == "imagefolder")) continue;
     throw InvalidArgument(fmt::format("{} applies to --dataset webdataset{}, not to {}", flag,
                                       imagefolder ? " or imagefolder" : "", o.dataset));
+  }
+  if (o.dataset != "synthetic" && o.synthetic_shape.text != "1x28x28") {
+    throw InvalidArgument(fmt::format("--synthetic-shape applies to --dataset synthetic, not to {}", o.dataset));
   }
   if (!o.save_onnx.empty() && !models::is_onnx_file(o.model)) {
     throw InvalidArgument(fmt::format("--save-onnx {} writes back the graph of an ONNX --model, but the model is {}; "

@@ -12,6 +12,7 @@
 
 #include "data/image_folder.h"
 #include "data/random.h"
+#include "data/synthetic.h"
 #include "data/webdataset.h"
 #include "models/init.h"
 #include "tensor/tensor.h"
@@ -40,6 +41,9 @@ struct ImageSize {
   int64_t width = 0;
 };
 ImageSize parse_resize(const std::string& value);
+
+// --synthetic-shape's value: CxHxW, 1 or 3 channels. InvalidArgument otherwise, quoting it.
+data::ImageShape parse_image_shape(const std::string& value);
 
 // A flag's value as given and as parsed from it, once, by its row of the flag table (Note
 // [One table of flags] in options.cpp): the run reads `value`; the log, the ranks' comparison
@@ -95,6 +99,7 @@ struct TrainOptions {
   std::optional<int64_t> center_crop;
   std::string val_data;
   int64_t shuffle_buffer = 1000;
+  Given<data::ImageShape> synthetic_shape{"1x28x28", {1, 28, 28}};  // --dataset synthetic's images
   bool full_decode = false;  // streamed JPEGs always decoded at full size (torchvision's bytes)
   std::optional<int64_t> loader_workers;  // threads assembling batches; unset: 1 in memory, 4 streamed
   std::string init_from;                // safetensors to start from; empty = fresh init
@@ -183,6 +188,10 @@ ParsedTrainCommandLine parse_train_command_line(int argc, const char* const* arg
 // Checks the option values (called by parse_train_command_line; exposed for tests
 // and for callers that fill TrainOptions themselves). Throws InvalidArgument.
 void validate_train_options(const TrainOptions& options, const TrainChoices& choices);
+
+// The synthetic set --seed and --synthetic-shape ask for: 6,000 training and 1,000 test
+// images, fewer for larger images (about 256 MiB of training images at most).
+data::SyntheticOptions synthetic_options(const TrainOptions& options);
 
 // What --skip-bad-images and --resize ask of the image folder loader.
 data::ImageFolderOptions image_folder_options(const TrainOptions& options);

@@ -35,34 +35,39 @@ TEST_CASE("Synthetic data is deterministic for a seed and differs across seeds",
 
 TEST_CASE("Synthetic classes are learnable: nearest class mean beats chance by far",
           "[data][synthetic]") {
-  const DatasetSplits s = make_synthetic_splits({.train_size = 2000, .test_size = 500, .seed = 3});
-  const size_t pixels = 28 * 28;
-  std::vector<std::vector<double>> mean(10, std::vector<double>(pixels, 0.0));
-  std::vector<int64_t> count(10, 0);
-  for (int64_t i = 0; i < s.train.size(); ++i) {
-    const auto cls = static_cast<size_t>(s.train.label(i));
-    ++count[cls];
-    for (size_t p = 0; p < pixels; ++p) mean[cls][p] += s.train.image(i)[p];
-  }
-  for (size_t c = 0; c < 10; ++c) {
-    REQUIRE(count[c] > 100);  // labels are spread over every class
-    for (double& v : mean[c]) v /= static_cast<double>(count[c]);
-  }
-  int64_t correct = 0;
-  for (int64_t i = 0; i < s.test.size(); ++i) {
-    size_t best = 0;
-    double best_distance = 1e300;
-    for (size_t c = 0; c < 10; ++c) {
-      double d = 0;
-      for (size_t p = 0; p < pixels; ++p) {
-        const double diff = s.test.image(i)[p] - mean[c][p];
-        d += diff * diff;
-      }
-      if (d < best_distance) best_distance = d, best = c;
+  // The Fashion-MNIST shape, and a colour one of another size (--synthetic-shape).
+  for (const ImageShape shape : {ImageShape{1, 28, 28}, ImageShape{3, 40, 32}}) {
+    INFO("shape " << shape.channels << "x" << shape.height << "x" << shape.width);
+    const DatasetSplits s = make_synthetic_splits({.train_size = 2000, .test_size = 500, .seed = 3, .shape = shape});
+    CHECK(s.train.shape() == shape);
+    const auto pixels = static_cast<size_t>(shape.numel());
+    std::vector<std::vector<double>> mean(10, std::vector<double>(pixels, 0.0));
+    std::vector<int64_t> count(10, 0);
+    for (int64_t i = 0; i < s.train.size(); ++i) {
+      const auto cls = static_cast<size_t>(s.train.label(i));
+      ++count[cls];
+      for (size_t p = 0; p < pixels; ++p) mean[cls][p] += s.train.image(i)[p];
     }
-    correct += best == static_cast<size_t>(s.test.label(i));
+    for (size_t c = 0; c < 10; ++c) {
+      REQUIRE(count[c] > 100);  // labels are spread over every class
+      for (double& v : mean[c]) v /= static_cast<double>(count[c]);
+    }
+    int64_t correct = 0;
+    for (int64_t i = 0; i < s.test.size(); ++i) {
+      size_t best = 0;
+      double best_distance = 1e300;
+      for (size_t c = 0; c < 10; ++c) {
+        double d = 0;
+        for (size_t p = 0; p < pixels; ++p) {
+          const double diff = s.test.image(i)[p] - mean[c][p];
+          d += diff * diff;
+        }
+        if (d < best_distance) best_distance = d, best = c;
+      }
+      correct += best == static_cast<size_t>(s.test.label(i));
+    }
+    const double accuracy = static_cast<double>(correct) / static_cast<double>(s.test.size());
+    INFO("nearest-class-mean accuracy " << accuracy);
+    CHECK(accuracy > 0.6);  // chance is 0.1
   }
-  const double accuracy = static_cast<double>(correct) / static_cast<double>(s.test.size());
-  INFO("nearest-class-mean accuracy " << accuracy);
-  CHECK(accuracy > 0.6);  // chance is 0.1
 }

@@ -11,7 +11,7 @@ trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
 
 cmake --install "$build" --prefix "$prefix" >/dev/null
-for b in mtrain-launch mtrain-train mtrain-bench mtrain-plot mtrain-trace; do
+for b in mtrain-launch mtrain-train mtrain-bench mtrain-plot mtrain-trace mtrain-pack mtrain-bench-loader; do
   [[ -x $prefix/bin/$b ]] || { echo "FAILED: $prefix/bin/$b is not installed" >&2; exit 1; }
 done
 [[ -f $prefix/share/mtrain/data/fashion-mnist-mini/train-images-idx3-ubyte.gz ]] ||

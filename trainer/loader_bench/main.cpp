@@ -35,8 +35,7 @@ int main(int argc, char** argv) {
     }
     const auto start = Clock::now();
     const mtrain::data::DataSource source = mtrain::data::resolve_data_dir(o.dataset, o.data_dir);
-    mtrain::data::SyntheticOptions synthetic;
-    synthetic.seed = o.seed;
+    const mtrain::data::SyntheticOptions synthetic = mtrain::synthetic_options(o);
     auto splits = mtrain::data::load_splits(source, synthetic, mtrain::image_folder_options(o), mtrain::streamed_options(o));
     auto train = std::make_shared<const mtrain::data::Dataset>(std::move(splits.train));
     const double index_seconds = std::chrono::duration<double>(Clock::now() - start).count();

@@ -170,8 +170,7 @@ void join_process_groups(const TrainOptions& o, TrainingRun& run, StartupStop& s
 void load_data(const TrainOptions& o, TrainingRun& run) {
   const data::DataSource& source = run.plan.data;
   spdlog::info("data: {}", source.description);
-  data::SyntheticOptions synthetic;
-  synthetic.seed = o.seed;
+  const data::SyntheticOptions synthetic = synthetic_options(o);
   data::DatasetSplits splits =
       data::load_splits(source, synthetic, image_folder_options(o),
                         streamed_options(o));

@@ -24,7 +24,8 @@ namespace {
 
 using mtrain::testing::ScopedEnv;
 
-const TrainChoices kChoices{{"lenet", "mlp", "resnet18", "simplecnn"}, {"fashion-mnist", "mnist", "synthetic", "imagefolder"}};
+const TrainChoices kChoices{{"lenet", "mlp", "resnet18", "simplecnn"},
+                            {"fashion-mnist", "mnist", "synthetic", "imagefolder", "webdataset"}};
 
 mtrain::ParsedTrainCommandLine parse(std::vector<std::string> args) {
   args.insert(args.begin(), "mtrain-train");
@@ -135,6 +136,25 @@ TEST_CASE("--device and the GPU numerics flags", "[options]") {
                                               Contains("--cudnn-benchmark") && Contains("--deterministic"));
 }
 
+TEST_CASE("streamed sets: each split's transform from the crop and resize flags", "[options]") {
+  using mtrain::data::ImageTransform;
+  const auto streamed = [](std::vector<std::string> args) { return mtrain::streamed_options(parse(args).options); };
+  const auto rrc = streamed({"--dataset", "webdataset", "--data-dir", "s", "--random-resized-crop", "224"});
+  CHECK(rrc.train.kind == ImageTransform::Kind::kRandomResizedCrop);
+  CHECK(rrc.eval.kind == ImageTransform::Kind::kCenterCrop);
+  CHECK((rrc.eval.height == 224 && rrc.eval.shorter_side == 256));
+  CHECK((rrc.train.reduced_decode && rrc.eval.reduced_decode));
+  const auto centre = streamed({"--dataset", "imagefolder", "--center-crop", "224", "--resize", "240", "--full-decode"});
+  CHECK(centre.train.kind == ImageTransform::Kind::kCenterCrop);
+  CHECK(centre.eval.shorter_side == 240);
+  CHECK_FALSE(centre.train.reduced_decode);
+  const auto squash = streamed({"--dataset", "webdataset", "--data-dir", "s", "--resize", "24x40", "--no-eval"});
+  CHECK((squash.train.kind == ImageTransform::Kind::kResize && squash.train.width == 40));
+  CHECK_FALSE(squash.evaluate);
+  // An image folder without a crop stays in memory.
+  CHECK_FALSE(streamed({"--dataset", "imagefolder", "--resize", "32"}).streamed());
+}
+
 TEST_CASE("--resize: off, HxW, or N for NxN", "[options]") {
   CHECK(mtrain::parse_resize("off").height == 0);
   CHECK(mtrain::parse_resize("32").height == 32);
@@ -179,7 +199,7 @@ TEST_CASE("bad values are one clear InvalidArgument naming the flag", "[options]
       {{"--progress-every", "0"}, "--progress-every: expected a number of seconds > 0 and at most 1e6, found 0"},
       {{"--seed", "-3"}, "--seed: expected an integer >= 0"},
       {{"--model", "alexnet"}, "--model: unknown value 'alexnet' (valid: lenet, mlp, resnet18, simplecnn, FILE.onnx)"},
-      {{"--dataset", "cifar"}, "--dataset: unknown value 'cifar' (valid: fashion-mnist, mnist, synthetic, imagefolder)"},
+      {{"--dataset", "cifar"}, "--dataset: unknown value 'cifar' (valid: fashion-mnist, mnist, synthetic, imagefolder, webdataset)"},
       {{"--init", "kaiming"}, "--init: unknown value 'kaiming' (valid: default, normal, xavier)"},
       {{"--log-level", "loud"}, "--log-level: unknown value 'loud'"},
       {{"--save-final", ""}, "--save-final: expected a path, found an empty string"},
@@ -226,6 +246,15 @@ TEST_CASE("bad values are one clear InvalidArgument naming the flag", "[options]
       {{"--dataset", "imagefolder", "--resize", "32x"}, "--resize: expected off, HEIGHTxWIDTH or SIZE (e.g. 32x32 or 32), found '32x'"},
       {{"--dataset", "imagefolder", "--resize", "0x8"}, "--resize's height: expected an integer in [1, 65536], found 0"},
       {{"--dataset", "imagefolder", "--resize", "8xbig"}, "--resize's width"},
+      {{"--dataset", "webdataset", "--data-dir", "s"}, "its images come in any size; give the training images' transform"},
+      {{"--dataset", "webdataset", "--data-dir", "s", "--random-resized-crop", "224", "--resize", "300x300"},
+       "the training images would be 224x224 (RandomResizedCrop(224)) but the evaluation images 300x300"},
+      {{"--dataset", "imagefolder", "--center-crop", "224", "--resize", "256x300"}, "give --resize as one number"},
+      {{"--random-resized-crop", "224"}, "--random-resized-crop applies to --dataset webdataset or imagefolder, not to fashion-mnist"},
+      {{"--dataset", "imagefolder", "--random-resized-crop", "8", "--val-data", "v"}, "--val-data applies to --dataset webdataset, not to imagefolder"},
+      {{"--dataset", "synthetic", "--synthetic-shape", "3x224"}, "--synthetic-shape: expected CxHxW (e.g. 3x224x224), found '3x224'"},
+      {{"--dataset", "synthetic", "--synthetic-shape", "2x32x32"}, "expected 1 or 3 channels, found 2"},
+      {{"--synthetic-shape", "3x32x32"}, "--synthetic-shape applies to --dataset synthetic, not to fashion-mnist"},
       {{"--device", "gpu"}, "--device: unknown value 'gpu' (valid: auto, cuda, cpu)"},
       {{"--save-onnx", "a.onnx"}, "--save-onnx a.onnx writes back the graph of an ONNX --model, but the model is mlp"},
       {{"--model", "net.onnx", "--channels-last"}, "--channels-last: a model from an ONNX file (net.onnx) runs [N, C, H, W] only"},
