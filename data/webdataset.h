@@ -17,7 +17,7 @@ namespace mtrain::data {
 
 // The shards a --data-dir names, in order: a folder (its *.tar files, sorted by name), or
 // a pattern with brace ranges and lists ("train-{000000..000146}.tar", "{a,b}.tar"; a
-// range keeps its first bound's zero padding). IoError when a named shard is missing
+// range keeps its bounds' zero padding). IoError when a named shard is missing
 // (naming the first and counting them) or a folder holds none; InvalidArgument for a
 // pattern that does not read (an unclosed brace, a range backwards).
 std::vector<std::filesystem::path> expand_shards(const std::string& spec);

@@ -36,29 +36,7 @@ done
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-/usr/bin/python3 - "$work/photos" "$images" <<'PY'
-import os, sys
-import numpy as np
-from PIL import Image
-root, n = sys.argv[1], int(sys.argv[2])
-rng = np.random.default_rng(0)
-def size():
-    u = rng.random()
-    if u < 0.55: return 500, 375
-    if u < 0.70: return 375, 500
-    if u < 0.82: return 500, 333
-    if u < 0.90: return 333, 500
-    w = int(rng.integers(200, 1201)); return w, max(100, int(w * rng.uniform(0.6, 1.4)))
-for split, count in (("train", n), ("val", 10)):
-    for i in range(count):
-        w, h = size()
-        # Smooth colour fields with some texture: JPEG sizes near photographs' (~100 KB at 500x375).
-        small = Image.fromarray(rng.integers(0, 256, (9, 12, 3), dtype=np.uint8)).resize((w, h), Image.BICUBIC)
-        pixels = np.asarray(small, dtype=np.int16) + rng.normal(0, 10, (h, w, 3)).astype(np.int16)
-        folder = os.path.join(root, split, f"c{i % 10}")
-        os.makedirs(folder, exist_ok=True)
-        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(os.path.join(folder, f"{i:06d}.jpg"), quality=90)
-PY
+/usr/bin/python3 "$(dirname "${BASH_SOURCE[0]}")/make_jpegs.py" "$work/photos" "$images" 10 imagenet
 "$bin_dir/mtrain-pack" --from "$work/photos" --to "$work/shards" --shard-size 200 > /dev/null
 echo "bench-loader: $images JPEGs, $(du -sh "$work/photos/train" | cut -f1) ($(nproc) cores; each run on one)"
 

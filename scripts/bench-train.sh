@@ -3,6 +3,10 @@
 #
 #   scripts/bench-train.sh [--batch-size N] [--threads N] [--runs N] [--models "lenet resnet18"]
 #                          [--steps N] [--window N] [--bin PATH] [--data-dir DIR] [--no-torch]
+#                          [--shape CxHxW]
+#
+# --shape trains on synthetic images of that shape instead of Fashion-MNIST (both sides;
+# e.g. --models resnet50 --shape 3x224x224 --batch-size 16, torchvision's ResNet-50 in PyTorch).
 #
 # Each run trains --steps optimizer steps with --no-eval and a metrics file, logging a
 # step event every --window steps. The first window (oneDNN primitive creation, cold
@@ -26,6 +30,7 @@ models="lenet resnet18"
 steps=""
 window=""
 data_dir=""
+shape=""
 torch=1
 
 while [[ $# -gt 0 ]]; do
@@ -39,6 +44,7 @@ while [[ $# -gt 0 ]]; do
     --bin) need_value "$@"; bin=$2; shift 2 ;;
     --data-dir) need_value "$@"; data_dir=$2; shift 2 ;;
     --no-torch) torch=0; shift ;;
+    --shape) need_value "$@"; shape=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench-train.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -56,8 +62,8 @@ fi
 
 # Steps and window per model when not given: enough windows after the warm-up one for
 # a stable figure, few enough that resnet18 (seconds per step on 2 cores) stays short.
-default_window() { case "$1" in resnet18) echo 1 ;; *) echo 5 ;; esac; }
-default_steps() { case "$1" in resnet18) echo 4 ;; *) echo 30 ;; esac; }
+default_window() { case "$1" in resnet*) echo 1 ;; *) echo 5 ;; esac; }
+default_steps() { case "$1" in resnet*) echo 4 ;; *) echo 30 ;; esac; }
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench-train.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
@@ -100,6 +106,7 @@ for model in $models; do
     args=(--model "$model" --batch-size "$batch" --threads "$threads" --max-steps "$s" --epochs 1000000
           --log-every "$w" --no-eval --metrics "$tmp/$model.$r.jsonl" --log-level warn)
     [[ -n $data_dir ]] && args+=(--data-dir "$data_dir")
+    [[ -n $shape ]] && args+=(--dataset synthetic --synthetic-shape "$shape")
     if ! "$bin" "${args[@]}" > "$tmp/$model.$r.log" 2>&1; then
       echo "bench-train.sh: $model run $r failed:" >&2; cat "$tmp/$model.$r.log" >&2; exit 1
     fi
@@ -113,6 +120,7 @@ for model in $models; do
     for ((r = 1; r <= runs; r++)); do
       targs=(--model "$model" --batch-size "$batch" --threads "$threads" --warmup "$w" --steps $((s - w)))
       [[ -n $data_dir ]] && targs+=(--data-dir "$data_dir")
+      [[ -n $shape ]] && targs+=(--shape "$shape")
       line=$(/usr/bin/python3 "$root/scripts/bench_torch_train.py" "${targs[@]}")
       trates+=("$(sed -n 's/.*"img_per_s": \([0-9.]*\).*/\1/p' <<<"$line")")
     done

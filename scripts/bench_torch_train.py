@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch reference for scripts/bench-train.sh: single-process CPU training speed of
-the same models (d2l LeNet, d2l ResNet-18 with a 3x3 stem) on the same data (the
-shipped Fashion-MNIST subset, file order), batch size and thread count.
+the same models (d2l LeNet, d2l ResNet-18 with a 3x3 stem, torchvision's ResNet-34/50) on
+the same data (the shipped Fashion-MNIST subset, file order, or --shape's random images),
+batch size and thread count.
 
 Prints one line: {"framework": "pytorch", "model": ..., "img_per_s": <median>, ...}.
 The median is over timed steps after warm-up; a step is forward, loss, zero_grad,
@@ -67,7 +68,10 @@ def build(name: str) -> nn.Module:
         return nn.Sequential(b1, resnet_stage(64, 64, True), resnet_stage(64, 128, False),
                              resnet_stage(128, 256, False), resnet_stage(256, 512, False),
                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 10))
-    raise SystemExit(f"unknown model {name!r}: expected lenet or resnet18")
+    if name in ("resnet34", "resnet50"):  # torchvision's, as mtrain's --model resnet34|50
+        import torchvision
+        return getattr(torchvision.models, name)(num_classes=10)
+    raise SystemExit(f"unknown model {name!r}: expected lenet, resnet18, resnet34 or resnet50")
 
 
 def as_float_batch(pixels: torch.Tensor) -> torch.Tensor:
@@ -76,7 +80,8 @@ def as_float_batch(pixels: torch.Tensor) -> torch.Tensor:
     torchvision's datasets (ToTensor per sample) and mtrain's loader both do: converting
     the whole set up front would hold 4x its size (188 MB for Fashion-MNIST) and inflate
     the memory figure."""
-    return pixels.float().div_(255).unsqueeze(1)
+    x = pixels.float().div_(255)
+    return x.unsqueeze(1) if x.dim() == 3 else x
 
 
 def timed_steps(model, opt, loss_fn, images, labels, batch, warmup, steps, batch_start, amp="off"):
@@ -109,15 +114,22 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--momentum", type=float, default=0.9,
                     help="SGD momentum (0.9 = mtrain-train's default, so both do the same update)")
+    ap.add_argument("--shape", help="CxHxW: random uint8 images of that shape instead of Fashion-MNIST")
     ap.add_argument("--data-dir", default=str(pathlib.Path(__file__).resolve().parent.parent
                                               / "data" / "fashion-mnist-mini"))
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    d = pathlib.Path(args.data_dir)
-    images = read_idx(d / "train-images-idx3-ubyte.gz")  # uint8; see as_float_batch
-    labels = read_idx(d / "train-labels-idx1-ubyte.gz").long()
+    if args.shape:
+        c, h, w = (int(v) for v in args.shape.split("x"))
+        n = 2 * args.batch_size
+        images = torch.randint(0, 256, (n, c, h, w), dtype=torch.uint8)
+        labels = torch.randint(0, 10, (n,))
+    else:
+        d = pathlib.Path(args.data_dir)
+        images = read_idx(d / "train-images-idx3-ubyte.gz")  # uint8; see as_float_batch
+        labels = read_idx(d / "train-labels-idx1-ubyte.gz").long()
     model = build(args.model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=args.momentum)
     loss_fn = nn.CrossEntropyLoss()

@@ -92,7 +92,7 @@ struct TrainOptions {
   Given<Normalization> normalize{"none", {}};  // none | auto (the training set's mean/std) | M1,M2,..:S1,S2,..
   bool skip_bad_images = false;         // imagefolder, webdataset: leave out images that do not decode
   Given<ImageSize> resize{"off", {}};   // imagefolder, webdataset: off | HxW | N (NxN), see parse_resize
-  // --dataset webdataset (webdataset_options): the training images' RandomResizedCrop size,
+  // Streamed sets (streamed_options): the training images' RandomResizedCrop size,
   // the evaluation images' CenterCrop size (after --resize N's shorter side), the evaluation
   // shards, and the training sampler's shuffle buffer (data/shard_sampler.h).
   std::optional<int64_t> random_resized_crop;

@@ -288,7 +288,7 @@ void check_room_for_outputs(const TrainOptions& o, const TrainingRun& run) {
       const auto require = [](const std::string& flag, const std::string& place, const std::string& dir,
                               const std::string& what, uint64_t need) {
         // The checkpoint directory is created later: ask the filesystem it will be on.
-        std::filesystem::path existing = dir;
+        std::filesystem::path existing = std::filesystem::absolute(dir);
         std::error_code ec;
         while (!std::filesystem::exists(existing, ec) && existing.has_parent_path() &&
                existing.parent_path() != existing) {
@@ -366,8 +366,11 @@ void continue_in_another_world(const TrainOptions& o, TrainingRun& run, TrainPos
     }
     run.resumed_rest_only = true;
   }
-  spdlog::info("world {} -> {}: the checkpoint's {} rank(s) took {} of epoch {}'s items in {} step(s); {}", r.world_size,
-               world, r.world_size, std::min(r.epoch_consumed, run.train_set->size()), r.epoch, r.steps_in_epoch,
+  const std::string worlds =
+      r.world_size == world ? fmt::format("epoch {} was begun in another world: its worlds", r.epoch)
+                            : fmt::format("world {} -> {}: the checkpoint's {} rank(s)", r.world_size, world, r.world_size);
+  spdlog::info("{} took {} of epoch {}'s items in {} step(s); {}", worlds,
+               std::min(r.epoch_consumed, run.train_set->size()), r.epoch, r.steps_in_epoch,
                o.global_batch_size
                    ? fmt::format("--global-batch-size {} keeps every step's images, now split over {} rank(s)",
                                  *o.global_batch_size, world)

@@ -323,6 +323,26 @@ TEST_CASE("--batch-size per rank: 2 ranks' checkpoint resumed by 1 or 3 ranks tr
   }
 }
 
+TEST_CASE("an epoch begun on 2 ranks and resumed twice on 1 trains each image once",
+          "[multiproc][elastic]") {
+  // The second resume is in the checkpoint's own world, but the epoch began in another:
+  // it continues as the rest of the epoch (Note [Resuming in another world]), not by
+  // skipping its own world's batches.
+  TempDir dir;
+  const std::vector<std::string> base = {"--model", "mlp", "--no-eval", "--batch-size", "32", "--lr", "0.05",
+                                         "--checkpoint-dir", dir.file("ckpt"), "--metrics", dir.file("m.jsonl")};
+  require_success(launch(2, concat(base, {"--max-steps", "10"})));
+  require_success(launch(1, concat(base, {"--max-steps", "30"})));
+  const ProcessResult last = launch(1, concat(base, {"--epochs", "1", "--log-level", "info"}));
+  require_success(last);
+  CHECK_THAT(last.err + last.out, Contains("epoch 1 was begun in another world: its worlds took 1280 of epoch 1's items"));
+  const auto epochs = read_events(dir.file("m.jsonl"), "epoch");
+  REQUIRE(epochs.size() == 3);
+  CHECK(epochs[0].at("images") == 640);
+  CHECK(epochs[1].at("images") == 640);
+  CHECK(epochs[2].at("images") == 6000 - 1280);
+}
+
 TEST_CASE("replicas stay bitwise identical; only rank 0 logs; the epoch line names every device", "[multiproc]") {
   // --check-replicas 1 compares the parameter hashes of all ranks after every step; a
   // run that finishes has passed ten comparisons of bitwise equality.

@@ -292,6 +292,21 @@ class SmallDisk {
 
 }  // namespace
 
+// README's "resumable run": a --checkpoint-dir relative to the working directory, not yet
+// made, whose filesystem the room check asks through the working directory.
+TEST_CASE("a relative --checkpoint-dir that does not exist yet is made and resumed from", "[e2e]") {
+  const std::string relative = fmt::format("mtrain-test-relative-ckpt-{}", ::getpid());
+  struct Remove {
+    std::string path;
+    ~Remove() { std::filesystem::remove_all(path); }
+  } cleanup{relative};
+  require_success(train({"--model", "mlp", "--max-steps", "2", "--no-eval", "--checkpoint-dir", relative}));
+  CHECK(std::filesystem::exists(relative + "/checkpoint.safetensors"));
+  const auto resumed = train({"--model", "mlp", "--max-steps", "3", "--no-eval", "--checkpoint-dir", relative});
+  require_success(resumed);
+  CHECK_THAT(resumed.out, Contains("resuming from"));
+}
+
 // Note [Room for the outputs] in trainer/setup/start_up.cpp.
 TEST_CASE("outputs on a disk without room: refused before the first step, or metrics only warn", "[e2e]") {
   TempDir dir;
