@@ -22,6 +22,15 @@
 namespace mtrain::data {
 namespace {
 
+// An image of more than 1 GiB decoded is refused as a bad file, not attempted (a corrupt
+// header can claim 65,500 x 65,500 pixels).
+void require_decodable_size(const std::string& name, uint64_t height, uint64_t width, uint64_t channels) {
+  constexpr uint64_t kMaxBytes = uint64_t{1} << 30;
+  if (height * width * channels > kMaxBytes) {
+    throw IoError(fmt::format("{}: {}x{} pixels, more than 1 GiB decoded", name, height, width));
+  }
+}
+
 // Note [PNGs through libpng's full API]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // libpng's simplified API would be shorter, but it corrects a file's gAMA chunk towards
@@ -95,16 +104,32 @@ DecodedImage decode_png(const std::string& name, const uint8_t* bytes, size_t si
   if (channels != 1 && channels != 3) {
     throw IoError(fmt::format("{}: expected gray or RGB after dropping alpha, found {} channels", name, channels));
   }
-  constexpr uint64_t kMaxBytes = uint64_t{1} << 30;
-  if (uint64_t{width} * height * static_cast<uint64_t>(channels) > kMaxBytes) {
-    throw IoError(fmt::format("{}: {}x{} pixels, more than 1 GiB decoded", name, height, width));
-  }
+  require_decodable_size(name, height, width, channels);
   DecodedImage out{height, width, channels,
                    std::vector<uint8_t>(static_cast<size_t>(width) * height * static_cast<size_t>(channels))};
   std::vector<png_bytep> rows(height);
   for (png_uint_32 y = 0; y < height; ++y) rows[y] = out.pixels.data() + static_cast<size_t>(y) * width * channels;
   if (!png_read_rows(&d, rows.data())) throw fail();
   return out;
+}
+
+// Note [CMYK JPEGs]
+// ~~~~~~~~~~~~~~~~~
+// A few photographs are CMYK JPEGs (22 of ImageNet's training images). libjpeg hands out the
+// stored values, which Adobe's convention (the one PIL always assumes, "CMYK;I") stores
+// inverted; PIL's convert("RGB") then takes each colour as (255 - k) scaled by (255 - c),
+// in its rounded integer form. So: r = s_k - muldiv255(255 - s_c, s_k) for the stored s.
+void cmyk_to_rgb(const uint8_t* cmyk, uint8_t* rgb, size_t pixels) {
+  const auto muldiv255 = [](int a, int b) {
+    const int t = a * b + 128;
+    return ((t >> 8) + t) >> 8;
+  };
+  for (size_t p = 0; p < pixels; ++p) {
+    const int k = cmyk[4 * p + 3];
+    for (int c = 0; c < 3; ++c) {
+      rgb[3 * p + static_cast<size_t>(c)] = static_cast<uint8_t>(std::clamp(k - muldiv255(255 - cmyk[4 * p + static_cast<size_t>(c)], k), 0, 255));
+    }
+  }
 }
 
 bool is_png(const uint8_t* bytes, size_t size) {
@@ -122,6 +147,7 @@ struct JpegHeader {
   int width = 0;
   int height = 0;
   bool gray = false;
+  bool cmyk = false;  // CMYK or YCCK (Note [CMYK JPEGs])
 };
 
 JpegHeader jpeg_header(const std::string& name, const TjHandle& handle, const uint8_t* bytes, size_t size) {
@@ -129,7 +155,7 @@ JpegHeader jpeg_header(const std::string& name, const TjHandle& handle, const ui
   if (tjDecompressHeader3(handle.get(), bytes, size, &width, &height, &subsampling, &colourspace) != 0) {
     throw IoError(fmt::format("{}: not a readable JPEG: {}", name, tjGetErrorStr2(handle.get())));
   }
-  return {width, height, colourspace == TJCS_GRAY};
+  return {width, height, colourspace == TJCS_GRAY, colourspace == TJCS_CMYK || colourspace == TJCS_YCCK};
 }
 
 TjHandle jpeg_decoder(const std::string& name) {
@@ -146,12 +172,17 @@ DecodedImage decode_jpeg(const std::string& name, const uint8_t* bytes, size_t s
   auto* data = const_cast<unsigned char*>(bytes);
   const bool gray = header.gray;
   const int width = (header.width + reduction - 1) / reduction, height = (header.height + reduction - 1) / reduction;
-  DecodedImage out{height, width, gray ? 1 : 3,
-                   std::vector<uint8_t>(static_cast<size_t>(width) * static_cast<size_t>(height) * (gray ? 1 : 3))};
-  if (tjDecompress2(handle.get(), data, size, out.pixels.data(), width, 0, height, gray ? TJPF_GRAY : TJPF_RGB, 0) != 0 &&
+  require_decodable_size(name, static_cast<uint64_t>(height), static_cast<uint64_t>(width), gray ? 1 : 3);
+  const size_t pixels = static_cast<size_t>(width) * static_cast<size_t>(height);
+  DecodedImage out{height, width, gray ? 1 : 3, std::vector<uint8_t>(pixels * (gray ? 1 : 3))};
+  std::vector<uint8_t> cmyk(header.cmyk ? pixels * 4 : 0);
+  const int format = gray ? TJPF_GRAY : header.cmyk ? TJPF_CMYK : TJPF_RGB;
+  if (tjDecompress2(handle.get(), data, size, header.cmyk ? cmyk.data() : out.pixels.data(), width, 0, height, format,
+                    0) != 0 &&
       tjGetErrorCode(handle.get()) == TJERR_FATAL) {
     throw IoError(fmt::format("{}: not a readable JPEG: {}", name, tjGetErrorStr2(handle.get())));
   }
+  if (header.cmyk) cmyk_to_rgb(cmyk.data(), out.pixels.data(), pixels);
   return out;
 }
 
@@ -198,7 +229,10 @@ bool jpeg_region_start(JpegRegionDecoder* d, const uint8_t* bytes, size_t size, 
   d->created = true;
   jpeg_mem_src(&d->cinfo, bytes, static_cast<unsigned long>(size));
   jpeg_read_header(&d->cinfo, TRUE);
-  d->cinfo.out_color_space = d->cinfo.jpeg_color_space == JCS_GRAYSCALE ? JCS_GRAYSCALE : JCS_RGB;
+  const J_COLOR_SPACE stored = d->cinfo.jpeg_color_space;
+  d->cinfo.out_color_space = stored == JCS_GRAYSCALE                       ? JCS_GRAYSCALE
+                             : stored == JCS_CMYK || stored == JCS_YCCK ? JCS_CMYK
+                                                                         : JCS_RGB;
   d->cinfo.scale_num = 1;
   d->cinfo.scale_denom = static_cast<unsigned>(reduction);
   jpeg_start_decompress(&d->cinfo);
@@ -244,6 +278,8 @@ JpegRegion decode_jpeg_region(const std::string& name, const uint8_t* bytes, siz
   const auto fail = [&] { return IoError(fmt::format("{}: not a readable JPEG: {}", name, d.message)); };
   if (!jpeg_region_start(&d, bytes, size, reduction)) throw fail();
   const int64_t image_height = d.cinfo.output_height, image_width = d.cinfo.output_width;
+  require_decodable_size(name, static_cast<uint64_t>(height), static_cast<uint64_t>(width),
+                         static_cast<uint64_t>(d.cinfo.output_components));
   if (top < 0 || left < 0 || height < 1 || width < 1 || top + height > image_height || left + width > image_width) {
     throw InternalError(fmt::format("{}: region {}x{} at ({}, {}) outside the {}x{} image", name, height, width, top,
                                     left, image_height, image_width));
@@ -254,13 +290,19 @@ JpegRegion decode_jpeg_region(const std::string& name, const uint8_t* bytes, siz
   auto x = static_cast<JDIMENSION>(first_column);
   auto w = static_cast<JDIMENSION>(std::min<int64_t>(left + width + kRegionMargin, image_width) - first_column);
   if (!jpeg_region_columns(&d, &x, &w)) throw fail();
-  const int64_t channels = d.cinfo.output_components;
-  JpegRegion region{{rows, static_cast<int64_t>(w), channels,
-                     std::vector<uint8_t>(static_cast<size_t>(rows * static_cast<int64_t>(w) * channels))},
-                    first_row, static_cast<int64_t>(x)};
-  if (!jpeg_region_rows(&d, static_cast<JDIMENSION>(first_row), static_cast<JDIMENSION>(rows),
-                        region.image.pixels.data(), static_cast<size_t>(static_cast<int64_t>(w) * channels))) {
+  const int64_t components = d.cinfo.output_components;  // 1, 3, or 4 for CMYK
+  std::vector<uint8_t> decoded(static_cast<size_t>(rows * static_cast<int64_t>(w) * components));
+  if (!jpeg_region_rows(&d, static_cast<JDIMENSION>(first_row), static_cast<JDIMENSION>(rows), decoded.data(),
+                        static_cast<size_t>(static_cast<int64_t>(w) * components))) {
     throw fail();
+  }
+  JpegRegion region{{rows, static_cast<int64_t>(w), std::min<int64_t>(components, 3), {}}, first_row,
+                    static_cast<int64_t>(x)};
+  if (components == 4) {
+    region.image.pixels.resize(static_cast<size_t>(rows * static_cast<int64_t>(w) * 3));
+    cmyk_to_rgb(decoded.data(), region.image.pixels.data(), static_cast<size_t>(rows * static_cast<int64_t>(w)));
+  } else {
+    region.image.pixels = std::move(decoded);
   }
   return region;
 }

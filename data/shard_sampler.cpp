@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include "core/error.h"
 
@@ -46,6 +47,8 @@ ShardSampler::ShardSampler(std::vector<int64_t> shard_starts, int rank, int worl
 //   the most, repeating its own first samples (DistributedSampler pads the same way), or,
 //   with drop_last, as many as the rank with the fewest, leaving its last ones out. Either
 //   costs at most one shard's samples per rank an epoch, and a different shard each epoch.
+// - An epoch's rest (a resume in another world) may lie in fewer shards than there are
+//   ranks; then the ranks take turns over all of it instead, as DistributedSampler does.
 ShardSampler::Deal ShardSampler::deal(int world, const std::vector<uint8_t>* taken) const {
   const auto shards = static_cast<int64_t>(starts_.size()) - 1;
   std::vector<int64_t> shard_order(static_cast<size_t>(shards));
@@ -76,13 +79,15 @@ const std::vector<uint8_t>* ShardSampler::taken_now() const {
 
 int64_t ShardSampler::size() const {
   const std::vector<int64_t> loads = deal(world_size_, taken_now()).loads;
+  if (std::find(loads.begin(), loads.end(), 0) != loads.end()) {  // order()'s turns over the rest
+    const int64_t n = std::accumulate(loads.begin(), loads.end(), int64_t{0});
+    return options_.drop_last ? n / world_size_ : (n + world_size_ - 1) / world_size_;
+  }
   return options_.drop_last ? *std::min_element(loads.begin(), loads.end()) : *std::max_element(loads.begin(), loads.end());
 }
 
 std::vector<int64_t> ShardSampler::order(int world, int rank, uint64_t round, const std::vector<uint8_t>* taken) const {
   const Deal d = deal(world, taken);
-  const int64_t wanted = options_.drop_last ? *std::min_element(d.loads.begin(), d.loads.end())
-                                            : *std::max_element(d.loads.begin(), d.loads.end());
   // The samples a list of shards has left, front to back.
   const auto stream = [&](const std::vector<int64_t>& shards, auto&& visit) {
     for (const int64_t k : shards) {
@@ -91,6 +96,19 @@ std::vector<int64_t> ShardSampler::order(int world, int rank, uint64_t round, co
       }
     }
   };
+  // An epoch's rest in fewer shards than ranks: the ranks take turns over all of it, in
+  // shard order, as DistributedSampler interleaves (padded or cut to equal shares).
+  if (std::find(d.loads.begin(), d.loads.end(), 0) != d.loads.end()) {
+    std::vector<int64_t> all;
+    for (const std::vector<int64_t>& shards : d.shards) stream(shards, [&](int64_t i) { all.push_back(i); });
+    const auto n = static_cast<int64_t>(all.size());
+    const int64_t share = options_.drop_last ? n / world : (n + world - 1) / world;
+    std::vector<int64_t> out;
+    for (int64_t k = 0; k < share; ++k) out.push_back(all[static_cast<size_t>((k * world + rank) % n)]);
+    return out;
+  }
+  const int64_t wanted = options_.drop_last ? *std::min_element(d.loads.begin(), d.loads.end())
+                                            : *std::max_element(d.loads.begin(), d.loads.end());
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(wanted));
   Rng rng(mix64(mix64(mix64(options_.seed ^ 0x53484152445Full) ^ static_cast<uint64_t>(epoch())) ^
@@ -115,11 +133,6 @@ std::vector<int64_t> ShardSampler::order(int world, int rank, uint64_t round, co
     buffer.pop_back();
   }
   if (static_cast<int64_t>(out.size()) > wanted) out.resize(static_cast<size_t>(wanted));
-  // A rank the deal left without a shard (an epoch's rest in fewer shards than ranks) pads
-  // from every rank's samples instead.
-  if (out.empty() && wanted > 0) {
-    for (const std::vector<int64_t>& shards : d.shards) stream(shards, [&](int64_t i) { out.push_back(i); });
-  }
   for (size_t i = 0; static_cast<int64_t>(out.size()) < wanted; ++i) {
     const int64_t repeated = out[i];
     out.push_back(repeated);

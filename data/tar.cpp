@@ -58,13 +58,18 @@ bool all_zero(const Block& b) {
   return std::all_of(b.begin(), b.end(), [](uint8_t x) { return x == 0; });
 }
 
-// The checksum: every byte of the header with the checksum field counted as spaces.
+// The checksum: every byte of the header with the checksum field counted as spaces, summed
+// as unsigned bytes (POSIX) or as signed ones (some old tars; Python's tarfile takes both).
 bool checksum_matches(const Block& b) {
   const std::optional<uint64_t> stored = number(b, 148, 8);
   if (!stored) return false;
-  uint64_t sum = 0;
-  for (size_t i = 0; i < kBlock; ++i) sum += (i >= 148 && i < 156) ? ' ' : b[i];
-  return sum == *stored;
+  int64_t unsigned_sum = 0, signed_sum = 0;
+  for (size_t i = 0; i < kBlock; ++i) {
+    const uint8_t byte = (i >= 148 && i < 156) ? uint8_t{' '} : b[i];
+    unsigned_sum += byte;
+    signed_sum += static_cast<int8_t>(byte);
+  }
+  return static_cast<int64_t>(*stored) == unsigned_sum || static_cast<int64_t>(*stored) == signed_sum;
 }
 
 // A pax extended header's "path" record, if any ("LEN path=VALUE\n" records).
@@ -74,8 +79,11 @@ std::optional<std::string> pax_path(const std::vector<uint8_t>& data) {
   while (at < data.size()) {
     size_t space = at;
     uint64_t length = 0;
-    while (space < data.size() && data[space] >= '0' && data[space] <= '9') length = length * 10 + (data[space++] - '0');
-    if (space >= data.size() || data[space] != ' ' || length == 0 || at + length > data.size()) break;
+    while (space < data.size() && data[space] >= '0' && data[space] <= '9' && length <= data.size()) {
+      length = length * 10 + (data[space++] - '0');
+    }
+    // A record holds its length, a space, at least one byte and its newline.
+    if (space >= data.size() || data[space] != ' ' || length < space - at + 2 || length > data.size() - at) break;
     const std::string record(data.begin() + static_cast<std::ptrdiff_t>(space + 1),
                              data.begin() + static_cast<std::ptrdiff_t>(at + length));
     if (record.rfind("path=", 0) == 0 && !record.empty() && record.back() == '\n') {
@@ -162,7 +170,9 @@ TarListing list_tar(const std::filesystem::path& path) {
     }
     const uint64_t data = at + kBlock;
     const char type = static_cast<char>(b[156]);
-    std::string name = field(b, 345, 155);
+    // The prefix field is ustar's ("ustar\0"); GNU's format ("ustar  \0") keeps times there.
+    const bool ustar = std::memcmp(b.data() + 257, "ustar", 6) == 0;
+    std::string name = ustar ? field(b, 345, 155) : std::string();
     name = name.empty() ? field(b, 0, 100) : name + "/" + field(b, 0, 100);
     if (long_name) name = *std::move(long_name);
     long_name.reset();

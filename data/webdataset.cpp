@@ -107,7 +107,12 @@ ShardIndex index_shard(const fs::path& shard, uint32_t number, bool skip_bad) {
   if (!listing.damage.empty()) bad(listing.damage);
   std::vector<Sample> samples;
   for (size_t m = 0; m < listing.members.size(); ++m) {
-    std::string key = key_and_extension(listing.members[m].name).first;
+    auto [key, ext] = key_and_extension(listing.members[m].name);
+    // Not a sample's file (as the webdataset library skips them): no extension, or a name
+    // that is only an extension (".DS_Store", macOS's "._KEY.jpg" companions).
+    const size_t slash = key.rfind('/');
+    const std::string base = key.substr(slash == std::string::npos ? 0 : slash + 1);
+    if (ext.empty() || base.empty()) continue;
     if (samples.empty() || samples.back().key != key) samples.push_back({std::move(key), {}});
     samples.back().members.push_back(m);
   }

@@ -252,8 +252,8 @@ data::SyntheticOptions synthetic_options(const TrainOptions& o) {
   s.seed = o.seed;
   s.shape = o.synthetic_shape.value;
   constexpr int64_t kMaxBytes = int64_t{256} << 20;
-  s.train_size = std::clamp<int64_t>(kMaxBytes / s.shape.numel(), 256, s.train_size);
-  s.test_size = std::max<int64_t>(s.train_size / 6, 64);
+  s.train_size = std::clamp<int64_t>(kMaxBytes / s.shape.numel(), 16, s.train_size);
+  s.test_size = std::max<int64_t>(s.train_size / 6, 4);
   return s;
 }
 

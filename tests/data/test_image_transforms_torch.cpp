@@ -97,3 +97,37 @@ TEST_CASE("RandomResizedCrop's resize of its box and Resize + CenterCrop give to
   }
   CHECK(at == expected.size());
 }
+
+TEST_CASE("a CMYK JPEG decodes to Pillow's convert(\"RGB\"), whole and as a crop's region") {
+  if (std::system("/usr/bin/python3 -c 'import PIL' 2>/dev/null") != 0) {
+    mtrain::testing::skip_test_binary("/usr/bin/python3 has no PIL (Debian's python3-pil)");
+  }
+  mtrain::testing::TempDir dir;
+  // Pillow writes the CMYK JPEG (Adobe's inverted convention) and its RGB bytes, HWC.
+  const std::string script = fmt::format(
+      "from PIL import Image\n"
+      "im = Image.new('CMYK', (90, 70))\n"
+      "im.putdata([((x * 3) % 256, (y * 5) % 256, (x * y) % 256, (x + y) % 200) for y in range(70) for x in range(90)])\n"
+      "im.save('{0}/c.jpg', quality=92)\n"
+      "open('{0}/rgb.bin', 'wb').write(Image.open('{0}/c.jpg').convert('RGB').tobytes())\n",
+      dir.path().string());
+  {
+    std::ofstream(dir.file("make.py")) << script;
+  }
+  REQUIRE(std::system(fmt::format("/usr/bin/python3 '{}'", dir.file("make.py")).c_str()) == 0);
+  std::ifstream expected_file(dir.file("rgb.bin"), std::ios::binary);
+  const std::vector<uint8_t> expected{std::istreambuf_iterator<char>(expected_file), {}};
+  const DecodedImage whole = decode_image(dir.path() / "c.jpg");
+  REQUIRE(whole.channels == 3);
+  CHECK(whole.pixels == expected);
+  // The region path (libjpeg's API) gives the same bytes for a crop.
+  std::ifstream in(dir.file("c.jpg"), std::ios::binary);
+  const std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(in), {}};
+  const ImageTransform t{ImageTransform::Kind::kRandomResizedCrop, 24, 24, 0, 5};
+  for (int64_t index = 0; index < 6; ++index) {
+    std::vector<uint8_t> region(3 * 24 * 24), full(3 * 24 * 24);
+    decode_to_chw("c.jpg", bytes.data(), bytes.size(), t, 0, index, 3, region.data());
+    transform_to_chw(whole, t, 0, index, 3, full.data());
+    CHECK(region == full);
+  }
+}

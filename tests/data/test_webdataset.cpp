@@ -193,6 +193,9 @@ TEST_CASE("webdataset index: samples grouped by key, labels from .cls, bad sampl
     tar.finish();
     return p;
   };
+  // Files that are no sample's (no extension, a name that is only an extension) are passed over.
+  const fs::path extras = shard_with("extras.tar", {{"__index__", "x"}, {"._a.png", "x"}, {"a.png", ""}, {"a.cls", "1"}});
+  CHECK(load_webdataset({extras}, "w", resize_to(2, 2), 0, {}, notes).size() == 1);
   const fs::path no_label = shard_with("no_label.tar", {{"a.png", ""}, {"a.cls", "1"}, {"b.png", ""}, {"b.json", "{}"}});
   const fs::path bad_label = shard_with("bad_label.tar", {{"a.png", ""}, {"a.cls", "cat"}});
   const fs::path no_image = shard_with("no_image.tar", {{"dir/a.b.txt", "x"}, {"dir/a.b.cls", "0"}});
@@ -327,6 +330,32 @@ TEST_CASE("ShardSampler: an epoch begun in 2 worlds ends in a third with each sa
   CHECK(rest.size() - c.size() <= 9);          // padding: at most a shard's worth
   CHECK_THAT(error_of<InvalidArgument>([&] { ShardSampler(starts, 0, 2, o).resume_epoch(0, {{2, 15}}); }),
              Contains("equal shares"));
+
+  // A rest in fewer shards than ranks (one rank took 55 of the 60): four ranks take turns
+  // over it, padded to 2 each, or cut to 1 each with drop_last.
+  for (const bool drop_last : {false, true}) {
+    ShardSamplerOptions d = o;
+    d.drop_last = drop_last;
+    const std::vector<int64_t> one = took(1, 55, {});
+    std::set<int64_t> left;
+    for (int64_t i = 0; i < 60; ++i) left.insert(i);
+    for (const int64_t i : one) left.erase(i);
+    REQUIRE(left.size() == 5);
+    std::multiset<int64_t> rest_seen;
+    for (int r = 0; r < 4; ++r) {
+      ShardSampler s(starts, r, 4, d);
+      s.resume_epoch(epoch, {{1, 55}});
+      s.set_epoch(epoch);
+      const std::vector<int64_t> order = s.indices();
+      CHECK(static_cast<int64_t>(order.size()) == s.size());
+      CHECK(s.size() == (drop_last ? 1 : 2));
+      for (const int64_t i : order) {
+        CHECK(left.count(i) == 1);
+        rest_seen.insert(i);
+      }
+    }
+    if (!drop_last) CHECK(std::set<int64_t>(rest_seen.begin(), rest_seen.end()) == left);
+  }
 }
 
 TEST_CASE("streamed batches: images decoded per batch; one that does not decode is named, or left out") {

@@ -127,7 +127,12 @@ const std::map<std::string, std::string>& unrecorded_defaults() {
                                                               {"--grad-compression", "none"},
                                                               {"--loss-scale-growth-interval", "2000"},
                                                               {"--shuffle-order", "mtrain"},
-                                                              {"--drop-last", "off"}};
+                                                              {"--drop-last", "off"},
+                                                              {"--random-resized-crop", "unset"},
+                                                              {"--center-crop", "unset"},
+                                                              {"--shuffle-buffer", "1000"},
+                                                              {"--full-decode", "off"},
+                                                              {"--synthetic-shape", "1x28x28"}};
   return defaults;
 }
 

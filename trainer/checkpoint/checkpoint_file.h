@@ -19,7 +19,7 @@ namespace mtrain {
 
 // The most earlier worlds one epoch's position carries (TrainPosition::earlier_segments;
 // the resume header has room for them).
-inline constexpr size_t kMaxEarlierSegments = 8;
+inline constexpr size_t kMaxEarlierSegments = 64;
 
 inline constexpr const char* kCheckpointFileName = "checkpoint.safetensors";
 // The checkpoint before the latest, kept so that one damaged file does not mean starting

@@ -349,17 +349,18 @@ void continue_in_another_world(const TrainOptions& o, TrainingRun& run, TrainPos
           "epoch they trained on; resume it with {} rank(s), or with --global-batch-size",
           run.checkpointer->path(), r.world_size, r.world_size));
     }
-    if (r.earlier_segments.size() >= kMaxEarlierSegments) {
-      throw InvalidArgument(fmt::format("checkpoint {}: epoch {} has been begun in {} worlds already, the most one "
-                                        "epoch records; resume it with the checkpoint's {} rank(s)",
-                                        run.checkpointer->path(), r.epoch, r.earlier_segments.size() + 1,
-                                        r.world_size));
-    }
-    int64_t earlier = 0;
-    for (const EpochSegment& s : r.earlier_segments) earlier += s.consumed;
-    r.earlier_segments.push_back({r.world_size, r.epoch_consumed - earlier});
     if (run.shard_sampler) run.shard_sampler->resume_epoch(r.epoch - 1, r.epoch_consumed);
     if (run.stream_sampler) {
+      // Only a streamed set needs the epoch's worlds (Note [An epoch of shards in several
+      // worlds]); an in-memory one's rest follows from the count.
+      if (r.earlier_segments.size() >= kMaxEarlierSegments) {
+        throw InvalidArgument(fmt::format("checkpoint {}: epoch {} has been continued in {} worlds, the most one epoch "
+                                          "records; start that epoch over from an earlier checkpoint or afresh",
+                                          run.checkpointer->path(), r.epoch, r.earlier_segments.size() + 1));
+      }
+      int64_t earlier = 0;
+      for (const EpochSegment& s : r.earlier_segments) earlier += s.consumed;
+      r.earlier_segments.push_back({r.world_size, r.epoch_consumed - earlier});
       std::vector<data::ShardSampler::EarlierWorld> worlds;
       for (const EpochSegment& s : r.earlier_segments) worlds.push_back({s.world_size, s.consumed});
       run.stream_sampler->resume_epoch(r.epoch - 1, std::move(worlds));
@@ -387,8 +388,13 @@ void resume_from_checkpoint(const TrainOptions& o, TrainingRun& run, StartupStop
   run.resumed = run.checkpointer->resume();
   if (auto& r = run.resumed) {
     startup.at_position(r->epoch, r->total_steps);
-    // An epoch begun in an earlier world continues as its rest, also in that world again.
-    if (r->world_size != run.env().world_size || !r->earlier_segments.empty()) continue_in_another_world(o, run, *r);
+    // An epoch begun in an earlier world continues as its rest, also in that world again:
+    // a streamed set records the worlds, an in-memory one took other than this world's
+    // steps would have.
+    const bool other_world = r->world_size != run.env().world_size || !r->earlier_segments.empty() ||
+                             (!o.global_batch_size && r->epoch_consumed >= 0 &&
+                              r->epoch_consumed != r->steps_in_epoch * items_per_step(o, run.env().world_size));
+    if (other_world) continue_in_another_world(o, run, *r);
     // Only the resumed epoch's rest has another size: count it (0-based epoch r->epoch - 1;
     // the loader sets it again when it starts that epoch).
     if (run.resumed_rest_only) run.train_loader->sampler().set_epoch(r->epoch - 1);

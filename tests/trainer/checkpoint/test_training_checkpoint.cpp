@@ -226,6 +226,44 @@ TEST_CASE("a checkpoint from before --amp resumes as a run without it, and keeps
                     Contains("--loss-scale-growth-interval is 100 here, unrecorded in the checkpoint"));
 }
 
+TEST_CASE("a checkpoint from before streamed sets resumes under the image flags' defaults only") {
+  TempDir dir;
+  const std::string path = write_checkpoint(dir);  // none of the streamed sets' items recorded
+  auto model = make_mlp(2);
+  mtrain::models::Sgd sgd(*model, sgd_options());
+  RunConfiguration now = kConfig;
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--random-resized-crop", "unset"}, {"--center-crop", "unset"}, {"--shuffle-buffer", "1000"},
+           {"--full-decode", "off"}, {"--synthetic-shape", "1x28x28"}}) {
+    now.emplace_back(flag, value);
+  }
+  CHECK_NOTHROW(mtrain::load_training_checkpoint(path, *model, sgd, now));
+  now.back().second = "3x64x64";
+  CHECK_THROWS_WITH(mtrain::load_training_checkpoint(path, *model, sgd, now),
+                    Contains("--synthetic-shape is 3x64x64 here, unrecorded in the checkpoint"));
+}
+
+TEST_CASE("an epoch's earlier worlds round-trip through a checkpoint") {
+  TempDir dir;
+  auto saved = make_mlp(1);
+  mtrain::models::Sgd saved_sgd(*saved, sgd_options());
+  train_one_step(*saved, saved_sgd);
+  TrainPosition p = mid_epoch();
+  p.earlier_segments = {{2, 48}, {3, 24}};
+  const std::string path = mtrain::checkpoint_path(dir.path().string());
+  mtrain::save_training_checkpoint(path, *saved, saved_sgd, p, kConfig);
+  auto model = make_mlp(2);
+  mtrain::models::Sgd sgd(*model, sgd_options());
+  CHECK(mtrain::load_training_checkpoint(path, *model, sgd, kConfig).earlier_segments == p.earlier_segments);
+  // A damaged list is named.
+  auto file = mtrain::load_safetensors(path);
+  file.metadata["mtrain.position.earlier_segments"] = "2:48,x";
+  file.metadata.erase(mtrain::kSafetensorsChecksumKey);
+  mtrain::save_safetensors(path, file.tensors, file.metadata);
+  CHECK_THROWS_WITH(mtrain::load_training_checkpoint(path, *model, sgd, kConfig),
+                    Contains("\"mtrain.position.earlier_segments\" should be WORLD:ITEMS pairs, found '2:48,x'"));
+}
+
 TEST_CASE("a checkpoint whose steps were all skipped by the loss scaler resumes without momentum buffers") {
   // A skipped step counts in total_steps but never reaches the optimizer, which makes
   // its momentum buffers at its first applied step.
