@@ -40,17 +40,6 @@ float* thread_scratch(size_t floats) {
   return buffer.data();
 }
 
-bool cpu_has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
-}
-
-bool cpu_has_x86_64_v3() {
-  // The same test as the clones' resolver (MTRAIN_CLONES).
-  static const bool has = __builtin_cpu_supports("x86-64-v3");
-  return has;
-}
-
 int threads_for(int64_t items) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), items)));
 }

@@ -1,7 +1,8 @@
 // Building blocks shared by the own CPU convolution kernels (conv_direct.cpp,
 // conv_lanes.cpp, conv_winograd.cpp): a 16-float vector type compiled for the best
-// instruction set the CPU has, per-thread scratch, the fixed split of a batch across
-// OpenMP threads, and the copies into and out of the lanes layout.
+// instruction set the CPU has (MTRAIN_CLONES, core/cpu_features.h), per-thread scratch,
+// the fixed split of a batch across OpenMP threads, and the copies into and out of the
+// lanes layout.
 #pragma once
 
 #include <omp.h>
@@ -11,19 +12,14 @@
 #include <cstring>
 #include <exception>
 
+#include "core/cpu_features.h"
+
 namespace mtrain::ops::cpu {
 
 constexpr int64_t kLanes = 16;
 
 // GCC's vector extension: one AVX-512 register, two AVX2 registers, or four SSE ones.
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
-
-// Compiles a kernel for AVX-512, the x86-64-v3 level (AVX2 with FMA; "avx2" alone would
-// leave out FMA) and the baseline; the loader picks the best one the CPU has (the
-// project builds without -march). Not "arch=haswell": GCC dispatches an arch= clone by
-// CPU model, so it would run on Intel Haswell only and every AMD or later Intel CPU
-// without AVX-512 would get the SSE2 baseline; x86-64-v3 is dispatched by CPU features.
-#define MTRAIN_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 
 [[gnu::always_inline]] inline void load(Vec& v, const float* p) { std::memcpy(&v, p, sizeof v); }
 [[gnu::always_inline]] inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
@@ -33,11 +29,9 @@ typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 // of it before their parallel region.
 float* thread_scratch(size_t floats);
 
-// Whether the CPU runs the avx512f clone, and whether it runs the x86-64-v3 one (AVX2
-// with FMA) when it has no AVX-512. The own kernels' applicability rules name the
-// clones they were measured with against oneDNN; elsewhere oneDNN runs those layers.
-bool cpu_has_avx512();
-bool cpu_has_x86_64_v3();
+// The clones' CPU tests (core/cpu_features.h), named where the kernels' rules use them.
+using mtrain::cpu_has_avx512;
+using mtrain::cpu_has_x86_64_v3;
 
 // How many OpenMP threads to use for `items` independent items (at least one).
 int threads_for(int64_t items);
