@@ -96,19 +96,33 @@ std::vector<std::vector<float>> make_pixel_tables(const DataLoaderOptions& o, in
 
 // One row of an augmented batch: out(c, y, x) = padded(c, y + top, x' + left), x' the
 // mirrored column when flipped, padded = the image with `pad` zero bytes on every side;
-// then the channel's table (ToTensor and Normalize).
+// then the channel's table (ToTensor and Normalize). Row by row: the columns that fall in
+// the padding are filled, the rest read the source row forwards or backwards.
 void augmented_row(const uint8_t* pixels, int64_t channels, int64_t h, int64_t w, int64_t pad,
                    const AugmentationDraw& d, const std::vector<std::vector<float>>& tables, float* out) {
+  // Output column x reads source column s0 + x (s0 - x flipped); the part of the row inside the
+  // image is x in [x0, x1).
+  const int64_t s0 = d.flip ? w - 1 + d.left - pad : d.left - pad;
+  const int64_t x0 = std::clamp<int64_t>(d.flip ? s0 - (w - 1) : -s0, 0, w);
+  const int64_t x1 = std::clamp<int64_t>(d.flip ? s0 + 1 : w - s0, x0, w);
   for (int64_t c = 0; c < channels; ++c) {
     const float* table = tables[static_cast<size_t>(c)].data();
     const uint8_t* plane = pixels + c * h * w;
     for (int64_t y = 0; y < h; ++y) {
+      float* row = out + (c * h + y) * w;
       const int64_t sy = y + d.top - pad;
-      for (int64_t x = 0; x < w; ++x) {
-        const int64_t sx = (d.flip ? w - 1 - x : x) + d.left - pad;
-        const bool inside = sy >= 0 && sy < h && sx >= 0 && sx < w;
-        out[(c * h + y) * w + x] = table[inside ? plane[sy * w + sx] : 0];
+      if (sy < 0 || sy >= h) {
+        std::fill(row, row + w, table[0]);
+        continue;
       }
+      const uint8_t* line = plane + sy * w;
+      std::fill(row, row + x0, table[0]);
+      if (d.flip) {
+        for (int64_t x = x0; x < x1; ++x) row[x] = table[line[s0 - x]];
+      } else {
+        for (int64_t x = x0; x < x1; ++x) row[x] = table[line[s0 + x]];
+      }
+      std::fill(row + x1, row + w, table[0]);
     }
   }
 }
@@ -121,6 +135,8 @@ void augmented_row(const uint8_t* pixels, int64_t channels, int64_t h, int64_t w
 // of the decoding time (docs/benchmarks.md). Once a process streams, blocks below 32 MiB
 // come from the heap and up to 128 MiB of free heap is kept (per thread's arena: a few
 // MB in practice, the images' working set). Tensors have their own cache and are unaffected.
+// The RandomResizedCrop path goes further and keeps its buffers per thread, so they are not
+// even zero-filled again (random_resized_crop_jpeg in image_decode.cpp).
 void keep_decode_buffers() {
   static std::once_flag once;
   std::call_once(once, [] {

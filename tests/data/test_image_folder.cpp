@@ -1,6 +1,8 @@
 // Image folders: classes, order, pixels and channels, and every malformed folder refused.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 
@@ -164,6 +166,55 @@ TEST_CASE("resize_bilinear: PIL's triangle filter, widened when shrinking, round
   SECTION("the same size is a copy; a size below 1 is refused") {
     CHECK(resize_bilinear(row, 1, 4).pixels == row.pixels);
     CHECK_THAT(error_of<InvalidArgument>([&] { resize_bilinear(row, 0, 4); }), Contains("found 0x4"));
+  }
+}
+
+// Note [RGB pixels in vector lanes]: a colour image's horizontal pass runs in vector lanes,
+// a gray one's pixel by pixel. Both must give Pillow's sums, so a colour resize is three
+// gray ones, for windows of every width (enlarging: 2-3 taps; shrinking up to 9x: the
+// unrolled widths and the general loop), boxes with fractional ends, and sizes whose last
+// row and column take the ends' special cases.
+TEST_CASE("resize_bilinear of a colour image is three gray resizes, for windows of every width") {
+  uint32_t state = 12345;
+  const auto next = [&] { return state = state * 1664525u + 1013904223u; };
+  const auto random_image = [&](int64_t h, int64_t w) {
+    DecodedImage image{h, w, 3, std::vector<uint8_t>(static_cast<size_t>(h * w * 3))};
+    for (uint8_t& p : image.pixels) p = static_cast<uint8_t>(next() >> 24);
+    return image;
+  };
+  const auto channel = [](const DecodedImage& image, int64_t c) {
+    DecodedImage gray{image.height, image.width, 1, std::vector<uint8_t>(static_cast<size_t>(image.height * image.width))};
+    for (size_t p = 0; p < gray.pixels.size(); ++p) gray.pixels[p] = image.pixels[p * 3 + static_cast<size_t>(c)];
+    return gray;
+  };
+  const auto check_channels = [&](const DecodedImage& colour, const std::array<DecodedImage, 3>& grays) {
+    for (int64_t c = 0; c < 3; ++c) {
+      REQUIRE(grays[static_cast<size_t>(c)].pixels.size() * 3 == colour.pixels.size());
+      int differing = 0;
+      for (size_t p = 0; p < grays[static_cast<size_t>(c)].pixels.size(); ++p) {
+        differing += colour.pixels[p * 3 + static_cast<size_t>(c)] != grays[static_cast<size_t>(c)].pixels[p];
+      }
+      CHECK(differing == 0);
+    }
+  };
+  const std::vector<std::pair<int64_t, int64_t>> sizes = {{1, 1}, {3, 2}, {7, 5}, {17, 33}, {40, 9}, {64, 64}, {90, 130}};
+  for (const auto& [h, w] : sizes) {
+    const DecodedImage image = random_image(h, w);
+    const std::array<DecodedImage, 3> planes = {channel(image, 0), channel(image, 1), channel(image, 2)};
+    for (const int64_t out_w : {int64_t{1}, w / 9 + 1, w / 4 + 1, w / 3 + 1, w / 2 + 1, w - 1, w + 3, 2 * w + 1}) {
+      if (out_w < 1) continue;
+      const int64_t out_h = std::max<int64_t>(1, (h * out_w) / w);
+      INFO(fmt::format("{}x{} to {}x{}", h, w, out_h, out_w));
+      check_channels(resize_bilinear(image, out_h, out_w),
+                     {resize_bilinear(planes[0], out_h, out_w), resize_bilinear(planes[1], out_h, out_w),
+                      resize_bilinear(planes[2], out_h, out_w)});
+      const SourceBox box{0.3 * static_cast<double>(h) / 4, 0.7, 0.6 * static_cast<double>(h),
+                          static_cast<double>(w) - 0.9};
+      if (box.width <= 0 || box.height <= 0) continue;
+      check_channels(resize_box_bilinear(image, box, out_h, out_w),
+                     {resize_box_bilinear(planes[0], box, out_h, out_w), resize_box_bilinear(planes[1], box, out_h, out_w),
+                      resize_box_bilinear(planes[2], box, out_h, out_w)});
+    }
   }
 }
 

@@ -535,3 +535,47 @@ TEST_CASE("reduced decode: a JPEG the transform shrinks decodes at a smaller sca
     }
   }
 }
+
+// Note [Decoding a crop's region]: a crop's box decoded alone (libjpeg's API, rows skipped,
+// columns cropped) gives the bytes of a full decode then a crop, for every subsampling a
+// camera writes and for gray, and boxes anywhere: at the image's corners and edges, a
+// block's width from them, and inside.
+TEST_CASE("a crop's region decoded alone gives the full decode's bytes, boxes anywhere") {
+  const int64_t h = 150, w = 203;
+  std::vector<uint8_t> rgb;
+  uint32_t state = 7;
+  for (int64_t y = 0; y < h; ++y) {
+    for (int64_t x = 0; x < w; ++x) {
+      state = state * 1664525u + 1013904223u;
+      for (int c = 0; c < 3; ++c) {
+        rgb.push_back(static_cast<uint8_t>((x * (c + 1) + y * 2 + static_cast<int64_t>((state >> (8 * c)) % 40)) % 256));
+      }
+    }
+  }
+  std::vector<uint8_t> gray(rgb.size() / 3);
+  for (size_t p = 0; p < gray.size(); ++p) gray[p] = rgb[3 * p + 1];
+  TempDir dir;
+  int compared = 0;
+  for (const int subsampling : {TJSAMP_420, TJSAMP_422, TJSAMP_444, TJSAMP_GRAY}) {
+    const bool is_gray = subsampling == TJSAMP_GRAY;
+    const fs::path path = dir.file(fmt::format("s{}.jpg", subsampling));
+    mtrain::testing::write_jpeg(path, h, w, is_gray ? 1 : 3, is_gray ? gray : rgb, 92, subsampling);
+    const std::string bytes = read_text(path);
+    const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+    const DecodedImage full = decode_image(path);
+    // A box of the transform's own size is taken as it is; others are resized to 24 x 24.
+    const ImageTransform t{ImageTransform::Kind::kRandomResizedCrop, 24, 24, 0, 5};
+    for (int64_t index = 0; index < 60; ++index) {
+      for (int64_t epoch = 0; epoch < 2; ++epoch) {
+        std::vector<uint8_t> alone(3 * 24 * 24), whole(3 * 24 * 24);
+        decode_to_chw(path.string(), data, bytes.size(), t, epoch, index, 3, alone.data());
+        transform_to_chw(full, t, epoch, index, 3, whole.data());
+        const CropBox box = random_resized_crop_box(t.seed, epoch, index, h, w);
+        INFO(fmt::format("subsampling {}, box {}x{} at ({}, {})", subsampling, box.height, box.width, box.top, box.left));
+        CHECK(alone == whole);
+        ++compared;
+      }
+    }
+  }
+  CHECK(compared == 480);
+}
