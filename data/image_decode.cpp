@@ -219,8 +219,8 @@ void jpeg_region_fail(j_common_ptr cinfo) {
 
 void jpeg_region_ignore(j_common_ptr, int) {}  // warnings (a corrupt stretch of data), as TurboJPEG's
 
-// Header and start at 1/reduction scale; the image's size is then cinfo.output_*.
-bool jpeg_region_start(JpegRegionDecoder* d, const uint8_t* bytes, size_t size, int reduction) {
+// The header read: the image's size is then cinfo.image_*.
+bool jpeg_region_open(JpegRegionDecoder* d, const uint8_t* bytes, size_t size) {
   d->cinfo.err = jpeg_std_error(&d->errors);
   d->errors.error_exit = jpeg_region_fail;
   d->errors.emit_message = jpeg_region_ignore;
@@ -230,6 +230,12 @@ bool jpeg_region_start(JpegRegionDecoder* d, const uint8_t* bytes, size_t size, 
   d->created = true;
   jpeg_mem_src(&d->cinfo, bytes, static_cast<unsigned long>(size));
   jpeg_read_header(&d->cinfo, TRUE);
+  return true;
+}
+
+// Decoding started at 1/reduction scale: the scaled size is then cinfo.output_*.
+bool jpeg_region_start(JpegRegionDecoder* d, int reduction) {
+  if (setjmp(d->jump)) return false;
   const J_COLOR_SPACE stored = d->cinfo.jpeg_color_space;
   d->cinfo.out_color_space = stored == JCS_GRAYSCALE                       ? JCS_GRAYSCALE
                              : stored == JCS_CMYK || stored == JCS_YCCK ? JCS_CMYK
@@ -285,11 +291,11 @@ struct JpegRegion {
   int64_t first_column = 0;
 };
 
-JpegRegion decode_jpeg_region(const std::string& name, const uint8_t* bytes, size_t size, int reduction, int64_t top,
+// `d` has read the header (jpeg_region_open).
+JpegRegion decode_jpeg_region(JpegRegionDecoder& d, const std::string& name, int reduction, int64_t top,
                               int64_t height, int64_t left, int64_t width, std::vector<uint8_t>& pixels) {
-  JpegRegionDecoder d;
   const auto fail = [&] { return IoError(fmt::format("{}: not a readable JPEG: {}", name, d.message)); };
-  if (!jpeg_region_start(&d, bytes, size, reduction)) throw fail();
+  if (!jpeg_region_start(&d, reduction)) throw fail();
   const int64_t image_height = d.cinfo.output_height, image_width = d.cinfo.output_width;
   require_decodable_size(name, static_cast<uint64_t>(height), static_cast<uint64_t>(width),
                          static_cast<uint64_t>(d.cinfo.output_components));
@@ -604,10 +610,16 @@ DecodedImage decode_image(const std::string& name, const uint8_t* bytes, size_t 
   throw IoError(fmt::format("{}: expected a PNG or a JPEG image, found {} bytes of something else", name, size));
 }
 
-DecodedImage decode_image(const std::filesystem::path& path) {
+bool is_png_or_jpeg(const uint8_t* bytes, size_t size) { return is_png(bytes, size) || is_jpeg(bytes, size); }
+
+std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError(fmt::format("{}: cannot open it for reading", path.string()));
-  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+DecodedImage decode_image(const std::filesystem::path& path) {
+  const std::vector<uint8_t> bytes = read_file_bytes(path);
   return decode_image(path.string(), bytes.data(), bytes.size());
 }
 
@@ -818,8 +830,8 @@ int reduction_for(const ImageTransform& t, const CropBox& box, int64_t height, i
 // exactly the box (crop, then resize); reduced, the box scaled to fractional pixels with
 // the resample's reach around it. The decoded pixels and both passes go to buffers the
 // thread keeps (Note [Decoding without page faults] in dataloader.cpp).
-void random_resized_crop_jpeg(const std::string& name, const uint8_t* bytes, size_t size, const JpegHeader& header,
-                              const CropBox& box, int r, const ImageTransform& t, int64_t channels, uint8_t* out) {
+void random_resized_crop_jpeg(JpegRegionDecoder& decoder, const std::string& name, const CropBox& box, int r,
+                              const ImageTransform& t, int64_t channels, uint8_t* out) {
   struct Buffers {
     std::vector<uint8_t> region, wide, tall;
   };
@@ -834,7 +846,7 @@ void random_resized_crop_jpeg(const std::string& name, const uint8_t* bytes, siz
   };
   if (r == 1) {
     const JpegRegion region =
-        decode_jpeg_region(name, bytes, size, 1, box.top, box.height, box.left, box.width, buffers.region);
+        decode_jpeg_region(decoder, name, 1, box.top, box.height, box.left, box.width, buffers.region);
     const PixelView part =
         view(region).part(box.top - region.first_row, box.left - region.first_column, box.height, box.width);
     const ResampleTaps across = bilinear_taps(box.width, t.width, 0.0, static_cast<double>(box.width));
@@ -844,8 +856,11 @@ void random_resized_crop_jpeg(const std::string& name, const uint8_t* bytes, siz
               channels, out);
     return;
   }
-  const int64_t scaled_h = (header.height + r - 1) / r, scaled_w = (header.width + r - 1) / r;
-  const double sy = static_cast<double>(scaled_h) / header.height, sx = static_cast<double>(scaled_w) / header.width;
+  const auto height = static_cast<int64_t>(decoder.cinfo.image_height);
+  const auto width = static_cast<int64_t>(decoder.cinfo.image_width);
+  const int64_t scaled_h = (height + r - 1) / r, scaled_w = (width + r - 1) / r;
+  const double sy = static_cast<double>(scaled_h) / static_cast<double>(height);
+  const double sx = static_cast<double>(scaled_w) / static_cast<double>(width);
   const SourceBox part{box.top * sy, box.left * sx, box.height * sy, box.width * sx};
   const auto reach = [](double length, int64_t out_size) {
     return static_cast<int64_t>(std::ceil(std::max(length / static_cast<double>(out_size), 1.0))) + 1;
@@ -856,7 +871,7 @@ void random_resized_crop_jpeg(const std::string& name, const uint8_t* bytes, siz
   const int64_t left = std::max<int64_t>(static_cast<int64_t>(std::floor(part.left)) - rx, 0);
   const int64_t right = std::min<int64_t>(static_cast<int64_t>(std::ceil(part.left + part.width)) + rx, scaled_w);
   const JpegRegion region =
-      decode_jpeg_region(name, bytes, size, r, top, bottom - top, left, right - left, buffers.region);
+      decode_jpeg_region(decoder, name, r, top, bottom - top, left, right - left, buffers.region);
   // Pillow's resize(box=): the box in the region's pixels, the filter reading around it.
   const double box_top = part.top - static_cast<double>(region.first_row);
   const double box_left = part.left - static_cast<double>(region.first_column);
@@ -882,15 +897,17 @@ void decode_to_chw(const std::string& name, const uint8_t* bytes, size_t size, c
     transform_to_chw(decode_image(name, bytes, size), transform, epoch, index, channels, out);
     return;
   }
-  JpegHeader header;
-  {
-    const TjHandle handle = jpeg_decoder(name);
-    header = jpeg_header(name, handle, bytes, size);
+  // One header read, by the decoder a crop's region is decoded with.
+  JpegRegionDecoder decoder;
+  if (!jpeg_region_open(&decoder, bytes, size)) {
+    throw IoError(fmt::format("{}: not a readable JPEG: {}", name, decoder.message));
   }
-  const CropBox box = draw_box(transform, epoch, index, header.height, header.width);
-  const int r = transform.reduced_decode ? reduction_for(transform, box, header.height, header.width) : 1;
+  const auto height = static_cast<int64_t>(decoder.cinfo.image_height);
+  const auto width = static_cast<int64_t>(decoder.cinfo.image_width);
+  const CropBox box = draw_box(transform, epoch, index, height, width);
+  const int r = transform.reduced_decode ? reduction_for(transform, box, height, width) : 1;
   if (crops) {
-    random_resized_crop_jpeg(name, bytes, size, header, box, r, transform, channels, out);
+    random_resized_crop_jpeg(decoder, name, box, r, transform, channels, out);
     return;
   }
   const DecodedImage transformed = apply(decode_jpeg(name, bytes, size, r), transform, box);
