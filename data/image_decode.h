@@ -21,6 +21,12 @@ struct DecodedImage {
   std::vector<uint8_t> pixels;
 };
 
+// Whether `bytes` begin as a PNG's or a JPEG's do: the images decode_image reads, told by
+// content, not by name.
+bool is_png_or_jpeg(const uint8_t* bytes, size_t size);
+// A file's bytes, whole; IoError naming it when it cannot be opened.
+std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path);
+
 // Decodes a PNG or a JPEG; `name` says where the bytes came from, for errors. An alpha
 // channel is dropped, as PIL's convert("RGB") and convert("L") drop it.
 DecodedImage decode_image(const std::string& name, const uint8_t* bytes, size_t size);

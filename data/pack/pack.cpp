@@ -4,11 +4,10 @@
 
 #include <algorithm>
 #include <cctype>
-#include <fstream>
-#include <iterator>
 
 #include "core/error.h"
 #include "core/files.h"
+#include "data/image_decode.h"
 #include "data/image_folder.h"
 #include "data/random.h"
 #include "data/tar.h"
@@ -17,17 +16,6 @@ namespace mtrain::data {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::vector<uint8_t> read_whole(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(fmt::format("{}: cannot open it for reading", path.string()));
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-bool png_or_jpeg(const std::vector<uint8_t>& b) {
-  return (b.size() >= 4 && b[0] == 0x89 && b[1] == 'P' && b[2] == 'N' && b[3] == 'G') ||
-         (b.size() >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF);
-}
 
 PackedSplit pack_split(const fs::path& split_dir, const std::vector<std::string>& classes, const fs::path& out_dir,
                        const std::string& split, const PackOptions& options) {
@@ -42,8 +30,8 @@ PackedSplit pack_split(const fs::path& split_dir, const std::vector<std::string>
     const int64_t last = std::min<int64_t>(first + options.shard_size, static_cast<int64_t>(files.size()));
     for (int64_t k = first; k < last; ++k) {
       const LabelledFile& file = files[static_cast<size_t>(order[static_cast<size_t>(k)])];
-      const std::vector<uint8_t> bytes = read_whole(file.path);
-      if (!png_or_jpeg(bytes)) {
+      const std::vector<uint8_t> bytes = read_file_bytes(file.path);
+      if (!is_png_or_jpeg(bytes.data(), bytes.size())) {
         throw IoError(fmt::format("{}: expected a PNG or a JPEG image, found {} bytes of something else",
                                   file.path.string(), bytes.size()));
       }
