@@ -443,14 +443,8 @@ Batch DataLoader::assemble(int64_t epoch, int64_t batch_index, const Plan& plan)
   batch.epoch = epoch;
   batch.batch_index = batch_index;
   batch.indices.assign(order.begin() + begin, order.begin() + end);
-  const Shape image_shape{rows, ds.channels(), ds.height(), ds.width()};
-  if (options_.pin_memory) {
-    batch.images = Tensor::empty_pinned(image_shape, DType::Float32);
-    batch.labels = Tensor::empty_pinned({rows}, DType::Int64);
-  } else {
-    batch.images = Tensor::empty(image_shape, DType::Float32);
-    batch.labels = Tensor::empty({rows}, DType::Int64);
-  }
+  batch.images = batch_tensor({rows, ds.channels(), ds.height(), ds.width()}, DType::Float32);
+  batch.labels = batch_tensor({rows}, DType::Int64);
   float* images = batch.images.data<float>();
   int64_t* labels = batch.labels.data<int64_t>();
   std::vector<uint8_t> decoded(ds.in_memory() ? 0 : static_cast<size_t>(ds.shape().numel()));
@@ -503,6 +497,10 @@ std::pair<int64_t, std::string> DataLoader::images_left_out() const {
   return {left_out_, first_left_out_};
 }
 
+Tensor DataLoader::batch_tensor(const Shape& shape, DType dtype) const {
+  return options_.pin_memory ? Tensor::empty_pinned(shape, dtype) : Tensor::empty(shape, dtype);
+}
+
 // Note [Images left out of a batch]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A streamed image is decoded only when its batch is assembled, so a corrupt one is found
@@ -511,9 +509,8 @@ std::pair<int64_t, std::string> DataLoader::images_left_out() const {
 // collective waits for a rank that skipped. The images keep their first rows' order.
 void DataLoader::shrink(Batch& batch, int64_t rows) const {
   const Shape image_shape{rows, batch.images.shape()[1], batch.images.shape()[2], batch.images.shape()[3]};
-  Tensor images = options_.pin_memory ? Tensor::empty_pinned(image_shape, DType::Float32)
-                                      : Tensor::empty(image_shape, DType::Float32);
-  Tensor labels = options_.pin_memory ? Tensor::empty_pinned({rows}, DType::Int64) : Tensor::empty({rows}, DType::Int64);
+  Tensor images = batch_tensor(image_shape, DType::Float32);
+  Tensor labels = batch_tensor({rows}, DType::Int64);
   const int64_t row = image_shape[1] * image_shape[2] * image_shape[3];
   std::copy_n(batch.images.data<float>(), rows * row, images.data<float>());
   std::copy_n(batch.labels.data<int64_t>(), rows, labels.data<int64_t>());

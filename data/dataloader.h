@@ -152,6 +152,7 @@ class DataLoader {
   // Runs on a worker thread: reads only the dataset, the tables and its arguments.
   Batch assemble(int64_t epoch, int64_t batch_index, const Plan& plan) const;
   void shrink(Batch& batch, int64_t rows) const;  // keeps the first `rows` rows
+  Tensor batch_tensor(const Shape& shape, DType dtype) const;  // in pinned memory with pin_memory
   void note_left_out(const std::string& reason) const;
 
   std::shared_ptr<const Dataset> dataset_;

@@ -87,7 +87,7 @@ void log_end_of_training(const TrainOptions& o, const TrainResult& result) {
 
 // Note [Images left out of a batch] in data/dataloader.cpp: this rank's count, once, at the end.
 void report_images_left_out(const TrainingRun& run) {
-  for (const auto& [split, loader] : {std::pair{"training", run.train_loader}, {"evaluation", run.test_loader}}) {
+  for (const auto& [split, loader] : {std::pair{"training", run.train.loader}, {"evaluation", run.test_loader}}) {
     if (!loader) continue;
     const auto [count, first] = loader->images_left_out();
     if (count == 0) continue;
@@ -124,8 +124,8 @@ void add_data_parallel_hooks(const TrainOptions& o, TrainingRun& run, TrainLoopH
     s.images = sum.count;
   };
   hooks.combine_eval = [&control](const EvalResult& local) { return allreduce_eval(control, local); };
-  if (run.global_batch_sampler) {
-    hooks.world_samples = [&sampler = *run.global_batch_sampler](int64_t batch) { return sampler.step_size(batch); };
+  if (run.train.global_batch_sampler) {
+    hooks.world_samples = [&sampler = *run.train.global_batch_sampler](int64_t batch) { return sampler.step_size(batch); };
   }
   if (!o.sync_bn && !model.buffers().empty() && run.groups.gradients->size() > 1) {
     // Note [Buffers follow rank 0] (loop/train_loop.cpp); the model's device tensors travel
@@ -237,7 +237,7 @@ TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks
   const std::unique_ptr<BatchResplitter> balance = start_balance(o, run);
   if (balance) add_balance_hooks(*balance, config);
   add_plot_hook(o, run, config.hooks);
-  TrainLoop loop(*run.model, *run.optimizer, *run.sync, *run.exchange, *run.train_loader, run.test_loader.get(),
+  TrainLoop loop(*run.model, *run.optimizer, *run.sync, *run.exchange, *run.train.loader, run.test_loader.get(),
                  run.metrics, config);
   const TrainResult result = loop.run();
   if (run.exchange->rank_waits().steps > 0) spdlog::info("{}", describe_rank_waits(run.exchange->rank_waits()));

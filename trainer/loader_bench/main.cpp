@@ -2,8 +2,8 @@
 // flags (dataset, transforms, --batch-size, --loader-workers, --seed), without a model:
 // is the loader fast enough to feed a GPU? (docs/training.md, "Data larger than memory").
 //
-//   mtrain-bench-loader --dataset webdataset --data-dir shards --random-resized-crop 224 --random-flip \
-//       --batch-size 64 --loader-workers 8 --max-steps 50
+//   mtrain-bench-loader --dataset webdataset --data-dir shards --random-resized-crop 224
+//       --random-flip --batch-size 64 --loader-workers 8 --max-steps 50
 //
 // Reads --max-steps batches (default: one epoch) of rank 0 of a world of one and prints the
 // images per second after the first batch, whose time includes the workers' start.

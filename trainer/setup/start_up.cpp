@@ -349,8 +349,8 @@ void continue_in_another_world(const TrainOptions& o, TrainingRun& run, TrainPos
           "epoch they trained on; resume it with {} rank(s), or with --global-batch-size",
           run.checkpointer->path(), r.world_size, r.world_size));
     }
-    if (run.shard_sampler) run.shard_sampler->resume_epoch(r.epoch - 1, r.epoch_consumed);
-    if (run.stream_sampler) {
+    if (run.train.shard_sampler) run.train.shard_sampler->resume_epoch(r.epoch - 1, r.epoch_consumed);
+    if (run.train.stream_sampler) {
       // Only a streamed set needs the epoch's worlds (Note [An epoch of shards in several
       // worlds]); an in-memory one's rest follows from the count.
       if (r.earlier_segments.size() >= kMaxEarlierSegments) {
@@ -363,7 +363,7 @@ void continue_in_another_world(const TrainOptions& o, TrainingRun& run, TrainPos
       r.earlier_segments.push_back({r.world_size, r.epoch_consumed - earlier});
       std::vector<data::ShardSampler::EarlierWorld> worlds;
       for (const EpochSegment& s : r.earlier_segments) worlds.push_back({s.world_size, s.consumed});
-      run.stream_sampler->resume_epoch(r.epoch - 1, std::move(worlds));
+      run.train.stream_sampler->resume_epoch(r.epoch - 1, std::move(worlds));
     }
     run.resumed_rest_only = true;
   }
@@ -397,9 +397,9 @@ void resume_from_checkpoint(const TrainOptions& o, TrainingRun& run, StartupStop
     if (other_world) continue_in_another_world(o, run, *r);
     // Only the resumed epoch's rest has another size: count it (0-based epoch r->epoch - 1;
     // the loader sets it again when it starts that epoch).
-    if (run.resumed_rest_only) run.train_loader->sampler().set_epoch(r->epoch - 1);
+    if (run.resumed_rest_only) run.train.loader->sampler().set_epoch(r->epoch - 1);
     const int64_t per_epoch = (run.resumed_rest_only ? r->steps_in_epoch : 0) +
-                              steps_per_epoch(run.train_loader->num_batches(), o.grad_accum);
+                              steps_per_epoch(run.train.loader->num_batches(), o.grad_accum);
     // An epoch summarised at a --max-steps cut is "finished" in the file but not done.
     const std::string where =
         !r->epoch_finished ? fmt::format("epoch {}, {} of its {} steps done", r->epoch, r->steps_in_epoch, per_epoch)
@@ -490,12 +490,10 @@ void make_loaders(const TrainOptions& o, TrainingRun& run) {
   const int rank = run.env().rank, world = run.env().world_size;
   const bool pinned = run.compute().is_cuda();
   const data::ChannelStats norm = normalization(o, *run.train_set);
-  TrainLoader train = make_train_loader(o, run.train_set, rank, world, pinned, norm);
-  if (train.global_batch_sampler && o.sync_bn && run.groups) require_every_rank_a_share(o, *train.global_batch_sampler, world);
-  run.train_loader = std::move(train.loader);
-  run.global_batch_sampler = std::move(train.global_batch_sampler);
-  run.shard_sampler = std::move(train.shard_sampler);
-  run.stream_sampler = std::move(train.stream_sampler);
+  run.train = make_train_loader(o, run.train_set, rank, world, pinned, norm);
+  if (run.train.global_batch_sampler && o.sync_bn && run.groups) {
+    require_every_rank_a_share(o, *run.train.global_batch_sampler, world);
+  }
   if (o.eval) {
     // Per rank, the largest training share (a global batch's first chunk), not G itself.
     const int64_t eval_batch = o.global_batch_size ? (*o.global_batch_size + world - 1) / world : o.batch_size;
@@ -503,7 +501,7 @@ void make_loaders(const TrainOptions& o, TrainingRun& run) {
                                   std::make_shared<data::EvalShardSampler>(run.test_set->size(), rank, world),
                                   eval_batch, pinned, norm);
   }
-  spdlog::info("train loader: {}", run.train_loader->describe());
+  spdlog::info("train loader: {}", run.train.loader->describe());
 }
 
 void attach_gradient_sync(const TrainOptions& o, TrainingRun& run) {
@@ -576,19 +574,19 @@ std::unique_ptr<BatchResplitter> start_balance(const TrainOptions& o, TrainingRu
   }
   BalanceOptions options;
   options.global_batch = *o.global_batch_size;
-  options.initial_shares = run.global_batch_sampler->shares();
+  options.initial_shares = run.train.global_batch_sampler->shares();
   options.automatic = spec.kind == BalanceSpec::Kind::kAuto;
   options.allow_empty_share = !o.sync_bn;
   spdlog::info("--balance {}: shares {}{}", o.balance.text, format_shares(options.initial_shares),
                options.automatic ? ", then in proportion to each rank's measured compute time per image" : "");
-  return std::make_unique<BatchResplitter>(SharePolicy(options), *run.global_batch_sampler, *run.train_loader,
+  return std::make_unique<BatchResplitter>(SharePolicy(options), *run.train.global_batch_sampler, *run.train.loader,
                                         *run.exchange, run.metrics);
 }
 
 namespace {
 
 void plan_learning_rate(const TrainOptions& o, TrainingRun& run) {
-  const int64_t per_epoch = steps_per_epoch(run.train_loader->num_batches(), o.grad_accum);
+  const int64_t per_epoch = steps_per_epoch(run.train.loader->num_batches(), o.grad_accum);
   double run_epochs = static_cast<double>(o.epochs);
   if (o.max_steps && per_epoch > 0) {
     run_epochs = std::min(run_epochs, static_cast<double>(*o.max_steps) / static_cast<double>(per_epoch));

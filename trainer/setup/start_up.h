@@ -30,6 +30,15 @@
 
 namespace mtrain {
 
+// A run's training loader and the sampler it reads: one of the three, by the flags and the
+// set (make_train_loader).
+struct TrainLoader {
+  std::shared_ptr<data::DataLoader> loader;
+  std::shared_ptr<data::GlobalBatchShardSampler> global_batch_sampler;  // with --global-batch-size
+  std::shared_ptr<data::DistributedSampler> shard_sampler;              // without it
+  std::shared_ptr<data::ShardSampler> stream_sampler;                   // without it, for a streamed set
+};
+
 struct TrainingRun {
   explicit TrainingRun(RunPlan run_plan) : plan(std::move(run_plan)) {}
 
@@ -50,10 +59,7 @@ struct TrainingRun {
   std::unique_ptr<Checkpointer> checkpointer;  // with --checkpoint-dir
   std::optional<TrainPosition> resumed;        // where a resumed run continues
   // How it is trained.
-  std::shared_ptr<data::DataLoader> train_loader;
-  std::shared_ptr<data::GlobalBatchShardSampler> global_batch_sampler;  // with --global-batch-size
-  std::shared_ptr<data::DistributedSampler> shard_sampler;  // without it
-  std::shared_ptr<data::ShardSampler> stream_sampler;       // without it, for a streamed set
+  TrainLoader train;
   // The resumed epoch's loader holds only what another world left of it (Note [Resuming
   // in another world] in loop/train_loop.cpp).
   bool resumed_rest_only = false;
@@ -78,12 +84,6 @@ TrainingRun set_up_run(const TrainOptions& options, WorkerEnvironment env, Start
 // The training loader of a run of `options` for rank `rank` of `world` over `train_set`,
 // and the sampler it reads (one of the three, by the flags and the set: Note [Shards per
 // rank] in data/shard_sampler.cpp for sharded sets). `norm` is --normalize's values.
-struct TrainLoader {
-  std::shared_ptr<data::DataLoader> loader;
-  std::shared_ptr<data::GlobalBatchShardSampler> global_batch_sampler;
-  std::shared_ptr<data::DistributedSampler> shard_sampler;
-  std::shared_ptr<data::ShardSampler> stream_sampler;
-};
 TrainLoader make_train_loader(const TrainOptions& options, std::shared_ptr<const data::Dataset> train_set, int rank,
                               int world, bool pinned, const data::ChannelStats& norm);
 
