@@ -10,8 +10,9 @@ find_package(ZLIB REQUIRED)                      # ZLIB::ZLIB
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(CAIRO REQUIRED IMPORTED_TARGET cairo)  # PkgConfig::CAIRO (training curves)
 find_package(PNG REQUIRED)                       # PNG::PNG (image folders)
-pkg_check_modules(TURBOJPEG REQUIRED IMPORTED_TARGET libturbojpeg)  # PkgConfig::TURBOJPEG (image folders)
-# libjpeg-turbo's libjpeg API: a crop's rows and columns decoded alone (data/image_decode.cpp).
+pkg_check_modules(TURBOJPEG REQUIRED IMPORTED_TARGET libturbojpeg)  # PkgConfig::TURBOJPEG (tests write JPEGs)
+# libjpeg-turbo's libjpeg API: every JPEG decoded, a crop's rows and columns alone
+# (data/image_decode.cpp).
 pkg_check_modules(LIBJPEG REQUIRED IMPORTED_TARGET libjpeg)  # PkgConfig::LIBJPEG
 find_package(Protobuf REQUIRED)                  # protobuf::libprotobuf, which ONNX's targets name
 find_package(ONNX CONFIG REQUIRED)               # onnx, onnx_proto (--model FILE.onnx)

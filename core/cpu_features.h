@@ -12,8 +12,8 @@ namespace mtrain {
 // baseline; x86-64-v3 is dispatched by CPU features.
 #define MTRAIN_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 
-// Whether the CPU runs the avx512f clone, and whether it runs the x86-64-v3 one (AVX2 with
-// FMA) when it has no AVX-512.
+// Whether the CPU has what the avx512f clone needs, and what the x86-64-v3 one (AVX2 with
+// FMA) needs; the loader takes the first clone the CPU can run.
 bool cpu_has_avx512();
 bool cpu_has_x86_64_v3();
 

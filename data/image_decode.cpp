@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <png.h>
-#include <turbojpeg.h>
 
 #include <cstdio>  // jpeglib.h needs FILE
 #include <jpeglib.h>
@@ -142,51 +141,6 @@ bool is_jpeg(const uint8_t* bytes, size_t size) {
   return size >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF;
 }
 
-using TjHandle = std::unique_ptr<void, int (*)(tjhandle)>;
-
-struct JpegHeader {
-  int width = 0;
-  int height = 0;
-  bool gray = false;
-  bool cmyk = false;  // CMYK or YCCK (Note [CMYK JPEGs])
-};
-
-JpegHeader jpeg_header(const std::string& name, const TjHandle& handle, const uint8_t* bytes, size_t size) {
-  int width = 0, height = 0, subsampling = 0, colourspace = 0;
-  if (tjDecompressHeader3(handle.get(), bytes, size, &width, &height, &subsampling, &colourspace) != 0) {
-    throw IoError(fmt::format("{}: not a readable JPEG: {}", name, tjGetErrorStr2(handle.get())));
-  }
-  return {width, height, colourspace == TJCS_GRAY, colourspace == TJCS_CMYK || colourspace == TJCS_YCCK};
-}
-
-TjHandle jpeg_decoder(const std::string& name) {
-  TjHandle handle(tjInitDecompress(), tjDestroy);
-  if (!handle) throw IoError(fmt::format("{}: libjpeg-turbo could not start a decoder", name));
-  return handle;
-}
-
-// Decoded at 1/reduction of its size in each direction (1, 2, 4 or 8: libjpeg-turbo's
-// DCT scaling), rounded up as libjpeg rounds.
-DecodedImage decode_jpeg(const std::string& name, const uint8_t* bytes, size_t size, int reduction = 1) {
-  const TjHandle handle = jpeg_decoder(name);
-  const JpegHeader header = jpeg_header(name, handle, bytes, size);
-  auto* data = const_cast<unsigned char*>(bytes);
-  const bool gray = header.gray;
-  const int width = (header.width + reduction - 1) / reduction, height = (header.height + reduction - 1) / reduction;
-  require_decodable_size(name, static_cast<uint64_t>(height), static_cast<uint64_t>(width), gray ? 1 : 3);
-  const size_t pixels = static_cast<size_t>(width) * static_cast<size_t>(height);
-  DecodedImage out{height, width, gray ? 1 : 3, std::vector<uint8_t>(pixels * (gray ? 1 : 3))};
-  std::vector<uint8_t> cmyk(header.cmyk ? pixels * 4 : 0);
-  const int format = gray ? TJPF_GRAY : header.cmyk ? TJPF_CMYK : TJPF_RGB;
-  if (tjDecompress2(handle.get(), data, size, header.cmyk ? cmyk.data() : out.pixels.data(), width, 0, height, format,
-                    0) != 0 &&
-      tjGetErrorCode(handle.get()) == TJERR_FATAL) {
-    throw IoError(fmt::format("{}: not a readable JPEG: {}", name, tjGetErrorStr2(handle.get())));
-  }
-  if (header.cmyk) cmyk_to_rgb(cmyk.data(), out.pixels.data(), pixels);
-  return out;
-}
-
 // Note [Decoding a crop's region]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // RandomResizedCrop keeps a box of 8 % to 100 % of the image (half of it on average), so
@@ -256,11 +210,15 @@ bool jpeg_region_columns(JpegRegionDecoder* d, JDIMENSION* x, JDIMENSION* width)
 // Rows [top, top + rows) into `out` (row_bytes apart), the rows above skipped.
 bool jpeg_region_rows(JpegRegionDecoder* d, JDIMENSION top, JDIMENSION rows, uint8_t* out, size_t row_bytes) {
   if (setjmp(d->jump)) return false;
-  if (top > 0 && jpeg_skip_scanlines(&d->cinfo, top) != top) return false;
+  const auto ends = [&] {
+    std::snprintf(d->message, sizeof d->message, "its data ends before row %u", d->cinfo.output_scanline);
+    return false;
+  };
+  if (top > 0 && jpeg_skip_scanlines(&d->cinfo, top) != top) return ends();
   for (JDIMENSION y = 0; y < rows;) {
     JSAMPROW row = out + static_cast<size_t>(y) * row_bytes;
     const JDIMENSION read = jpeg_read_scanlines(&d->cinfo, &row, 1);
-    if (read == 0) return false;
+    if (read == 0) return ends();
     y += read;
   }
   jpeg_abort_decompress(&d->cinfo);
@@ -279,9 +237,10 @@ uint8_t* room(std::vector<uint8_t>& buffer, size_t n) {
 // fit): `rows` x `width` pixels from row `first_row` and column `first_column`. A band of
 // kRegionMargin pixels more on every side (where the image has them) keeps the region's own
 // pixels those of a full decode: at a region's edge, libjpeg's smooth upsampling of
-// subsampled colour lacks its neighbour, one colour sample (two pixels) away. One pixel is
-// enough in the tests (none differs in 480 boxes of 4:2:0, 4:2:2, 4:4:4 and gray JPEGs;
-// with none, a third do); 4 leave room, and cost less than a wider band's decoding.
+// subsampled colour lacks its neighbour, one colour sample (two pixels) away. At full
+// scale one pixel is enough in the tests (none differs in 480 boxes of 4:2:0, 4:2:2, 4:4:4
+// and gray JPEGs; with none, a third do); 4 leave room, and cost less than a wider band's
+// decoding. At a reduced scale the band is the resample's reach around the box, plus these.
 constexpr int64_t kRegionMargin = 4;
 struct JpegRegion {
   int64_t rows = 0;
@@ -319,6 +278,34 @@ JpegRegion decode_jpeg_region(JpegRegionDecoder& d, const std::string& name, int
   }
   if (components == 4) cmyk_to_rgb(cmyk.data(), room(pixels, count * 3), count);
   return {rows, static_cast<int64_t>(w), std::min<int64_t>(components, 3), first_row, static_cast<int64_t>(x)};
+}
+
+// The header of `bytes` read into `d` (IoError naming `name` when it is no JPEG).
+void open_jpeg(JpegRegionDecoder& d, const std::string& name, const uint8_t* bytes, size_t size) {
+  if (!jpeg_region_open(&d, bytes, size)) throw IoError(fmt::format("{}: not a readable JPEG: {}", name, d.message));
+}
+
+// A side of `size` pixels decoded at 1/reduction scale, rounded up as libjpeg rounds.
+int64_t reduced_size(int64_t size, int reduction) { return (size + reduction - 1) / reduction; }
+
+// The whole JPEG `d` has opened, at 1/reduction of its size in each direction (1, 2, 4 or 8:
+// libjpeg-turbo's DCT scaling).
+DecodedImage decode_whole_jpeg(JpegRegionDecoder& d, const std::string& name, int reduction) {
+  const int64_t height = reduced_size(d.cinfo.image_height, reduction);
+  const int64_t width = reduced_size(d.cinfo.image_width, reduction);
+  DecodedImage out;
+  const JpegRegion region = decode_jpeg_region(d, name, reduction, 0, height, 0, width, out.pixels);
+  out.height = region.rows;
+  out.width = region.width;
+  out.channels = region.channels;
+  out.pixels.resize(static_cast<size_t>(out.height * out.width * out.channels));
+  return out;
+}
+
+DecodedImage decode_jpeg(const std::string& name, const uint8_t* bytes, size_t size) {
+  JpegRegionDecoder d;
+  open_jpeg(d, name, bytes, size);
+  return decode_whole_jpeg(d, name, 1);
 }
 
 // Note [Resizing as PIL does]
@@ -422,8 +409,8 @@ void resample_pixel(const uint8_t* src, uint8_t* dst, const ResampleTaps& taps, 
 // sums. The arithmetic is the scalar one, lane for lane, so the bytes are Pillow's. An
 // output column is computed down a block of rows at a time, its weights held in registers
 // and its taps unrolled for the usual window sizes; a block's rows stay in the L1 cache
-// for all the columns. The image's last pixel would read a byte past it and goes the
-// scalar way.
+// for all the columns. The last row's pixels whose window ends at the row's end would read
+// a byte past the image and go the scalar way.
 typedef int32_t Lanes4 __attribute__((vector_size(16)));
 typedef uint8_t Bytes16 __attribute__((vector_size(16)));
 
@@ -434,11 +421,12 @@ typedef uint8_t Bytes16 __attribute__((vector_size(16)));
   return reinterpret_cast<Lanes4>(__builtin_shufflevector(v, v, 0, 4, 4, 4, 1, 4, 4, 4, 2, 4, 4, 4, 3, 4, 4, 4));
 }
 
-// resampled_byte in the lanes (the sums are >= 0, as the weights are, so only 255 clamps),
-// stored as 3 bytes, or as 4 where the next pixel's first byte is written later anyway.
+// resampled_byte in the lanes, stored as 3 bytes, or as 4 where the next pixel's first
+// byte is written later anyway.
 [[gnu::always_inline]] inline void store_rgb(Lanes4 sum, uint8_t* out, bool four) {
   Lanes4 value = sum >> kResampleBits;
   value = value > 255 ? Lanes4{} + 255 : value;
+  value = value < 0 ? Lanes4{} : value;  // not with bilinear's weights, which are >= 0
   const auto bytes = reinterpret_cast<Bytes16>(value);
   const auto packed = reinterpret_cast<Lanes4>(
       __builtin_shufflevector(bytes, bytes, 0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
@@ -825,22 +813,51 @@ int reduction_for(const ImageTransform& t, const CropBox& box, int64_t height, i
   return 1;
 }
 
-// RandomResizedCrop's `box` of a JPEG (of header's size) decoded at 1/r scale, resized and
-// written to `out` as write_chw writes. Note [Decoding a crop's region]: at full scale,
-// exactly the box (crop, then resize); reduced, the box scaled to fractional pixels with
-// the resample's reach around it. The decoded pixels and both passes go to buffers the
-// thread keeps (Note [Decoding without page faults] in dataloader.cpp).
-void random_resized_crop_jpeg(JpegRegionDecoder& decoder, const std::string& name, const CropBox& box, int r,
-                              const ImageTransform& t, int64_t channels, uint8_t* out) {
-  struct Buffers {
-    std::vector<uint8_t> region, wide, tall;
-  };
-  thread_local Buffers buffers;
-  // A buffer one large photograph grew is given back rather than kept for the thread's life.
+// The buffers of the RandomResizedCrop path, kept by each thread (Note [Decoding without page
+// faults] in dataloader.cpp); one that a large photograph grew is given back before the
+// next image rather than kept for the thread's life.
+struct CropBuffers {
+  std::vector<uint8_t> region, wide, tall;
+};
+CropBuffers& crop_buffers() {
+  thread_local CropBuffers buffers;
   constexpr size_t kKeptBytes = size_t{16} << 20;
   for (std::vector<uint8_t>* b : {&buffers.region, &buffers.wide, &buffers.tall}) {
     if (b->size() > kKeptBytes) std::vector<uint8_t>().swap(*b);
   }
+  return buffers;
+}
+
+// RandomResizedCrop's `box` of a height x width image in the image decoded at 1/r scale:
+// the box to fractional pixels, and the rows [top, bottom) and columns [left, right) the
+// resample reads (the box and the filter's reach around it).
+struct ScaledBox {
+  SourceBox box;
+  int64_t top, bottom, left, right;
+};
+ScaledBox scaled_box(const CropBox& box, int64_t height, int64_t width, int r, const ImageTransform& t) {
+  const int64_t scaled_h = reduced_size(height, r), scaled_w = reduced_size(width, r);
+  const double sy = static_cast<double>(scaled_h) / static_cast<double>(height);
+  const double sx = static_cast<double>(scaled_w) / static_cast<double>(width);
+  const SourceBox part{static_cast<double>(box.top) * sy, static_cast<double>(box.left) * sx,
+                       static_cast<double>(box.height) * sy, static_cast<double>(box.width) * sx};
+  const auto reach = [](double length, int64_t out_size) {
+    return static_cast<int64_t>(std::ceil(std::max(length / static_cast<double>(out_size), 1.0))) + 1;
+  };
+  const int64_t ry = reach(part.height, t.height), rx = reach(part.width, t.width);
+  return {part, std::max<int64_t>(static_cast<int64_t>(std::floor(part.top)) - ry, 0),
+          std::min<int64_t>(static_cast<int64_t>(std::ceil(part.top + part.height)) + ry, scaled_h),
+          std::max<int64_t>(static_cast<int64_t>(std::floor(part.left)) - rx, 0),
+          std::min<int64_t>(static_cast<int64_t>(std::ceil(part.left + part.width)) + rx, scaled_w)};
+}
+
+// RandomResizedCrop's `box` of the JPEG `decoder` has opened, decoded at 1/r scale, resized
+// and written to `out` as write_chw writes. Note [Decoding a crop's region]: at full scale,
+// exactly the box (crop, then resize); reduced, the box scaled to fractional pixels with
+// the resample's reach around it (Pillow's resize(box=)).
+void random_resized_crop_jpeg(JpegRegionDecoder& decoder, const std::string& name, const CropBox& box, int r,
+                              const ImageTransform& t, int64_t channels, uint8_t* out) {
+  CropBuffers& buffers = crop_buffers();
   const auto view = [&](const JpegRegion& region) {
     return PixelView::packed(buffers.region.data(), region.rows, region.width, region.channels);
   };
@@ -856,27 +873,13 @@ void random_resized_crop_jpeg(JpegRegionDecoder& decoder, const std::string& nam
               channels, out);
     return;
   }
-  const auto height = static_cast<int64_t>(decoder.cinfo.image_height);
-  const auto width = static_cast<int64_t>(decoder.cinfo.image_width);
-  const int64_t scaled_h = (height + r - 1) / r, scaled_w = (width + r - 1) / r;
-  const double sy = static_cast<double>(scaled_h) / static_cast<double>(height);
-  const double sx = static_cast<double>(scaled_w) / static_cast<double>(width);
-  const SourceBox part{box.top * sy, box.left * sx, box.height * sy, box.width * sx};
-  const auto reach = [](double length, int64_t out_size) {
-    return static_cast<int64_t>(std::ceil(std::max(length / static_cast<double>(out_size), 1.0))) + 1;
-  };
-  const int64_t ry = reach(part.height, t.height), rx = reach(part.width, t.width);
-  const int64_t top = std::max<int64_t>(static_cast<int64_t>(std::floor(part.top)) - ry, 0);
-  const int64_t bottom = std::min<int64_t>(static_cast<int64_t>(std::ceil(part.top + part.height)) + ry, scaled_h);
-  const int64_t left = std::max<int64_t>(static_cast<int64_t>(std::floor(part.left)) - rx, 0);
-  const int64_t right = std::min<int64_t>(static_cast<int64_t>(std::ceil(part.left + part.width)) + rx, scaled_w);
+  const ScaledBox s = scaled_box(box, decoder.cinfo.image_height, decoder.cinfo.image_width, r, t);
   const JpegRegion region =
-      decode_jpeg_region(decoder, name, r, top, bottom - top, left, right - left, buffers.region);
-  // Pillow's resize(box=): the box in the region's pixels, the filter reading around it.
-  const double box_top = part.top - static_cast<double>(region.first_row);
-  const double box_left = part.left - static_cast<double>(region.first_column);
-  const ResampleTaps across = bilinear_taps(region.width, t.width, box_left, box_left + part.width);
-  const ResampleTaps down = bilinear_taps(region.rows, t.height, box_top, box_top + part.height);
+      decode_jpeg_region(decoder, name, r, s.top, s.bottom - s.top, s.left, s.right - s.left, buffers.region);
+  const double box_top = s.box.top - static_cast<double>(region.first_row);
+  const double box_left = s.box.left - static_cast<double>(region.first_column);
+  const ResampleTaps across = bilinear_taps(region.width, t.width, box_left, box_left + s.box.width);
+  const ResampleTaps down = bilinear_taps(region.rows, t.height, box_top, box_top + s.box.height);
   write_chw(resample_view(view(region), t.height, t.width, &across, &down, buffers.wide, buffers.tall), channels,
             out);
 }
@@ -897,11 +900,9 @@ void decode_to_chw(const std::string& name, const uint8_t* bytes, size_t size, c
     transform_to_chw(decode_image(name, bytes, size), transform, epoch, index, channels, out);
     return;
   }
-  // One header read, by the decoder a crop's region is decoded with.
+  // One header read: the decoder that then decodes the region or the image.
   JpegRegionDecoder decoder;
-  if (!jpeg_region_open(&decoder, bytes, size)) {
-    throw IoError(fmt::format("{}: not a readable JPEG: {}", name, decoder.message));
-  }
+  open_jpeg(decoder, name, bytes, size);
   const auto height = static_cast<int64_t>(decoder.cinfo.image_height);
   const auto width = static_cast<int64_t>(decoder.cinfo.image_width);
   const CropBox box = draw_box(transform, epoch, index, height, width);
@@ -910,7 +911,7 @@ void decode_to_chw(const std::string& name, const uint8_t* bytes, size_t size, c
     random_resized_crop_jpeg(decoder, name, box, r, transform, channels, out);
     return;
   }
-  const DecodedImage transformed = apply(decode_jpeg(name, bytes, size, r), transform, box);
+  const DecodedImage transformed = apply(decode_whole_jpeg(decoder, name, r), transform, box);
   write_chw(PixelView::of(transformed), channels, out);
 }
 

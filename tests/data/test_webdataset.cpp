@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <jpeglib.h>  // after <cstdio>: it needs FILE
+
 #include "core/error.h"
 #include "data/dataloader.h"
 #include "data/image_decode.h"
@@ -538,8 +540,8 @@ TEST_CASE("reduced decode: a JPEG the transform shrinks decodes at a smaller sca
 
 // Note [Decoding a crop's region]: a crop's box decoded alone (libjpeg's API, rows skipped,
 // columns cropped) gives the bytes of a full decode then a crop, for every subsampling a
-// camera writes and for gray, and boxes anywhere: at the image's corners and edges, a
-// block's width from them, and inside.
+// camera writes and for gray, over 120 boxes RandomResizedCrop draws (of every size; the
+// large ones reach the image's edges).
 TEST_CASE("a crop's region decoded alone gives the full decode's bytes, boxes anywhere") {
   const int64_t h = 150, w = 203;
   std::vector<uint8_t> rgb;
@@ -578,4 +580,69 @@ TEST_CASE("a crop's region decoded alone gives the full decode's bytes, boxes an
     }
   }
   CHECK(compared == 480);
+}
+
+namespace {
+
+// A JPEG whose colour is sampled in a layout TurboJPEG has no name for (Cb at a quarter of
+// the luma's resolution, Cr at half its width only), written through libjpeg's API. Pillow
+// reads such files, so every decoding path must too.
+std::vector<uint8_t> odd_sampling_jpeg(int height, int width) {
+  jpeg_compress_struct c{};
+  jpeg_error_mgr errors{};
+  c.err = jpeg_std_error(&errors);
+  jpeg_create_compress(&c);
+  unsigned char* buffer = nullptr;
+  unsigned long size = 0;
+  jpeg_mem_dest(&c, &buffer, &size);
+  c.image_width = static_cast<JDIMENSION>(width);
+  c.image_height = static_cast<JDIMENSION>(height);
+  c.input_components = 3;
+  c.in_color_space = JCS_RGB;
+  jpeg_set_defaults(&c);
+  jpeg_set_quality(&c, 90, TRUE);
+  c.comp_info[0].h_samp_factor = 2;
+  c.comp_info[0].v_samp_factor = 2;
+  c.comp_info[1].h_samp_factor = 1;
+  c.comp_info[1].v_samp_factor = 1;
+  c.comp_info[2].h_samp_factor = 1;
+  c.comp_info[2].v_samp_factor = 2;
+  jpeg_start_compress(&c, TRUE);
+  std::vector<uint8_t> row(static_cast<size_t>(width) * 3);
+  while (c.next_scanline < c.image_height) {
+    const int y = static_cast<int>(c.next_scanline);
+    for (int x = 0; x < width; ++x) {
+      for (int k = 0; k < 3; ++k) row[static_cast<size_t>(x * 3 + k)] = static_cast<uint8_t>((x * (k + 2) + y * 3) % 256);
+    }
+    JSAMPROW rows[1] = {row.data()};
+    jpeg_write_scanlines(&c, rows, 1);
+  }
+  jpeg_finish_compress(&c);
+  std::vector<uint8_t> bytes(buffer, buffer + size);
+  free(buffer);
+  jpeg_destroy_compress(&c);
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("a JPEG in any sampling layout decodes on every path, a crop's region as the whole") {
+  const std::vector<uint8_t> bytes = odd_sampling_jpeg(90, 130);
+  const DecodedImage whole = decode_image("odd.jpg", bytes.data(), bytes.size());
+  CHECK(whole.height == 90);
+  CHECK(whole.width == 130);
+  CHECK(whole.channels == 3);
+  for (const ImageTransform::Kind kind : {ImageTransform::Kind::kRandomResizedCrop, ImageTransform::Kind::kCenterCrop}) {
+    for (const bool reduced : {false, true}) {
+      ImageTransform t{kind, 20, 20, 24, 3};
+      t.reduced_decode = reduced;
+      for (int64_t index = 0; index < 12; ++index) {
+        std::vector<uint8_t> streamed(3 * 20 * 20), in_memory(3 * 20 * 20);
+        decode_to_chw("odd.jpg", bytes.data(), bytes.size(), t, 0, index, 3, streamed.data());
+        transform_to_chw(whole, t, 0, index, 3, in_memory.data());
+        INFO(t.describe() << ", image " << index);
+        if (!reduced) CHECK(streamed == in_memory);  // reduced: decoded smaller, not the same bytes
+      }
+    }
+  }
 }
