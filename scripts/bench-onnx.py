@@ -1,6 +1,7 @@
 """A graph from ONNX against the same network built in: mtrain-train's speed on each.
 
   python3 scripts/bench-onnx.py BIN_DIR [--runs N] [--model resnet18] [--steps S] [--batch B]
+      [--device cpu|cuda] [--data-dir DIR]
 
 Exports the built-in model's PyTorch twin (scripts/bench_torch_train.py builds it with the
 same layers and state_dict names) to ONNX in training mode, then runs mtrain-train on the
@@ -12,6 +13,7 @@ the median over runs of each, and their ratio (the graph's over the built-in's):
   median img/s: built-in 161.0, graph 160.4; graph / built-in: 0.996 (median of the runs' pairs: 0.998)
 """
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -27,7 +29,9 @@ def speed(trainer, model, args, work, tag):
     metrics = os.path.join(work, f"{tag}.jsonl")
     cmd = [trainer, "--model", model, "--batch-size", str(args.batch), "--max-steps", str(args.steps),
            "--log-every", str(args.every), "--no-eval", "--threads", str(args.threads), "--seed", "1",
-           "--metrics", metrics, "--log-level", "warn"]
+           "--metrics", metrics, "--log-level", "warn", "--device", args.device]
+    if args.data_dir:
+        cmd += ["--data-dir", args.data_dir]
     subprocess.run(cmd, check=True)
     with open(metrics) as f:
         windows = [e["img_per_s"] for e in map(json.loads, f) if e.get("event") == "step"]
@@ -43,6 +47,8 @@ def main():
     ap.add_argument("--every", type=int, default=4)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="mtrain-train's --device")
+    ap.add_argument("--data-dir", help="mtrain-train's --data-dir (default: its own)")
     args = ap.parse_args()
     import torch
     import bench_torch_train
@@ -50,8 +56,10 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         graph = os.path.join(work, f"{args.model}.onnx")
         torch.manual_seed(0)
+        # The TorchScript exporter, which torch >= 2.9 runs only when asked (dynamo=False).
+        legacy = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
         torch.onnx.export(bench_torch_train.build(args.model).train(), torch.randn(2, 1, 28, 28), graph,
-                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False, **legacy)
         built, read = [], []
         for i in range(args.runs):
             built.append(speed(trainer, args.model, args, work, f"built{i}"))

@@ -2,7 +2,9 @@
 """PyTorch reference for scripts/bench-train.sh: single-process CPU training speed of
 the same models (d2l LeNet, d2l ResNet-18 with a 3x3 stem, torchvision's ResNet-34/50) on
 the same data (the shipped Fashion-MNIST subset, file order, or --shape's random images),
-batch size and thread count.
+batch size and thread count. With --device cuda (scripts/bench-imagenet.sh) the images and
+the model live on the GPU, each step's time ends with a synchronisation, and --amp bf16
+and --channels-last are PyTorch's usual GPU set-up.
 
 Prints one line: {"framework": "pytorch", "model": ..., "img_per_s": <median>, ...}.
 The median is over timed steps after warm-up; a step is forward, loss, zero_grad,
@@ -84,22 +86,31 @@ def as_float_batch(pixels: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(1) if x.dim() == 3 else x
 
 
-def timed_steps(model, opt, loss_fn, images, labels, batch, warmup, steps, batch_start, amp="off"):
+def timed_steps(model, opt, loss_fn, images, labels, batch, warmup, steps, batch_start, amp="off",
+                channels_last=False):
     """Seconds of each of `steps` training steps after `warmup` untimed ones. Step k
     trains on the `batch` images from batch_start(k) (wrapped to stay in range). With
-    amp="bf16" forward and loss run under torch.autocast("cpu", dtype=torch.bfloat16),
-    PyTorch's CPU mixed precision (no loss scaling is needed for bfloat16)."""
+    amp="bf16" forward and loss run under torch.autocast(dtype=torch.bfloat16) on the
+    images' device, PyTorch's mixed precision (no loss scaling is needed for bfloat16). On a
+    GPU a step's time ends when the GPU has run it."""
     n = images.shape[0]
+    cuda = images.device.type == "cuda"
     times = []
     for step in range(warmup + steps):
         start = batch_start(step) % (n - batch + 1)
         x, y = as_float_batch(images[start:start + batch]), labels[start:start + batch]
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bf16"):
+        with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=amp == "bf16"):
             loss = loss_fn(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         if step >= warmup:
             times.append(time.perf_counter() - t0)
     return times
@@ -115,6 +126,9 @@ def main():
     ap.add_argument("--momentum", type=float, default=0.9,
                     help="SGD momentum (0.9 = mtrain-train's default, so both do the same update)")
     ap.add_argument("--shape", help="CxHxW: random uint8 images of that shape instead of Fashion-MNIST")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--amp", choices=["off", "bf16"], default="off")
+    ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--data-dir", default=str(pathlib.Path(__file__).resolve().parent.parent
                                               / "data" / "fashion-mnist-mini"))
     args = ap.parse_args()
@@ -130,14 +144,19 @@ def main():
         d = pathlib.Path(args.data_dir)
         images = read_idx(d / "train-images-idx3-ubyte.gz")  # uint8; see as_float_batch
         labels = read_idx(d / "train-labels-idx1-ubyte.gz").long()
-    model = build(args.model)
+    device = torch.device(args.device)
+    images, labels = images.to(device), labels.to(device)
+    model = build(args.model).to(device)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=args.momentum)
     loss_fn = nn.CrossEntropyLoss()
     b = args.batch_size
     times = timed_steps(model, opt, loss_fn, images, labels, b, args.warmup, args.steps,
-                        batch_start=lambda step: step * b)
+                        batch_start=lambda step: step * b, amp=args.amp, channels_last=args.channels_last)
     med = statistics.median(times)
     print(json.dumps({"framework": "pytorch", "version": torch.__version__, "model": args.model,
+                      "device": args.device, "amp": args.amp, "channels_last": args.channels_last,
                       "batch_size": b, "threads": args.threads, "steps": args.steps,
                       "median_step_s": round(med, 5), "img_per_s": round(b / med, 1)}))
 

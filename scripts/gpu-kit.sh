@@ -57,6 +57,8 @@ grads       40 one resnet18 step's gradients on the CPU and the GPU (--no-tf32) 
 speed      320 the d2l recipe, SPEED_EPOCHS (2) epochs at batch 256 and 1024: mtrain with each speed switch alone and together, PyTorch eager float32
 speed-ref  170 PyTorch's other references at batch 256 and 1024: float32 channels_last+cudnn.benchmark, AMP bf16 channels_last, that compiled
 profile     80 every kernel of PROFILE_STEPS (3) d2l steps under ncu, mtrain (PROFILE_MTRAIN) and PyTorch eager: GPU ms per step, kinds
+onnx        80 d2l's resnet18 exported to ONNX by the machine's PyTorch against the built-in one, 30 steps each, alternated 3 times
+imagenet   180 resnet50 at 224: synthetic float32 and bf16 against PyTorch, from JPEG shards with 12 loader workers, the loader alone
 EOF
 }
 stage_limit() { stage_table | awk -v s="$1" '$1 == s { print $2 }'; }
@@ -148,14 +150,15 @@ for t in json.load(sys.stdin)["tests"]:
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' RETURN
   mkdir -p "$stage"/{bin,tests,lib,data,scripts}
-  cp "$build"/bin/mtrain-{train,launch,bench} "$stage/bin/"
+  cp "$build"/bin/mtrain-{train,launch,bench,bench-loader,pack} "$stage/bin/"
   for b in "${test_bins[@]}" nccl_test_worker; do cp "$build/tests/$b" "$stage/tests/"; done
   printf '%s\n' "$manifest" >"$stage/tests/gpu-tests.tsv"
   cp -r "$root/data/fashion-mnist-mini" "$stage/data/"
   mkdir -p "$stage/data/fashion-mnist"
   cp "$data"/*-ubyte.gz "$stage/data/fashion-mnist/"
   cp "$root"/scripts/bench_torch_gpu.py "$root"/scripts/bench_torch_train.py \
-    "$root"/scripts/check_gradients_torch.py "$root"/scripts/kernel_table.py "$stage/scripts/"
+    "$root"/scripts/check_gradients_torch.py "$root"/scripts/kernel_table.py "$root"/scripts/bench-onnx.py \
+    "$root"/scripts/bench-imagenet.sh "$root"/scripts/make_jpegs.py "$stage/scripts/"
 
   # Every library the binaries load (ldd gives the whole closure), but those provided.
   local lib name
@@ -870,6 +873,39 @@ stage_grads() {
   if ((rc == 0)); then echo "PASS|$last"; else echo "FAIL|exit $rc: $last"; fi
 }
 
+# Issue 43's GPU check: a graph read from ONNX trains as fast as the same network built in
+# (the goal: within 3 %). scripts/bench-onnx.py exports d2l's resnet18 with the machine's
+# PyTorch (the TorchScript exporter) and alternates the two.
+stage_onnx() {
+  [[ -n $no_gpu ]] && { echo "SKIP|no GPU: $no_gpu"; return; }
+  run_limited "$1" "$out/onnx.log" python3 "$scripts/bench-onnx.py" "$kit_dir/bin" --device cuda \
+    --data-dir "$kit_dir/data/fashion-mnist" --runs 3 --steps 30 --every 10 --batch 256 --threads 4
+  local rc=$? line ratio
+  cat "$out/onnx.log" >&2
+  line=$(grep -m1 'graph / built-in' "$out/onnx.log")
+  ratio=$(sed -n 's|.*graph / built-in: \([0-9.]*\).*|\1|p' <<<"$line")
+  if ((rc != 0)); then
+    echo "FAIL|exit $rc: $(grep -m1 -iE 'error|Traceback' "$out/onnx.log" | cut -c1-160)"
+  elif awk -v r="$ratio" 'BEGIN { exit !(r >= 0.97) }'; then
+    echo "PASS|$line"
+  else
+    echo "FAIL|$line (the goal: 0.97 or more)"
+  fi
+}
+
+# Issue 44's GPU check: resnet50 at 224 against PyTorch, and whether the streamed JPEG
+# pipeline keeps up with it (scripts/bench-imagenet.sh: its table goes to imagenet.md).
+stage_imagenet() {
+  [[ -n $no_gpu ]] && { echo "SKIP|no GPU: $no_gpu"; return; }
+  run_limited "$1" "$out/imagenet.log" env PYTHON=python3 bash "$scripts/bench-imagenet.sh" --bin-dir "$kit_dir/bin" \
+    --device cuda --work "$work/imagenet"
+  local rc=$? lines
+  cat "$out/imagenet.log" >&2
+  grep -E '^\|' "$out/imagenet.log" >"$out/imagenet.md"
+  lines=$(grep -E '^(resnet50 vs PyTorch:|streamed vs synthetic|loader:)' "$out/imagenet.log" | paste -sd';' | sed 's/;/; /g')
+  if ((rc == 0)); then echo "PASS|$lines"; else echo "FAIL|exit $rc: ${lines:-$(tail -1 "$out/imagenet.log")}"; fi
+}
+
 # xz, or Python's lzma where xz is not installed.
 unxz_to_stdout() {
   if command -v xz >/dev/null; then
@@ -903,6 +939,7 @@ write_summary() {  # note for the end (empty when the run is over)
   [[ -f $out/d2l.md ]] && { echo; echo "## d2l recipe ($epochs epochs)"; echo; cat "$out/d2l.md"; }
   [[ -f $out/speed.md ]] && { echo; echo "## Speed ($speed_epochs epochs a run, no evaluation)"; echo; cat "$out/speed.md"; }
   [[ -f $out/profile.md ]] && { echo; echo "## Profile ($PROFILE_STEPS steps)"; cat "$out/profile.md"; }
+  [[ -s $out/imagenet.md ]] && { echo; echo "## ResNet-50 at 224"; echo; cat "$out/imagenet.md"; }
   [[ -n $1 ]] && { echo; echo "$1"; }
   return 0
 }

@@ -32,7 +32,7 @@ for f in "$tmp"/kit/bin/* "$tmp"/kit/tests/*; do
 done
 
 # 2. The binaries start from the unpacked folder.
-for b in mtrain-train mtrain-launch mtrain-bench; do
+for b in mtrain-train mtrain-launch mtrain-bench mtrain-bench-loader mtrain-pack; do
   LD_LIBRARY_PATH=$tmp/kit/lib:$cuda_path "$tmp/kit/bin/$b" --help >"$tmp/help.txt" 2>&1 ||
     fail "$b --help exited $? from the kit: $(head -3 "$tmp/help.txt")"
 done
@@ -44,7 +44,7 @@ rc=$?
 cat "$tmp/run.txt"
 ((rc == 0)) || fail "gpu-kit.sh run exited $rc"
 [[ -f $tmp/out/summary.md ]] || fail "no summary.md"
-for stage in tests sanitizer d2l ddp flags grads; do
+for stage in tests sanitizer d2l ddp flags grads onnx imagenet; do
   grep -Eq "^\| $stage \| (PASS|FAIL|SKIP|TIMEOUT) \| [0-9]+ \| .+ \|$" "$tmp/out/stages.md" ||
     fail "stage $stage has no row with a status and a note"
 done
@@ -52,7 +52,7 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   tests=$(grep -c . "$tmp/work/tests/gpu-tests.tsv")
   skipped=$(awk -F'\t' '$2 == "SKIP"' "$tmp/out/tests.tsv" | wc -l)
   ((skipped == tests - 1)) || fail "without a GPU, $skipped of the $((tests - 1)) gpu test binaries skipped (tests.tsv: $(tr '\n' ';' <"$tmp/out/tests.tsv"))"
-  for stage in sanitizer d2l ddp flags grads; do
+  for stage in sanitizer d2l ddp flags grads onnx imagenet; do
     grep -Eq "^\| $stage \| SKIP \| [0-9]+ \| .*(no GPU|SKIPPED).* \|$" "$tmp/out/stages.md" ||
       fail "without a GPU, stage $stage does not say it skipped for want of a GPU"
   done
