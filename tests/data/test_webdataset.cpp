@@ -585,9 +585,10 @@ TEST_CASE("a crop's region decoded alone gives the full decode's bytes, boxes an
 namespace {
 
 // A JPEG whose colour is sampled in a layout TurboJPEG has no name for (Cb at a quarter of
-// the luma's resolution, Cr at half its width only), written through libjpeg's API. Pillow
-// reads such files, so every decoding path must too.
-std::vector<uint8_t> odd_sampling_jpeg(int height, int width) {
+// the luma's resolution, Cr at half its width only), written through libjpeg's API, in
+// successive scans when `progressive`. Pillow reads such files, so every decoding path must
+// too.
+std::vector<uint8_t> odd_sampling_jpeg(int height, int width, bool progressive) {
   jpeg_compress_struct c{};
   jpeg_error_mgr errors{};
   c.err = jpeg_std_error(&errors);
@@ -607,6 +608,7 @@ std::vector<uint8_t> odd_sampling_jpeg(int height, int width) {
   c.comp_info[1].v_samp_factor = 1;
   c.comp_info[2].h_samp_factor = 1;
   c.comp_info[2].v_samp_factor = 2;
+  if (progressive) jpeg_simple_progression(&c);
   jpeg_start_compress(&c, TRUE);
   std::vector<uint8_t> row(static_cast<size_t>(width) * 3);
   while (c.next_scanline < c.image_height) {
@@ -626,8 +628,10 @@ std::vector<uint8_t> odd_sampling_jpeg(int height, int width) {
 
 }  // namespace
 
-TEST_CASE("a JPEG in any sampling layout decodes on every path, a crop's region as the whole") {
-  const std::vector<uint8_t> bytes = odd_sampling_jpeg(90, 130);
+TEST_CASE("a JPEG in any sampling layout, progressive or not, decodes on every path, a crop's region as the whole") {
+  const bool progressive = GENERATE(false, true);
+  const std::vector<uint8_t> bytes = odd_sampling_jpeg(90, 130, progressive);
+  INFO((progressive ? "progressive" : "baseline"));
   const DecodedImage whole = decode_image("odd.jpg", bytes.data(), bytes.size());
   CHECK(whole.height == 90);
   CHECK(whole.width == 130);
