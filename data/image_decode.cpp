@@ -148,7 +148,9 @@ bool is_jpeg(const uint8_t* bytes, size_t size) {
 // rows (jpeg_skip_scanlines passes over the rows above without their inverse DCT and colour
 // conversion, and decoding stops after the band) and of columns (jpeg_crop_scanline, widened
 // to whole 8x8 or 16x16 blocks); the pixels are those of a full decode
-// (tests/data/test_webdataset.cpp checks it), so the crop keeps torchvision's bytes. Its
+// (tests/data/test_webdataset.cpp checks it), so the crop keeps torchvision's bytes. A whole
+// image is the region of all of it: every JPEG goes through this one API, which reads every
+// file Pillow's libjpeg reads (TurboJPEG's header call refuses some sampling layouts). Its
 // errors come by longjmp: the functions that call into it hold only trivially destructible
 // locals, as the PNG decoder's do.
 struct JpegRegionDecoder {
@@ -171,7 +173,7 @@ void jpeg_region_fail(j_common_ptr cinfo) {
   std::longjmp(d->jump, 1);
 }
 
-void jpeg_region_ignore(j_common_ptr, int) {}  // warnings (a corrupt stretch of data), as TurboJPEG's
+void jpeg_region_ignore(j_common_ptr, int) {}  // warnings (a corrupt stretch of data) do not stop a decode
 
 // The header read: the image's size is then cinfo.image_*.
 bool jpeg_region_open(JpegRegionDecoder* d, const uint8_t* bytes, size_t size) {
