@@ -136,7 +136,7 @@ void augmented_row(const uint8_t* pixels, int64_t channels, int64_t h, int64_t w
 // come from the heap and up to 128 MiB of free heap is kept (per thread's arena: a few
 // MB in practice, the images' working set). Tensors have their own cache and are unaffected.
 // The RandomResizedCrop path goes further and keeps its buffers per thread, so they are not
-// even zero-filled again (random_resized_crop_jpeg in image_decode.cpp).
+// even zero-filled again (crop_buffers in image_decode.cpp).
 void keep_decode_buffers() {
   static std::once_flag once;
   std::call_once(once, [] {
