@@ -99,7 +99,7 @@ void* CachingBlockAllocator::allocate(size_t bytes, StreamKey stream) {
   }
   if (ptr == nullptr) {
     for (auto& [owner, pool] : pools_) {
-      if (owner == stream) continue;
+      if (owner == stream || private_streams_.contains(owner)) continue;
       ptr = take_from_pool(pool, size, true);
       if (ptr != nullptr) break;
     }
@@ -183,8 +183,18 @@ void CachingBlockAllocator::release_cached() {
   release_cached_locked();
 }
 
+void CachingBlockAllocator::set_private(StreamKey stream, bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (on) {
+    private_streams_.insert(stream);
+  } else {
+    private_streams_.erase(stream);
+  }
+}
+
 void CachingBlockAllocator::release_cached_locked() {
   for (auto& [owner, pool] : pools_) {
+    if (private_streams_.contains(owner)) continue;
     // Erase as we go, so that a backend failure part way leaves consistent books.
     while (!pool.empty()) {
       void* ptr = pool.begin()->second;
@@ -208,7 +218,7 @@ void CachingBlockAllocator::release_cached_locked() {
       stats_.backend_frees++;
     }
   }
-  pools_.clear();
+  std::erase_if(pools_, [](const auto& entry) { return entry.second.empty(); });
 }
 
 void CachingBlockAllocator::throw_out_of_memory(size_t requested, size_t rounded) {

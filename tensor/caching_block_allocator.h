@@ -27,6 +27,11 @@
 // never split. When the backend is out of memory, every cached block is returned (after
 // its events complete) and the request retried once; if it still fails the error says
 // what was requested, what is in use and what stays reserved.
+//
+// A private stream's blocks serve that stream alone: never another stream, never returned
+// by release_cached or the out-of-memory retry. A CUDA graph captured on a stream of its
+// own replays into the addresses it captured, so those blocks must stay its own for as
+// long as the graph lives, in use or not (Note [Captured steps] in tensor/cuda_graph.h).
 #pragma once
 
 #include <compare>
@@ -34,6 +39,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -101,8 +107,12 @@ class CachingBlockAllocator {
   void deallocate(void* ptr) noexcept;
   // The block at `ptr` (as returned by allocate) is used by work on `stream` too.
   void record_stream(void* ptr, StreamKey stream);
-  // Waits for the events of cached blocks and returns them all to the backend.
+  // Waits for the events of cached blocks and returns them all to the backend, but for
+  // those of private streams.
   void release_cached();
+  // Makes `stream`'s blocks its own (see above), or, with on = false, ordinary cached
+  // blocks again.
+  void set_private(StreamKey stream, bool on);
 
   BlockAllocatorStats stats() const;
   static size_t round_size(size_t bytes);
@@ -132,6 +142,7 @@ class CachingBlockAllocator {
   mutable std::mutex mu_;
   std::unordered_map<void*, Block> blocks_;  // every block we own
   std::map<StreamKey, Pool> pools_;          // free blocks by owning stream
+  std::set<StreamKey> private_streams_;
   BlockAllocatorStats stats_;
 };
 

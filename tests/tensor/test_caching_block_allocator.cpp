@@ -317,6 +317,42 @@ TEST_CASE("release_cached returns every free block and keeps live ones") {
   alloc.deallocate(live);
 }
 
+TEST_CASE("a private stream's blocks serve it alone and outlive release_cached") {
+  FakeBackend backend;
+  CachingBlockAllocator alloc(backend, "fake:0");
+  alloc.set_private(kSideStream, true);
+  void* graph = alloc.allocate(1 << 20, kSideStream);
+  alloc.deallocate(graph);
+  backend.complete(kSideStream);
+  // Another stream never takes it, even with the owner's work done...
+  void* other = alloc.allocate(1 << 20, kStreamA);
+  CHECK(other != graph);
+  CHECK(backend.events.empty());  // not even asked: no event on the private stream
+  alloc.deallocate(other);
+  // ...nor does release_cached (or an out-of-memory retry) return it.
+  alloc.release_cached();
+  CHECK(backend.live.count(graph) == 1);
+  CHECK(backend.live.count(other) == 0);
+  CHECK(alloc.stats().cached_bytes == (1 << 20));
+  // Its own stream takes it back; a private stream may still take others' blocks.
+  void* again = alloc.allocate(1 << 20, kSideStream);
+  CHECK(again == graph);
+  void* a = alloc.allocate(2048, kStreamA);
+  alloc.deallocate(a);
+  void* first = alloc.allocate(2048, kSideStream);  // A's block waits for an event on A
+  CHECK(first != a);
+  backend.complete(kStreamA);
+  CHECK(alloc.allocate(2048, kSideStream) == a);
+  alloc.deallocate(a);
+  alloc.deallocate(first);
+  // Made ordinary again, its blocks are cached blocks like any other.
+  alloc.deallocate(again);
+  alloc.set_private(kSideStream, false);
+  alloc.release_cached();
+  CHECK(backend.live.empty());
+  CHECK(alloc.stats().reserved_bytes == 0);
+}
+
 TEST_CASE("format_bytes") {
   CHECK(format_bytes(512) == "512 B");
   CHECK(format_bytes(1536) == "1.50 KiB");
