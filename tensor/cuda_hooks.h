@@ -12,6 +12,9 @@ namespace mtrain::detail {
 // The caching allocator of `device` (InvalidArgument when no such device exists).
 Allocator& cuda_allocator(int device);
 Allocator& pinned_allocator();
+// Makes the blocks of `stream` (a cudaStream_t) of `device` private to it, or ordinary
+// again (CachingBlockAllocator::set_private; Note [Captured steps] in cuda_graph.h).
+void set_private_stream(int device, void* stream, bool on);
 
 // dst <- src where at least one is on a GPU; same dtype and numel, checked by the caller.
 // Queued on the current stream of the GPU involved (the destination's for

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "tensor/cuda_memory.h"
 #include "tensor/cuda_devices.h"
+#include "tensor/cuda_graph.h"
 #include "tensor/cuda_ops.h"
 #include "tensor/cuda_hooks.h"
 
@@ -20,6 +21,7 @@ namespace {
 namespace detail {
 Allocator& cuda_allocator(int device) { no_cuda(fmt::format("device cuda:{}", device).c_str()); }
 Allocator& pinned_allocator() { no_cuda("pinned host memory"); }
+void set_private_stream(int device, void*, bool) { no_cuda(fmt::format("a stream of cuda:{}", device).c_str()); }
 void cuda_copy(const Tensor&, const Tensor&, bool) { no_cuda("a copy to or from a GPU"); }
 void cuda_zero(const Tensor&) { no_cuda("zero_ on a GPU tensor"); }
 void cuda_fill(const Tensor&, float) { no_cuda("fill_ on a GPU tensor"); }
@@ -44,6 +46,14 @@ struct GpuMark::Event {};
 GpuMark::GpuMark(int device) { no_cuda(fmt::format("marking a stream of cuda:{}", device).c_str()); }
 GpuMark::~GpuMark() = default;
 void GpuMark::wait() const { no_cuda("GpuMark"); }
+
+struct GpuGraph::State {};
+GpuGraph::GpuGraph(int device) { no_cuda(fmt::format("a CUDA graph on cuda:{}", device).c_str()); }
+GpuGraph::~GpuGraph() = default;
+std::string GpuGraph::capture(const std::function<void()>&) { no_cuda("GpuGraph"); }
+void GpuGraph::replay() { no_cuda("GpuGraph"); }
+bool GpuGraph::captured() const { return false; }
+size_t GpuGraph::nodes() const { return 0; }
 
 
 // The CUDA entries of the op table (tensor/ops.def): the dispatch comes here only for a

@@ -173,6 +173,9 @@ CudaCachingAllocator& pinned_caching_allocator() {
 namespace detail {
 Allocator& cuda_allocator(int device) { return device_allocator(device); }
 Allocator& pinned_allocator() { return pinned_caching_allocator(); }
+void set_private_stream(int device, void* stream, bool on) {
+  device_allocator(device).cache().set_private(StreamKey{device, reinterpret_cast<uintptr_t>(stream)}, on);
+}
 }  // namespace detail
 
 BlockAllocatorStats cuda_memory_stats(int device) { return device_allocator(device).cache().stats(); }

@@ -194,7 +194,17 @@ struct GpuMark::Event {
 };
 
 GpuMark::GpuMark(int device) : event_(std::make_unique<Event>(device)) {
-  event_->event.record(cuda::current_stream(device));
+  const cuda::Stream stream = cuda::current_stream(device);
+  // Note [Captured steps]: a mark made while the stream is captured is a node of the
+  // graph, recorded by each replay. The legacy default stream is never captured.
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (stream.handle() != nullptr) MTRAIN_CUDA_CHECK(cudaStreamIsCapturing(stream.handle(), &status));
+  if (status == cudaStreamCaptureStatusNone) {
+    event_->event.record(stream);
+    return;
+  }
+  cuda::DeviceGuard guard(device);
+  MTRAIN_CUDA_CHECK(cudaEventRecordWithFlags(event_->event.handle(), stream.handle(), cudaEventRecordExternal));
 }
 
 GpuMark::~GpuMark() = default;
