@@ -20,6 +20,8 @@ class Dropout : public Module {
   Tensor forward(const Tensor& x) override;
   Tensor backward(const Tensor& dy) override;
   std::string type_name() const override { return "Dropout"; }
+  // Each training forward draws a new mask.
+  bool replayable() const override { return p_ == 0.0f; }
 
  private:
   float p_;

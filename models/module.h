@@ -82,6 +82,12 @@ class Module {
   // passes the setting on to the layer after it, so that one skips its input-gradient
   // kernel too (mlp's first Linear, 784 inputs wide).
   virtual bool passes_input_grad_setting() const { return false; }
+  // False for a layer whose training forward and backward a CUDA graph cannot replay: one
+  // that decides on the host, call by call, what its kernels compute (Dropout's draws) or
+  // that waits for other ranks on the host (SyncBatchNorm). A replay repeats the captured
+  // call exactly (Note [Captured steps] in tensor/cuda_graph.h). This layer's own work
+  // only: containers are asked through their children.
+  virtual bool replayable() const { return true; }
 
   // Moves every parameter (value and grad) and buffer of the subtree to `device`, as
   // torch's Module.to: later forwards expect inputs there, and every layer allocates

@@ -24,6 +24,7 @@ class SyncBatchNorm : public BatchNorm2d {
                 double momentum = 0.1);
 
   std::string type_name() const override { return "SyncBatchNorm"; }
+  bool replayable() const override { return false; }  // collectives waited on by the host
   const std::shared_ptr<ProcessGroup>& group() const { return group_; }
   // Seconds this rank has spent blocked in the layer's collectives (the forward
   // all-gather and the backward all-reduce) since construction: waiting for the other

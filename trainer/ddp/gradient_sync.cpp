@@ -72,6 +72,12 @@ void LocalGradients::skip_backward() {
   for (int& count : ready_count_) ++count;
 }
 
+void GradientSynchronizer::backward_replayed() {
+  throw InternalError(fmt::format("{}: a replayed backward, but this synchronizer cannot be captured", describe()));
+}
+
+void LocalGradients::backward_replayed() { std::fill(ready_count_.begin(), ready_count_.end(), 1); }
+
 void LocalGradients::on_gradient_ready(const models::Parameter& param) {
   MTRAIN_CHECK(param.index >= 0 && static_cast<size_t>(param.index) < ready_count_.size(),
                "grad-ready hook for parameter index {} of a model with {} parameters", param.index,

@@ -64,6 +64,15 @@ class GradientSynchronizer {
   virtual void skip_backward() = 0;
   // Called right after each backward; on return every gradient is final.
   virtual void after_backward() = 0;
+  // Whether a CUDA graph may hold a backward with this synchronizer's hook in it (Note
+  // [Captured steps] in tensor/cuda_graph.h): true where the hook queues no device work
+  // that the host decides per step and waits for nothing, as in a world of one.
+  virtual bool capturable() const { return false; }
+  // Between before_backward and after_backward, in place of model.backward(), when a
+  // replayed graph has computed the gradients of a backward captured with this
+  // synchronizer's hook: every parameter counts as reported once. InternalError unless
+  // capturable().
+  virtual void backward_replayed();
   // One line for logs.
   virtual std::string describe() const = 0;
   // This rank's host wait for the gradients after its last synchronized backward, in ns
@@ -82,6 +91,8 @@ class LocalGradients final : public GradientSynchronizer {
   void before_backward(const MicroBatchInfo& micro_batch) override;
   void skip_backward() override;
   void after_backward() override;
+  bool capturable() const override { return true; }
+  void backward_replayed() override;
   std::string describe() const override;
 
  private:

@@ -259,12 +259,31 @@ void Reducer::launch(Bucket& bucket) {
   // them in place (a pass over every gradient, skipped when it would multiply by 1), then
   // reduce in place.
   if (scale_ != 1.0f) ops::scale_(bucket.flat, scale_);
+  if (alone()) return;  // Note [A group of one reduces nothing]
   if (bucket.wire.defined()) {
     ops::convert(bucket.flat, bucket.wire);  // Note [Gradient compression]
     bucket.work = group_->allreduce(bucket.wire, ReduceOp::Sum);
   } else {
     bucket.work = group_->allreduce(bucket.flat, ReduceOp::Sum);
   }
+}
+
+// Note [A group of one reduces nothing]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// In a group of one (a one-rank NCCL group: `--backend nccl` in a world of one, the d2l
+// recipe's set-up) a bucket's all-reduce is the bucket itself, so a float32 bucket sends
+// nothing: no launch on the group's stream, no events, no wait (PyTorch's DDP all-reduces
+// anyway). The bookkeeping (launch order, statistics) stays. That leaves the backward
+// with no host wait and no other stream, so a CUDA graph can hold it (capturable()).
+// With --grad-compression the bucket still makes its round trip through 16 bits, which
+// changes its values, and so still travels.
+bool Reducer::alone() const { return group_->size() == 1 && options_.compression == DType::Float32; }
+
+bool Reducer::capturable() const { return alone() && !options_.weight_by_sample_count; }
+
+void Reducer::backward_replayed() {
+  MTRAIN_CHECK(capturable(), "{}: a replayed backward, but this reducer cannot be captured", describe());
+  for (auto* p : params_) on_gradient_ready(*p);
 }
 
 // Note [Reducer statistics]
@@ -304,6 +323,7 @@ void Reducer::after_backward() {
   const auto backward_end = Clock::now();
   last_step_.waited_on_device = device_.is_cuda();
   for (auto& b : buckets_) {
+    if (b.work == nullptr) continue;  // Note [A group of one reduces nothing]
     if (last_step_.waited_on_device) {
       b.work->wait_on_current_stream();  // Note [Reducer on a GPU]
     } else {
@@ -332,7 +352,7 @@ void Reducer::trace_buckets(Clock::time_point all_done) const {
     const Bucket& b = buckets_[k];
     // On a GPU the host did not wait (Note [Reducer on a GPU]): an all-reduce still running
     // ends at the moment its wait was queued, so there the spans understate communication.
-    const Clock::time_point done = b.work->completed_at().value_or(all_done);
+    const Clock::time_point done = b.work != nullptr ? b.work->completed_at().value_or(all_done) : b.launched_at;
     trace::record("all-reduce", "comm", trace::bucket_row(static_cast<int>(k)), b.launched_at,
                   std::max(done, b.launched_at), "bytes", static_cast<int64_t>(b.flat.nbytes()));
   }

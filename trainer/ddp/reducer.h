@@ -90,6 +90,10 @@ class Reducer final : public GradientSynchronizer {
   // return every gradient is final (Note [Reducer launch order]). Throws InternalError when a
   // parameter reported its gradient other than once, and the all-reduces' errors.
   void after_backward() override;
+  // A group of one whose buckets travel in float32 unweighted: its launches queue
+  // nothing (Note [A group of one reduces nothing]).
+  bool capturable() const override;
+  void backward_replayed() override;
   std::string describe() const override;
   int64_t last_wait_ns() const override { return last_wait_ns_; }
 
@@ -105,7 +109,7 @@ class Reducer final : public GradientSynchronizer {
     Tensor flat;
     Tensor wire;      // the 16-bit copy that travels (Note [Gradient compression]); else undefined
     int pending = 0;  // parameters not yet ready in this backward
-    WorkPtr work;
+    WorkPtr work;     // null where nothing travels (Note [A group of one reduces nothing])
     std::chrono::steady_clock::time_point launched_at;  // this step's launch (--trace)
   };
   using Clock = std::chrono::steady_clock;
@@ -113,6 +117,7 @@ class Reducer final : public GradientSynchronizer {
   void on_gradient_ready(models::Parameter& param);
   void launch_ready_buckets();
   void launch(Bucket& bucket);
+  bool alone() const;  // Note [A group of one reduces nothing]
   // Records each bucket's all-reduce, launch to completion, on its --trace row.
   void trace_buckets(Clock::time_point all_done) const;
 

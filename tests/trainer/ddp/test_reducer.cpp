@@ -63,7 +63,9 @@ TEST_CASE("host values travel on the control group, gradient buckets on the grad
   step(*reference, local, true);
   step(*model, reducer, true, &exchange);
   CHECK(gradients(*model) == gradients(*reference));
-  CHECK(gradients_group->allreduces == 4);  // one per bucket
+  // A group of one sends no bucket (Note [A group of one reduces nothing]); where buckets
+  // travel, they take the gradient group (the next test).
+  CHECK(gradients_group->allreduces == 0);
   // The step's exchange goes on the control group too, and the sample counts travel in it
   // with the stop votes and the waits (Note [Reducer gradient weighting]): nothing blocks
   // between forward and backward.
@@ -73,6 +75,59 @@ TEST_CASE("host values travel on the control group, gradient buckets on the grad
   CHECK(gradients_group->others + control_group->others == 0);
   CHECK_FALSE(reducer.last_step().waited_on_device);  // host buckets are awaited on the host
   CHECK_THAT(reducer.describe(), Contains("4 buckets on cpu"));
+}
+
+TEST_CASE("a group of one sends no bucket unless compressed, and only then is not capturable", "[reducer]") {
+  SoloGroup solo_gradients;
+  SoloGroup solo_control;
+  auto gradients_group = std::make_shared<CountingGroup>(solo_gradients.group);
+  auto control_group = std::make_shared<CountingGroup>(solo_control.group);
+  ReducerOptions o;
+  o.first_bucket_bytes = 1000;
+  o.bucket_cap_bytes = 50000;
+
+  auto model = three_linears();
+  Reducer alone(gradients_group, o, control_group);
+  alone.attach(*model);
+  CHECK(alone.capturable());
+  step(*model, alone, true);
+  CHECK(gradients_group->allreduces == 0);
+  CHECK(alone.last_step().launches.size() == 4);  // the bookkeeping stays
+  // A replayed graph stands for the backward: every parameter counts as reported once,
+  // and nothing is queued, so the gradients stay what the graph left.
+  const auto before = gradients(*model);
+  alone.before_backward(MicroBatchInfo{4, true});
+  alone.backward_replayed();
+  alone.after_backward();
+  CHECK(gradients(*model) == before);
+  CHECK(gradients_group->allreduces == 0);
+
+  ReducerOptions compressed = o;
+  compressed.compression = DType::BFloat16;
+  auto model16 = three_linears();
+  Reducer travels(gradients_group, compressed, control_group);
+  travels.attach(*model16);
+  CHECK_FALSE(travels.capturable());
+  step(*model16, travels, true);
+  CHECK(gradients_group->allreduces == 4);  // one per bucket, on the gradient group
+  CHECK(control_group->allreduces == 0);
+  travels.before_backward(MicroBatchInfo{4, true});
+  CHECK_THROWS_AS(travels.backward_replayed(), InternalError);
+
+  ReducerOptions weighted = o;
+  weighted.weight_by_sample_count = true;
+  auto model_w = three_linears();
+  Reducer by_count(gradients_group, weighted, control_group);
+  by_count.attach(*model_w);
+  CHECK_FALSE(by_count.capturable());
+
+  auto local_model = three_linears();
+  LocalGradients local;
+  local.attach(*local_model);
+  CHECK(local.capturable());
+  local.before_backward(MicroBatchInfo{4, true});
+  local.backward_replayed();
+  local.after_backward();  // throws unless every parameter counts once
 }
 
 TEST_CASE("buckets: reverse parameter order, a small first bucket, then the cap", "[reducer]") {
