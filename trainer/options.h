@@ -126,6 +126,7 @@ struct TrainOptions {
   bool deterministic = false;           // only algorithms cuDNN documents as deterministic
   bool allow_tf32 = true;               // TF32 tensor cores for convolutions (--no-tf32 turns off)
   bool channels_last = false;           // activations [N, H, W, C] (Note [Channels-last models])
+  bool cuda_graphs = false;             // replay each step's forward and backward as a CUDA graph
 
   // Mixed precision (Note [Mixed precision] in models/mixed_precision.cpp) and loss
   // scaling (Note [Dynamic loss scaling] in trainer/loop/loss_scaler.cpp).

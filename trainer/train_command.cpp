@@ -219,6 +219,7 @@ TrainResult train(const TrainOptions& o, TrainingRun& run, ReplicaChecks& checks
   config.start_holds_rest_only = run.resumed_rest_only;
   config.trace_steps = {o.trace_first_step, o.trace_last_step};
   config.fresh_gradients = run.plan.speedups.fresh_grads;
+  config.cuda_graphs = o.cuda_graphs;
   std::optional<LossScaler> scaler;
   if (uses_loss_scaler(o)) {
     LossScalerOptions scaling;

@@ -14,6 +14,7 @@
 #include "trainer/loop/compute_timer.h"
 #include "trainer/loop/device_batches.h"
 #include "trainer/loop/metrics.h"
+#include "trainer/loop/step_graph.h"
 #include "trainer/stopping/stop_signals.h"
 
 namespace mtrain {
@@ -150,6 +151,7 @@ struct TrainLoop::RunState {
   std::optional<ComputeTimer> timer;
   LossScaler* scaler = nullptr;
   std::vector<Tensor*> grads;  // what the scaler unscales
+  std::optional<StepGraph> graph;  // --cuda-graphs, where the run can capture its steps
 };
 
 // One epoch's plan and totals.
@@ -203,6 +205,14 @@ void TrainLoop::begin_run(RunState& rs) {
   if (rs.scaler != nullptr) {
     if (start.loss_scaler.scale > 0.0) rs.scaler->restore(start.loss_scaler);
     for (const models::NamedParameter& p : model_.parameters()) rs.grads.push_back(&p.param->grad);
+  }
+  if (config_.cuda_graphs) {
+    const StepGraphSettings settings{config_.device, rs.accum, rs.scaler != nullptr, config_.time_compute};
+    if (const std::string why = step_graph_unsupported(settings, model_, sync_); !why.empty()) {
+      spdlog::info("--cuda-graphs: not used: {}", why);
+    } else {
+      rs.graph.emplace(config_.device);
+    }
   }
 }
 
@@ -357,6 +367,9 @@ void TrainLoop::train_micro_batch(RunState& rs, EpochState& e, StepState& step, 
 // after a backward whose gradients are never applied.
 models::LossResult TrainLoop::forward_backward(RunState& rs, EpochState& e, const data::Batch& batch,
                                                const MicroBatchInfo& info, StepReport& report) {
+  if (rs.graph && rs.graph->takes(batch)) {
+    if (std::optional<models::LossResult> r = replay_forward_backward(rs, e, batch, info, report)) return *r;
+  }
   if (rs.timer) rs.timer->start();
   const models::PendingLoss pending = [&] {
     const trace::Span span("forward", "compute", "images", batch.size());
@@ -379,6 +392,33 @@ models::LossResult TrainLoop::forward_backward(RunState& rs, EpochState& e, cons
   };
   models::LossResult r;
   synchronize_backward(info, backward, [&] { r = read_and_report(rs, e, pending, info, report); });
+  return r;
+}
+
+// forward_backward from the step's graph (Note [A captured training step] in
+// step_graph.cpp), with the synchronizer's and the exchange's calls around it; nullopt when
+// the graph could not be captured and nothing ran. A world of one, where the exchange's
+// place in the step (before or after the backward) is nobody else's concern: the report
+// goes once the graph is queued, as Note [The loss is read after backward is queued] has it.
+std::optional<models::LossResult> TrainLoop::replay_forward_backward(RunState& rs, EpochState& e,
+                                                                     const data::Batch& batch,
+                                                                     const MicroBatchInfo& info, StepReport& report) {
+  sync_.before_backward(info);
+  const models::PendingLoss* pending = rs.graph->run(
+      batch,
+      [&](const Tensor& images, const Tensor& labels) {
+        models::PendingLoss p = rs.loss_fn.forward(model_.forward(images), labels);
+        model_.backward(rs.loss_fn.backward());
+        return p;
+      },
+      [&] { sync_.backward_replayed(); });
+  if (pending == nullptr) return std::nullopt;
+  const models::LossResult r = read_and_report(rs, e, *pending, info, report);
+  {
+    const trace::Span span("gradient sync wait", "comm");
+    sync_.after_backward();
+  }
+  if (info.sync) exchange_.finish();
   return r;
 }
 

@@ -156,6 +156,10 @@ struct TrainLoopConfig {
   // (MTRAIN_SPEEDUPS=fresh-grads; Note [Gradient accumulation in modules] in
   // models/module.cpp).
   bool fresh_gradients = false;
+  // Capture each micro-batch's forward, loss and backward as a CUDA graph and replay it
+  // (--cuda-graphs; Note [A captured training step] in step_graph.cpp); where the run
+  // cannot, one log line says why and the loop runs as without.
+  bool cuda_graphs = false;
 };
 
 // Optimizer steps in an epoch of `batches` micro-batches, `grad_accum` per step (the
@@ -217,6 +221,8 @@ class TrainLoop {
   void train_micro_batch(RunState& rs, EpochState& e, StepState& step, const data::Batch& batch, bool last_of_step);
   models::LossResult forward_backward(RunState& rs, EpochState& e, const data::Batch& batch,
                                       const MicroBatchInfo& info, StepReport& report);
+  std::optional<models::LossResult> replay_forward_backward(RunState& rs, EpochState& e, const data::Batch& batch,
+                                                            const MicroBatchInfo& info, StepReport& report);
   void synchronize_backward(const MicroBatchInfo& info, const std::function<void()>& backward,
                             const std::function<void()>& report);
   void send_report(const StepReport& report, const MicroBatchInfo& info);

@@ -1,9 +1,9 @@
 // gpu: mtrain-train on a GPU end to end, through the real binaries as a user runs them:
 // NCCL in a world of one through mtrain-launch, two ranks sharing one GPU over Gloo
 // (host staging) against one rank with the doubled batch, resnet18 on the GPU against
-// the CPU step by step (compute-sanitizer's memcheck has a binary of its own,
-// test_train_cuda_sanitizer.cpp). Skips the whole binary without a usable GPU; in a build
-// without CUDA it checks the error instead.
+// the CPU step by step, --cuda-graphs against the same run without (compute-sanitizer's
+// memcheck has a binary of its own, test_train_cuda_sanitizer.cpp). Skips the whole
+// binary without a usable GPU; in a build without CUDA it checks the error instead.
 //
 // Note [GPU against CPU tolerances]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -157,6 +157,21 @@ TEST_CASE("NCCL in a world of one through mtrain-launch: the DDP path on one GPU
   CHECK(vs_plain <= kWeightTolerance);
   CHECK(vs_cpu <= kWeightTolerance);
   CHECK(vs_other > 10 * kWeightTolerance);
+
+  // A float32 bucket of a group of one sends nothing (Note [A group of one reduces
+  // nothing]); a compressed one still travels, through ncclAllReduce on the group's
+  // stream and back into the bucket after the wait on the GPU.
+  const auto start = dir.file("start.safetensors");
+  const auto compressed = dir.file("nccl-bf16.safetensors");
+  require_success(train({"--model", "mlp", "--seed", "3", "--max-steps", "0", "--no-eval", "--save-final", start}));
+  const auto c = launch(1, concat(gpu_args, {"--backend", "nccl", "--grad-compression", "bf16", "--no-eval",
+                                             "--save-final", compressed}));
+  require_success(c);
+  CHECK_THAT(c.out + c.err, Contains("all-reduced in bfloat16"));
+  const auto d = mtrain::testing::compare_training(compressed, plain, start);
+  INFO(d.describe());
+  CHECK_FALSE(mtrain::testing::compare_weights(compressed, plain).identical());
+  CHECK(d.update < 0.05);
 }
 
 TEST_CASE("two ranks sharing one GPU over Gloo train the model one rank with the doubled batch trains", "[gpu]") {
@@ -336,6 +351,64 @@ TEST_CASE("resnet18 with --amp bf16 and --amp fp16 on the GPU follows the float3
   }
 }
 
+// --cuda-graphs against the same run without (Note [A captured training step] in
+// trainer/loop/step_graph.cpp): the d2l set-up (a one-rank NCCL group) on a slice whose
+// epochs end in a short batch, which runs uncaptured, with evaluation between the epochs.
+// With --deterministic every kernel computes the same sums captured or not, so every
+// step's loss and the final weights agree bit for bit. Once in float32 and once with
+// every speed switch, --channels-last and --amp bf16 (the kit's `best` configuration).
+TEST_CASE("--cuda-graphs trains what the same run without graphs trains, bit for bit", "[gpu][graphs]") {
+  require_gpu();
+  TempDir dir;
+  const std::string slice = dir.file("slice");
+  std::filesystem::create_directory(slice);
+  mtrain::testing::write_idx_slice(kMiniSet, slice, 100);  // 12 batches of 8 and one of 4
+  const std::vector<std::string> base = {"--model", "resnet18", "--data-dir", slice, "--batch-size", "8",
+                                         "--epochs", "2", "--lr", "0.01", "--momentum", "0.9", "--seed", "1",
+                                         "--device", "cuda", "--backend", "nccl", "--deterministic",
+                                         "--log-every", "1"};
+  for (const bool everything : {false, true}) {
+    const std::string tag = everything ? "best" : "fp32";
+    const ScopedEnv speedups("MTRAIN_SPEEDUPS", everything ? std::optional<std::string>("all") : std::nullopt);
+    const auto extra = everything ? std::vector<std::string>{"--channels-last", "--amp", "bf16"}
+                                  : std::vector<std::string>{};
+    const auto graphs = dir.file(tag + "-graphs.safetensors");
+    const auto plain = dir.file(tag + "-plain.safetensors");
+    const auto graph_metrics = dir.file(tag + "-graphs.jsonl");
+    const auto plain_metrics = dir.file(tag + "-plain.jsonl");
+    const auto r = launch(1, concat(concat(base, extra), {"--cuda-graphs", "--save-final", graphs, "--metrics",
+                                                           graph_metrics}));
+    require_success(r);
+    const std::string log = r.out + r.err;
+    INFO(tag << " log:\n" << log);
+    CHECK_THAT(log, Contains("--cuda-graphs: forward, loss and backward captured as one graph of"));
+    CHECK_THAT(log, !Contains("could not be captured") && !Contains("--cuda-graphs: not used"));
+    require_success(launch(1, concat(concat(base, extra), {"--save-final", plain, "--metrics", plain_metrics})));
+    const auto with = read_events(graph_metrics, "step");
+    const auto without = read_events(plain_metrics, "step");
+    REQUIRE(with.size() == 26);
+    REQUIRE(without.size() == 26);
+    for (size_t k = 0; k < with.size(); ++k) {
+      INFO("step " << k + 1);
+      CHECK(with[k]["loss"].get<double>() == without[k]["loss"].get<double>());
+    }
+    const auto d = mtrain::testing::compare_weights(graphs, plain);
+    INFO(d.describe());
+    CHECK(d.identical());
+    const auto with_epochs = read_events(graph_metrics, "epoch");
+    const auto without_epochs = read_events(plain_metrics, "epoch");
+    REQUIRE(with_epochs.size() == 2);
+    REQUIRE(without_epochs.size() == 2);
+    CHECK(with_epochs[1]["test_acc"] == without_epochs[1]["test_acc"]);
+  }
+  // Another seed trains other weights: the comparison can fail.
+  const auto reseeded = dir.file("reseeded.safetensors");
+  auto other = base;
+  other[std::find(other.begin(), other.end(), "--seed") - other.begin() + 1] = "2";
+  require_success(launch(1, concat(other, {"--cuda-graphs", "--save-final", reseeded})));
+  CHECK_FALSE(mtrain::testing::compare_weights(reseeded, dir.file("fp32-plain.safetensors")).identical());
+}
+
 TEST_CASE("five epochs with evaluation on the GPU hold the same device memory after the first", "[gpu]") {
   // Every evaluation copies its batches on a prefetcher stream of its own, and the last
   // of them stays saved in the first layer until the next training step frees it, after
@@ -383,6 +456,13 @@ TEST_CASE("a build without CUDA says so for --device cuda", "[gpu]") {
   INFO("stderr:\n" << r.err);
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.err, Contains("--device cuda, but no GPU is usable: built without CUDA"));
+}
+
+TEST_CASE("a build without CUDA trains with --cuda-graphs on the CPU, saying they are not used", "[gpu][graphs]") {
+  const auto r = mtrain::testing::run_process(kTrainer, {"--cuda-graphs", "--max-steps", "1", "--data-dir", kMiniSet});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.out, Contains("--cuda-graphs: not used: training on the CPU"));
 }
 
 #endif

@@ -74,14 +74,16 @@ TEST_CASE("--device cpu trains exactly what the default trains without a GPU", "
   CHECK(d.identical());
 }
 
-TEST_CASE("--deterministic --cudnn-benchmark --no-tf32 are accepted on the CPU and change nothing there",
+TEST_CASE("--deterministic --cudnn-benchmark --no-tf32 --cuda-graphs are accepted on the CPU and change nothing there",
           "[e2e][device]") {
   TempDir dir;
   const std::string plain = dir.file("plain.safetensors");
   const std::string flagged = dir.file("flagged.safetensors");
   require_success(train(short_run(plain)));
-  const auto r = train(mtrain::testing::concat(short_run(flagged), {"--deterministic", "--cudnn-benchmark", "--no-tf32"}));
+  const auto r = train(mtrain::testing::concat(short_run(flagged),
+                                              {"--deterministic", "--cudnn-benchmark", "--no-tf32", "--cuda-graphs"}));
   require_success(r);
+  CHECK_THAT(r.out, Contains("--cuda-graphs: not used: training on the CPU"));
   const auto d = mtrain::testing::compare_weights(plain, flagged);
   INFO(d.describe());
   CHECK(d.identical());
