@@ -101,17 +101,30 @@ void run_gemm(int device, const Gemm& g, const Context& context) {
 // At least `n` ones on `device`, for rank-1 bias GEMMs and bias-gradient GEMVs. One
 // vector per (thread, device, stream), filled on that stream, so every use is ordered
 // after its fill, and a vector replaced by a longer one returns to that stream's pool.
+// While the stream is captured (Note [Captured steps] in tensor/cuda_graph.h) the fill
+// is a node of the graph, queued at every use, so each replay fills what it reads; a
+// fill that only a graph holds does not count for work outside it, which fills again.
 const float* ones(int device, int64_t n) {
-  thread_local std::map<std::pair<int, cudaStream_t>, Tensor> t_ones;
-  Tensor& v = t_ones[{device, cuda::current_stream(device).handle()}];
-  if (!v.defined() || v.numel() < n) {
+  struct Ones {
+    Tensor v;
+    bool filled = false;  // by work that ran outside any capture
+  };
+  thread_local std::map<std::pair<int, cudaStream_t>, Ones> t_ones;
+  const cudaStream_t stream = cuda::current_stream(device).handle();
+  Ones& o = t_ones[{device, stream}];
+  if (!o.v.defined() || o.v.numel() < n) {
     // Doubling keeps the number of refills logarithmic when the batch size grows.
-    const int64_t length = std::max<int64_t>(n, v.defined() ? 2 * v.numel() : 0);
-    Tensor fresh = Tensor::empty({length}, DType::Float32, Device::cuda(device));
-    fresh.fill_(1.0f);
-    v = std::move(fresh);
+    const int64_t length = std::max<int64_t>(n, o.v.defined() ? 2 * o.v.numel() : 0);
+    o.v = Tensor::empty({length}, DType::Float32, Device::cuda(device));
+    o.filled = false;
   }
-  return v.data<float>();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (stream != nullptr) MTRAIN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone || !o.filled) {
+    o.v.fill_(1.0f);
+    o.filled = capture == cudaStreamCaptureStatusNone;
+  }
+  return o.v.data<float>();
 }
 
 // y[batch, out] = b broadcast over the rows, exactly (1 * b[j] in float32).

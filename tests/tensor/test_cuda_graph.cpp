@@ -34,10 +34,10 @@ TEST_CASE("a capture records without running; each replay runs it on the capture
   require_gpu();
   const Device gpu = Device::cuda(0);
   Tensor x = Tensor::from_vector<float>({1, 2, 3, 4}, {4}).to(gpu);
+  std::optional<HostCopy> seen;  // its mark is a node of the graph: it outlives the graph
   GpuGraph graph(0);
   CHECK_FALSE(graph.captured());
   const void* scratch = nullptr;
-  std::optional<HostCopy> seen;
   const std::string failure = graph.capture([&] {
     Tensor t = Tensor::empty({4}, DType::Float32, gpu);  // the graph's own memory
     scratch = t.raw_data();

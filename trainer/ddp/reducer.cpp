@@ -283,6 +283,8 @@ bool Reducer::capturable() const { return alone() && !options_.weight_by_sample_
 
 void Reducer::backward_replayed() {
   MTRAIN_CHECK(capturable(), "{}: a replayed backward, but this reducer cannot be captured", describe());
+  // The launches below queue nothing: a group of one scales by 1 and sends nothing.
+  MTRAIN_CHECK(scale_ == 1.0f, "a replayed backward with the buckets scaled by {}", scale_);
   for (auto* p : params_) on_gradient_ready(*p);
 }
 

@@ -70,28 +70,18 @@ bool StepGraph::takes(const data::Batch& batch) {
   return true;
 }
 
-const models::PendingLoss* StepGraph::run(const data::Batch& batch, const CapturedWork& work,
-                                          const std::function<void()>& replayed) {
+const models::PendingLoss* StepGraph::run(const data::Batch& batch, const CapturedForward& forward,
+                                          const std::function<void()>& backward, const std::function<void()>& replayed) {
   MTRAIN_CHECK(!failed_, "StepGraph::run after a failed capture");
   if (!graph_) {
-    images_ = Tensor::empty(batch.images.shape(), batch.images.dtype(), device_);
-    labels_ = Tensor::empty(batch.labels.shape(), batch.labels.dtype(), device_);
-    graph_.emplace(device_.index);
-    const std::string failure = [&] {
-      const trace::Span span("graph capture", "compute");
-      return graph_->capture([&] { pending_.emplace(work(images_, labels_)); });
-    }();
-    if (!failure.empty()) {
+    if (const std::string failure = capture(batch, forward, backward); !failure.empty()) {
       spdlog::warn("--cuda-graphs: the step could not be captured, so it runs without a graph: {}", failure);
       failed_ = true;
-      pending_.reset();
+      pending_.reset();  // after the capture ended: its pinned buffer's free records an event
       graph_.reset();
       images_ = labels_ = Tensor();
       return nullptr;
     }
-    // The warm-up's activations stay cached for the current stream, which from now on
-    // needs them only for a short batch or an evaluation: give them back once.
-    cuda_release_cached_memory(device_.index);
     spdlog::info("--cuda-graphs: forward, loss and backward captured as one graph of {} nodes for micro-batches "
                  "of {} images; each replays it",
                  graph_->nodes(), batch.size());
@@ -103,6 +93,30 @@ const models::PendingLoss* StepGraph::run(const data::Batch& batch, const Captur
   labels_.copy_(batch.labels);
   graph_->replay();
   return &*pending_;
+}
+
+// The capture itself: "" once captured, else why not.
+std::string StepGraph::capture(const data::Batch& batch, const CapturedForward& forward,
+                               const std::function<void()>& backward) {
+  const trace::Span span("graph capture", "compute");
+  try {
+    // The warm-up's activations stay cached for the current stream, which from now on
+    // needs them only for a short batch or an evaluation; given back before the capture
+    // allocates its own (after the steps queued so far have finished with them), the
+    // capture never holds twice a step's memory, nor runs out of it mid-capture.
+    cuda_release_cached_memory(device_.index);
+    images_ = Tensor::empty(batch.images.shape(), batch.images.dtype(), device_);
+    labels_ = Tensor::empty(batch.labels.shape(), batch.labels.dtype(), device_);
+    graph_.emplace(device_.index);
+    // The pending loss is kept before the backward is captured: were it destroyed inside
+    // the capture (a backward that throws), its buffer's free would record an event there.
+    return graph_->capture([&] {
+      pending_.emplace(forward(images_, labels_));
+      backward();
+    });
+  } catch (const std::exception& e) {
+    return e.what();
+  }
 }
 
 }  // namespace mtrain

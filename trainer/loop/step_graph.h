@@ -32,9 +32,9 @@ struct StepGraphSettings {
 std::string step_graph_unsupported(const StepGraphSettings& settings, models::Module& model,
                                    const GradientSynchronizer& sync);
 
-// The forward, loss and backward of one micro-batch on the given images and labels,
-// returning its pending loss; the graph runs it once, while capturing.
-using CapturedWork = std::function<models::PendingLoss(const Tensor& images, const Tensor& labels)>;
+// The forward and loss of one micro-batch on the given images and labels, returning its
+// pending loss; the graph runs it, and the backward after it, once, while capturing.
+using CapturedForward = std::function<models::PendingLoss(const Tensor& images, const Tensor& labels)>;
 
 class StepGraph {
  public:
@@ -51,14 +51,17 @@ class StepGraph {
   bool takes(const data::Batch& batch);
   // The micro-batch's forward, loss and backward from the graph, queued on the current
   // stream; between the synchronizer's before_backward and after_backward. The first
-  // call captures `work` (whose grad-ready hooks fire then); later calls replay it and
-  // call `replayed` in place of the hooks. Returns the micro-batch's pending loss, or
-  // nullptr when the capture failed: the log says why, once, nothing ran, and the graph
-  // takes nothing more.
-  const models::PendingLoss* run(const data::Batch& batch, const CapturedWork& work,
-                                 const std::function<void()>& replayed);
+  // call captures `forward` and `backward` (whose grad-ready hooks fire then); later
+  // calls replay them and call `replayed` in place of the hooks. Returns the
+  // micro-batch's pending loss, or nullptr when the capture failed: the log says why,
+  // once, nothing ran, and the graph takes nothing more.
+  const models::PendingLoss* run(const data::Batch& batch, const CapturedForward& forward,
+                                 const std::function<void()>& backward, const std::function<void()>& replayed);
 
  private:
+  std::string capture(const data::Batch& batch, const CapturedForward& forward,
+                      const std::function<void()>& backward);
+
   Device device_;
   std::optional<Shape> shape_;  // the images' shape of the first micro-batch seen
   int64_t warmed_up_ = 0;

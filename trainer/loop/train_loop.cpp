@@ -406,13 +406,13 @@ std::optional<models::LossResult> TrainLoop::replay_forward_backward(RunState& r
   sync_.before_backward(info);
   const models::PendingLoss* pending = rs.graph->run(
       batch,
-      [&](const Tensor& images, const Tensor& labels) {
-        models::PendingLoss p = rs.loss_fn.forward(model_.forward(images), labels);
-        model_.backward(rs.loss_fn.backward());
-        return p;
-      },
-      [&] { sync_.backward_replayed(); });
-  if (pending == nullptr) return std::nullopt;
+      [&](const Tensor& images, const Tensor& labels) { return rs.loss_fn.forward(model_.forward(images), labels); },
+      [&] { model_.backward(rs.loss_fn.backward()); }, [&] { sync_.backward_replayed(); });
+  if (pending == nullptr) {
+    // The capture's backward consumed the marks it ran past; the step runs as without.
+    if (config_.fresh_gradients) models::mark_gradients_fresh(model_);
+    return std::nullopt;
+  }
   const models::LossResult r = read_and_report(rs, e, *pending, info, report);
   {
     const trace::Span span("gradient sync wait", "comm");
