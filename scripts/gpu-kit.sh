@@ -622,12 +622,28 @@ stage_speed_ref() {
   speed_result
 }
 
+# Whether each run of this stage with --cuda-graphs replayed a captured step: its log's
+# first "--cuda-graphs:" line (captured, not used and why, or a refused capture), so the
+# table's figures for those runs are read as what they are.
+graph_lines() {
+  local name line lines=()
+  for name in "${speed_ran[@]}"; do
+    line=$(grep -h -m1 -e '--cuda-graphs: ' "$out/speed/$name.log" 2>/dev/null |
+      sed -E 's/^(\[[^]]*\][: ]*)+//' | cut -c1-170)
+    [[ -n $line ]] && lines+=("- $name: $line")
+  done
+  ((${#lines[@]} > 0)) || return 0
+  printf '\nGraphs (the first --cuda-graphs line of each run):\n\n'
+  printf '%s\n' "${lines[@]}"
+}
+
 # The speed table and the two ratio lines into $out/speed.md (shown in the stage's log),
 # then the stage's result: PASS unless a run of this stage failed, timed out or found no
 # time left ("not built" is no failure).
 speed_result() {
   speed_manifest >"$out/speed/manifest.tsv"
   speed_table >"$out/speed.md" 2>>"$out/speed/table.log"
+  graph_lines >>"$out/speed.md"
   cat "$out/speed.md" >&2
   local name status failed=() not_built=0 ok=0 again_tags="" again_batches=""
   for name in "${speed_ran[@]}"; do
