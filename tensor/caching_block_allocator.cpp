@@ -223,18 +223,32 @@ void CachingBlockAllocator::release_cached_locked() {
 
 void CachingBlockAllocator::throw_out_of_memory(size_t requested, size_t rounded) {
   std::string device = backend_.memory_summary();
+  const size_t kept = private_cached_locked();
   throw OutOfMemoryError(fmt::format(
       "{}: out of memory allocating {} ({} bytes, rounded to {}): {} in use by live tensors, {} "
-      "reserved after returning every cached block{}{}; free tensors you no longer need or use "
+      "reserved after returning every cached block{}{}{}; free tensors you no longer need or use "
       "a smaller batch",
       name_, format_bytes(requested), requested, format_bytes(rounded),
       format_bytes(stats_.in_use_bytes), format_bytes(stats_.reserved_bytes),
+      kept > 0 ? fmt::format(" but the {} a CUDA graph keeps", format_bytes(kept)) : "",
       device.empty() ? "" : "; ", device));
+}
+
+size_t CachingBlockAllocator::private_cached_locked() const {
+  size_t bytes = 0;
+  for (const StreamKey& stream : private_streams_) {
+    if (auto pool = pools_.find(stream); pool != pools_.end()) {
+      for (const auto& [size, ptr] : pool->second) bytes += size;
+    }
+  }
+  return bytes;
 }
 
 BlockAllocatorStats CachingBlockAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  BlockAllocatorStats s = stats_;
+  s.private_cached_bytes = private_cached_locked();
+  return s;
 }
 
 }  // namespace mtrain

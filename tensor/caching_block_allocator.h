@@ -81,6 +81,7 @@ struct BlockAllocatorStats {
   size_t in_use_bytes = 0;      // held by live tensors (rounded sizes)
   size_t reserved_bytes = 0;    // obtained from the backend and not returned
   size_t cached_bytes = 0;      // reserved but free, kept for reuse
+  size_t private_cached_bytes = 0;  // of those, kept for private streams: no one else's
   uint64_t backend_allocs = 0;  // e.g. cudaMalloc calls
   uint64_t backend_frees = 0;
   uint64_t cache_hits = 0;      // requests served from the cache
@@ -134,6 +135,7 @@ class CachingBlockAllocator {
   bool events_done(std::vector<EventRef>& events);
   bool event_done(EventRef& event);
   void release_cached_locked();
+  size_t private_cached_locked() const;  // free bytes of private streams' pools
   [[noreturn]] void throw_out_of_memory(size_t requested, size_t rounded);
 
   BlockBackend& backend_;

@@ -151,7 +151,9 @@ size_t workspace_limit(int device) {
   DeviceGuard guard(device);
   size_t free_bytes = 0, total_bytes = 0;
   MTRAIN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  return free_bytes + cuda_memory_stats(device).cached_bytes;
+  // A CUDA graph's cached blocks stay its own (Note [Captured steps] in tensor/cuda_graph.h).
+  const BlockAllocatorStats stats = cuda_memory_stats(device);
+  return free_bytes + stats.cached_bytes - stats.private_cached_bytes;
 }
 
 std::string cudnn_error_text(cudnnStatus_t status) {

@@ -334,6 +334,7 @@ TEST_CASE("a private stream's blocks serve it alone and outlive release_cached")
   CHECK(backend.live.count(graph) == 1);
   CHECK(backend.live.count(other) == 0);
   CHECK(alloc.stats().cached_bytes == (1 << 20));
+  CHECK(alloc.stats().private_cached_bytes == (1 << 20));
   // Its own stream takes it back; a private stream may still take others' blocks.
   void* again = alloc.allocate(1 << 20, kSideStream);
   CHECK(again == graph);
@@ -347,7 +348,9 @@ TEST_CASE("a private stream's blocks serve it alone and outlive release_cached")
   alloc.deallocate(first);
   // Made ordinary again, its blocks are cached blocks like any other.
   alloc.deallocate(again);
+  CHECK(alloc.stats().private_cached_bytes == (1 << 20) + 2 * 2048);
   alloc.set_private(kSideStream, false);
+  CHECK(alloc.stats().private_cached_bytes == 0);
   alloc.release_cached();
   CHECK(backend.live.empty());
   CHECK(alloc.stats().reserved_bytes == 0);
