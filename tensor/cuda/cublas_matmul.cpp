@@ -110,19 +110,18 @@ const float* ones(int device, int64_t n) {
     bool filled = false;  // by work that ran outside any capture
   };
   thread_local std::map<std::pair<int, cudaStream_t>, Ones> t_ones;
-  const cudaStream_t stream = cuda::current_stream(device).handle();
-  Ones& o = t_ones[{device, stream}];
+  const cuda::Stream stream = cuda::current_stream(device);
+  Ones& o = t_ones[{device, stream.handle()}];
   if (!o.v.defined() || o.v.numel() < n) {
     // Doubling keeps the number of refills logarithmic when the batch size grows.
     const int64_t length = std::max<int64_t>(n, o.v.defined() ? 2 * o.v.numel() : 0);
     o.v = Tensor::empty({length}, DType::Float32, Device::cuda(device));
     o.filled = false;
   }
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (stream != nullptr) MTRAIN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone || !o.filled) {
+  const bool capturing = cuda::is_capturing(stream);
+  if (capturing || !o.filled) {
     o.v.fill_(1.0f);
-    o.filled = capture == cudaStreamCaptureStatusNone;
+    o.filled = !capturing;
   }
   return o.v.data<float>();
 }

@@ -119,6 +119,13 @@ namespace {
 thread_local std::vector<cudaStream_t> t_current_streams;
 }  // namespace
 
+bool is_capturing(Stream stream) {
+  if (stream.handle() == nullptr) return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  MTRAIN_CUDA_CHECK(cudaStreamIsCapturing(stream.handle(), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 Stream current_stream(int device) {
   MTRAIN_CHECK(device >= 0, "current_stream of device {}", device);
   const auto d = static_cast<size_t>(device);
@@ -196,10 +203,8 @@ struct GpuMark::Event {
 GpuMark::GpuMark(int device) : event_(std::make_unique<Event>(device)) {
   const cuda::Stream stream = cuda::current_stream(device);
   // Note [Captured steps]: a mark made while the stream is captured is a node of the
-  // graph, recorded by each replay. The legacy default stream is never captured.
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (stream.handle() != nullptr) MTRAIN_CUDA_CHECK(cudaStreamIsCapturing(stream.handle(), &status));
-  if (status == cudaStreamCaptureStatusNone) {
+  // graph, recorded by each replay.
+  if (!cuda::is_capturing(stream)) {
     event_->event.record(stream);
     return;
   }

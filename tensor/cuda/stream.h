@@ -82,6 +82,10 @@ class DeviceGuard {
   bool changed_ = false;
 };
 
+// Whether work queued on `stream` now is captured into a CUDA graph rather than run (Note
+// [Captured steps] in tensor/cuda_graph.h); the legacy default stream never is.
+bool is_capturing(Stream stream);
+
 // The calling thread's current stream on `device` (Note [Current stream]).
 Stream current_stream(int device);
 void set_current_stream(Stream stream);
