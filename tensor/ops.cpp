@@ -17,6 +17,9 @@
 // The definitions are qualified (ops::NAME), so a table line whose parameters drift from
 // ops.h's declaration does not compile. Builds without CUDA dispatch the same way; their
 // cuda_ops:: entries (tensor/no_cuda.cpp) say that the build has no CUDA.
+#include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -135,10 +138,137 @@ ChannelPlanes channel_planes(const char* op, const Tensor& x, const Tensor& per_
 
 }  // namespace ops
 
-#define MTRAIN_OP(RETURN, NAME, PARAMS, ARGS, DEVICE, WITHOUT_CUDA) \
-  RETURN ops::NAME PARAMS {                                         \
-    if ((DEVICE).is_cuda()) return cuda_ops::NAME ARGS;             \
-    return ops::cpu::NAME ARGS;                                     \
+namespace storage16 {
+
+// Note [Ops on 16-bit storage]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The dispatcher's half of Note [16-bit activations] (ops.h). A call whose tensors are all
+// float32 (or integer) goes straight to its entry; only a call with a bfloat16 or float16
+// tensor comes here. If the entry on that device reads 16 bits itself (kGpu16Bit, and
+// convert everywhere) it gets the tensors as they are. Otherwise each 16-bit tensor is
+// replaced by a float32 copy (an output's too, since ops such as add_ read what they
+// write), the float32 entry runs, and each 16-bit output gets its copy rounded back. One
+// list here decides which entries read 16 bits, so a GPU kernel taught them only has to
+// be named in it.
+
+// The GPU entries that read and write 16-bit activations themselves.
+constexpr std::string_view kGpu16Bit[] = {
+    "conv2d_forward",          "conv2d_backward_data",           "conv2d_backward_weights",
+    "add",                     "add_",                           "relu_forward",
+    "relu_backward",           "batchnorm_stats",                "batchnorm_apply",
+    "batchnorm_apply_relu",    "batchnorm_backward_reduce",      "batchnorm_backward_reduce_relu",
+    "batchnorm_backward_apply", "batchnorm_backward_apply_relu",
+};
+
+bool listed(std::string_view op) {
+  for (const std::string_view name : kGpu16Bit) {
+    if (name == op) return true;
+  }
+  return false;
+}
+
+bool is_16bit(const Tensor& t) {
+  return t.defined() && (t.dtype() == DType::BFloat16 || t.dtype() == DType::Float16);
+}
+template <class A>
+bool is_16bit(const A&) {
+  return false;
+}
+
+template <class... A>
+bool any_16bit(const A&... args) {
+  return (is_16bit(args) || ...);
+}
+
+// The tensors of a listed op's first tensor's shape (its activations: Note [16-bit
+// activations]) share that tensor's dtype; convolutions are free to mix.
+template <class... A>
+void check_one_storage_type(std::string_view op, const A&... args) {
+  if (op.substr(0, 4) == "conv") return;
+  const Tensor* first = nullptr;
+  const auto check = [&](const auto& a) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(a)>, Tensor>) {
+      if (!a.defined()) return;
+      if (first == nullptr) {
+        first = &a;
+      } else if (a.shape() == first->shape()) {
+        MTRAIN_CHECK(a.dtype() == first->dtype(),
+                     "{}: the activations must share one storage type (Note [16-bit activations]), found {} and {}",
+                     op, first->str(), a.str());
+      }
+    }
+  };
+  (check(args), ...);
+}
+
+// A tensor argument as the float32 entry sees it: `arg` itself, or a widened copy that
+// finish() rounds back into `arg` when the entry may have written it.
+class Widened {
+ public:
+  explicit Widened(const Tensor& arg, Tensor* writable) : arg_(arg), writable_(writable) {
+    if (!is_16bit(arg)) return;
+    copy_ = Tensor::empty(arg.shape(), DType::Float32, arg.device());
+    ops::convert(arg, copy_);
+  }
+  Tensor& get() { return copy_.defined() ? copy_ : const_cast<Tensor&>(arg_); }
+  void finish() {
+    if (copy_.defined() && writable_ != nullptr) ops::convert(copy_, *writable_);
+  }
+
+ private:
+  const Tensor& arg_;
+  Tensor* writable_;
+  Tensor copy_;
+};
+
+// Any other argument, passed through.
+template <class A>
+struct Passed {
+  A& arg;
+  A& get() { return arg; }
+  void finish() {}
+};
+
+inline Widened hold(Tensor& t) { return Widened(t, &t); }
+inline Widened hold(const Tensor& t) { return Widened(t, nullptr); }
+template <class A>
+Passed<A> hold(A& a) {
+  return Passed<A>{a};
+}
+
+// Runs `entry` on the arguments (Note [Ops on 16-bit storage]).
+template <class Return, class Entry, class... A>
+Return run(std::string_view op, bool on_gpu, const Entry& entry, std::tuple<A&...> args) {
+  const bool listed_op = listed(op);
+  if (listed_op) std::apply([&](const auto&... a) { check_one_storage_type(op, a...); }, args);
+  if (op == "convert" || (listed_op && on_gpu)) return std::apply(entry, args);
+  auto held = std::apply([](auto&... a) { return std::make_tuple(hold(a)...); }, args);
+  const auto finish = [&] { std::apply([](auto&... h) { (h.finish(), ...); }, held); };
+  if constexpr (std::is_void_v<Return>) {
+    std::apply([&](auto&... h) { entry(h.get()...); }, held);
+    finish();
+  } else {
+    Return result = std::apply([&](auto&... h) { return entry(h.get()...); }, held);
+    finish();
+    return result;
+  }
+}
+
+}  // namespace storage16
+
+// Note [Kernel dispatch], then Note [Ops on 16-bit storage] for a call with a 16-bit tensor.
+#define MTRAIN_OP(RETURN, NAME, PARAMS, ARGS, DEVICE, WITHOUT_CUDA)                                  \
+  RETURN ops::NAME PARAMS {                                                                          \
+    const bool on_gpu = (DEVICE).is_cuda();                                                          \
+    if (!storage16::any_16bit ARGS) {                                                                \
+      if (on_gpu) return cuda_ops::NAME ARGS;                                                        \
+      return ops::cpu::NAME ARGS;                                                                    \
+    }                                                                                                \
+    const auto entry = [on_gpu](auto&... a) -> RETURN {                                              \
+      if (on_gpu) return cuda_ops::NAME(a...);                                                       \
+      return ops::cpu::NAME(a...);                                                                   \
+    };                                                                                               \
+    return storage16::run<RETURN>(#NAME, on_gpu, entry, std::forward_as_tuple ARGS);                 \
   }
 #include "tensor/ops.def"
 #undef MTRAIN_OP

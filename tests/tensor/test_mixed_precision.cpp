@@ -246,3 +246,88 @@ TEST_CASE("convert and non_finite_check_and_unscale check their arguments before
   CHECK_THROWS_WITH(ops::non_finite_check_and_unscale({nullptr}, 0.5f),
                     Catch::Contains("gradient 0 is undefined"));
 }
+
+// Note [Ops on 16-bit storage] in tensor/ops.cpp: on the CPU every op given 16-bit tensors
+// computes what its float32 kernel computes on their widened values, each 16-bit output
+// rounded once; a listed op (the GPU's 16-bit kernels) refuses mixed activation types here
+// too, so a layer that mixes them fails in CI rather than on a GPU.
+namespace {
+
+Tensor stored(const Tensor& f32, DType t) {
+  Tensor s = Tensor::empty(f32.shape(), t);
+  ops::convert(f32, s);
+  return s;
+}
+
+Tensor widened(const Tensor& t16) {
+  Tensor w = Tensor::empty(t16.shape());
+  ops::convert(t16, w);
+  return w;
+}
+
+// Whether 16-bit `actual` holds float32 `expected` rounded to its type.
+bool holds_rounded(const Tensor& actual, const Tensor& expected) {
+  const Tensor r = widened(stored(expected, actual.dtype()));
+  const Tensor a = widened(actual);
+  return a.shape() == r.shape() && std::memcmp(a.raw_data(), r.raw_data(), r.nbytes()) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("ops on 16-bit activations compute in float32 and round each output once", "[mixed][storage16]") {
+  const DType t = GENERATE(DType::BFloat16, DType::Float16);
+  INFO(dtype_name(t));
+  const Tensor x = stored(random_tensor({2, 3, 6, 6}, 41), t), r = stored(random_tensor({2, 3, 6, 6}, 42), t);
+  const Tensor wx = widened(x), wr = widened(r);
+
+  SECTION("elementwise, in place included") {
+    Tensor y = Tensor::empty(x.shape(), t), y32 = Tensor::empty(x.shape());
+    ops::relu_forward(x, y);
+    ops::relu_forward(wx, y32);
+    CHECK(holds_rounded(y, y32));
+    Tensor out = r.clone(), out32 = wr.clone();
+    ops::add_(out, x, 0.5f);  // reads what it writes
+    ops::add_(out32, wx, 0.5f);
+    CHECK(holds_rounded(out, out32));
+  }
+  SECTION("a convolution with float32 weights and compute") {
+    const Tensor w = random_tensor({4, 3, 3, 3}, 43), b = random_tensor({4}, 44);
+    const Conv2dParams p{1, 1, 1, 1};
+    Tensor y = Tensor::empty({2, 4, 6, 6}, t), y32 = Tensor::empty({2, 4, 6, 6});
+    ops::conv2d_forward(x, w, b, y, p);
+    ops::conv2d_forward(wx, w, b, y32, p);
+    CHECK(holds_rounded(y, y32));
+    Tensor dw = Tensor::empty(w.shape()), dw32 = Tensor::empty(w.shape()), no_bias;
+    ops::conv2d_backward_weights(x, stored(y32, t), dw, no_bias, p, /*accumulate=*/false);
+    ops::conv2d_backward_weights(wx, widened(stored(y32, t)), dw32, no_bias, p, false);
+    CHECK(dw.dtype() == DType::Float32);
+    CHECK(testing::max_abs_gap(dw, dw32) == 0.0);
+  }
+  SECTION("batch norm: float32 statistics from 16-bit inputs, the fused apply rounded once") {
+    Tensor mean = Tensor::empty({3}), var = Tensor::empty({3}), mean32 = Tensor::empty({3}), var32 = Tensor::empty({3});
+    ops::batchnorm_stats(x, mean, var);
+    ops::batchnorm_stats(wx, mean32, var32);
+    CHECK(testing::max_abs_gap(mean, mean32) == 0.0);
+    CHECK(testing::max_abs_gap(var, var32) == 0.0);
+    const Tensor invstd = random_tensor({3}, 45, 0.5f, 2.0f), gamma = random_tensor({3}, 46), beta = random_tensor({3}, 47);
+    Tensor y = Tensor::empty(x.shape(), t), y32 = Tensor::empty(x.shape());
+    ops::batchnorm_apply_relu(x, mean, invstd, gamma, beta, r, y);
+    ops::batchnorm_apply_relu(wx, mean, invstd, gamma, beta, wr, y32);
+    CHECK(holds_rounded(y, y32));
+  }
+  SECTION("an op without 16-bit kernels anywhere: max pooling, its indices untouched") {
+    const ops::Pool2dParams p;
+    Tensor y = Tensor::empty({2, 3, 3, 3}, t), y32 = Tensor::empty({2, 3, 3, 3});
+    Tensor idx = Tensor::empty({2, 3, 3, 3}, DType::Int32), idx32 = Tensor::empty({2, 3, 3, 3}, DType::Int32);
+    ops::maxpool2d_forward(x, y, idx, p);
+    ops::maxpool2d_forward(wx, y32, idx32, p);
+    CHECK(holds_rounded(y, y32));
+    CHECK(std::memcmp(idx.raw_data(), idx32.raw_data(), idx.nbytes()) == 0);
+  }
+  SECTION("mixed activation types in a GPU-listed op are refused on the CPU too") {
+    Tensor out = Tensor::empty(x.shape(), t);
+    CHECK_THROWS_WITH(ops::add(x, wr, out), Catch::Contains("add: the activations must share one storage type"));
+    Tensor y32 = Tensor::empty(x.shape());
+    CHECK_THROWS_AS(ops::relu_forward(x, y32), mtrain::InternalError);
+  }
+}
