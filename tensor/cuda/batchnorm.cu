@@ -21,6 +21,12 @@
 // Note [Fused batch norm] in tensor/ops.h) round as the CPU kernels do (Note [Unfused
 // float arithmetic] in tensor/cuda/launch.cuh), from per-channel constants computed with
 // the CPU's formulas.
+//
+// The activations (x, y, dy, dx, residual, dmasked) may be 16-bit, all of one type (Note
+// [16-bit activations] in tensor/ops.h); the per-channel tensors stay float32. The
+// kernels are templated on the activations' storage type T: each load widens to float (and
+// on to double where the sums are double), the arithmetic is the float32 kernels' own, and
+// a stored element is rounded once to T. For T = float nothing changes.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,6 +35,7 @@
 
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/launch.cuh"
+#include "tensor/cuda/mixed_precision.h"
 #include "tensor/cuda/op_checks.h"
 #include "tensor/cuda/stream.h"
 #include "tensor/cuda_ops.h"
@@ -41,14 +48,18 @@ using detail::first_gpu;
 using detail::kThreads;
 using detail::kWarpSize;
 using detail::kWarpsPerBlock;
+using detail::load_float;
+using detail::storage_data;
+using detail::store_as;
 
 struct BnGeometry {
   int64_t n, c, area;
   __host__ __device__ int64_t count() const { return n * area; }  // elements per channel
 };
 
-BnGeometry bn_geometry(const char* op, const char* name, const Tensor& x) {
-  first_gpu(op, name, x);
+// `dtype`: that of the activations (detail::activation_dtype).
+BnGeometry bn_geometry(const char* op, const char* name, const Tensor& x, DType dtype) {
+  first_gpu(op, name, x, dtype);
   MTRAIN_CHECK(x.ndim() == 4 || x.ndim() == 2, "{}: {} must be [N,C,H,W] or [N,C], found {}", op,
                name, shape_str(x.shape()));
   const int64_t area = x.ndim() == 4 ? x.size(2) * x.size(3) : 1;
@@ -199,17 +210,19 @@ void reduce_channels(Device device, const BnGeometry& g, Term term, Finish finis
   MTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
+template <class T>
 struct SumX {
-  const float* x;
-  __device__ void operator()(int64_t offset, int64_t, double* acc) const { acc[0] += x[offset]; }
+  const T* x;
+  __device__ void operator()(int64_t offset, int64_t, double* acc) const { acc[0] += load_float(x[offset]); }
 };
 
 // (x - mean)^2 with the float mean widened (the CPU widens the double mean).
+template <class T>
 struct SquaredDeviation {
-  const float* x;
+  const T* x;
   const float* mean;
   __device__ void operator()(int64_t offset, int64_t channel, double* acc) const {
-    const double d = static_cast<double>(x[offset]) - static_cast<double>(mean[channel]);
+    const double d = static_cast<double>(load_float(x[offset])) - static_cast<double>(mean[channel]);
     acc[0] += d * d;
   }
 };
@@ -223,18 +236,21 @@ struct SquaredDeviation {
 // subtraction cancels only where the first element lies far out in its channel: at
 // (mean - k)^2 = 1e8 var it loses 8 of double's 16 digits, still more than float keeps.
 // The result is as deterministic as the two-pass kernels' (same chunking, fixed order).
+template <class T>
 struct ShiftedMoments {
-  const float* x;
+  const T* x;
   int64_t area;
   __device__ void operator()(int64_t offset, int64_t channel, double* acc) const {
-    const double d = static_cast<double>(x[offset]) - static_cast<double>(x[channel * area]);
+    const double d =
+        static_cast<double>(load_float(x[offset])) - static_cast<double>(load_float(x[channel * area]));
     acc[0] += d;
     acc[1] += d * d;
   }
 };
 
+template <class T>
 struct StoreMeanVar {
-  const float* x;
+  const T* x;
   int64_t area;
   double count;
   float* mean;
@@ -242,29 +258,29 @@ struct StoreMeanVar {
   __device__ void operator()(int64_t channel, const double* sums) const {
     const double shift_mean = sums[0] / count;
     const double v = sums[1] / count - shift_mean * shift_mean;
-    mean[channel] = static_cast<float>(static_cast<double>(x[channel * area]) + shift_mean);
+    mean[channel] = static_cast<float>(static_cast<double>(load_float(x[channel * area])) + shift_mean);
     var[channel] = static_cast<float>(v > 0.0 ? v : 0.0);
   }
 };
 
 // The gradient reaching the batch norm's output: dy, or dy through the ReLU whose output
 // is y (relu_backward's formula, Note [Fused batch norm] in tensor/ops.h).
-template <bool kMask>
-__device__ __forceinline__ float output_grad(const float* dy, const float* y, int64_t i) {
-  if constexpr (kMask) return y[i] > 0.0f ? dy[i] : 0.0f;
-  return dy[i];
+template <bool kMask, class T>
+__device__ __forceinline__ float output_grad(const T* dy, const T* y, int64_t i) {
+  if constexpr (kMask) return load_float(y[i]) > 0.0f ? load_float(dy[i]) : 0.0f;
+  return load_float(dy[i]);
 }
 
-template <bool kMask>
+template <class T, bool kMask>
 struct GradientTerms {
-  const float* dy;
-  const float* y;  // the fused ReLU's output (kMask)
-  const float* x;
+  const T* dy;
+  const T* y;  // the fused ReLU's output (kMask)
+  const T* x;
   const float* mean;
   __device__ void operator()(int64_t offset, int64_t channel, double* acc) const {
     const double g = output_grad<kMask>(dy, y, offset);
     acc[0] += g;
-    acc[1] += g * (static_cast<double>(x[offset]) - static_cast<double>(mean[channel]));
+    acc[1] += g * (static_cast<double>(load_float(x[offset])) - static_cast<double>(mean[channel]));
   }
 };
 
@@ -288,26 +304,29 @@ struct StoreGradientSums {
 
 // ---- elementwise halves ---------------------------------------------------------------
 
+template <class T>
 struct ApplyArgs {
-  const float *x, *mean, *invstd, *gamma, *beta, *residual;
-  float* y;
+  const T* x;
+  const float *mean, *invstd, *gamma, *beta;
+  const T* residual;
+  T* y;
 };
 
 // y = x * scale + shift with scale = invstd * gamma, shift = beta - mean * scale, each
 // rounded as in tensor/cpu/batchnorm.cpp; then + residual (kResidual) and the ReLU
 // (kRelu), rounded as ops::add and relu_forward.
-template <class Index, bool kResidual, bool kRelu>
-__global__ void bn_apply_kernel(ApplyArgs a, Index total, Index c, Index area) {
+template <class T, class Index, bool kResidual, bool kRelu>
+__global__ void bn_apply_kernel(ApplyArgs<T> a, Index total, Index c, Index area) {
   for (Index i = static_cast<Index>(detail::global_thread_index()); i < total;
        i += static_cast<Index>(detail::grid_stride())) {
     const Index ch = (i / area) % c;
     const float scale = __fmul_rn(a.invstd[ch], a.gamma != nullptr ? a.gamma[ch] : 1.0f);
     const float shift =
         __fsub_rn(a.beta != nullptr ? a.beta[ch] : 0.0f, __fmul_rn(a.mean[ch], scale));
-    float v = __fadd_rn(__fmul_rn(a.x[i], scale), shift);
-    if constexpr (kResidual) v = __fadd_rn(v, a.residual[i]);
+    float v = __fadd_rn(__fmul_rn(load_float(a.x[i]), scale), shift);
+    if constexpr (kResidual) v = __fadd_rn(v, load_float(a.residual[i]));
     if constexpr (kRelu) v = v > 0.0f ? v : 0.0f;
-    a.y[i] = v;
+    a.y[i] = store_as<T>(v);
   }
 }
 
@@ -325,15 +344,17 @@ __global__ void bn_backward_coefficients_kernel(const float* gamma, const float*
   }
 }
 
+template <class T>
 struct BackwardApplyArgs {
-  const float *dy, *y, *x, *mean, *coefficients;
-  float *dx, *dmasked;
+  const T *dy, *y, *x;
+  const float *mean, *coefficients;
+  T *dx, *dmasked;
 };
 
 // dx = scale * (g - mean_dy - (x - mean) * proj), g = output_grad<kMask>; g itself to
 // dmasked when kWriteMasked.
-template <class Index, bool kMask, bool kWriteMasked>
-__global__ void bn_backward_apply_kernel(BackwardApplyArgs a, Index total, Index c, Index area) {
+template <class T, class Index, bool kMask, bool kWriteMasked>
+__global__ void bn_backward_apply_kernel(BackwardApplyArgs<T> a, Index total, Index c, Index area) {
   for (Index i = static_cast<Index>(detail::global_thread_index()); i < total;
        i += static_cast<Index>(detail::grid_stride())) {
     const Index ch = (i / area) % c;
@@ -341,9 +362,9 @@ __global__ void bn_backward_apply_kernel(BackwardApplyArgs a, Index total, Index
     const float mean_dy = a.coefficients[c + ch];
     const float proj = a.coefficients[2 * c + ch];
     const float g = output_grad<kMask>(a.dy, a.y, i);
-    const float centered = __fmul_rn(__fsub_rn(a.x[i], a.mean[ch]), proj);
-    a.dx[i] = __fmul_rn(scale, __fsub_rn(__fsub_rn(g, mean_dy), centered));
-    if constexpr (kWriteMasked) a.dmasked[i] = g;
+    const float centered = __fmul_rn(__fsub_rn(load_float(a.x[i]), a.mean[ch]), proj);
+    a.dx[i] = store_as<T>(__fmul_rn(scale, __fsub_rn(__fsub_rn(g, mean_dy), centered)));
+    if constexpr (kWriteMasked) a.dmasked[i] = store_as<T>(g);  // exact: g is a loaded T
   }
 }
 
@@ -367,83 +388,101 @@ void launch_elementwise(Device device, const BnGeometry& g, const Args& args) {
   MTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
-template <bool kResidual, bool kRelu>
+template <class T, bool kResidual, bool kRelu>
 struct Apply {
   template <class Index>
   struct Kernel {
-    static void launch(unsigned grid, cudaStream_t stream, const ApplyArgs& a, Index total,
+    static void launch(unsigned grid, cudaStream_t stream, const ApplyArgs<T>& a, Index total,
                        Index c, Index area) {
-      bn_apply_kernel<Index, kResidual, kRelu><<<grid, kThreads, 0, stream>>>(a, total, c, area);
+      bn_apply_kernel<T, Index, kResidual, kRelu><<<grid, kThreads, 0, stream>>>(a, total, c, area);
     }
   };
 };
 
-template <bool kMask, bool kWriteMasked>
+template <class T, bool kMask, bool kWriteMasked>
 struct BackwardApply {
   template <class Index>
   struct Kernel {
-    static void launch(unsigned grid, cudaStream_t stream, const BackwardApplyArgs& a,
+    static void launch(unsigned grid, cudaStream_t stream, const BackwardApplyArgs<T>& a,
                        Index total, Index c, Index area) {
-      bn_backward_apply_kernel<Index, kMask, kWriteMasked>
+      bn_backward_apply_kernel<T, Index, kMask, kWriteMasked>
           <<<grid, kThreads, 0, stream>>>(a, total, c, area);
     }
   };
 };
 
-// The checks every apply shares; returns x's geometry.
+// The checks every apply shares (residual may be undefined); returns x's geometry.
 BnGeometry check_apply(const char* op, const Tensor& x, const Tensor& mean, const Tensor& invstd,
-                       const Tensor& y) {
-  const BnGeometry g = bn_geometry(op, "x", x);
+                       const Tensor& y, const Tensor& residual = Tensor()) {
+  const DType t = detail::activation_dtype(op, {{"x", &x}, {"y", &y}, {"residual", &residual}});
+  const BnGeometry g = bn_geometry(op, "x", x, t);
   const Device device = x.device();
   check_on_shape(op, "mean", mean, device, {g.c});
   check_on_shape(op, "invstd", invstd, device, {g.c});
-  check_on_shape(op, "y", y, device, x.shape());
+  check_on_shape(op, "y", y, device, x.shape(), t);
+  if (residual.defined()) check_on_shape(op, "residual", residual, device, x.shape(), t);
   return g;
 }
 
-ApplyArgs apply_args(const char* op, const BnGeometry& g, const Tensor& x, const Tensor& mean,
-                     const Tensor& invstd, const Tensor& gamma, const Tensor& beta, Tensor& y) {
+template <class T>
+ApplyArgs<T> apply_args(const char* op, const BnGeometry& g, const Tensor& x, const Tensor& mean,
+                        const Tensor& invstd, const Tensor& gamma, const Tensor& beta, Tensor& y) {
   const Device device = x.device();
-  return {x.data<float>(),
+  return {storage_data<T>(x),
           mean.data<float>(),
           invstd.data<float>(),
           optional_param(op, "gamma", gamma, device, g.c),
           optional_param(op, "beta", beta, device, g.c),
           nullptr,
-          y.data<float>()};
+          storage_data<T>(y)};
 }
 
-// Checks a backward reduce's tensors (dy first: it sets the device); returns x's geometry.
+// Checks a backward reduce's tensors (dy first: it sets the device; y, the fused ReLU's
+// output, may be undefined); returns x's geometry.
 BnGeometry check_reduce(const char* op, const Tensor& dy, const Tensor& x, const Tensor& mean,
-                        const Tensor& sum_dy, const Tensor& sum_dy_xmu) {
-  const Device device = first_gpu(op, "dy", dy);
-  const BnGeometry g = bn_geometry(op, "x", x);
-  check_on_shape(op, "x", x, device, dy.shape());
+                        const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tensor& y = Tensor()) {
+  const DType t = detail::activation_dtype(op, {{"dy", &dy}, {"x", &x}, {"y", &y}});
+  const Device device = first_gpu(op, "dy", dy, t);
+  const BnGeometry g = bn_geometry(op, "x", x, t);
+  check_on_shape(op, "x", x, device, dy.shape(), t);
+  if (y.defined()) check_on_shape(op, "y", y, device, x.shape(), t);
   check_on_shape(op, "mean", mean, device, {g.c});
   check_on_shape(op, "sum_dy", sum_dy, device, {g.c});
   check_on_shape(op, "sum_dy_xmu", sum_dy_xmu, device, {g.c});
   return g;
 }
 
-// Checks a backward apply's tensors (but the mask's), queues the per-channel
-// coefficients and gathers the elementwise pass's arguments; `coefficients` keeps them.
-BackwardApplyArgs backward_apply_args(const char* op, const Tensor& dy, const Tensor& x,
-                                      const Tensor& mean, const Tensor& invstd,
-                                      const Tensor& gamma, const Tensor& sum_dy,
-                                      const Tensor& sum_dy_xmu, double count, Tensor& dx,
-                                      BnGeometry& g, Tensor& coefficients) {
-  const Device device = first_gpu(op, "dy", dy);
-  g = bn_geometry(op, "x", x);
-  check_on_shape(op, "x", x, device, dy.shape());
+// Checks a backward apply's tensors (y and dmasked, of the fused variant, may be
+// undefined), queues the per-channel coefficients and gathers the elementwise pass's
+// arguments in storage type T (that of the activations, already checked to be one);
+// `coefficients` keeps them.
+template <class T>
+BackwardApplyArgs<T> backward_apply_args(const char* op, const Tensor& dy, const Tensor& x,
+                                         const Tensor& mean, const Tensor& invstd,
+                                         const Tensor& gamma, const Tensor& sum_dy,
+                                         const Tensor& sum_dy_xmu, double count, Tensor& dx,
+                                         const Tensor& y, const Tensor& dmasked, BnGeometry& g,
+                                         Tensor& coefficients) {
+  const DType t = detail::StorageDType<T>::value;
+  const Device device = first_gpu(op, "dy", dy, t);
+  g = bn_geometry(op, "x", x, t);
+  check_on_shape(op, "x", x, device, dy.shape(), t);
   check_on_shape(op, "mean", mean, device, {g.c});
   check_on_shape(op, "invstd", invstd, device, {g.c});
   check_on_shape(op, "sum_dy", sum_dy, device, {g.c});
   check_on_shape(op, "sum_dy_xmu", sum_dy_xmu, device, {g.c});
-  check_on_shape(op, "dx", dx, device, x.shape());
+  check_on_shape(op, "dx", dx, device, x.shape(), t);
+  if (y.defined()) check_on_shape(op, "y", y, device, x.shape(), t);
+  if (dmasked.defined()) check_on_shape(op, "dmasked", dmasked, device, x.shape(), t);
   MTRAIN_CHECK(count >= 0.0, "{}: count must be >= 0, got {}", op, count);
   const float* pg = optional_param(op, "gamma", gamma, device, g.c);
-  BackwardApplyArgs a{dy.data<float>(), nullptr, x.data<float>(), mean.data<float>(), nullptr,
-                      dx.data<float>(), nullptr};
+  BackwardApplyArgs<T> a{storage_data<T>(dy),
+                         y.defined() ? storage_data<T>(y) : nullptr,
+                         storage_data<T>(x),
+                         mean.data<float>(),
+                         nullptr,
+                         storage_data<T>(dx),
+                         dmasked.defined() ? storage_data<T>(dmasked) : nullptr};
   if (x.numel() == 0) return a;
   // With no elements anywhere the reductions are empty: their means are 0, not 0/0.
   const double inv_count = count > 0.0 ? 1.0 / count : 0.0;
@@ -460,11 +499,15 @@ BackwardApplyArgs backward_apply_args(const char* op, const Tensor& dy, const Te
 
 }  // namespace
 
+// Each entry checks its tensors, then runs with T the storage type of the activations
+// (detail::with_storage).
+
 void batchnorm_stats(const Tensor& x, Tensor& mean, Tensor& var) {
-  const BnGeometry g = bn_geometry("batchnorm_stats", "x", x);
+  const char* op = "batchnorm_stats";
+  const BnGeometry g = bn_geometry(op, "x", x, detail::activation_dtype(op, {{"x", &x}}));
   const Device device = x.device();
-  check_on_shape("batchnorm_stats", "mean", mean, device, {g.c});
-  check_on_shape("batchnorm_stats", "var", var, device, {g.c});
+  check_on_shape(op, "mean", mean, device, {g.c});
+  check_on_shape(op, "var", var, device, {g.c});
   if (g.c == 0) return;
   if (g.count() == 0) {
     // With no elements both are 0, not 0/0 (as on the CPU).
@@ -473,70 +516,88 @@ void batchnorm_stats(const Tensor& x, Tensor& mean, Tensor& var) {
     return;
   }
   const double count = static_cast<double>(g.count());
-  if (numerics().batchnorm_one_pass) {
-    reduce_channels<2>(device, g, ShiftedMoments{x.data<float>(), g.area},
-                       StoreMeanVar{x.data<float>(), g.area, count, mean.data<float>(),
-                                    var.data<float>()});
-    return;
-  }
-  reduce_channels<1>(device, g, SumX{x.data<float>()}, StoreAverage{mean.data<float>(), count});
-  reduce_channels<1>(device, g, SquaredDeviation{x.data<float>(), mean.data<float>()},
-                     StoreAverage{var.data<float>(), count});
+  detail::with_storage(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* px = storage_data<T>(x);
+    if (numerics().batchnorm_one_pass) {
+      reduce_channels<2>(device, g, ShiftedMoments<T>{px, g.area},
+                         StoreMeanVar<T>{px, g.area, count, mean.data<float>(), var.data<float>()});
+      return;
+    }
+    reduce_channels<1>(device, g, SumX<T>{px}, StoreAverage{mean.data<float>(), count});
+    reduce_channels<1>(device, g, SquaredDeviation<T>{px, mean.data<float>()},
+                       StoreAverage{var.data<float>(), count});
+  });
 }
 
 void batchnorm_apply(const Tensor& x, const Tensor& mean, const Tensor& invstd,
                      const Tensor& gamma, const Tensor& beta, Tensor& y) {
   const char* op = "batchnorm_apply";
   const BnGeometry g = check_apply(op, x, mean, invstd, y);
-  const ApplyArgs a = apply_args(op, g, x, mean, invstd, gamma, beta, y);
-  launch_elementwise<Apply<false, false>::Kernel>(x.device(), g, a);
+  detail::with_storage(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const ApplyArgs<T> a = apply_args<T>(op, g, x, mean, invstd, gamma, beta, y);
+    launch_elementwise<Apply<T, false, false>::template Kernel>(x.device(), g, a);
+  });
 }
 
 void batchnorm_apply_relu(const Tensor& x, const Tensor& mean, const Tensor& invstd,
                           const Tensor& gamma, const Tensor& beta, const Tensor& residual,
                           Tensor& y) {
   const char* op = "batchnorm_apply_relu";
-  const BnGeometry g = check_apply(op, x, mean, invstd, y);
-  ApplyArgs a = apply_args(op, g, x, mean, invstd, gamma, beta, y);
-  if (residual.defined()) {
-    check_on_shape(op, "residual", residual, x.device(), x.shape());
-    a.residual = residual.data<float>();
-    launch_elementwise<Apply<true, true>::Kernel>(x.device(), g, a);
-  } else {
-    launch_elementwise<Apply<false, true>::Kernel>(x.device(), g, a);
-  }
+  const BnGeometry g = check_apply(op, x, mean, invstd, y, residual);
+  detail::with_storage(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    ApplyArgs<T> a = apply_args<T>(op, g, x, mean, invstd, gamma, beta, y);
+    if (residual.defined()) {
+      a.residual = storage_data<T>(residual);
+      launch_elementwise<Apply<T, true, true>::template Kernel>(x.device(), g, a);
+    } else {
+      launch_elementwise<Apply<T, false, true>::template Kernel>(x.device(), g, a);
+    }
+  });
 }
 
 void batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Tensor& mean,
                                Tensor& sum_dy, Tensor& sum_dy_xmu) {
   const BnGeometry g =
       check_reduce("batchnorm_backward_reduce", dy, x, mean, sum_dy, sum_dy_xmu);
-  reduce_channels<2>(
-      dy.device(), g,
-      GradientTerms<false>{dy.data<float>(), nullptr, x.data<float>(), mean.data<float>()},
-      StoreGradientSums{sum_dy.data<float>(), sum_dy_xmu.data<float>()});
+  detail::with_storage(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    reduce_channels<2>(dy.device(), g,
+                       GradientTerms<T, false>{storage_data<T>(dy), nullptr, storage_data<T>(x),
+                                               mean.data<float>()},
+                       StoreGradientSums{sum_dy.data<float>(), sum_dy_xmu.data<float>()});
+  });
 }
 
 void batchnorm_backward_reduce_relu(const Tensor& dy, const Tensor& y, const Tensor& x,
                                     const Tensor& mean, Tensor& sum_dy, Tensor& sum_dy_xmu) {
   const char* op = "batchnorm_backward_reduce_relu";
-  const BnGeometry g = check_reduce(op, dy, x, mean, sum_dy, sum_dy_xmu);
-  check_on_shape(op, "y", y, dy.device(), x.shape());
-  reduce_channels<2>(
-      dy.device(), g,
-      GradientTerms<true>{dy.data<float>(), y.data<float>(), x.data<float>(), mean.data<float>()},
-      StoreGradientSums{sum_dy.data<float>(), sum_dy_xmu.data<float>()});
+  MTRAIN_CHECK(y.defined(), "{}: y is undefined", op);
+  const BnGeometry g = check_reduce(op, dy, x, mean, sum_dy, sum_dy_xmu, y);
+  detail::with_storage(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    reduce_channels<2>(dy.device(), g,
+                       GradientTerms<T, true>{storage_data<T>(dy), storage_data<T>(y), storage_data<T>(x),
+                                              mean.data<float>()},
+                       StoreGradientSums{sum_dy.data<float>(), sum_dy_xmu.data<float>()});
+  });
 }
 
 void batchnorm_backward_apply(const Tensor& dy, const Tensor& x, const Tensor& mean,
                               const Tensor& invstd, const Tensor& gamma, const Tensor& sum_dy,
                               const Tensor& sum_dy_xmu, double count, Tensor& dx) {
-  BnGeometry g{};
-  Tensor coefficients;
-  const BackwardApplyArgs a =
-      backward_apply_args("batchnorm_backward_apply", dy, x, mean, invstd, gamma, sum_dy,
-                          sum_dy_xmu, count, dx, g, coefficients);
-  launch_elementwise<BackwardApply<false, false>::Kernel>(dy.device(), g, a);
+  const char* op = "batchnorm_backward_apply";
+  const DType t = detail::activation_dtype(op, {{"dy", &dy}, {"x", &x}, {"dx", &dx}});
+  detail::with_storage(t, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    BnGeometry g{};
+    Tensor coefficients;
+    const BackwardApplyArgs<T> a = backward_apply_args<T>(op, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xmu,
+                                                          count, dx, Tensor(), Tensor(), g, coefficients);
+    launch_elementwise<BackwardApply<T, false, false>::template Kernel>(dy.device(), g, a);
+  });
 }
 
 void batchnorm_backward_apply_relu(const Tensor& dy, const Tensor& y, const Tensor& x,
@@ -544,19 +605,21 @@ void batchnorm_backward_apply_relu(const Tensor& dy, const Tensor& y, const Tens
                                    const Tensor& sum_dy, const Tensor& sum_dy_xmu, double count,
                                    Tensor& dx, Tensor& dmasked) {
   const char* op = "batchnorm_backward_apply_relu";
-  BnGeometry g{};
-  Tensor coefficients;
-  BackwardApplyArgs a = backward_apply_args(op, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xmu,
-                                            count, dx, g, coefficients);
-  check_on_shape(op, "y", y, dy.device(), x.shape());
-  a.y = y.data<float>();
-  if (dmasked.defined()) {
-    check_on_shape(op, "dmasked", dmasked, dy.device(), x.shape());
-    a.dmasked = dmasked.data<float>();
-    launch_elementwise<BackwardApply<true, true>::Kernel>(dy.device(), g, a);
-  } else {
-    launch_elementwise<BackwardApply<true, false>::Kernel>(dy.device(), g, a);
-  }
+  MTRAIN_CHECK(y.defined(), "{}: y is undefined", op);
+  const DType t = detail::activation_dtype(
+      op, {{"dy", &dy}, {"y", &y}, {"x", &x}, {"dx", &dx}, {"dmasked", &dmasked}});
+  detail::with_storage(t, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    BnGeometry g{};
+    Tensor coefficients;
+    const BackwardApplyArgs<T> a = backward_apply_args<T>(op, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xmu,
+                                                          count, dx, y, dmasked, g, coefficients);
+    if (dmasked.defined()) {
+      launch_elementwise<BackwardApply<T, true, true>::template Kernel>(dy.device(), g, a);
+    } else {
+      launch_elementwise<BackwardApply<T, true, false>::template Kernel>(dy.device(), g, a);
+    }
+  });
 }
 
 }  // namespace mtrain::cuda_ops

@@ -36,6 +36,12 @@
 // algorithm (a NOT_SUPPORTED status, returned before anything is launched), the call
 // falls back to the next algorithm of the plan, and the plan remembers the fallback so
 // later calls do not fail the same way again (PyTorch's AlgoIterator does the same).
+//
+// The activations x, y, dy and dx may each be float32 or 16-bit (Note [16-bit activations]
+// in tensor/ops.h); w, dw, b and db are float32. cuDNN always sees its operands and output
+// in the compute type p.compute: an activation already of that type is passed as is, any
+// other is converted into a temporary (detail::compute_operand), and an output not of that
+// type is written to a scratch in the compute type and converted into it (finish_output).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -557,8 +563,17 @@ void check_fits_int(const char* op, const char* name, const Tensor& t) {
   }
 }
 
+// `t`, an activation, is defined, on `device` and float32, bfloat16 or float16.
+void check_activation(const char* op, const char* name, const Tensor& t, Device device) {
+  MTRAIN_CHECK(t.defined() && detail::is_activation_dtype(t.dtype()),
+               "{}: {} must be a float32, bfloat16 or float16 tensor, found {}", op, name,
+               t.defined() ? t.str() : "undefined");
+  check_on(op, name, t, device, t.dtype());
+}
+
 // Checks x[N,C,H,W] against w[O,C,KH,KW] and y[N,O,OH,OW] (names as the op sees them),
-// all on the device of `x` (which the dispatch guarantees is a GPU).
+// all on the device of `x` (which the dispatch guarantees is a GPU). x and y are
+// activations (check_activation), w float32.
 ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const Tensor& w,
                      const char* y_name, const Tensor& y, const ops::Conv2dParams& p) {
   MTRAIN_CHECK(p.stride_h >= 1 && p.stride_w >= 1 && p.pad_h >= 0 && p.pad_w >= 0 && p.groups >= 1 &&
@@ -568,9 +583,9 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
   MTRAIN_CHECK(x.defined() && x.device().is_cuda(), "{}: {} must be a GPU tensor, found {}", op,
                x_name, x.str());
   const Device device = x.device();
-  check_on(op, x_name, x, device);
+  check_activation(op, x_name, x, device);
   check_on(op, "w", w, device);
-  check_on(op, y_name, y, device);
+  check_activation(op, y_name, y, device);
   check_ndim(op, x_name, x, 4);
   check_ndim(op, "w", w, 4);
   // Channels last (Note [Channels last] in tensor/ops.h): x and y are [N, H, W, C].
@@ -587,19 +602,32 @@ ConvShape conv_shape(const char* op, const char* x_name, const Tensor& x, const 
                "{}: kernel {}x{} with padding {}x{} does not fit {} {}", op, s.kh, s.kw, p.pad_h,
                p.pad_w, x_name, shape_str(x.shape()));
   check_on_shape(op, y_name, y, device,
-                 p.channels_last ? Shape{s.n, s.oh, s.ow, s.o} : Shape{s.n, s.o, s.oh, s.ow});
+                 p.channels_last ? Shape{s.n, s.oh, s.ow, s.o} : Shape{s.n, s.o, s.oh, s.ow}, y.dtype());
   check_fits_int(op, x_name, x);
   check_fits_int(op, "w", w);
   check_fits_int(op, y_name, y);
   return s;
 }
 
-// The output of one call (Note [16-bit kernels on the GPU]): the float32 tensor
-// itself, or a scratch output in the compute type (the inputs: detail::compute_operand).
+// The output of one call (Note [16-bit kernels on the GPU]): the tensor itself when it
+// is in the compute type, else a scratch output in the compute type (the inputs:
+// detail::compute_operand), which finish_output then converts into it.
 void* output_in(Tensor& t, DType compute, Tensor& keep) {
-  if (compute == DType::Float32) return t.raw_data();
+  if (t.dtype() == compute) return t.raw_data();
   keep = Tensor::empty(t.shape(), compute, t.device());
   return keep.raw_data();
+}
+
+// t = the scratch output `keep` of output_in, converted (a float32 t: widened, as before;
+// a 16-bit t of another type than the compute type: through float32); nothing when the
+// call wrote t itself.
+void finish_output(const Tensor& keep, Tensor& t) {
+  if (!keep.defined()) return;
+  if (t.dtype() == DType::Float32) {
+    detail::widen_into(keep, t, /*accumulate=*/false);
+  } else {
+    detail::convert_between(keep, t);
+  }
 }
 
 // The weight as a call reads it: w itself, or for channels-last data its [O, KH, KW, C]
@@ -639,7 +667,7 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
   Tensor x16, w16, y16, w_last;
   const void* px = detail::compute_operand(x, p.compute, x16);
   const void* pw = detail::compute_operand(weights_for(w, p, w_last), p.compute, w16);
-  void* py = output_in(y, p.compute, y16);
+  void* py = output_in(y, p.compute, y16);  // y16: a scratch in the compute type, if any
   const ConvCall what{dir, s, p};
   const float one = 1.0f, zero = 0.0f;
   if (!ran_on_graph_api(device, what, px, pw, py, zero)) {
@@ -653,14 +681,26 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
                                               ws_bytes, &zero, plan.y.get(), py);
              });
   }
-  if (y16.defined()) detail::widen_into(y16, y, /*accumulate=*/false);
-  if (b.defined()) {
-    // y += b broadcast over n, h, w, in float32.
+  // y += b broadcast over n, h, w, in float32.
+  const auto add_bias = [&](Tensor& y32) {
     const BiasDescriptors& d = bias_descriptors(what);
     MTRAIN_CUDNN_CHECK(cudnnAddTensor(cuda::cudnn_handle(device), &one, d.bias.get(), b.raw_data(), &one,
-                                      d.y.get(), y.raw_data()),
+                                      d.y.get(), y32.raw_data()),
                        what.str());
+  };
+  if (!b.defined() || y.dtype() == DType::Float32) {
+    finish_output(y16, y);
+    if (b.defined()) add_bias(y);
+    return;
   }
+  // A 16-bit y with a bias: the sum in a float32 copy (the float32 scratch itself when
+  // the compute type is float32), rounded once into y. Only convolutions that keep their
+  // bias come here (MTRAIN_SPEEDUPS=skip-conv-bias drops it before a batch norm), so the
+  // extra passes over y are left as they are.
+  const Tensor& conv_out = y16.defined() ? y16 : y;
+  Tensor y32 = detail::in_dtype(conv_out, DType::Float32);
+  add_bias(y32);
+  detail::convert_between(y32, y);
 }
 
 void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
@@ -669,7 +709,7 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
   // The GPU checks key on the first tensor's device, which for this op is dy's.
   MTRAIN_CHECK(dy.defined() && dy.device().is_cuda(), "{}: dy must be a GPU tensor, found {}",
                op_name(dir), dy.str());
-  check_on(op_name(dir), "dx", dx, dy.device());
+  check_activation(op_name(dir), "dx", dx, dy.device());
   const ConvShape s = conv_shape(op_name(dir), "dx", dx, w, "dy", dy, p);
   check_compute(op_name(dir), p.compute);
   const int device = dx.device().index;
@@ -697,7 +737,7 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
                    plan.x.get(), pdx);
              });
   }
-  if (dx16.defined()) detail::widen_into(dx16, dx, /*accumulate=*/false);
+  finish_output(dx16, dx);
 }
 
 void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db,
@@ -744,9 +784,13 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tens
   if (dw16.defined()) detail::widen_into(dw16, dw_out, accumulate_out);
   if (p.channels_last) put_weight_gradient(dw_last, dw, accumulate);
   if (db.defined()) {
-    // From the float32 dy, as the linear layers' bias gradient.
+    // From the float32 dy, as the linear layers' bias gradient. A 16-bit dy is widened
+    // into a float32 copy (the one compute_operand made when the compute type is float32);
+    // only convolutions that keep their bias come here (MTRAIN_SPEEDUPS=skip-conv-bias
+    // drops it before a batch norm).
+    const Tensor dy32 = detail::in_dtype(dy16.defined() && dy16.dtype() == DType::Float32 ? dy16 : dy, DType::Float32);
     const BiasDescriptors& d = bias_descriptors(what);
-    MTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardBias(cuda::cudnn_handle(device), &one, d.y.get(), dy.raw_data(),
+    MTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardBias(cuda::cudnn_handle(device), &one, d.y.get(), dy32.raw_data(),
                                                     &beta, d.bias.get(), db.raw_data()),
                        what.str());
   }

@@ -2,14 +2,18 @@
 // [Kernel dispatch] in tensor/ops.cpp). One grid-stride kernel template applies a
 // per-element functor; it moves four floats per load and store (float4) when every
 // pointer is 16-byte aligned, which tensors fresh from the allocator are and views at
-// odd offsets may not be.
+// odd offsets may not be. add, add_, relu_forward and relu_backward also take 16-bit
+// activations (Note [16-bit activations] in tensor/ops.h): map16_kernel loads each element
+// as float, applies the same functor, and rounds once to the storage type.
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/launch.cuh"
+#include "tensor/cuda/mixed_precision.h"
 #include "tensor/cuda/op_checks.h"
 #include "tensor/cuda/stream.h"
 #include "tensor/cuda_ops.h"
@@ -66,6 +70,42 @@ void launch_map(Device device, Op op, const float* a, const float* b, float* out
   const int64_t items = vectorized ? (n + 3) / 4 : n;
   map_kernel<kInputs><<<detail::grid_for(items), kThreads, 0, detail::stream_for(device.index)>>>(
       op, a, b, out, n, vectorized);
+  MTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+// map_kernel for 16-bit storage T (__nv_bfloat16 or __half): a scalar grid-stride loop,
+// each element widened to float, `op` applied in float, the result rounded to T once.
+template <int kInputs, class T, class Op>
+__global__ void map16_kernel(Op op, const T* a, const T* b, T* out, int64_t n) {
+  for (int64_t i = detail::global_thread_index(); i < n; i += detail::grid_stride()) {
+    if constexpr (kInputs == 2) {
+      out[i] = detail::store_as<T>(op(detail::load_float(a[i]), detail::load_float(b[i])));
+    } else {
+      out[i] = detail::store_as<T>(op(detail::load_float(a[i])));
+    }
+  }
+}
+
+// out = op(a[, b]) over tensors of one activation dtype `dtype` (checked by the caller):
+// launch_map for float32, map16_kernel for the 16-bit types.
+template <int kInputs, class Op>
+void map_activations(Device device, DType dtype, Op op, const Tensor& a, const Tensor* b, Tensor& out) {
+  const int64_t n = out.numel();
+  if (dtype == DType::Float32) {
+    launch_map<kInputs>(device, op, a.data<float>(), b != nullptr ? b->data<float>() : nullptr,
+                        out.data<float>(), n);
+    return;
+  }
+  if (n == 0) return;
+  cuda::DeviceGuard guard(device.index);
+  detail::with_storage(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (!std::is_same_v<T, float>) {
+      map16_kernel<kInputs><<<detail::grid_for(n), kThreads, 0, detail::stream_for(device.index)>>>(
+          op, detail::storage_data<T>(a), b != nullptr ? detail::storage_data<T>(*b) : nullptr,
+          detail::storage_data<T>(out), n);
+    }
+  });
   MTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -184,17 +224,18 @@ struct HardswishBackward {
 }  // namespace
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
-  const Device device = first_gpu("add", "a", a);
-  check_on_shape("add", "b", b, device, a.shape());
-  check_on_shape("add", "out", out, device, a.shape());
-  launch_map<2>(device, Add{}, a.data<float>(), b.data<float>(), out.data<float>(), a.numel());
+  const DType t = detail::activation_dtype("add", {{"a", &a}, {"b", &b}, {"out", &out}});
+  const Device device = first_gpu("add", "a", a, t);
+  check_on_shape("add", "b", b, device, a.shape(), t);
+  check_on_shape("add", "out", out, device, a.shape(), t);
+  map_activations<2>(device, t, Add{}, a, &b, out);
 }
 
 void add_(Tensor& out, const Tensor& a, float alpha) {
-  const Device device = first_gpu("add_", "out", out);
-  check_on_shape("add_", "a", a, device, out.shape());
-  float* po = out.data<float>();
-  launch_map<2>(device, AddScaled{alpha}, po, a.data<float>(), po, out.numel());
+  const DType t = detail::activation_dtype("add_", {{"out", &out}, {"a", &a}});
+  const Device device = first_gpu("add_", "out", out, t);
+  check_on_shape("add_", "a", a, device, out.shape(), t);
+  map_activations<2>(device, t, AddScaled{alpha}, out, &a, out);
 }
 
 void scale_(Tensor& x, float alpha) {
@@ -204,17 +245,18 @@ void scale_(Tensor& x, float alpha) {
 }
 
 void relu_forward(const Tensor& x, Tensor& y) {
-  const Device device = first_gpu("relu_forward", "x", x);
-  check_on_shape("relu_forward", "y", y, device, x.shape());
-  launch_map<1>(device, Relu{}, x.data<float>(), nullptr, y.data<float>(), x.numel());
+  const DType t = detail::activation_dtype("relu_forward", {{"x", &x}, {"y", &y}});
+  const Device device = first_gpu("relu_forward", "x", x, t);
+  check_on_shape("relu_forward", "y", y, device, x.shape(), t);
+  map_activations<1>(device, t, Relu{}, x, nullptr, y);
 }
 
 void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  const Device device = first_gpu("relu_backward", "y", y);
-  check_on_shape("relu_backward", "dy", dy, device, y.shape());
-  check_on_shape("relu_backward", "dx", dx, device, y.shape());
-  launch_map<2>(device, ReluBackward{}, y.data<float>(), dy.data<float>(), dx.data<float>(),
-                y.numel());
+  const DType t = detail::activation_dtype("relu_backward", {{"y", &y}, {"dy", &dy}, {"dx", &dx}});
+  const Device device = first_gpu("relu_backward", "y", y, t);
+  check_on_shape("relu_backward", "dy", dy, device, y.shape(), t);
+  check_on_shape("relu_backward", "dx", dx, device, y.shape(), t);
+  map_activations<2>(device, t, ReluBackward{}, y, &dy, dx);
 }
 
 void sigmoid_forward(const Tensor& x, Tensor& y) {

@@ -100,6 +100,31 @@ void widen_into(const Tensor& src, Tensor& dst, bool accumulate) {
   MTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
+void convert_between(const Tensor& src, Tensor& dst) {
+  MTRAIN_CHECK(src.defined() && dst.defined() && src.device() == dst.device() && src.device().is_cuda() &&
+                   src.numel() == dst.numel() && is_activation_dtype(src.dtype()) &&
+                   is_activation_dtype(dst.dtype()),
+               "convert_between: expected two float32 / bfloat16 / float16 tensors of equal size on one GPU, "
+               "found {} and {}", src.defined() ? src.str() : "undefined", dst.defined() ? dst.str() : "undefined");
+  cuda::DeviceGuard guard(src.device().index);
+  if (src.dtype() == dst.dtype()) {
+    dst.copy_(src);
+  } else if (src.dtype() == DType::Float32 || dst.dtype() == DType::Float32) {
+    convert(src, dst);
+  } else {
+    Tensor wide = Tensor::empty(src.shape(), DType::Float32, src.device());
+    widen_into(src, wide, /*accumulate=*/false);
+    convert(wide, dst);
+  }
+}
+
+Tensor in_dtype(const Tensor& t, DType to) {
+  if (t.dtype() == to) return t;
+  Tensor out = Tensor::empty(t.shape(), to, t.device());
+  convert_between(t, out);
+  return out;
+}
+
 }  // namespace detail
 
 void convert(const Tensor& src, Tensor& dst) {

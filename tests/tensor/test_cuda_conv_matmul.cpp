@@ -629,6 +629,89 @@ TEST_CASE("16-bit convolutions on cuDNN match the CPU's float32 kernels on round
   }
 }
 
+// Note [16-bit activations] in tensor/ops.h: x, y, dy and dx stored in 16 bits, with each
+// compute type, on the CUDA entries directly (whatever the dispatch does). The reference
+// is the dispatcher's fallback: the same GPU convolutions on float32 copies of the same
+// values, their y and dx then rounded to 16 bits. Both hand cuDNN the same operands in the
+// compute type under one plan (its key has no storage type), so with deterministic
+// algorithms the bits agree; otherwise a split reduction may add its partial results in
+// another order, and the bound of the test above applies.
+namespace {
+
+Tensor converted(const Tensor& t, DType to) {  // on the CPU
+  Tensor out = Tensor::empty(t.shape(), to);
+  ops::convert(host(t), out);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("convolutions on 16-bit activations equal the float32 ones rounded", "[cuda][storage16]") {
+  require_gpu();
+  struct Mode {
+    bool deterministic, graph_api;
+  };
+  for (const Mode mode : {Mode{true, false}, Mode{true, true}, Mode{false, false}}) {
+    NumericsOptions o = exact_float32(/*benchmark=*/false, mode.deterministic);
+    o.cudnn_graph_api = mode.graph_api;
+    NumericsScope scope(o);
+    for (const DType storage : {DType::BFloat16, DType::Float16}) {
+      for (const DType compute : {DType::Float32, DType::BFloat16, DType::Float16}) {
+        INFO("storage " << dtype_name(storage) << ", compute " << dtype_name(compute) << ", deterministic "
+                        << mode.deterministic << ", graph API " << mode.graph_api);
+        if (!cuda_ops::compute_dtype_supported(compute, kGpu) || !cuda_ops::compute_dtype_supported(storage, kGpu)) {
+          continue;
+        }
+        const double rtol = storage == DType::BFloat16 || compute == DType::BFloat16 ? 1.0 / 128 : 1.0 / 1024;
+        uint32_t seed = 1600;
+        for (const ConvCase& k : conv_cases()) {
+          INFO("case: " << k.name);
+          ConvCase kc = k;
+          kc.p.compute = compute;
+          ConvInputs r = conv_inputs(k, seed += 10);
+          r.x = converted(converted(r.x, storage), DType::Float32);
+          r.dy = converted(converted(r.dy, storage), DType::Float32);
+          const ConvOutputs ref = run_conv(kc, r, kGpu);
+          const Tensor x16 = converted(r.x, storage).to(kGpu), dy16 = converted(r.dy, storage).to(kGpu);
+          const Tensor w = r.w.to(kGpu), b = k.bias ? r.b.to(kGpu) : Tensor();
+          ConvOutputs got;
+          got.y = converted(Tensor::full(output_shape(k), NAN), storage).to(kGpu);
+          cuda_ops::conv2d_forward(x16, w, b, got.y, kc.p);
+          got.dx = converted(Tensor::full(r.x.shape(), NAN), storage).to(kGpu);
+          cuda_ops::conv2d_backward_data(dy16, w, got.dx, kc.p);
+          got.dw = poisoned(w.shape(), kGpu);
+          got.db = poisoned({k.o}, kGpu);
+          cuda_ops::conv2d_backward_weights(x16, dy16, got.dw, got.db, kc.p, /*accumulate=*/false);
+          got.dw_acc = r.dw0.to(kGpu);
+          got.db_acc = r.db0.to(kGpu);
+          cuda_ops::conv2d_backward_weights(x16, dy16, got.dw_acc, got.db_acc, kc.p, /*accumulate=*/true);
+          const Tensor ref_y = converted(ref.y, storage), ref_dx = converted(ref.dx, storage);
+          if (mode.deterministic) {
+            CHECK(bitwise_equal(got.y, ref_y));
+            CHECK(bitwise_equal(got.dx, ref_dx));
+            CHECK(bitwise_equal(got.dw, ref.dw));
+            CHECK(bitwise_equal(got.db, ref.db));
+            CHECK(bitwise_equal(got.dw_acc, ref.dw_acc));
+            CHECK(bitwise_equal(got.db_acc, ref.db_acc));
+            continue;
+          }
+          ConvInputs a;
+          a.x = magnitude(r.x), a.w = magnitude(r.w), a.b = magnitude(r.b), a.dy = magnitude(r.dy);
+          a.dw0 = magnitude(r.dw0), a.db0 = magnitude(r.db0);
+          const ConvOutputs scale = run_conv(k, a, Device::cpu());
+          const auto wide = [](const Tensor& t) { return converted(t, DType::Float32); };
+          require_within_magnitude(wide(got.y), wide(ref_y), scale.y, rtol);
+          require_within_magnitude(wide(got.dx), wide(ref_dx), scale.dx, rtol);
+          require_within_magnitude(host(got.dw), host(ref.dw), scale.dw, rtol);
+          require_within_magnitude(host(got.dw_acc), host(ref.dw_acc), scale.dw_acc, rtol);
+          require_close(host(got.db), host(ref.db), kAtol, kRtol);
+          require_close(host(got.db_acc), host(ref.db_acc), kAtol, kRtol);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("16-bit linear layers on cuBLAS match the CPU's 16-bit linear layers") {
   require_gpu();
   NumericsScope scope(exact_float32());

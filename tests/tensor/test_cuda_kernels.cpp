@@ -544,6 +544,170 @@ TEST_CASE("GPU batch norm checks devices and shapes", "[cuda][batchnorm]") {
   CHECK_THROWS_AS(ops::batchnorm_apply(gx, gvar, gvar, host_gamma, Tensor(), gy), InternalError);
 }
 
+// ---- 16-bit activations ------------------------------------------------------------------
+// Note [16-bit activations] in tensor/ops.h: the GPU entries below read and write bfloat16
+// or float16 activations themselves. The reference is what the dispatcher's fallback
+// computes: the CPU's float32 op on the same (16-bit) values, its result rounded to 16
+// bits. The entries are called directly (cuda_ops::), whatever the dispatch does.
+
+namespace {
+
+// `t` (on the CPU) converted to `to` (float32 <-> 16-bit) on the CPU.
+Tensor converted(const Tensor& t, DType to) {
+  Tensor out = Tensor::empty(t.shape(), to);
+  ops::convert(t, out);
+  return out;
+}
+
+// Values rounded to a 16-bit `storage` type: `wide`, them in float32 on the CPU (the
+// reference's input), `gpu`, them in `storage` on the GPU.
+struct Stored {
+  Tensor wide, gpu;
+};
+
+Stored stored(const Tensor& values, DType storage) {
+  const Tensor half = converted(values, storage);
+  return {converted(half, DType::Float32), on_gpu(half)};
+}
+
+// A GPU output in `storage`, NaN until written.
+Tensor nan_output(const Shape& shape, DType storage) { return on_gpu(converted(Tensor::full(shape, NAN), storage)); }
+
+// The 16-bit GPU result equals the CPU's float32 result rounded to its type, bit for bit.
+void require_rounded(const Tensor& gpu16, const Tensor& cpu32) {
+  require_same_bits(gpu16, converted(cpu32, gpu16.dtype()));
+}
+
+}  // namespace
+
+TEST_CASE("GPU add, add_ and ReLU on 16-bit activations equal the CPU's float32 ops rounded", "[cuda][storage16]") {
+  require_gpu();
+  const DType storage = GENERATE(DType::BFloat16, DType::Float16);
+  const int64_t n = GENERATE(0, 1, 1027, (1 << 20) + 5);
+  CAPTURE(dtype_name(storage), n);
+  const Stored a = stored(random_tensor({n}, 71, -2.0f, 2.0f), storage);
+  const Stored b = stored(random_tensor({n}, 72, -2.0f, 2.0f), storage);
+
+  Tensor sum = Tensor::empty({n}), gsum = nan_output({n}, storage);
+  ops::add(a.wide, b.wide, sum);
+  cuda_ops::add(a.gpu, b.gpu, gsum);
+  require_rounded(gsum, sum);
+  Tensor acc = a.wide.clone(), gacc = on_gpu(on_cpu(a.gpu));  // in place, as ops.h allows
+  ops::add_(acc, b.wide, -0.37f);
+  cuda_ops::add_(gacc, b.gpu, -0.37f);
+  require_rounded(gacc, acc);
+
+  Tensor relu = Tensor::empty({n}), grelu = nan_output({n}, storage);
+  ops::relu_forward(a.wide, relu);
+  cuda_ops::relu_forward(a.gpu, grelu);
+  require_rounded(grelu, relu);
+  Tensor drelu = Tensor::empty({n}), gdrelu = nan_output({n}, storage);
+  ops::relu_backward(a.wide, b.wide, drelu);  // a as the ReLU's output: negatives mask too
+  cuda_ops::relu_backward(a.gpu, b.gpu, gdrelu);
+  require_rounded(gdrelu, drelu);
+}
+
+TEST_CASE("GPU batch norm on 16-bit activations equals the CPU's float32 batch norm rounded", "[cuda][storage16]") {
+  require_gpu();
+  const DType storage = GENERATE(DType::BFloat16, DType::Float16);
+  const Shape shape = GENERATE(Shape{4, 3, 5, 7}, Shape{16, 64, 28, 28}, Shape{1, 2, 150, 151}, Shape{37, 11},
+                               Shape{5000, 3}, Shape{0, 3, 4, 4});
+  const bool one_pass = GENERATE(false, true);
+  CAPTURE(dtype_name(storage), shape_str(shape), one_pass);
+  cuda_ops::NumericsOptions numerics = cuda_ops::numerics();
+  numerics.batchnorm_one_pass = one_pass;
+  const testing::NumericsScope scope(numerics);
+  const int64_t c = shape[1];
+  const Stored x = stored(random_tensor(shape, 73, -2.0f, 3.0f), storage);
+  const Stored dy = stored(random_tensor(shape, 74), storage);
+  const Stored residual = stored(random_tensor(shape, 75), storage);
+  const auto gpu_channels = [&] { return Tensor::full({c}, NAN).to(kGpu); };
+
+  // Statistics (float32) of the same values: double sums in another order, as in "GPU
+  // batch norm equals the CPU's".
+  Tensor mean = Tensor::empty({c}), var = Tensor::empty({c}), gmean = gpu_channels(), gvar = gpu_channels();
+  ops::batchnorm_stats(x.wide, mean, var);
+  cuda_ops::batchnorm_stats(x.gpu, gmean, gvar);
+  require_near(gmean, mean, 1e-9, 1e-6);
+  require_near(gvar, var, 1e-9, 1e-6);
+
+  // The elementwise halves from identical per-channel inputs: exact after rounding.
+  Tensor invstd = Tensor::empty({c});
+  for (int64_t i = 0; i < c; ++i) {
+    invstd.data<float>()[i] = static_cast<float>(1.0 / std::sqrt(var.data<float>()[i] + 1e-5));
+  }
+  const Tensor gamma = random_tensor({c}, 76, 0.5f, 1.5f), beta = random_tensor({c}, 77);
+  const Tensor gm = on_gpu(mean), gi = on_gpu(invstd), gg = on_gpu(gamma), gb = on_gpu(beta);
+  Tensor y = Tensor::empty(shape), gy = nan_output(shape, storage);
+  ops::batchnorm_apply(x.wide, mean, invstd, gamma, beta, y);
+  cuda_ops::batchnorm_apply(x.gpu, gm, gi, gg, gb, gy);
+  require_rounded(gy, y);
+  Tensor yr = Tensor::empty(shape), gyr = nan_output(shape, storage);
+  ops::batchnorm_apply_relu(x.wide, mean, invstd, gamma, beta, Tensor(), yr);
+  cuda_ops::batchnorm_apply_relu(x.gpu, gm, gi, gg, gb, Tensor(), gyr);
+  require_rounded(gyr, yr);
+  ops::batchnorm_apply_relu(x.wide, mean, invstd, gamma, beta, residual.wide, yr);
+  cuda_ops::batchnorm_apply_relu(x.gpu, gm, gi, gg, gb, residual.gpu, gyr);
+  require_rounded(gyr, yr);
+  const Stored relu_out = stored(yr, storage);  // the fused ReLU's 16-bit output
+
+  // Gradient sums (float32): as the statistics.
+  Tensor sum_dy = Tensor::empty({c}), sum_dy_xmu = Tensor::empty({c});
+  Tensor gsum_dy = gpu_channels(), gsum_dy_xmu = gpu_channels();
+  ops::batchnorm_backward_reduce(dy.wide, x.wide, mean, sum_dy, sum_dy_xmu);
+  cuda_ops::batchnorm_backward_reduce(dy.gpu, x.gpu, gm, gsum_dy, gsum_dy_xmu);
+  require_near(gsum_dy, sum_dy, 1e-6, 1e-6);
+  require_near(gsum_dy_xmu, sum_dy_xmu, 1e-6, 1e-6);
+  Tensor rsum_dy = Tensor::empty({c}), rsum_dy_xmu = Tensor::empty({c});
+  ops::batchnorm_backward_reduce_relu(dy.wide, relu_out.wide, x.wide, mean, rsum_dy, rsum_dy_xmu);
+  cuda_ops::batchnorm_backward_reduce_relu(dy.gpu, relu_out.gpu, x.gpu, gm, gsum_dy, gsum_dy_xmu);
+  require_near(gsum_dy, rsum_dy, 1e-6, 1e-6);
+  require_near(gsum_dy_xmu, rsum_dy_xmu, 1e-6, 1e-6);
+
+  // The backward applies from the CPU's sums on both sides: exact after rounding.
+  const int64_t area = shape.size() == 4 ? shape[2] * shape[3] : 1;
+  const double count = static_cast<double>(std::max<int64_t>(shape[0] * area, 1));
+  Tensor dx = Tensor::empty(shape), gdx = nan_output(shape, storage);
+  ops::batchnorm_backward_apply(dy.wide, x.wide, mean, invstd, gamma, sum_dy, sum_dy_xmu, count, dx);
+  cuda_ops::batchnorm_backward_apply(dy.gpu, x.gpu, gm, gi, gg, on_gpu(sum_dy), on_gpu(sum_dy_xmu), count, gdx);
+  require_rounded(gdx, dx);
+  Tensor dmasked = Tensor::empty(shape), gdmasked = nan_output(shape, storage);
+  ops::batchnorm_backward_apply_relu(dy.wide, relu_out.wide, x.wide, mean, invstd, gamma, rsum_dy, rsum_dy_xmu, count,
+                                     dx, dmasked);
+  cuda_ops::batchnorm_backward_apply_relu(dy.gpu, relu_out.gpu, x.gpu, gm, gi, gg, on_gpu(rsum_dy),
+                                          on_gpu(rsum_dy_xmu), count, gdx, gdmasked);
+  require_rounded(gdx, dx);
+  require_rounded(gdmasked, dmasked);
+}
+
+TEST_CASE("GPU activations of mixed dtypes are internal errors", "[cuda][storage16]") {
+  require_gpu();
+  const Tensor a16 = on_gpu(converted(random_tensor({64}, 78), DType::BFloat16));
+  const Tensor a32 = on_gpu(random_tensor({64}, 79));
+  Tensor out16 = Tensor::empty({64}, DType::BFloat16, kGpu), out32 = Tensor::empty({64}, DType::Float32, kGpu);
+  CHECK_THROWS_AS(cuda_ops::add(a16, a32, out16), InternalError);
+  CHECK_THROWS_WITH(cuda_ops::add(a16, a32, out16),
+                    Catch::Contains("add") && Catch::Contains("a bfloat16") && Catch::Contains("b float32"));
+  CHECK_THROWS_AS(cuda_ops::add_(out16, a32, 1.0f), InternalError);
+  CHECK_THROWS_AS(cuda_ops::relu_forward(a16, out32), InternalError);
+  Tensor half = Tensor::empty({64}, DType::Float16, kGpu);
+  CHECK_THROWS_AS(cuda_ops::relu_backward(a16, a16, half), InternalError);
+  Tensor ints = Tensor::zeros({64}, DType::Int32, kGpu);
+  CHECK_THROWS_AS(cuda_ops::relu_forward(ints, ints), InternalError);
+
+  const Tensor x16 = on_gpu(converted(random_tensor({2, 3, 4, 4}, 80), DType::BFloat16));
+  const Tensor mean = on_gpu(random_tensor({3}, 81)), invstd = on_gpu(random_tensor({3}, 82, 0.5f, 2.0f));
+  Tensor y32 = Tensor::empty({2, 3, 4, 4}, DType::Float32, kGpu);
+  Tensor y16 = Tensor::empty({2, 3, 4, 4}, DType::BFloat16, kGpu);
+  CHECK_THROWS_WITH(cuda_ops::batchnorm_apply(x16, mean, invstd, Tensor(), Tensor(), y32),
+                    Catch::Contains("batchnorm_apply") && Catch::Contains("y float32"));
+  // The per-channel tensors stay float32.
+  const Tensor mean16 = on_gpu(converted(random_tensor({3}, 83), DType::BFloat16));
+  CHECK_THROWS_AS(cuda_ops::batchnorm_apply(x16, mean16, invstd, Tensor(), Tensor(), y16), InternalError);
+  Tensor sum_dy = Tensor::empty({3}, DType::Float32, kGpu), sum_dy_xmu = Tensor::empty({3}, DType::Float32, kGpu);
+  CHECK_THROWS_AS(cuda_ops::batchnorm_backward_reduce(y32, x16, mean, sum_dy, sum_dy_xmu), InternalError);
+}
+
 // ---- loss -------------------------------------------------------------------------------
 
 TEST_CASE("GPU cross_entropy and count_correct equal the CPU's", "[cuda][loss]") {
