@@ -20,6 +20,7 @@ constexpr Switch kSwitches[] = {
     {"skip-conv-bias", &Speedups::skip_conv_bias},
     {"fresh-grads", &Speedups::fresh_grads},
     {"cudnn-graph", &Speedups::cudnn_graph},
+    {"amp-activations", &Speedups::amp_activations},
 };
 
 constexpr const char* kVariable = "MTRAIN_SPEEDUPS";

@@ -23,8 +23,9 @@ struct Speedups {
   bool skip_conv_bias = false;  // a convolution before a batch norm adds no bias
   bool fresh_grads = false;     // the first gradient write of a step overwrites (cuDNN beta 0)
   bool cudnn_graph = false;     // convolutions on cuDNN's graph API where it has an engine
+  bool amp_activations = false;  // under --amp, activations between layers in 16 bits
 
-  bool any() const { return fused_bn || skip_conv_bias || fresh_grads || cudnn_graph; }
+  bool any() const { return fused_bn || skip_conv_bias || fresh_grads || cudnn_graph || amp_activations; }
   // "fused-bn, skip-conv-bias", or "none".
   std::string str() const;
   bool operator==(const Speedups&) const = default;

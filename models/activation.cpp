@@ -20,8 +20,8 @@ Shape shape_of(const Tensor& t) { return t.defined() ? t.shape() : Shape{}; }
 }  // namespace
 
 Tensor ReLU::forward(const Tensor& x) {
-  check_float_input("ReLU", x);
-  output_ = Tensor::empty(x.shape(), DType::Float32, x.device());
+  detail::check_floating("ReLU", x);
+  output_ = Tensor::empty(x.shape(), x.dtype(), x.device());
   ops::relu_forward(x, output_);
   return output_;
 }
@@ -29,7 +29,7 @@ Tensor ReLU::forward(const Tensor& x) {
 Tensor ReLU::backward(const Tensor& dy) {
   detail::check_output_grad("ReLU", dy, shape_of(output_));
   detail::check_output_grad_device("ReLU", dy, output_.device());
-  Tensor dx = Tensor::empty(dy.shape(), DType::Float32, dy.device());
+  Tensor dx = Tensor::empty(dy.shape(), output_.dtype(), dy.device());
   ops::relu_backward(output_, dy, dx);
   output_ = Tensor();  // Note [Saved tensors die with backward] (module.cpp)
   return dx;

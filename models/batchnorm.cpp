@@ -116,7 +116,7 @@ Tensor BatchNorm2d::run_forward(const Tensor& input, const Tensor& residual_inpu
     invstd_ = inverse_std(running_var_, eps_);
     count_ = 0;
   }
-  Tensor y = Tensor::empty(x.shape(), DType::Float32, x.device());
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (output == Output::Plain) {
     ops::batchnorm_apply(x, mean_, invstd_, weight_.value, bias_.value, y);
     output_ = Tensor();
@@ -203,9 +203,9 @@ Tensor BatchNorm2d::run_backward(const Tensor& output_grad, Tensor* dresidual) {
     sum_dy_xmu.zero_();
     count = 1.0;
   }
-  Tensor dx = Tensor::empty(input_.shape(), DType::Float32, device);
+  Tensor dx = Tensor::empty(input_.shape(), input_.dtype(), device);
   if (masked) {
-    if (dresidual != nullptr) *dresidual = Tensor::empty(input_.shape(), DType::Float32, device);
+    if (dresidual != nullptr) *dresidual = Tensor::empty(input_.shape(), input_.dtype(), device);
     Tensor no_residual;
     ops::batchnorm_backward_apply_relu(dy, output_, input_, mean_, invstd_, weight_.value, sum_dy,
                                        sum_dy_xmu, count, dx,

@@ -84,7 +84,7 @@ Tensor Conv2d::forward(const Tensor& input) {
                                       shape_str(input.shape())));
   }
   const int64_t n = x.size(0), o = options_.out_channels;
-  Tensor y = Tensor::empty(last ? Shape{n, oh, ow, o} : Shape{n, o, oh, ow}, DType::Float32, x.device());
+  Tensor y = Tensor::empty(last ? Shape{n, oh, ow, o} : Shape{n, o, oh, ow}, activation_dtype_, x.device());
   ops::conv2d_forward(x, weight_.value, bias_skipped_ ? Tensor() : bias_.value, y, geometry_);
   input_ = x;
   output_shape_ = y.shape();
@@ -106,7 +106,7 @@ Tensor Conv2d::backward(const Tensor& dy) {
   notify_grad_ready(weight_);
   Tensor dx;
   if (input_grad_needed()) {
-    dx = Tensor::empty(input_.shape(), DType::Float32, input_.device());
+    dx = Tensor::empty(input_.shape(), input_.dtype(), input_.device());
     ops::conv2d_backward_data(dy, weight_.value, dx, geometry_);
     if (nchw_input_) dx = channels_first_copy(dx);
   }

@@ -45,6 +45,11 @@ class Conv2d : public Module {
   // The type the convolution multiplies in (Note [Mixed precision] in mixed_precision.cpp).
   void set_compute_dtype(DType compute) { geometry_.compute = compute; }
   DType compute_dtype() const { return geometry_.compute; }
+  // The type the output is stored in (Note [16-bit activations] in tensor/ops.h): float32, or
+  // under MTRAIN_SPEEDUPS=amp-activations the compute type. The input gradient takes the
+  // input's type, whatever this is.
+  void set_activation_dtype(DType storage) { activation_dtype_ = storage; }
+  DType activation_dtype() const { return activation_dtype_; }
   // Leaves the bias out of the output, for a batch norm after this layer that takes it
   // into account instead (Note [Conv bias before a batch norm] in models/rewrites.h): the
   // forward adds no bias, and a training backward leaves the bias gradient alone (its
@@ -67,6 +72,7 @@ class Conv2d : public Module {
   Parameter bias_;
   bool bias_skipped_ = false;
   bool nchw_input_ = false;
+  DType activation_dtype_ = DType::Float32;
   Tensor input_;       // cached for backward
   Shape output_shape_;
   bool forward_was_training_ = false;

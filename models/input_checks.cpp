@@ -5,16 +5,18 @@
 namespace mtrain::models::detail {
 
 namespace {
-void check_float(const std::string& layer, const Tensor& x) {
+bool floating(DType t) { return t == DType::Float32 || t == DType::BFloat16 || t == DType::Float16; }
+}  // namespace
+
+void check_floating(const std::string& layer, const Tensor& x) {
   if (!x.defined()) throw InvalidArgument(fmt::format("{}: input is an undefined tensor", layer));
-  if (x.dtype() != DType::Float32) {
+  if (!floating(x.dtype())) {
     throw InvalidArgument(fmt::format("{}: expected a float32 input, found {}", layer, x.str()));
   }
 }
-}  // namespace
 
 void check_image_batch(const std::string& layer, const Tensor& x, int64_t channels) {
-  check_float(layer, x);
+  check_floating(layer, x);
   if (x.ndim() != 4 || (channels >= 0 && x.size(1) != channels)) {
     const std::string c = channels >= 0 ? std::to_string(channels) : "C";
     throw InvalidArgument(fmt::format("{}: expected input [N, {}, H, W], found {}", layer, c,
@@ -23,7 +25,7 @@ void check_image_batch(const std::string& layer, const Tensor& x, int64_t channe
 }
 
 void check_image_batch_channels_last(const std::string& layer, const Tensor& x, int64_t channels) {
-  check_float(layer, x);
+  check_floating(layer, x);
   if (x.ndim() != 4 || (channels >= 0 && x.size(3) != channels)) {
     const std::string c = channels >= 0 ? std::to_string(channels) : "C";
     throw InvalidArgument(fmt::format("{}: expected a channels-last input [N, H, W, {}], found {}", layer, c,
@@ -32,7 +34,7 @@ void check_image_batch_channels_last(const std::string& layer, const Tensor& x, 
 }
 
 void check_matrix_batch(const std::string& layer, const Tensor& x, int64_t features) {
-  check_float(layer, x);
+  check_floating(layer, x);
   if (x.ndim() != 2 || x.size(1) != features) {
     throw InvalidArgument(fmt::format("{}: expected input [N, {}], found {}", layer, features,
                                       shape_str(x.shape())));
@@ -46,7 +48,7 @@ void check_output_grad(const std::string& layer, const Tensor& dy, const Shape& 
         "forward saved)",
         layer));
   }
-  if (!dy.defined() || dy.dtype() != DType::Float32 || dy.shape() != output_shape) {
+  if (!dy.defined() || !floating(dy.dtype()) || dy.shape() != output_shape) {
     throw InvalidArgument(fmt::format("{}: expected an output gradient float32 {}, found {}",
                                       layer, shape_str(output_shape),
                                       dy.defined() ? dy.str() : "an undefined tensor"));

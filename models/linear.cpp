@@ -46,7 +46,7 @@ Tensor Linear::backward(const Tensor& given) {
   detail::check_output_grad_device(description_, given, input_.device());
   const Tensor dy = given.view({input_.size(0), out_features_});
   // One kernel call produces dx, dw and db together; the hook fires right after it.
-  Tensor dx = input_grad_needed() ? Tensor::empty(input_.shape(), DType::Float32, input_.device())
+  Tensor dx = input_grad_needed() ? Tensor::empty(input_.shape(), input_.dtype(), input_.device())
                                   : Tensor();  // undefined: not computed
   // One flag covers both gradients (Note [Gradient accumulation in modules]).
   const bool weight_fresh = take_fresh(weight_);

@@ -1,8 +1,11 @@
 // Mixed precision (--amp): convolutions and linear layers multiply in a 16-bit type (bfloat16 or
-// float16) and accumulate in float32; parameters, gradients, batch norm, the loss and the
-// activations between layers stay float32 (Note [Mixed precision] in mixed_precision.cpp).
+// float16) and accumulate in float32; parameters, gradients, batch norm's arithmetic and the loss
+// stay float32, and so do the activations between layers unless set_activation_dtype stores them
+// in 16 bits (Note [Mixed precision] in mixed_precision.cpp).
 // float16 needs loss scaling (Note [Dynamic loss scaling] in trainer/loop/loss_scaler.cpp).
 #pragma once
+
+#include <string>
 
 #include "models/module.h"
 
@@ -12,5 +15,21 @@ namespace mtrain::models {
 // turns mixed precision off again) and returns how many layers it set. Call between steps,
 // from the thread that drives the model.
 int set_compute_dtype(Module& root, DType compute);
+
+// What set_activation_dtype did: how many convolutions now store their outputs in 16 bits,
+// or, with none, which layer keeps the model's activations float32.
+struct ActivationStorage {
+  int convolutions = 0;
+  std::string refused;  // "Dropout (features.3) takes float32 activations only"; empty if set
+};
+
+// Stores every Conv2d output of `root` in `storage` (BFloat16 or Float16; Float32 undoes it),
+// so that the batch norms, ReLUs, pools and residual adds after them run on 16-bit tensors and
+// every gradient takes its activation's type (Note [16-bit activations] in tensor/ops.h). Only
+// for a model made of layers that pass 16-bit activations on (Conv2d, BatchNorm2d and
+// SyncBatchNorm, ReLU, the pools, Flatten, Linear, Identity and the containers of the zoo);
+// any other layer leaves the model unchanged and is named in `refused`. Linear outputs stay
+// float32, so the loss sees float32 logits. Call between steps.
+ActivationStorage set_activation_dtype(Module& root, DType storage);
 
 }  // namespace mtrain::models

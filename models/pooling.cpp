@@ -46,17 +46,18 @@ MaxPool2d::MaxPool2d(const Pool2dOptions& options)
 
 Tensor MaxPool2d::forward(const Tensor& x) {
   const Shape out_shape = pooled_shape(description_, x, window_);
-  Tensor y = Tensor::empty(out_shape, DType::Float32, x.device());
+  Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
   argmax_ = Tensor::empty(out_shape, DType::Int32, x.device());
   ops::maxpool2d_forward(x, y, argmax_, window_);
   input_shape_ = x.shape();
+  input_dtype_ = x.dtype();
   return y;
 }
 
 Tensor MaxPool2d::backward(const Tensor& dy) {
   detail::check_output_grad(description_, dy, argmax_.defined() ? argmax_.shape() : Shape{});
   detail::check_output_grad_device(description_, dy, argmax_.device());
-  Tensor dx = Tensor::empty(input_shape_, DType::Float32, dy.device());
+  Tensor dx = Tensor::empty(input_shape_, input_dtype_, dy.device());
   ops::maxpool2d_backward(dy, argmax_, dx);
   argmax_ = Tensor();  // Note [Saved tensors die with backward] (module.cpp)
   return dx;
@@ -70,9 +71,10 @@ AvgPool2d::AvgPool2d(const Pool2dOptions& options)
 }
 
 Tensor AvgPool2d::forward(const Tensor& x) {
-  Tensor y = Tensor::empty(pooled_shape(description_, x, window_), DType::Float32, x.device());
+  Tensor y = Tensor::empty(pooled_shape(description_, x, window_), x.dtype(), x.device());
   ops::avgpool2d_forward(x, y, window_);
   input_shape_ = x.shape();
+  input_dtype_ = x.dtype();
   output_shape_ = y.shape();
   return y;
 }
@@ -80,7 +82,7 @@ Tensor AvgPool2d::forward(const Tensor& x) {
 Tensor AvgPool2d::backward(const Tensor& dy) {
   detail::check_output_grad(description_, dy, output_shape_);
   // Nothing saved but shapes: dx goes wherever dy is, and the kernel needs nothing else.
-  Tensor dx = Tensor::empty(input_shape_, DType::Float32, dy.device());
+  Tensor dx = Tensor::empty(input_shape_, input_dtype_, dy.device());
   ops::avgpool2d_backward(dy, dx, window_);
   output_shape_ = {};  // Note [Saved tensors die with backward] (module.cpp)
   return dx;
@@ -107,7 +109,7 @@ Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
                                       shape_str(x.shape())));
   }
   const int64_t c = channels_last_ ? x.size(3) : x.size(1);
-  Tensor y = Tensor::empty(channels_last_ ? Shape{x.size(0), 1, 1, c} : Shape{x.size(0), c, 1, 1}, DType::Float32,
+  Tensor y = Tensor::empty(channels_last_ ? Shape{x.size(0), 1, 1, c} : Shape{x.size(0), c, 1, 1}, x.dtype(),
                            x.device());
   if (channels_last_) {
     ops::global_avgpool_forward_channels_last(x, y);
@@ -115,13 +117,14 @@ Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
     ops::global_avgpool_forward(x, y);
   }
   input_shape_ = x.shape();
+  input_dtype_ = x.dtype();
   output_shape_ = y.shape();
   return y;
 }
 
 Tensor AdaptiveAvgPool2d::backward(const Tensor& dy) {
   detail::check_output_grad("AdaptiveAvgPool2d(1)", dy, output_shape_);
-  Tensor dx = Tensor::empty(input_shape_, DType::Float32, dy.device());
+  Tensor dx = Tensor::empty(input_shape_, input_dtype_, dy.device());
   if (channels_last_) {
     ops::global_avgpool_backward_channels_last(dy, dx);
   } else {

@@ -32,6 +32,7 @@ class MaxPool2d : public Module {
   ops::Pool2dParams window_;
   Tensor argmax_;  // Int32, shape of the output
   Shape input_shape_;
+  DType input_dtype_ = DType::Float32;
 };
 
 class AvgPool2d : public Module {
@@ -46,6 +47,7 @@ class AvgPool2d : public Module {
   std::string description_;
   ops::Pool2dParams window_;
   Shape input_shape_;
+  DType input_dtype_ = DType::Float32;
   Shape output_shape_;
 };
 
@@ -64,6 +66,7 @@ class AdaptiveAvgPool2d : public Module {
  private:
   bool channels_last_ = false;
   Shape input_shape_;
+  DType input_dtype_ = DType::Float32;
   Shape output_shape_;
 };
 

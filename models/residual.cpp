@@ -84,7 +84,7 @@ Tensor Residual::forward(const Tensor& x) {
   h = child(bn2_).forward(h);
   // A fresh sum rather than in place: the module in slot bn2 may keep its output (a
   // replacement is any Module) and x belongs to the caller.
-  Tensor sum = Tensor::empty(h.shape(), DType::Float32, h.device());
+  Tensor sum = Tensor::empty(h.shape(), h.dtype(), h.device());
   ops::add(h, shortcut, sum);
   return output_relu_.forward(sum);
 }
@@ -102,7 +102,7 @@ Tensor Residual::backward(const Tensor& dy) {
   dmain = child(conv2_).backward(dmain);
   if (!fused_) dmain = inner_relu_.backward(dmain);
   dmain = child(conv1_).backward(child(bn1_).backward(dmain));
-  Tensor total = Tensor::empty(dmain.shape(), DType::Float32, dmain.device());
+  Tensor total = Tensor::empty(dmain.shape(), dmain.dtype(), dmain.device());
   ops::add(dmain, dx, total);
   return total;
 }

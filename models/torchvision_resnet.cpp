@@ -58,7 +58,7 @@ Tensor ResNetBlock::forward(const Tensor& x) {
     throw InvalidArgument(fmt::format("ResNetBlock: main path gives {} but the shortcut gives {}",
                                       shape_str(h.shape()), shape_str(shortcut.shape())));
   }
-  Tensor sum = Tensor::empty(h.shape(), DType::Float32, h.device());
+  Tensor sum = Tensor::empty(h.shape(), h.dtype(), h.device());
   ops::add(h, shortcut, sum);
   return output_relu_.forward(sum);
 }
@@ -72,7 +72,7 @@ Tensor ResNetBlock::backward(const Tensor& dy) {
     if (i + 1 < convs_.size()) d = inner_relus_[i].backward(d);
     d = child(convs_[i]).backward(child(bns_[i]).backward(d));
   }
-  Tensor total = Tensor::empty(d.shape(), DType::Float32, d.device());
+  Tensor total = Tensor::empty(d.shape(), d.dtype(), d.device());
   ops::add(d, dshortcut, total);
   return total;
 }

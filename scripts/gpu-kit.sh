@@ -76,6 +76,7 @@ speedups-bf16       all              --amp bf16
 fp32-all            all              --channels-last --cuda-graphs
 fp32-all-benchmark  all              --channels-last --cuda-graphs --cudnn-benchmark
 best                all              --channels-last --cuda-graphs --cudnn-benchmark --amp bf16
+best-f32-acts       fused-bn,skip-conv-bias,fresh-grads,cudnn-graph --channels-last --cuda-graphs --cudnn-benchmark --amp bf16
 fused-bn            fused-bn         -
 skip-conv-bias      skip-conv-bias   -
 fresh-grads         fresh-grads      -

@@ -28,7 +28,7 @@ TEST_CASE("parse_speedups turns on the switches it names") {
   CHECK(Speedups{}.str() == "none");
   CHECK_THROWS_WITH(parse_speedups("fused-bn,cuda-graphs", source),
                     Catch::Contains("MTRAIN_SPEEDUPS") && Catch::Contains("'cuda-graphs'") &&
-                        Catch::Contains("fused-bn, skip-conv-bias, fresh-grads, cudnn-graph or all"));
+                        Catch::Contains("fused-bn, skip-conv-bias, fresh-grads, cudnn-graph, amp-activations or all"));
 }
 
 TEST_CASE("speedups_from_environment reads MTRAIN_SPEEDUPS") {

@@ -52,6 +52,7 @@
 
 #include "core/error.h"
 #include "models/layers.h"
+#include "models/mixed_precision.h"
 #include "models/optim.h"
 #include "models/zoo.h"
 #include "tensor/cuda_devices.h"
@@ -567,12 +568,14 @@ double largest_norm(const std::vector<Tensor>& tensors) {
 
 enum class GradientCheck { Elementwise, InNorm };
 
-// `rewrite` changes the GPU model's way of computing (models/rewrites.h), not its function.
+// `rewrite` changes the GPU model's way of computing (models/rewrites.h), not its function;
+// with `both`, the CPU model's too.
 void check_model_step(const std::string& name, int batch, GradientCheck how,
-                      const std::function<void(Module&)>& rewrite = {}) {
+                      const std::function<void(Module&)>& rewrite = {}, bool both = false) {
   std::mt19937_64 rng(7);
   auto pair = make_pair_of([&] { return build_model(name, 1, 10); }, 17);
   if (rewrite) rewrite(*pair.gpu);
+  if (rewrite && both) rewrite(*pair.cpu);
   const SgdOptions options{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f};
   Sgd cpu_opt(*pair.cpu, options), gpu_opt(*pair.gpu, options);
   std::vector<Tensor> before;
@@ -663,6 +666,21 @@ TEST_CASE("resnet18 with the speed switches and channels last on the GPU equals 
     use_channels_last(m);
   });
   require_gpu();  // back to the file's numerics
+}
+
+// Note [16-bit activations] in tensor/ops.h: the GPU's 16-bit kernels against the CPU's float32
+// kernels on widened copies, both models storing bfloat16 activations (compute float32, which
+// every CPU has).
+TEST_CASE("resnet18 with bfloat16 activations on the GPU equals the CPU's step", "[cuda][zoo][storage16]") {
+  require_gpu();
+  const auto narrow = [](Module& m) { CHECK(set_activation_dtype(m, DType::BFloat16).convolutions == 20); };
+  check_model_step("resnet18", 8, GradientCheck::InNorm, narrow, /*both=*/true);
+  check_model_step("resnet18", 8, GradientCheck::InNorm, [&](Module& m) {
+    fuse_batchnorm(m);
+    skip_conv_bias(m);
+    use_channels_last(m);
+    narrow(m);
+  }, /*both=*/true);
 }
 
 TEST_CASE("the per-channel batch-norm ops on the GPU equal the CPU's bit for bit",

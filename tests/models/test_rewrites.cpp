@@ -3,7 +3,8 @@
 // mode); skip_conv_bias changes them by float rounding only and leaves the skipped biases'
 // gradients exactly zero; use_channels_last keeps the function, to float rounding; and the
 // fresh-gradient mark (Parameter::grad_fresh) makes a layer's first write overwrite and its
-// next one add.
+// next one add; set_activation_dtype (models/mixed_precision.h) keeps the function to 16-bit
+// rounding.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 
 #include "core/error.h"
 #include "models/layers.h"
+#include "models/mixed_precision.h"
 #include "models/sync_batchnorm.h"
 #include "models/zoo.h"
 #include "tensor/ops.h"
@@ -355,4 +357,65 @@ TEST_CASE("a channels-last Flatten gives PyTorch's (c, h, w) order", "[channels_
   CHECK(same_bits(y_last, y_plain));
   CHECK(same_bits(dx_last, dx_plain));
   require_same_bits(*plain, *last);
+}
+
+// Note [16-bit activations] in tensor/ops.h, with the compute float32: the CPU has no bfloat16
+// convolutions to multiply in, and the storage is what is tested here (each op's arithmetic on
+// it: test_tensor_ops [storage16]). The outputs are compared, not the gradients: this little
+// resnet18 amplifies a perturbation of its activations ~1e4-fold into its gradients (one
+// float32 ulp moved them by 2e-3, above), so bfloat16 rounding alone moves them by tens of
+// percent; the GPU kernels are compared with these CPU ones on the same rounding instead
+// (test_models_cuda [storage16]).
+TEST_CASE("set_activation_dtype: resnet18 passes bfloat16 activations on, every gradient in its activation's type",
+          "[storage16]") {
+  std::mt19937_64 rng(17);
+  const Tensor x = uniform_tensor({8, 1, 28, 28}, rng);
+  const Tensor dy = uniform_tensor({8, 10}, rng);
+  const bool others = GENERATE(false, true);
+  CAPTURE(others);
+  auto plain = resnet18();
+  auto narrow = resnet18();
+  mtrain::testing::SoloGroup solo;
+  if (others) {
+    fuse_batchnorm(*narrow);
+    skip_conv_bias(*plain);
+    skip_conv_bias(*narrow);
+    convert_sync_batchnorm(*narrow, solo.group);
+    use_channels_last(*narrow);
+  }
+  const ActivationStorage storage = set_activation_dtype(*narrow, DType::BFloat16);
+  CHECK(storage.refused.empty());
+  CHECK(storage.convolutions == 20);
+  auto& stem = dynamic_cast<Conv2d&>(narrow->child(0).child(0));
+  const Tensor stem_out = stem.forward(x);
+  CHECK(stem_out.dtype() == DType::BFloat16);
+  stem.backward(Tensor::zeros(stem_out.shape(), DType::BFloat16));
+  for (int i = 0; i < 2; ++i) {
+    const auto [y_plain, dx_plain] = step(*plain, x, dy, 1e-4f);
+    const auto [y_narrow, dx_narrow] = step(*narrow, x, dy, 1e-4f);
+    CHECK(y_narrow.dtype() == DType::Float32);   // Linear's output, for the loss
+    CHECK(dx_narrow.dtype() == DType::Float32);  // the images' type
+    CHECK(relative_gap(y_narrow, y_plain) < 2e-2);
+    for_each_state(*plain, *narrow, [](const std::string& name, const Tensor& a, const Tensor& b) {
+      INFO(name);
+      CHECK(b.dtype() == a.dtype());  // parameters, their gradients and the statistics keep theirs
+      CHECK(b.shape() == a.shape());
+    });
+  }
+  narrow->eval();
+  plain->eval();
+  CHECK(relative_gap(narrow->forward(x), plain->forward(x)) < 2e-2);
+  // Float32 undoes it: a float32 output again.
+  CHECK(set_activation_dtype(*narrow, DType::Float32).convolutions == 20);
+  CHECK(stem.forward(x).dtype() == DType::Float32);
+}
+
+TEST_CASE("set_activation_dtype names the layer that takes float32 only and changes nothing", "[storage16]") {
+  auto odd = make_sequential(std::make_unique<Conv2d>(Conv2dOptions{.in_channels = 1, .out_channels = 2}),
+                             std::make_unique<Sigmoid>());
+  const ActivationStorage storage = set_activation_dtype(*odd, DType::BFloat16);
+  CHECK(storage.convolutions == 0);
+  CHECK_THAT(storage.refused, Catch::Contains("Sigmoid (1) takes float32 activations only"));
+  CHECK(dynamic_cast<Conv2d&>(odd->child(0)).activation_dtype() == DType::Float32);
+  CHECK_THROWS_AS(set_activation_dtype(*odd, DType::Int32), InvalidArgument);
 }

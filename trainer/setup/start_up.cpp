@@ -211,6 +211,23 @@ void apply_speedups(const Speedups& speedups, models::Module& model) {
   }
 }
 
+// MTRAIN_SPEEDUPS=amp-activations (Note [Mixed precision] in models/mixed_precision.cpp):
+// a switch, so a model or precision it does not apply to is a log line, not an error.
+void use_16bit_activations(const TrainOptions& o, const TrainingRun& run, models::Module& model) {
+  if (!run.plan.speedups.amp_activations) return;
+  if (run.plan.amp == DType::Float32) {
+    spdlog::info("speedup amp-activations: not used without --amp; the activations stay float32");
+    return;
+  }
+  const models::ActivationStorage storage = models::set_activation_dtype(model, run.plan.amp);
+  if (!storage.refused.empty()) {
+    spdlog::info("speedup amp-activations: not used: in model {}, {}", o.model, storage.refused);
+    return;
+  }
+  spdlog::info("speedup amp-activations: {} convolutions pass their outputs on as {}", storage.convolutions,
+               dtype_name(run.plan.amp));
+}
+
 // --channels-last (Note [Channels-last models] in models/rewrites.h).
 void use_channels_last(const TrainOptions& o, const TrainingRun& run, models::Module& model) {
   if (!o.channels_last) return;
@@ -256,6 +273,7 @@ void build_model(const TrainOptions& o, TrainingRun& run) {
   }
   if (run.plan.amp != DType::Float32) models::set_compute_dtype(model, run.plan.amp);
   apply_speedups(run.plan.speedups, model);
+  use_16bit_activations(o, run, model);
   use_channels_last(o, run, model);
   // Nothing uses the gradient of the images: the first layer skips computing it.
   model.set_input_grad_needed(false);

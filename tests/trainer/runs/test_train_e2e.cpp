@@ -232,6 +232,13 @@ TEST_CASE("MTRAIN_SPEEDUPS: fused-bn and fresh-grads train the same bits, skip-c
   CHECK(close.statistics < 1e-4);
   CHECK_FALSE(mtrain::testing::compare_weights(all, plain).identical());
 
+  {
+    // 16-bit activations belong to --amp, which this CPU (no bfloat16 convolutions) refuses.
+    const mtrain::testing::ScopedEnv env("MTRAIN_SPEEDUPS", "amp-activations");
+    const auto r = train({"--model", "mlp", "--max-steps", "1"});
+    require_success(r);
+    CHECK_THAT(r.out + r.err, Contains("speedup amp-activations: not used without --amp"));
+  }
   const mtrain::testing::ScopedEnv bad("MTRAIN_SPEEDUPS", "fused-bn,warp-drive");
   const auto r = train({"--model", "mlp", "--max-steps", "1"});
   CHECK(r.exit_code == 2);
