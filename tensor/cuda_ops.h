@@ -71,8 +71,11 @@ NumericsOptions numerics();
 // data type of x, so on a GPU a convolution's outputs are rounded to 16 bits once more
 // (as under torch.autocast, whose convolutions return 16-bit tensors); cuBLAS writes
 // float32. The bias and both layers' bias gradients are float32 (from the float32 dy),
-// as on the CPU. bfloat16 needs compute capability 8.0 (Ampere) or newer and float16
-// 7.0, which compute_dtype_supported checks.
+// as on the CPU. With 16-bit activations (Note [16-bit activations] in ops.h) a
+// convolution's x, y, dy and dx may already be 16-bit tensors: one in the compute type
+// goes to cuDNN as it is, with no conversion; the bias is added to the 16-bit output in
+// float32 arithmetic and its gradient summed from the 16-bit dy in double, in a fixed order. bfloat16 needs compute
+// capability 8.0 (Ampere) or newer and float16 7.0, which compute_dtype_supported checks.
 
 // ---- the CUDA entry of every op in tensor/ops.def -----------------------------------------
 // cross_entropy and count_correct detect a label outside [0, K) on the device and report it

@@ -27,6 +27,9 @@
 // kernels are templated on the activations' storage type T: each load widens to float (and
 // on to double where the sums are double), the arithmetic is the float32 kernels' own, and
 // a stored element is rounded once to T. For T = float nothing changes.
+//
+// The same per-channel reduction sums a convolution's bias gradient from a 16-bit dy
+// (detail::channel_sums, for tensor/cuda/cudnn_conv.cpp), without a float32 copy of dy.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -299,6 +302,16 @@ struct StoreGradientSums {
   __device__ void operator()(int64_t channel, const double* sums) const {
     sum_dy[channel] = static_cast<float>(sums[0]);
     sum_dy_xmu[channel] = static_cast<float>(sums[1]);
+  }
+};
+
+// A convolution's bias gradient (detail::channel_sums): db[channel] = sum, or db[channel]
+// + sum when accumulating, in double, rounded to float once.
+struct StoreChannelSum {
+  float* db;
+  bool accumulate;
+  __device__ void operator()(int64_t channel, const double* sums) const {
+    db[channel] = static_cast<float>(accumulate ? static_cast<double>(db[channel]) + sums[0] : sums[0]);
   }
 };
 
@@ -621,5 +634,27 @@ void batchnorm_backward_apply_relu(const Tensor& dy, const Tensor& y, const Tens
     }
   });
 }
+
+namespace detail {
+
+void channel_sums(const Tensor& dy, bool channels_last, Tensor& db, bool accumulate) {
+  const char* op = "channel_sums";
+  MTRAIN_CHECK(dy.defined() && is_activation_dtype(dy.dtype()),
+               "{}: dy must be a float32, bfloat16 or float16 tensor, found {}", op,
+               dy.defined() ? dy.str() : "undefined");
+  const Device device = first_gpu(op, "dy", dy, dy.dtype());
+  check_ndim(op, "dy", dy, 4);
+  // [N, C, H, W]: each channel's H*W planes; channels last: [N*H*W, C] rows (Note
+  // [Batch-norm reductions over rows]).
+  const BnGeometry g = channels_last ? BnGeometry{dy.size(0) * dy.size(1) * dy.size(2), dy.size(3), 1}
+                                     : BnGeometry{dy.size(0), dy.size(1), dy.size(2) * dy.size(3)};
+  check_on_shape(op, "db", db, device, {g.c});
+  with_storage(dy.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    reduce_channels<1>(device, g, SumX<T>{storage_data<T>(dy)}, StoreChannelSum{db.data<float>(), accumulate});
+  });
+}
+
+}  // namespace detail
 
 }  // namespace mtrain::cuda_ops

@@ -42,6 +42,12 @@
 // in the compute type p.compute: an activation already of that type is passed as is, any
 // other is converted into a temporary (detail::compute_operand), and an output not of that
 // type is written to a scratch in the compute type and converted into it (finish_output).
+// The bias and its gradient on 16-bit y and dy: with a float32 compute type the bias is
+// added to the float32 scratch output by cuDNN and the sum rounded once into y; with a
+// 16-bit one, by one pass over cuDNN's 16-bit output (detail::add_channel_bias), which
+// rounds the result a second time, as autocast does. db sums the 16-bit dy itself in
+// double (detail::channel_sums), deterministically; a float32 dy keeps
+// cudnnConvolutionBackwardBias.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -504,7 +510,9 @@ void run_plan(ConvPlan& plan, int device, const char* call, const ConvCall& what
 
 // The bias and its gradient, the same whichever API runs the convolution: y [n,o,oh,ow]
 // and b [1,o,1,1], both float32 (Note [16-bit kernels on the GPU]), per output shape,
-// kept for the life of the process as the plans are.
+// kept for the life of the process as the plans are. For a float32 y or dy, or the
+// float32 scratch output of a 16-bit y; 16-bit ones go to detail::add_channel_bias and
+// detail::channel_sums.
 struct BiasDescriptors {
   explicit BiasDescriptors(const std::string& context) : y(context), bias(context) {}
   TensorDesc y, bias;
@@ -693,14 +701,19 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
     if (b.defined()) add_bias(y);
     return;
   }
-  // A 16-bit y with a bias: the sum in a float32 copy (the float32 scratch itself when
-  // the compute type is float32), rounded once into y. Only convolutions that keep their
-  // bias come here (MTRAIN_SPEEDUPS=skip-conv-bias drops it before a batch norm), so the
-  // extra passes over y are left as they are.
-  const Tensor& conv_out = y16.defined() ? y16 : y;
-  Tensor y32 = detail::in_dtype(conv_out, DType::Float32);
-  add_bias(y32);
-  detail::convert_between(y32, y);
+  if (p.compute == DType::Float32) {
+    // A 16-bit y, float32 compute: cuDNN wrote the float32 scratch y16; the bias is added
+    // there as for a float32 y, and the sum rounded once into y.
+    add_bias(y16);
+    detail::convert_between(y16, y);
+    return;
+  }
+  // A 16-bit y, 16-bit compute: cuDNN wrote its output in 16 bits (y itself, or the
+  // scratch y16 of the other 16-bit type), and one pass over it adds the bias in float32
+  // and rounds into y: round(round16(conv) + b), two roundings. autocast rounds the same
+  // way: its convolution's output is 16-bit before the bias is added, PyTorch adding a
+  // cuDNN convolution's bias to that 16-bit output.
+  detail::add_channel_bias(y16.defined() ? y16 : y, b, p.channels_last, y);
 }
 
 void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
@@ -783,14 +796,14 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, Tens
   }
   if (dw16.defined()) detail::widen_into(dw16, dw_out, accumulate_out);
   if (p.channels_last) put_weight_gradient(dw_last, dw, accumulate);
-  if (db.defined()) {
-    // From the float32 dy, as the linear layers' bias gradient. A 16-bit dy is widened
-    // into a float32 copy (the one compute_operand made when the compute type is float32);
-    // only convolutions that keep their bias come here (MTRAIN_SPEEDUPS=skip-conv-bias
-    // drops it before a batch norm).
-    const Tensor dy32 = detail::in_dtype(dy16.defined() && dy16.dtype() == DType::Float32 ? dy16 : dy, DType::Float32);
+  if (db.defined() && dy.dtype() != DType::Float32) {
+    // A 16-bit dy: its values summed per channel in double, in a fixed order, read in 16
+    // bits (no float32 copy), rounded to float once (with the old db when accumulating).
+    detail::channel_sums(dy, p.channels_last, db, accumulate);
+  } else if (db.defined()) {
+    // From the float32 dy, as the linear layers' bias gradient.
     const BiasDescriptors& d = bias_descriptors(what);
-    MTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardBias(cuda::cudnn_handle(device), &one, d.y.get(), dy32.raw_data(),
+    MTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardBias(cuda::cudnn_handle(device), &one, d.y.get(), dy.raw_data(),
                                                     &beta, d.bias.get(), db.raw_data()),
                        what.str());
   }

@@ -4,7 +4,8 @@
 // pointer is 16-byte aligned, which tensors fresh from the allocator are and views at
 // odd offsets may not be. add, add_, relu_forward and relu_backward also take 16-bit
 // activations (Note [16-bit activations] in tensor/ops.h): map16_kernel loads each element
-// as float, applies the same functor, and rounds once to the storage type.
+// as float, applies the same functor, and rounds once to the storage type. A
+// convolution's bias on 16-bit activations is added here too (detail::add_channel_bias).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -168,6 +169,18 @@ __global__ void channel_dot_kernel(const float* a, const float* b, float* out, i
   }
   sum = detail::block_sum(sum, shared);
   if (threadIdx.x == 0) out[v] = static_cast<float>(sum);
+}
+
+// A convolution's bias (detail::add_channel_bias): y[i] = src[i] + b[(i / area) % c] in
+// float32, rounded once to T; area 1 for channels last, whose channel is the innermost
+// index. No __restrict__: src may be y, and element i is read before the same thread
+// writes it.
+template <class S, class T, class Index>
+__global__ void channel_bias_kernel(const S* src, const float* b, T* y, Index n, Index c, Index area) {
+  for (Index i = static_cast<Index>(detail::global_thread_index()); i < n;
+       i += static_cast<Index>(detail::grid_stride())) {
+    y[i] = detail::store_as<T>(__fadd_rn(detail::load_float(src[i]), b[(i / area) % c]));
+  }
 }
 
 __global__ void dropout_mask_kernel(float* mask, int64_t n, float p, float kept, uint64_t seed) {
@@ -354,6 +367,45 @@ void channel_dot(const Tensor& a, const Tensor& b, Tensor& out) {
       a.data<float>(), b.data<float>(), out.data<float>(), g.inner, g.planes, g.values);
   MTRAIN_CUDA_CHECK(cudaGetLastError());
 }
+
+namespace detail {
+
+void add_channel_bias(const Tensor& src, const Tensor& b, bool channels_last, Tensor& y) {
+  const char* op = "add_channel_bias";
+  MTRAIN_CHECK(y.defined() && is_activation_dtype(y.dtype()) && src.defined() && is_activation_dtype(src.dtype()),
+               "{}: src and y must be float32, bfloat16 or float16 tensors, found {} and {}", op,
+               src.defined() ? src.str() : "undefined", y.defined() ? y.str() : "undefined");
+  const Device device = first_gpu(op, "y", y, y.dtype());
+  check_ndim(op, "y", y, 4);
+  check_on_shape(op, "src", src, device, y.shape(), src.dtype());
+  const int64_t c = channels_last ? y.size(3) : y.size(1);
+  const int64_t area = channels_last ? 1 : y.size(2) * y.size(3);
+  check_on_shape(op, "b", b, device, {c});
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  cuda::DeviceGuard guard(device.index);
+  const unsigned grid = grid_for(n);
+  const cudaStream_t stream = stream_for(device.index);
+  // 32-bit indices when every index the grid-stride loop forms fits (the division is cheaper).
+  const bool narrow_index = n + static_cast<int64_t>(grid) * kThreads <= static_cast<int64_t>(UINT32_MAX);
+  with_storage(src.dtype(), [&](auto source_tag) {
+    using S = typename decltype(source_tag)::type;
+    with_storage(y.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const S* ps = storage_data<S>(src);
+      T* py = storage_data<T>(y);
+      if (narrow_index) {
+        channel_bias_kernel<<<grid, kThreads, 0, stream>>>(ps, b.data<float>(), py, static_cast<uint32_t>(n),
+                                                           static_cast<uint32_t>(c), static_cast<uint32_t>(area));
+      } else {
+        channel_bias_kernel<<<grid, kThreads, 0, stream>>>(ps, b.data<float>(), py, n, c, area);
+      }
+    });
+  });
+  MTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace detail
 
 void dropout_mask(Tensor& mask, float p, uint64_t seed) {
   const Device device = first_gpu("dropout_mask", "mask", mask);

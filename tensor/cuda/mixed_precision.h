@@ -34,6 +34,18 @@ void convert_between(const Tensor& src, Tensor& dst);
 // `t` itself when it is already of dtype `to`, else a new converted copy of it.
 Tensor in_dtype(const Tensor& t, DType to);
 
+// A convolution's bias on activations in any of float32, bfloat16 and float16, one GPU
+// (elementwise.cu): y[i] = src[i] + b[channel] in float32 (__fadd_rn, as cudnnAddTensor on
+// a float32 y), rounded once to y's type; src and y of one shape, [N, C, H, W] or, with
+// channels_last, [N, H, W, C]; b float32 [C]. src may be y itself (in place) or a tensor
+// of another activation dtype (a convolution's scratch output in its compute type).
+void add_channel_bias(const Tensor& src, const Tensor& b, bool channels_last, Tensor& y);
+// A convolution's bias gradient from a 4-D dy of any activation dtype, one GPU
+// (batchnorm.cu): db[c] = S_c, or db[c] + S_c when accumulating, rounded to float once,
+// S_c the sum of dy over N, H, W ([N, C, H, W], or [N, H, W, C] with channels_last) in
+// double, in a fixed order (Note [Deterministic batch-norm reductions on the GPU]).
+void channel_sums(const Tensor& dy, bool channels_last, Tensor& db, bool accumulate);
+
 // What a cuDNN or cuBLAS call multiplies: `t` itself when it is already in the compute
 // type (float32, or 16-bit activations of that type), else its copy converted to it,
 // which `keep` holds until the call is queued.

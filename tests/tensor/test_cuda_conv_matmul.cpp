@@ -15,6 +15,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <span>
@@ -630,18 +632,83 @@ TEST_CASE("16-bit convolutions on cuDNN match the CPU's float32 kernels on round
 }
 
 // Note [16-bit activations] in tensor/ops.h: x, y, dy and dx stored in 16 bits, with each
-// compute type, on the CUDA entries directly (whatever the dispatch does). The reference
-// is the dispatcher's fallback: the same GPU convolutions on float32 copies of the same
-// values, their y and dx then rounded to 16 bits. Both hand cuDNN the same operands in the
-// compute type under one plan (its key has no storage type), so with deterministic
-// algorithms the bits agree; otherwise a split reduction may add its partial results in
-// another order, and the bound of the test above applies.
+// compute type, NCHW and channels last, on the CUDA entries directly (whatever the
+// dispatch does). The reference is the dispatcher's fallback: the same GPU convolutions on
+// float32 copies of the same values in the same layout, their y and dx then rounded to 16
+// bits. Both hand cuDNN the same operands in the compute type under one plan (its key has
+// no storage type), so with deterministic algorithms the bits agree; otherwise a split
+// reduction may add its partial results in another order, and the bound of the test above
+// applies. Two paths differ by design:
+//  - the bias with a 16-bit compute type: cuDNN's 16-bit output plus b in float32, rounded
+//    again (as autocast). The fallback rounds the same way, so y is within one 16-bit ulp
+//    of it, and equal bit for bit to cuDNN's bias-free output in the compute type plus b,
+//    added and rounded on the host;
+//  - the bias gradient of a 16-bit dy: summed in double on the GPU, in another order than
+//    the fallback's cuDNN float32 sums (within kAtol, kRtol of them). Every sum of these
+//    16-bit values (multiples of 2^-32 or coarser, a few hundred of them below 1) is exact
+//    in double, so db is the exact sum rounded once, and db_acc float(db0 + sum) once.
 namespace {
 
 Tensor converted(const Tensor& t, DType to) {  // on the CPU
   Tensor out = Tensor::empty(t.shape(), to);
   ops::convert(host(t), out);
   return out;
+}
+
+// A host float32 NCHW tensor of 16-bit values as a 16-bit GPU activation in its layout.
+Tensor activation16(const Tensor& nchw, DType storage, bool last) {
+  return converted(last ? channels_last(nchw) : nchw, storage).to(kGpu);
+}
+
+// A 16-bit activation in its layout as a host float32 NCHW tensor of the same values.
+Tensor nchw_float32(const Tensor& t, bool last) {
+  const Tensor wide = converted(t, DType::Float32);
+  return last ? channels_first(wide) : wide;
+}
+
+// Whether float32 tensors of `storage` values are at most one representable `storage`
+// value apart in every element (their bit patterns, in sign-magnitude order).
+bool within_one_ulp16(const Tensor& a, const Tensor& b, DType storage) {
+  const Tensor ha = converted(a, storage), hb = converted(b, storage);
+  if (ha.shape() != hb.shape()) return false;
+  const auto* pa = static_cast<const uint16_t*>(ha.raw_data());
+  const auto* pb = static_cast<const uint16_t*>(hb.raw_data());
+  const auto ordered = [](uint16_t v) {
+    return (v & 0x8000u) != 0 ? -static_cast<int32_t>(v & 0x7fffu) : static_cast<int32_t>(v);
+  };
+  for (int64_t i = 0; i < ha.numel(); ++i) {
+    if (std::abs(ordered(pa[i]) - ordered(pb[i])) > 1) return false;
+  }
+  return true;
+}
+
+// y[n, o, h, w] + b[o] in float32 (host NCHW, 16-bit values), rounded to `storage` (and
+// returned as float32 values): what the GPU adds to a 16-bit convolution output.
+Tensor plus_bias_rounded(const Tensor& y, const Tensor& b, DType storage) {
+  Tensor sum = host(y).clone();
+  const Tensor hb = host(b);
+  float* p = sum.data<float>();
+  const float* pb = hb.data<float>();
+  const int64_t channels = sum.size(1), area = sum.size(2) * sum.size(3);
+  for (int64_t i = 0; i < sum.numel(); ++i) p[i] = p[i] + pb[(i / area) % channels];
+  return converted(converted(sum, storage), DType::Float32);
+}
+
+// The bias gradients of a host NCHW dy: db = float(sum), db_acc = float(db0 + sum), each
+// sum over n, h, w in double.
+std::pair<Tensor, Tensor> bias_sums(const Tensor& dy, const Tensor& db0) {
+  const int64_t n = dy.size(0), channels = dy.size(1), area = dy.size(2) * dy.size(3);
+  Tensor db = Tensor::empty({channels}), db_acc = Tensor::empty({channels});
+  const float* p = dy.data<float>();
+  for (int64_t o = 0; o < channels; ++o) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < area; ++j) sum += p[(i * channels + o) * area + j];
+    }
+    db.data<float>()[o] = static_cast<float>(sum);
+    db_acc.data<float>()[o] = static_cast<float>(static_cast<double>(db0.data<float>()[o]) + sum);
+  }
+  return {db, db_acc};
 }
 
 }  // namespace
@@ -651,6 +718,7 @@ TEST_CASE("convolutions on 16-bit activations equal the float32 ones rounded", "
   struct Mode {
     bool deterministic, graph_api;
   };
+  const auto wide = [](const Tensor& t) { return converted(t, DType::Float32); };
   for (const Mode mode : {Mode{true, false}, Mode{true, true}, Mode{false, false}}) {
     NumericsOptions o = exact_float32(/*benchmark=*/false, mode.deterministic);
     o.cudnn_graph_api = mode.graph_api;
@@ -665,47 +733,65 @@ TEST_CASE("convolutions on 16-bit activations equal the float32 ones rounded", "
         const double rtol = storage == DType::BFloat16 || compute == DType::BFloat16 ? 1.0 / 128 : 1.0 / 1024;
         uint32_t seed = 1600;
         for (const ConvCase& k : conv_cases()) {
-          INFO("case: " << k.name);
           ConvCase kc = k;
           kc.p.compute = compute;
           ConvInputs r = conv_inputs(k, seed += 10);
-          r.x = converted(converted(r.x, storage), DType::Float32);
-          r.dy = converted(converted(r.dy, storage), DType::Float32);
-          const ConvOutputs ref = run_conv(kc, r, kGpu);
-          const Tensor x16 = converted(r.x, storage).to(kGpu), dy16 = converted(r.dy, storage).to(kGpu);
+          r.x = wide(converted(r.x, storage));
+          r.dy = wide(converted(r.dy, storage));
+          const auto [exact_db, exact_db_acc] = bias_sums(r.dy, r.db0);
           const Tensor w = r.w.to(kGpu), b = k.bias ? r.b.to(kGpu) : Tensor();
-          ConvOutputs got;
-          got.y = converted(Tensor::full(output_shape(k), NAN), storage).to(kGpu);
-          cuda_ops::conv2d_forward(x16, w, b, got.y, kc.p);
-          got.dx = converted(Tensor::full(r.x.shape(), NAN), storage).to(kGpu);
-          cuda_ops::conv2d_backward_data(dy16, w, got.dx, kc.p);
-          got.dw = poisoned(w.shape(), kGpu);
-          got.db = poisoned({k.o}, kGpu);
-          cuda_ops::conv2d_backward_weights(x16, dy16, got.dw, got.db, kc.p, /*accumulate=*/false);
-          got.dw_acc = r.dw0.to(kGpu);
-          got.db_acc = r.db0.to(kGpu);
-          cuda_ops::conv2d_backward_weights(x16, dy16, got.dw_acc, got.db_acc, kc.p, /*accumulate=*/true);
-          const Tensor ref_y = converted(ref.y, storage), ref_dx = converted(ref.dx, storage);
-          if (mode.deterministic) {
-            CHECK(bitwise_equal(got.y, ref_y));
-            CHECK(bitwise_equal(got.dx, ref_dx));
-            CHECK(bitwise_equal(got.dw, ref.dw));
-            CHECK(bitwise_equal(got.db, ref.db));
-            CHECK(bitwise_equal(got.dw_acc, ref.dw_acc));
-            CHECK(bitwise_equal(got.db_acc, ref.db_acc));
-            continue;
+          for (const bool last : {false, true}) {
+            INFO("case: " << k.name << (last ? ", channels last" : ""));
+            const ConvOutputs ref = last ? run_conv_channels_last(kc, r) : run_conv(kc, r, kGpu);
+            Conv2dParams p = kc.p;
+            p.channels_last = last;
+            const Tensor x16 = activation16(r.x, storage, last), dy16 = activation16(r.dy, storage, last);
+            ConvOutputs got;
+            got.y = activation16(Tensor::full(output_shape(k), NAN), storage, last);
+            cuda_ops::conv2d_forward(x16, w, b, got.y, p);
+            got.dx = activation16(Tensor::full(r.x.shape(), NAN), storage, last);
+            cuda_ops::conv2d_backward_data(dy16, w, got.dx, p);
+            got.dw = poisoned(w.shape(), kGpu);
+            got.db = poisoned({k.o}, kGpu);
+            cuda_ops::conv2d_backward_weights(x16, dy16, got.dw, got.db, p, /*accumulate=*/false);
+            got.dw_acc = r.dw0.to(kGpu);
+            got.db_acc = r.db0.to(kGpu);
+            cuda_ops::conv2d_backward_weights(x16, dy16, got.dw_acc, got.db_acc, p, /*accumulate=*/true);
+            // NCHW float32 values of the 16-bit results and references.
+            const Tensor got_y = nchw_float32(got.y, last), got_dx = nchw_float32(got.dx, last);
+            const Tensor ref_y = wide(converted(ref.y, storage)), ref_dx = wide(converted(ref.dx, storage));
+            {
+              INFO("bias gradient");
+              require_close(host(got.db), host(ref.db), kAtol, kRtol);
+              require_close(host(got.db_acc), host(ref.db_acc), kAtol, kRtol);
+              CHECK(bitwise_equal(got.db, exact_db));
+              CHECK(bitwise_equal(got.db_acc, exact_db_acc));
+            }
+            const bool bias_rounds_twice = k.bias && compute != DType::Float32;
+            if (mode.deterministic) {
+              if (bias_rounds_twice) {
+                // cuDNN's own 16-bit output: y in the compute type, which it writes itself.
+                Tensor plain = activation16(Tensor::full(output_shape(k), NAN), compute, last);
+                cuda_ops::conv2d_forward(x16, w, Tensor(), plain, p);
+                CHECK(within_one_ulp16(got_y, ref_y, storage));
+                CHECK(bitwise_equal(got_y, plus_bias_rounded(nchw_float32(plain, last), r.b, storage)));
+              } else {
+                CHECK(bitwise_equal(got_y, ref_y));
+              }
+              CHECK(bitwise_equal(got_dx, ref_dx));
+              CHECK(bitwise_equal(got.dw, ref.dw));
+              CHECK(bitwise_equal(got.dw_acc, ref.dw_acc));
+              continue;
+            }
+            ConvInputs a;
+            a.x = magnitude(r.x), a.w = magnitude(r.w), a.b = magnitude(r.b), a.dy = magnitude(r.dy);
+            a.dw0 = magnitude(r.dw0), a.db0 = magnitude(r.db0);
+            const ConvOutputs scale = run_conv(k, a, Device::cpu());
+            require_within_magnitude(got_y, ref_y, scale.y, rtol);
+            require_within_magnitude(got_dx, ref_dx, scale.dx, rtol);
+            require_within_magnitude(host(got.dw), host(ref.dw), scale.dw, rtol);
+            require_within_magnitude(host(got.dw_acc), host(ref.dw_acc), scale.dw_acc, rtol);
           }
-          ConvInputs a;
-          a.x = magnitude(r.x), a.w = magnitude(r.w), a.b = magnitude(r.b), a.dy = magnitude(r.dy);
-          a.dw0 = magnitude(r.dw0), a.db0 = magnitude(r.db0);
-          const ConvOutputs scale = run_conv(k, a, Device::cpu());
-          const auto wide = [](const Tensor& t) { return converted(t, DType::Float32); };
-          require_within_magnitude(wide(got.y), wide(ref_y), scale.y, rtol);
-          require_within_magnitude(wide(got.dx), wide(ref_dx), scale.dx, rtol);
-          require_within_magnitude(host(got.dw), host(ref.dw), scale.dw, rtol);
-          require_within_magnitude(host(got.dw_acc), host(ref.dw_acc), scale.dw_acc, rtol);
-          require_close(host(got.db), host(ref.db), kAtol, kRtol);
-          require_close(host(got.db_acc), host(ref.db_acc), kAtol, kRtol);
         }
       }
     }
