@@ -9,8 +9,9 @@
 // same build with all of them off. The ones that measure faster become the default and
 // leave this list, the others leave the code. None changes what is trained beyond float
 // rounding (each says how much), so ranks may differ in them; they apply on the CPU as on
-// a GPU. MTRAIN_SPEEDUPS is a comma-separated list of names, or `all`; empty or unset
-// turns none on. docs/gpu.md lists them with what each does.
+// a GPU, but for amp-activations, which only GPU kernels make worth having. MTRAIN_SPEEDUPS
+// is a comma-separated list of names, or `all`; empty or unset turns none on. docs/gpu.md
+// lists them with what each does.
 #pragma once
 
 #include <string>

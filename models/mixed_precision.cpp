@@ -33,9 +33,10 @@
 // convolution's output stays in the 16-bit type, and the batch norm, ReLU, pool and residual add
 // after it read and write that type (computing in float32, statistics included: Note [16-bit
 // activations] in tensor/ops.h), every gradient in its activation's type. The numbers differ
-// from the default only where a batch norm's or add's float32 result is now rounded to 16 bits,
-// as autocast's are. The next convolution then reads its input as it is. Linear layers still
-// return float32, for the loss.
+// from the default where a layer's float32 result is now rounded to 16 bits (batch norm, add,
+// pool, a convolution's bias add, the input gradients), as autocast's are; the next convolution
+// then reads its input as it is, with no conversion. Linear layers still return float32, for
+// the loss, and a model must begin with a convolution and end with a Linear.
 //
 // bfloat16 has float32's exponent range, so gradients neither underflow nor overflow and need no
 // loss scaling. float16 has 5 exponent bits: small gradients flush to zero unless the loss is
@@ -89,6 +90,21 @@ ActivationStorage set_activation_dtype(Module& root, DType storage) {
       return done;
     }
   }
+  // The images come in float32, which only a convolution turns into 16 bits (a residual
+  // block would add them to 16-bit ones), and the loss takes the float32 logits of a Linear.
+  Module* first = &root;
+  Module* last = &root;
+  while (dynamic_cast<Sequential*>(first) != nullptr && first->num_children() > 0) first = &first->child(0);
+  while (dynamic_cast<Sequential*>(last) != nullptr && last->num_children() > 0) {
+    last = &last->child(last->num_children() - 1);
+  }
+  if (dynamic_cast<Conv2d*>(first) == nullptr) {
+    done.refused = fmt::format("the images go to a {} first, not a convolution", first->type_name());
+  } else if (dynamic_cast<Linear*>(last) == nullptr) {
+    done.refused = fmt::format("the model ends in a {}, not a Linear (the loss takes float32 logits)",
+                               last->type_name());
+  }
+  if (!done.refused.empty()) return done;
   for (const auto& [name, m] : modules) {
     if (auto* conv = dynamic_cast<Conv2d*>(m)) {
       conv->set_activation_dtype(storage);

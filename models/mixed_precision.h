@@ -27,9 +27,10 @@ struct ActivationStorage {
 // so that the batch norms, ReLUs, pools and residual adds after them run on 16-bit tensors and
 // every gradient takes its activation's type (Note [16-bit activations] in tensor/ops.h). Only
 // for a model made of layers that pass 16-bit activations on (Conv2d, BatchNorm2d and
-// SyncBatchNorm, ReLU, the pools, Flatten, Linear, Identity and the containers of the zoo);
-// any other layer leaves the model unchanged and is named in `refused`. Linear outputs stay
-// float32, so the loss sees float32 logits. Call between steps.
+// SyncBatchNorm, ReLU, the pools, Flatten, Linear, Identity and the containers of the zoo),
+// whose images go to a Conv2d first and whose last layer is a Linear (its outputs stay
+// float32, so the loss sees float32 logits); any other model is left unchanged and
+// `refused` says why. Call between steps.
 ActivationStorage set_activation_dtype(Module& root, DType storage);
 
 }  // namespace mtrain::models

@@ -146,10 +146,11 @@ namespace storage16 {
 // float32 (or integer) goes straight to its entry; only a call with a bfloat16 or float16
 // tensor comes here. If the entry on that device reads 16 bits itself (kGpu16Bit, and
 // convert everywhere) it gets the tensors as they are. Otherwise each 16-bit tensor is
-// replaced by a float32 copy (an output's too, since ops such as add_ read what they
-// write), the float32 entry runs, and each 16-bit output gets its copy rounded back. One
-// list here decides which entries read 16 bits, so a GPU kernel taught them only has to
-// be named in it.
+// replaced by a float32 copy (an output's holds its values only for the ops of kReadsOutput,
+// the rest write all of it), the float32 entry runs, and each 16-bit output gets its copy
+// rounded back. Tensors inside lists (sgd_step_all, non_finite_check_and_unscale) are
+// parameters and gradients, always float32, and are not looked at. One list here decides
+// which entries read 16 bits, so a GPU kernel taught them only has to be named in it.
 
 // The GPU entries that read and write 16-bit activations themselves.
 constexpr std::string_view kGpu16Bit[] = {
@@ -160,8 +161,13 @@ constexpr std::string_view kGpu16Bit[] = {
     "batchnorm_backward_apply", "batchnorm_backward_apply_relu",
 };
 
-bool listed(std::string_view op) {
-  for (const std::string_view name : kGpu16Bit) {
+// The ops whose output arguments are also inputs (add_ and scale_ update theirs,
+// copy_channels keeps the channels it does not copy).
+constexpr std::string_view kReadsOutput[] = {"add_", "scale_", "copy_channels"};
+
+template <size_t N>
+bool listed(std::string_view op, const std::string_view (&names)[N]) {
+  for (const std::string_view name : names) {
     if (name == op) return true;
   }
   return false;
@@ -201,14 +207,15 @@ void check_one_storage_type(std::string_view op, const A&... args) {
   (check(args), ...);
 }
 
-// A tensor argument as the float32 entry sees it: `arg` itself, or a widened copy that
-// finish() rounds back into `arg` when the entry may have written it.
+// A tensor argument as the float32 entry sees it: `arg` itself, or a float32 copy (of its
+// values when the entry reads them) that finish() rounds back into `arg` when the entry
+// may have written it.
 class Widened {
  public:
-  explicit Widened(const Tensor& arg, Tensor* writable) : arg_(arg), writable_(writable) {
+  Widened(const Tensor& arg, Tensor* writable, bool read) : arg_(arg), writable_(writable) {
     if (!is_16bit(arg)) return;
     copy_ = Tensor::empty(arg.shape(), DType::Float32, arg.device());
-    ops::convert(arg, copy_);
+    if (read) ops::convert(arg, copy_);
   }
   Tensor& get() { return copy_.defined() ? copy_ : const_cast<Tensor&>(arg_); }
   void finish() {
@@ -229,20 +236,22 @@ struct Passed {
   void finish() {}
 };
 
-inline Widened hold(Tensor& t) { return Widened(t, &t); }
-inline Widened hold(const Tensor& t) { return Widened(t, nullptr); }
+// `reads_outputs`: whether the op reads its output arguments too.
+inline Widened hold(Tensor& t, bool reads_outputs) { return Widened(t, &t, reads_outputs); }
+inline Widened hold(const Tensor& t, bool) { return Widened(t, nullptr, /*read=*/true); }
 template <class A>
-Passed<A> hold(A& a) {
+Passed<A> hold(A& a, bool) {
   return Passed<A>{a};
 }
 
 // Runs `entry` on the arguments (Note [Ops on 16-bit storage]).
 template <class Return, class Entry, class... A>
 Return run(std::string_view op, bool on_gpu, const Entry& entry, std::tuple<A&...> args) {
-  const bool listed_op = listed(op);
+  const bool listed_op = listed(op, kGpu16Bit);
   if (listed_op) std::apply([&](const auto&... a) { check_one_storage_type(op, a...); }, args);
   if (op == "convert" || (listed_op && on_gpu)) return std::apply(entry, args);
-  auto held = std::apply([](auto&... a) { return std::make_tuple(hold(a)...); }, args);
+  const bool reads_outputs = listed(op, kReadsOutput);
+  auto held = std::apply([&](auto&... a) { return std::make_tuple(hold(a, reads_outputs)...); }, args);
   const auto finish = [&] { std::apply([](auto&... h) { (h.finish(), ...); }, held); };
   if constexpr (std::is_void_v<Return>) {
     std::apply([&](auto&... h) { entry(h.get()...); }, held);

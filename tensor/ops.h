@@ -174,18 +174,20 @@ void convert(const Tensor& src, Tensor& dst);
 // Note [16-bit activations]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // Any op's activation tensors (its inputs, outputs and their gradients; not parameters,
-// their gradients or per-channel statistics) may be stored as bfloat16 or float16, as
-// torch.autocast passes them between layers (MTRAIN_SPEEDUPS=amp-activations, Note
-// [Mixed precision] in models/mixed_precision.cpp). Storage only: every op computes in
-// float32, as on float32 tensors, and rounds each 16-bit output once, to nearest even.
-// The GPU entries of the ops that carry a step's traffic (convolutions, batch norm, add,
-// ReLU) read and write 16 bits themselves; for every other op, and every CPU entry, the
-// dispatcher (tensor/ops.cpp) runs the float32 kernel on widened copies and rounds the
-// outputs back into their 16-bit tensors: the same numbers, at the cost of the copies.
-// Those GPU entries take one storage type per call for the tensors of their first
-// tensor's shape (x, y, dy, dx, a residual), checked on every device so that a layer
-// that mixes them fails on the CPU too; convolutions take each of x, y, dy, dx in
-// float32 or 16 bits.
+// their gradients, per-channel statistics or the tensors of a list, which stay float32)
+// may be stored as bfloat16 or float16, as torch.autocast passes them between layers
+// (MTRAIN_SPEEDUPS=amp-activations, Note [Mixed precision] in models/mixed_precision.cpp).
+// Storage only: every op computes in float32, as on float32 tensors, and rounds each
+// 16-bit output once, to nearest even; the exception is a GPU convolution in a 16-bit
+// compute type with a bias, whose 16-bit cuDNN output is rounded again after the bias
+// add, as autocast's is. The GPU entries of the ops that carry a step's traffic
+// (convolutions, batch norm, add, ReLU) read and write 16 bits themselves; for every other
+// op, and every CPU entry, the dispatcher (tensor/ops.cpp) runs the float32 kernel on
+// widened copies and rounds the outputs back into their 16-bit tensors: the same numbers,
+// at the cost of the copies. Those GPU entries take one storage type per call for the
+// tensors of their first tensor's shape (x, y, dy, dx, a residual), checked on every
+// device so that a layer that mixes them fails on the CPU too; convolutions take each of
+// x, y, dy, dx in float32 or 16 bits.
 
 // ---- matrix multiply -------------------------------------------------------------
 // c = alpha * op(a) @ op(b) + beta * c, 2-D float32; op(t) = t or t^T.

@@ -568,14 +568,12 @@ double largest_norm(const std::vector<Tensor>& tensors) {
 
 enum class GradientCheck { Elementwise, InNorm };
 
-// `rewrite` changes the GPU model's way of computing (models/rewrites.h), not its function;
-// with `both`, the CPU model's too.
+// `rewrite` changes the GPU model's way of computing (models/rewrites.h), not its function.
 void check_model_step(const std::string& name, int batch, GradientCheck how,
-                      const std::function<void(Module&)>& rewrite = {}, bool both = false) {
+                      const std::function<void(Module&)>& rewrite = {}) {
   std::mt19937_64 rng(7);
   auto pair = make_pair_of([&] { return build_model(name, 1, 10); }, 17);
   if (rewrite) rewrite(*pair.gpu);
-  if (rewrite && both) rewrite(*pair.cpu);
   const SgdOptions options{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f};
   Sgd cpu_opt(*pair.cpu, options), gpu_opt(*pair.gpu, options);
   std::vector<Tensor> before;
@@ -668,19 +666,75 @@ TEST_CASE("resnet18 with the speed switches and channels last on the GPU equals 
   require_gpu();  // back to the file's numerics
 }
 
-// Note [16-bit activations] in tensor/ops.h: the GPU's 16-bit kernels against the CPU's float32
-// kernels on widened copies, both models storing bfloat16 activations (compute float32, which
-// every CPU has).
-TEST_CASE("resnet18 with bfloat16 activations on the GPU equals the CPU's step", "[cuda][zoo][storage16]") {
+// Note [16-bit activations] in tensor/ops.h: both models store bfloat16 activations (compute
+// float32, which every CPU has), the GPU's in its own 16-bit kernels, the CPU's on float32
+// copies. Each kernel is compared exactly in tests/tensor (test_cuda_kernels,
+// test_cuda_conv_matmul [storage16]); here the whole model. A float32 value an ulp apart on
+// the two devices can round to neighbouring bfloat16 values, 2^-8 apart, and this resnet18
+// amplifies such a difference in an activation ~1e4-fold into the early layers' gradients
+// (tests/models/test_rewrites.cpp), so those are held to their size, not their values; the
+// outputs, the loss and the last layer's gradient, which see no batch norm's backward, are
+// compared.
+TEST_CASE("resnet18 with bfloat16 activations on the GPU gives the CPU's outputs", "[cuda][zoo][storage16]") {
   require_gpu();
-  const auto narrow = [](Module& m) { CHECK(set_activation_dtype(m, DType::BFloat16).convolutions == 20); };
-  check_model_step("resnet18", 8, GradientCheck::InNorm, narrow, /*both=*/true);
-  check_model_step("resnet18", 8, GradientCheck::InNorm, [&](Module& m) {
-    fuse_batchnorm(m);
-    skip_conv_bias(m);
-    use_channels_last(m);
-    narrow(m);
-  }, /*both=*/true);
+  const bool rewritten = GENERATE(false, true);
+  CAPTURE(rewritten);
+  std::mt19937_64 rng(7);
+  auto pair = make_pair_of([&] { return build_model("resnet18", 1, 10); }, 17);
+  for (Module* m : {pair.cpu.get(), pair.gpu.get()}) {
+    if (rewritten) {
+      fuse_batchnorm(*m);
+      skip_conv_bias(*m);
+      use_channels_last(*m);
+    }
+    CHECK(set_activation_dtype(*m, DType::BFloat16).convolutions == 20);
+  }
+  const int batch = 8;
+  const Tensor x = uniform_tensor({batch, 1, 28, 28}, rng);
+  std::vector<int64_t> label_values;
+  for (int i = 0; i < batch; ++i) label_values.push_back(i % 10);
+  const Tensor labels = Tensor::from_vector(label_values, {batch});
+  const auto gap = [](const Tensor& gpu, const Tensor& cpu) {
+    const std::vector<double> g = values_of(gpu), c = values_of(cpu);
+    double apart = 0.0, size = 0.0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      apart += (g[i] - c[i]) * (g[i] - c[i]);
+      size += c[i] * c[i];
+    }
+    return std::sqrt(apart / std::max(size, 1e-30));
+  };
+  CrossEntropyLoss cpu_loss, gpu_loss;
+  pair.cpu->zero_grad();
+  pair.gpu->zero_grad();
+  const Tensor logits_cpu = pair.cpu->forward(x);
+  const Tensor logits_gpu = pair.gpu->forward(x.to(kGpu));
+  CHECK(logits_gpu.dtype() == DType::Float32);
+  CHECK(gap(logits_gpu, logits_cpu) < 2e-2);
+  const LossResult l_cpu = cpu_loss.forward(logits_cpu, labels).read();
+  const LossResult l_gpu = gpu_loss.forward(logits_gpu, labels.to(kGpu)).read();
+  CHECK(l_gpu.loss == Approx(l_cpu.loss).epsilon(2e-2));
+  pair.cpu->backward(cpu_loss.backward());
+  pair.gpu->backward(gpu_loss.backward());
+  const auto cpu_params = pair.cpu->parameters(), gpu_params = pair.gpu->parameters();
+  REQUIRE(cpu_params.size() == gpu_params.size());
+  double cpu_size = 0.0, gpu_size = 0.0;
+  for (size_t i = 0; i < cpu_params.size(); ++i) {
+    INFO(cpu_params[i].name);
+    const Tensor& g = gpu_params[i].param->grad;
+    CHECK((g.dtype() == DType::Float32 && g.device() == kGpu));
+    for (const double v : values_of(g)) {
+      REQUIRE(std::isfinite(v));
+      gpu_size += v * v;
+    }
+    for (const double v : values_of(cpu_params[i].param->grad)) cpu_size += v * v;
+  }
+  CHECK(std::sqrt(gpu_size) == Approx(std::sqrt(cpu_size)).epsilon(0.5));
+  const std::string fc = cpu_params.back().name;  // the Linear's bias, then its weight before it
+  REQUIRE(fc.find("bias") != std::string::npos);
+  for (size_t i = cpu_params.size() - 2; i < cpu_params.size(); ++i) {
+    INFO(cpu_params[i].name);
+    CHECK(gap(gpu_params[i].param->grad, cpu_params[i].param->grad) < 5e-2);
+  }
 }
 
 TEST_CASE("the per-channel batch-norm ops on the GPU equal the CPU's bit for bit",

@@ -418,4 +418,16 @@ TEST_CASE("set_activation_dtype names the layer that takes float32 only and chan
   CHECK_THAT(storage.refused, Catch::Contains("Sigmoid (1) takes float32 activations only"));
   CHECK(dynamic_cast<Conv2d&>(odd->child(0)).activation_dtype() == DType::Float32);
   CHECK_THROWS_AS(set_activation_dtype(*odd, DType::Int32), InvalidArgument);
+  // The images are float32 and the loss takes float32 logits.
+  auto relu_first = make_sequential(std::make_unique<ReLU>(),
+                                    std::make_unique<Conv2d>(Conv2dOptions{.in_channels = 1, .out_channels = 2}),
+                                    std::make_unique<Flatten>(), std::make_unique<Linear>(2, 3));
+  CHECK_THAT(set_activation_dtype(*relu_first, DType::BFloat16).refused,
+             Catch::Contains("the images go to a ReLU first, not a convolution"));
+  auto no_linear = make_sequential(std::make_unique<Conv2d>(Conv2dOptions{.in_channels = 1, .out_channels = 2}),
+                                   std::make_unique<AdaptiveAvgPool2d>(1), std::make_unique<Flatten>());
+  const ActivationStorage refused = set_activation_dtype(*no_linear, DType::BFloat16);
+  CHECK_THAT(refused.refused, Catch::Contains("ends in a Flatten, not a Linear"));
+  CHECK(refused.convolutions == 0);
+  CHECK(dynamic_cast<Conv2d&>(no_linear->child(0)).activation_dtype() == DType::Float32);
 }

@@ -219,6 +219,12 @@ void use_16bit_activations(const TrainOptions& o, const TrainingRun& run, models
     spdlog::info("speedup amp-activations: not used without --amp; the activations stay float32");
     return;
   }
+  if (run.compute().is_cpu()) {
+    // Note [Ops on 16-bit storage] in tensor/ops.cpp: no CPU kernel reads 16 bits itself.
+    spdlog::info("speedup amp-activations: not used on the CPU, whose kernels would compute on float32 copies of "
+                 "16-bit activations; the activations stay float32");
+    return;
+  }
   const models::ActivationStorage storage = models::set_activation_dtype(model, run.plan.amp);
   if (!storage.refused.empty()) {
     spdlog::info("speedup amp-activations: not used: in model {}, {}", o.model, storage.refused);
