@@ -356,7 +356,8 @@ TEST_CASE("resnet18 with --amp bf16 and --amp fp16 on the GPU follows the float3
 // epochs end in a short batch, which runs uncaptured, with evaluation between the epochs.
 // With --deterministic every kernel computes the same sums captured or not, so every
 // step's loss and the final weights agree bit for bit. Once in float32 and once with
-// every speed switch, --channels-last and --amp bf16 (the kit's `best` configuration).
+// every speed switch (16-bit activations too), --channels-last and --amp bf16 (the kit's
+// `best` configuration).
 TEST_CASE("--cuda-graphs trains what the same run without graphs trains, bit for bit", "[gpu][graphs]") {
   require_gpu();
   TempDir dir;
@@ -383,6 +384,8 @@ TEST_CASE("--cuda-graphs trains what the same run without graphs trains, bit for
     INFO(tag << " log:\n" << log);
     CHECK_THAT(log, Contains("--cuda-graphs: forward, loss and backward captured as one graph of"));
     CHECK_THAT(log, !Contains("could not be captured") && !Contains("--cuda-graphs: not used"));
+    // `all` includes 16-bit activations under --amp (Note [16-bit activations] in tensor/ops.h).
+    if (everything) CHECK_THAT(log, Contains("speedup amp-activations: 20 convolutions pass their outputs on as bfloat16"));
     require_success(launch(1, concat(concat(base, extra), {"--save-final", plain, "--metrics", plain_metrics})));
     const auto with = read_events(graph_metrics, "step");
     const auto without = read_events(plain_metrics, "step");
