@@ -55,8 +55,11 @@ MTRAIN_KERNELS = {
     "backward_coefficients_kernel": "batch norm", "backward_apply_kernel": "batch norm",
     "invstd_kernel": "batch norm", "update_running_kernel": "batch norm", "param_grads_kernel": "batch norm",
     "merge_stats_kernel": "batch norm",
-    # elementwise.cu: map_kernel<inputs, Op>, the functor Op names the operation
-    "map_kernel": "elementwise",
+    # elementwise.cu: map_kernel<inputs, Op>, the functor Op names the operation;
+    # map16_kernel the same on 16-bit activations, channel_bias_kernel a convolution's
+    # bias on them (MTRAIN_SPEEDUPS=amp-activations; that bias's gradient runs batch
+    # norm's reduction kernels, bn_*<..., StoreChannelSum>, and is counted as batch norm)
+    "map_kernel": "elementwise", "map16_kernel": "elementwise", "channel_bias_kernel": "elementwise",
     # kernels.cu, mixed_precision.cu
     "fill_kernel": "copies", "narrow_kernel": "copies", "widen_kernel": "copies",
     "unscale_kernel": "optimizer",

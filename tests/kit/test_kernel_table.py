@@ -75,6 +75,10 @@ class Classification(unittest.TestCase):
         self.check([
             (f"void {M}map_kernel<2, {M}AddScaled>(T2, const float *, const float *, float *, long, bool)",
              "elementwise"),
+            (f"void {M}map16_kernel<2, __nv_bfloat16, {M}Add>(T3, const T2 *, const T2 *, T2 *, long)",
+             "elementwise"),
+            (f"void {M}channel_bias_kernel<__half, __half, unsigned int>(const T1 *, const float *, T2 *, T3, T3, T3)",
+             "elementwise"),
             (f"void {M}fill_kernel(float *, float, long)", "copies"),
             (f"void {M}widen_kernel<__nv_bfloat16>(const T1 *, float *, long, bool)", "copies"),
             (f"void {M}maxpool_backward_kernel(const float *, const int *, float *, {M}PoolGeometry)", "pooling"),
