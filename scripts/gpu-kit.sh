@@ -623,18 +623,21 @@ stage_speed_ref() {
   speed_result
 }
 
-# Whether each run of this stage with --cuda-graphs replayed a captured step: its log's
-# first "--cuda-graphs:" line (captured, not used and why, or a refused capture), so the
-# table's figures for those runs are read as what they are.
-graph_lines() {
-  local name line lines=()
+# Whether each run of this stage with --cuda-graphs replayed a captured step, and each with
+# MTRAIN_SPEEDUPS=amp-activations passed 16-bit activations on: its log's first
+# "--cuda-graphs:" and "speedup amp-activations:" lines (captured or stored, or not used and
+# why), so the table's figures for those runs are read as what they are.
+switch_lines() {
+  local name line pattern lines=()
   for name in "${speed_ran[@]}"; do
-    line=$(grep -h -m1 -e '--cuda-graphs: ' "$out/speed/$name.log" 2>/dev/null |
-      sed -E 's/^(\[[^]]*\][: ]*)+//' | cut -c1-170)
-    [[ -n $line ]] && lines+=("- $name: $line")
+    for pattern in '--cuda-graphs: ' 'speedup amp-activations: '; do
+      line=$(grep -h -m1 -e "$pattern" "$out/speed/$name.log" 2>/dev/null |
+        sed -E 's/^(\[[^]]*\][: ]*)+//' | cut -c1-170)
+      [[ -n $line ]] && lines+=("- $name: $line")
+    done
   done
   ((${#lines[@]} > 0)) || return 0
-  printf '\nGraphs (the first --cuda-graphs line of each run):\n\n'
+  printf '\nGraphs and 16-bit activations (the first --cuda-graphs and amp-activations lines of each run):\n\n'
   printf '%s\n' "${lines[@]}"
 }
 
@@ -644,7 +647,7 @@ graph_lines() {
 speed_result() {
   speed_manifest >"$out/speed/manifest.tsv"
   speed_table >"$out/speed.md" 2>>"$out/speed/table.log"
-  graph_lines >>"$out/speed.md"
+  switch_lines >>"$out/speed.md"
   cat "$out/speed.md" >&2
   local name status failed=() not_built=0 ok=0 again_tags="" again_batches=""
   for name in "${speed_ran[@]}"; do
