@@ -4,13 +4,9 @@
 
 namespace mtrain::models::detail {
 
-namespace {
-bool floating(DType t) { return t == DType::Float32 || t == DType::BFloat16 || t == DType::Float16; }
-}  // namespace
-
 void check_floating(const std::string& layer, const Tensor& x) {
   if (!x.defined()) throw InvalidArgument(fmt::format("{}: input is an undefined tensor", layer));
-  if (!floating(x.dtype())) {
+  if (!is_floating(x.dtype())) {
     throw InvalidArgument(fmt::format("{}: expected a float32 input, found {}", layer, x.str()));
   }
 }
@@ -48,7 +44,7 @@ void check_output_grad(const std::string& layer, const Tensor& dy, const Shape& 
         "forward saved)",
         layer));
   }
-  if (!dy.defined() || !floating(dy.dtype()) || dy.shape() != output_shape) {
+  if (!dy.defined() || !is_floating(dy.dtype()) || dy.shape() != output_shape) {
     throw InvalidArgument(fmt::format("{}: expected an output gradient float32 {}, found {}",
                                       layer, shape_str(output_shape),
                                       dy.defined() ? dy.str() : "an undefined tensor"));

@@ -46,7 +46,7 @@
 namespace mtrain::models {
 
 int set_compute_dtype(Module& root, DType compute) {
-  if (compute != DType::Float32 && compute != DType::BFloat16 && compute != DType::Float16) {
+  if (!is_floating(compute)) {
     throw InvalidArgument(fmt::format("mixed precision: expected float32, bfloat16 or float16, found {}",
                                       dtype_name(compute)));
   }
@@ -76,7 +76,7 @@ bool passes_16bit_on(Module* m) {
 }  // namespace
 
 ActivationStorage set_activation_dtype(Module& root, DType storage) {
-  if (storage != DType::Float32 && storage != DType::BFloat16 && storage != DType::Float16) {
+  if (!is_floating(storage)) {
     throw InvalidArgument(fmt::format("activation storage: expected float32, bfloat16 or float16, found {}",
                                       dtype_name(storage)));
   }

@@ -173,9 +173,7 @@ bool listed(std::string_view op, const std::string_view (&names)[N]) {
   return false;
 }
 
-bool is_16bit(const Tensor& t) {
-  return t.defined() && (t.dtype() == DType::BFloat16 || t.dtype() == DType::Float16);
-}
+bool is_16bit(const Tensor& t) { return t.defined() && is_16bit_float(t.dtype()); }
 template <class A>
 bool is_16bit(const A&) {
   return false;

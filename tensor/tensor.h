@@ -23,6 +23,10 @@ namespace mtrain {
 enum class DType : uint8_t { Float32, BFloat16, Float16, Int64, Int32, UInt8 };
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);  // "float32", "bfloat16", ... (safetensors uses F32 etc.)
+// bfloat16 or float16: --amp's compute types, and the types of 16-bit activations.
+inline bool is_16bit_float(DType t) { return t == DType::BFloat16 || t == DType::Float16; }
+// float32 or a 16-bit float: a type that activations may have.
+inline bool is_floating(DType t) { return t == DType::Float32 || is_16bit_float(t); }
 
 enum class DeviceType : uint8_t { CPU, CUDA };
 

@@ -639,7 +639,7 @@ namespace detail {
 
 void channel_sums(const Tensor& dy, bool channels_last, Tensor& db, bool accumulate) {
   const char* op = "channel_sums";
-  MTRAIN_CHECK(dy.defined() && is_activation_dtype(dy.dtype()),
+  MTRAIN_CHECK(dy.defined() && is_floating(dy.dtype()),
                "{}: dy must be a float32, bfloat16 or float16 tensor, found {}", op,
                dy.defined() ? dy.str() : "undefined");
   const Device device = first_gpu(op, "dy", dy, dy.dtype());

@@ -573,7 +573,7 @@ void check_fits_int(const char* op, const char* name, const Tensor& t) {
 
 // `t`, an activation, is defined, on `device` and float32, bfloat16 or float16.
 void check_activation(const char* op, const char* name, const Tensor& t, Device device) {
-  MTRAIN_CHECK(t.defined() && detail::is_activation_dtype(t.dtype()),
+  MTRAIN_CHECK(t.defined() && is_floating(t.dtype()),
                "{}: {} must be a float32, bfloat16 or float16 tensor, found {}", op, name,
                t.defined() ? t.str() : "undefined");
   check_on(op, name, t, device, t.dtype());

@@ -372,7 +372,7 @@ namespace detail {
 
 void add_channel_bias(const Tensor& src, const Tensor& b, bool channels_last, Tensor& y) {
   const char* op = "add_channel_bias";
-  MTRAIN_CHECK(y.defined() && is_activation_dtype(y.dtype()) && src.defined() && is_activation_dtype(src.dtype()),
+  MTRAIN_CHECK(y.defined() && is_floating(y.dtype()) && src.defined() && is_floating(src.dtype()),
                "{}: src and y must be float32, bfloat16 or float16 tensors, found {} and {}", op,
                src.defined() ? src.str() : "undefined", y.defined() ? y.str() : "undefined");
   const Device device = first_gpu(op, "y", y, y.dtype());

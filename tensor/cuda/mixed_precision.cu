@@ -102,8 +102,8 @@ void widen_into(const Tensor& src, Tensor& dst, bool accumulate) {
 
 void convert_between(const Tensor& src, Tensor& dst) {
   MTRAIN_CHECK(src.defined() && dst.defined() && src.device() == dst.device() && src.device().is_cuda() &&
-                   src.numel() == dst.numel() && is_activation_dtype(src.dtype()) &&
-                   is_activation_dtype(dst.dtype()),
+                   src.numel() == dst.numel() && is_floating(src.dtype()) &&
+                   is_floating(dst.dtype()),
                "convert_between: expected two float32 / bfloat16 / float16 tensors of equal size on one GPU, "
                "found {} and {}", src.defined() ? src.str() : "undefined", dst.defined() ? dst.str() : "undefined");
   cuda::DeviceGuard guard(src.device().index);

@@ -24,9 +24,6 @@ Tensor narrowed(const Tensor& x, DType compute);
 // dst (+)= float32(src), elementwise; src 16-bit, dst float32 of the same size.
 void widen_into(const Tensor& src, Tensor& dst, bool accumulate);
 
-inline bool is_16bit(DType t) { return t == DType::BFloat16 || t == DType::Float16; }
-inline bool is_activation_dtype(DType t) { return t == DType::Float32 || is_16bit(t); }
-
 // dst = src between any two of float32, bfloat16 and float16 (between the two 16-bit types
 // through a float32 temporary, which rounds once: every 16-bit value is a float32), same
 // size, one GPU; a copy when the dtypes agree.
@@ -76,7 +73,7 @@ inline DType activation_dtype(const char* op,
     }
     return seen;
   };
-  MTRAIN_CHECK(same && is_activation_dtype(dtype),
+  MTRAIN_CHECK(same && is_floating(dtype),
                "{}: the activations must share one dtype, float32, bfloat16 or float16; found {}", op,
                dtypes_found());
   return dtype;
@@ -117,7 +114,7 @@ template <class T> struct StorageTag { using type = T; };
 // f(StorageTag<T>{}) with T the storage type of `dtype` (float32, bfloat16 or float16).
 template <class F>
 void with_storage(DType dtype, F&& f) {
-  MTRAIN_CHECK(is_activation_dtype(dtype), "no activation storage type {}", dtype_name(dtype));
+  MTRAIN_CHECK(is_floating(dtype), "no activation storage type {}", dtype_name(dtype));
   if (dtype == DType::BFloat16) {
     f(StorageTag<__nv_bfloat16>{});
   } else if (dtype == DType::Float16) {
