@@ -345,6 +345,7 @@ void Agent::Impl::print_failure_report(const AttemptResult& r, int attempt, std:
   report.other_failures = r.other_failures;
   report.stopped_ranks = r.stopped_ranks;
   report.sigkilled_ranks = r.sigkilled_ranks;
+  report.found_stopped_ranks = r.found_stopped_ranks;
   report.exited_early_ranks = r.exited_early_ranks;
   report.term_timeout_s = options.term_timeout.count();
   const std::string text = format_failure_report(report);

@@ -752,6 +752,7 @@ std::vector<Failure> Attempt::classify_workers(AttemptResult& result) const {
       case WorkerEndKind::kStoppedByTeardown:
         result.stopped_ranks.push_back(w.global_rank);
         if (w.sigkilled) result.sigkilled_ranks.push_back(w.global_rank);
+        if (w.killed_while_stopped) result.found_stopped_ranks.push_back(w.global_rank);
         break;
       case WorkerEndKind::kExitedEarly:
         result.exited_early_ranks.push_back(w.global_rank);

@@ -308,6 +308,11 @@ std::vector<int> ranks_named_missing(const std::string& message) {
   return ranks;
 }
 
+bool says_every_rank_arrived(const std::string& message) {
+  // collectives/collective_progress.cpp: "every rank reached it, so a peer is stuck inside it ...".
+  return message.find("every rank reached it") != std::string::npos;
+}
+
 std::string format_utc(double epoch_seconds) {
   const auto whole = static_cast<time_t>(std::floor(epoch_seconds));
   const int millis = static_cast<int>((epoch_seconds - static_cast<double>(whole)) * 1000.0);
@@ -339,9 +344,17 @@ std::string format_failure_report(const FailureReport& r) {
   if (rc.global_rank >= 0) {
     // Note [Root cause]: a collective that timed out names the ranks that never reached
     // it; the evidence points at them, not at the healthy rank that reported it.
-    if (const std::vector<int> missing = ranks_named_missing(rc.message); !missing.empty()) {
-      out += fmt::format("  rank       : {} (never reached the collective that timed out; reported by rank {})\n",
-                         fmt::join(missing, ", "), rc.global_rank);
+    // A rank stopped inside the collective had reached it, so the message names nobody; a
+    // rank found stopped at the teardown is then the one its peers waited for.
+    const std::vector<int> missing = ranks_named_missing(rc.message);
+    const bool stopped_inside = missing.empty() && says_every_rank_arrived(rc.message) &&
+                                !r.found_stopped_ranks.empty();
+    if (!missing.empty() || stopped_inside) {
+      out += fmt::format("  rank       : {} ({}; reported by rank {})\n",
+                         fmt::join(stopped_inside ? r.found_stopped_ranks : missing, ", "),
+                         stopped_inside ? "found stopped (SIGSTOP or ^Z) inside the collective that timed out"
+                                        : "never reached the collective that timed out",
+                         rc.global_rank);
       out += fmt::format("  reported by: rank {} (local_rank {}, node {})\n", rc.global_rank, rc.local_rank,
                          rc.node_rank);
     } else {
@@ -386,6 +399,10 @@ std::string format_failure_report(const FailureReport& r) {
     out += fmt::format("  of which ignored SIGTERM for --term_timeout {} s and got SIGKILL: rank{} {}\n",
                        r.term_timeout_s, r.sigkilled_ranks.size() == 1 ? "" : "s",
                        fmt::join(r.sigkilled_ranks, ", "));
+  }
+  if (!r.found_stopped_ranks.empty()) {
+    out += fmt::format("  of which were found stopped (SIGSTOP or ^Z) and got SIGKILL: rank{} {}\n",
+                       r.found_stopped_ranks.size() == 1 ? "" : "s", fmt::join(r.found_stopped_ranks, ", "));
   }
   if (!r.exited_early_ranks.empty()) {
     out += fmt::format("Exited with status 0 before the failure, while their peers ran on: rank{} {}\n",

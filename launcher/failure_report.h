@@ -99,6 +99,9 @@ bool launcher_sends(int sig);
 // the message names none.
 std::vector<int> ranks_named_missing(const std::string& message);
 
+// Whether a collective's timeout message says every rank reached it (so it names none).
+bool says_every_rank_arrived(const std::string& message);
+
 struct FailureReport {
   std::string program;
   int attempt = 0;
@@ -110,6 +113,9 @@ struct FailureReport {
   std::vector<Failure> other_failures;
   std::vector<int> stopped_ranks;    // ended by the launcher's teardown
   std::vector<int> sigkilled_ranks;  // of those, the ones that ignored SIGTERM
+  // Of those, the ones found stopped (SIGSTOP, a terminal's ^Z) when the teardown began,
+  // and SIGKILLed (Note [Stopped workers at teardown] in attempt.cpp).
+  std::vector<int> found_stopped_ranks;
   // Exited 0 before the teardown: a rank that leaves while its peers still need it is
   // often what they failed on (a collective timing out), so it is named.
   std::vector<int> exited_early_ranks;

@@ -534,6 +534,31 @@ TEST_CASE("a collective timeout's message names the ranks that never reached it"
   CHECK_THAT(text, Catch::Contains("reported by: rank 0 (local_rank -1, node 0)"));
 }
 
+TEST_CASE("a rank found stopped inside a collective that timed out is named, not the rank that reported it") {
+  CHECK(says_every_rank_arrived("allreduce #3 timed out after 5 s: every rank reached it, so a peer is stuck"));
+  CHECK_FALSE(says_every_rank_arrived("allreduce #3 timed out after 5 s: rank 1 never reached it"));
+  FailureReport report;
+  report.program = "train";
+  report.root_cause.global_rank = 0;
+  report.root_cause.message = "allreduce #3 timed out after 5 s: every rank reached it, so a peer is stuck inside it";
+  const std::string unnamed = format_failure_report(report);
+  CHECK_THAT(unnamed, Catch::Contains("rank       : 0 (local_rank -1, node 0)"));
+  CHECK_THAT(unnamed, !Catch::Contains("found stopped"));
+
+  report.stopped_ranks = {1, 2};
+  report.found_stopped_ranks = {2};
+  const std::string text = format_failure_report(report);
+  CHECK_THAT(text, Catch::Contains("rank       : 2 (found stopped (SIGSTOP or ^Z) inside the collective that timed out; "
+                                   "reported by rank 0)"));
+  CHECK_THAT(text, Catch::Contains("reported by: rank 0 (local_rank -1, node 0)"));
+  CHECK_THAT(text, Catch::Contains("Stopped by the launcher after the root cause: ranks 1, 2\n"
+                                   "  of which were found stopped (SIGSTOP or ^Z) and got SIGKILL: rank 2\n"));
+
+  // A message that names the ranks that never arrived is believed over a stopped rank.
+  report.root_cause.message = "allreduce #3 timed out; rank 1 never reached it (its last operation: allreduce #2)";
+  CHECK_THAT(format_failure_report(report), Catch::Contains("rank       : 1 (never reached the collective"));
+}
+
 TEST_CASE("an error that will repeat travels in the error file and the root cause, and the report says so") {
   mtrain::testing::TempDir dir;
   const std::filesystem::path path = dir.path() / "error.json";
