@@ -110,8 +110,8 @@ std::string Progress::format_duration(double seconds) {
 
 std::string Progress::bar(int64_t done, int64_t total, int width) {
   const int64_t filled = total > 0 ? std::clamp<int64_t>(done * width / total, 0, width) : 0;
-  return "[" + std::string(static_cast<size_t>(filled), '#') + std::string(static_cast<size_t>(width - filled), '.') +
-         "]";
+  return fmt::format("[{}{}]", std::string(static_cast<size_t>(filled), '#'),
+                     std::string(static_cast<size_t>(width - filled), '.'));
 }
 
 bool Progress::quiet_for_interval() const { return Clock::now() - last_output_ >= interval_; }
