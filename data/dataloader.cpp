@@ -297,7 +297,10 @@ std::shared_ptr<const DataLoader::Plan> DataLoader::make_plan() const {
   return plan;
 }
 
-void DataLoader::start_epoch(int64_t epoch) {
+void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
+  if (first_batch < 0) {
+    throw InvalidArgument(fmt::format("DataLoader::start_epoch: expected a first batch >= 0, found {}", first_batch));
+  }
   sampler_->set_epoch(epoch);
   std::shared_ptr<const Plan> plan = make_plan();
   const int64_t batches = batches_for(static_cast<int64_t>(plan->order.size()));
@@ -310,8 +313,8 @@ void DataLoader::start_epoch(int64_t epoch) {
     plan_ = std::move(plan);
     replan_from_.clear();
     epoch_batches_ = batches;
-    next_to_claim_ = 0;
-    next_to_hand_out_ = 0;
+    next_to_claim_ = std::min(first_batch, batches);
+    next_to_hand_out_ = next_to_claim_;
     abandoned.swap(ready_);  // freed outside the lock
     epoch_error_ = nullptr;
   }

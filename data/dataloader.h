@@ -108,8 +108,10 @@ class DataLoader {
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
-  // Sets the sampler's epoch, abandons any unfinished epoch and starts prefetching.
-  void start_epoch(int64_t epoch);
+  // Sets the sampler's epoch, abandons any unfinished epoch and starts prefetching at batch
+  // min(first_batch, num_batches()): the batches before it are passed over, never assembled
+  // (a run resumed mid-epoch), and next() hands out that batch first.
+  void start_epoch(int64_t epoch, int64_t first_batch = 0);
   // The next batch of the epoch, nullopt after the last one. Rethrows a worker's error.
   std::optional<Batch> next();
   // Re-reads the sampler's order and per-step sizes after it changed the split of batch

@@ -117,13 +117,13 @@ DevicePrefetcher::DevicePrefetcher(DataLoader& loader, Device device)
 
 DevicePrefetcher::~DevicePrefetcher() = default;
 
-void DevicePrefetcher::start_epoch(int64_t epoch) {
+void DevicePrefetcher::start_epoch(int64_t epoch, int64_t first_batch) {
   // The abandoned batch's device blocks belong to the copy stream, which orders their
   // reuse after its copy.
   ahead_.reset();
   ahead_error_ = nullptr;
   epoch_started_ = false;
-  loader_.start_epoch(epoch);  // the loader's own argument errors surface here
+  loader_.start_epoch(epoch, first_batch);  // the loader's own argument errors surface here
   epoch_started_ = true;
   fetch_ahead();
 }

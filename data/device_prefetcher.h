@@ -37,9 +37,9 @@ class DevicePrefetcher {
   DevicePrefetcher(const DevicePrefetcher&) = delete;
   DevicePrefetcher& operator=(const DevicePrefetcher&) = delete;
 
-  // Starts the loader's epoch `epoch` and queues the copy of its first batch; an
-  // unfinished epoch is abandoned.
-  void start_epoch(int64_t epoch);
+  // Starts the loader's epoch `epoch` at `first_batch` (DataLoader::start_epoch) and queues
+  // the copy of that batch; an unfinished epoch is abandoned.
+  void start_epoch(int64_t epoch, int64_t first_batch = 0);
   // The next batch of the epoch with images and labels on device(); nullopt after the
   // last one. Rethrows the loader's error of this batch.
   std::optional<Batch> next();

@@ -135,6 +135,42 @@ TEST_CASE("DataLoader prefetches up to prefetch_depth batches ahead of the consu
   CHECK(loader.batches_produced() == 4);
 }
 
+TEST_CASE("DataLoader starts an epoch at a later batch without assembling the ones before it",
+          "[data][loader]") {
+  const auto ds = traceable_dataset(103);
+  const Augmentation augment{.crop_padding = 1, .horizontal_flip = true, .seed = 9};
+  const auto loader_for = [&] {
+    return std::make_unique<DataLoader>(ds, std::make_shared<RandomSampler>(103, 5),
+                                        DataLoaderOptions{.batch_size = 10, .num_workers = 2, .augment = augment});
+  };
+  const auto whole = loader_for();
+  whole->start_epoch(1);
+  const std::vector<Batch> all = drain(*whole);
+  REQUIRE(all.size() == 11);
+
+  const auto resumed = loader_for();
+  resumed->start_epoch(1, 4);
+  const std::vector<Batch> rest = drain(*resumed);
+  REQUIRE(rest.size() == 7);
+  for (size_t k = 0; k < rest.size(); ++k) {
+    const Batch& expected = all[k + 4];
+    CHECK(rest[k].batch_index == expected.batch_index);
+    CHECK(rest[k].indices == expected.indices);
+    REQUIRE(rest[k].images.nbytes() == expected.images.nbytes());
+    CHECK(std::memcmp(rest[k].images.raw_data(), expected.images.raw_data(), expected.images.nbytes()) == 0);
+  }
+  CHECK(resumed->batches_produced() == 7);  // batches 0-3 were never assembled
+
+  // Past the end: an epoch with nothing left; then a whole epoch again.
+  resumed->start_epoch(2, 11);
+  CHECK_FALSE(resumed->next().has_value());
+  resumed->start_epoch(2, 50);
+  CHECK_FALSE(resumed->next().has_value());
+  resumed->start_epoch(2);
+  CHECK(drain(*resumed).size() == 11);
+  CHECK_THROWS_WITH(resumed->start_epoch(2, -1), Contains("expected a first batch >= 0, found -1"));
+}
+
 TEST_CASE("DataLoader scales pixels to [0, 1] and normalises per channel", "[data][loader]") {
   // Two channels with pixels 0 and 255 in each, so both ends of the range are seen.
   std::vector<uint8_t> pixels = {0, 255, 51, 102, /* channel 1: */ 255, 0, 204, 153};

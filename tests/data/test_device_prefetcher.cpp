@@ -160,6 +160,19 @@ TEST_CASE("DevicePrefetcher: exactly the loader's batches on the GPU over two ep
         CHECK_FALSE(prefetcher.next());
         CHECK_FALSE(prefetcher.next());  // and stays at the end
       }
+      // An epoch started at a later batch (a resumed run): the loader's batches from there.
+      reference.start_epoch(1, 3);
+      prefetcher.start_epoch(1, 3);
+      int64_t count = 0;
+      while (auto expected = reference.next()) {
+        std::optional<Batch> got = prefetcher.next();
+        REQUIRE(got);
+        CHECK(got->batch_index == 3 + count);
+        check_same_batch(*got, *expected);
+        ++count;
+      }
+      CHECK(count == 2);
+      CHECK_FALSE(prefetcher.next());
     }
   }
 }

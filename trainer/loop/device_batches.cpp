@@ -15,11 +15,11 @@ DeviceBatches::DeviceBatches(data::DataLoader& loader, Device device) : loader_(
   if (device_.is_cuda()) prefetcher_ = std::make_unique<data::DevicePrefetcher>(loader_, device_);
 }
 
-void DeviceBatches::start_epoch(int64_t epoch) {
+void DeviceBatches::start_epoch(int64_t epoch, int64_t first_batch) {
   if (prefetcher_) {
-    prefetcher_->start_epoch(epoch);
+    prefetcher_->start_epoch(epoch, first_batch);
   } else {
-    loader_.start_epoch(epoch);
+    loader_.start_epoch(epoch, first_batch);
   }
 }
 

@@ -21,7 +21,8 @@ class DeviceBatches {
   // used (see DevicePrefetcher).
   DeviceBatches(data::DataLoader& loader, Device device);
 
-  void start_epoch(int64_t epoch);
+  // DataLoader::start_epoch: the batches before `first_batch` are passed over.
+  void start_epoch(int64_t epoch, int64_t first_batch = 0);
   // The next batch of the epoch with images and labels on the device; nullopt at the end.
   std::optional<data::Batch> next();
   int64_t num_batches() const { return loader_.num_batches(); }

@@ -75,10 +75,11 @@ void TrainLoop::checkpoint(const TrainPosition& position, CheckpointReason reaso
 // Note [Resuming mid-epoch]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // A checkpoint records the epoch, the optimizer steps done in it and in total, and the epoch's
-// training totals so far. The samplers are deterministic given seed and epoch, so a resumed run
-// starts that epoch's loader again and discards the micro-batches of the steps already done
-// (assembling a batch costs far less than a step, and the data layer needs no seek); the
-// learning-rate schedule depends only on the position. With the model, buffers and momentum
+// training totals so far. The samplers are deterministic given seed and epoch, and an image's
+// random transform depends only on (seed, epoch, index), so a resumed run starts that epoch's
+// loader at the first micro-batch not yet trained on: those before it are never read nor decoded
+// (for a streamed set they may be an hour of decoding); the learning-rate schedule depends only on
+// the position. With the model, buffers and momentum
 // restored, every later step computes exactly what the uninterrupted run computed. The totals are
 // the whole world's (the checkpoint hook all-reduces them before saving), restored on rank 0 only,
 // so the epoch's combine_epoch sum, and its summary line, cover the whole epoch. A checkpoint taken
@@ -222,10 +223,12 @@ TrainLoop::EpochStart TrainLoop::begin_epoch(RunState& rs, int64_t epoch, EpochS
   const TrainPosition& start = config_.start;
   e.epoch = epoch;
   e.resumed = epoch == start.epoch && (start.steps_in_epoch > 0 || start.epoch_finished);
-  model_.train();
-  // The sampler's epoch is 0-based (seed + epoch, as PyTorch); the printed one 1-based.
-  rs.batches.start_epoch(epoch - 1);
   e.rest = e.resumed && config_.start_holds_rest_only;
+  model_.train();
+  // The sampler's epoch is 0-based (seed + epoch, as PyTorch); the printed one 1-based. A
+  // resumed epoch's loader passes over the micro-batches of the steps done, unassembled.
+  const int64_t done = e.resumed && !e.rest ? start.steps_in_epoch * rs.accum : 0;
+  rs.batches.start_epoch(epoch - 1, done);
   e.epoch_batches = rs.batches.num_batches();
   e.steps_per_epoch = (e.rest ? start.steps_in_epoch : 0) + mtrain::steps_per_epoch(e.epoch_batches, rs.accum);
   MTRAIN_CHECK(!e.resumed || start.steps_in_epoch <= e.steps_per_epoch, "start position epoch {} step {} of {}",
@@ -241,13 +244,7 @@ TrainLoop::EpochStart TrainLoop::begin_epoch(RunState& rs, int64_t epoch, EpochS
       e.summary.images = start.images;
       e.summary.train_seconds = start.train_seconds;
     }
-    const int64_t done = e.rest ? 0 : std::min(start.steps_in_epoch * rs.accum, e.epoch_batches);
-    for (; e.micro < done; ++e.micro) {
-      // Through `batches` too, so the prefetcher stays in step with the loader (a copy
-      // to the device per skipped batch, once per resumed run).
-      MTRAIN_CHECK(rs.batches.next().has_value(), "epoch {} ended after {} of the {} batches to skip", epoch,
-                   e.micro, done);
-    }
+    e.micro = std::min(done, e.epoch_batches);
   }
   if (config_.progress != nullptr) config_.progress->begin_epoch(e.summary.steps);
   return EpochStart::kTrain;
