@@ -1,8 +1,9 @@
 // WebDataset shards (--dataset webdataset): POSIX tar files whose members are samples'
 // files, NAME.jpg (or .jpeg, .png) and NAME.cls (the label, a decimal integer), the
 // members of one sample next to each other, as the webdataset library, img2dataset and
-// mtrain-pack write them. Loading lists the shards' headers (data/tar.h) and keeps an
-// index; images are read and decoded per batch (Dataset over EncodedImages), so memory
+// mtrain-pack write them. Loading lists the shards' headers, or reads the index files
+// mtrain-pack writes beside them (data/shard_index.h), and keeps the samples' places;
+// images are read and decoded per batch (Dataset over EncodedImages), so memory
 // does not grow with the dataset. Every error is an IoError naming the shard and member.
 #pragma once
 
@@ -19,8 +20,9 @@ namespace mtrain::data {
 // a pattern with brace ranges and lists ("train-{000000..000146}.tar", "{a,b}.tar"; a
 // range keeps its bounds' zero padding). IoError when a named shard is missing
 // (naming the first and counting them) or a folder holds none; InvalidArgument for a
-// pattern that does not read (an unclosed brace, a range backwards).
-std::vector<std::filesystem::path> expand_shards(const std::string& spec);
+// pattern that does not read (an unclosed brace, a range backwards). Errors quote `flag`
+// ("--data-dir") with the spec.
+std::vector<std::filesystem::path> expand_shards(const std::string& spec, const std::string& flag);
 
 struct WebDatasetOptions {
   // Samples without an image or a label, labels that do not read, and a shard cut short

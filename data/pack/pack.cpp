@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 
 #include "core/error.h"
@@ -10,6 +11,7 @@
 #include "data/image_decode.h"
 #include "data/image_folder.h"
 #include "data/random.h"
+#include "data/shard_index.h"
 #include "data/tar.h"
 
 namespace mtrain::data {
@@ -43,6 +45,7 @@ PackedSplit pack_split(const fs::path& split_dir, const std::vector<std::string>
       tar.add(key + ".cls", std::vector<uint8_t>(label.begin(), label.end()));
     }
     tar.finish();
+    write_shard_index(shard, list_shard(shard));  // Note [Shard index files]
     packed.shards.push_back(shard);
   }
   return packed;
@@ -79,6 +82,16 @@ std::vector<PackedSplit> pack_image_folder(const fs::path& from, const fs::path&
   for (const std::string& c : classes) names += c + "\n";
   replace_file((to / "classes.txt").string(), names);
   return packed;
+}
+
+int64_t index_shards(const std::vector<fs::path>& shards) {
+  std::atomic<int64_t> samples{0};
+  for_each_shard(shards.size(), [&](size_t k) {
+    const ShardContents contents = list_shard(shards[k]);
+    write_shard_index(shards[k], contents);
+    samples += static_cast<int64_t>(contents.samples.size());
+  });
+  return samples;
 }
 
 }  // namespace mtrain::data

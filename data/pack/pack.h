@@ -23,10 +23,16 @@ struct PackedSplit {
 // Packs FROM/train and FROM/val (or, without them, FROM as one split of class folders) into
 // TO/train/train-NNNNNN.tar and TO/val/val-NNNNNN.tar (or TO/shard-NNNNNN.tar): each image
 // as NNNNNNNNN.<its extension> with NNNNNNNNN.cls holding its class number (the classes
-// sorted by name as ImageFolder numbers them) and classes.txt in TO naming them
+// sorted by name as ImageFolder numbers them), each shard's index file beside it, and
+// classes.txt in TO naming them
 // (Note [Packing shards] in pack.cpp). IoError for a file that is not a PNG or a JPEG, or a
 // place that cannot be written; InvalidArgument for shard_size < 1.
 std::vector<PackedSplit> pack_image_folder(const std::filesystem::path& from, const std::filesystem::path& to,
                                            const PackOptions& options);
+
+// Writes each shard's index file (SHARD.mtrain.idx, Note [Shard index files] in
+// data/shard_index.cpp), as packing does, for shards made elsewhere; returns the samples
+// indexed. IoError for a shard that cannot be read or an index that cannot be written.
+int64_t index_shards(const std::vector<std::filesystem::path>& shards);
 
 }  // namespace mtrain::data

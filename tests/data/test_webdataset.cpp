@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include "data/image_decode.h"
 #include "data/image_folder.h"
 #include "data/pack/pack.h"
+#include "data/shard_index.h"
 #include "data/shard_sampler.h"
 #include "data/tar.h"
 #include "data/webdataset.h"
@@ -157,17 +159,18 @@ TEST_CASE("shard patterns: brace ranges keep their padding, lists, folders; miss
     write_text(dir.path() / "s" / name, "");
   }
   const std::string s = (dir.path() / "s").string();
-  CHECK(expand_shards(s + "/t-{008..010}.tar") ==
+  CHECK(expand_shards(s + "/t-{008..010}.tar", "--data-dir") ==
         std::vector<fs::path>{s + "/t-008.tar", s + "/t-009.tar", s + "/t-010.tar"});
-  CHECK(expand_shards(s + "/{a,b}.tar") == std::vector<fs::path>{s + "/a.tar", s + "/b.tar"});
-  CHECK(expand_shards(s).size() == 5);  // the .tar files, sorted
-  CHECK(expand_shards(s).front() == fs::path(s + "/a.tar"));
-  CHECK_THAT(error_of<IoError>([&] { expand_shards(s + "/t-{008..012}.tar"); }),
-             Contains("2 of its 5 shard(s) are missing, the first " + s + "/t-011.tar"));
-  CHECK_THAT(error_of<InvalidArgument>([&] { expand_shards(s + "/t-{9..3}.tar"); }), Contains("FIRST <= LAST"));
-  CHECK_THAT(error_of<InvalidArgument>([&] { expand_shards(s + "/t-{1..3.tar"); }), Contains("closed and not nested"));
+  CHECK(expand_shards(s + "/{a,b}.tar", "--data-dir") == std::vector<fs::path>{s + "/a.tar", s + "/b.tar"});
+  CHECK(expand_shards(s, "--data-dir").size() == 5);  // the .tar files, sorted
+  CHECK(expand_shards(s, "--data-dir").front() == fs::path(s + "/a.tar"));
+  CHECK_THAT(error_of<IoError>([&] { expand_shards(s + "/t-{008..012}.tar", "--val-data"); }),
+             Contains("--val-data " + s + "/t-{008..012}.tar: 2 of its 5 shard(s) are missing, the first " + s +
+                      "/t-011.tar"));
+  CHECK_THAT(error_of<InvalidArgument>([&] { expand_shards(s + "/t-{9..3}.tar", "--data-dir"); }), Contains("FIRST <= LAST"));
+  CHECK_THAT(error_of<InvalidArgument>([&] { expand_shards(s + "/t-{1..3.tar", "--data-dir"); }), Contains("closed and not nested"));
   fs::create_directories(dir.path() / "empty");
-  CHECK_THAT(error_of<IoError>([&] { expand_shards((dir.path() / "empty").string()); }), Contains("found none"));
+  CHECK_THAT(error_of<IoError>([&] { expand_shards((dir.path() / "empty").string(), "--data-dir"); }), Contains("found none"));
 }
 
 TEST_CASE("webdataset index: samples grouped by key, labels from .cls, bad samples named or skipped") {
@@ -430,6 +433,94 @@ TEST_CASE("transforms: random resized crops inside the image, drawn per (seed, e
   CHECK(luma[0] == (200 * 19595 + 100 * 38470 + 50 * 7471 + 0x8000) >> 16);
 }
 
+TEST_CASE("shard index files: what listing finds, read instead of the headers while the shard is unchanged") {
+  TempDir dir;
+  const fs::path a = dir.path() / "a.tar", b = dir.path() / "b.tar";
+  write_shard(dir, a, 5, 10);
+  {  // b: a sample without a label, then two good ones
+    TarWriter tar(b);
+    tar.add("x.png", png_bytes(dir, 4, 6, 7));
+    for (const char* key : {"y", "z w"}) {  // a key with a space
+      tar.add(std::string(key) + ".png", png_bytes(dir, 4, 6, 8));
+      tar.add(std::string(key) + ".cls", bytes_of("2"));
+    }
+    tar.finish();
+  }
+  CHECK(shard_index_path(a) == dir.path() / "a.tar.mtrain.idx");
+  std::string why;
+  CHECK_FALSE(read_shard_index(a, why).has_value());
+  CHECK(why.empty());  // none: not worth a note
+
+  CHECK(index_shards({a, b}) == 7);
+  for (const fs::path& shard : {a, b}) {
+    const ShardContents listed = list_shard(shard);
+    const std::optional<ShardContents> read = read_shard_index(shard, why);
+    REQUIRE(read.has_value());
+    CHECK(why.empty());
+    REQUIRE(read->samples.size() == listed.samples.size());
+    for (size_t k = 0; k < listed.samples.size(); ++k) {
+      CHECK(read->samples[k].offset == listed.samples[k].offset);
+      CHECK(read->samples[k].size == listed.samples[k].size);
+      CHECK(read->samples[k].label == listed.samples[k].label);
+      CHECK(read->samples[k].member == listed.samples[k].member);
+    }
+    CHECK(read->problems == listed.problems);
+  }
+  CHECK(read_shard_index(b, why)->samples.back().member == "z w.png");
+
+  // Loading takes the index: a label changed in it (the shard untouched) is the label loaded.
+  std::string text = read_text(shard_index_path(a));
+  const size_t last_label = text.rfind(" 1 s0014.png");
+  REQUIRE(last_label != std::string::npos);
+  text[last_label + 1] = '2';
+  write_text(shard_index_path(a), text);
+  std::vector<std::string> notes;
+  CHECK(load_webdataset({a}, "w", resize_to(4, 6), 0, {}, notes).labels() == std::vector<int64_t>{0, 1, 2, 0, 2});
+  CHECK(notes.empty());
+  // Its problems are the listing's: an error without --skip-bad-images, a note with it.
+  CHECK_THAT(error_of<IoError>([&] { load_webdataset({b}, "w", resize_to(4, 6), 0, {}, notes); }),
+             Contains("b.tar: sample x has no label (expected KEY.jpg, .jpeg or .png and KEY.cls) "
+                      "(--skip-bad-images leaves such samples out)"));
+  WebDatasetOptions skip;
+  skip.skip_bad_samples = true;
+  CHECK(load_webdataset({b}, "w", resize_to(4, 6), 0, skip, notes).size() == 2);
+  REQUIRE(notes.size() == 1);
+  CHECK_THAT(notes[0], Contains("1 problem(s) in w's shards") && Contains("b.tar: sample x has no label"));
+
+  // A shard changed since (here only its time): its headers are listed, and a note says why.
+  fs::last_write_time(a, fs::last_write_time(a) + std::chrono::seconds(5));
+  CHECK_FALSE(read_shard_index(a, why).has_value());
+  CHECK_THAT(why, Contains("a.tar.mtrain.idx: made for 'shard ") && Contains("', the shard is now 'shard "));
+  notes.clear();
+  CHECK(load_webdataset({a, b}, "w", resize_to(4, 6), 0, skip, notes).labels() ==
+        std::vector<int64_t>{0, 1, 2, 0, 1, 2, 2});
+  REQUIRE(notes.size() == 2);
+  CHECK_THAT(notes[1], Contains("1 of w's 2 shard index file(s) not used, the shards' headers listed instead "
+                                "(`mtrain-pack --index` writes them again); the first: ") &&
+                           Contains("a.tar.mtrain.idx: made for"));
+
+  // Index files that do not read are passed over the same way, each saying why.
+  const auto refused = [&](const std::string& contents) {
+    write_text(shard_index_path(b), contents);
+    CHECK_FALSE(read_shard_index(b, why).has_value());
+    return why;
+  };
+  const std::string good = read_text(shard_index_path(b));
+  const size_t body = good.find("samples 2 problems 1\n");
+  REQUIRE(body != std::string::npos);
+  const std::string head = good.substr(0, body);
+  CHECK_THAT(refused("v1.2 3\n0 1 2\n"), Contains("cannot read its first three lines"));
+  CHECK_THAT(refused("v1.2 3\nx\ny\n"), Contains("expected 'mtrain shard index 1' first, found 'v1.2 3'"));
+  CHECK_THAT(refused(head + "samples two\n"), Contains("expected 'samples N problems P' third"));
+  CHECK_THAT(refused(head + "samples 1 problems 0\n99999999 5 1 y.png\n"),
+             Contains("line 4: expected 'OFFSET SIZE LABEL MEMBER' inside the shard's"));
+  CHECK_THAT(refused(head + "samples 1 problems 0\n512 5 -1 y.png\n"), Contains("line 4: expected"));
+  CHECK_THAT(refused(head + "samples 0 problems 2\nx\n"), Contains("ends before its 2 problem line(s)"));
+  CHECK_THAT(refused(good + "more\n"), Contains("line 7: expected the end, found 'more'"));
+  write_text(shard_index_path(b), good);
+  CHECK(read_shard_index(b, why).has_value());  // and the good one reads again
+}
+
 TEST_CASE("mtrain-pack: an image folder as shuffled shards that the index reads back with its labels") {
   TempDir dir;
   std::map<std::string, int> per_class = {{"ant", 5}, {"bee", 4}};
@@ -447,6 +538,13 @@ TEST_CASE("mtrain-pack: an image folder as shuffled shards that the index reads 
   CHECK(packed[0].samples == 9);
   CHECK(packed[0].shards.size() == 3);  // 4 + 4 + 1
   CHECK(read_text(dir.path() / "shards" / "classes.txt") == "ant\nbee\n");
+  for (const PackedSplit& split : packed) {
+    for (const fs::path& shard : split.shards) {
+      std::string why;
+      CHECK(read_shard_index(shard, why).has_value());  // each shard's index file, current
+      CHECK(why.empty());
+    }
+  }
   StreamedSplitsOptions o;
   o.train = o.eval = resize_to(5, 7);
   const DatasetSplits splits = load_webdataset_splits((dir.path() / "shards").string(), o);

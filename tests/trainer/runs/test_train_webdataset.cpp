@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -81,6 +82,33 @@ std::vector<std::string> base() {
 ProcessResult launch(int nproc, const std::vector<std::string>& args) {
   return mtrain::testing::run_process(mtrain::testing::kLauncher,
                                       concat({fmt::format("--nproc_per_node={}", nproc), "train"}, args));
+}
+
+// train/ and val/, one shard each of 6 samples 000-005, labels i % 2; image 003 is a JPEG's
+// first bytes and nothing more.
+fs::path write_broken_shards(const TempDir& dir) {
+  const fs::path broken = dir.path() / "broken";
+  fs::create_directories(broken / "train");
+  fs::create_directories(broken / "val");
+  for (const char* split : {"train", "val"}) {
+    mtrain::data::TarWriter tar(broken / split / "s-0.tar");
+    for (int i = 0; i < 6; ++i) {
+      std::vector<uint8_t> image;
+      if (i == 3) {
+        image.assign({0xFF, 0xD8, 0xFF, 0xE0, 1, 2, 3});  // a JPEG's first bytes, then nothing
+      } else {
+        const std::string png = dir.file("p.png");
+        mtrain::testing::write_png(png, 9, 9, 3, std::vector<uint8_t>(243, static_cast<uint8_t>(40 * i)));
+        std::ifstream in(png, std::ios::binary);
+        image.assign(std::istreambuf_iterator<char>(in), {});
+      }
+      tar.add(fmt::format("{:03}.jpg", i), image);
+      const std::string label = std::to_string(i % 2);
+      tar.add(fmt::format("{:03}.cls", i), std::vector<uint8_t>(label.begin(), label.end()));
+    }
+    tar.finish();
+  }
+  return broken;
 }
 
 }  // namespace
@@ -181,27 +209,7 @@ TEST_CASE("webdataset: what a user can get wrong is named", "[e2e]") {
   fails_with({"--model", "simplecnn", "--random-resized-crop", "16"}, "--random-resized-crop applies to --dataset webdataset");
 
   // An image that does not decode, found when its batch is assembled: named, or left out.
-  const fs::path broken = dir.path() / "broken";
-  fs::create_directories(broken / "train");
-  fs::create_directories(broken / "val");
-  for (const char* split : {"train", "val"}) {
-    mtrain::data::TarWriter tar(broken / split / "s-0.tar");
-    for (int i = 0; i < 6; ++i) {
-      std::vector<uint8_t> image;
-      if (i == 3) {
-        image.assign({0xFF, 0xD8, 0xFF, 0xE0, 1, 2, 3});  // a JPEG's first bytes, then nothing
-      } else {
-        const std::string png = dir.file("p.png");
-        mtrain::testing::write_png(png, 9, 9, 3, std::vector<uint8_t>(243, static_cast<uint8_t>(40 * i)));
-        std::ifstream in(png, std::ios::binary);
-        image.assign(std::istreambuf_iterator<char>(in), {});
-      }
-      tar.add(fmt::format("{:03}.jpg", i), image);
-      const std::string label = std::to_string(i % 2);
-      tar.add(fmt::format("{:03}.cls", i), std::vector<uint8_t>(label.begin(), label.end()));
-    }
-    tar.finish();
-  }
+  const fs::path broken = write_broken_shards(dir);
   const std::vector<std::string> on_broken = {"--model", "simplecnn", "--dataset", "webdataset", "--data-dir",
                                               broken.string(), "--resize", "8", "--batch-size", "6", "--no-shuffle"};
   fails_with(on_broken, "s-0.tar: 003.jpg: not a readable JPEG");
@@ -210,4 +218,63 @@ TEST_CASE("webdataset: what a user can get wrong is named", "[e2e]") {
   CHECK(skipped.exit_code == 0);
   CHECK_THAT(skipped.out + skipped.err, Contains("training image(s) of rank 0 did not decode and were left out") &&
                                             Contains("s-0.tar: 003.jpg"));
+}
+
+TEST_CASE("a run resumed mid-epoch reads none of the batches it passes over", "[e2e]") {
+  // The broken image 003 is in the second batch of 2 (no shuffle): the first run's second step
+  // leaves it out; the resumed run starts at the third batch and never decodes it.
+  TempDir dir;
+  const fs::path broken = write_broken_shards(dir);
+  const std::vector<std::string> args = {
+      "--model",      "simplecnn", "--dataset",  "webdataset", "--data-dir", broken.string(), "--resize", "8",
+      "--batch-size", "2",         "--no-shuffle", "--no-eval", "--epochs",  "1",             "--threads", "1",
+      "--skip-bad-images", "--checkpoint-dir", dir.file("ckpt")};
+  const ProcessResult first = mtrain::testing::run_process(mtrain::testing::kTrainer, concat(args, {"--max-steps", "2"}));
+  require_success(first);
+  CHECK_THAT(first.out + first.err, Contains("1 training image(s) of rank 0 did not decode"));
+  const ProcessResult resumed = mtrain::testing::run_process(mtrain::testing::kTrainer, args);
+  require_success(resumed);
+  CHECK_THAT(resumed.out, Contains("resuming from"));
+  CHECK_THAT(resumed.out + resumed.err, !Contains("did not decode"));
+}
+
+TEST_CASE("mtrain-pack --index writes shards' index files; a run says when one is out of date", "[e2e]") {
+  TempDir dir;
+  // The packed training shards copied without their index files, as shards made elsewhere.
+  const fs::path copy = dir.path() / "copy";
+  fs::create_directories(copy);
+  for (const auto& entry : fs::directory_iterator(shards() / "train")) {
+    if (entry.path().extension() == ".tar") fs::copy_file(entry.path(), copy / entry.path().filename());
+  }
+  const auto train = [&] {
+    const ProcessResult r = mtrain::testing::run_process(
+        mtrain::testing::kTrainer, {"--model", "simplecnn", "--dataset", "webdataset", "--data-dir", copy.string(),
+                                    "--resize", "16", "--no-eval", "--threads", "1", "--max-steps", "1"});
+    require_success(r);
+    return r.out + r.err;
+  };
+  CHECK_THAT(train(), !Contains("index file"));  // none: the headers are listed, nothing to say
+  // The packer's index files beside shards copied after them (cp without -p): out of date, said so.
+  for (const auto& entry : fs::directory_iterator(shards() / "train")) {
+    if (entry.path().extension() == ".idx") fs::copy_file(entry.path(), copy / entry.path().filename());
+  }
+  CHECK_THAT(train(), Contains("6 of webdataset/train's 6 shard index file(s) not used, the shards' headers listed "
+                               "instead (`mtrain-pack --index` writes them again)"));
+  const ProcessResult indexed = mtrain::testing::run_process(kPack, {"--index", copy.string()});
+  require_success(indexed);
+  CHECK_THAT(indexed.out, Contains("mtrain-pack: indexed 72 samples in 6 shard(s)"));
+  CHECK_THAT(train(), !Contains("index file"));
+  // One shard changed since: only its index is passed over.
+  fs::last_write_time(copy / "train-000000.tar", fs::last_write_time(copy / "train-000000.tar") + std::chrono::hours(1));
+  CHECK_THAT(train(), Contains("1 of webdataset/train's 6 shard index file(s) not used") &&
+                          Contains("train-000000.tar.mtrain.idx: made for"));
+
+  const ProcessResult both = mtrain::testing::run_process(kPack, {"--index", copy.string(), "--to", dir.file("x")});
+  CHECK(both.exit_code == 2);
+  CHECK_THAT(both.err, Contains("--index indexes shards that exist: expected it without --from and --to"));
+  const ProcessResult missing =
+      mtrain::testing::run_process(kPack, {"--index", (copy / "train-{000000..000007}.tar").string()});
+  CHECK(missing.exit_code != 0);
+  CHECK_THAT(missing.err, Contains("--index " + (copy / "train-{000000..000007}.tar").string() +
+                                   ": 2 of its 8 shard(s) are missing"));
 }
