@@ -204,7 +204,8 @@ ChannelStats channel_stats(const Dataset& dataset) {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Batch k of an epoch is a pure function of (epoch order, k): workers claim batch numbers in
 // increasing order, assemble them without holding the lock, and park the result under its number;
-// next() hands out number 0, 1, 2, ... and waits for the one it needs. So the batches are
+// next() hands out number f, f + 1, ... from the epoch's first batch f (0 unless a resumed run
+// passes over the batches it trained on) and waits for the one it needs. So the batches are
 // identical and in the same order for any number of workers. Workers may claim batch k only while
 // k < (next batch to hand out) + prefetch_depth, which bounds memory to prefetch_depth batches and
 // means the consumer never waits when assembly keeps up. start_epoch bumps a generation counter:

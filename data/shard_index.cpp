@@ -10,8 +10,8 @@
 #include <cinttypes>
 #include <cstdio>
 #include <exception>
-#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "core/error.h"
@@ -124,8 +124,8 @@ ShardContents list_shard(const fs::path& shard) {
 // Note [Shard index files]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
 // Listing a shard reads one header per member and one label per sample: for ImageNet's 1.28 M
-// samples, 3.8 M small reads by every rank before its first step, which a local disk serves in
-// seconds and a network file system in minutes. mtrain-pack therefore writes beside each shard
+// samples, 3.8 M small reads by every rank before its first step: about 100 s from a cold
+// local disk (docs/benchmarks.md), longer from a network file system. mtrain-pack therefore writes beside each shard
 // what listing it found (`mtrain-pack --index` does so for shards made elsewhere), one text
 // file read in one go:
 //   mtrain shard index 1
@@ -134,22 +134,31 @@ ShardContents list_shard(const fs::path& shard) {
 //   OFFSET SIZE LABEL MEMBER      (N lines; newlines in a member's name become '?': the name
 //   PROBLEM                        is only quoted in messages; P lines, likewise)
 // Loading reads it instead of listing when the shard's size and modification time are the ones
-// it records. Anything else (a shard rewritten, copied without its times, an index that does
+// it records (taken before the listing, and checked again after it). A shard rewritten at the
+// same size within the file system's time resolution, or given back its old time, would pass:
+// index files are for shards written once. Anything else (a shard rewritten, copied without its times, an index that does
 // not read) is listed from its headers as without an index, and the load's notes say so once.
 fs::path shard_index_path(const fs::path& shard) { return fs::path(shard.string() + ".mtrain.idx"); }
 
-void write_shard_index(const fs::path& shard, const ShardContents& contents) {
+ShardContents write_shard_index(const fs::path& shard) {
+  const std::string stamp = shard_stamp(shard);  // before: a shard written meanwhile is caught
+  ShardContents contents = list_shard(shard);
+  if (const std::string now = shard_stamp(shard); now != stamp) {
+    throw IoError(fmt::format("{}: changed while it was indexed ('{}', then '{}'); index it once it is complete",
+                              shard.string(), stamp, now));
+  }
   const auto one_line = [](std::string s) {
     std::replace(s.begin(), s.end(), '\n', '?');
     return s;
   };
-  std::string text = fmt::format("{}\n{}\nsamples {} problems {}\n", kIndexFormat, shard_stamp(shard),
-                                 contents.samples.size(), contents.problems.size());
+  std::string text = fmt::format("{}\n{}\nsamples {} problems {}\n", kIndexFormat, stamp, contents.samples.size(),
+                                 contents.problems.size());
   for (const ShardSample& s : contents.samples) {
     text += fmt::format("{} {} {} {}\n", s.offset, s.size, s.label, one_line(s.member));
   }
   for (const std::string& p : contents.problems) text += one_line(p) + "\n";
   replace_file(shard_index_path(shard).string(), text);
+  return contents;
 }
 
 std::optional<ShardContents> read_shard_index(const fs::path& shard, std::string& why_not) {
@@ -157,11 +166,23 @@ std::optional<ShardContents> read_shard_index(const fs::path& shard, std::string
   const fs::path path = shard_index_path(shard);
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::nullopt;
-  std::ifstream in(path, std::ios::binary);
+  const ReadOnlyFile file(shard);  // a shard that cannot be read fails the load now, as listing it would
   const auto refuse = [&](std::string why) {
     why_not = fmt::format("{}: {}", path.string(), std::move(why));
     return std::nullopt;
   };
+  std::string text;
+  try {
+    const ReadOnlyFile index(path);
+    const std::vector<uint8_t> bytes = index.read(0, index.size(), "the index");
+    text.assign(bytes.begin(), bytes.end());
+  } catch (const IoError& e) {
+    why_not = e.what();  // names the index file
+    return std::nullopt;
+  }
+  // A file cut short (a copy interrupted, a full disk) must not pass for a shorter one.
+  if (text.empty() || text.back() != '\n') return refuse("does not end with a newline: cut short?");
+  std::istringstream in(text);
   std::string format, stamp, counts;
   if (!std::getline(in, format) || !std::getline(in, stamp) || !std::getline(in, counts)) {
     return refuse("cannot read its first three lines");
@@ -171,10 +192,15 @@ std::optional<ShardContents> read_shard_index(const fs::path& shard, std::string
     return refuse(fmt::format("made for '{}', the shard is now '{}'", stamp, now));
   }
   size_t samples = 0, problems = 0;
-  if (std::sscanf(counts.c_str(), "samples %zu problems %zu", &samples, &problems) != 2) {
+  int end = -1;
+  if (std::sscanf(counts.c_str(), "samples %zu problems %zu%n", &samples, &problems, &end) != 2 ||
+      end != static_cast<int>(counts.size())) {
     return refuse(fmt::format("expected 'samples N problems P' third, found '{}'", counts));
   }
-  const uint64_t bytes = fs::file_size(shard);
+  // A sample takes two tar headers in the shard and a line of 8 bytes here, at least.
+  if (samples > file.size() / 1024 || samples > text.size() / 8) {
+    return refuse(fmt::format("{} samples: more than a shard of {} bytes or this file holds", samples, file.size()));
+  }
   ShardContents contents;
   contents.samples.reserve(samples);
   std::string line;
@@ -182,13 +208,14 @@ std::optional<ShardContents> read_shard_index(const fs::path& shard, std::string
     ShardSample s;
     int consumed = -1;
     if (!std::getline(in, line) ||
-        std::sscanf(line.c_str(), "%" SCNu64 " %" SCNu64 " %" SCNd64 " %n", &s.offset, &s.size, &s.label, &consumed) != 3 ||
-        consumed < 0 ||
-        s.label < 0 || s.offset > bytes || s.size > bytes - s.offset) {
+        std::sscanf(line.c_str(), "%" SCNu64 " %" SCNu64 " %" SCNd64 "%n", &s.offset, &s.size, &s.label, &consumed) !=
+            3 ||
+        consumed < 0 || static_cast<size_t>(consumed) >= line.size() || line[static_cast<size_t>(consumed)] != ' ' ||
+        s.label < 0 || s.offset > file.size() || s.size > file.size() - s.offset) {
       return refuse(fmt::format("line {}: expected 'OFFSET SIZE LABEL MEMBER' inside the shard's {} bytes, found '{}'",
-                                4 + k, bytes, line));
+                                4 + k, file.size(), line));
     }
-    s.member = line.substr(static_cast<size_t>(consumed));
+    s.member = line.substr(static_cast<size_t>(consumed) + 1);
     contents.samples.push_back(std::move(s));
   }
   for (size_t k = 0; k < problems; ++k) {

@@ -32,13 +32,15 @@ ShardContents list_shard(const std::filesystem::path& shard);
 // Where `shard`'s index file goes: SHARD.mtrain.idx beside it.
 std::filesystem::path shard_index_path(const std::filesystem::path& shard);
 
-// Writes `contents` (what list_shard found in `shard`) as the shard's index file, stamped
-// with the shard's size and modification time; IoError when that cannot be written.
-void write_shard_index(const std::filesystem::path& shard, const ShardContents& contents);
+// Lists `shard` and writes what it found as the shard's index file, stamped with the
+// shard's size and modification time before the listing; returns it. IoError when the
+// shard cannot be read, changed while it was listed, or the index cannot be written.
+ShardContents write_shard_index(const std::filesystem::path& shard);
 
 // The shard's contents from its index file. nullopt with `why_not` empty when there is no
 // index file; nullopt with `why_not` saying why when it does not read or does not describe
-// the shard as it is now (another size or modification time).
+// the shard as it is now (another size or modification time). IoError when the shard itself
+// cannot be opened, as listing it would.
 std::optional<ShardContents> read_shard_index(const std::filesystem::path& shard, std::string& why_not);
 
 // Runs work(k) for k in [0, count) on up to 16 threads (a shard's indexing is many small

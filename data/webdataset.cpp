@@ -68,7 +68,7 @@ struct IndexedShard {
   std::string stale_index;  // why its index file was not used; empty when it was, or there is none
 };
 
-std::vector<IndexedShard> index_shards(const std::vector<fs::path>& shards) {
+std::vector<IndexedShard> contents_of_shards(const std::vector<fs::path>& shards) {
   std::vector<IndexedShard> indexed(shards.size());
   for_each_shard(shards.size(), [&](size_t k) {
     IndexedShard& shard = indexed[k];
@@ -115,7 +115,7 @@ Dataset load_webdataset(const std::vector<fs::path>& shards, const std::string& 
   std::vector<int64_t> labels;
   size_t problems = 0, stale = 0;
   std::string first_problem, first_stale;
-  std::vector<IndexedShard> indexed = index_shards(shards);
+  std::vector<IndexedShard> indexed = contents_of_shards(shards);
   for (size_t k = 0; k < shards.size(); ++k) {
     ShardContents& c = indexed[k].contents;
     if (!c.problems.empty() && !options.skip_bad_samples) {

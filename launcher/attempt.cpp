@@ -816,9 +816,11 @@ Failure Attempt::agent_failure() const {
 
 // The node whose notice won publishes its root cause; every other node takes that one.
 void Attempt::settle_root_cause(AttemptResult& result, const std::vector<Failure>& failures) {
-  const Failure local_root = reason_ == TeardownReason::kLocalFailure && !failures.empty()
-                                 ? failures[pick_root_cause(failures)]
-                                 : agent_failure();
+  Failure local_root = reason_ == TeardownReason::kLocalFailure && !failures.empty()
+                           ? failures[pick_root_cause(failures)]
+                           : agent_failure();
+  // Published with it, so every node's report names the same ranks.
+  if (local_root.global_rank >= 0) local_root.stopped_peers = result.found_stopped_ranks;
   // Without a notice in the store (single node, or announcing failed) this node's view
   // is the only one there is.
   const bool this_node_won = !watch_store_ || !winner_ || winner_->node_rank == world_.node_rank ||

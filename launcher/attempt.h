@@ -50,7 +50,7 @@ struct AttemptResult {
   std::vector<Failure> other_failures;
   std::vector<int> stopped_ranks;
   std::vector<int> sigkilled_ranks;
-  std::vector<int> found_stopped_ranks;  // stopped (SIGSTOP, ^Z) when the teardown began
+  std::vector<int> found_stopped_ranks;  // stopped (SIGSTOP) when the teardown began
   std::vector<int> exited_early_ranks;  // status 0 before the teardown started
   // Workers that stopped on a signal after a step; all_stopped when that is every one.
   std::vector<StoppedWorker> stopped_on_signal;

@@ -69,6 +69,7 @@ nlohmann::json failure_to_json(const Failure& f) {
       {"sigkilled_by_launcher", f.sigkilled_by_launcher},
       {"error_file", f.error_file},   {"message", f.message},
       {"traceback", f.traceback},     {"will_repeat", f.will_repeat},
+      {"stopped_peers", f.stopped_peers},
   };
 }
 
@@ -86,6 +87,7 @@ Failure failure_from_json(const nlohmann::json& j) {
     f.timestamp = j.at("timestamp").get<double>();
     f.timestamp_from_error_file = j.at("timestamp_from_error_file").get<bool>();
     f.will_repeat = j.value("will_repeat", false);
+    f.stopped_peers = j.value("stopped_peers", std::vector<int>{});
     f.sigkilled_by_launcher = j.at("sigkilled_by_launcher").get<bool>();
     f.error_file = j.at("error_file").get<std::string>();
     f.message = j.at("message").get<std::string>();
@@ -234,6 +236,11 @@ std::string failure_hint(const Failure& f) {
 // report names them on one line. Across nodes the first agent to announce a failure
 // (compare_set on the attempt's "failed" key) publishes its root cause, and every node
 // prints that one.
+// A collective that timed out names the ranks that never reached it; the evidence points at
+// them, not at the healthy rank that reported it. A rank stopped (SIGSTOP) inside the
+// collective had reached it, so the message names nobody; the launcher finds it stopped when
+// its teardown begins, and the root cause carries the ranks of its node found so. A stopped
+// rank on another node than the reporter is not seen: the report then names the reporter.
 
 namespace {
 
@@ -342,17 +349,13 @@ std::string format_failure_report(const FailureReport& r) {
                      r.root_cause_remote ? ", reported by another node" : "");
   const std::string pad = "               ";
   if (rc.global_rank >= 0) {
-    // Note [Root cause]: a collective that timed out names the ranks that never reached
-    // it; the evidence points at them, not at the healthy rank that reported it.
-    // A rank stopped inside the collective had reached it, so the message names nobody; a
-    // rank found stopped at the teardown is then the one its peers waited for.
+    // Note [Root cause]: the ranks a collective's timeout points at.
     const std::vector<int> missing = ranks_named_missing(rc.message);
-    const bool stopped_inside = missing.empty() && says_every_rank_arrived(rc.message) &&
-                                !r.found_stopped_ranks.empty();
+    const bool stopped_inside = missing.empty() && says_every_rank_arrived(rc.message) && !rc.stopped_peers.empty();
     if (!missing.empty() || stopped_inside) {
       out += fmt::format("  rank       : {} ({}; reported by rank {})\n",
-                         fmt::join(stopped_inside ? r.found_stopped_ranks : missing, ", "),
-                         stopped_inside ? "found stopped (SIGSTOP or ^Z) inside the collective that timed out"
+                         fmt::join(stopped_inside ? rc.stopped_peers : missing, ", "),
+                         stopped_inside ? "found stopped (SIGSTOP) inside the collective that timed out"
                                         : "never reached the collective that timed out",
                          rc.global_rank);
       out += fmt::format("  reported by: rank {} (local_rank {}, node {})\n", rc.global_rank, rc.local_rank,
@@ -401,7 +404,7 @@ std::string format_failure_report(const FailureReport& r) {
                        fmt::join(r.sigkilled_ranks, ", "));
   }
   if (!r.found_stopped_ranks.empty()) {
-    out += fmt::format("  of which were found stopped (SIGSTOP or ^Z) and got SIGKILL: rank{} {}\n",
+    out += fmt::format("  of which were found stopped (SIGSTOP) and got SIGKILL: rank{} {}\n",
                        r.found_stopped_ranks.size() == 1 ? "" : "s", fmt::join(r.found_stopped_ranks, ", "));
   }
   if (!r.exited_early_ranks.empty()) {

@@ -32,6 +32,9 @@ struct Failure {
   std::string message;     // from the error file (or the agent's own description)
   std::string traceback;   // optional extra detail from the error file
   bool will_repeat = false;  // its error file says every attempt would fail the same way
+  // Ranks of its node found stopped (SIGSTOP) when that node's teardown began: a collective
+  // timeout that names no missing rank points at them (Note [Root cause] in failure_report.cpp).
+  std::vector<int> stopped_peers;
 };
 
 nlohmann::json failure_to_json(const Failure& f);
@@ -113,8 +116,8 @@ struct FailureReport {
   std::vector<Failure> other_failures;
   std::vector<int> stopped_ranks;    // ended by the launcher's teardown
   std::vector<int> sigkilled_ranks;  // of those, the ones that ignored SIGTERM
-  // Of those, the ones found stopped (SIGSTOP, a terminal's ^Z) when the teardown began,
-  // and SIGKILLed (Note [Stopped workers at teardown] in attempt.cpp).
+  // Of those, the ones found stopped (SIGSTOP) when the teardown began, and SIGKILLed
+  // (Note [Stopped workers at teardown] in attempt.cpp).
   std::vector<int> found_stopped_ranks;
   // Exited 0 before the teardown: a rank that leaves while its peers still need it is
   // often what they failed on (a collective timing out), so it is named.

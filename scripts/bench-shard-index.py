@@ -27,7 +27,7 @@ import time
 
 
 def small_jpeg():
-    # 8x8 gray baseline JPEG, made by Pillow when present, else a stored one.
+    # An 8x8 baseline JPEG, made by Pillow.
     try:
         from PIL import Image
         out = io.BytesIO()

@@ -40,11 +40,12 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (r.count("index") != 0) {
-      if (r.count("from") != 0 || r.count("to") != 0) {
-        throw mtrain::InvalidArgument("--index indexes shards that exist: expected it without --from and --to");
+      if (r.count("from") != 0 || r.count("to") != 0 || r.count("shard-size") != 0 || r.count("seed") != 0) {
+        throw mtrain::InvalidArgument(
+            "--index indexes shards that exist: expected it without --from, --to, --shard-size and --seed");
       }
       const auto shards = mtrain::data::expand_shards(r["index"].as<std::string>(), "--index");
-      const int64_t samples = mtrain::data::index_shards(shards);
+      const int64_t samples = mtrain::data::write_shard_indexes(shards);
       std::printf("mtrain-pack: indexed %lld samples in %zu shard(s), %s .. %s\n", static_cast<long long>(samples),
                   shards.size(), shards.front().string().c_str(), shards.back().string().c_str());
       return 0;

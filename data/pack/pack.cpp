@@ -45,7 +45,7 @@ PackedSplit pack_split(const fs::path& split_dir, const std::vector<std::string>
       tar.add(key + ".cls", std::vector<uint8_t>(label.begin(), label.end()));
     }
     tar.finish();
-    write_shard_index(shard, list_shard(shard));  // Note [Shard index files]
+    write_shard_index(shard);  // Note [Shard index files]
     packed.shards.push_back(shard);
   }
   return packed;
@@ -84,12 +84,10 @@ std::vector<PackedSplit> pack_image_folder(const fs::path& from, const fs::path&
   return packed;
 }
 
-int64_t index_shards(const std::vector<fs::path>& shards) {
+int64_t write_shard_indexes(const std::vector<fs::path>& shards) {
   std::atomic<int64_t> samples{0};
   for_each_shard(shards.size(), [&](size_t k) {
-    const ShardContents contents = list_shard(shards[k]);
-    write_shard_index(shards[k], contents);
-    samples += static_cast<int64_t>(contents.samples.size());
+    samples += static_cast<int64_t>(write_shard_index(shards[k]).samples.size());
   });
   return samples;
 }

@@ -451,7 +451,7 @@ TEST_CASE("shard index files: what listing finds, read instead of the headers wh
   CHECK_FALSE(read_shard_index(a, why).has_value());
   CHECK(why.empty());  // none: not worth a note
 
-  CHECK(index_shards({a, b}) == 7);
+  CHECK(write_shard_indexes({a, b}) == 7);
   for (const fs::path& shard : {a, b}) {
     const ShardContents listed = list_shard(shard);
     const std::optional<ShardContents> read = read_shard_index(shard, why);
@@ -512,13 +512,19 @@ TEST_CASE("shard index files: what listing finds, read instead of the headers wh
   CHECK_THAT(refused("v1.2 3\n0 1 2\n"), Contains("cannot read its first three lines"));
   CHECK_THAT(refused("v1.2 3\nx\ny\n"), Contains("expected 'mtrain shard index 1' first, found 'v1.2 3'"));
   CHECK_THAT(refused(head + "samples two\n"), Contains("expected 'samples N problems P' third"));
+  CHECK_THAT(refused(head + "samples 99999999999 problems 0\n"), Contains("99999999999 samples: more than a shard of"));
   CHECK_THAT(refused(head + "samples 1 problems 0\n99999999 5 1 y.png\n"),
              Contains("line 4: expected 'OFFSET SIZE LABEL MEMBER' inside the shard's"));
   CHECK_THAT(refused(head + "samples 1 problems 0\n512 5 -1 y.png\n"), Contains("line 4: expected"));
   CHECK_THAT(refused(head + "samples 0 problems 2\nx\n"), Contains("ends before its 2 problem line(s)"));
   CHECK_THAT(refused(good + "more\n"), Contains("line 7: expected the end, found 'more'"));
+  CHECK_THAT(refused(good.substr(0, good.size() - 3)), Contains("does not end with a newline: cut short?"));
+  CHECK_THAT(refused(head + "samples 2 problems 1 and more\n"), Contains("expected 'samples N problems P' third"));
   write_text(shard_index_path(b), good);
   CHECK(read_shard_index(b, why).has_value());  // and the good one reads again
+  // A shard that cannot be read fails the load, index or not, as listing it would.
+  fs::remove(b);
+  CHECK_THAT(error_of<IoError>([&] { read_shard_index(b, why); }), Contains("b.tar: cannot open it for reading"));
 }
 
 TEST_CASE("mtrain-pack: an image folder as shuffled shards that the index reads back with its labels") {

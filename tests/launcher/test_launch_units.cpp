@@ -547,12 +547,16 @@ TEST_CASE("a rank found stopped inside a collective that timed out is named, not
 
   report.stopped_ranks = {1, 2};
   report.found_stopped_ranks = {2};
+  report.root_cause.stopped_peers = {2};
+  // As another node reads it from the store: the same ranks.
+  report.root_cause = failure_from_json(failure_to_json(report.root_cause));
+  CHECK(report.root_cause.stopped_peers == std::vector<int>{2});
   const std::string text = format_failure_report(report);
-  CHECK_THAT(text, Catch::Contains("rank       : 2 (found stopped (SIGSTOP or ^Z) inside the collective that timed out; "
+  CHECK_THAT(text, Catch::Contains("rank       : 2 (found stopped (SIGSTOP) inside the collective that timed out; "
                                    "reported by rank 0)"));
   CHECK_THAT(text, Catch::Contains("reported by: rank 0 (local_rank -1, node 0)"));
   CHECK_THAT(text, Catch::Contains("Stopped by the launcher after the root cause: ranks 1, 2\n"
-                                   "  of which were found stopped (SIGSTOP or ^Z) and got SIGKILL: rank 2\n"));
+                                   "  of which were found stopped (SIGSTOP) and got SIGKILL: rank 2\n"));
 
   // A message that names the ranks that never arrived is believed over a stopped rank.
   report.root_cause.message = "allreduce #3 timed out; rank 1 never reached it (its last operation: allreduce #2)";

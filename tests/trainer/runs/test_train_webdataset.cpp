@@ -271,7 +271,7 @@ TEST_CASE("mtrain-pack --index writes shards' index files; a run says when one i
 
   const ProcessResult both = mtrain::testing::run_process(kPack, {"--index", copy.string(), "--to", dir.file("x")});
   CHECK(both.exit_code == 2);
-  CHECK_THAT(both.err, Contains("--index indexes shards that exist: expected it without --from and --to"));
+  CHECK_THAT(both.err, Contains("--index indexes shards that exist: expected it without --from, --to"));
   const ProcessResult missing =
       mtrain::testing::run_process(kPack, {"--index", (copy / "train-{000000..000007}.tar").string()});
   CHECK(missing.exit_code != 0);
