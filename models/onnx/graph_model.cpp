@@ -205,7 +205,8 @@ Layer batch_norm(const Graph& g, const Node& n) {
   require(g, n, scale != nullptr && scale->ndim() == 1, "a scale that is no 1-D initializer");
   for (size_t i = 2; i < 5; ++i) weight_input(g, n, i);
   const double momentum = std::round((1.0 - float_attribute(g, n, "momentum", 0.9f)) * 1e6) / 1e6;
-  return {std::make_unique<BatchNorm2d>(scale->shape()[0], float_attribute(g, n, "epsilon", 1e-5f), momentum),
+  return {std::make_unique<BatchNorm2d>(scale->shape()[0], written_decimal(float_attribute(g, n, "epsilon", 1e-5f)),
+                                        momentum),
           module_name(g, n)};
 }
 

@@ -4,6 +4,7 @@
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
 
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -301,6 +302,21 @@ Graph read_graph(const std::string& path) {
   g.output = graph.output(0).name();
   read_nodes(graph, g);
   return g;
+}
+
+// Note [A float attribute's decimal]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// ONNX stores float attributes in float32: PyTorch's batch norm eps, the Python number 1e-5 that
+// its module computes with in double, arrives as 9.99999974737875e-06. Where var + eps rounds
+// differently with the two (a channel of small variance), the graph's inverse deviation would
+// differ from the module's, and from the built-in model's, by an ulp. The shortest decimal that
+// reads back as the same float32 is the number that was written: 1e-05.
+double written_decimal(float value) {
+  char text[32];
+  const auto [end, ec] = std::to_chars(text, text + sizeof text, value);
+  double decimal = value;
+  if (ec == std::errc()) std::from_chars(text, end, decimal);
+  return decimal;
 }
 
 }  // namespace mtrain::models::onnx

@@ -32,6 +32,10 @@ struct Attribute {
   Array tensor;  // a tensor of numbers
 };
 
+// The number a float32 attribute was written as: the shortest decimal that reads back as
+// `value` (1e-05 for float32(1e-5)), in double (Note [A float attribute's decimal]).
+double written_decimal(float value);
+
 struct Node {
   int index = 0;        // position in the graph
   std::string name;     // may be empty

@@ -2,8 +2,11 @@
 // from ONNX's operator definitions.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "core/error.h"
 #include "models/onnx/array_ops.h"
+#include "models/onnx/onnx_graph.h"
 
 using namespace mtrain;
 using namespace mtrain::models::onnx;
@@ -96,4 +99,16 @@ TEST_CASE("array ops refuse what their operator does not accept, naming the node
   CHECK_THROWS_AS(run(node("Gather", 2), {&v, nullptr}), InvalidArgument);
   CHECK_FALSE(evaluates("Conv"));
   CHECK(evaluates("Shape"));
+}
+
+TEST_CASE("a float attribute reads as the decimal it was written as") {
+  using mtrain::models::onnx::written_decimal;
+  CHECK(written_decimal(1e-5f) == 1e-5);  // PyTorch's batch norm eps, not 9.99999974737875e-06
+  CHECK(written_decimal(1e-3f) == 1e-3);
+  CHECK(written_decimal(0.1f) == 0.1);
+  CHECK(written_decimal(0.5f) == 0.5);
+  CHECK(written_decimal(0.0f) == 0.0);
+  // A float32 that no short decimal names keeps its value.
+  const float odd = std::nextafter(1e-5f, 1.0f);
+  CHECK(static_cast<float>(written_decimal(odd)) == odd);
 }
