@@ -161,8 +161,8 @@ class Float64Reference:
         self.params = dict(model.named_parameters())
         self.candidates = []  # (call, flat index, |input| / the call's rms), nearest zero first
         for call, t in enumerate(self.inputs):
-            if self.bias[call] not in self.params:
-                continue  # no batch norm ahead of this ReLU: its flips are not told apart here
+            if self.bias[call] not in self.params or t.dim() != 4:
+                continue  # no batch norm's channels ahead of this ReLU: its flips are not told apart here
             distance = (t.abs() / t.pow(2).mean().sqrt()).view(-1)
             for index in torch.nonzero(distance < margin).view(-1).tolist():
                 self.candidates.append((call, index, float(distance[index])))
