@@ -365,7 +365,9 @@ TEST_CASE("a channels-last Flatten gives PyTorch's (c, h, w) order", "[channels_
 // resnet18 amplifies a perturbation of its activations ~1e4-fold into its gradients (one
 // float32 ulp moved them by 2e-3, above), so bfloat16 rounding alone moves them by tens of
 // percent; the GPU kernels are compared with these CPU ones on the same rounding instead
-// (test_models_cuda [storage16]).
+// (test_models_cuda [storage16]). The outputs' own gap is bfloat16's rounding (2^-9) carried
+// through 20 layers: 2.1e-2 on an AVX-512 CPU, whose float32 kernels round otherwise, a little
+// less on AVX2; a storage path that lost or mixed values would be off by its whole scale.
 TEST_CASE("set_activation_dtype: resnet18 passes bfloat16 activations on, every gradient in its activation's type",
           "[storage16]") {
   std::mt19937_64 rng(17);
@@ -395,7 +397,7 @@ TEST_CASE("set_activation_dtype: resnet18 passes bfloat16 activations on, every 
     const auto [y_narrow, dx_narrow] = step(*narrow, x, dy, 1e-4f);
     CHECK(y_narrow.dtype() == DType::Float32);   // Linear's output, for the loss
     CHECK(dx_narrow.dtype() == DType::Float32);  // the images' type
-    CHECK(relative_gap(y_narrow, y_plain) < 2e-2);
+    CHECK(relative_gap(y_narrow, y_plain) < 5e-2);
     for_each_state(*plain, *narrow, [](const std::string& name, const Tensor& a, const Tensor& b) {
       INFO(name);
       CHECK(b.dtype() == a.dtype());  // parameters, their gradients and the statistics keep theirs
@@ -404,7 +406,7 @@ TEST_CASE("set_activation_dtype: resnet18 passes bfloat16 activations on, every 
   }
   narrow->eval();
   plain->eval();
-  CHECK(relative_gap(narrow->forward(x), plain->forward(x)) < 2e-2);
+  CHECK(relative_gap(narrow->forward(x), plain->forward(x)) < 5e-2);
   // Float32 undoes it: a float32 output again.
   CHECK(set_activation_dtype(*narrow, DType::Float32).convolutions == 20);
   CHECK(stem.forward(x).dtype() == DType::Float32);
