@@ -1,6 +1,7 @@
 // --shuffle-order torch: DistributedSampler's shards equal PyTorch's own, index for index,
 // computed by real PyTorch (Debian's python3-torch at /usr/bin/python3). Skips without it.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <cstdio>
 #include <memory>
@@ -28,8 +29,7 @@ struct Case {
 nlohmann::json torch_shards(const std::vector<Case>& cases) {
   std::string spec = "[";
   for (const Case& c : cases) {
-    spec += "(" + std::to_string(c.n) + "," + std::to_string(c.world) + "," + std::to_string(c.seed) + "," +
-            std::to_string(c.epoch) + "," + (c.drop_last ? "True" : "False") + "),";
+    spec += fmt::format("({},{},{},{},{}),", c.n, c.world, c.seed, c.epoch, c.drop_last ? "True" : "False");
   }
   spec += "]";
   const std::string program =

@@ -75,7 +75,7 @@ TEST_CASE("impossible requests are clear errors", "[device]") {
 TEST_CASE("a process that sees one GPU binds it whatever its local rank", "[device]") {
   // SLURM's --gpus-per-task=1: every task sees its own GPU as cuda:0.
   auto r = request("auto", 3, 4, 1);
-  r.visible_devices = "2";
+  r.visible_devices.emplace("2");
   auto b = bind_device(r, false);
   CHECK(b.device == Device::cuda(0));
   CHECK(b.backend == "nccl");
