@@ -37,7 +37,7 @@ DType amp_compute_dtype(const TrainOptions& o, const Device& device) {
         device.is_cuda() ? (t == DType::BFloat16 ? "bfloat16 needs compute capability 8.0 or newer"
                                                  : "float16 needs compute capability 7.0 or newer")
                          : (t == DType::BFloat16 ? "oneDNN needs AVX512_BF16, or at least AVX-512, for them"
-                                                 : "oneDNN needs AVX512_FP16 for them"),
+                                                 : "Debian 12's oneDNN 2.6 has none on an AVX512_FP16 CPU either"),
         suggestion));
   }
   return t;
