@@ -161,8 +161,9 @@ class Float64Reference:
         self.params = dict(model.named_parameters())
         self.candidates = []  # (call, flat index, |input| / the call's rms), nearest zero first
         for call, t in enumerate(self.inputs):
-            if self.bias[call] not in self.params or t.dim() != 4:
-                continue  # no batch norm's channels ahead of this ReLU: its flips are not told apart here
+            bias = self.params.get(self.bias[call])
+            if bias is None or t.dim() != 4 or t.shape[1] != bias.shape[0]:
+                continue  # not a batch norm's channels (none ran, or another shape): not told apart here
             distance = (t.abs() / t.pow(2).mean().sqrt()).view(-1)
             for index in torch.nonzero(distance < margin).view(-1).tolist():
                 self.candidates.append((call, index, float(distance[index])))

@@ -155,12 +155,15 @@ PermutePlan permute_plan(const Tensor& x, const std::vector<int64_t>& perm, cons
 // float32 dy. A product of two 16-bit values is exact in float32, so the result equals
 // the float32 kernel applied to the rounded inputs up to summation order; on a GPU,
 // convolution outputs also pass through the 16-bit type (Note [16-bit kernels on the
-// GPU] in cuda_ops.h). The 16-bit products are computed by oneDNN's bf16 convolutions
-// where the CPU has them (oneDNN 2.6 has no f16 ones on any CPU measured, AVX512_FP16
-// included; the shapes mtrain's own float32 kernels take run those on rounded operands:
-// Note [Own kernels under --amp] in tensor/cpu/conv.cpp), by sgemm on rounded operands in
-// the CPU's linear layers, and by cuDNN and cuBLAS on GPUs. compute_dtype_supported says which apply here.
+// GPU] in cuda_ops.h). The 16-bit products are computed by oneDNN's 16-bit convolutions
+// where it has them for the CPU (bf16 on AVX-512; f16 nowhere in oneDNN 2.6, not even with
+// AVX512_FP16), except the shapes mtrain's own float32 kernels take, which run on rounded
+// operands (Note [Own kernels under --amp] in tensor/cpu/conv.cpp); by sgemm on rounded
+// operands in the CPU's linear layers; and by cuDNN and cuBLAS on GPUs.
+// compute_dtype_supported says which apply here.
 bool compute_dtype_supported(DType compute, Device device);
+// The library that runs the CPU's convolutions and its version, for messages: "oneDNN 2.6.3".
+std::string cpu_convolution_library();
 // Rounds every element of float32 `x` to the nearest `to` value (BFloat16 or Float16,
 // ties to even; Float16 overflows to infinity) and stores it as float32 in `y` (may
 // alias x). The CPU reference of the rounding above, used by the CPU linear layers and

@@ -1,6 +1,9 @@
 #include "tensor/cpu/dnnl_support.h"
 
+#include <fmt/format.h>
+
 #include "core/error.h"
+#include "tensor/ops.h"
 
 namespace mtrain::ops::cpu {
 
@@ -13,6 +16,19 @@ dnnl::stream& dnnl_stream() {
   thread_local dnnl::stream stream(dnnl_engine());
   return stream;
 }
+
+}  // namespace mtrain::ops::cpu
+
+namespace mtrain::ops {
+
+std::string cpu_convolution_library() {
+  const dnnl_version_t* v = dnnl_version();
+  return fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
+}
+
+}  // namespace mtrain::ops
+
+namespace mtrain::ops::cpu {
 
 // Note [Bound primitive arguments]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -366,8 +366,8 @@ TEST_CASE("a channels-last Flatten gives PyTorch's (c, h, w) order", "[channels_
 // float32 ulp moved them by 2e-3, above), so bfloat16 rounding alone moves them by tens of
 // percent; the GPU kernels are compared with these CPU ones on the same rounding instead
 // (test_models_cuda [storage16]). The outputs' own gap is bfloat16's rounding (2^-9) carried
-// through 20 layers: 2.1e-2 on an AVX-512 CPU, whose float32 kernels round otherwise, a little
-// less on AVX2; a storage path that lost or mixed values would be off by its whole scale.
+// through 20 layers: 2.07e-2 on the Intel AMX VM (docs/benchmarks.md), under 2e-2 on the AVX2
+// ones; a storage path that lost or mixed values would be off by its whole scale.
 TEST_CASE("set_activation_dtype: resnet18 passes bfloat16 activations on, every gradient in its activation's type",
           "[storage16]") {
   std::mt19937_64 rng(17);

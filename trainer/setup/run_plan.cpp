@@ -32,13 +32,14 @@ DType amp_compute_dtype(const TrainOptions& o, const Device& device) {
     const std::string suggestion = ops::compute_dtype_supported(other, device)
                                        ? fmt::format("use --amp {} instead", other == DType::BFloat16 ? "bf16" : "fp16")
                                        : std::string("run without --amp");
-    throw InvalidArgument(fmt::format(
-        "--amp {}: {} has no {} convolutions ({}); {}", o.amp.text, device.str(), dtype_name(t),
+    const std::string library = device.is_cuda() ? std::string() : ops::cpu_convolution_library();
+    const std::string why =
         device.is_cuda() ? (t == DType::BFloat16 ? "bfloat16 needs compute capability 8.0 or newer"
                                                  : "float16 needs compute capability 7.0 or newer")
-                         : (t == DType::BFloat16 ? "oneDNN needs AVX512_BF16, or at least AVX-512, for them"
-                                                 : "Debian 12's oneDNN 2.6 has none on an AVX512_FP16 CPU either"),
-        suggestion));
+        : t == DType::BFloat16 ? fmt::format("{} needs AVX512_BF16, or at least AVX-512, for them", library)
+                               : fmt::format("{} has none for this CPU", library);
+    throw InvalidArgument(fmt::format("--amp {}: {} has no {} convolutions ({}); {}", o.amp.text, device.str(),
+                                      dtype_name(t), why, suggestion));
   }
   return t;
 }
