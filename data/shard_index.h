@@ -29,7 +29,7 @@ struct ShardContents {
 // tar at all; a shard cut short keeps the samples before the cut and says so in `problems`.
 ShardContents list_shard(const std::filesystem::path& shard);
 
-// Where `shard`'s index file goes: SHARD.mtrain.idx beside it.
+// Where `shard`'s index file goes: SHARD.tar.mtrain.idx beside SHARD.tar (the shard's own name and ".mtrain.idx").
 std::filesystem::path shard_index_path(const std::filesystem::path& shard);
 
 // Lists `shard` and writes what it found as the shard's index file, stamped with the

@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
         "shard-size", "samples per shard", cxxopts::value<int64_t>()->default_value("1000"))(
         "seed", "seed of the order the samples are written in", cxxopts::value<uint64_t>()->default_value("0"))(
         "index",
-        "instead of packing: write the index file (SHARD.mtrain.idx) of each of these shards, made elsewhere (a "
+        "instead of packing: write the index file (SHARD.tar.mtrain.idx) of each of these shards, made elsewhere (a "
         "folder of .tar files or a pattern such as 'train-{000000..000146}.tar'), so that loading them reads one file "
         "instead of every header",
         cxxopts::value<std::string>())("h,help", "this text");

@@ -30,7 +30,7 @@ struct PackedSplit {
 std::vector<PackedSplit> pack_image_folder(const std::filesystem::path& from, const std::filesystem::path& to,
                                            const PackOptions& options);
 
-// Writes each shard's index file (SHARD.mtrain.idx, Note [Shard index files] in
+// Writes each shard's index file (SHARD.tar.mtrain.idx, Note [Shard index files] in
 // data/shard_index.cpp), as packing does, for shards made elsewhere; returns the samples
 // indexed. IoError for a shard that cannot be read or an index that cannot be written.
 int64_t write_shard_indexes(const std::vector<std::filesystem::path>& shards);
